@@ -1,0 +1,3 @@
+from lorapod.cli.main import main
+
+main()

@@ -1,0 +1,73 @@
+"""The ``lorapod`` entry point: builds the typer app and turns LorapodError into one clean message.
+
+Command modules are listed in ``COMMANDS`` and each exposes ``register(app)``: adding a command
+group is one line here and one module beside this file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import typer
+from rich.console import Console
+
+from lorapod.errors import LorapodError
+
+COMMANDS = ["train", "demo"]
+
+err_console = Console(stderr=True)
+
+
+def build_app() -> typer.Typer:
+    app = typer.Typer(
+        name="lorapod",
+        help="Plan, check, train and run LoRA fine-tunes on rented GPUs, with no instance left running.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+
+    @app.callback()
+    def _root(
+        debug: bool = typer.Option(False, "--debug", help="Show full tracebacks.", envvar="LORAPOD_DEBUG"),
+    ) -> None:
+        if debug:
+            os.environ["LORAPOD_DEBUG"] = "1"
+
+    for name in COMMANDS:
+        importlib.import_module(f"lorapod.cli.{name}").register(app)
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    app = build_app()
+    try:
+        app(args=argv, standalone_mode=False)
+    except LorapodError as exc:
+        if os.environ.get("LORAPOD_DEBUG"):
+            err_console.print_exception()
+        err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False)
+        if exc.hint:
+            err_console.print(f"  [cyan]->[/] {exc.hint}", highlight=False)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        err_console.print("[yellow]interrupted[/]")
+        sys.exit(130)
+    except SystemExit:
+        raise
+    except Exception as exc:  # click usage errors and real bugs
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        if isinstance(exc, click.exceptions.Abort):
+            err_console.print("[yellow]aborted[/]")
+            sys.exit(130)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""One error family for everything lorapod reports to a person.
+
+Every message says what went wrong *and what to do next*; the CLI prints ``LorapodError``
+without a traceback (``--debug`` shows it). Anything else reaching the CLI is a bug.
+"""
+
+from __future__ import annotations
+
+
+class LorapodError(Exception):
+    """Base of every error lorapod raises on purpose.
+
+    ``hint`` is the next step for the user; it is printed on its own line.
+    """
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\n  -> {self.hint}"
+
+
+class SpecError(LorapodError):
+    """The job spec is malformed: unknown key, bad value, impossible combination."""
+
+    exit_code = 2
+
+
+class DataError(LorapodError):
+    """The dataset cannot be used: missing, empty, malformed."""
+
+
+class ModelLoadError(LorapodError):
+    """A base model or tokenizer could not be loaded (offline, wrong id, wrong family)."""
+
+
+class CheckpointError(LorapodError):
+    """A checkpoint could not be written or read (disk full, corrupt, missing)."""
+
+
+class DependencyError(LorapodError):
+    """An optional dependency is missing; the hint names the extra to install."""
+
+
+class HardwareError(LorapodError):
+    """The requested setting needs hardware this machine lacks (e.g. QLoRA without CUDA)."""
+
+
+class PlanError(LorapodError):
+    """The planner cannot answer: unknown GPU/model, nothing fits, budget too small."""
+
+
+class ProviderError(LorapodError):
+    """A cloud provider refused or failed a request."""
+
+
+class BudgetError(LorapodError):
+    """A job would cross, or crossed, its dollar or hour cap."""
+
+
+class RemoteError(LorapodError):
+    """Something failed on a remote instance (SSH, sync, the job itself)."""
+
+
+def require(module: str, extra: str, purpose: str):
+    """Import an optional dependency or raise a DependencyError with the install hint.
+
+    Used instead of ``try: import x except ImportError: pass`` so a missing backend is
+    always reported, never silently skipped.
+    """
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise DependencyError(
+            f"{purpose} needs the Python package '{module.split('.')[0]}', which is not installed ({exc}).",
+            hint=f"pip install 'lorapod[{extra}]'",
+        ) from exc

@@ -1,0 +1,85 @@
+"""The run folder: one per job, laid out the same locally and on a rented instance.
+
+```
+runs/<job-id>/
+  spec.yaml       the resolved spec (no secrets)
+  plan.json       what the planner predicted (when planned)
+  metrics.jsonl   one JSON object per step / eval
+  checkpoints/    step-N/ (atomic: written to a tmp folder, then renamed)
+  samples/        generations or images per checkpoint
+  adapter/        the final adapter in PEFT format (exports beside it)
+  events.log      human-readable lifecycle log
+```
+
+Remote runs pull into the same layout, so every local tool (eval, export, resume) works on a
+pulled run exactly as on a local one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from lorapod.errors import LorapodError
+from lorapod.fsutil import atomic_write_text
+
+
+def new_job_id(name: str) -> str:
+    slug = re.sub(r"[^a-zA-Z0-9_.-]+", "-", name).strip("-")[:40] or "job"
+    return f"{slug}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    root: Path
+
+    @classmethod
+    def create(cls, parent: str | Path, name: str) -> RunDir:
+        root = Path(parent) / new_job_id(name)
+        root.mkdir(parents=True, exist_ok=False)
+        run = cls(root)
+        for sub in (run.checkpoints, run.samples):
+            sub.mkdir(exist_ok=True)
+        return run
+
+    @classmethod
+    def open(cls, path: str | Path) -> RunDir:
+        root = Path(path)
+        if not (root / "spec.yaml").is_file():
+            raise LorapodError(
+                f"{root} is not a run folder (no spec.yaml in it)",
+                hint="pass the folder that `lorapod train` printed, e.g. runs/my-job-20261130-101500-ab12",
+            )
+        return cls(root)
+
+    @property
+    def job_id(self) -> str:
+        return self.root.name
+
+    spec_file = property(lambda self: self.root / "spec.yaml")
+    plan_file = property(lambda self: self.root / "plan.json")
+    metrics_file = property(lambda self: self.root / "metrics.jsonl")
+    checkpoints = property(lambda self: self.root / "checkpoints")
+    samples = property(lambda self: self.root / "samples")
+    adapter = property(lambda self: self.root / "adapter")
+    events_file = property(lambda self: self.root / "events.log")
+    tensorboard = property(lambda self: self.root / "tensorboard")
+
+    def write_spec(self, spec) -> None:
+        atomic_write_text(self.spec_file, spec.to_yaml())
+
+    def write_plan(self, plan: dict) -> None:
+        atomic_write_text(self.plan_file, json.dumps(plan, indent=2, default=str))
+
+    def event(self, message: str) -> None:
+        """Append one line to events.log (flushed, so a crash keeps everything before it)."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        with open(self.events_file, "a", encoding="utf-8") as fh:
+            fh.write(f"{stamp} {message}\n")
+            fh.flush()
+            os.fsync(fh.fileno())

@@ -1,0 +1,366 @@
+"""The job spec: one YAML file that says what to train, on what data, how, and where.
+
+The same spec drives ``lorapod plan``, ``lorapod train`` and ``lorapod run``, so a job that
+worked on a laptop runs unchanged on a rented GPU. Every model forbids unknown keys: a typo
+like ``learning_rte`` is an error naming the key and the closest valid one, never a silently
+ignored setting.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from lorapod.errors import SpecError
+
+Family = Literal["auto", "llm", "sd15", "sdxl", "flux1", "flux2", "wan21"]
+IMAGE_FAMILIES = ("sd15", "sdxl", "flux1", "flux2", "wan21")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSpec(_Section):
+    """The base model: a hub id, a local directory, or a single checkpoint file."""
+
+    id: str = Field(description="Hub id (org/name), a local model directory, or a .safetensors file.")
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
+    family: Family = Field("auto", description="Model family; 'auto' reads it from the model.")
+    dtype: Literal["auto", "bf16", "fp16", "fp32"] = Field(
+        "auto", description="Dtype of the frozen base weights; auto = bf16 on capable GPUs, fp32 on CPU."
+    )
+    trust_remote_code: bool = False
+    variant: str | None = Field(None, description="Sub-model, e.g. 'dev'/'schnell' for FLUX.1, '4b'/'9b' for FLUX.2 klein.")
+
+
+class MethodSpec(_Section):
+    """The adapter: LoRA or QLoRA (4-bit base, CUDA only)."""
+
+    type: Literal["lora", "qlora"] = "lora"
+    r: Annotated[int, Field(gt=0, le=1024)] = 16
+    alpha: Annotated[float, Field(gt=0)] = 32
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.05
+    target_modules: str | list[str] = Field(
+        "all-linear", description="'all-linear' or a list of module names (q_proj, v_proj, ...)."
+    )
+    rslora: bool = Field(False, description="Rank-stabilised scaling alpha/sqrt(r) instead of alpha/r.")
+    train_text_encoder: bool = Field(False, description="Images: also train LoRA on the text encoder(s).")
+
+
+class DataSpec(_Section):
+    """Where the data is and how it becomes training examples."""
+
+    path: str | list[str] = Field(description="Chat JSONL file(s), or an image folder.")
+    format: Literal["auto", "messages", "sharegpt", "alpaca", "images"] = "auto"
+    val_split: Annotated[float, Field(ge=0, lt=1)] = 0.1
+    val_path: str | None = Field(None, description="A separate validation file (overrides val_split).")
+    sequence_len: Annotated[int, Field(ge=16)] = 2048
+    packing: bool = Field(True, description="Pack several examples per row; attention never crosses them.")
+    train_on_assistant_only: bool = Field(True, description="Loss only on assistant turns.")
+    # image datasets
+    repeats: Annotated[int, Field(ge=1)] = 1
+    resolution: Annotated[int, Field(ge=64)] = 1024
+    buckets: bool = Field(True, description="Aspect-ratio buckets instead of a square crop.")
+    flip: bool = False
+    caption_extension: str = ".txt"
+    trigger: str | None = Field(None, description="Trigger word expected first in every caption.")
+    shuffle_captions: bool = False
+    caption_dropout: Annotated[float, Field(ge=0, le=1)] = 0.0
+    cache_latents: bool = True
+    cache_text_encoder_outputs: bool = True
+
+
+class TrainSpec(_Section):
+    """Optimisation hyper-parameters."""
+
+    epochs: Annotated[int, Field(ge=1)] = 3
+    max_steps: Annotated[int | None, Field(ge=1)] = Field(None, description="Stop after this many optimizer steps.")
+    micro_batch_size: Annotated[int, Field(ge=1)] = 1
+    grad_accum: Annotated[int, Field(ge=1)] = 1
+    optimizer: Literal["adamw", "adamw_8bit"] = "adamw"
+    learning_rate: Annotated[float, Field(gt=0, lt=1)] = 2e-4
+    scheduler: Literal["cosine", "linear", "constant", "constant_with_warmup"] = "cosine"
+    warmup_steps: Annotated[int, Field(ge=0)] = 0
+    warmup_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    max_grad_norm: Annotated[float | None, Field(gt=0)] = 1.0
+    gradient_checkpointing: bool = False
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    seed: int = 42
+    # image training
+    noise_offset: Annotated[float, Field(ge=0)] = 0.0
+    min_snr_gamma: Annotated[float | None, Field(gt=0)] = None
+    timestep_sampling: Literal["uniform", "logit_normal", "shift"] = "uniform"
+    timestep_shift: Annotated[float, Field(gt=0)] = 3.0
+
+
+class EvalSpec(_Section):
+    every_steps: Annotated[int | None, Field(ge=1)] = Field(None, description="Evaluate every N steps (None: once per epoch).")
+    at_start: bool = Field(True, description="Evaluate the base model before training (base vs tuned).")
+    max_batches: Annotated[int | None, Field(ge=1)] = None
+
+
+class SaveSpec(_Section):
+    every_steps: Annotated[int | None, Field(ge=1)] = None
+    every_epochs: Annotated[int | None, Field(ge=1)] = 1
+    keep_last: Annotated[int, Field(ge=1)] = 3
+
+
+class SamplesSpec(_Section):
+    """Samples written while training: prompts (images) or generations (LLMs)."""
+
+    prompts: str | list[str] | None = Field(None, description="Prompts file (sd-scripts syntax) or a list of prompts.")
+    every_epochs: Annotated[int | None, Field(ge=1)] = None
+    every_steps: Annotated[int | None, Field(ge=1)] = None
+    max_new_tokens: Annotated[int, Field(ge=1)] = 64
+
+
+class PhaseOverrides(_Section):
+    """Minutes per job phase, overriding the planner's own estimates."""
+
+    boot_min: Annotated[float | None, Field(ge=0)] = None
+    download_min: Annotated[float | None, Field(ge=0)] = None
+    upload_min: Annotated[float | None, Field(ge=0)] = None
+    cache_min: Annotated[float | None, Field(ge=0)] = None
+    prep_min: Annotated[float | None, Field(ge=0)] = Field(None, description="download + upload + cache together.")
+    train_min: Annotated[float | None, Field(ge=0)] = None
+    sampling_min: Annotated[float | None, Field(ge=0)] = None
+    review_min: Annotated[float | None, Field(ge=0)] = None
+
+
+class ComputeSpec(_Section):
+    """Where the job runs and what it may cost."""
+
+    provider: str = Field("local", description="local | ssh://user@host[:port] | runpod | vast")
+    gpu: str | None = Field(None, description="Pin a GPU model, e.g. 'RTX 4090'.")
+    max_usd: Annotated[float | None, Field(gt=0)] = None
+    max_hours: Annotated[float | None, Field(gt=0)] = None
+    usd_per_hour: Annotated[float | None, Field(ge=0)] = Field(
+        None, description="What the machine costs, to show dollars so far during local training."
+    )
+    disk_gb: Annotated[float, Field(gt=0)] = 50
+    phases: PhaseOverrides = Field(default_factory=PhaseOverrides)
+
+
+class OutputSpec(_Section):
+    dir: str = Field("runs", description="Folder that holds one run folder per job.")
+    name: str | None = Field(None, description="Job name; default: the spec file's stem.")
+
+
+class JobSpec(_Section):
+    """A whole job. ``model`` and ``data`` are required; everything else has a default."""
+
+    model: ModelSpec
+    method: MethodSpec = Field(default_factory=MethodSpec)
+    data: DataSpec
+    train: TrainSpec = Field(default_factory=TrainSpec)
+    eval: EvalSpec = Field(default_factory=EvalSpec)
+    save: SaveSpec = Field(default_factory=SaveSpec)
+    samples: SamplesSpec = Field(default_factory=SamplesSpec)
+    compute: ComputeSpec = Field(default_factory=ComputeSpec)
+    output: OutputSpec = Field(default_factory=OutputSpec)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobSpec:
+        if self.data.format == "images" and self.model.family == "llm":
+            raise ValueError("data.format 'images' needs an image model family, not 'llm'")
+        return self
+
+    @property
+    def is_image(self) -> bool:
+        return self.model.family in IMAGE_FAMILIES or self.data.format == "images"
+
+    def data_paths(self, base: Path | None = None) -> list[Path]:
+        paths = self.data.path if isinstance(self.data.path, list) else [self.data.path]
+        return [_resolve(p, base) for p in paths]
+
+    def to_yaml(self) -> str:
+        """The resolved spec as YAML. The spec holds no secrets by design (keys come from the
+        environment), and :func:`redact` is applied anyway as a second line of defence."""
+        return yaml.safe_dump(redact(self.model_dump(mode="json")), sort_keys=False)
+
+
+def _resolve(p: str, base: Path | None) -> Path:
+    path = Path(p).expanduser()
+    if not path.is_absolute() and base is not None:
+        path = base / path
+    return path
+
+
+_SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password)", re.I)
+_SECRET_VALUE = re.compile(r"^(hf_[A-Za-z0-9]{20,}|rpa_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9]{20,})$")
+
+
+def redact(obj: Any) -> Any:
+    """Replace anything that looks like a credential with '<redacted>'."""
+    if isinstance(obj, dict):
+        return {k: ("<redacted>" if _SECRET_KEY.search(str(k)) and v else redact(v)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [redact(v) for v in obj]
+    if isinstance(obj, str) and _SECRET_VALUE.match(obj):
+        return "<redacted>"
+    return obj
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``train.learning_rate=1e-4`` -> (['train', 'learning_rate'], 0.0001). Values are YAML."""
+    if "=" not in item:
+        raise SpecError(f"--set {item!r} is not of the form dotted.key=value", hint="e.g. --set train.learning_rate=1e-4")
+    key, raw = item.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise SpecError(f"--set {item!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for item in overrides:
+        parts, value = parse_override(item)
+        node = raw
+        for p in parts[:-1]:
+            child = node.get(p)
+            if child is None:
+                child = node[p] = {}
+            if not isinstance(child, dict):
+                raise SpecError(f"--set {item!r}: '{p}' is a value, not a section")
+            node = child
+        node[parts[-1]] = value
+    return raw
+
+
+def load_spec(path: str | Path | None = None, overrides: list[str] | None = None, raw: dict | None = None) -> JobSpec:
+    """Read a spec from YAML (or a dict), apply ``--set`` overrides, validate.
+
+    Relative data paths are resolved against the spec file's folder, so a spec can be run
+    from anywhere.
+    """
+    base: Path | None = None
+    if raw is None:
+        if path is None:
+            raise SpecError("no spec given", hint="pass a spec file, e.g. examples/llm-chat-lora.yaml")
+        p = Path(path)
+        if not p.is_file():
+            raise SpecError(f"spec file {p} does not exist", hint="check the path, or start from examples/")
+        try:
+            raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            raise SpecError(f"{p} is not valid YAML: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise SpecError(f"{p} must hold a mapping (model:, data:, ...), not {type(raw).__name__}")
+        base = p.resolve().parent
+        raw.setdefault("output", {})
+        if isinstance(raw["output"], dict):
+            raw["output"].setdefault("name", p.stem)
+    raw = apply_overrides(raw, overrides or [])
+    spec = validate(raw)
+    if base is not None:
+        _absolutise(spec, base)
+    return spec
+
+
+def _absolutise(spec: JobSpec, base: Path) -> None:
+    d = spec.data
+    if isinstance(d.path, list):
+        d.path = [str(_resolve(p, base)) for p in d.path]
+    else:
+        d.path = str(_resolve(d.path, base))
+    if d.val_path:
+        d.val_path = str(_resolve(d.val_path, base))
+    if isinstance(spec.samples.prompts, str) and not spec.samples.prompts.strip().startswith("-"):
+        cand = _resolve(spec.samples.prompts, base)
+        if cand.exists():
+            spec.samples.prompts = str(cand)
+    mid = spec.model.id
+    if mid.startswith((".", "~")) or "/" not in mid.strip("/") or Path(mid).suffix in {".safetensors", ".ckpt"}:
+        cand = _resolve(mid, base)
+        if cand.exists():
+            spec.model.id = str(cand)
+    # output.dir stays relative to where the command runs (``runs/`` in the current folder),
+    # which is where users look for it.
+
+
+def validate(raw: dict[str, Any]) -> JobSpec:
+    try:
+        return JobSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError(_explain(exc, raw)) from None
+
+
+def _explain(exc: ValidationError, raw: dict[str, Any]) -> str:
+    lines = [f"the spec has {exc.error_count()} problem(s):"]
+    for err in exc.errors():
+        loc = [str(x) for x in err["loc"]]
+        key = ".".join(loc) or "(top level)"
+        value = _lookup(raw, err["loc"])
+        if err["type"] == "extra_forbidden":
+            section_model = _section_model(loc[:-1])
+            known = list(section_model.model_fields) if section_model else []
+            close = difflib.get_close_matches(loc[-1], known, n=1)
+            hint = f"; did you mean '{'.'.join([*loc[:-1], close[0]])}'?" if close else ""
+            lines.append(f"  - unknown key '{key}'{hint} (allowed: {', '.join(known)})")
+        elif err["type"] == "missing":
+            lines.append(f"  - '{key}' is required")
+        else:
+            allowed = _allowed(loc)
+            shown = f"{value!r}" if value is not _MISSING else "(not set)"
+            extra = f" (allowed: {allowed})" if allowed else ""
+            lines.append(f"  - {key} = {shown}: {err['msg']}{extra}")
+    return "\n".join(lines)
+
+
+_MISSING = object()
+
+
+def _lookup(raw: Any, loc: tuple) -> Any:
+    node = raw
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        else:
+            return _MISSING
+    return node
+
+
+def _section_model(loc: list[str]) -> type[BaseModel] | None:
+    model: type[BaseModel] = JobSpec
+    for part in loc:
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model = ann
+        else:
+            return None
+    return model
+
+
+def _allowed(loc: list[str]) -> str | None:
+    model = _section_model(loc[:-1])
+    if model is None or not loc:
+        return None
+    field = model.model_fields.get(loc[-1])
+    if field is None:
+        return None
+    args = getattr(field.annotation, "__args__", ())
+    if getattr(field.annotation, "__origin__", None) is Literal:
+        return " | ".join(map(str, args))
+    lits = [a for a in args if getattr(a, "__origin__", None) is Literal]
+    if lits:
+        return " | ".join(str(x) for lit in lits for x in lit.__args__)
+    return None
