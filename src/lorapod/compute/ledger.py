@@ -1,0 +1,306 @@
+"""The ledger: what lorapod rented, for which job, at what price, and whether it is gone.
+
+SQLite in ``$LORAPOD_HOME/ledger.db`` (default ``~/.lorapod``), WAL mode so ``lorapod ps`` reads
+while a run writes. Two invariants make teardown trustworthy:
+
+1. an instance row exists **before** the provider's create call returns to any caller code
+   (:meth:`Ledger.instance_creating` is written first, then :meth:`Ledger.instance_created`
+   fills in the provider's id), so a crash between the two still leaves a row to sweep;
+2. an instance is marked ``destroyed`` only after the provider confirmed it is gone.
+
+Dollars are the instance's own price times the time from create to confirmed destroy (or now,
+while it lives). Nothing secret is ever written here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS instances (
+  id TEXT PRIMARY KEY,            -- lorapod's own id, known before the provider answers
+  provider TEXT NOT NULL,
+  provider_id TEXT,               -- the provider's id, once create() returned
+  job_id TEXT,
+  state TEXT NOT NULL,            -- creating | live | destroying | destroyed | failed
+  gpu_name TEXT,
+  usd_per_hour REAL NOT NULL DEFAULT 0,
+  ssh_host TEXT, ssh_port INTEGER, ssh_user TEXT,
+  offer_json TEXT,
+  access_json TEXT,               -- how to reach it again (key path, work folder): never a secret
+  created_at REAL NOT NULL,
+  ready_at REAL,
+  destroy_requested_at REAL,
+  destroyed_at REAL,
+  note TEXT
+);
+CREATE INDEX IF NOT EXISTS instances_state ON instances(state);
+CREATE TABLE IF NOT EXISTS jobs (
+  id TEXT PRIMARY KEY,
+  spec_path TEXT,
+  run_dir TEXT NOT NULL,
+  provider TEXT NOT NULL,
+  target TEXT,                    -- what --on said (ssh://..., runpod, vast)
+  instance_id TEXT,
+  state TEXT NOT NULL,            -- starting | running | stopping | done | stopped | failed | interrupted
+  remote_dir TEXT,
+  last_step INTEGER,
+  max_usd REAL, max_hours REAL,
+  started_at REAL NOT NULL,
+  ended_at REAL,
+  summary TEXT
+);
+CREATE TABLE IF NOT EXISTS events (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  ts REAL NOT NULL,
+  job_id TEXT,
+  instance_id TEXT,
+  kind TEXT NOT NULL,
+  message TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS prices (
+  provider TEXT NOT NULL,
+  offer_id TEXT NOT NULL,
+  gpu_name TEXT,
+  usd_per_hour REAL NOT NULL,
+  seen_at REAL NOT NULL,
+  PRIMARY KEY (provider, offer_id, seen_at)
+);
+"""
+
+LIVE = ("creating", "live", "destroying")
+
+
+def lorapod_home() -> Path:
+    home = Path(os.environ.get("LORAPOD_HOME") or Path.home() / ".lorapod").expanduser()
+    home.mkdir(parents=True, exist_ok=True)
+    return home
+
+
+@dataclass(frozen=True)
+class InstanceRow:
+    id: str
+    provider: str
+    provider_id: str | None
+    job_id: str | None
+    state: str
+    gpu_name: str | None
+    usd_per_hour: float
+    ssh_host: str | None
+    ssh_port: int | None
+    ssh_user: str | None
+    created_at: float
+    ready_at: float | None
+    destroy_requested_at: float | None
+    destroyed_at: float | None
+    note: str | None
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE
+
+    def usd(self, now: float | None = None) -> float:
+        end = self.destroyed_at or (now if now is not None else time.time())
+        return max(0.0, end - self.created_at) / 3600.0 * self.usd_per_hour
+
+
+@dataclass(frozen=True)
+class JobRow:
+    id: str
+    spec_path: str | None
+    run_dir: str
+    provider: str
+    target: str | None
+    instance_id: str | None
+    state: str
+    remote_dir: str | None
+    last_step: int | None
+    max_usd: float | None
+    max_hours: float | None
+    started_at: float
+    ended_at: float | None
+    summary: str | None
+
+
+class Ledger:
+    """One connection per process; every write is its own short transaction."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path else lorapod_home() / "ledger.db"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+        with suppress(OSError):
+            os.chmod(self.path, 0o600)
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
+    # ------------------------------------------------------------------ instances
+
+    def instance_creating(self, provider: str, job_id: str | None, usd_per_hour: float,
+                          gpu_name: str | None = None, offer: dict[str, Any] | None = None) -> str:
+        """Write the row before asking the provider; returns lorapod's instance id."""
+        iid = "i-" + uuid.uuid4().hex[:12]
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO instances (id, provider, job_id, state, gpu_name, usd_per_hour, offer_json, created_at)"
+                " VALUES (?, ?, ?, 'creating', ?, ?, ?, ?)",
+                (iid, provider, job_id, gpu_name, usd_per_hour, json.dumps(offer or {}), time.time()),
+            )
+        self.event("instance", f"creating on {provider} at ${usd_per_hour:.3f}/h", job_id=job_id, instance_id=iid)
+        return iid
+
+    def instance_created(self, iid: str, provider_id: str, usd_per_hour: float | None = None) -> None:
+        with self._tx() as db:
+            if usd_per_hour is None:
+                db.execute("UPDATE instances SET provider_id=?, state='live' WHERE id=?", (provider_id, iid))
+            else:
+                db.execute("UPDATE instances SET provider_id=?, state='live', usd_per_hour=? WHERE id=?",
+                           (provider_id, usd_per_hour, iid))
+        self.event("instance", f"created: provider id {provider_id}", instance_id=iid)
+
+    def instance_create_failed(self, iid: str, reason: str) -> None:
+        """The provider refused: nothing exists, nothing is billed (destroyed_at = created_at)."""
+        with self._tx() as db:
+            db.execute("UPDATE instances SET state='failed', destroyed_at=created_at, note=? WHERE id=?",
+                       (reason[:500], iid))
+        self.event("instance", f"create failed: {reason[:200]}", instance_id=iid)
+
+    def instance_access(self, iid: str, access: dict[str, Any]) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE instances SET access_json=? WHERE id=?", (json.dumps(access), iid))
+
+    def access(self, iid: str) -> dict[str, Any]:
+        row = self._db.execute("SELECT access_json FROM instances WHERE id=?", (iid,)).fetchone()
+        return json.loads(row[0]) if row and row[0] else {}
+
+    def instance_ready(self, iid: str, host: str, port: int, user: str) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE instances SET ssh_host=?, ssh_port=?, ssh_user=?, ready_at=COALESCE(ready_at, ?)"
+                       " WHERE id=?", (host, port, user, time.time(), iid))
+
+    def instance_destroying(self, iid: str, note: str | None = None) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE instances SET state='destroying', destroy_requested_at=COALESCE(destroy_requested_at, ?),"
+                       " note=COALESCE(?, note) WHERE id=? AND state IN ('creating', 'live', 'destroying')",
+                       (time.time(), note, iid))
+
+    def instance_destroyed(self, iid: str, note: str | None = None, at: float | None = None) -> None:
+        """Only after the provider confirmed: the dollars stop here."""
+        with self._tx() as db:
+            db.execute("UPDATE instances SET state='destroyed', destroyed_at=COALESCE(destroyed_at, ?),"
+                       " note=COALESCE(?, note) WHERE id=?", (at or time.time(), note, iid))
+        self.event("instance", "destroyed (confirmed by the provider)" + (f": {note}" if note else ""), instance_id=iid)
+
+    def instance(self, iid: str) -> InstanceRow | None:
+        row = self._db.execute("SELECT * FROM instances WHERE id=?", (iid,)).fetchone()
+        return _instance(row) if row else None
+
+    def instances(self, live_only: bool = False, provider: str | None = None) -> list[InstanceRow]:
+        q, args = "SELECT * FROM instances", []
+        where = []
+        if live_only:
+            where.append(f"state IN ({','.join('?' * len(LIVE))})")
+            args += list(LIVE)
+        if provider:
+            where.append("provider=?")
+            args.append(provider)
+        if where:
+            q += " WHERE " + " AND ".join(where)
+        return [_instance(r) for r in self._db.execute(q + " ORDER BY created_at", args)]
+
+    def job_instances(self, job_id: str) -> list[InstanceRow]:
+        return [_instance(r) for r in self._db.execute(
+            "SELECT * FROM instances WHERE job_id=? ORDER BY created_at", (job_id,))]
+
+    def usd(self, job_id: str, now: float | None = None) -> float:
+        return sum(r.usd(now) for r in self.job_instances(job_id))
+
+    # ------------------------------------------------------------------ jobs
+
+    def job_started(self, job_id: str, run_dir: str, provider: str, target: str | None, spec_path: str | None,
+                    max_usd: float | None, max_hours: float | None) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO jobs (id, spec_path, run_dir, provider, target, state, max_usd, max_hours,"
+                " started_at) VALUES (?, ?, ?, ?, ?, 'starting', ?, ?, ?)",
+                (job_id, spec_path, run_dir, provider, target, max_usd, max_hours, time.time()),
+            )
+        self.event("job", f"started on {target or provider}", job_id=job_id)
+
+    def job_update(self, job_id: str, **fields: Any) -> None:
+        allowed = {"instance_id", "state", "remote_dir", "last_step", "ended_at", "summary"}
+        bad = set(fields) - allowed
+        if bad:
+            raise ValueError(f"unknown job fields {bad}")
+        if not fields:
+            return
+        cols = ", ".join(f"{k}=?" for k in fields)
+        with self._tx() as db:
+            db.execute(f"UPDATE jobs SET {cols} WHERE id=?", (*fields.values(), job_id))
+
+    def job_ended(self, job_id: str, state: str, summary: str) -> None:
+        self.job_update(job_id, state=state, summary=summary, ended_at=time.time())
+        self.event("job", f"{state}: {summary}", job_id=job_id)
+
+    def job(self, job_id: str) -> JobRow | None:
+        row = self._db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
+        if row is None:  # accept a unique prefix, as people type them
+            rows = self._db.execute("SELECT * FROM jobs WHERE id LIKE ?", (job_id + "%",)).fetchall()
+            row = rows[0] if len(rows) == 1 else None
+        return JobRow(**dict(row)) if row else None
+
+    def jobs(self) -> list[JobRow]:
+        return [JobRow(**dict(r)) for r in self._db.execute("SELECT * FROM jobs ORDER BY started_at")]
+
+    # ------------------------------------------------------------------ events and prices
+
+    def event(self, kind: str, message: str, job_id: str | None = None, instance_id: str | None = None) -> None:
+        with self._tx() as db:
+            db.execute("INSERT INTO events (ts, job_id, instance_id, kind, message) VALUES (?, ?, ?, ?, ?)",
+                       (time.time(), job_id, instance_id, kind, message))
+
+    def events(self, job_id: str | None = None) -> list[dict[str, Any]]:
+        if job_id:
+            rows = self._db.execute("SELECT * FROM events WHERE job_id=? ORDER BY seq", (job_id,))
+        else:
+            rows = self._db.execute("SELECT * FROM events ORDER BY seq")
+        return [dict(r) for r in rows]
+
+    def record_prices(self, offers: list[Any]) -> None:
+        now = time.time()
+        with self._tx() as db:
+            db.executemany(
+                "INSERT OR IGNORE INTO prices (provider, offer_id, gpu_name, usd_per_hour, seen_at) VALUES (?, ?, ?, ?, ?)",
+                [(o.provider, o.id, o.gpu_name, o.usd_per_hour, now) for o in offers],
+            )
+
+
+def _instance(row: sqlite3.Row) -> InstanceRow:
+    d = dict(row)
+    d.pop("offer_json", None)
+    d.pop("access_json", None)
+    return InstanceRow(**d)

@@ -1,0 +1,41 @@
+"""The ``local`` provider: this machine, through its own shell, with the remote-run lifecycle.
+
+Useful to rehearse a remote run (watchdog, pulls, caps) without any SSH server, and as the
+reference for what a borrowed host looks like. Work folders live in ``$LORAPOD_HOME/local``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lorapod.compute.ledger import lorapod_home
+from lorapod.compute.provider import Instance
+from lorapod.compute.ssh import HostProvider
+from lorapod.compute.transport import LocalTransport, Transport
+
+
+class LocalProvider(HostProvider):
+    name = "local"
+
+    def __init__(self, home: str | Path | None = None, usd_per_hour: float = 0.0) -> None:
+        super().__init__(usd_per_hour)
+        self.home = Path(home) if home else lorapod_home() / "local"
+
+    @classmethod
+    def from_kwargs(cls, **kw: Any) -> LocalProvider:
+        kw.pop("target", None)
+        kw.pop("identity", None)
+        return cls(**kw)
+
+    def _address(self) -> tuple[str, int, str]:
+        return "localhost", 0, "local"
+
+    def _transport(self) -> Transport:
+        return LocalTransport(self.home)
+
+    def transport(self, inst: Instance, identity: Path | None, known_hosts: Path) -> Transport:
+        return LocalTransport(self.home)
+
+    def watchdog_config(self, inst: Instance) -> dict[str, Any]:
+        return {"provider": "local"}

@@ -1,0 +1,206 @@
+"""The provider interface: one small shape for ``ssh``, ``local``, ``runpod`` and ``vast``.
+
+A provider only *asks*: ``create`` returns as soon as the provider accepted the request and
+``refresh`` reports what the instance looks like now. All waiting (deadlines, backoff, timeout
+errors) lives once, in :mod:`lorapod.compute.session`, so no provider can block forever.
+
+``destroy`` is idempotent: an instance that is already gone is success, because teardown runs
+from several places (the controller's ``finally``, its signal handlers, the on-instance
+watchdog, ``lorapod down``) and any of them may be second.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from lorapod.errors import ProviderError
+
+#: Instance states, provider-neutral. ``gone`` means the provider confirmed it no longer exists.
+State = Literal["creating", "booting", "running", "exited", "error", "gone"]
+LIVE_STATES = ("creating", "booting", "running", "exited", "error")
+
+
+@dataclass(frozen=True)
+class Requirements:
+    """What a job needs from a machine; providers filter their offers by it."""
+
+    gpu: str | None = None
+    min_vram_gb: float = 0.0
+    max_usd_per_hour: float | None = None
+    disk_gb: float = 50.0
+    gpu_count: int = 1
+
+
+@dataclass(frozen=True)
+class Offer:
+    """Something a provider would rent us now, at this price."""
+
+    provider: str
+    id: str
+    gpu_name: str
+    usd_per_hour: float
+    vram_gb: float = 0.0
+    gpu_count: int = 1
+    storage_usd_per_gb_month: float | None = None
+    reliability: float | None = None
+    region: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """How to start the machine: image, disk, the job's public key, a label for the console."""
+
+    label: str
+    ssh_public_key: str
+    image: str = "runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04"
+    disk_gb: float = 50.0
+
+
+@dataclass(frozen=True)
+class Instance:
+    """A machine as the provider reports it. ``ssh_host`` is set once SSH can be tried."""
+
+    id: str
+    provider: str
+    state: State
+    usd_per_hour: float = 0.0
+    ssh_host: str | None = None
+    ssh_port: int = 22
+    ssh_user: str = "root"
+    gpu_name: str | None = None
+    created_at: float = field(default_factory=time.time)
+    label: str | None = None
+    message: str | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE_STATES
+
+    @property
+    def ssh_ready(self) -> bool:
+        return self.state == "running" and bool(self.ssh_host)
+
+    def with_(self, **changes: Any) -> Instance:
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Capability:
+    """Whether a provider can do something, and why not when it cannot."""
+
+    name: str
+    supported: bool
+    reason: str = ""
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """What every backend implements. Methods never sleep or poll."""
+
+    name: str
+
+    def capabilities(self) -> list[Capability]: ...
+
+    def offers(self, req: Requirements) -> list[Offer]: ...
+
+    def create(self, offer: Offer, spec: InstanceSpec) -> Instance: ...
+
+    def refresh(self, inst: Instance) -> Instance: ...
+
+    def destroy(self, instance_id: str) -> None: ...
+
+    def list_instances(self) -> list[Instance]: ...
+
+    def watchdog_config(self, inst: Instance) -> dict[str, Any]:
+        """What the on-instance watchdog needs to destroy this instance from inside.
+
+        Never the user's own API key: RunPod and Vast.ai give each instance a scoped one in
+        its environment, which the watchdog reads there.
+        """
+        ...
+
+
+def capability(provider: Provider, name: str) -> Capability:
+    for cap in provider.capabilities():
+        if cap.name == name:
+            return cap
+    return Capability(name, False, f"{provider.name} does not declare '{name}'")
+
+
+# ----------------------------------------------------------------------------- registry
+
+ProviderFactory = Callable[..., Provider]
+_REGISTRY: dict[str, ProviderFactory] = {}
+
+#: Built-ins go through the same registry as plugins; each is imported only when first used.
+BUILTINS: dict[str, str] = {
+    "ssh": "lorapod.compute.ssh:SSHProvider",
+    "local": "lorapod.compute.local:LocalProvider",
+    "runpod": "lorapod.compute.runpod.provider:RunPodProvider",
+    "vast": "lorapod.compute.vast.provider:VastProvider",
+}
+
+
+def register(name: str, factory: ProviderFactory) -> None:
+    """Add a provider under ``name``. A second registration of the same name (or a built-in's
+    name) is refused, so a plugin can never silently replace one and send teardown elsewhere."""
+    if not name or not name.isidentifier():
+        raise ValueError(f"provider name {name!r} must be a simple identifier")
+    if name in _REGISTRY or name in BUILTINS:
+        raise ValueError(f"provider '{name}' is already registered; pick another name")
+    _REGISTRY[name] = factory
+
+
+def names() -> list[str]:
+    return sorted({*BUILTINS, *_REGISTRY})
+
+
+def get(name: str, **kwargs: Any) -> Provider:
+    """Build the provider registered as ``name`` (``kwargs`` go to its ``from_kwargs``)."""
+    if name in BUILTINS:
+        import importlib
+
+        module, _, cls = BUILTINS[name].partition(":")
+        return getattr(importlib.import_module(module), cls).from_kwargs(**kwargs)
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        raise ProviderError(
+            f"unknown provider '{name}'",
+            hint=f"use one of: {', '.join(names())}, or ssh://user@host:port",
+        )
+    return factory(**kwargs)
+
+
+def from_target(target: str, **kwargs: Any) -> Provider:
+    """``--on`` value -> provider: ``ssh://user@host:port`` or a registered name."""
+    if target.startswith("ssh://"):
+        return get("ssh", target=target, **kwargs)
+    return get(target, **kwargs)
+
+
+def rank_offers(offers: list[Offer], req: Requirements) -> list[Offer]:
+    """Cheapest first among offers that satisfy ``req`` (GPU name, VRAM, price cap)."""
+    wanted = _norm(req.gpu) if req.gpu else None
+    keep = []
+    for o in offers:
+        if wanted and wanted not in _norm(o.gpu_name):
+            continue
+        if o.vram_gb and o.vram_gb < req.min_vram_gb:
+            continue
+        if req.max_usd_per_hour is not None and o.usd_per_hour > req.max_usd_per_hour:
+            continue
+        if o.gpu_count < req.gpu_count:
+            continue
+        keep.append(o)
+    return sorted(keep, key=lambda o: (o.usd_per_hour, -(o.reliability or 0), o.id))
+
+
+def _norm(s: str) -> str:
+    return "".join(ch for ch in s.lower() if ch.isalnum())

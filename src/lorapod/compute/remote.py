@@ -1,0 +1,314 @@
+"""The job's work folder on an instance, and every shell command lorapod runs there.
+
+```
+~/.lorapod-work/<job-id>/      (relative to the login directory)
+  run/            the run folder (same layout as locally); run/STOP asks the trainer to
+                  save a checkpoint and exit
+  data/           the synced dataset (rsync: only changed files move)
+  pkg/            lorapod itself (source copy or installed wheel), on PYTHONPATH
+  job.sh          wrapper: records job.pid, runs the job, writes job.exit with its status
+  job.log         the job's stdout + stderr
+  watchdog.py     the on-instance watchdog (+ watchdog.json, watchdog.log, watchdog.pid)
+  HEARTBEAT       touched by the controller on every poll
+  PULLED          written by the controller once the final pull is verified
+  secrets.env     0600, sent over stdin, sourced by job.sh (only what the job needs)
+```
+
+The job runs under ``setsid nohup`` so an SSH drop or a dead controller does not kill it; its
+process id is also its process group, so stopping it stops everything it started.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from lorapod.compute.transport import SyncStats, Transport
+from lorapod.errors import RemoteError
+
+WORK_ROOT = ".lorapod-work"
+
+
+def work_root() -> str:
+    """Where work folders go on the instance: ``LORAPOD_REMOTE_ROOT`` or ``~/.lorapod-work``."""
+    return os.environ.get("LORAPOD_REMOTE_ROOT") or WORK_ROOT
+#: Never pulled: temporary checkpoint folders, rsync leftovers, the stop request itself.
+PULL_EXCLUDES = (".tmp-*", ".old-*", ".rsync-partial", "STOP", "__pycache__")
+
+JOB_SH = r"""#!/usr/bin/env bash
+# Started as `setsid nohup bash job.sh CMD...`: its pid is the job's process group.
+cd "$(dirname "$0")" || exit 1
+echo $$ > job.pid.tmp && mv job.pid.tmp job.pid
+export PYTHONPATH="$PWD/pkg${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+if [ -f secrets.env ]; then set -a; . ./secrets.env; set +a; fi
+"$@" >> job.log 2>&1
+rc=$?
+echo "$rc" > job.exit.tmp && mv job.exit.tmp job.exit
+"""
+
+MANIFEST_PY = r"""
+import hashlib, json, os, sys
+root = sys.argv[1]
+skip_dirs = ('.tmp-', '.old-', '.rsync-partial', '__pycache__')
+out = {}
+for dp, dns, fns in os.walk(root):
+    dns[:] = [d for d in dns if not d.startswith(skip_dirs)]
+    for fn in fns:
+        if fn == 'STOP' or fn.startswith('.'):
+            continue
+        p = os.path.join(dp, fn)
+        h = hashlib.sha256()
+        with open(p, 'rb') as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b''):
+                h.update(chunk)
+        out[os.path.relpath(p, root)] = [os.path.getsize(p), h.hexdigest()]
+print(json.dumps(out))
+"""
+
+
+def default_job_command(python: str, spec: str, run_dir: str, resume: bool) -> list[str]:
+    """The command run on the instance. The one place to change what "training" means there.
+
+    The engine honours ``<run_dir>/STOP`` (save a checkpoint, exit 0) and, with ``--resume``,
+    continues from the newest checkpoint in the run folder.
+    """
+    cmd = [python, "-m", "lorapod", "train", spec, "--run-dir", run_dir]
+    return [*cmd, "--resume"] if resume else cmd
+
+
+def job_command_from_env(python: str, spec: str, run_dir: str, resume: bool) -> list[str]:
+    """``LORAPOD_JOB_COMMAND`` (a template with {python} {spec} {run_dir} {resume}) replaces
+    the trainer, e.g. to run your own script; otherwise :func:`default_job_command`."""
+    template = os.environ.get("LORAPOD_JOB_COMMAND")
+    if not template:
+        return default_job_command(python, spec, run_dir, resume)
+    values = {"python": python, "spec": spec, "run_dir": run_dir, "resume": "--resume" if resume else ""}
+    return [arg for arg in (part.format(**values) for part in shlex.split(template)) if arg]
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """How lorapod gets onto the instance so both ends run the same version.
+
+    ``source``: rsync this very package into ``pkg/`` (fast, exact; the instance's Python must
+    already have the dependencies, as GPU images do). ``wheel``: build a wheel of this source tree
+    with ``pip wheel --no-deps`` (cached by content) and ``pip install --no-deps --target pkg/``;
+    with ``deps_extra`` (e.g. ``"llm"``) it also installs the wheel with that extra into the
+    instance's Python so missing dependencies are fetched there.
+    """
+
+    strategy: Literal["source", "wheel"] = "source"
+    python: str = "python3"
+    deps_extra: str | None = None
+
+
+@dataclass
+class JobStatus:
+    alive: bool
+    exit: str | None
+    metrics: bytes = b""
+    gone: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.gone or self.exit is not None or not self.alive
+
+
+@dataclass
+class RemoteWork:
+    transport: Transport
+    job_id: str
+    root: str = field(default_factory=work_root)
+    facts: dict = field(default_factory=dict)
+
+    @property
+    def dir(self) -> str:
+        return f"{self.root}/{self.job_id}"
+
+    def q(self, rel: str = "") -> str:
+        return shlex.quote(f"{self.dir}/{rel}" if rel else self.dir)
+
+    def sh(self, script: str, input: bytes | None = None, timeout: float = 60.0,
+           check: bool = True) -> subprocess.CompletedProcess[bytes]:
+        return self.transport.run(script, input=input, timeout=timeout, check=check)
+
+    # ------------------------------------------------------------------ setup
+
+    def prepare(self) -> None:
+        self.sh(f"mkdir -p {self.q('run')} {self.q('data')} {self.q('pkg')} && chmod 700 {self.q()}")
+
+    def write_file(self, rel: str, data: bytes, mode: int = 0o600) -> None:
+        """Through stdin, never argv: secrets stay out of `ps` on both machines."""
+        self.sh(f"umask 077 && cat > {self.q(rel + '.tmp')} && chmod {mode:o} {self.q(rel + '.tmp')}"
+                f" && mv {self.q(rel + '.tmp')} {self.q(rel)}", input=data)
+
+    def bootstrap(self, boot: Bootstrap, wheel_cache: Path) -> dict:
+        """Put lorapod on the instance, check its Python, read GPU facts."""
+        import lorapod
+
+        if boot.strategy == "source":
+            pkg = Path(lorapod.__file__).parent
+            self.transport.push(pkg, f"{self.dir}/pkg/lorapod", delete=True, excludes=("__pycache__",))
+        else:
+            wheel = build_wheel(wheel_cache)
+            self.transport.push(wheel, f"{self.dir}/{wheel.name}")
+            py = shlex.quote(boot.python)
+            self.sh(f"cd {self.q()} && {py} -m pip install -q --no-deps --upgrade --target pkg {shlex.quote(wheel.name)}",
+                    timeout=600)
+            if boot.deps_extra:
+                self.sh(f"cd {self.q()} && {py} -m pip install -q {shlex.quote(f'./{wheel.name}[{boot.deps_extra}]')}",
+                        timeout=3600)
+        self.write_file("job.sh", JOB_SH.encode(), 0o700)
+        import lorapod.compute.watchdog as wd
+
+        self.write_file("watchdog.py", Path(wd.__file__).read_bytes(), 0o600)
+        probe = ("import json, sys, lorapod; print(json.dumps({'python': sys.version.split()[0], "
+                 "'lorapod': lorapod.__version__, 'path': lorapod.__file__}))")
+        out = self.sh(f"cd {self.q()} && PYTHONPATH=$PWD/pkg {shlex.quote(boot.python)} -c {shlex.quote(probe)};"
+                      " nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || true",
+                      check=False)
+        lines = out.stdout.decode(errors="replace").strip().splitlines()
+        if out.returncode != 0 or not lines or not lines[0].startswith("{"):
+            raise RemoteError(f"lorapod does not start on the instance with {boot.python}: "
+                              f"{out.stderr.decode(errors='replace')[-400:]}",
+                              hint="the instance needs Python >= 3.11 with lorapod's dependencies; "
+                                   "try --bootstrap wheel with deps, or an image with PyTorch")
+        facts = json.loads(lines[0])
+        if facts["lorapod"] != lorapod.__version__:
+            raise RemoteError(f"the instance runs lorapod {facts['lorapod']}, this machine {lorapod.__version__}")
+        facts["gpus"] = [g.strip() for g in lines[1:] if g.strip()]
+        self.facts = facts
+        return facts
+
+    def push_path(self, local: Path, dest_rel: str, delete: bool = True) -> SyncStats:
+        return self.transport.push(local, f"{self.dir}/{dest_rel}", delete=delete and local.is_dir())
+
+    # ------------------------------------------------------------------ processes
+
+    def start_watchdog(self, config: dict, python: str) -> None:
+        self.write_file("watchdog.json", json.dumps(config).encode())
+        self.sh(f"cd {self.q()} && rm -f PULLED && touch HEARTBEAT && "
+                f"{{ setsid nohup {shlex.quote(python)} watchdog.py >> watchdog.log 2>&1 < /dev/null & }}")
+
+    def start_job(self, argv: list[str]) -> None:
+        self.sh(f"cd {self.q()} && rm -f job.exit job.pid run/STOP && "
+                f"{{ setsid nohup bash job.sh {shlex.join(argv)} > /dev/null 2>&1 < /dev/null & }}")
+
+    def poll(self, metrics_offset: int, timeout: float = 30.0) -> JobStatus:
+        """One round trip: heartbeat, job state, new metrics bytes after ``metrics_offset``."""
+        script = (
+            f"cd {self.q()} 2>/dev/null || {{ echo LPGONE; exit 0; }}\n"
+            "touch HEARTBEAT\n"
+            "pid=$(cat job.pid 2>/dev/null); alive=0\n"
+            '[ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && alive=1\n'
+            '[ -z "$pid" ] && [ ! -f job.exit ] && alive=1\n'  # starting: not yet written its pid
+            'ex=$(tr -d "\\n" < job.exit 2>/dev/null)\n'
+            'echo "LP alive=$alive exit=$ex"\n'
+            f"tail -c +{metrics_offset + 1} run/metrics.jsonl 2>/dev/null || true\n"
+        )
+        out = self.sh(script, timeout=timeout).stdout
+        head, _, rest = out.partition(b"\n")
+        if head.startswith(b"LPGONE"):
+            return JobStatus(alive=False, exit=None, gone=True)
+        text = head.decode(errors="replace")
+        alive = "alive=1" in text
+        ex = text.split("exit=", 1)[1].strip() if "exit=" in text else ""
+        return JobStatus(alive=alive, exit=ex or None, metrics=rest)
+
+    def request_stop(self, reason: str) -> None:
+        self.write_file("run/STOP", (reason + "\n").encode(), 0o644)
+
+    def pull(self, local_run: Path) -> SyncStats:
+        return self.transport.pull(f"{self.dir}/run", local_run, excludes=PULL_EXCLUDES)
+
+    def manifest(self, python: str) -> dict[str, list]:
+        out = self.sh(f"{shlex.quote(python)} - {self.q('run')}", input=MANIFEST_PY.encode(), timeout=600)
+        return json.loads(out.stdout.decode())
+
+    def mark_pulled(self) -> None:
+        self.sh(f"touch {self.q('PULLED')}")
+
+    def job_log_tail(self, lines: int = 30) -> str:
+        out = self.sh(f"tail -n {lines} {self.q('job.log')} 2>/dev/null || true", check=False)
+        return out.stdout.decode(errors="replace")
+
+    def teardown(self) -> None:
+        """Stop the job and the watchdog, remove the work folder. Idempotent."""
+        self.sh(teardown_script(self.dir), timeout=60)
+
+
+def teardown_script(work_dir: str) -> str:
+    d = shlex.quote(work_dir)
+    return (
+        f"if [ -d {d} ]; then cd {d};\n"
+        "  for f in job.pid watchdog.pid; do p=$(cat $f 2>/dev/null);\n"
+        '    [ -n "$p" ] && kill -TERM -- -"$p" 2>/dev/null; done\n'
+        "  sleep 0.5\n"
+        "  for f in job.pid watchdog.pid; do p=$(cat $f 2>/dev/null);\n"
+        '    [ -n "$p" ] && kill -KILL -- -"$p" 2>/dev/null; done\n'
+        f"  cd ~ && rm -rf {d}; fi; echo LPOK\n"
+    )
+
+
+def local_manifest(root: Path) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root)
+        if not p.is_file() or any(part.startswith((".tmp-", ".old-", ".rsync-partial", "__pycache__"))
+                                  for part in rel.parts) or p.name == "STOP" or p.name.startswith("."):
+            continue
+        h = hashlib.sha256()
+        with open(p, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        out[str(rel)] = [p.stat().st_size, h.hexdigest()]
+    return out
+
+
+def build_wheel(cache: Path) -> Path:
+    """A wheel of this source tree, built once per content hash with ``pip wheel --no-deps``."""
+    import lorapod
+
+    if os.environ.get("LORAPOD_WHEEL"):
+        wheel = Path(os.environ["LORAPOD_WHEEL"])
+        if not wheel.is_file():
+            raise RemoteError(f"LORAPOD_WHEEL={wheel} does not exist")
+        return wheel
+    pkg = Path(lorapod.__file__).resolve().parent
+    root = pkg.parent.parent
+    if not (root / "pyproject.toml").is_file():
+        raise RemoteError("cannot build a wheel: lorapod is not running from a source tree",
+                          hint="use --bootstrap source, or set LORAPOD_WHEEL to a lorapod wheel")
+    h = hashlib.sha256((root / "pyproject.toml").read_bytes())
+    for f in sorted(pkg.rglob("*")):
+        if f.is_file() and "__pycache__" not in f.parts:
+            h.update(str(f.relative_to(pkg)).encode())
+            h.update(f.read_bytes())
+    out = cache / h.hexdigest()[:16]
+    found = sorted(out.glob("lorapod-*.whl"))
+    if found:
+        return found[0]
+    out.mkdir(parents=True, exist_ok=True)
+    # Build from a copy so the source tree gets no build/ or *.egg-info litter.
+    with tempfile.TemporaryDirectory(prefix="lp-wheel-") as tmp:
+        for name in ("pyproject.toml", "README.md", "LICENSE"):
+            if (root / name).is_file():
+                shutil.copy2(root / name, Path(tmp) / name)
+        shutil.copytree(pkg, Path(tmp) / "src" / "lorapod", ignore=shutil.ignore_patterns("__pycache__"))
+        proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                               "-w", str(out), tmp], capture_output=True, timeout=600, stdin=subprocess.DEVNULL)
+    found = sorted(out.glob("lorapod-*.whl"))
+    if proc.returncode != 0 or not found:
+        raise RemoteError(f"pip wheel failed: {proc.stderr.decode(errors='replace')[-500:]}",
+                          hint="pip install setuptools wheel, or use --bootstrap source")
+    return found[0]

@@ -1,0 +1,596 @@
+"""The whole life of a remote job, in one place, with every wait bounded.
+
+``ledger row -> create -> wait for SSH (deadline; else destroy, next offer) -> bootstrap ->
+sync data -> start watchdog -> start the job detached -> follow metrics and pull as things
+appear -> (budget: STOP, wait, pull) -> final pull verified by size + sha256 -> PULLED ->
+destroy -> provider confirms -> ledger``.
+
+Teardown is guaranteed from several sides: a ``finally`` here; SIGINT/SIGTERM handlers that turn
+into the same orderly stop (a second Ctrl-C skips straight to destroy); the on-instance watchdog
+(:mod:`lorapod.compute.watchdog`) if this process dies; and ``lorapod down --orphans``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lorapod.compute.ledger import Ledger, lorapod_home
+from lorapod.compute.offers import choose_offers
+from lorapod.compute.provider import Instance, InstanceSpec, Offer, Provider
+from lorapod.compute.remote import Bootstrap, RemoteWork, job_command_from_env, local_manifest
+from lorapod.compute.transport import (
+    AuthRefused,
+    ConnectionLost,
+    SSHTransport,
+    Transport,
+    ephemeral_key,
+    public_key,
+    retrying,
+)
+from lorapod.errors import BudgetError, LorapodError, ProviderError, RemoteError
+from lorapod.rundir import RunDir, new_job_id
+
+JobCommand = Callable[[str, str, str, bool], list[str]]
+
+
+class Interrupted(LorapodError):
+    """Ctrl-C or SIGTERM: the job is stopped in order (checkpoint, pull, destroy)."""
+
+    exit_code = 130
+
+
+class TimeoutErrorLP(RemoteError):
+    """A bounded wait ran out."""
+
+
+@dataclass
+class Options:
+    """Knobs of one remote run. Defaults suit real providers; tests shrink the intervals."""
+
+    identity: Path | None = None
+    gpu: str | None = None
+    max_usd: float | None = None
+    max_hours: float | None = None
+    bootstrap: Bootstrap = field(default_factory=Bootstrap)
+    job_command: JobCommand = job_command_from_env
+    poll_s: float = 5.0
+    pull_every_s: float = 30.0
+    ready_deadline_s: float = 600.0  # create -> SSH answers
+    max_offers: int = 3  # offers tried before giving up
+    reconnect_s: float = 600.0  # keep retrying a dropped connection this long
+    stop_margin_s: float = 120.0  # ask for a checkpoint this long before a cap
+    stop_wait_s: float = 300.0  # how long the job may take to save after STOP
+    destroy_deadline_s: float = 300.0
+    watchdog: dict[str, float] = field(default_factory=dict)  # overrides of watchdog.DEFAULTS
+    forward_env: tuple[str, ...] = ("HF_TOKEN", "WANDB_API_KEY")  # sent in 0600 secrets.env
+
+
+@dataclass
+class Summary:
+    job_id: str
+    run_dir: Path
+    state: str  # done | stopped | failed | interrupted
+    last_step: int | None
+    usd: float
+    message: str
+    first_step_s: float | None = None  # seconds from start to the first metrics line
+    billed_after_pull_s: float | None = None  # seconds the instance lived after the last pull
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "run_dir": str(self.run_dir), "state": self.state,
+                "last_step": self.last_step, "usd": round(self.usd, 4), "message": self.message,
+                "first_step_s": self.first_step_s, "billed_after_pull_s": self.billed_after_pull_s}
+
+
+def backoff_until(check: Callable[[], bool], deadline: float, what: str, hint: str,
+                  first: float = 0.5, most: float = 10.0) -> None:
+    """Call ``check`` with exponential backoff until it is true or the monotonic ``deadline``."""
+    delay = first
+    while not check():
+        if time.monotonic() >= deadline:
+            raise TimeoutErrorLP(f"timed out waiting for {what}", hint=hint)
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(most, delay * 2)
+
+
+class Session:
+    def __init__(self, spec, provider: Provider, target: str, opts: Options | None = None,
+                 ledger: Ledger | None = None, spec_path: str | None = None,
+                 say: Callable[[str], None] = print, resume_job: str | None = None) -> None:
+        self.spec = spec
+        self.provider = provider
+        self.target = target
+        self.opts = opts or Options()
+        self.ledger = ledger or Ledger()
+        self.spec_path = spec_path
+        self._say = say
+        self.resume_job = resume_job
+        self.inst: Instance | None = None
+        self.iid: str | None = None
+        self.work: RemoteWork | None = None
+        self.transport: Transport | None = None
+        self.last_step: int | None = None
+        self.metrics_offset = 0
+        self.first_step_at: float | None = None
+        self.last_pull_at: float | None = None
+        self.stop_reason: str | None = None
+        self.stop_requested_at: float | None = None
+        self._signals = 0
+        self.t0 = time.monotonic()
+        if resume_job:
+            row = self.ledger.job(resume_job)
+            if row is None:
+                raise LorapodError(f"no job '{resume_job}' in the ledger", hint="`lorapod ps` lists jobs")
+            self.job_id = row.id
+            self.run = RunDir(Path(row.run_dir))
+        else:
+            self.run = RunDir.create(spec.output.dir, spec.output.name or "job")
+            self.job_id = self.run.job_id
+            self.run.write_spec(spec)
+
+    # ------------------------------------------------------------------ small helpers
+
+    def say(self, msg: str) -> None:
+        self._say(msg)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        with open(self.run.root / "remote-events.log", "a", encoding="utf-8") as fh:
+            fh.write(f"{stamp} {msg}\n")
+        self.ledger.event("session", msg, job_id=self.job_id, instance_id=self.iid)
+
+    def deadline(self, seconds: float) -> float:
+        return time.monotonic() + seconds
+
+    def remote(self, fn: Callable[[], Any], what: str) -> Any:
+        """A remote operation that survives connection drops for up to ``reconnect_s``."""
+        return retrying(fn, self.deadline(self.opts.reconnect_s), what,
+                        on_retry=lambda e: self.say(f"connection lost during {what}; reconnecting"))
+
+    # ------------------------------------------------------------------ entry point
+
+    def run_job(self) -> Summary:
+        o = self.opts
+        max_usd = o.max_usd or self.spec.compute.max_usd
+        max_hours = o.max_hours or self.spec.compute.max_hours
+        self.max_usd, self.max_hours = max_usd, max_hours
+        if self.resume_job:
+            self.ledger.job_update(self.job_id, state="starting", ended_at=None)
+        else:
+            self.ledger.job_started(self.job_id, str(self.run.root), self.provider.name, self.target,
+                                    self.spec_path, max_usd, max_hours)
+        if max_usd is not None and self.ledger.usd(self.job_id) >= max_usd:
+            raise BudgetError(f"job {self.job_id} already spent ${self.ledger.usd(self.job_id):.2f} of ${max_usd:.2f}",
+                              hint="raise --max-usd to continue")
+        old = self._install_signal_handlers()
+        state, message = "failed", "did not start"
+        try:
+            self._acquire()
+            self._setup()
+            state, message = self._follow()
+        except Interrupted as exc:
+            state, message = "interrupted", str(exc.message)
+            self._orderly_stop("interrupted")
+        except LorapodError as exc:
+            state, message = "failed", exc.message
+            self._salvage()
+            raise
+        except BaseException as exc:
+            state, message = "failed", f"{type(exc).__name__}: {exc}"
+            self._salvage()
+            raise
+        finally:
+            try:
+                self._signals = max(self._signals, 1)  # Ctrl-C from now on: "already cleaning up"
+                self._teardown()
+            finally:
+                self._restore_signal_handlers(old)
+                usd = self.ledger.usd(self.job_id)
+                resume = f"; resume with `lorapod run --resume {self.job_id}`" if state != "done" else ""
+                summary_msg = f"{message} (last step {self.last_step}, ${usd:.4f}){resume}"
+                self.ledger.job_ended(self.job_id, state, summary_msg)
+                self.ledger.job_update(self.job_id, last_step=self.last_step)
+                self.summary = Summary(self.job_id, self.run.root, state, self.last_step, usd, summary_msg,
+                                       self.first_step_at - self.t0 if self.first_step_at else None,
+                                       self._billed_after_pull)
+        return self.summary
+
+    _billed_after_pull: float | None = None
+    pulled = False
+
+    # ------------------------------------------------------------------ signals
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def handler(signum: int, frame: Any) -> None:
+            self._signals += 1
+            if self._signals == 1:
+                raise Interrupted(f"stopped by {signal.Signals(signum).name}")
+            self._say("still cleaning up: destroying the instance; press Ctrl-C again to skip the final pull")
+            if self._signals >= 3:
+                raise Interrupted("stopped again during teardown")
+
+        old = {}
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            old[sig] = signal.signal(sig, handler)
+        return old
+
+    def _restore_signal_handlers(self, old: dict[int, Any]) -> None:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+    # ------------------------------------------------------------------ acquire
+
+    def _acquire(self) -> None:
+        o = self.opts
+        offers = choose_offers(self.spec, self.provider, o.gpu, self.max_usd, self.max_hours)
+        self.ledger.record_prices(offers)
+        key_dir = lorapod_home() / "keys" / self.job_id
+        if o.identity is None:
+            self.identity = ephemeral_key(key_dir, f"lorapod-{self.job_id}")
+            self.say("made a fresh ed25519 key pair for this job")
+        else:
+            self.identity = Path(o.identity).expanduser()
+        pub = public_key(self.identity)
+        errors = []
+        for offer in offers[: o.max_offers]:
+            try:
+                self._create(offer, pub)
+                self._wait_ready()
+                return
+            except (AuthRefused, BudgetError, Interrupted):
+                raise
+            except (TimeoutErrorLP, ProviderError, ConnectionLost) as exc:
+                errors.append(f"{offer.gpu_name} ({offer.id}): {exc.message}")
+                self.say(f"offer {offer.id} failed: {exc.message}")
+                if self.inst is not None or self.iid is not None:
+                    self._destroy_instance("not ready before the deadline")
+                self.inst, self.iid = None, None
+        raise ProviderError("no offer gave a usable instance:\n  " + "\n  ".join(errors),
+                            hint="try again later, another --gpu, or another provider")
+
+    def _create(self, offer: Offer, pub: str) -> None:
+        # Invariant 1: the row exists before create() returns to any of our code.
+        self.iid = self.ledger.instance_creating(self.provider.name, self.job_id, offer.usd_per_hour,
+                                                 offer.gpu_name, offer.to_dict())
+        self.ledger.job_update(self.job_id, instance_id=self.iid)
+        self.ledger.instance_access(self.iid, {"target": self.target, "identity": str(self.opts.identity or
+                                               lorapod_home() / "keys" / self.job_id / "id_ed25519")})
+        spec = InstanceSpec(label=self.job_id, ssh_public_key=pub, disk_gb=self.spec.compute.disk_gb)
+        self.say(f"creating {offer.gpu_name} on {self.provider.name} at ${offer.usd_per_hour:.3f}/h")
+        try:
+            inst = self.provider.create(offer, spec)
+        except LorapodError as exc:
+            self.ledger.instance_create_failed(self.iid, exc.message)
+            self.iid = None
+            raise
+        self.inst = inst
+        self.ledger.instance_created(self.iid, inst.id, inst.usd_per_hour or offer.usd_per_hour)
+
+    def _wait_ready(self) -> None:
+        assert self.inst is not None and self.iid is not None
+        deadline = self.deadline(self.opts.ready_deadline_s)
+        hint = "the provider may be short of capacity; lorapod destroys it and tries the next offer"
+
+        def ready() -> bool:
+            assert self.inst is not None
+            self.inst = self.provider.refresh(self.inst)
+            if self.inst.state in ("error", "exited", "gone"):
+                raise ProviderError(f"instance {self.inst.id} is {self.inst.state}: {self.inst.message or ''}")
+            return self.inst.ssh_ready
+
+        backoff_until(ready, deadline, f"instance {self.inst.id} to boot", hint, first=0.5, most=10)
+        inst = self.inst
+        self.transport = self._transport_for(inst)
+        t = self.transport
+
+        def ssh_answers() -> bool:
+            try:
+                t.run("true", timeout=max(2.0, min(15.0, deadline - time.monotonic())))
+                return True
+            except ConnectionLost:
+                return False
+
+        backoff_until(ssh_answers, deadline, f"SSH on {inst.ssh_host}:{inst.ssh_port}", hint, first=0.5, most=5)
+        self.ledger.instance_ready(self.iid, inst.ssh_host or "", inst.ssh_port, inst.ssh_user)
+        self.say(f"instance {inst.id} answers on {inst.ssh_user}@{inst.ssh_host}:{inst.ssh_port}")
+
+    def _transport_for(self, inst: Instance) -> Transport:
+        make = getattr(self.provider, "transport", None)
+        known = lorapod_home() / "known_hosts" / (self.iid or "x")
+        if make is not None:
+            return make(inst, self.identity, known)
+        return SSHTransport(inst.ssh_host or "", inst.ssh_port, inst.ssh_user, self.identity, known)
+
+    # ------------------------------------------------------------------ setup on the instance
+
+    def _setup(self) -> None:
+        assert self.transport is not None and self.inst is not None
+        o = self.opts
+        work = self.work = RemoteWork(self.transport, self.job_id)
+        self.ledger.job_update(self.job_id, remote_dir=work.dir, state="running")
+        self.remote(work.prepare, "prepare")
+        facts = self.remote(lambda: work.bootstrap(o.bootstrap, lorapod_home() / "wheels"), "bootstrap")
+        self.say(f"bootstrapped: Python {facts['python']}, lorapod {facts['lorapod']} ({o.bootstrap.strategy}), "
+                 f"GPU: {', '.join(facts['gpus']) or 'none'}")
+        remote_spec = self._sync_inputs()
+        self.remote(lambda: work.write_file("spec.yaml", remote_spec.to_yaml().encode(), 0o600), "write spec")
+        secrets = "".join(f"{k}={_shell_value(os.environ[k])}\n" for k in o.forward_env if os.environ.get(k))
+        if secrets:
+            self.remote(lambda: work.write_file("secrets.env", secrets.encode(), 0o600), "send secrets")
+        if self.resume_job and any(self.run.checkpoints.glob("*")):
+            st = self.remote(lambda: work.push_path(self.run.root, "run", delete=False), "upload checkpoints")
+            self.say(f"uploaded the run folder to resume ({st.literal_bytes} bytes sent)")
+        wd = self._watchdog_config()
+        self.remote(lambda: work.start_watchdog(wd, o.bootstrap.python), "start watchdog")
+        argv = o.job_command(o.bootstrap.python, "spec.yaml", "run", bool(self.resume_job))
+        self.remote(lambda: work.start_job(argv), "start job")
+        self.say(f"job started on the instance: {' '.join(argv)}")
+
+    def _sync_inputs(self):
+        """Upload data (and a local base model or prompt file); the spec points at the copies."""
+        assert self.work is not None
+        spec = self.spec.model_copy(deep=True)
+        work = self.work
+        self.sync_stats = []
+
+        def up(path: str, idx: int) -> str:
+            local = Path(path)
+            if not local.exists():
+                raise LorapodError(f"{local} does not exist", hint="fix data.path in the spec")
+            dest = f"data/{idx}-{local.name}"
+            st = self.remote(lambda: work.push_path(local, dest), f"upload {local.name}")
+            self.sync_stats.append(st)
+            self.say(f"synced {local.name}: {st.files_transferred} files, {st.literal_bytes} bytes sent")
+            return dest
+
+        paths = spec.data.path if isinstance(spec.data.path, list) else [spec.data.path]
+        new = [up(p, i) for i, p in enumerate(paths)]
+        spec.data.path = new if isinstance(spec.data.path, list) else new[0]
+        if spec.data.val_path:
+            spec.data.val_path = up(spec.data.val_path, len(paths))
+        if Path(spec.model.id).exists():
+            spec.model.id = up(spec.model.id, len(paths) + 1)
+        if isinstance(spec.samples.prompts, str) and Path(spec.samples.prompts).is_file():
+            spec.samples.prompts = up(spec.samples.prompts, len(paths) + 2)
+        return spec
+
+    def _watchdog_config(self) -> dict[str, Any]:
+        assert self.inst is not None and self.iid is not None
+        o = self.opts
+        row = self.ledger.instance(self.iid)
+        assert row is not None
+        now = time.time()
+        other_usd = self.ledger.usd(self.job_id, now) - row.usd(now)
+        cfg: dict[str, Any] = {
+            **self.provider.watchdog_config(self.inst),
+            "elapsed_at_start_s": max(0.0, now - row.created_at),
+            "usd_per_hour": row.usd_per_hour,
+            "max_usd": (self.max_usd - other_usd) if self.max_usd else None,
+            "max_hours": self.max_hours,
+            "cap_margin_s": o.stop_margin_s,
+            "stop_wait_s": o.stop_wait_s,
+        }
+        cfg.update(o.watchdog)
+        return cfg
+
+    # ------------------------------------------------------------------ follow
+
+    def _follow(self) -> tuple[str, str]:
+        assert self.work is not None
+        o = self.opts
+        next_pull = time.monotonic() + o.pull_every_s
+        while True:
+            st = self.remote(lambda: self.work.poll(self.metrics_offset), "poll")  # type: ignore[union-attr]
+            self._take_metrics(st.metrics)
+            if st.gone:
+                raise RemoteError("the job's work folder vanished on the instance (the watchdog or someone "
+                                  "removed it)", hint="see `lorapod logs JOB`; resume with `lorapod run --resume JOB`")
+            if st.done:
+                break
+            self._check_budget()
+            if self.stop_requested_at and time.monotonic() - self.stop_requested_at > o.stop_wait_s:
+                self.say(f"the job did not stop within {o.stop_wait_s:.0f} s of STOP; stopping it")
+                break
+            if time.monotonic() >= next_pull:
+                self._pull("progress")
+                next_pull = time.monotonic() + o.pull_every_s
+            time.sleep(o.poll_s)
+        self._final_pull()
+        if self.stop_reason:
+            return "stopped", f"stopped at step {self.last_step}: {self.stop_reason}"
+        if st.exit and st.exit.strip() == "0":
+            return "done", f"finished at step {self.last_step}"
+        tail = self.remote(lambda: self.work.job_log_tail(), "job log")  # type: ignore[union-attr]
+        self.say("job log (last lines):\n" + tail)
+        raise RemoteError(f"the job failed on the instance (exit {st.exit or 'unknown'}) at step {self.last_step}",
+                          hint=f"see {self.run.root}/job.log; fix, then `lorapod run --resume {self.job_id}`")
+
+    def _take_metrics(self, data: bytes) -> None:
+        if not data:
+            return
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            return
+        self.metrics_offset += cut + 1
+        for line in data[: cut + 1].splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+                if self.first_step_at is None:
+                    self.first_step_at = time.monotonic()
+                    self.say(f"first training step after {self.first_step_at - self.t0:.1f} s")
+                self.last_step = rec["step"]
+                loss = rec.get("loss")
+                self._say(f"step {rec['step']}" + (f"  loss {loss:.4f}" if isinstance(loss, int | float) else ""))
+        self.ledger.job_update(self.job_id, last_step=self.last_step)
+
+    def _check_budget(self) -> None:
+        if self.stop_reason or self.iid is None:
+            return
+        row = self.ledger.instance(self.iid)
+        assert row is not None
+        now = time.time()
+        left = []
+        if self.max_usd and row.usd_per_hour > 0:
+            left.append((self.max_usd - self.ledger.usd(self.job_id, now)) / row.usd_per_hour * 3600)
+        if self.max_hours:
+            hours_used = sum(max(0.0, (r.destroyed_at or now) - r.created_at) for r in self.ledger.job_instances(self.job_id))
+            left.append(self.max_hours * 3600 - hours_used)
+        if left and min(left) <= self.opts.stop_margin_s:
+            which = "max-usd" if self.max_usd and len(left) and min(left) == left[0] else "max-hours"
+            self._request_stop(f"{which} cap is {max(0, min(left)):.0f} s away")
+
+    def _request_stop(self, reason: str) -> None:
+        assert self.work is not None
+        self.stop_reason = reason
+        self.stop_requested_at = time.monotonic()
+        self.say(f"asking the job to checkpoint and stop: {reason}")
+        self.remote(lambda: self.work.request_stop(reason), "write STOP")  # type: ignore[union-attr]
+
+    def _pull(self, why: str) -> None:
+        assert self.work is not None
+        st = self.remote(lambda: self.work.pull(self.run.root), f"pull ({why})")  # type: ignore[union-attr]
+        self.last_pull_at = time.monotonic()
+        if st.files_transferred:
+            self.say(f"pulled {st.files_transferred} files ({why})")
+
+    def _final_pull(self) -> None:
+        """Pull, then compare sizes and sha256 of every file with the instance's; pull again on a mismatch."""
+        assert self.work is not None
+        py = self.opts.bootstrap.python
+        for attempt in range(3):
+            self._pull("final")
+            remote = self.remote(lambda: self.work.manifest(py), "checksums")  # type: ignore[union-attr]
+            local = local_manifest(self.run.root)
+            bad = [k for k, v in remote.items() if local.get(k) != v]
+            if not bad:
+                self._fetch_logs()  # before PULLED: the watchdog may remove the folder right after it
+                self.remote(self.work.mark_pulled, "mark pulled")
+                self.pulled = True
+                self.last_pull_at = time.monotonic()
+                self.say(f"final pull verified: {len(remote)} files, sizes and sha256 match")
+                return
+            self.say(f"final pull: {len(bad)} files differ (e.g. {bad[0]}); pulling again ({attempt + 1}/3)")
+        raise RemoteError("the pulled files do not match the instance's after 3 tries",
+                          hint=f"the instance is being destroyed; check {self.run.root}")
+
+    # ------------------------------------------------------------------ stopping
+
+    def _orderly_stop(self, why: str) -> None:
+        """Interrupted: STOP -> wait (bounded) -> final pull. A second signal skips to destroy."""
+        if self.work is None:
+            return
+        try:
+            self.stop_reason = why
+            self.say("interrupted: asking the job to checkpoint, then pulling and destroying "
+                     "(Ctrl-C again to skip the pull)")
+            self.remote(lambda: self.work.request_stop(why), "write STOP")  # type: ignore[union-attr]
+            deadline = self.deadline(self.opts.stop_wait_s)
+            while time.monotonic() < deadline:
+                st = self.remote(lambda: self.work.poll(self.metrics_offset), "poll")  # type: ignore[union-attr]
+                self._take_metrics(st.metrics)
+                if st.done:
+                    break
+                time.sleep(self.opts.poll_s)
+            self._final_pull()
+        except Interrupted:
+            self.say("skipping the final pull")
+        except LorapodError as exc:
+            self.say(f"could not pull everything before destroying: {exc.message}")
+
+    def _salvage(self) -> None:
+        """On an error, bring home whatever is there before the instance goes (best effort)."""
+        if self.work is None:
+            return
+        try:
+            st = self.work.pull(self.run.root)
+            self.say(f"salvaged {st.files_transferred} files before teardown")
+        except Exception as exc:
+            self.say(f"could not salvage files: {exc}")
+
+    def _teardown(self) -> None:
+        if self.work is not None and not self.pulled:
+            self._fetch_logs()
+        if self.iid is not None:
+            self._destroy_instance(self.stop_reason or "job over")
+        if self.transport is not None:
+            with contextlib.suppress(Exception):
+                self.transport.close()
+        if self.opts.identity is None:
+            key_dir = lorapod_home() / "keys" / self.job_id
+            for f in key_dir.glob("id_ed25519*"):
+                f.unlink(missing_ok=True)
+
+    def _fetch_logs(self) -> None:
+        """job.log and watchdog.log sit beside the run folder on the instance: keep a copy."""
+        assert self.work is not None
+        for name in ("job.log", "watchdog.log"):
+            try:
+                out = self.work.sh(f"cat {self.work.q(name)} 2>/dev/null || true", timeout=30, check=False)
+                if out.returncode == 0 and out.stdout:
+                    (self.run.root / name).write_bytes(out.stdout)
+            except Exception:
+                continue
+
+    def _destroy_instance(self, note: str) -> None:
+        """destroy -> confirm with the provider -> ledger. Retried with backoff up to the deadline."""
+        iid, inst = self.iid, self.inst
+        if iid is None:
+            return
+        self.ledger.instance_destroying(iid, note)
+        row = self.ledger.instance(iid)
+        provider_id = inst.id if inst else (row.provider_id if row else None)
+        if provider_id is None:
+            # create() never returned: nothing to destroy that we know of; `down --orphans` re-checks.
+            self.say("create did not return an id; `lorapod down --orphans` will reconcile with the provider")
+            return
+        deadline = self.deadline(self.opts.destroy_deadline_s)
+        delay = 1.0
+        while True:
+            try:
+                self.provider.destroy(provider_id)
+                gone = self.provider.refresh(inst) if inst else None
+                if gone is None or gone.state == "gone":
+                    self.ledger.instance_destroyed(iid)
+                    if self.last_pull_at is not None:
+                        self._billed_after_pull = time.monotonic() - self.last_pull_at
+                    self.say(f"instance {provider_id} destroyed (confirmed)")
+                    self.iid = None
+                    return
+            except LorapodError as exc:
+                self.say(f"destroy of {provider_id} failed: {exc.message}")
+            if time.monotonic() + delay > deadline:
+                self.say(f"could not confirm that {provider_id} is gone; the watchdog will destroy it, "
+                         "and `lorapod down --orphans` checks again")
+                return
+            time.sleep(delay)
+            delay = min(30.0, delay * 2)
+
+
+def _shell_value(v: str) -> str:
+    import shlex
+
+    return shlex.quote(v)
+
+
+def run_remote(spec, provider: Provider, target: str, opts: Options | None = None, ledger: Ledger | None = None,
+               spec_path: str | None = None, say: Callable[[str], None] = print,
+               resume_job: str | None = None) -> Summary:
+    """Run ``spec`` on ``provider`` and bring the run folder home; see :class:`Session`."""
+    s = Session(spec, provider, target, opts, ledger, spec_path, say, resume_job)
+    return s.run_job()
+
+
+__all__ = ["Interrupted", "Options", "Session", "Summary", "new_job_id", "run_remote"]

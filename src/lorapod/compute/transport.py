@@ -1,0 +1,282 @@
+"""Running commands and moving files on an instance: OpenSSH + rsync, or the local shell.
+
+We drive the system's OpenSSH client rather than a Python SSH library: it is what users already
+trust and configure, it multiplexes (ControlMaster) and it is what ``rsync -e ssh`` needs anyway.
+Every call is bounded by a timeout; a dropped connection (ssh exit 255, rsync 10/12/30/35/255)
+is a :class:`ConnectionLost`, which callers retry with :func:`retrying` until their deadline.
+
+Paths on the instance are relative to the login directory (``$HOME``), which both ``ssh host
+cmd`` and ``rsync host:path`` start from, so no round trip is needed to learn ``$HOME``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+from lorapod.errors import RemoteError
+
+SSH_LOST = {255}
+RSYNC_LOST = {10, 12, 30, 35, 255}
+
+
+class ConnectionLost(RemoteError):
+    """The connection dropped or could not be made; the operation may be retried."""
+
+
+class AuthRefused(RemoteError):
+    """The host refused our key: retrying will not help."""
+
+
+@dataclass
+class SyncStats:
+    files_transferred: int = 0
+    literal_bytes: int = 0  # file content actually sent (not matched by the delta algorithm)
+    total_size: int = 0
+
+
+class Transport(Protocol):
+    def run(self, command: str, input: bytes | None = None, timeout: float = 60.0,
+            check: bool = True) -> subprocess.CompletedProcess[bytes]: ...
+
+    def push(self, local: Path, remote: str, delete: bool = False, excludes: tuple[str, ...] = (),
+             timeout: float = 3600.0) -> SyncStats: ...
+
+    def pull(self, remote: str, local: Path, excludes: tuple[str, ...] = (),
+             timeout: float = 3600.0) -> SyncStats: ...
+
+    def close(self) -> None: ...
+
+
+def require_tool(name: str) -> str:
+    path = shutil.which(name)
+    if not path:
+        raise RemoteError(f"'{name}' is not installed on this machine; remote runs need it",
+                          hint="install OpenSSH client and rsync, e.g. `apt-get install openssh-client rsync`")
+    return path
+
+
+_T = TypeVar("_T")
+
+
+def retrying(fn: Callable[[], _T], deadline: float, what: str, first_delay: float = 0.5,
+             max_delay: float = 10.0, on_retry: Callable[[Exception], None] | None = None) -> _T:
+    """Call ``fn`` until it stops raising :class:`ConnectionLost` or ``deadline`` (monotonic) passes."""
+    delay = first_delay
+    while True:
+        try:
+            return fn()
+        except ConnectionLost as exc:
+            if time.monotonic() + delay > deadline:
+                raise ConnectionLost(f"{what}: connection lost and not back before the deadline ({exc.message})",
+                                     hint="check the host is up and reachable, then `lorapod pull JOB`") from exc
+            if on_retry:
+                on_retry(exc)
+            time.sleep(delay)
+            delay = min(max_delay, delay * 2)
+
+
+def _rsync_cmd(excludes: tuple[str, ...], delete: bool) -> list[str]:
+    cmd = [require_tool("rsync"), "-a", "--partial-dir=.rsync-partial", "--stats"]
+    if delete:
+        cmd.append("--delete")
+    for ex in excludes:
+        cmd += ["--exclude", ex]
+    return cmd
+
+
+def _parse_stats(out: str) -> SyncStats:
+    def num(label: str) -> int:
+        m = re.search(rf"{label}:\s*([\d,.]+)", out)
+        return int(m.group(1).replace(",", "").replace(".", "")) if m else 0
+
+    return SyncStats(files_transferred=num("Number of regular files transferred"),
+                     literal_bytes=num("Literal data"), total_size=num("Total file size"))
+
+
+def _run_rsync(cmd: list[str], timeout: float, what: str) -> SyncStats:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        raise ConnectionLost(f"{what} timed out after {timeout:.0f} s") from exc
+    err = proc.stderr.decode(errors="replace").strip()
+    if proc.returncode in RSYNC_LOST:
+        if "Permission denied" in err:
+            raise AuthRefused(f"{what}: the host refused the key ({err[-300:]})",
+                              hint="check --identity and that its public key is in the host's authorized_keys")
+        raise ConnectionLost(f"{what} failed (rsync exit {proc.returncode}): {err[-300:]}")
+    if proc.returncode == 23 and "No such file" in err:  # the remote path is not there (yet)
+        return SyncStats()
+    if proc.returncode != 0:
+        hint = "the instance's disk may be full: raise compute.disk_gb" if "No space left" in err else None
+        raise RemoteError(f"{what} failed (rsync exit {proc.returncode}): {err[-500:]}", hint=hint)
+    return _parse_stats(proc.stdout.decode(errors="replace"))
+
+
+@dataclass
+class SSHTransport:
+    """OpenSSH to one host, with a per-instance known_hosts (host key pinned on first use)."""
+
+    host: str
+    port: int
+    user: str
+    identity: Path | None
+    known_hosts: Path
+    connect_timeout: float = 10.0
+    control_master: bool = True
+    _control_dir: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        require_tool("ssh")
+        self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+        if self.control_master:
+            # Unix socket paths are short (~104 bytes): a private folder under /tmp, hashed name.
+            self._control_dir = tempfile.mkdtemp(prefix="lp-ssh-")
+
+    def ssh_options(self) -> list[str]:
+        opts = [
+            "-p", str(self.port),
+            "-o", "BatchMode=yes",
+            "-o", "StrictHostKeyChecking=accept-new",
+            "-o", f"UserKnownHostsFile={self.known_hosts}",
+            "-o", "GlobalKnownHostsFile=/dev/null",
+            "-o", f"ConnectTimeout={max(1, int(self.connect_timeout))}",
+            "-o", "ServerAliveInterval=5",
+            "-o", "ServerAliveCountMax=3",
+            "-o", "LogLevel=ERROR",
+        ]
+        if self.identity:
+            opts += ["-i", str(self.identity), "-o", "IdentitiesOnly=yes"]
+        if self._control_dir:
+            opts += ["-o", "ControlMaster=auto", "-o", f"ControlPath={self._control_dir}/%C",
+                     "-o", "ControlPersist=60"]
+        return opts
+
+    @property
+    def target(self) -> str:
+        return f"{self.user}@{self.host}"
+
+    def run(self, command: str, input: bytes | None = None, timeout: float = 60.0,
+            check: bool = True) -> subprocess.CompletedProcess[bytes]:
+        argv = [require_tool("ssh"), *self.ssh_options(), self.target, command]
+        try:
+            proc = subprocess.run(argv, input=input, capture_output=True, timeout=timeout,
+                                  stdin=None if input is not None else subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as exc:
+            raise ConnectionLost(f"ssh {self.target}:{self.port} did not answer within {timeout:.0f} s") from exc
+        if proc.returncode == 255:
+            err = proc.stderr.decode(errors="replace").strip()
+            if "Permission denied" in err:
+                raise AuthRefused(f"{self.target}:{self.port} refused the key ({err[-200:]})",
+                                  hint="check --identity and that its public key is in the host's authorized_keys")
+            if "REMOTE HOST IDENTIFICATION HAS CHANGED" in err or "Host key verification failed" in err:
+                raise RemoteError(f"{self.target}:{self.port}: the host key changed since it was pinned",
+                                  hint=f"if the machine was really replaced, delete {self.known_hosts}")
+            raise ConnectionLost(f"ssh {self.target}:{self.port}: {err[-300:] or 'connection failed'}")
+        if check and proc.returncode != 0:
+            err = proc.stderr.decode(errors="replace").strip()
+            raise RemoteError(f"command on {self.host} failed (exit {proc.returncode}): {err[-500:]}",
+                              hint="the instance's disk may be full: raise compute.disk_gb"
+                              if "No space left" in err else None)
+        return proc
+
+    def _rsync_e(self) -> str:
+        return shlex.join([require_tool("ssh"), *self.ssh_options()])
+
+    def push(self, local: Path, remote: str, delete: bool = False, excludes: tuple[str, ...] = (),
+             timeout: float = 3600.0) -> SyncStats:
+        src = str(local) + ("/" if Path(local).is_dir() else "")
+        cmd = [*_rsync_cmd(excludes, delete), "-e", self._rsync_e(), src, f"{self.target}:{remote}"]
+        return _run_rsync(cmd, timeout, f"upload of {local}")
+
+    def pull(self, remote: str, local: Path, excludes: tuple[str, ...] = (),
+             timeout: float = 3600.0) -> SyncStats:
+        Path(local).mkdir(parents=True, exist_ok=True)
+        cmd = [*_rsync_cmd(excludes, False), "-e", self._rsync_e(), f"{self.target}:{remote}/", str(local) + "/"]
+        return _run_rsync(cmd, timeout, f"download of {remote}")
+
+    def close(self) -> None:
+        if self._control_dir:
+            subprocess.run([require_tool("ssh"), *self.ssh_options(), "-O", "exit", self.target],
+                           capture_output=True, timeout=10, stdin=subprocess.DEVNULL)
+            shutil.rmtree(self._control_dir, ignore_errors=True)
+            self._control_dir = None
+
+
+@dataclass
+class LocalTransport:
+    """The same operations on this machine, rooted at ``home`` (the local provider's "$HOME")."""
+
+    home: Path
+
+    def __post_init__(self) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+
+    def _abs(self, remote: str) -> str:
+        return remote if remote.startswith("/") else str(self.home / remote)
+
+    def run(self, command: str, input: bytes | None = None, timeout: float = 60.0,
+            check: bool = True) -> subprocess.CompletedProcess[bytes]:
+        env = {k: v for k, v in os.environ.items() if k not in _LOCAL_SCRUB}
+        env["HOME"] = str(self.home)
+        try:
+            proc = subprocess.run(["bash", "-c", command], input=input, capture_output=True, timeout=timeout,
+                                  cwd=self.home, env=env, stdin=None if input is not None else subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as exc:
+            raise RemoteError(f"local command timed out after {timeout:.0f} s: {command[:80]}") from exc
+        if check and proc.returncode != 0:
+            raise RemoteError(f"local command failed (exit {proc.returncode}): {proc.stderr.decode(errors='replace')[-500:]}")
+        return proc
+
+    def push(self, local: Path, remote: str, delete: bool = False, excludes: tuple[str, ...] = (),
+             timeout: float = 3600.0) -> SyncStats:
+        src = str(local) + ("/" if Path(local).is_dir() else "")
+        return _run_rsync([*_rsync_cmd(excludes, delete), src, self._abs(remote)], timeout, f"copy of {local}")
+
+    def pull(self, remote: str, local: Path, excludes: tuple[str, ...] = (),
+             timeout: float = 3600.0) -> SyncStats:
+        Path(local).mkdir(parents=True, exist_ok=True)
+        return _run_rsync([*_rsync_cmd(excludes, False), self._abs(remote) + "/", str(local) + "/"],
+                          timeout, f"copy of {remote}")
+
+    def close(self) -> None:
+        pass
+
+
+# Provider keys are never handed to jobs on this machine either.
+_LOCAL_SCRUB = {"RUNPOD_API_KEY", "VAST_API_KEY"}
+
+
+def ephemeral_key(folder: Path, comment: str) -> Path:
+    """A fresh ed25519 key pair for one job (no passphrase; the private half stays 0600 here)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+    key = folder / "id_ed25519"
+    if not key.exists():
+        proc = subprocess.run([require_tool("ssh-keygen"), "-q", "-t", "ed25519", "-N", "", "-C", comment,
+                               "-f", str(key)], capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            raise RemoteError(f"ssh-keygen failed: {proc.stderr.decode(errors='replace')[-300:]}")
+    os.chmod(key, 0o600)
+    return key
+
+
+def public_key(identity: Path) -> str:
+    pub = Path(str(identity) + ".pub")
+    if pub.is_file():
+        return pub.read_text().strip()
+    proc = subprocess.run([require_tool("ssh-keygen"), "-y", "-f", str(identity)], capture_output=True,
+                          timeout=30, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise RemoteError(f"cannot read the public half of {identity}",
+                          hint="pass an unencrypted private key with --identity, or omit it for a fresh one")
+    return proc.stdout.decode().strip()

@@ -1,0 +1,81 @@
+"""A stand-in for `lorapod train` on the instance: same run-folder contract, seconds not minutes.
+
+    python fake_trainer.py SPEC --run-dir DIR [--resume] [--step-s 0.1] [--fail-at N] [--hang-at N]
+
+Reads train.max_steps and save.every_steps from the spec, checks the data file arrived, writes
+one metrics.jsonl line per step, checkpoints/step-N/ atomically (tmp folder, then rename), and at
+the end adapter/. Honours <run_dir>/STOP: saves a checkpoint and exits 0. With --resume it
+continues after the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+
+def save(dirpath: Path, step: int) -> None:
+    tmp = dirpath.with_name(f".tmp-{dirpath.name}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "adapter_model.bin").write_bytes(hashlib.sha256(str(step).encode()).digest() * 512)
+    (tmp / "state.json").write_text(json.dumps({"step": step}))
+    os.replace(tmp, dirpath)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("spec")
+    ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--step-s", type=float, default=0.1)
+    ap.add_argument("--fail-at", type=int, default=None)
+    ap.add_argument("--hang-at", type=int, default=None)
+    a = ap.parse_args()
+    spec = yaml.safe_load(Path(a.spec).read_text())
+    run = Path(a.run_dir)
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "checkpoints").mkdir(exist_ok=True)
+    data = Path(a.spec).parent / spec["data"]["path"]
+    n_examples = sum(1 for _ in open(data)) if data.is_file() else len(list(data.rglob("*")))
+    max_steps = int(spec["train"].get("max_steps") or 10)
+    every = int((spec.get("save") or {}).get("every_steps") or 5)
+    start = 1
+    if a.resume:
+        done = sorted(int(p.name.split("-")[1]) for p in (run / "checkpoints").glob("step-*"))
+        start = (done[-1] + 1) if done else 1
+    with open(run / "events.log", "a") as ev:
+        ev.write(f"fake trainer: {n_examples} examples, steps {start}..{max_steps}\n")
+    metrics = open(run / "metrics.jsonl", "a")
+    for step in range(start, max_steps + 1):
+        if a.hang_at is not None and step == a.hang_at:
+            time.sleep(3600)
+        time.sleep(a.step_s)
+        if a.fail_at is not None and step == a.fail_at:
+            print(f"boom at step {step}", file=sys.stderr)
+            return 3
+        metrics.write(json.dumps({"step": step, "loss": round(2.0 / step, 4), "examples": n_examples}) + "\n")
+        metrics.flush()
+        if (run / "STOP").exists():
+            save(run / "checkpoints" / f"step-{step}", step)
+            print(f"STOP honoured at step {step}")
+            return 0
+        if step % every == 0:
+            save(run / "checkpoints" / f"step-{step}", step)
+    tmp = run / ".tmp-adapter"
+    tmp.mkdir(exist_ok=True)
+    (tmp / "adapter_model.safetensors").write_bytes(b"fake-adapter-" + str(max_steps).encode() * 1000)
+    (tmp / "adapter_config.json").write_text(json.dumps({"r": 8, "steps": max_steps}))
+    os.replace(tmp, run / "adapter")
+    print("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
