@@ -8,6 +8,7 @@ PermitRootLogin). Skipped with a reason when sshd/ssh/rsync are missing; under
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import shutil
@@ -98,10 +99,8 @@ class Sshd:
     def drop_connections(self) -> int:
         pids = self.session_pids()
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         return len(pids)
 
     def stop(self) -> None:

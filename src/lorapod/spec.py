@@ -193,7 +193,7 @@ def _resolve(p: str, base: Path | None) -> Path:
     return path
 
 
-_SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password)", re.I)
+_SECRET_KEY = re.compile(r"(api[_-]?key|(^|[_-])token$|secret|password)", re.I)  # not max_new_tokens
 _SECRET_VALUE = re.compile(r"^(hf_[A-Za-z0-9]{20,}|rpa_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9]{20,})$")
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
 import time
 import uuid
@@ -55,6 +56,7 @@ CREATE TABLE IF NOT EXISTS jobs (
   remote_dir TEXT,
   last_step INTEGER,
   max_usd REAL, max_hours REAL,
+  controller TEXT,                -- host:pid of the `lorapod run` process following it
   started_at REAL NOT NULL,
   ended_at REAL,
   summary TEXT
@@ -126,6 +128,7 @@ class JobRow:
     last_step: int | None
     max_usd: float | None
     max_hours: float | None
+    controller: str | None
     started_at: float
     ended_at: float | None
     summary: str | None
@@ -246,13 +249,13 @@ class Ledger:
         with self._tx() as db:
             db.execute(
                 "INSERT OR REPLACE INTO jobs (id, spec_path, run_dir, provider, target, state, max_usd, max_hours,"
-                " started_at) VALUES (?, ?, ?, ?, ?, 'starting', ?, ?, ?)",
-                (job_id, spec_path, run_dir, provider, target, max_usd, max_hours, time.time()),
+                " controller, started_at) VALUES (?, ?, ?, ?, ?, 'starting', ?, ?, ?, ?)",
+                (job_id, spec_path, run_dir, provider, target, max_usd, max_hours, controller_id(), time.time()),
             )
         self.event("job", f"started on {target or provider}", job_id=job_id)
 
     def job_update(self, job_id: str, **fields: Any) -> None:
-        allowed = {"instance_id", "state", "remote_dir", "last_step", "ended_at", "summary"}
+        allowed = {"instance_id", "state", "remote_dir", "last_step", "ended_at", "summary", "controller"}
         bad = set(fields) - allowed
         if bad:
             raise ValueError(f"unknown job fields {bad}")
@@ -297,6 +300,30 @@ class Ledger:
                 "INSERT OR IGNORE INTO prices (provider, offer_id, gpu_name, usd_per_hour, seen_at) VALUES (?, ?, ?, ?, ?)",
                 [(o.provider, o.id, o.gpu_name, o.usd_per_hour, now) for o in offers],
             )
+
+
+def controller_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def controller_alive(controller: str | None) -> bool:
+    """Whether the `lorapod run` that follows a job still runs (only knowable on its own host)."""
+    if not controller or ":" not in controller:
+        return False
+    host, _, pid = controller.rpartition(":")
+    if host != socket.gethostname():
+        return True  # another machine's controller: assume alive, never tear its job down by accident
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, ValueError):
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return True
 
 
 def _instance(row: sqlite3.Row) -> InstanceRow:

@@ -41,8 +41,11 @@ WORK_ROOT = ".lorapod-work"
 def work_root() -> str:
     """Where work folders go on the instance: ``LORAPOD_REMOTE_ROOT`` or ``~/.lorapod-work``."""
     return os.environ.get("LORAPOD_REMOTE_ROOT") or WORK_ROOT
-#: Never pulled: temporary checkpoint folders, rsync leftovers, the stop request itself.
-PULL_EXCLUDES = (".tmp-*", ".old-*", ".rsync-partial", "STOP", "__pycache__")
+#: Written only on this machine, beside what is pulled: never uploaded, never overwritten.
+LOCAL_ONLY = ("/remote-events.log", "/job.log", "/watchdog.log", "/spec.yaml")
+#: Never pulled: temporary checkpoint folders, rsync leftovers, the stop request itself, and the
+#: instance's spec.yaml (its paths point at the instance; the local one keeps local paths).
+PULL_EXCLUDES = (".tmp-*", ".old-*", ".rsync-partial", "STOP", "__pycache__", *LOCAL_ONLY)
 
 JOB_SH = r"""#!/usr/bin/env bash
 # Started as `setsid nohup bash job.sh CMD...`: its pid is the job's process group.
@@ -67,6 +70,8 @@ for dp, dns, fns in os.walk(root):
         if fn == 'STOP' or fn.startswith('.'):
             continue
         p = os.path.join(dp, fn)
+        if dp == root and fn in ('spec.yaml', 'remote-events.log', 'job.log', 'watchdog.log'):
+            continue
         h = hashlib.sha256()
         with open(p, 'rb') as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b''):
@@ -190,8 +195,9 @@ class RemoteWork:
         self.facts = facts
         return facts
 
-    def push_path(self, local: Path, dest_rel: str, delete: bool = True) -> SyncStats:
-        return self.transport.push(local, f"{self.dir}/{dest_rel}", delete=delete and local.is_dir())
+    def push_path(self, local: Path, dest_rel: str, delete: bool = True, excludes: tuple[str, ...] = ()) -> SyncStats:
+        return self.transport.push(local, f"{self.dir}/{dest_rel}", delete=delete and local.is_dir(),
+                                   excludes=excludes)
 
     # ------------------------------------------------------------------ processes
 

@@ -26,7 +26,7 @@ from typing import Any
 from lorapod.compute.ledger import Ledger, lorapod_home
 from lorapod.compute.offers import choose_offers
 from lorapod.compute.provider import Instance, InstanceSpec, Offer, Provider
-from lorapod.compute.remote import Bootstrap, RemoteWork, job_command_from_env, local_manifest
+from lorapod.compute.remote import PULL_EXCLUDES, Bootstrap, RemoteWork, job_command_from_env, local_manifest
 from lorapod.compute.transport import (
     AuthRefused,
     ConnectionLost,
@@ -305,11 +305,7 @@ class Session:
         self.say(f"instance {inst.id} answers on {inst.ssh_user}@{inst.ssh_host}:{inst.ssh_port}")
 
     def _transport_for(self, inst: Instance) -> Transport:
-        make = getattr(self.provider, "transport", None)
-        known = lorapod_home() / "known_hosts" / (self.iid or "x")
-        if make is not None:
-            return make(inst, self.identity, known)
-        return SSHTransport(inst.ssh_host or "", inst.ssh_port, inst.ssh_user, self.identity, known)
+        return transport_for(self.provider, inst, self.identity, self.iid or "x")
 
     # ------------------------------------------------------------------ setup on the instance
 
@@ -328,7 +324,8 @@ class Session:
         if secrets:
             self.remote(lambda: work.write_file("secrets.env", secrets.encode(), 0o600), "send secrets")
         if self.resume_job and any(self.run.checkpoints.glob("*")):
-            st = self.remote(lambda: work.push_path(self.run.root, "run", delete=False), "upload checkpoints")
+            st = self.remote(lambda: work.push_path(self.run.root, "run", delete=False, excludes=PULL_EXCLUDES),
+                             "upload checkpoints")
             self.say(f"uploaded the run folder to resume ({st.literal_bytes} bytes sent)")
         wd = self._watchdog_config()
         self.remote(lambda: work.start_watchdog(wd, o.bootstrap.python), "start watchdog")
@@ -556,6 +553,11 @@ class Session:
             # create() never returned: nothing to destroy that we know of; `down --orphans` re-checks.
             self.say("create did not return an id; `lorapod down --orphans` will reconcile with the provider")
             return
+        if getattr(self.provider, "borrowed", False) and self.work is None:
+            # A borrowed host where nothing was set up: the "instance" was only a name.
+            self.ledger.instance_destroyed(iid, "nothing was created on the host")
+            self.iid = None
+            return
         deadline = self.deadline(self.opts.destroy_deadline_s)
         delay = 1.0
         while True:
@@ -569,6 +571,9 @@ class Session:
                     self.say(f"instance {provider_id} destroyed (confirmed)")
                     self.iid = None
                     return
+            except AuthRefused as exc:
+                self.say(f"destroy of {provider_id} impossible: {exc.message}; the watchdog will clean up")
+                return
             except LorapodError as exc:
                 self.say(f"destroy of {provider_id} failed: {exc.message}")
             if time.monotonic() + delay > deadline:
@@ -577,6 +582,16 @@ class Session:
                 return
             time.sleep(delay)
             delay = min(30.0, delay * 2)
+
+
+def transport_for(provider: Provider, inst: Instance, identity: Path | None, iid: str) -> Transport:
+    """SSH to the instance with a known_hosts file of its own (host key pinned on first use),
+    unless the provider brings its own transport (local shell, or an SSH host's shared pin)."""
+    make = getattr(provider, "transport", None)
+    known = lorapod_home() / "known_hosts" / iid
+    if make is not None:
+        return make(inst, identity, known)
+    return SSHTransport(inst.ssh_host or "", inst.ssh_port, inst.ssh_user, identity, known)
 
 
 def _shell_value(v: str) -> str:

@@ -48,6 +48,7 @@ class HostProvider:
     """A machine we borrow: instances are work folders ``~/.lorapod-work/<label>``."""
 
     name = "ssh"
+    borrowed = True  # the machine is not ours: destroy = remove our work folder
 
     def __init__(self, usd_per_hour: float = 0.0) -> None:
         self.usd_per_hour = usd_per_hour

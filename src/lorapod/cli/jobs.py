@@ -1,0 +1,92 @@
+"""``lorapod ps | logs | pull | down``: look at and clean up remote jobs, from the ledger."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("ps")
+    def ps(
+        all_: bool = typer.Option(True, "--all/--live", help="Every job, or only those with live instances."),
+        as_json: bool = typer.Option(False, "--json", help="JSON on stdout, for scripts."),
+    ) -> None:
+        """Jobs and their instances: state, GPU, $/h, dollars so far."""
+        from lorapod.compute.jobs import ps_rows
+        from lorapod.compute.ledger import Ledger
+
+        rows = ps_rows(Ledger(), all_jobs=all_)
+        if as_json:
+            typer.echo(json.dumps(rows))
+            return
+        if not rows:
+            console.print("no jobs yet (lorapod run SPEC --on ...)")
+            return
+        t = Table("job", "state", "where", "instance", "GPU", "$/h", "$ so far", "step")
+        for r in rows:
+            inst = f"{r['instance'] or '-'} ({r['instance_state'] or '-'})"
+            rate = f"{r['usd_per_hour']:.3f}" if r["usd_per_hour"] is not None else "-"
+            t.add_row(r["job"], r["state"], r["target"], inst, r["gpu"] or "-", rate, f"{r['usd']:.4f}",
+                      str(r["last_step"] if r["last_step"] is not None else "-"))
+        console.print(t)
+        live = sum(r["live_instances"] for r in rows)
+        console.print(f"{live} live instance(s)" + (" - `lorapod down --orphans` cleans up any left behind"
+                                                   if live else ""))
+
+    @app.command("logs")
+    def logs(
+        job: str = typer.Argument(..., help="Job id (or a unique prefix)."),
+        follow: bool = typer.Option(False, "-f", "--follow", help="Keep following, reconnecting as needed."),
+    ) -> None:
+        """Metrics and the job's log, live from the instance or from the pulled run folder."""
+        from lorapod.compute.jobs import follow_logs
+        from lorapod.compute.ledger import Ledger
+
+        for line in follow_logs(Ledger(), job, follow):
+            typer.echo(line)
+
+    @app.command("pull")
+    def pull(job: str = typer.Argument(..., help="Job id (or a unique prefix).")) -> None:
+        """Fetch checkpoints, samples and metrics from the instance now."""
+        from lorapod.compute.jobs import pull_job
+        from lorapod.compute.ledger import Ledger
+
+        n = pull_job(Ledger(), job)
+        err.print(f"pulled {n} file(s)")
+
+    @app.command("down")
+    def down(
+        job: str | None = typer.Argument(None, help="Job id whose instances to destroy."),
+        orphans: bool = typer.Option(False, "--orphans", help="Destroy instances whose controller is gone "
+                                     "and reconcile the ledger with the providers."),
+        all_: bool = typer.Option(False, "--all", help="Destroy every live instance in the ledger."),
+        as_json: bool = typer.Option(False, "--json", help="Counts as JSON on stdout."),
+    ) -> None:
+        """Destroy instances: one job's, orphans', or all of them."""
+        from lorapod.compute.jobs import down_job, down_orphans
+        from lorapod.compute.ledger import Ledger
+        from lorapod.errors import LorapodError
+
+        ledger = Ledger()
+        say = err.print
+        if sum(bool(x) for x in (job, orphans, all_)) != 1:
+            raise LorapodError("say what to bring down", hint="lorapod down JOB | --orphans | --all")
+        if job:
+            counts = {"destroyed": down_job(ledger, job, say=say)}
+        else:
+            counts = down_orphans(ledger, say=say, everything=all_)
+        if as_json:
+            typer.echo(json.dumps(counts))
+        else:
+            err.print(", ".join(f"{k}: {v}" for k, v in counts.items()))
+        live = ledger.instances(live_only=True)
+        if live and all_:
+            raise LorapodError(f"{len(live)} instance(s) still live in the ledger",
+                               hint="check the provider's console; `lorapod ps` lists them")

@@ -1,0 +1,100 @@
+"""``lorapod run``: train a spec on a rented or borrowed machine and bring everything home.
+
+Thin: parsing and printing only; the lifecycle is :mod:`lorapod.compute.session`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+console = Console(stderr=True, highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("run")
+    def run(
+        spec: Path | None = typer.Argument(None, help="The job spec (YAML). Not needed with --resume."),
+        on: str | None = typer.Option(None, "--on", help="vast | runpod | local | ssh://user@host:port "
+                                      "(default: spec.compute.provider)."),
+        identity: Path | None = typer.Option(None, "--identity", help="SSH private key (default: a fresh "
+                                             "ed25519 key pair for this job)."),
+        gpu: str | None = typer.Option(None, "--gpu", help="Pin a GPU model, e.g. 'RTX 3090'."),
+        max_usd: float | None = typer.Option(None, "--max-usd", help="Dollar cap: checkpoint, pull and destroy "
+                                             "before it is crossed."),
+        max_hours: float | None = typer.Option(None, "--max-hours", help="Hour cap, same behaviour."),
+        resume: str | None = typer.Option(None, "--resume", help="Continue JOB from its last pulled checkpoint "
+                                          "on a new instance."),
+        set_: list[str] = typer.Option([], "--set", help="Override a spec value: dotted.key=value."),
+        bootstrap: str = typer.Option("source", "--bootstrap", help="How lorapod gets onto the instance: "
+                                      "source (copy this package) | wheel (build and pip install a wheel)."),
+        python: str = typer.Option("python3", "--python", help="Python on the instance."),
+        usd_per_hour: float | None = typer.Option(None, "--usd-per-hour", help="For ssh hosts: what the "
+                                                  "machine costs, so caps and `ps` show dollars."),
+        as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
+        poll_s: float = typer.Option(5.0, "--poll-s", hidden=True),
+        pull_every_s: float = typer.Option(30.0, "--pull-every-s", hidden=True),
+        ready_deadline_s: float = typer.Option(600.0, "--ready-deadline-s", hidden=True),
+        stop_margin_s: float = typer.Option(120.0, "--stop-margin-s", hidden=True),
+        stop_wait_s: float = typer.Option(300.0, "--stop-wait-s", hidden=True),
+        reconnect_s: float = typer.Option(600.0, "--reconnect-s", hidden=True),
+        heartbeat_timeout_s: float = typer.Option(600.0, "--heartbeat-timeout-s", hidden=True),
+        watchdog_poll_s: float = typer.Option(10.0, "--watchdog-poll-s", hidden=True),
+        stall_s: float = typer.Option(1800.0, "--stall-s", hidden=True),
+    ) -> None:
+        """Run SPEC on a GPU instance (or any SSH host); the instance is destroyed when the job ends,
+        fails, stalls, is interrupted, or would cross --max-usd / --max-hours."""
+        from lorapod.compute.ledger import Ledger
+        from lorapod.compute.provider import from_target
+        from lorapod.compute.remote import Bootstrap
+        from lorapod.compute.session import Options, run_remote
+        from lorapod.errors import SpecError
+        from lorapod.spec import load_spec
+
+        ledger = Ledger()
+        target = on
+        if resume:
+            from lorapod.compute.jobs import find_job
+
+            job = find_job(ledger, resume)
+            resume = job.id
+            spec_obj = load_spec(Path(job.run_dir) / "spec.yaml", set_)
+            target = on or job.target or job.provider
+            spec_path = job.spec_path
+        else:
+            if spec is None:
+                raise SpecError("no spec given", hint="lorapod run SPEC --on ..., or lorapod run --resume JOB")
+            spec_obj = load_spec(spec, set_)
+            spec_path = str(spec)
+            target = on or spec_obj.compute.provider
+        if target in (None, ""):
+            raise SpecError("where should it run?", hint="--on vast | runpod | ssh://user@host:port")
+        if bootstrap not in ("source", "wheel"):
+            raise SpecError(f"--bootstrap {bootstrap!r}", hint="source | wheel")
+        kwargs = {}
+        if target.startswith("ssh://"):
+            kwargs = {"identity": identity, "usd_per_hour": usd_per_hour or spec_obj.compute.usd_per_hour or 0.0}
+        elif target == "local":
+            kwargs = {"usd_per_hour": usd_per_hour or spec_obj.compute.usd_per_hour or 0.0}
+        provider = from_target(target, **kwargs)
+        opts = Options(identity=identity, gpu=gpu, max_usd=max_usd, max_hours=max_hours,
+                       bootstrap=Bootstrap(bootstrap, python), poll_s=poll_s, pull_every_s=pull_every_s,
+                       ready_deadline_s=ready_deadline_s, stop_margin_s=stop_margin_s, stop_wait_s=stop_wait_s,
+                       reconnect_s=reconnect_s, watchdog={"heartbeat_timeout_s": heartbeat_timeout_s,
+                                                          "poll_s": watchdog_poll_s, "stall_s": stall_s})
+        summary = run_remote(spec_obj, provider, target, opts, ledger, spec_path,
+                             say=lambda m: console.print(f"[dim]{m}[/]"), resume_job=resume)
+        if as_json:
+            typer.echo(json.dumps(summary.to_dict()))
+        else:
+            color = {"done": "green", "stopped": "yellow"}.get(summary.state, "red")
+            console.print(f"[bold {color}]{summary.state}[/]: {summary.message}")
+            console.print(f"run folder: {summary.run_dir}")
+        if summary.state not in ("done", "stopped"):
+            # sys.exit, not typer.Exit: the entry point runs click with standalone_mode=False,
+            # which would swallow typer.Exit's status.
+            sys.exit(130 if summary.state == "interrupted" else 1)

@@ -1,0 +1,246 @@
+"""What ``lorapod ps``, ``logs``, ``pull`` and ``down`` do, as library functions.
+
+Everything starts from the ledger: it knows every instance lorapod created (before the create
+call even returned), how to reach it again (never a secret: a key *path*, an address) and
+whether its controller still runs. ``down --orphans`` reconciles the ledger with what the
+providers themselves report, so nothing billed is left unknown.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lorapod.compute import provider as registry
+from lorapod.compute.ledger import InstanceRow, JobRow, Ledger, controller_alive
+from lorapod.compute.provider import Instance, Provider
+from lorapod.compute.remote import RemoteWork
+from lorapod.compute.session import transport_for
+from lorapod.compute.transport import ConnectionLost, retrying
+from lorapod.errors import LorapodError, ProviderError
+
+
+def ps_rows(ledger: Ledger, all_jobs: bool = True) -> list[dict[str, Any]]:
+    """One row per job: state, where, GPU, $/h, $ so far, last step, live instances."""
+    now = time.time()
+    rows = []
+    for job in ledger.jobs():
+        insts = ledger.job_instances(job.id)
+        live = [i for i in insts if i.live]
+        cur = live[-1] if live else (insts[-1] if insts else None)
+        if not all_jobs and not live and job.state not in ("starting", "running", "stopping"):
+            continue
+        rows.append({
+            "job": job.id, "state": job.state, "target": job.target or job.provider,
+            "instance": cur.provider_id if cur else None, "instance_state": cur.state if cur else None,
+            "gpu": cur.gpu_name if cur else None, "usd_per_hour": cur.usd_per_hour if cur else None,
+            "usd": round(ledger.usd(job.id, now), 4), "last_step": job.last_step,
+            "live_instances": len(live), "controller_alive": controller_alive(job.controller)
+            if job.state in ("starting", "running") else False,
+            "run_dir": job.run_dir, "summary": job.summary,
+        })
+    return rows
+
+
+def provider_for(row: InstanceRow, ledger: Ledger) -> Provider:
+    access = ledger.access(row.id)
+    if row.provider == "ssh":
+        return registry.get("ssh", target=access.get("target"), identity=access.get("identity") or None,
+                            usd_per_hour=row.usd_per_hour)
+    return registry.get(row.provider)
+
+
+def find_job(ledger: Ledger, job_id: str) -> JobRow:
+    job = ledger.job(job_id)
+    if job is None:
+        raise LorapodError(f"no job '{job_id}' in the ledger", hint="`lorapod ps` lists jobs")
+    return job
+
+
+@dataclass
+class Reach:
+    """How to talk to a job's live instance again."""
+
+    work: RemoteWork
+    row: InstanceRow
+
+    def close(self) -> None:
+        self.work.transport.close()
+
+
+def reach(ledger: Ledger, job: JobRow) -> Reach | None:
+    live = [i for i in ledger.job_instances(job.id) if i.live and i.ssh_host]
+    if not live:
+        return None
+    row = live[-1]
+    prov = provider_for(row, ledger)
+    access = ledger.access(row.id)
+    identity = Path(access["identity"]) if access.get("identity") else None
+    inst = Instance(id=row.provider_id or row.id, provider=row.provider, state="running", ssh_host=row.ssh_host,
+                    ssh_port=row.ssh_port or 22, ssh_user=row.ssh_user or "root", label=job.id)
+    t = transport_for(prov, inst, identity, row.id)
+    return Reach(RemoteWork(t, job.id, root=job.remote_dir.rsplit("/", 1)[0]) if job.remote_dir
+                 else RemoteWork(t, job.id), row)
+
+
+def pull_job(ledger: Ledger, job_id: str, deadline_s: float = 600.0) -> int:
+    """Fetch the run folder now; returns files transferred (0 when everything is already home)."""
+    job = find_job(ledger, job_id)
+    r = reach(ledger, job)
+    if r is None:
+        raise LorapodError(f"job {job.id} has no live instance; its run folder is {job.run_dir}",
+                           hint="everything pulled before teardown is there")
+    try:
+        st = retrying(lambda: r.work.pull(Path(job.run_dir)), time.monotonic() + deadline_s, "pull")
+    finally:
+        r.close()
+    ledger.event("pull", f"manual pull: {st.files_transferred} files", job_id=job.id)
+    return st.files_transferred
+
+
+def follow_logs(ledger: Ledger, job_id: str, follow: bool, poll_s: float = 2.0,
+                reconnect_s: float = 600.0) -> Iterator[str]:
+    """Lines of metrics.jsonl and job.log, live from the instance (reconnecting), else the local copy."""
+    job = find_job(ledger, job_id)
+    run_dir = Path(job.run_dir)
+    r = reach(ledger, job)
+    if r is None:
+        for name in ("metrics.jsonl", "job.log"):
+            p = run_dir / name
+            if p.is_file():
+                yield from (f"[{name}] {line}" for line in p.read_text(errors="replace").splitlines())
+        return
+    offsets = {"run/metrics.jsonl": 0, "job.log": 0}
+    try:
+        while True:
+            for rel in offsets:
+                cmd = f"tail -c +{offsets[rel] + 1} {r.work.q(rel)} 2>/dev/null || true"
+                out = retrying(lambda c=cmd: r.work.sh(c, check=False), time.monotonic() + reconnect_s,
+                               "logs").stdout
+                cut = out.rfind(b"\n")
+                if cut >= 0:
+                    offsets[rel] += cut + 1
+                    name = rel.rsplit("/", 1)[-1]
+                    yield from (f"[{name}] {line}" for line in out[: cut + 1].decode(errors="replace").splitlines())
+            if not follow:
+                return
+            job = find_job(ledger, job_id)
+            if job.state not in ("starting", "running", "stopping") or not any(
+                    i.live for i in ledger.job_instances(job.id)):
+                return
+            time.sleep(poll_s)
+    finally:
+        r.close()
+
+
+def destroy_row(ledger: Ledger, row: InstanceRow, note: str, deadline_s: float = 300.0,
+                say: Callable[[str], None] = print) -> bool:
+    """destroy -> confirm -> ledger, for one instance row. True when confirmed gone."""
+    prov = provider_for(row, ledger)
+    ledger.instance_destroying(row.id, note)
+    if not row.provider_id:
+        gone = _absent_from_provider(prov, row)
+        if gone:
+            ledger.instance_destroyed(row.id, "never created at the provider")
+        return gone
+    inst = Instance(id=row.provider_id, provider=row.provider, state="running", ssh_host=row.ssh_host,
+                    ssh_port=row.ssh_port or 22, ssh_user=row.ssh_user or "root", label=row.job_id)
+    deadline = time.monotonic() + deadline_s
+    delay = 1.0
+    while True:
+        try:
+            prov.destroy(row.provider_id)
+            if prov.refresh(inst).state == "gone" or _absent_from_provider(prov, row):
+                ledger.instance_destroyed(row.id, note)
+                say(f"destroyed {row.provider} instance {row.provider_id} ({note})")
+                return True
+        except (LorapodError, ConnectionLost) as exc:
+            say(f"destroy of {row.provider_id} failed: {exc.message}")
+        if time.monotonic() + delay > deadline:
+            return False
+        time.sleep(delay)
+        delay = min(30.0, delay * 2)
+
+
+def _absent_from_provider(prov: Provider, row: InstanceRow) -> bool:
+    try:
+        return all(i.id != row.provider_id or not i.live for i in prov.list_instances())
+    except LorapodError:
+        return False
+
+
+def down_job(ledger: Ledger, job_id: str, say: Callable[[str], None] = print) -> int:
+    job = find_job(ledger, job_id)
+    n = 0
+    for row in ledger.job_instances(job.id):
+        if row.live and destroy_row(ledger, row, "lorapod down", say=say):
+            n += 1
+    if job.state in ("starting", "running", "stopping"):
+        ledger.job_ended(job.id, "stopped", f"stopped by `lorapod down` at step {job.last_step}; "
+                                            f"resume with `lorapod run --resume {job.id}`")
+    return n
+
+
+def down_orphans(ledger: Ledger, say: Callable[[str], None] = print, everything: bool = False) -> dict[str, int]:
+    """Reconcile the ledger with the providers.
+
+    * a live row whose provider says the instance is gone: marked destroyed (no API call);
+    * a live row whose controller is dead (or all rows with ``everything``): destroyed;
+    * an instance the provider lists with a lorapod label but the ledger lacks: destroyed.
+    """
+    counts = {"reconciled": 0, "destroyed": 0, "unknown_destroyed": 0, "failed": 0}
+    listed: dict[tuple[str, str], list[Instance]] = {}
+    for row in ledger.instances(live_only=True):
+        try:
+            prov = provider_for(row, ledger)
+        except LorapodError as exc:
+            say(f"cannot check {row.provider} instance {row.provider_id}: {exc.message}")
+            counts["failed"] += 1
+            continue
+        key = (row.provider, str(ledger.access(row.id).get("target")))
+        if key not in listed:
+            try:
+                listed[key] = prov.list_instances()
+            except LorapodError as exc:
+                say(f"cannot list {row.provider} instances: {exc.message}")
+                listed[key] = []
+                counts["failed"] += 1
+                continue
+        ids = {i.id for i in listed[key] if i.live}
+        job = ledger.job(row.job_id) if row.job_id else None
+        running = job is not None and job.state in ("starting", "running", "stopping") and controller_alive(job.controller)
+        if row.provider_id and row.provider_id not in ids and row.state != "creating":
+            ledger.instance_destroyed(row.id, "provider reports it gone (reconciled)")
+            counts["reconciled"] += 1
+            say(f"{row.provider} instance {row.provider_id} is already gone; ledger updated")
+            if job is not None and not running and job.state in ("starting", "running", "stopping"):
+                ledger.job_ended(job.id, "stopped", f"controller lost at step {job.last_step}; the watchdog destroyed "
+                                                    f"the instance; resume with `lorapod run --resume {job.id}`")
+            continue
+        if everything or not running:
+            ok = destroy_row(ledger, row, "orphan sweep" if not everything else "down --all", say=say)
+            counts["destroyed" if ok else "failed"] += 1
+            if job is not None and job.state in ("starting", "running", "stopping"):
+                ledger.job_ended(job.id, "stopped", f"instance destroyed by `lorapod down`; resume with "
+                                                    f"`lorapod run --resume {job.id}`")
+    # Instances with our label that the ledger never heard of (e.g. a crash inside create()).
+    known = {r.provider_id for r in ledger.instances() if r.provider_id}
+    for name in ("runpod", "vast"):
+        try:
+            prov = registry.get(name)
+            found = prov.list_instances()
+        except (LorapodError, ProviderError):
+            continue
+        for inst in found:
+            if inst.live and inst.id not in known and (inst.label or "").startswith("lorapod-"):
+                try:
+                    prov.destroy(inst.id)
+                    counts["unknown_destroyed"] += 1
+                    say(f"destroyed {name} instance {inst.id} ({inst.label}) that the ledger did not know")
+                except LorapodError as exc:
+                    say(f"could not destroy unknown {name} instance {inst.id}: {exc.message}")
+                    counts["failed"] += 1
+    return counts

@@ -1,0 +1,1 @@
+"""Vast.ai: offers (bundles), create (asks), instances."""

@@ -1,0 +1,67 @@
+"""Raw HTTP to Vast.ai. Nothing else in lorapod talks to Vast.ai.
+
+Contract: ``shared/contracts/vast.openapi.yaml``. Paths are sent with the trailing slash that
+Vast's own CLI uses (``/api/v0/bundles/``); the document lists them without it. Base URL:
+``LORAPOD_VAST_URL`` overrides ``https://console.vast.ai``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from lorapod.compute.httpapi import HttpApi, api_key
+
+BASE_URL = "https://console.vast.ai"
+
+
+class VastApi(HttpApi):
+    provider = "vast"
+
+    def __init__(self, key: str | None = None, base_url: str | None = None, **kw: Any) -> None:
+        super().__init__(base_url or os.environ.get("LORAPOD_VAST_URL") or BASE_URL,
+                         key or api_key("VAST_API_KEY", "vast"), **kw)
+
+    def search_offers(self, query: dict[str, Any]) -> list[dict[str, Any]]:
+        """``POST /api/v0/bundles/`` (search offers; 200 -> {offers: [...]})."""
+        body = self.request("POST", "/api/v0/bundles/", json_body=query).json()
+        offers = body.get("offers") or []
+        return offers if isinstance(offers, list) else [offers]
+
+    def create_instance(self, ask_id: int, body: dict[str, Any]) -> int:
+        """``PUT /api/v0/asks/{id}/`` (create instance; 200 -> {success, new_contract})."""
+        resp = self.request("PUT", f"/api/v0/asks/{ask_id}/", json_body=body)
+        data = resp.json()
+        if not data.get("success") or not data.get("new_contract"):
+            raise self.error(resp, "PUT", f"/api/v0/asks/{ask_id}/")
+        return int(data["new_contract"])
+
+    def attach_ssh_key(self, instance_id: int, public_key: str) -> None:
+        """``POST /api/v0/instances/{id}/ssh/`` (attach ssh-key)."""
+        self.request("POST", f"/api/v0/instances/{instance_id}/ssh/", json_body={"ssh_key": public_key})
+
+    def show_instance(self, instance_id: int) -> dict[str, Any] | None:
+        """``GET /api/v0/instances/{id}/`` (showInstance; 200 -> {instances: Instance}). None when gone."""
+        resp = self.request("GET", f"/api/v0/instances/{instance_id}/", allow=(404,))
+        if resp.status_code == 404:
+            return None
+        return resp.json().get("instances") or None
+
+    def destroy_instance(self, instance_id: int) -> None:
+        """``DELETE /api/v0/instances/{id}/`` (destroyInstance; 200). Already gone (404) is success."""
+        self.request("DELETE", f"/api/v0/instances/{instance_id}/", allow=(404,))
+
+    def list_instances(self) -> list[dict[str, Any]]:
+        """``GET /api/v1/instances/`` (show instances; keyset pages of at most 25)."""
+        out: list[dict[str, Any]] = []
+        token: str | None = None
+        for _ in range(400):
+            params: dict[str, Any] = {"limit": 25}
+            if token:
+                params["after_token"] = token
+            body = self.request("GET", "/api/v1/instances/", params=params).json()
+            out += body.get("instances") or []
+            token = body.get("next_token")
+            if not token:
+                break
+        return out
