@@ -74,8 +74,9 @@ class Sshd:
             "AcceptEnv LANG", self.extra_config,
         ]
         cfg.write_text("\n".join(lines) + "\n")
-        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stdout=subprocess.DEVNULL,
-                                     stderr=open(self.dir / "sshd.log", "ab"), start_new_session=True)
+        with open(self.dir / "sshd.log", "ab") as log:
+            self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stdout=subprocess.DEVNULL,
+                                         stderr=log, start_new_session=True)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

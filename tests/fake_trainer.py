@@ -43,7 +43,7 @@ def main() -> int:
     run.mkdir(parents=True, exist_ok=True)
     (run / "checkpoints").mkdir(exist_ok=True)
     data = Path(a.spec).parent / spec["data"]["path"]
-    n_examples = sum(1 for _ in open(data)) if data.is_file() else len(list(data.rglob("*")))
+    n_examples = len(data.read_text().splitlines()) if data.is_file() else len(list(data.rglob("*")))
     max_steps = int(spec["train"].get("max_steps") or 10)
     every = int((spec.get("save") or {}).get("every_steps") or 5)
     start = 1
@@ -52,22 +52,22 @@ def main() -> int:
         start = (done[-1] + 1) if done else 1
     with open(run / "events.log", "a") as ev:
         ev.write(f"fake trainer: {n_examples} examples, steps {start}..{max_steps}\n")
-    metrics = open(run / "metrics.jsonl", "a")
-    for step in range(start, max_steps + 1):
-        if a.hang_at is not None and step == a.hang_at:
-            time.sleep(3600)
-        time.sleep(a.step_s)
-        if a.fail_at is not None and step == a.fail_at:
-            print(f"boom at step {step}", file=sys.stderr)
-            return 3
-        metrics.write(json.dumps({"step": step, "loss": round(2.0 / step, 4), "examples": n_examples}) + "\n")
-        metrics.flush()
-        if (run / "STOP").exists():
-            save(run / "checkpoints" / f"step-{step}", step)
-            print(f"STOP honoured at step {step}")
-            return 0
-        if step % every == 0:
-            save(run / "checkpoints" / f"step-{step}", step)
+    with open(run / "metrics.jsonl", "a") as metrics:
+        for step in range(start, max_steps + 1):
+            if a.hang_at is not None and step == a.hang_at:
+                time.sleep(3600)
+            time.sleep(a.step_s)
+            if a.fail_at is not None and step == a.fail_at:
+                print(f"boom at step {step}", file=sys.stderr)
+                return 3
+            metrics.write(json.dumps({"step": step, "loss": round(2.0 / step, 4), "examples": n_examples}) + "\n")
+            metrics.flush()
+            if (run / "STOP").exists():
+                save(run / "checkpoints" / f"step-{step}", step)
+                print(f"STOP honoured at step {step}")
+                return 0
+            if step % every == 0:
+                save(run / "checkpoints" / f"step-{step}", step)
     tmp = run / ".tmp-adapter"
     tmp.mkdir(exist_ok=True)
     (tmp / "adapter_model.safetensors").write_bytes(b"fake-adapter-" + str(max_steps).encode() * 1000)
