@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest_ssh import sshd  # noqa: F401  (the real-sshd fixture)
+from conftest_ssh import remote_root, sshd, sshd_factory  # noqa: F401  (real-sshd fixtures)
 
 
 @pytest.fixture(autouse=True)

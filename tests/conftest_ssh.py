@@ -115,17 +115,44 @@ class Sshd:
         self.proc = None
 
 
-@pytest.fixture
-def sshd(tmp_path_factory, monkeypatch):
-    require_tools("sshd", "ssh", "ssh-keygen", "rsync")
-    d = tmp_path_factory.mktemp("sshd")
+def new_sshd(d: Path, work: Path, extra_config: str = "") -> Sshd:
+    """Host key, a client key already authorized, config in ``d``; started."""
+    d.mkdir(parents=True, exist_ok=True)
     keygen(d / "host_ed25519", "host")
     client = keygen(d / "client_ed25519", "client")
     (d / "authorized_keys").write_text((d / "client_ed25519.pub").read_text())
-    work = d / "work"
-    work.mkdir()
-    server = Sshd(d, free_port(), getpass.getuser(), client, work)
+    server = Sshd(d, free_port(), getpass.getuser(), client, work, extra_config=extra_config)
     server.start()
+    return server
+
+
+@pytest.fixture
+def remote_root(tmp_path_factory, monkeypatch) -> Path:
+    """Where work folders go on the loopback "instances" (instead of ~/.lorapod-work)."""
+    work = tmp_path_factory.mktemp("work")
     monkeypatch.setenv("LORAPOD_REMOTE_ROOT", str(work))
+    return work
+
+
+@pytest.fixture
+def sshd(tmp_path_factory, remote_root):
+    require_tools("sshd", "ssh", "ssh-keygen", "rsync")
+    server = new_sshd(tmp_path_factory.mktemp("sshd"), remote_root)
     yield server
     server.stop()
+
+
+@pytest.fixture
+def sshd_factory(tmp_path_factory, remote_root):
+    """Start more sshds (one per fake cloud instance), each with extra config lines."""
+    require_tools("sshd", "ssh", "ssh-keygen", "rsync")
+    started: list[Sshd] = []
+
+    def make(extra_config: str = "") -> Sshd:
+        server = new_sshd(tmp_path_factory.mktemp("inst"), remote_root, extra_config)
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.stop()

@@ -1,0 +1,254 @@
+"""The shared machinery of the fake control planes.
+
+A threaded ``http.server`` on 127.0.0.1 that validates every request *and* every response
+against the provider's published OpenAPI document (openapi-core), records violations instead of
+hiding them, injects faults (429, 500, ...) on demand, and backs each "instance" with a real
+sshd on loopback whose sessions carry the provider's in-instance variables (``SetEnv``). Deleting
+an instance kills every process started through its sshd (found by a marker variable in
+``/proc/*/environ``) and removes their work folders, as a destroyed container would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def contracts_dir() -> Path:
+    env = os.environ.get("LORAPOD_CONTRACTS_DIR")
+    d = Path(env) if env else REPO.parent / "shared" / "contracts"
+    if not d.is_dir():
+        import pytest
+
+        pytest.fail(f"provider contracts not found at {d}; set LORAPOD_CONTRACTS_DIR or put shared/ beside the repo")
+    return d
+
+
+_SPECS: dict[str, Any] = {}
+
+
+def load_contract(name: str):
+    """openapi-core app for a contract file (cached). RunPod's published document repeats an
+    operationId, so the document itself is not linted; requests and responses still are."""
+    if name not in _SPECS:
+        from openapi_core import Config, OpenAPI
+
+        _SPECS[name] = OpenAPI.from_file_path(str(contracts_dir() / name), config=Config(spec_validator_cls=None))
+    return _SPECS[name]
+
+
+@dataclass
+class Fault:
+    method: str
+    path: str  # regex on the path
+    status: int
+    times: int = 1
+    body: Any = field(default_factory=lambda: {"error": "injected"})
+
+
+@dataclass
+class FakeInstance:
+    id: str
+    sshd: Any  # conftest_ssh.Sshd
+    marker: str
+    env: dict[str, str]
+    usd_per_hour: float
+    gpu: str
+    label: str
+    created: float = field(default_factory=time.time)
+    ready_at: float | None = None
+    never_ready: bool = False
+    deleted: bool = False
+    deleted_by: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        return not self.never_ready and self.ready_at is not None and time.time() >= self.ready_at
+
+
+class FakeControlPlane:
+    """Subclasses: ``contract`` file, ``server_url`` of the contract, ``route(method, path, body, query, auth)``."""
+
+    contract = ""
+    server_url = ""  # the contract's server URL, e.g. https://rest.runpod.io/v1
+    unvalidated: tuple[str, ...] = ()  # regexes of paths the contract does not cover
+
+    def __init__(self, sshd_factory, work_root: Path, account_key: str | None = None, boot_s: float = 0.3) -> None:
+        self.account_key = account_key or "acct-" + secrets.token_hex(16)
+        self.sshd_factory = sshd_factory
+        self.work_root = work_root
+        self.boot_s = boot_s
+        self.instances: dict[str, FakeInstance] = {}
+        self.faults: list[Fault] = []
+        self.violations: list[str] = []
+        self.calls: list[tuple[str, str, int]] = []
+        self.lock = threading.RLock()
+        self.openapi = load_contract(self.contract)
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a: Any) -> None:
+                pass
+
+            def _do(self) -> None:
+                fake._handle(self)
+
+            do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _do
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}" + urlsplit(self.server_url).path
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _handle(self, h: BaseHTTPRequestHandler) -> None:
+        split = urlsplit(h.path)
+        base = urlsplit(self.server_url).path
+        path = split.path[len(base):] if split.path.startswith(base) else split.path
+        n = int(h.headers.get("Content-Length") or 0)
+        raw = h.rfile.read(n) if n else b""
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        query = {k: v[0] for k, v in parse_qs(split.query).items()}
+        auth = (h.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
+        validate = not any(re.fullmatch(p, path) for p in self.unvalidated)
+        req = None
+        if validate:
+            req = self._mock_request(h.command, path, raw, split.query, h.headers.get("Authorization"))
+            try:
+                self.openapi.validate_request(req)
+            except Exception as exc:
+                self.violations.append(f"request {h.command} {path}: {exc}")
+                self._send(h, 400, {"error": f"contract violation: {exc}"})
+                return
+        status, out = self._fault(h.command, path)
+        if status is None:
+            with self.lock:
+                try:
+                    status, out = self.route(h.command, path, body, query, auth)
+                except Exception as exc:  # a fake bug must be loud
+                    self.violations.append(f"fake crashed on {h.command} {path}: {exc!r}")
+                    status, out = 500, {"error": repr(exc)}
+        if validate and req is not None and status < 500 and status != 429 and not (status == 404 and out
+                                                                                      and out.get("_undocumented")):
+            from openapi_core.testing import MockResponse
+
+            data = b"" if out is None else json.dumps(out).encode()
+            try:
+                self.openapi.validate_response(req, MockResponse(data, status_code=status,
+                                                                 content_type="application/json" if out is not None else None))
+            except Exception as exc:
+                self.violations.append(f"response {h.command} {path} {status}: {exc}")
+        if isinstance(out, dict):
+            out.pop("_undocumented", None)
+        self.calls.append((h.command, path, status))
+        self._send(h, status, out)
+
+    def _mock_request(self, method: str, path: str, raw: bytes, query: str, auth: str | None):
+        from openapi_core.testing import MockRequest
+
+        s = urlsplit(self.server_url)
+        args = {k: v[0] for k, v in parse_qs(query).items()}
+        return MockRequest(f"{s.scheme}://{s.netloc}", method, s.path + path.rstrip("/") if path != "/" else s.path,
+                           args=args, headers={"Authorization": auth} if auth else {}, data=raw or None,
+                           content_type="application/json")
+
+    def _fault(self, method: str, path: str) -> tuple[int | None, Any]:
+        with self.lock:
+            for f in self.faults:
+                if f.times > 0 and f.method == method and re.fullmatch(f.path, path):
+                    f.times -= 1
+                    return f.status, f.body
+        return None, None
+
+    def _send(self, h: BaseHTTPRequestHandler, status: int, out: Any) -> None:
+        data = b"" if out is None else json.dumps(out).encode()
+        h.send_response(status)
+        if status == 429:
+            h.send_header("Retry-After", "0")
+        if out is not None:
+            h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data)
+
+    def route(self, method: str, path: str, body: Any, query: dict, auth: str) -> tuple[int, Any]:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ instances
+
+    def start_instance(self, iid: str, pubkey: str | None, env: dict[str, str], usd: float, gpu: str, label: str,
+                       never_ready: bool = False) -> FakeInstance:
+        marker = "fake-" + secrets.token_hex(6)
+        extra = "SetEnv " + " ".join(f"{k}={v}" for k, v in {**env, "LORAPOD_FAKE_INSTANCE": marker}.items())
+        server = self.sshd_factory(extra)
+        if pubkey:
+            server.authorize(pubkey)
+        inst = FakeInstance(iid, server, marker, env, usd, gpu, label, never_ready=never_ready,
+                            ready_at=time.time() + self.boot_s)
+        self.instances[iid] = inst
+        return inst
+
+    def kill_instance(self, inst: FakeInstance, by: str) -> None:
+        """What destroying a container does: every process in it dies, its disk is gone."""
+        inst.deleted = True
+        inst.deleted_by = by
+        inst.sshd.drop_connections()
+        inst.sshd.stop()
+        dirs = set()
+        for pid in marked_pids(inst.marker):
+            with contextlib.suppress(OSError):
+                cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+                if self.work_root in cwd.parents:
+                    dirs.add(self.work_root / cwd.relative_to(self.work_root).parts[0])
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+    def live(self) -> list[FakeInstance]:
+        return [i for i in self.instances.values() if not i.deleted]
+
+    def running_processes(self) -> list[int]:
+        return [p for i in self.instances.values() for p in marked_pids(i.marker)]
+
+    def close(self) -> None:
+        for inst in self.live():
+            self.kill_instance(inst, "test teardown")
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def marked_pids(marker: str) -> list[int]:
+    needle = f"LORAPOD_FAKE_INSTANCE={marker}".encode()
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            if needle in (d / "environ").read_bytes().split(b"\0"):
+                out.append(int(d.name))
+        except OSError:
+            continue
+    return out

@@ -1,0 +1,182 @@
+"""RunPod and Vast.ai end to end against local fake control planes that follow the providers'
+OpenAPI documents, with real sshd "instances": retries, capacity failures, teardown from inside."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fakes.runpod_fake import RunPodFake
+from fakes.vast_fake import VastFake
+from lorapod.compute.httpapi import ApiError
+from lorapod.compute.ledger import Ledger
+from lorapod.compute.runpod.api import RunPodApi
+from lorapod.compute.runpod.provider import RunPodProvider
+from lorapod.compute.session import run_remote
+from lorapod.compute.vast.api import VastApi
+from lorapod.compute.vast.provider import VastProvider
+from lorapod.spec import load_spec
+from remote_helpers import cli_argv, cli_env, fake_command, fake_command_template, fast_options, make_spec
+
+
+@pytest.fixture
+def runpod(sshd_factory, remote_root):
+    fake = RunPodFake(sshd_factory, remote_root)
+    yield fake
+    fake.close()
+
+
+@pytest.fixture
+def vast(sshd_factory, remote_root):
+    fake = VastFake(sshd_factory, remote_root)
+    yield fake
+    fake.close()
+
+
+def rp_provider(fake: RunPodFake, key: str | None = None) -> RunPodProvider:
+    return RunPodProvider(RunPodApi(key or fake.account_key, base_url=fake.url, graphql_url=fake.graphql_url,
+                                    backoff_s=0.05, timeout=10))
+
+
+def vast_provider(fake: VastFake, key: str | None = None) -> VastProvider:
+    return VastProvider(VastApi(key or fake.account_key, base_url=fake.url, backoff_s=0.05, timeout=10))
+
+
+def run(tmp_path, provider, target, **kw):
+    spec_path = make_spec(tmp_path)
+    ledger = Ledger()
+    opts = fast_options(job_command=kw.pop("job_command", fake_command(0.05)), **kw)
+    summary = run_remote(load_spec(spec_path), provider, target, opts, ledger, str(spec_path), say=lambda m: None)
+    return summary, ledger
+
+
+def assert_clean(fake, ledger, remote_root):
+    assert fake.live() == [], "an instance is still alive at the provider"
+    assert fake.running_processes() == []
+    assert ledger.instances(live_only=True) == []
+    assert list(remote_root.iterdir()) == []
+    assert fake.violations == [], fake.violations
+
+
+def test_runpod_e2e_with_retries_on_429_and_500(runpod, tmp_path, remote_root):
+    from fakes.base import Fault
+
+    runpod.faults += [Fault("POST", "/pods", 429, times=2), Fault("GET", r"/pods/\w+", 500, times=2),
+                      Fault("DELETE", r"/pods/\w+", 503, times=1)]
+    summary, ledger = run(tmp_path, rp_provider(runpod), "runpod")
+    assert summary.state == "done" and summary.last_step == 8
+    assert (summary.run_dir / "adapter" / "adapter_model.safetensors").is_file()
+    assert_clean(runpod, ledger, remote_root)
+    (row,) = ledger.instances()
+    assert row.usd_per_hour == 0.22 and row.gpu_name == "RTX 3090"  # the cheapest: RTX 3090 community
+    statuses = [c for c in runpod.calls if c[0] == "POST" and c[1] == "/pods"]
+    assert [s for _, _, s in statuses] == [429, 429, 201]
+    (pod,) = runpod.instances.values()
+    assert pod.deleted_by in ("account key", "pod-scoped key")
+
+
+def test_runpod_never_ready_is_destroyed_and_next_offer_tried(sshd_factory, remote_root, tmp_path):
+    fake = RunPodFake(sshd_factory, remote_root, never_ready_gpus=("NVIDIA GeForce RTX 3090",))
+    try:
+        summary, ledger = run(tmp_path, rp_provider(fake), "runpod", ready_deadline_s=2.0)
+        assert summary.state == "done"
+        first, second = ledger.instances()
+        assert first.gpu_name == "RTX 3090" and first.state == "destroyed" and first.ready_at is None
+        assert second.gpu_name == "RTX 4090" and second.state == "destroyed"
+        assert_clean(fake, ledger, remote_root)
+    finally:
+        fake.close()
+
+
+def test_runpod_bad_key_is_clear_and_nothing_created(runpod, tmp_path, remote_root):
+    with pytest.raises(ApiError, match="refused the API key") as exc:
+        run(tmp_path, rp_provider(runpod, key="wrong-key"), "runpod")
+    assert "wrong-key" not in str(exc.value)
+    assert runpod.instances == {}
+    assert Ledger().instances() == []
+
+
+def test_runpod_unknown_gpu_names_the_known_ones(runpod, tmp_path):
+    from lorapod.errors import PlanError
+
+    with pytest.raises(PlanError, match="no offer for GPU 'H900'") as exc:
+        run(tmp_path, rp_provider(runpod), "runpod", gpu="H900")
+    assert "RTX 3090" in exc.value.hint
+
+
+def test_vast_e2e_and_dead_offer_skipped(sshd_factory, remote_root, tmp_path):
+    fake = VastFake(sshd_factory, remote_root, dead_offers=(9001,))
+    try:
+        summary, ledger = run(tmp_path, vast_provider(fake), "vast")
+        assert summary.state == "done" and summary.last_step == 8
+        first, second = ledger.instances()
+        assert (first.gpu_name, first.state) == ("RTX 3090", "destroyed")  # exited: never becomes running
+        assert (second.gpu_name, second.state) == ("RTX 4090", "destroyed")
+        assert_clean(fake, ledger, remote_root)
+    finally:
+        fake.close()
+
+
+def test_contract_violation_is_caught(vast):
+    api = VastApi(vast.account_key, base_url=vast.url, backoff_s=0.01)
+    with pytest.raises(ApiError):
+        api.request("PUT", "/api/v0/asks/9001/", json_body={"label": "no image"})  # 'image' is required
+    assert vast.violations and "image" in vast.violations[0]
+    vast.violations.clear()
+
+
+def _cli_run(fake_env: dict, spec: Path, target: str, *extra: str) -> subprocess.Popen:
+    env = cli_env(LORAPOD_JOB_COMMAND=fake_command_template(0.25), **fake_env)
+    return subprocess.Popen([*cli_argv(), "run", str(spec), "--on", target, "--python", sys.executable,
+                             "--poll-s", "0.2", "--pull-every-s", "0.5", "--ready-deadline-s", "20",
+                             "--watchdog-poll-s", "0.3", "--heartbeat-timeout-s", "2", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _wait(cond, timeout, what):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out: {what}")
+
+
+@pytest.mark.parametrize("which", ["runpod", "vast"])
+def test_sigkilled_controller_watchdog_deletes_through_the_api(which, runpod, vast, tmp_path, remote_root):
+    fake = runpod if which == "runpod" else vast
+    env = ({"RUNPOD_API_KEY": fake.account_key, "LORAPOD_RUNPOD_URL": fake.url,
+            "LORAPOD_RUNPOD_GRAPHQL_URL": runpod.graphql_url} if which == "runpod"
+           else {"VAST_API_KEY": fake.account_key, "LORAPOD_VAST_URL": fake.url})
+    spec = make_spec(tmp_path, max_steps=10, every=2)
+    proc = _cli_run(env, spec, which)
+    try:
+        _wait(lambda: (Ledger().jobs() or [None])[0] is not None and (Ledger().jobs()[0].last_step or 0) >= 3, 60,
+              "step 3")
+        time.sleep(0.8)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    _wait(lambda: not fake.live(), 30, "the watchdog to delete the instance")
+    (inst,) = fake.instances.values()
+    assert inst.deleted_by in ("pod-scoped key", "container key")  # from inside, not with the account key
+    out = subprocess.run([*cli_argv(), "down", "--orphans", "--json"], capture_output=True, text=True,
+                         env=cli_env(**env), timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["reconciled"] == 1
+    ledger = Ledger()
+    assert ledger.instances(live_only=True) == []
+    (job,) = ledger.jobs()
+    assert job.state == "stopped"
+    ckpts = sorted((Path(job.run_dir) / "checkpoints").iterdir())
+    assert ckpts and all(json.loads((c / "state.json").read_text())["step"] == int(c.name[5:]) for c in ckpts)
+    assert fake.running_processes() == [] and list(remote_root.iterdir()) == []
+    assert fake.violations == [], fake.violations
