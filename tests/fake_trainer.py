@@ -52,6 +52,7 @@ def main() -> int:
         start = (done[-1] + 1) if done else 1
     with open(run / "events.log", "a") as ev:
         ev.write(f"fake trainer: {n_examples} examples, steps {start}..{max_steps}\n")
+        ev.write(f"HF_TOKEN {'present' if os.environ.get('HF_TOKEN') else 'absent'}\n")
     with open(run / "metrics.jsonl", "a") as metrics:
         for step in range(start, max_steps + 1):
             if a.hang_at is not None and step == a.hang_at:

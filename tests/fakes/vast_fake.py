@@ -86,10 +86,7 @@ class VastFake(FakeControlPlane):
         return not (cap is not None and offer["dph_total"] > cap)
 
     def _instance(self, inst) -> dict[str, Any]:
-        if inst.never_ready:
-            status = "exited"
-        else:
-            status = "running" if inst.ready else "loading"
+        status = "exited" if inst.never_ready else "running" if inst.ready else "loading"
         return {"id": int(inst.id), "actual_status": status, "intended_status": "running", "label": inst.label,
                 "ssh_host": "127.0.0.1", "ssh_port": inst.sshd.port,
                 "dph_total": inst.usd_per_hour, "gpu_name": inst.gpu, "num_gpus": 1}

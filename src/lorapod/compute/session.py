@@ -407,6 +407,10 @@ class Session:
             return "stopped", f"stopped at step {self.last_step}: {self.stop_reason}"
         if st.exit and st.exit.strip() == "0":
             return "done", f"finished at step {self.last_step}"
+        if st.exit and st.exit.startswith("killed:"):
+            raise RemoteError(f"the on-instance watchdog stopped the job at step {self.last_step} "
+                              f"({st.exit.split(':', 1)[1].strip()})",
+                              hint=f"see {self.run.root}/job.log; resume with `lorapod run --resume {self.job_id}`")
         tail = self.remote(lambda: self.work.job_log_tail(), "job log")  # type: ignore[union-attr]
         self.say("job log (last lines):\n" + tail)
         raise RemoteError(f"the job failed on the instance (exit {st.exit or 'unknown'}) at step {self.last_step}",

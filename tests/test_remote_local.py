@@ -1,0 +1,76 @@
+"""The `local` provider (this machine's shell, same lifecycle), the watchdog's stall rule, and the
+wheel bootstrap strategy."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest_ssh import require_tools
+from lorapod.compute.ledger import Ledger
+from lorapod.compute.local import LocalProvider
+from lorapod.compute.remote import Bootstrap, RemoteWork, build_wheel
+from lorapod.compute.session import run_remote
+from lorapod.compute.transport import LocalTransport
+from lorapod.errors import RemoteError
+from lorapod.spec import load_spec
+from remote_helpers import REPO, fake_command, fast_options, make_spec
+
+
+@pytest.fixture(autouse=True)
+def _rsync():
+    require_tools("rsync")
+
+
+def run_local(tmp_path, **kw):
+    spec_path = make_spec(tmp_path, **kw.pop("spec_kw", {}))
+    provider = LocalProvider(home=tmp_path / "machine")
+    ledger = Ledger()
+    opts = fast_options(**kw)
+    return run_remote(load_spec(spec_path), provider, "local", opts, ledger, str(spec_path), say=lambda m: None), \
+        ledger, tmp_path / "machine" / ".lorapod-work"
+
+
+def test_local_provider_runs_the_same_lifecycle(tmp_path):
+    summary, ledger, work = run_local(tmp_path, job_command=fake_command(0.02))
+    assert summary.state == "done" and summary.last_step == 8
+    assert (summary.run_dir / "adapter" / "adapter_config.json").is_file()
+    assert list(work.iterdir()) == [] and ledger.instances(live_only=True) == []
+
+
+def test_stalled_job_is_stopped_by_the_watchdog(tmp_path):
+    # The trainer hangs inside step 3 and ignores STOP; after stall_s the watchdog writes STOP, waits
+    # stop_wait_s, kills it. The controller pulls what exists, reports it, and destroys.
+    with pytest.raises(RemoteError, match="watchdog stopped the job at step 2") as exc:
+        run_local(tmp_path, job_command=fake_command(0.05, ("--hang-at", "3")),
+                  watchdog={"poll_s": 0.2, "stall_s": 1.0, "stop_wait_s": 1.0, "heartbeat_timeout_s": 30})
+    assert "--resume" in exc.value.hint
+    ledger = Ledger()
+    (job,) = ledger.jobs()
+    assert job.state == "failed" and ledger.instances(live_only=True) == []
+    run_dir = Path(job.run_dir)
+    assert [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    wd_log = (run_dir / "watchdog.log").read_text()
+    assert "asking the job to checkpoint and stop (no progress" in wd_log and "stopping the job" in wd_log
+
+
+def test_wheel_bootstrap_installs_the_same_version(tmp_path):
+    wheel = build_wheel(tmp_path / "wheels")
+    assert wheel.name.startswith("lorapod-") and wheel.suffix == ".whl"
+    assert build_wheel(tmp_path / "wheels") == wheel  # cached by content
+    assert not (REPO / "build").exists() and not list((REPO / "src").glob("*.egg-info"))
+    w = RemoteWork(LocalTransport(tmp_path / "m"), "wheeljob")
+    w.prepare()
+    facts = w.bootstrap(Bootstrap("wheel", python=sys.executable), tmp_path / "wheels")
+    assert facts["path"].startswith(str(tmp_path / "m")) and "/pkg/lorapod/" in facts["path"]
+    # the installed copy runs without this checkout on the path
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", "import lorapod.compute.watchdog as w; print(w.__file__)"],
+                         cwd=tmp_path / "m" / ".lorapod-work" / "wheeljob",
+                         env={**env, "PYTHONPATH": "pkg"}, capture_output=True, text=True, check=True)
+    assert "pkg/lorapod/compute/watchdog.py" in out.stdout
