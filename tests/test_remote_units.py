@@ -73,10 +73,10 @@ def test_rank_offers_filters_and_sorts_by_price():
 
 def test_choose_offers_explains_empty_results(tmp_path):
     spec = load_spec(raw={"model": {"id": "m"}, "data": {"path": "x"}, "compute": {"max_usd": 1, "max_hours": 10}})
-    with pytest.raises(PlanError, match="no fakeprov offer costs under \\$0.100/h") as exc:
+    with pytest.raises(PlanError, match=r"no fakeprov offer costs under \$0.100/h") as exc:
         choose_offers(spec, OffersOnly(OFFERS))
     assert "--max-usd" in exc.value.hint
-    with pytest.raises(PlanError, match="fakeprov has no offer for GPU .H100."):
+    with pytest.raises(PlanError, match=r"fakeprov has no offer for GPU .H100."):
         choose_offers(spec, OffersOnly(OFFERS), gpu="H100", max_usd=100)
     assert [o.id for o in choose_offers(spec, OffersOnly(OFFERS), max_usd=5)] == ["b", "d"]
 
