@@ -71,7 +71,7 @@ class Sshd:
             "StrictModes no", "UsePAM no", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
             "PubkeyAuthentication yes", "PermitRootLogin yes" if os.geteuid() == 0 else "PermitRootLogin no",
             "MaxStartups 100", "MaxSessions 100", "LogLevel ERROR", "PrintMotd no",
-            "AcceptEnv LANG", self.extra_config,
+            "AcceptEnv LANG", "Subsystem sftp internal-sftp", self.extra_config,
         ]
         cfg.write_text("\n".join(lines) + "\n")
         with open(self.dir / "sshd.log", "ab") as log:

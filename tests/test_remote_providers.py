@@ -180,3 +180,16 @@ def test_sigkilled_controller_watchdog_deletes_through_the_api(which, runpod, va
     assert ckpts and all(json.loads((c / "state.json").read_text())["step"] == int(c.name[5:]) for c in ckpts)
     assert fake.running_processes() == [] and list(remote_root.iterdir()) == []
     assert fake.violations == [], fake.violations
+
+
+def test_destroy_is_idempotent(runpod, vast):
+    from lorapod.compute.provider import InstanceSpec, Offer
+
+    for prov, offer in ((rp_provider(runpod), Offer("runpod", "NVIDIA GeForce RTX 3090|COMMUNITY", "RTX 3090", 0.22)),
+                        (vast_provider(vast), Offer("vast", "9001", "RTX 3090", 0.19))):
+        inst = prov.create(offer, InstanceSpec("idem", "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJ0 test"))
+        prov.destroy(inst.id)
+        prov.destroy(inst.id)  # already gone: still success
+        assert prov.refresh(inst).state == "gone"
+        assert all(i.id != inst.id for i in prov.list_instances())
+    assert runpod.violations == [] and vast.violations == []

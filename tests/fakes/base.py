@@ -191,7 +191,9 @@ class FakeControlPlane:
             h.send_header("Content-Type", "application/json")
         h.send_header("Content-Length", str(len(data)))
         h.end_headers()
-        h.wfile.write(data)
+        # The caller may be gone: a watchdog deleting its own instance dies with it.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            h.wfile.write(data)
 
     def route(self, method: str, path: str, body: Any, query: dict, auth: str) -> tuple[int, Any]:
         raise NotImplementedError

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from lorapod.compute.provider import Capability, Instance, InstanceSpec, Offer, Requirements
+from lorapod.compute.httpapi import ApiError
 from lorapod.compute.runpod.api import RunPodApi
 from lorapod.errors import ProviderError
 
@@ -81,7 +82,14 @@ class RunPodProvider:
         return self._instance(pod, inst.usd_per_hour, inst.created_at)
 
     def destroy(self, instance_id: str) -> None:
-        self.api.delete_pod(instance_id)
+        """Idempotent: RunPod answers 400 ("invalid pod id") for a pod already deleted, so a
+        refused DELETE is success when GET confirms the pod is gone."""
+        try:
+            self.api.delete_pod(instance_id)
+        except ApiError as exc:
+            if exc.status in (400, 404) and self.api.get_pod(instance_id) is None:
+                return
+            raise
 
     def list_instances(self) -> list[Instance]:
         return [self._instance(p, 0.0) for p in self.api.list_pods()]
