@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from lorapod.compute.provider import Capability, Instance, InstanceSpec, Offer, Requirements
 from lorapod.compute.httpapi import ApiError
+from lorapod.compute.provider import Capability, Instance, InstanceSpec, Offer, Requirements
 from lorapod.compute.runpod.api import RunPodApi
 from lorapod.errors import ProviderError
 
