@@ -74,3 +74,13 @@ def test_wheel_bootstrap_installs_the_same_version(tmp_path):
                          cwd=tmp_path / "m" / ".lorapod-work" / "wheeljob",
                          env={**env, "PYTHONPATH": "pkg"}, capture_output=True, text=True, check=True)
     assert "pkg/lorapod/compute/watchdog.py" in out.stdout
+
+
+def test_max_hours_cap_checkpoints_and_stops(tmp_path):
+    # 12 s allowed; STOP 7 s before: the job (100 x 0.1 s) is stopped around t = 5 s with a checkpoint.
+    summary, ledger, work = run_local(tmp_path, spec_kw={"max_steps": 100, "every": 1000},
+                                      job_command=fake_command(0.1), max_hours=12 / 3600, stop_margin_s=7.0)
+    assert summary.state == "stopped" and "max-hours" in summary.message, summary.message
+    (ck,) = (summary.run_dir / "checkpoints").iterdir()
+    assert ck.name == f"step-{summary.last_step}" and summary.last_step < 100
+    assert list(work.iterdir()) == [] and ledger.instances(live_only=True) == []

@@ -193,3 +193,28 @@ def test_destroy_is_idempotent(runpod, vast):
         assert prov.refresh(inst).state == "gone"
         assert all(i.id != inst.id for i in prov.list_instances())
     assert runpod.violations == [] and vast.violations == []
+
+
+def test_ctrl_c_while_waiting_for_boot_destroys_the_pod(sshd_factory, remote_root, tmp_path):
+    from fakes.runpod_fake import GPU_TYPES
+
+    fake = RunPodFake(sshd_factory, remote_root, never_ready_gpus=tuple(g["id"] for g in GPU_TYPES))
+    try:
+        env = {"RUNPOD_API_KEY": fake.account_key, "LORAPOD_RUNPOD_URL": fake.url,
+               "LORAPOD_RUNPOD_GRAPHQL_URL": fake.graphql_url}
+        proc = _cli_run(env, make_spec(tmp_path), "runpod")
+        try:
+            _wait(lambda: fake.live(), 30, "a pod to be created")
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 130, err
+        assert fake.live() == [] and fake.violations == []
+        ledger = Ledger()
+        assert ledger.instances(live_only=True) == []
+        assert ledger.jobs()[0].state == "interrupted"
+    finally:
+        fake.close()

@@ -54,9 +54,9 @@ def test_e2e_over_ssh_brings_everything_home(sshd, tmp_path):
 
 def test_budget_cap_checkpoints_pulls_and_destroys(sshd, tmp_path):
     # $36/h with a $0.20 cap = 20 s of budget (setup takes ~4 s of it); STOP 8 s before the cap; the job would need 20 s more.
-    summary, ledger, _lines = run(sshd, tmp_path, spec_kw={"max_steps": 100, "every": 1000},
+    summary, ledger, lines = run(sshd, tmp_path, spec_kw={"max_steps": 100, "every": 1000},
                                  usd_per_hour=36.0, max_usd=0.2, stop_margin_s=8.0, job_command=fake_command(0.2))
-    assert summary.state == "stopped", summary.message
+    assert summary.state == "stopped", summary.message + "\n" + "\n".join(lines)
     assert "max-usd" in summary.message and "--resume" in summary.message
     ckpts = list((summary.run_dir / "checkpoints").iterdir())
     assert len(ckpts) == 1 and ckpts[0].name == f"step-{summary.last_step}"

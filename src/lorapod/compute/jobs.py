@@ -103,37 +103,50 @@ def pull_job(ledger: Ledger, job_id: str, deadline_s: float = 600.0) -> int:
 
 def follow_logs(ledger: Ledger, job_id: str, follow: bool, poll_s: float = 2.0,
                 reconnect_s: float = 600.0) -> Iterator[str]:
-    """Lines of metrics.jsonl and job.log, live from the instance (reconnecting), else the local copy."""
+    """Lines of metrics.jsonl and job.log: live from the instance while the job runs (riding out
+    dropped connections), then the rest from the pulled copies, so every line comes exactly once."""
     job = find_job(ledger, job_id)
     run_dir = Path(job.run_dir)
-    r = reach(ledger, job)
-    if r is None:
-        for name in ("metrics.jsonl", "job.log"):
-            p = run_dir / name
-            if p.is_file():
-                yield from (f"[{name}] {line}" for line in p.read_text(errors="replace").splitlines())
-        return
-    offsets = {"run/metrics.jsonl": 0, "job.log": 0}
+    offsets = {"metrics.jsonl": 0, "job.log": 0}
+    remote_rel = {"metrics.jsonl": "run/metrics.jsonl", "job.log": "job.log"}
+
+    def lines(name: str, data: bytes) -> list[str]:
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            return []
+        offsets[name] += cut + 1
+        return [f"[{name}] {line}" for line in data[: cut + 1].decode(errors="replace").splitlines()]
+
+    def running() -> bool:
+        j = find_job(ledger, job_id)
+        return j.state in ("starting", "running", "stopping") and any(i.live for i in ledger.job_instances(j.id))
+
+    r = reach(ledger, job) if running() else None
+    deadline = time.monotonic() + reconnect_s
     try:
-        while True:
-            for rel in offsets:
-                cmd = f"tail -c +{offsets[rel] + 1} {r.work.q(rel)} 2>/dev/null || true"
-                out = retrying(lambda c=cmd: r.work.sh(c, check=False), time.monotonic() + reconnect_s,
-                               "logs").stdout
-                cut = out.rfind(b"\n")
-                if cut >= 0:
-                    offsets[rel] += cut + 1
-                    name = rel.rsplit("/", 1)[-1]
-                    yield from (f"[{name}] {line}" for line in out[: cut + 1].decode(errors="replace").splitlines())
+        while r is not None and running():
+            try:
+                for name, rel in remote_rel.items():
+                    out = r.work.sh(f"tail -c +{offsets[name] + 1} {r.work.q(rel)} 2>/dev/null || true",
+                                    timeout=30, check=False).stdout
+                    yield from lines(name, out)
+                deadline = time.monotonic() + reconnect_s
+            except ConnectionLost:
+                if time.monotonic() > deadline:
+                    raise
             if not follow:
-                return
-            job = find_job(ledger, job_id)
-            if job.state not in ("starting", "running", "stopping") or not any(
-                    i.live for i in ledger.job_instances(job.id)):
                 return
             time.sleep(poll_s)
     finally:
-        r.close()
+        if r is not None:
+            r.close()
+    for name in offsets:  # the job is over: the rest is in the pulled run folder
+        p = run_dir / name
+        if p.is_file():
+            with open(p, "rb") as fh:
+                fh.seek(offsets[name])
+                data = fh.read()
+                yield from lines(name, data if data.endswith(b"\n") or not data else data + b"\n")
 
 
 def destroy_row(ledger: Ledger, row: InstanceRow, note: str, deadline_s: float = 300.0,

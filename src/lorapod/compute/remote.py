@@ -21,13 +21,16 @@ process id is also its process group, so stopping it stops everything it started
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -123,6 +126,7 @@ class JobStatus:
     exit: str | None
     metrics: bytes = b""
     gone: bool = False
+    stop: str | None = None  # the content of run/STOP, if someone (the watchdog) asked the job to stop
 
     @property
     def done(self) -> bool:
@@ -150,12 +154,26 @@ class RemoteWork:
     # ------------------------------------------------------------------ setup
 
     def prepare(self) -> None:
-        self.sh(f"mkdir -p {self.q('run')} {self.q('data')} {self.q('pkg')} && chmod 700 {self.q()}")
+        """Make the work folder and put the job wrapper and the watchdog in it (one round trip)."""
+        import lorapod.compute.watchdog as wd
+
+        self.put_files({"job.sh": (JOB_SH.encode(), 0o700), "watchdog.py": (Path(wd.__file__).read_bytes(), 0o600)},
+                       before=f"mkdir -p {self.q('run')} {self.q('data')} {self.q('pkg')} && chmod 700 {self.q()}")
+
+    def put_files(self, files: dict[str, tuple[bytes, int]], before: str = "", then: str = "") -> None:
+        """Write several files with one command, as a tar stream on stdin (never argv: secrets
+        stay out of `ps` on both machines), then run ``then`` in the work folder."""
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for rel, (data, mode) in files.items():
+                info = tarfile.TarInfo(rel)
+                info.size, info.mode, info.mtime = len(data), mode, int(time.time())
+                tar.addfile(info, io.BytesIO(data))
+        script = f"{before + ' && ' if before else ''}cd {self.q()} && umask 077 && tar -xf - --no-same-owner"
+        self.sh(script + (f" && {then}" if then else ""), input=buf.getvalue())
 
     def write_file(self, rel: str, data: bytes, mode: int = 0o600) -> None:
-        """Through stdin, never argv: secrets stay out of `ps` on both machines."""
-        self.sh(f"umask 077 && cat > {self.q(rel + '.tmp')} && chmod {mode:o} {self.q(rel + '.tmp')}"
-                f" && mv {self.q(rel + '.tmp')} {self.q(rel)}", input=data)
+        self.put_files({rel: (data, mode)})
 
     def bootstrap(self, boot: Bootstrap, wheel_cache: Path) -> dict:
         """Put lorapod on the instance, check its Python, read GPU facts."""
@@ -173,10 +191,6 @@ class RemoteWork:
             if boot.deps_extra:
                 self.sh(f"cd {self.q()} && {py} -m pip install -q {shlex.quote(f'./{wheel.name}[{boot.deps_extra}]')}",
                         timeout=3600)
-        self.write_file("job.sh", JOB_SH.encode(), 0o700)
-        import lorapod.compute.watchdog as wd
-
-        self.write_file("watchdog.py", Path(wd.__file__).read_bytes(), 0o600)
         probe = ("import json, sys, lorapod; print(json.dumps({'python': sys.version.split()[0], "
                  "'lorapod': lorapod.__version__, 'path': lorapod.__file__}))")
         out = self.sh(f"cd {self.q()} && PYTHONPATH=$PWD/pkg {shlex.quote(boot.python)} -c {shlex.quote(probe)};"
@@ -201,14 +215,14 @@ class RemoteWork:
 
     # ------------------------------------------------------------------ processes
 
-    def start_watchdog(self, config: dict, python: str) -> None:
-        self.write_file("watchdog.json", json.dumps(config).encode())
-        self.sh(f"cd {self.q()} && rm -f PULLED && touch HEARTBEAT && "
-                f"{{ setsid nohup {shlex.quote(python)} watchdog.py >> watchdog.log 2>&1 < /dev/null & }}")
-
-    def start_job(self, argv: list[str]) -> None:
-        self.sh(f"cd {self.q()} && rm -f job.exit job.pid run/STOP && "
-                f"{{ setsid nohup bash job.sh {shlex.join(argv)} > /dev/null 2>&1 < /dev/null & }}")
+    def launch(self, files: dict[str, tuple[bytes, int]], watchdog: dict, python: str, argv: list[str]) -> None:
+        """Write the last files (spec, secrets, watchdog config), then start the watchdog and,
+        after it, the job, both detached: one round trip."""
+        files = {**files, "watchdog.json": (json.dumps(watchdog).encode(), 0o600)}
+        self.put_files(files, then=(
+            "rm -f PULLED job.exit job.pid run/STOP && touch HEARTBEAT && "
+            f"{{ setsid nohup {shlex.quote(python)} watchdog.py >> watchdog.log 2>&1 < /dev/null & }} && "
+            f"{{ setsid nohup bash job.sh {shlex.join(argv)} > /dev/null 2>&1 < /dev/null & }}"))
 
     def poll(self, metrics_offset: int, timeout: float = 30.0) -> JobStatus:
         """One round trip: heartbeat, job state, new metrics bytes after ``metrics_offset``."""
@@ -219,17 +233,21 @@ class RemoteWork:
             '[ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && alive=1\n'
             '[ -z "$pid" ] && [ ! -f job.exit ] && alive=1\n'  # starting: not yet written its pid
             'ex=$(tr -d "\\n" < job.exit 2>/dev/null)\n'
+            'stop=$(head -c 200 run/STOP 2>/dev/null | tr -d "\n")\n'
             'echo "LP alive=$alive exit=$ex"\n'
+            'echo "LP stop=$stop"\n'
             f"tail -c +{metrics_offset + 1} run/metrics.jsonl 2>/dev/null || true\n"
         )
         out = self.sh(script, timeout=timeout).stdout
         head, _, rest = out.partition(b"\n")
         if head.startswith(b"LPGONE"):
             return JobStatus(alive=False, exit=None, gone=True)
+        stop_line, _, rest = rest.partition(b"\n")
         text = head.decode(errors="replace")
         alive = "alive=1" in text
         ex = text.split("exit=", 1)[1].strip() if "exit=" in text else ""
-        return JobStatus(alive=alive, exit=ex or None, metrics=rest)
+        stop = stop_line.decode(errors="replace").partition("stop=")[2].strip()
+        return JobStatus(alive=alive, exit=ex or None, metrics=rest, stop=stop or None)
 
     def request_stop(self, reason: str) -> None:
         self.write_file("run/STOP", (reason + "\n").encode(), 0o644)

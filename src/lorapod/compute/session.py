@@ -319,19 +319,18 @@ class Session:
         self.say(f"bootstrapped: Python {facts['python']}, lorapod {facts['lorapod']} ({o.bootstrap.strategy}), "
                  f"GPU: {', '.join(facts['gpus']) or 'none'}")
         remote_spec = self._sync_inputs()
-        self.remote(lambda: work.write_file("spec.yaml", remote_spec.to_yaml().encode(), 0o600), "write spec")
+        files = {"spec.yaml": (remote_spec.to_yaml().encode(), 0o600)}
         secrets = "".join(f"{k}={_shell_value(os.environ[k])}\n" for k in o.forward_env if os.environ.get(k))
         if secrets:
-            self.remote(lambda: work.write_file("secrets.env", secrets.encode(), 0o600), "send secrets")
+            files["secrets.env"] = (secrets.encode(), 0o600)
         if self.resume_job and any(self.run.checkpoints.glob("*")):
             st = self.remote(lambda: work.push_path(self.run.root, "run", delete=False, excludes=PULL_EXCLUDES),
                              "upload checkpoints")
             self.say(f"uploaded the run folder to resume ({st.literal_bytes} bytes sent)")
         wd = self._watchdog_config()
-        self.remote(lambda: work.start_watchdog(wd, o.bootstrap.python), "start watchdog")
         argv = o.job_command(o.bootstrap.python, "spec.yaml", "run", bool(self.resume_job))
-        self.remote(lambda: work.start_job(argv), "start job")
-        self.say(f"job started on the instance: {' '.join(argv)}")
+        self.remote(lambda: work.launch(files, wd, o.bootstrap.python, argv), "start watchdog and job")
+        self.say(f"watchdog and job started on the instance: {' '.join(argv)}")
 
     def _sync_inputs(self):
         """Upload data (and a local base model or prompt file); the spec points at the copies."""
@@ -374,7 +373,9 @@ class Session:
             "usd_per_hour": row.usd_per_hour,
             "max_usd": (self.max_usd - other_usd) if self.max_usd else None,
             "max_hours": self.max_hours,
-            "cap_margin_s": o.stop_margin_s,
+            # The controller asks first (stop_margin_s before a cap); the watchdog's own STOP is the
+            # fallback for a controller that is gone, so it comes later.
+            "cap_margin_s": o.stop_margin_s / 2,
             "stop_wait_s": o.stop_wait_s,
         }
         cfg.update(o.watchdog)
@@ -392,6 +393,10 @@ class Session:
             if st.gone:
                 raise RemoteError("the job's work folder vanished on the instance (the watchdog or someone "
                                   "removed it)", hint="see `lorapod logs JOB`; resume with `lorapod run --resume JOB`")
+            if st.stop and not self.stop_reason:
+                self.stop_reason = f"the watchdog asked the job to stop: {st.stop}"
+                self.stop_requested_at = time.monotonic()
+                self.say(self.stop_reason)
             if st.done:
                 break
             self._check_budget()
@@ -403,14 +408,14 @@ class Session:
                 next_pull = time.monotonic() + o.pull_every_s
             time.sleep(o.poll_s)
         self._final_pull()
-        if self.stop_reason:
-            return "stopped", f"stopped at step {self.last_step}: {self.stop_reason}"
-        if st.exit and st.exit.strip() == "0":
-            return "done", f"finished at step {self.last_step}"
         if st.exit and st.exit.startswith("killed:"):
             raise RemoteError(f"the on-instance watchdog stopped the job at step {self.last_step} "
                               f"({st.exit.split(':', 1)[1].strip()})",
                               hint=f"see {self.run.root}/job.log; resume with `lorapod run --resume {self.job_id}`")
+        if self.stop_reason:
+            return "stopped", f"stopped at step {self.last_step}: {self.stop_reason}"
+        if st.exit and st.exit.strip() == "0":
+            return "done", f"finished at step {self.last_step}"
         tail = self.remote(lambda: self.work.job_log_tail(), "job log")  # type: ignore[union-attr]
         self.say("job log (last lines):\n" + tail)
         raise RemoteError(f"the job failed on the instance (exit {st.exit or 'unknown'}) at step {self.last_step}",
