@@ -116,6 +116,7 @@ class Session:
         self.resume_job = resume_job
         self.inst: Instance | None = None
         self.iid: str | None = None
+        self.identity: Path | None = None
         self.work: RemoteWork | None = None
         self.transport: Transport | None = None
         self.last_step: int | None = None
@@ -235,12 +236,16 @@ class Session:
         offers = choose_offers(self.spec, self.provider, o.gpu, self.max_usd, self.max_hours)
         self.ledger.record_prices(offers)
         key_dir = lorapod_home() / "keys" / self.job_id
-        if o.identity is None:
+        if o.identity is not None:
+            self.identity = Path(o.identity).expanduser()
+            pub = public_key(self.identity)
+        elif getattr(self.provider, "borrowed", False):
+            # Your own host: your usual SSH keys and agent apply (no -i).
+            self.identity, pub = None, ""
+        else:
             self.identity = ephemeral_key(key_dir, f"lorapod-{self.job_id}")
             self.say("made a fresh ed25519 key pair for this job")
-        else:
-            self.identity = Path(o.identity).expanduser()
-        pub = public_key(self.identity)
+            pub = public_key(self.identity)
         errors = []
         for offer in offers[: o.max_offers]:
             try:
@@ -263,8 +268,8 @@ class Session:
         self.iid = self.ledger.instance_creating(self.provider.name, self.job_id, offer.usd_per_hour,
                                                  offer.gpu_name, offer.to_dict())
         self.ledger.job_update(self.job_id, instance_id=self.iid)
-        self.ledger.instance_access(self.iid, {"target": self.target, "identity": str(self.opts.identity or
-                                               lorapod_home() / "keys" / self.job_id / "id_ed25519")})
+        self.ledger.instance_access(self.iid, {"target": self.target,
+                                               "identity": str(self.identity) if self.identity else None})
         spec = InstanceSpec(label=self.job_id, ssh_public_key=pub, disk_gb=self.spec.compute.disk_gb)
         self.say(f"creating {offer.gpu_name} on {self.provider.name} at ${offer.usd_per_hour:.3f}/h")
         try:
@@ -534,7 +539,7 @@ class Session:
         if self.transport is not None:
             with contextlib.suppress(Exception):
                 self.transport.close()
-        if self.opts.identity is None:
+        if self.opts.identity is None and self.iid is None:  # destroyed: the job's own key is no longer needed
             key_dir = lorapod_home() / "keys" / self.job_id
             for f in key_dir.glob("id_ed25519*"):
                 f.unlink(missing_ok=True)
