@@ -212,3 +212,16 @@ def test_capabilities_have_reasons():
     assert all(isinstance(c, Capability) and c.reason for c in caps)
     assert not next(c for c in caps if c.name == "stop").supported
     InstanceSpec("x", "ssh-ed25519 AAA")  # constructible with defaults
+
+
+def test_remote_modules_do_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, lorapod.cli.run, lorapod.cli.jobs, lorapod.compute.session, lorapod.compute.jobs, "
+            "lorapod.compute.runpod.provider, lorapod.compute.vast.provider; "
+            "bad = [m for m in ('torch', 'transformers', 'diffusers') if m in sys.modules]; "
+            "sys.exit(f'imported {bad}' if bad else 0)")
+    from remote_helpers import cli_env
+
+    subprocess.run([sys.executable, "-c", code], check=True, env=cli_env())

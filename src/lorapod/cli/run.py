@@ -62,6 +62,11 @@ def register(app: typer.Typer) -> None:
 
             job = find_job(ledger, resume)
             resume = job.id
+            from lorapod.compute.ledger import controller_alive
+
+            if job.state in ("starting", "running", "stopping") and controller_alive(job.controller):
+                raise SpecError(f"job {job.id} is still running (controller {job.controller})",
+                                hint=f"follow it with `lorapod logs -f {job.id}`, or stop it with `lorapod down {job.id}`")
             spec_obj = load_spec(Path(job.run_dir) / "spec.yaml", set_)
             target = on or job.target or job.provider
             spec_path = job.spec_path
