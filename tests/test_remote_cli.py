@@ -13,8 +13,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from lorapod.compute.ledger import Ledger
-from remote_helpers import cli_argv, cli_env, fake_command_template, make_spec
+from remote_helpers import cli_argv, cli_env, fake_command_template, has_module, make_spec
 
 FAST = ["--poll-s", "0.2", "--pull-every-s", "0.5", "--ready-deadline-s", "20", "--stop-margin-s", "1",
         "--stop-wait-s", "10", "--reconnect-s", "20", "--watchdog-poll-s", "0.3"]
@@ -165,3 +167,33 @@ def test_refused_key_is_a_clear_error_and_nothing_left(sshd, tmp_path):
     assert proc.returncode == 1
     assert "refused the key" in proc.stderr and "Traceback" not in proc.stderr
     assert Ledger().instances(live_only=True) == []
+
+
+def _demo_spec() -> Path | None:
+    from remote_helpers import REPO
+
+    for p in (REPO / "examples" / "demo.yaml", REPO / "src" / "lorapod" / "examples" / "demo.yaml"):
+        if p.is_file():
+            return p
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_demo_spec() is None or not has_module("lorapod.cli.train"),
+                    reason="needs the training engine (`lorapod train`) and examples/demo.yaml")
+def test_real_demo_over_ssh_brings_the_adapter_home(sshd, tmp_path):
+    """The real trainer on the "instance" (default job command): the adapter comes home."""
+    spec = _demo_spec()
+    env = cli_env()
+    env.pop("LORAPOD_JOB_COMMAND", None)
+    proc = subprocess.run([*cli_argv(), "run", str(spec), "--on", sshd.target, "--identity", str(sshd.client_key),
+                           "--python", sys.executable, "--json", "--poll-s", "1", "--pull-every-s", "5",
+                           "--set", f"output.dir={tmp_path / 'runs'}"],
+                          capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    run_dir = Path(summary["run_dir"])
+    assert summary["state"] == "done"
+    assert any((run_dir / "adapter").glob("adapter_config.json"))
+    assert (run_dir / "metrics.jsonl").stat().st_size > 0
+    assert list(sshd.work_root.iterdir()) == [] and Ledger().instances(live_only=True) == []

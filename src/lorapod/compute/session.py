@@ -577,8 +577,8 @@ class Session:
         while True:
             try:
                 self.provider.destroy(provider_id)
-                gone = self.provider.refresh(inst) if inst else None
-                if gone is None or gone.state == "gone":
+                probe = inst or Instance(provider_id, self.provider.name, "running", label=self.job_id)
+                if self.provider.refresh(probe).state == "gone":  # confirmed by the provider, not assumed
                     self.ledger.instance_destroyed(iid)
                     if self.last_pull_at is not None:
                         self._billed_after_pull = time.monotonic() - self.last_pull_at
