@@ -197,3 +197,26 @@ def test_real_demo_over_ssh_brings_the_adapter_home(sshd, tmp_path):
     assert any((run_dir / "adapter").glob("adapter_config.json"))
     assert (run_dir / "metrics.jsonl").stat().st_size > 0
     assert list(sshd.work_root.iterdir()) == [] and Ledger().instances(live_only=True) == []
+
+
+def test_second_ctrl_c_skips_the_wait_but_still_destroys(sshd, tmp_path):
+    spec = make_spec(tmp_path, max_steps=200, every=1000)
+    env = cli_env(LORAPOD_JOB_COMMAND=fake_command_template(0.2, "--hang-at 3"))  # hangs, ignores STOP
+    proc = subprocess.Popen([*cli_argv(), "run", str(spec), "--on", sshd.target, "--identity", str(sshd.client_key),
+                             "--python", sys.executable, *FAST, "--stop-wait-s", "60"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        wait_for(lambda: job_step() >= 2, 60, "step 2")
+        proc.send_signal(signal.SIGINT)
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        elapsed = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert elapsed < 20  # did not wait the 60 s stop-wait
+    assert list(sshd.work_root.iterdir()) == []
+    assert Ledger().instances(live_only=True) == []

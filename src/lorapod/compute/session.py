@@ -189,7 +189,7 @@ class Session:
             raise
         finally:
             try:
-                self._signals = max(self._signals, 1)  # Ctrl-C from now on: "already cleaning up"
+                self._in_teardown = True
                 self._teardown()
             finally:
                 self._restore_signal_handlers(old)
@@ -204,6 +204,7 @@ class Session:
         return self.summary
 
     _billed_after_pull: float | None = None
+    _in_teardown = False
     pulled = False
 
     # ------------------------------------------------------------------ signals
@@ -213,12 +214,16 @@ class Session:
             return {}
 
         def handler(signum: int, frame: Any) -> None:
+            # 1st: orderly stop (checkpoint, pull, destroy). 2nd: skip the pull. During teardown:
+            # never interrupted, because that is the part that stops the bill.
             self._signals += 1
+            if self._in_teardown:
+                self._say("destroying the instance; please wait (the watchdog would do it otherwise)")
+                return
             if self._signals == 1:
                 raise Interrupted(f"stopped by {signal.Signals(signum).name}")
-            self._say("still cleaning up: destroying the instance; press Ctrl-C again to skip the final pull")
-            if self._signals >= 3:
-                raise Interrupted("stopped again during teardown")
+            if self._signals == 2:
+                raise Interrupted("interrupted again: skipping the final pull")
 
         old = {}
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
