@@ -98,6 +98,8 @@ def test_sigkilled_controller_the_watchdog_destroys(sshd, tmp_path):
     assert ledger.instances(live_only=True), "the ledger still shows the instance as live after the kill"
     # The job finishes on its own; with the controller silent the watchdog removes the work folder.
     wait_for(lambda: not any(sshd.work_root.iterdir()), 30, "the watchdog to clean the host")
+    logs = lorapod("logs", "-f", job.id, timeout=30)  # the ledger still says running: must not hang
+    assert logs.returncode == 0 and '[metrics.jsonl] {"step": 1,' in logs.stdout, logs.stderr
     down = lorapod("down", "--orphans", "--json")
     assert down.returncode == 0, down.stderr
     counts = json.loads(down.stdout)

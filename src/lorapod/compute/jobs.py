@@ -126,14 +126,21 @@ def follow_logs(ledger: Ledger, job_id: str, follow: bool, poll_s: float = 2.0,
     try:
         while r is not None and running():
             try:
+                gone = False
                 for name, rel in remote_rel.items():
-                    out = r.work.sh(f"tail -c +{offsets[name] + 1} {r.work.q(rel)} 2>/dev/null || true",
+                    out = r.work.sh(f"test -d {r.work.q()} || echo LPGONE; "
+                                    f"tail -c +{offsets[name] + 1} {r.work.q(rel)} 2>/dev/null || true",
                                     timeout=30, check=False).stdout
+                    if out.startswith(b"LPGONE"):
+                        gone = True
+                        break
                     yield from lines(name, out)
+                if gone:  # torn down (by the watchdog, or `lorapod down`)
+                    break
                 deadline = time.monotonic() + reconnect_s
             except ConnectionLost:
-                if time.monotonic() > deadline:
-                    raise
+                if time.monotonic() > deadline or not controller_alive(find_job(ledger, job_id).controller):
+                    break  # unreachable and nobody is following it: show what was pulled
             if not follow:
                 return
             time.sleep(poll_s)
