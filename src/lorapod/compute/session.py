@@ -133,6 +133,10 @@ class Session:
                 raise LorapodError(f"no job '{resume_job}' in the ledger", hint="`lorapod ps` lists jobs")
             self.job_id = row.id
             self.run = RunDir(Path(row.run_dir))
+            # The uploaded run folder carries the old metrics: follow only what is new.
+            self.last_step = row.last_step
+            if self.run.metrics_file.is_file():
+                self.metrics_offset = self.run.metrics_file.read_bytes().rfind(b"\n") + 1
         else:
             self.run = RunDir.create(spec.output.dir, spec.output.name or "job")
             self.job_id = self.run.job_id
