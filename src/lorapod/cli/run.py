@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
         on: str | None = typer.Option(None, "--on", help="vast | runpod | local | ssh://user@host:port "
                                       "(default: spec.compute.provider)."),
         identity: Path | None = typer.Option(None, "--identity", help="SSH private key (default: a fresh "
-                                             "ed25519 key pair for this job)."),
+                                             "ed25519 key pair per job on clouds; your SSH defaults on ssh://)."),
         gpu: str | None = typer.Option(None, "--gpu", help="Pin a GPU model, e.g. 'RTX 3090'."),
         max_usd: float | None = typer.Option(None, "--max-usd", help="Dollar cap: checkpoint, pull and destroy "
                                              "before it is crossed."),
