@@ -136,3 +136,27 @@ def test_resync_of_unchanged_data_sends_no_content(sshd, tmp_path):
     assert second.files_transferred == 0 and second.literal_bytes == 0
     assert third.files_transferred == 1
     assert local_manifest(data) == local_manifest(sshd.work_root / "resync" / "data" / "ds")
+
+
+def test_host_key_is_pinned_and_a_changed_key_refused(sshd, tmp_path):
+    import pytest
+
+    from lorapod.compute.transport import SSHTransport
+    from lorapod.errors import RemoteError
+
+    known = tmp_path / "known_hosts_i1"
+    t = SSHTransport("127.0.0.1", sshd.port, sshd.user, sshd.client_key, known)
+    assert t.run("echo hi").stdout.strip() == b"hi"
+    t.close()
+    assert "ssh-ed25519" in known.read_text()  # pinned on first use (accept-new)
+    sshd.stop()
+    (sshd.dir / "host_ed25519").unlink()
+    (sshd.dir / "host_ed25519.pub").unlink()
+    from conftest_ssh import keygen
+
+    keygen(sshd.dir / "host_ed25519", "another host")
+    sshd.start()
+    t2 = SSHTransport("127.0.0.1", sshd.port, sshd.user, sshd.client_key, known)
+    with pytest.raises(RemoteError, match="host key changed"):
+        t2.run("echo hi")
+    t2.close()
