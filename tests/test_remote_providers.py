@@ -218,3 +218,51 @@ def test_ctrl_c_while_waiting_for_boot_destroys_the_pod(sshd_factory, remote_roo
         assert ledger.jobs()[0].state == "interrupted"
     finally:
         fake.close()
+
+
+def test_orphan_sweep_and_down_all(runpod, monkeypatch, tmp_path):
+    """--orphans spares a job whose controller is alive, destroys a lorapod-labelled pod the ledger
+    never heard of; --all destroys everything live in the ledger."""
+    from lorapod.compute.jobs import down_orphans
+    from lorapod.compute.provider import InstanceSpec, Offer
+
+    monkeypatch.setenv("RUNPOD_API_KEY", runpod.account_key)
+    monkeypatch.setenv("LORAPOD_RUNPOD_URL", runpod.url)
+    monkeypatch.setenv("LORAPOD_RUNPOD_GRAPHQL_URL", runpod.graphql_url)
+    prov = rp_provider(runpod)
+    offer = Offer("runpod", "NVIDIA GeForce RTX 3090|COMMUNITY", "RTX 3090", 0.22)
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJ0 test"
+    stray = prov.create(offer, InstanceSpec("lost-job", key))  # e.g. a crash inside create()
+    ledger = Ledger()
+    ledger.job_started("live-job", str(tmp_path / "r"), "runpod", "runpod", None, None, None)  # this pid: alive
+    ledger.job_update("live-job", state="running")
+    iid = ledger.instance_creating("runpod", "live-job", 0.22, "RTX 3090")
+    ours = prov.create(offer, InstanceSpec("live-job", key))
+    ledger.instance_created(iid, ours.id)
+
+    counts = down_orphans(ledger, say=lambda m: None)
+    assert counts["unknown_destroyed"] == 1 and counts["destroyed"] == 0
+    assert [i.id for i in runpod.live()] == [ours.id]
+    assert runpod.instances[stray.id].deleted
+
+    counts = down_orphans(ledger, say=lambda m: None, everything=True)
+    assert counts["destroyed"] == 1
+    assert runpod.live() == [] and ledger.instances(live_only=True) == []
+    assert ledger.job("live-job").state == "stopped"
+    assert runpod.violations == []
+
+
+def test_insufficient_balance_is_explained(vast, tmp_path):
+    from fakes.base import Fault
+
+    from lorapod.errors import ProviderError
+
+    body = {"success": False, "error": "invalid_args", "msg": "insufficient credit: balance $0.00"}
+    vast.faults.append(Fault("PUT", r"/api/v0/asks/\d+/", 400, times=5, body=body))
+    with pytest.raises(ProviderError, match="not enough balance") as exc:
+        run(tmp_path, vast_provider(vast), "vast")
+    assert "add credit" in exc.value.hint
+    assert [c for c in vast.calls if c[0] == "PUT"] == [("PUT", "/api/v0/asks/9001/", 400)]  # no second offer
+    assert vast.instances == {} and Ledger().instances(live_only=True) == []
+    assert all(r.state == "failed" and r.usd(0) == 0 for r in Ledger().instances())
+    assert vast.violations == []

@@ -22,11 +22,14 @@ from lorapod.errors import ProviderError
 
 
 class ApiError(ProviderError):
+    """``fatal``: no other offer can help (bad key, no balance), so stop trying offers."""
+
     def __init__(self, message: str, status: int | None = None, hint: str | None = None,
-                 body: Any = None) -> None:
+                 body: Any = None, fatal: bool = False) -> None:
         super().__init__(message, hint)
         self.status = status
         self.body = body
+        self.fatal = fatal
 
 
 def api_key(env_name: str, provider: str) -> str:
@@ -122,10 +125,11 @@ class HttpApi:
         if code in (401, 403) and not any(w in low for w in ("balance", "credit", "not your own")):
             return ApiError(f"{self.provider} refused the API key (HTTP {code} on {where})", code,
                             hint=f"check the key ({self.provider.upper()}_API_KEY or credentials.json); "
-                                 "it may be revoked or lack permissions", body=body)
+                                 "it may be revoked or lack permissions", body=body, fatal=True)
         if any(w in low for w in ("balance", "credit", "insufficient funds", "payment")):
             return ApiError(f"{self.provider}: not enough balance ({msg})", code,
-                            hint=f"add credit in the {self.provider} console, then run again", body=body)
+                            hint=f"add credit in the {self.provider} console, then run again", body=body,
+                            fatal=True)
         if code == 429:
             return ApiError(f"{self.provider} kept rate-limiting {where}", code, hint="wait a minute and retry",
                             body=body)

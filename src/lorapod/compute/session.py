@@ -264,6 +264,10 @@ class Session:
             except (AuthRefused, BudgetError, Interrupted):
                 raise
             except (TimeoutErrorLP, ProviderError, ConnectionLost) as exc:
+                if getattr(exc, "fatal", False):  # bad key, no balance: no other offer will do better
+                    if self.iid is not None:
+                        self._destroy_instance("create refused")
+                    raise
                 errors.append(f"{offer.gpu_name} ({offer.id}): {exc.message}")
                 self.say(f"offer {offer.id} failed: {exc.message}")
                 if self.inst is not None or self.iid is not None:
