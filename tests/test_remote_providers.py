@@ -254,7 +254,6 @@ def test_orphan_sweep_and_down_all(runpod, monkeypatch, tmp_path):
 
 def test_insufficient_balance_is_explained(vast, tmp_path):
     from fakes.base import Fault
-
     from lorapod.errors import ProviderError
 
     body = {"success": False, "error": "invalid_args", "msg": "insufficient credit: balance $0.00"}
