@@ -75,7 +75,9 @@ def register(app: typer.Typer) -> None:
         from lorapod.errors import LorapodError
 
         ledger = Ledger()
-        say = err.print
+        def say(msg: str) -> None:
+            err.print(msg, markup=False)
+
         if sum(bool(x) for x in (job, orphans, all_)) != 1:
             raise LorapodError("say what to bring down", hint="lorapod down JOB | --orphans | --all")
         if job:

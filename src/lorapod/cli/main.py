@@ -12,6 +12,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from lorapod.errors import LorapodError
 
@@ -48,9 +49,10 @@ def main(argv: list[str] | None = None) -> None:
     except LorapodError as exc:
         if os.environ.get("LORAPOD_DEBUG"):
             err_console.print_exception()
-        err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False)
+        # escape(): messages quote tools' output ("[sender]", paths), which is not rich markup.
+        err_console.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False)
         if exc.hint:
-            err_console.print(f"  [cyan]->[/] {exc.hint}", highlight=False)
+            err_console.print(f"  [cyan]->[/] {escape(exc.hint)}", highlight=False)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")

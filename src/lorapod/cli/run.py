@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 console = Console(stderr=True, highlight=False)
 
@@ -92,13 +93,13 @@ def register(app: typer.Typer) -> None:
                        reconnect_s=reconnect_s, watchdog={"heartbeat_timeout_s": heartbeat_timeout_s,
                                                           "poll_s": watchdog_poll_s, "stall_s": stall_s})
         summary = run_remote(spec_obj, provider, target, opts, ledger, spec_path,
-                             say=lambda m: console.print(f"[dim]{m}[/]"), resume_job=resume)
+                             say=lambda m: console.print(m, style="dim", markup=False), resume_job=resume)
         if as_json:
             typer.echo(json.dumps(summary.to_dict()))
         else:
             color = {"done": "green", "stopped": "yellow"}.get(summary.state, "red")
-            console.print(f"[bold {color}]{summary.state}[/]: {summary.message}")
-            console.print(f"run folder: {summary.run_dir}")
+            console.print(f"[bold {color}]{summary.state}[/]: {escape(summary.message)}")
+            console.print(f"run folder: {summary.run_dir}", markup=False)
         if summary.state not in ("done", "stopped"):
             # sys.exit, not typer.Exit: the entry point runs click with standalone_mode=False,
             # which would swallow typer.Exit's status.
