@@ -84,3 +84,13 @@ def test_max_hours_cap_checkpoints_and_stops(tmp_path):
     (ck,) = (summary.run_dir / "checkpoints").iterdir()
     assert ck.name == f"step-{summary.last_step}" and summary.last_step < 100
     assert list(work.iterdir()) == [] and ledger.instances(live_only=True) == []
+
+
+def test_heartbeat_thread_keeps_a_slow_controller_alive_for_the_watchdog(tmp_path):
+    # The controller polls every 3 s but the watchdog calls it silent after 1.2 s: only the
+    # heartbeat thread keeps the watchdog from destroying the finished job before it is pulled.
+    summary, ledger, work = run_local(tmp_path, job_command=fake_command(0.02), poll_s=3.0,
+                                      watchdog={"poll_s": 0.2, "heartbeat_timeout_s": 1.2, "done_grace_s": 60,
+                                                "stall_s": 60})
+    assert summary.state == "done" and (summary.run_dir / "adapter").is_dir()
+    assert list(work.iterdir()) == [] and ledger.instances(live_only=True) == []

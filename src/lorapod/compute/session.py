@@ -209,6 +209,7 @@ class Session:
 
     _billed_after_pull: float | None = None
     _in_teardown = False
+    _hb_stop: threading.Event | None = None
     pulled = False
 
     # ------------------------------------------------------------------ signals
@@ -349,6 +350,23 @@ class Session:
         argv = o.job_command(o.bootstrap.python, "spec.yaml", "run", bool(self.resume_job))
         self.remote(lambda: work.launch(files, wd, o.bootstrap.python, argv), "start watchdog and job")
         self.say(f"watchdog and job started on the instance: {' '.join(argv)}")
+        self._start_heartbeat(float(wd.get("heartbeat_timeout_s", 600.0)))
+
+    def _start_heartbeat(self, timeout_s: float) -> None:
+        """Touch HEARTBEAT from a thread as well, so a long pull (many GB of checkpoints) never
+        looks like a silent controller to the watchdog."""
+        assert self.work is not None
+        work, every = self.work, max(0.5, min(60.0, timeout_s / 4))
+        self._hb_stop = threading.Event()
+
+        def beat() -> None:
+            while not self._hb_stop.wait(every):
+                try:
+                    work.sh(f"touch {work.q('HEARTBEAT')} 2>/dev/null || true", timeout=30, check=False)
+                except Exception:  # a dropped connection: the main loop reports and reconnects
+                    continue
+
+        threading.Thread(target=beat, name="lorapod-heartbeat", daemon=True).start()
 
     def _sync_inputs(self):
         """Upload data (and a local base model or prompt file); the spec points at the copies."""
@@ -545,6 +563,8 @@ class Session:
             self.say(f"could not salvage files: {exc}")
 
     def _teardown(self) -> None:
+        if self._hb_stop is not None:
+            self._hb_stop.set()
         if self.work is not None and not self.pulled:
             self._fetch_logs()
         if self.iid is not None:
