@@ -200,7 +200,8 @@ def test_api_key_from_env_then_private_file(monkeypatch):
 def test_job_command_default_and_override(monkeypatch):
     assert default_job_command("python3", "spec.yaml", "run", False) == [
         "python3", "-m", "lorapod", "train", "spec.yaml", "--run-dir", "run"]
-    assert job_command_from_env("py", "s.yaml", "run", True)[-1] == "--resume"
+    assert job_command_from_env("py", "s.yaml", "run", True) == [  # resumes from run/checkpoints by itself
+        "py", "-m", "lorapod", "train", "s.yaml", "--run-dir", "run"]
     monkeypatch.setenv("LORAPOD_JOB_COMMAND", "{python} my_train.py --cfg {spec} --out {run_dir} {resume}")
     assert job_command_from_env("py", "s.yaml", "run", False) == ["py", "my_train.py", "--cfg", "s.yaml", "--out", "run"]
 

@@ -87,11 +87,11 @@ print(json.dumps(out))
 def default_job_command(python: str, spec: str, run_dir: str, resume: bool) -> list[str]:
     """The command run on the instance. The one place to change what "training" means there.
 
-    The engine honours ``<run_dir>/STOP`` (save a checkpoint, exit 0) and, with ``--resume``,
-    continues from the newest checkpoint in the run folder.
+    ``lorapod train SPEC --run-dir DIR`` continues from the newest ``checkpoints/step-N`` when
+    DIR already has one (which is how ``lorapod run --resume`` works: the pulled run folder is
+    uploaded first), and honours ``<run_dir>/STOP`` by saving a checkpoint and exiting 0.
     """
-    cmd = [python, "-m", "lorapod", "train", spec, "--run-dir", run_dir]
-    return [*cmd, "--resume"] if resume else cmd
+    return [python, "-m", "lorapod", "train", spec, "--run-dir", run_dir]
 
 
 def job_command_from_env(python: str, spec: str, run_dir: str, resume: bool) -> list[str]:
