@@ -327,9 +327,7 @@ _MISSING = object()
 def _lookup(raw: Any, loc: tuple) -> Any:
     node = raw
     for part in loc:
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+        if (isinstance(node, dict) and part in node) or (isinstance(node, list) and isinstance(part, int) and part < len(node)):
             node = node[part]
         else:
             return _MISSING

@@ -193,8 +193,20 @@ class LLMRun:
     fallback_template: bool
 
 
+def quiet_hf() -> None:
+    """Keep the terminal for lorapod's own progress: no HF loading bars, no deprecation noise."""
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
+
+
 def prepare(spec: JobSpec, device: str | None = None) -> tuple[LLMRecipe, llm_data.TokenizeStats, bool]:
     """Load data, tokenizer and model; attach LoRA; build the recipe. No training yet."""
+    quiet_hf()
     torch.manual_seed(spec.train.seed)
     random.seed(spec.train.seed)
     precision = resolve_precision(spec.train.precision, spec.model.dtype, pick_device(device))

@@ -39,13 +39,42 @@ def _load_error(model_id: str, exc: Exception) -> ModelLoadError:
     )
 
 
+BUILTIN_TINY = "lorapod:tiny-llama"
+
+
+def resolve_model_id(model_id: str) -> str:
+    """Map the built-in ``lorapod:tiny-llama`` to a folder (built once under LORAPOD_HOME).
+
+    It is the demo's small random Llama: a spec that names it runs anywhere with no download,
+    which is what ``examples/demo.yaml`` and the remote-run tests need.
+    """
+    if model_id != BUILTIN_TINY:
+        return model_id
+    from lorapod import demo
+    from lorapod.home import lorapod_home
+
+    folder = lorapod_home() / "models" / "tiny-llama"
+    if not (folder / "config.json").is_file():
+        train, val = demo.build_dataset()
+        tmp = folder.with_name(f".tmp-tiny-llama-{os.getpid()}")
+        demo.build_base_model(tmp, demo.demo_texts(train, val))
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(tmp, folder)
+        except OSError:  # another process built it first
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    return str(folder)
+
+
 def load_tokenizer(spec: JobSpec):
     from transformers import AutoTokenizer
 
     m = spec.model
     try:
         tok = AutoTokenizer.from_pretrained(
-            m.id, revision=m.revision, trust_remote_code=m.trust_remote_code, local_files_only=_offline()
+            resolve_model_id(m.id), revision=m.revision, trust_remote_code=m.trust_remote_code, local_files_only=_offline()
         )
     except (OSError, ValueError) as exc:
         raise _load_error(m.id, exc) from exc
@@ -88,7 +117,7 @@ def load_model(spec: JobSpec, precision: Precision):
         )
         kwargs["device_map"] = {"": precision.device.index or 0}
     try:
-        model = AutoModelForCausalLM.from_pretrained(m.id, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(resolve_model_id(m.id), **kwargs)
     except (OSError, ValueError) as exc:
         raise _load_error(m.id, exc) from exc
     if spec.method.type != "qlora":
