@@ -27,7 +27,7 @@ def assets(tmp_path_factory):
 
 
 def _run(assets, tmp_path, **train):
-    root, model_dir, tr, va = assets
+    _root, model_dir, tr, va = assets
     spec = load_spec(raw=spec_dict(model_dir, tr, va, tmp_path / "runs", **train))
     run = RunDir.create(spec.output.dir, "t")
     run.write_spec(spec)

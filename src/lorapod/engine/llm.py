@@ -52,7 +52,7 @@ def load_split(spec: JobSpec) -> tuple[Split, str]:
         return Split(conversations, val), "/".join(sorted(formats))
     order = list(range(len(conversations)))
     random.Random(spec.train.seed).shuffle(order)
-    n_val = int(round(len(conversations) * spec.data.val_split))
+    n_val = round(len(conversations) * spec.data.val_split)
     if spec.data.val_split > 0 and len(conversations) >= 2:
         n_val = max(1, n_val)
     n_val = min(n_val, len(conversations) - 1)
