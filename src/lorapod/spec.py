@@ -63,6 +63,9 @@ class DataSpec(_Section):
     sequence_len: Annotated[int, Field(ge=16)] = 2048
     packing: bool = Field(True, description="Pack several examples per row; attention never crosses them.")
     train_on_assistant_only: bool = Field(True, description="Loss only on assistant turns.")
+    skip_bad_examples: bool = Field(
+        False, description="Train on the good lines of a chat file that has bad ones (default: refuse and list them)."
+    )
     # image datasets
     repeats: Annotated[int, Field(ge=1)] = 1
     resolution: Annotated[int, Field(ge=64)] = 1024
