@@ -26,6 +26,7 @@ class PriceEntry:
     upload_per_gb: float | None = None
     download_mb_s: float | None = None  # the host's measured download speed, when known
     offer_id: str | None = None
+    storage_included: bool = False  # Vast.ai live offers: dph_total already covers the disk asked for
 
 
 @cache
