@@ -182,7 +182,7 @@ def _gpu_warnings(g: GPU, verdict: str, headroom: float, speed: Speed) -> list[s
 def _nothing_fits(job: Job, entries: list[PriceEntry]) -> PlanError:
     """Say what would make the job fit: a setting change on the biggest priced card, or a bigger card."""
     _, all_gpus = load_gpus()
-    priced = sorted({find_gpu(e.gpu) for e in entries}, key=lambda g: g.vram_gb)
+    priced = sorted({e.gpu: find_gpu(e.gpu) for e in entries}.values(), key=lambda g: g.vram_gb)
     bigger = [g for g in all_gpus if job.estimate.verdict(g) != "does-not-fit"]
     lines = []
     if priced:

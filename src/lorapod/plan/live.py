@@ -107,7 +107,8 @@ def vast_request(gpus: list[GPU], disk_gb: float, limit: int = 200) -> dict:
         "rented": {"eq": False},
         "num_gpus": {"in": [1]},
         "gpu_name": {"in": names},
-        "order": [["dph_total", "asc"]],
+        # Two sort keys: the contract's schema puts minItems/maxItems 2 on the list itself.
+        "order": [["dph_total", "asc"], ["reliability", "desc"]],
         "allocated_storage": float(disk_gb),
     }
 
