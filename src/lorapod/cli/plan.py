@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -68,28 +69,29 @@ def _print_plan(plan, notes: list[str]) -> None:  # type: ignore[no-untyped-def]
     size = (f"{job.images} images -> {job.steps} steps" if job.is_image
             else f"{job.examples} examples, {job.tokens:,} tokens -> {job.steps} steps")
     console.print(f"[bold]{job.model_name}[/] · {size} · peak VRAM about [bold]{job.estimate.peak_gb:.1f} GB[/]")
-    table = Table(title="Offers ranked by $ per job", title_justify="left")
+    table = Table(title="Offers ranked by $ per job", title_justify="left", box=box.SIMPLE_HEAD)
     for col, just in [("#", "right"), ("provider", "left"), ("GPU", "left"), ("tier", "left"), ("$/h", "right"),
-                      ("fit (headroom)", "left"), ("speed", "right"), ("train", "right"), ("total", "right"),
-                      ("$ per job", "right")]:
-        table.add_column(col, justify=just)  # type: ignore[arg-type]
+                      ("fit", "left"), ("speed", "right"), ("train", "right"), ("total", "right"),
+                      ("$/job", "right")]:
+        table.add_column(col, justify=just, no_wrap=col in ("GPU", "tier", "fit", "speed"))  # type: ignore[arg-type]
     for i, o in enumerate(plan.options, 1):
         train = next((p.hours for p in o.phases if p.name == "train"), 0.0)
         speed = f"{o.speed.it_per_s:.2f} it/s" if job.is_image else f"{o.speed.tokens_per_s:,.0f} tok/s"
         fit_color = {"fits": "green", "tight": "yellow"}.get(o.verdict, "red")
         table.add_row(str(i), o.provider, o.gpu, o.tier + ("*" if o.price_source == "live" else ""),
-                      f"{o.usd_per_hour:.2f}", f"[{fit_color}]{o.verdict}[/] ({o.headroom_gb:+.1f} GB)", speed,
+                      f"{o.usd_per_hour:.2f}", f"[{fit_color}]{o.verdict}[/] {o.headroom_gb:+.1f}", speed,
                       _fmt_min(train), _fmt_min(o.hours_total), f"${cents(o.usd_total)}")
     console.print(table)
     best = plan.best or plan.options[0]
-    phases = Table(title=f"Phases, #1: {best.gpu} on {best.provider} ({best.tier})", title_justify="left")
+    phases = Table(title=f"Phases, #1: {best.gpu} on {best.provider} ({best.tier})", title_justify="left",
+                   box=box.SIMPLE_HEAD)
     phases.add_column("phase")
     phases.add_column("time", justify="right")
     phases.add_column("$", justify="right")
     for p in best.phases:
         phases.add_row(p.name, _fmt_min(p.hours) if p.hours else "", f"{p.usd:.3f}")
     phases.add_row("[bold]total[/]", _fmt_min(best.hours_total), f"[bold]{cents(best.usd_total)}[/]")
-    mem = Table(title="Peak VRAM breakdown (GB)", title_justify="left")
+    mem = Table(title="Peak VRAM breakdown (GB)", title_justify="left", box=box.SIMPLE_HEAD)
     mem.add_column("part")
     mem.add_column("GB", justify="right")
     for name, gb in job.estimate.parts.items():
@@ -118,7 +120,7 @@ def _storage(model_gb: float | None, sessions: float | None, hours: float | None
         typer.echo(json.dumps(adv.to_json(), indent=2))
         return
     table = Table(title=f"{model_gb:g} GB of models, {sessions:g} sessions x {hours:g} h a month (RunPod)",
-                  title_justify="left")
+                  title_justify="left", box=box.SIMPLE_HEAD)
     table.add_column("kind")
     table.add_column("$ / month", justify="right")
     table.add_column("why")
