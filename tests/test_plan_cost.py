@@ -124,3 +124,13 @@ def test_phase_overrides_replace_single_estimates():
     assert phases["download base model"] == pytest.approx(7)
     assert phases["sampling"] == pytest.approx(3)
     assert phases["boot + install"] == pytest.approx(10)
+
+
+def test_record_for_the_run_folder_is_json():
+    import json
+
+    plan = plan_job(load_spec(EXAMPLES / "sdxl-object-lora.yaml"), images=25)
+    rec = json.loads(json.dumps(plan.to_record()))
+    assert rec["job"]["steps"] == 2000 and rec["job"]["model"] == "SDXL base 1.0"
+    assert rec["options"][0] == plan.options[0].to_json()
+    assert rec["snapshot_date"] == "2026-09-15"

@@ -81,6 +81,24 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         return {"options": [o.to_json() for o in self.options], "snapshot_date": self.snapshot_date}
 
+    def to_record(self) -> dict[str, Any]:
+        """What ``plan.json`` in a run folder holds: the ranking plus the job it was made for."""
+        job = self.job
+        return {
+            **self.to_json(),
+            "job": {
+                "model": job.model_name,
+                "steps": job.steps,
+                "images": job.images or None,
+                "examples": job.examples or None,
+                "tokens": job.tokens or None,
+                "vram_peak_gb": job.estimate.peak_gb,
+                "vram_parts_gb": job.estimate.parts,
+            },
+            "warnings": self.warnings,
+            "prices": self.snapshot_note,
+        }
+
     @property
     def best(self) -> Option | None:
         return next((o for o in self.options if o.fits), None)
