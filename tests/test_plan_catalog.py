@@ -101,6 +101,29 @@ def test_stale_prices_are_flagged():
     spec = load_spec(EXAMPLES / "sdxl-object-lora.yaml")
     fresh = plan_job(spec, images=25, today=dt.date(2026, 10, 1))
     old = plan_job(spec, images=25, today=dt.date(2027, 6, 1))
-    assert not any("days old" in w for o in fresh.options for w in o.warnings)
-    assert all(any("days old" in w for w in o.warnings) for o in old.options)
+    assert all(any("(16 days old)" in w for w in o.warnings) for o in fresh.options)
+    assert not any("stale" in w for o in fresh.options for w in o.warnings)
+    assert all(any("days old): stale, check --live" in w for w in o.warnings) for o in old.options)
     assert fresh.snapshot_date == "2026-09-15"
+
+
+def test_llm_config_from_the_hugging_face_cache(tmp_path, monkeypatch):
+    import json
+
+    snap = tmp_path / "hub" / "models--acme--tiny-chat" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "intermediate_size": 512, "vocab_size": 500,
+    }))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    m = find_model("acme/tiny-chat")
+    assert m.hidden == 256 and m.layers == 2 and m.kv_heads == 4 and not m.tied
+    assert m.params == 2 * (4 * 256 * 256 + 3 * 256 * 512 + 2 * 256) + 2 * 500 * 256 + 256
+
+
+def test_a_diffusers_folder_is_recognised(tmp_path):
+    import json
+
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionXLPipeline"}))
+    assert find_model(str(tmp_path)).family == "sdxl"

@@ -218,6 +218,27 @@ def _local_config(model_id: str) -> Path | None:
     return None
 
 
+# diffusers pipeline classes (model_index.json "_class_name") -> family.
+DIFFUSERS_FAMILIES = {
+    "StableDiffusionPipeline": "sd15",
+    "StableDiffusionXLPipeline": "sdxl",
+    "FluxPipeline": "flux1",
+    "Flux2Pipeline": "flux2",
+    "Flux2KleinPipeline": "flux2",
+    "WanPipeline": "wan21",
+}
+
+
+def _diffusers_family(model_id: str) -> str | None:
+    index = Path(model_id).expanduser() / "model_index.json"
+    if not index.is_file():
+        return None
+    try:
+        return DIFFUSERS_FAMILIES.get(json.loads(index.read_text(encoding="utf-8")).get("_class_name", ""))
+    except (OSError, ValueError):
+        return None
+
+
 def find_model(model_id: str, family: str = "auto", variant: str | None = None) -> ImageModel | LLMArch:
     """Resolve a spec's model to a catalog entry or an LLM architecture.
 
@@ -231,6 +252,8 @@ def find_model(model_id: str, family: str = "auto", variant: str | None = None) 
         names = {normalise(a) for a in (*m.aliases, m.name, m.key)}
         if key in names or base in names:
             return m
+    if family == "auto":
+        family = _diffusers_family(model_id) or family
     if family not in ("auto", "llm"):
         members = [m for m in images if m.family == family]
         if variant:

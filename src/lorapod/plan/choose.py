@@ -170,8 +170,11 @@ def plan_job(
             desc = tiers.get(e.provider, {}).get(e.tier)
             if e.tier == "cheapest_seen" and desc:
                 warns.append(f"{e.tier}: {desc}")
-            if stale:
-                warns.append(f"price from the {snap.date.isoformat()} snapshot ({snap.age_days(today)} days old): check --live")
+            age = f"price from the {snap.date.isoformat()} snapshot ({snap.age_days(today)} days old)"
+            warns.append(age + (": stale, check --live" if stale else ""))
+        if e.tier == "spot":
+            warns.append("spot: interruptible; a lost instance loses the work since the last checkpoint")
+        warns = [*job.warnings, *warns]
         plan.options.append(Option(e.provider, g.name, e.tier, e.usd_per_hour, verdict, round(est.headroom_gb(g), 2),
                                    est.peak_gb, speed, phases, warns, e.source))
     if not plan.options:
