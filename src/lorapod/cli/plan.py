@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich import box
@@ -15,6 +16,9 @@ from rich.console import Console
 from rich.table import Table
 
 from lorapod.errors import PlanError
+
+if TYPE_CHECKING:
+    from lorapod.plan.choose import Plan
 
 console = Console()
 
@@ -62,7 +66,7 @@ def plan_command(
     _print_plan(plan, notes)
 
 
-def _print_plan(plan, notes: list[str]) -> None:  # type: ignore[no-untyped-def]
+def _print_plan(plan: Plan, notes: list[str]) -> None:
     from lorapod.plan.cost import cents
 
     job = plan.job
