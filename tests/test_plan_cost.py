@@ -134,3 +134,13 @@ def test_record_for_the_run_folder_is_json():
     assert rec["job"]["steps"] == 2000 and rec["job"]["model"] == "SDXL base 1.0"
     assert rec["options"][0] == plan.options[0].to_json()
     assert rec["snapshot_date"] == "2026-09-15"
+
+
+def test_budget_caps_are_flagged():
+    spec = load_spec(EXAMPLES / "sdxl-object-lora.yaml", ["compute.max_usd=0.5", "compute.max_hours=0.95"])
+    plan = plan_job(spec, images=25, gpu="RTX 4090")
+    by_tier = {o.tier: o for o in plan.options}
+    assert any("over budget" in w for w in by_tier["price_page"].warnings)  # $0.68 at $0.74/h
+    assert not any("over budget" in w for w in by_tier["from"].warnings)  # $0.28 on Vast.ai
+    spec = load_spec(EXAMPLES / "sdxl-object-lora.yaml", ["compute.max_hours=0.5"])
+    assert all(any("over time" in w for w in o.warnings) for o in plan_job(spec, images=25).options)

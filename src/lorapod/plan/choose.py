@@ -174,7 +174,7 @@ def plan_job(
             warns.append(age + (": stale, check --live" if stale else ""))
         if e.tier == "spot":
             warns.append("spot: interruptible; a lost instance loses the work since the last checkpoint")
-        warns = [*job.warnings, *warns]
+        warns = [*job.warnings, *warns, *_budget_warnings(spec, phases)]
         plan.options.append(Option(e.provider, g.name, e.tier, e.usd_per_hour, verdict, round(est.headroom_gb(g), 2),
                                    est.peak_gb, speed, phases, warns, e.source))
     if not plan.options:
@@ -187,6 +187,17 @@ def plan_job(
             f"${cents(left_running_usd(LEFT_RUNNING_HOURS, best.usd_per_hour))}: lorapod destroys it when the job ends"
         )
     return plan
+
+
+def _budget_warnings(spec: JobSpec, phases: list[Phase]) -> list[str]:
+    """The spec's caps: the job would be stopped there, so say so before it starts."""
+    out = []
+    usd, hours = sum(p.usd for p in phases), sum(p.hours for p in phases)
+    if spec.compute.max_usd is not None and usd > spec.compute.max_usd:
+        out.append(f"over budget: ${usd:.2f} > compute.max_usd ${spec.compute.max_usd:g}")
+    if spec.compute.max_hours is not None and hours > spec.compute.max_hours:
+        out.append(f"over time: {hours:.1f} h > compute.max_hours {spec.compute.max_hours:g} h")
+    return out
 
 
 def _gpu_warnings(g: GPU, verdict: str, headroom: float, speed: Speed) -> list[str]:
