@@ -56,7 +56,7 @@ def test_bad_value_names_key_value_and_allowed(tmp_path):
 def test_missing_required_and_bad_override_syntax(tmp_path):
     with pytest.raises(SpecError, match="'model' is required"):
         load_spec(write(tmp_path, {"data": {"path": "x"}}))
-    with pytest.raises(SpecError, match="dotted.key=value"):
+    with pytest.raises(SpecError, match=r"dotted\.key=value"):
         load_spec(write(tmp_path, BASE), ["train.learning_rate"])
     with pytest.raises(SpecError, match="does not exist"):
         load_spec(tmp_path / "nope.yaml")

@@ -36,6 +36,7 @@ def train(
         else:
             run = RunDir.create(spec.output.dir, spec.output.name or spec_file.stem)
         run.write_spec(spec)
+        _record_plan(spec, run)
     console.print(f"run folder: [bold]{run.root}[/]")
     resume_flag = resume is not None or (run_dir is not None and any(run.checkpoints.glob("step-*")))
     result = train_spec(spec, run, resume=resume_flag, device=device)
@@ -47,6 +48,16 @@ def train(
         console.print(f"stopped on request at step {result.state.step}; resume with: lorapod train --resume {run.root} _")
     else:
         console.print(f"adapter: [bold]{run.adapter}[/]")
+
+
+def _record_plan(spec, run) -> None:
+    """Write what the planner predicts for this job into plan.json, when it can say."""
+    try:
+        from lorapod.plan.choose import plan_job
+
+        run.write_plan(plan_job(spec).to_record())
+    except LorapodError as exc:  # a model the catalog does not know, say: training goes on
+        run.event(f"no plan.json: {exc.message}")
 
 
 def train_spec(spec, run, *, resume: bool = False, device: str | None = None):

@@ -224,6 +224,13 @@ def quiet_hf() -> None:
 def prepare(spec: JobSpec, device: str | None = None, log=print) -> tuple[LLMRecipe, llm_data.TokenizeStats, bool]:
     """Load data, tokenizer and model; attach LoRA; build the recipe. No training yet."""
     quiet_hf()
+    if spec.model.dtype == "fp8":
+        from lorapod.errors import SpecError
+
+        raise SpecError(
+            "model.dtype fp8 is for image and video models; the LLM engine does not train on fp8 weights",
+            hint="for a smaller LLM footprint use method.type: qlora (4-bit base)",
+        )
     torch.manual_seed(spec.train.seed)
     random.seed(spec.train.seed)
     precision = resolve_precision(spec.train.precision, spec.model.dtype, pick_device(device))
