@@ -191,6 +191,9 @@ def read_caption(path: Path, rel: str) -> CaptionText:
         return CaptionText(None, [finding("error", "caption-too-large", rel,
                                           f"{size} bytes is not a caption; is this the right file?")])
     raw = path.read_bytes()
+    if any(b < 32 and b not in (9, 10, 13) for b in raw):
+        return CaptionText(None, [finding("error", "caption-binary", rel,
+                                          "holds control characters or binary data; rewrite the caption as plain text.")])
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -198,9 +201,6 @@ def read_caption(path: Path, rel: str) -> CaptionText:
             "error", "caption-not-utf8", rel,
             f"not UTF-8 (byte {exc.start} is 0x{raw[exc.start]:02x}); re-save it as UTF-8.",
         )])
-    if any(ord(ch) < 32 and ch not in "\n\r\t" for ch in text):
-        return CaptionText(None, [finding("error", "caption-binary", rel,
-                                          "holds control characters or binary data; rewrite the caption as plain text.")])
     out: list[Finding] = []
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if not lines:
@@ -250,12 +250,19 @@ def clip_counter(tokenizer_dir: Path | None) -> tuple[Callable[[str], int], str]
     if tokenizer_dir is None:
         return approx_clip_tokens, "approximation"
     transformers = require("transformers", "llm", "Counting CLIP tokens")
+    folder = Path(tokenizer_dir)
+    hint = ("Point --tokenizer at a folder with vocab.json and merges.txt (e.g. the 'tokenizer' "
+            "folder of an SD/SDXL diffusers checkout).")
+    # transformers 5 builds an empty tokenizer from a folder without vocabulary: refuse it here.
+    if not ((folder / "vocab.json").is_file() and (folder / "merges.txt").is_file()) and not (
+        folder / "tokenizer.json"
+    ).is_file():
+        raise ModelLoadError(f"no CLIP tokenizer files in {folder}.", hint=hint)
     try:
         tok = transformers.CLIPTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
     except Exception as exc:  # transformers raises OSError/ValueError/TypeError depending on what is missing
         raise ModelLoadError(
             f"cannot load a CLIP tokenizer from {tokenizer_dir}: {exc}",
-            hint="Point --tokenizer at a folder with vocab.json and merges.txt (e.g. the 'tokenizer' "
-            "folder of an SD/SDXL diffusers checkout).",
+            hint=hint,
         ) from exc
     return (lambda text: len(tok(text, truncation=False)["input_ids"])), f"tokenizer:{tokenizer_dir}"

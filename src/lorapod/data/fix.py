@@ -86,7 +86,7 @@ def _fix_image(path: Path) -> tuple[bytes, list[str]] | None:
             import numpy as np
 
             arr = np.asarray(im, dtype=np.float32)
-            im = Image.fromarray((arr / max(float(arr.max()), 1.0) * 255).astype(np.uint8), "L")
+            im = Image.fromarray(np.clip(arr / 257.0, 0, 255).astype(np.uint8), "L")
             changes.append("16-bit -> 8-bit")
         if has_alpha:
             rgba = im.convert("RGBA")

@@ -169,8 +169,7 @@ def _inspect(info: ImageInfo) -> ImageInfo:
             rgba = im.convert("RGBA")
             info.alpha_used = rgba.getchannel("A").getextrema()[0] < 255
         if info.bits == 16 and im.mode not in ("RGB", "RGBA", "L", "LA", "P"):
-            arr = np.asarray(im, dtype=np.float32)
-            arr = arr / max(float(arr.max()), 1.0) * 255.0
+            arr = np.clip(np.asarray(im, dtype=np.float32) / 257.0, 0, 255)  # 65535 -> 255
             gray = Image.fromarray(arr.astype(np.uint8), "L")
         else:
             gray = im.convert("RGB").convert("L")
