@@ -1,0 +1,168 @@
+"""Draft captioners: the registry, and the real wd14 (ONNX Runtime) and blip (transformers) code
+paths run on tiny models built here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from lorapod.data import captions
+from lorapod.data.captions import caption_folder, get_captioner, register
+from lorapod.errors import DataError, ModelLoadError
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path, monkeypatch):
+    monkeypatch.setenv("LORAPOD_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+TAGS = [("general", 9, 0.0, 0.0, 10.0),  # rating: never written
+        ("red_theme", 0, 0.0, 20.0, -10.0),  # weight on mean red (BGR index 2), bias
+        ("blue_theme", 0, 20.0, 0.0, -10.0),  # weight on mean blue (index 0)
+        ("hatsune_miku", 4, 0.0, 1.0, 0.0),  # character: 0.73 on red < 0.85 threshold
+        ("^_^", 0, 0.0, 0.0, 5.0)]  # always on, kaomoji keeps its underscores
+
+
+def tiny_wd14(folder, n_tags: int | None = None):
+    """A WD14-shaped ONNX model: NHWC BGR 0-255 in, per-tag sigmoid out (mean colour -> linear)."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    folder.mkdir(parents=True, exist_ok=True)
+    w = np.zeros((3, len(TAGS)), dtype=np.float32)
+    b = np.zeros(len(TAGS), dtype=np.float32)
+    for j, (_, _, wb, wr, bias) in enumerate(TAGS):
+        w[0, j], w[2, j], b[j] = wb, wr, bias
+    nodes = [
+        helper.make_node("ReduceMean", ["input_1"], ["mean"], axes=[1, 2], keepdims=0),
+        helper.make_node("Div", ["mean", "scale"], ["unit"]),
+        helper.make_node("MatMul", ["unit", "W"], ["logits0"]),
+        helper.make_node("Add", ["logits0", "B"], ["logits"]),
+        helper.make_node("Sigmoid", ["logits"], ["predictions_sigmoid"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "tiny_wd14",
+        [helper.make_tensor_value_info("input_1", TensorProto.FLOAT, ["batch", 32, 32, 3])],
+        [helper.make_tensor_value_info("predictions_sigmoid", TensorProto.FLOAT, ["batch", len(TAGS)])],
+        initializer=[numpy_helper.from_array(np.array(255.0, dtype=np.float32), "scale"),
+                     numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, folder / "model.onnx")
+    rows = TAGS if n_tags is None else TAGS[:n_tags]
+    (folder / "selected_tags.csv").write_text(
+        "tag_id,name,category,count\n" + "".join(f"{i},{n},{c},1\n" for i, (n, c, *_) in enumerate(rows)))
+    return folder
+
+
+def colour_folder(root):
+    root.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (64, 64), (255, 0, 0)).save(root / "red.png")
+    Image.new("RGB", (64, 64), (0, 0, 255)).save(root / "blue.jpg")
+    Image.new("RGB", (64, 48), (250, 10, 10)).save(root / "red2.jpg")
+    (root / "done.png").write_bytes((root / "red.png").read_bytes())
+    (root / "done.txt").write_text("my own caption\n")
+    return root
+
+
+def test_registry_refuses_duplicates_and_unknown_names():
+    assert {"wd14", "blip"} <= set(captions.available())
+    with pytest.raises(ValueError, match="already registered"):
+        register("wd14", lambda model: None, "again")
+    with pytest.raises(ValueError, match="plain word"):
+        register("bad name!", lambda model: None, "x")
+    with pytest.raises(DataError, match="unknown captioner"):
+        get_captioner("nope")
+
+
+def test_wd14_real_inference_and_thresholds(tmp_path):
+    folder = tiny_wd14(tmp_path / "wd14")
+    tagger = get_captioner("wd14", str(folder))
+    red, blue = Image.new("RGB", (40, 40), (255, 0, 0)), Image.new("RGB", (40, 40), (0, 0, 255))
+    assert tagger.caption([red, blue]) == ["red theme, ^_^", "blue theme, ^_^"]
+
+
+def test_wd14_bad_model_folders(tmp_path):
+    with pytest.raises(ModelLoadError, match="missing"):
+        get_captioner("wd14", str(tmp_path))
+    folder = tiny_wd14(tmp_path / "short", n_tags=3)
+    with pytest.raises(ModelLoadError, match="lists 3"):
+        get_captioner("wd14", str(folder))
+    with pytest.raises(ModelLoadError, match="neither a local model folder nor a hub id"):
+        get_captioner("wd14", str(tmp_path / "not" / "there"))
+
+
+def test_caption_folder_writes_drafts_only_where_missing(tmp_path):
+    model = tiny_wd14(tmp_path / "wd14")
+    root = colour_folder(tmp_path / "mug")
+    run = caption_folder(root, "wd14", model=str(model), trigger="zxq_mug", batch_size=2, progress=False)
+    assert (run.written, run.skipped, run.backup) == (3, 1, None)
+    assert (root / "red.txt").read_text() == "zxq_mug, red theme, ^_^\n"
+    assert (root / "red2.txt").read_text() == "zxq_mug, red theme, ^_^\n"
+    assert (root / "blue.txt").read_text() == "zxq_mug, blue theme, ^_^\n"
+    assert (root / "done.txt").read_text() == "my own caption\n"
+
+
+def test_caption_overwrite_keeps_backups(tmp_path):
+    model = tiny_wd14(tmp_path / "wd14")
+    root = colour_folder(tmp_path / "mug")
+    run = caption_folder(root, "wd14", model=str(model), overwrite=True, progress=False)
+    assert run.written == 4 and run.backup is not None
+    assert (root / "done.txt").read_text() == "red theme, ^_^\n"
+    assert (run.backup / "done.txt").read_text() == "my own caption\n"
+    assert not run.backup.is_relative_to(root)
+
+
+def test_caption_folder_needs_images(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="no images"):
+        caption_folder(tmp_path / "empty", "wd14", progress=False)
+
+
+def tiny_blip(folder):
+    """A random 1-layer BLIP with its processor, biased to always say 'mug'."""
+    torch = pytest.importorskip("torch")
+    from transformers import (
+        BertTokenizer,
+        BlipConfig,
+        BlipForConditionalGeneration,
+        BlipImageProcessor,
+        BlipProcessor,
+    )
+
+    folder.mkdir(parents=True)
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "mug", "on", "table"]
+    (folder / "vocab.txt").write_text("\n".join(words) + "\n")
+    tok = BertTokenizer(vocab=str(folder / "vocab.txt"))  # transformers 5 spelling (was vocab_file)
+    assert len(tok) == len(words)
+    proc = BlipProcessor(image_processor=BlipImageProcessor(size={"height": 32, "width": 32}), tokenizer=tok)
+    torch.manual_seed(0)
+    cfg = BlipConfig(
+        text_config=dict(vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, max_position_embeddings=64, bos_token_id=2, sep_token_id=3,
+                         pad_token_id=0, eos_token_id=3),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=16),
+        projection_dim=32,
+    )
+    model = BlipForConditionalGeneration(cfg)
+    with torch.no_grad():
+        bias = model.text_decoder.cls.predictions.decoder.bias
+        bias.fill_(-50.0)
+        bias[words.index("mug")] = 50.0
+    model.save_pretrained(folder)
+    proc.save_pretrained(folder)
+    return folder
+
+
+def test_blip_real_loading_and_generation(tmp_path):
+    folder = tiny_blip(tmp_path / "blip")
+    root = colour_folder(tmp_path / "mug")
+    run = caption_folder(root, "blip", model=str(folder), trigger="zxq_mug", batch_size=3, progress=False)
+    assert run.written == 3
+    text = (root / "red.txt").read_text()
+    assert text.startswith("zxq_mug, mug") and set(text.strip().split(", ", 1)[1].split()) == {"mug"}
