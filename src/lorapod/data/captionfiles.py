@@ -66,10 +66,11 @@ def pair_captions(scan: Scan, extension: str) -> tuple[Pairing, list[Finding]]:
                 "warning", "image-stem-clash", scan.rel(img),
                 f"{img.name} and {other.name} share the name {img.stem!r} and so one caption; rename one.",
             ))
+    exact_names = set(scan.captions)
     for img in scan.images:
         candidates = by_dir.get(img.parent, [])
         exact = img.with_name(img.stem + extension)
-        if exact in candidates:
+        if exact in exact_names and exact not in claimed:
             result[img] = exact
             claimed.add(exact)
             continue

@@ -32,7 +32,7 @@ from lorapod.data.scan import scan_folder
 from lorapod.errors import DataError, require
 
 NEAR_DUPLICATE_MAX_DISTANCE = 6  # of 64 pHash bits; unrelated photos differ in ~32
-BLUR_ABSOLUTE = 20.0  # Laplacian variance at 256 px short side; sharp photos score in the hundreds
+BLUR_ABSOLUTE = 20.0  # Laplacian variance at 192 px short side; sharp photos score in the hundreds
 BLUR_RELATIVE = 0.2  # or below this fraction of the dataset's median sharpness
 DARK_MEAN, BRIGHT_MEAN = 40.0, 220.0
 COUNT_RANGE = (15, 40)
