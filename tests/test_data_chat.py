@@ -250,3 +250,16 @@ def test_check_chat_bad_model_dir(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelLoadError, match="cannot load a tokenizer"):
         check_chat(p, model=tmp_path / "empty")
+
+
+def test_parser_import_is_light():
+    """The engine imports this parser; it must not drag in torch, transformers or Pillow."""
+    import subprocess
+    import sys
+
+    code = ("import sys, lorapod.data.chat, lorapod.cli.data; "
+            "print(sorted(m for m in ('torch', 'transformers', 'PIL') if m in sys.modules))")
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"}).stdout.strip()
+    assert out == "[]"
