@@ -263,3 +263,14 @@ def test_parser_import_is_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"}).stdout.strip()
     assert out == "[]"
+
+
+def test_giant_line_is_skipped_not_read_whole(tmp_path, monkeypatch):
+    import lorapod.data.chat as chat
+
+    monkeypatch.setattr(chat, "MAX_LINE_BYTES", 1024)
+    p = tmp_path / "c.jsonl"
+    p.write_bytes(json.dumps(msg()).encode() + b"\n" + b"x" * 5000 + b"\n" + json.dumps(msg("2")).encode() + b"\n")
+    records, findings = read_jsonl(p)
+    assert [line for line, _ in records] == [1, 3]
+    assert codes(findings) == [("chat-line-too-long", 2)]

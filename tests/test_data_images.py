@@ -272,3 +272,19 @@ def test_hostile_files_are_findings_and_check_changes_nothing(tmp_path):
     assert paths["image-format"] == ["notes.bmp"]
     assert "hidden-files" in paths
     assert report.summary["images"] == 17  # the 15 + huge + zeros; links and hidden files are not images
+
+
+def test_odd_file_names_and_pipes(tmp_path, capsys):
+    import json
+
+    root = good_folder(tmp_path / "d", n=15)
+    raw = os.fsencode(root) + b"/caf\xe9.jpg"  # a Latin-1 file name: not valid UTF-8
+    with open(raw, "wb") as fh:
+        fh.write((root / "img00.jpg").read_bytes())
+    os.mkfifo(root / "pipe.jpg")  # opening it would block forever
+    report = check_images(root)
+    text = json.dumps(report.to_dict(), ensure_ascii=False)
+    text.encode("utf-8")  # printable: no lone surrogates
+    paths = {code: sorted(f.path for f in fs) for code, fs in by_code(report).items()}
+    assert paths["not-a-file"] == ["pipe.jpg"]
+    assert paths["caption-missing"] == ["caf\ufffd.jpg"]

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lorapod.data.findings import Finding, finding
+from lorapod.data.findings import Finding, finding, printable
 from lorapod.errors import DataError
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".webp")
@@ -35,10 +35,13 @@ class Scan:
     findings: list[Finding] = field(default_factory=list)
 
     def rel(self, path: Path) -> str:
+        """The path as shown to people (and used as a key): relative, and printable even when the
+        file name is not valid UTF-8."""
         try:
-            return path.relative_to(self.root).as_posix()
+            text = path.relative_to(self.root).as_posix()
         except ValueError:
-            return str(path)
+            text = str(path)
+        return printable(text)
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -108,6 +111,10 @@ def scan_folder(root: Path) -> Scan:
                     continue
                 if not target.is_file():
                     continue
+            elif not p.is_file():
+                scan.findings.append(finding("warning", "not-a-file", rel,
+                                             "not a regular file (a pipe, socket or device); not read."))
+                continue
             ext = p.suffix.lower()
             if ext in IMAGE_EXTS:
                 scan.images.append(p)
