@@ -166,3 +166,60 @@ def test_blip_real_loading_and_generation(tmp_path):
     assert run.written == 3
     text = (root / "red.txt").read_text()
     assert text.startswith("zxq_mug, mug") and set(text.strip().split(", ", 1)[1].split()) == {"mug"}
+
+
+def tiny_florence2(folder):
+    """A random Florence-2 (tiny DaViT + 1-layer BART) whose decoder always says 'mug'."""
+    torch = pytest.importorskip("torch")
+    import json
+
+    from transformers import (
+        BartTokenizer,
+        CLIPImageProcessor,
+        Florence2Config,
+        Florence2ForConditionalGeneration,
+        Florence2Processor,
+    )
+
+    folder.mkdir(parents=True)
+    words = ["<s>", "<pad>", "</s>", "<unk>", "a", "Ġmug", "Ġon", "Ġtable", "What", "Ġdoes", "Ġthe",
+             "Ġimage", "Ġdescribe", "?", "Describe", "Ġin", "Ġdetail", "Ġwhat", "Ġis", "Ġshown", ".", "<image>"]
+    vocab = {w: i for i, w in enumerate(words)}
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    tok = BartTokenizer(vocab=vocab, merges=[], extra_special_tokens={"image_token": "<image>"})
+    # 64 px through strides 4*2*2*2 = 2x2 patches, + 1 pooled token
+    images = CLIPImageProcessor(size={"height": 64, "width": 64}, crop_size={"height": 64, "width": 64},
+                                do_center_crop=False, image_seq_length=5)
+    proc = Florence2Processor(image_processor=images, tokenizer=tok)
+    cfg = Florence2Config(
+        text_config=dict(model_type="bart", vocab_size=len(words), d_model=32, encoder_layers=1, decoder_layers=1,
+                         encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
+                         decoder_ffn_dim=64, max_position_embeddings=128, bos_token_id=0, pad_token_id=1,
+                         eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=2),
+        vision_config=dict(depths=(1, 1, 1, 1), embed_dim=(16, 16, 16, 32), num_heads=(1, 1, 1, 1),
+                           num_groups=(1, 1, 1, 1), window_size=2, projection_dim=32),
+        image_token_id=tok.image_token_id,
+    )
+    torch.manual_seed(0)
+    model = Florence2ForConditionalGeneration(cfg)
+    with torch.no_grad():  # decoder output is constant e0 * 10; only 'mug' has weight on e0
+        ln = model.model.language_model.decoder.layers[-1].final_layer_norm
+        ln.weight.zero_()
+        ln.bias.zero_()
+        ln.bias[0] = 10.0
+        model.lm_head.weight[:, 0] = 0.0
+        model.lm_head.weight[vocab["Ġmug"], 0] = 10.0
+    model.save_pretrained(folder)
+    proc.save_pretrained(folder)
+    return folder
+
+
+def test_florence2_real_loading_and_generation(tmp_path, monkeypatch):
+    import lorapod.data.captions.florence2 as florence2
+
+    monkeypatch.setattr(florence2, "MAX_NEW_TOKENS", 4)
+    folder = tiny_florence2(tmp_path / "florence2")
+    root = colour_folder(tmp_path / "mug")
+    run = caption_folder(root, "florence2", model=str(folder), trigger="zxq_mug", batch_size=2, progress=False)
+    assert run.written == 3
+    assert (root / "blue.txt").read_text() == "zxq_mug, mug mug mug\n"
