@@ -70,7 +70,7 @@ def colour_folder(root):
 
 
 def test_registry_refuses_duplicates_and_unknown_names():
-    assert {"wd14", "blip"} <= set(captions.available())
+    assert set(captions.available()) == {"wd14", "blip", "florence2", "joycaption"}
     with pytest.raises(ValueError, match="already registered"):
         register("wd14", lambda model: None, "again")
     with pytest.raises(ValueError, match="plain word"):
@@ -223,3 +223,64 @@ def test_florence2_real_loading_and_generation(tmp_path, monkeypatch):
     run = caption_folder(root, "florence2", model=str(folder), trigger="zxq_mug", batch_size=2, progress=False)
     assert run.written == 3
     assert (root / "blue.txt").read_text() == "zxq_mug, mug mug mug\n"
+
+
+def tiny_llava(folder, template_places_image: bool):
+    """A random 1-layer LLaVA (CLIP vision + Llama) whose language model always says 'mug'."""
+    torch = pytest.importorskip("torch")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import (
+        CLIPImageProcessor,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+        PreTrainedTokenizerFast,
+    )
+
+    folder.mkdir(parents=True)
+    words = ["<unk>", "<s>", "</s>", "<image>", "system", "user", "assistant", ":", "mug"]
+    vocab = {w: i for i, w in enumerate(words)}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.decoder = decoders.WordPiece()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                                  pad_token="</s>", extra_special_tokens={"image_token": "<image>"})
+    image_part = "{% if m.role == 'user' %}<image> {% endif %}" if template_places_image else ""
+    template = ("{% for m in messages %}{{ m.role }} : " + image_part + "{{ m.content }} </s> {% endfor %}"
+                "{% if add_generation_prompt %}assistant : {% endif %}")
+    proc = LlavaProcessor(image_processor=CLIPImageProcessor(size={"shortest_edge": 32},
+                                                             crop_size={"height": 32, "width": 32}),
+                          tokenizer=tok, patch_size=16, vision_feature_select_strategy="default",
+                          image_token="<image>", num_additional_image_tokens=1, chat_template=template)
+    cfg = LlavaConfig(
+        vision_config=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=2, image_size=32, patch_size=16, projection_dim=32),
+        text_config=dict(model_type="llama", vocab_size=len(words), hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                         max_position_embeddings=128, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+                         tie_word_embeddings=False),
+        image_token_index=vocab["<image>"], vision_feature_select_strategy="default", vision_feature_layer=-1,
+    )
+    torch.manual_seed(0)
+    model = LlavaForConditionalGeneration(cfg)
+    with torch.no_grad():  # dimension 0 of every token embedding dominates; only 'mug' reads it
+        model.model.language_model.embed_tokens.weight[:, 0] = 100.0
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[vocab["mug"], 0] = 10.0
+    model.save_pretrained(folder)
+    proc.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("template_places_image", [True, False])
+def test_joycaption_real_loading_and_generation(tmp_path, monkeypatch, template_places_image):
+    import lorapod.data.captions.joycaption as joycaption
+
+    monkeypatch.setattr(joycaption, "MAX_NEW_TOKENS", 3)
+    folder = tiny_llava(tmp_path / "joy", template_places_image)
+    captioner = get_captioner("joycaption", str(folder))
+    assert captioner.prompt.count("<image>") == 1
+    root = colour_folder(tmp_path / "mug")
+    run = caption_folder(root, "joycaption", model=str(folder), batch_size=3, progress=False)
+    assert run.written == 3
+    assert (root / "red2.txt").read_text() == "mug mug mug\n"

@@ -77,7 +77,7 @@ def register(app: typer.Typer) -> None:
     @data_app.command("caption")
     def caption(
         path: Path = typer.Argument(..., help="The image folder."),
-        with_: str = typer.Option(..., "--with", help="Captioner: wd14, blip (see docs/data.md)."),
+        with_: str = typer.Option(..., "--with", help="Captioner: wd14, blip, florence2, joycaption (see docs/data.md)."),
         model: str | None = typer.Option(None, "--model", help="Hub id or local folder of the captioner model."),
         trigger: str | None = typer.Option(None, "--trigger", help="Put this trigger word first in every draft."),
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing captions (backups are kept)."),

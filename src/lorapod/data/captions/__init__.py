@@ -1,7 +1,7 @@
 """Draft captioners, registered by name through one registry, and the folder loop that runs them.
 
 A backend is a factory ``(model: str | None) -> Captioner``; the built-ins (``wd14``, ``blip``,
-``florence2``) register through the same ``register`` call a plugin would use, and a second
+``florence2``, ``joycaption``) register through the same ``register`` call a plugin would use, and a second
 registration of a name is refused so two backends can never silently shadow each other.
 Heavy imports (onnxruntime, transformers) happen inside the factories, only when used.
 """
@@ -58,9 +58,9 @@ def _load_builtins() -> None:
     if _builtins_loaded:
         return
     _builtins_loaded = True
-    from lorapod.data.captions import blip, florence2, wd14
+    from lorapod.data.captions import blip, florence2, joycaption, wd14
 
-    for mod in (wd14, blip, florence2):
+    for mod in (wd14, blip, florence2, joycaption):
         register(mod.NAME, mod.load, mod.DESCRIPTION)
 
 
