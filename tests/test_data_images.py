@@ -288,3 +288,12 @@ def test_odd_file_names_and_pipes(tmp_path, capsys):
     paths = {code: sorted(f.path for f in fs) for code, fs in by_code(report).items()}
     assert paths["not-a-file"] == ["pipe.jpg"]
     assert paths["caption-missing"] == ["caf\ufffd.jpg"]
+
+
+def test_flat_images_are_not_near_duplicates(tmp_path):
+    root = good_folder(tmp_path / "d", n=15)
+    save(Image.new("RGB", (1024, 1024), (20, 120, 200)), root / "blue.png")
+    save(Image.new("RGB", (1024, 1024), (200, 40, 40)), root / "red.png")
+    report = check_images(root)
+    assert report.summary["duplicates"]["near"] == []
+    assert {"blue.png", "red.png"} <= {f.path for f in report.findings if f.code == "image-blurry"}

@@ -183,5 +183,7 @@ def _inspect(info: ImageInfo) -> ImageInfo:
     info.brightness = float(a.mean())
     info.dark_fraction = float((a < 16).mean())
     info.bright_fraction = float((a > 239).mean())
-    info.phash = phash(gray)
+    # A flat image has no structure to hash: its DCT is float noise, and two flat images of
+    # different colours would look like near duplicates.
+    info.phash = phash(gray) if float(a.std()) >= 1.0 else None
     return info

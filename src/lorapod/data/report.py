@@ -147,12 +147,11 @@ def build_html(report: Report, workers: int = 2) -> str:
     by_path: defaultdict[str, list[Finding]] = defaultdict(list)
     for f in report.findings:
         by_path[f.path].append(f)
+    by_stem = {i.rel.rsplit(".", 1)[0]: i.rel for i in infos}
     for f in report.findings:  # a caption's findings also belong on its image's card
-        if f.path.endswith((".txt", ".caption", ".TXT")):
-            stem = f.path.rsplit(".", 1)[0]
-            for i in infos:
-                if i.rel.rsplit(".", 1)[0] == stem and f not in by_path[i.rel]:
-                    by_path[i.rel].append(f)
+        image = by_stem.get(f.path.rsplit(".", 1)[0]) if "." in f.path else None
+        if image is not None and image != f.path:
+            by_path[image].append(f)
     e = html.escape
     counts = report.counts()
     out = [
