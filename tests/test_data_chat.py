@@ -274,3 +274,11 @@ def test_giant_line_is_skipped_not_read_whole(tmp_path, monkeypatch):
     records, findings = read_jsonl(p)
     assert [line for line, _ in records] == [1, 3]
     assert codes(findings) == [("chat-line-too-long", 2)]
+
+
+def test_unusable_val_file_is_a_finding(tmp_path):
+    train = write_lines(tmp_path / "train.jsonl", [msg("a")])
+    val = write_lines(tmp_path / "val.jsonl", [msg("b"), {"instruction": "x", "output": "y"}])
+    report = check_chat(train, val=val)
+    assert [f.code for f in report.findings if f.severity == "error"] == ["chat-val-unusable"]
+    assert any("line 2 is alpaca" in f.message for f in report.findings)

@@ -453,8 +453,14 @@ def check_chat(
         report.add(finding("info", "chat-few-examples", path,
                            f"{len(conversations)} examples; 500-2000 is the usual range for a chat LoRA."))
 
+    val_convs: list[list[dict]] = []
     if val is not None:
-        val_convs, val_findings, val_fmt = load_conversations(Path(val), "auto")
+        try:
+            val_convs, val_findings, val_fmt = load_conversations(Path(val), "auto")
+        except DataError as exc:  # reported like the train file's problems, not as a crash
+            report.add(finding("error", "chat-val-unusable", val, str(exc)))
+            val = None
+    if val is not None:
         report.extend(val_findings)
         shared = set(digests) & {_digest(c) for c in val_convs}
         report.summary["val"] = {"path": str(val), "format": val_fmt, "usable": len(val_convs),
