@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import lorapod.cli.main as cli_main
-from datasets_util import good_folder, tree_digest
+
+from .datasets_util import good_folder, tree_digest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -19,8 +20,6 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 @pytest.fixture(autouse=True)
 def _home(tmp_path, monkeypatch):
     monkeypatch.setenv("LORAPOD_HOME", str(tmp_path / "home"))
-    # Only this group: other command modules may not be merged on this branch yet.
-    monkeypatch.setattr(cli_main, "COMMANDS", ["data"])
 
 
 def run(args: list[str], capsys) -> tuple[int, str, str]:
@@ -94,8 +93,7 @@ def test_subprocess_check_never_changes_files(tmp_path):
     os.symlink("loop", root / "loop")
     before = tree_digest(root)
     env = {**os.environ, "PYTHONPATH": str(SRC), "LORAPOD_HOME": str(tmp_path / "home")}
-    code = "import sys, lorapod.cli.main as m; m.COMMANDS[:] = ['data']; m.main(sys.argv[1:])"
-    proc = subprocess.run([sys.executable, "-c", code, "data", "check", str(root), "--json"],
+    proc = subprocess.run([sys.executable, "-m", "lorapod", "data", "check", str(root), "--json"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 1, proc.stderr
     doc = json.loads(proc.stdout)

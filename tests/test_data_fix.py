@@ -7,10 +7,11 @@ import os
 import pytest
 from PIL import Image
 
-from datasets_util import good_folder, photo, save, tree_digest
 from lorapod.data.fix import fix_dataset, normalise_caption
 from lorapod.data.images import check_images
 from lorapod.errors import DataError
+
+from .datasets_util import good_folder, photo, save, tree_digest
 
 
 @pytest.fixture(autouse=True)

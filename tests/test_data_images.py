@@ -9,11 +9,12 @@ import time
 import pytest
 from PIL import Image
 
-from datasets_util import good_folder, photo, save, tree_digest
 from lorapod.data.captionfiles import approx_clip_tokens, clip_counter
 from lorapod.data.imageinfo import hamming, inspect_image
 from lorapod.data.images import check_images, check_path
 from lorapod.errors import DataError, ModelLoadError
+
+from .datasets_util import good_folder, photo, save, tree_digest
 
 
 @pytest.fixture(autouse=True)

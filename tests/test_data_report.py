@@ -10,8 +10,9 @@ import subprocess
 import pytest
 from PIL import Image
 
-from datasets_util import good_folder, photo, save
 from lorapod.data.report import write_report
+
+from .datasets_util import good_folder, photo, save
 
 
 @pytest.fixture(autouse=True)

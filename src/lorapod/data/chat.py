@@ -124,7 +124,7 @@ def read_jsonl(path: Path) -> tuple[list[tuple[int, dict]], list[Finding]]:
     records: list[tuple[int, dict]] = []
     findings: list[Finding] = []
     try:
-        fh = open(path, "rb")  # noqa: SIM115 - closed by the with below; open errors become DataError
+        fh = open(path, "rb")
     except OSError as exc:
         raise DataError(f"cannot read {path}: {exc.strerror}.", hint="Check the file's permissions.") from exc
     with fh:
