@@ -284,3 +284,11 @@ def test_joycaption_real_loading_and_generation(tmp_path, monkeypatch, template_
     run = caption_folder(root, "joycaption", model=str(folder), batch_size=3, progress=False)
     assert run.written == 3
     assert (root / "red2.txt").read_text() == "mug mug mug\n"
+
+
+def test_hub_id_offline_is_a_clean_error(tmp_path, monkeypatch):
+    pytest.importorskip("huggingface_hub")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(ModelLoadError, match="cannot fetch someone/not-cached"):
+        get_captioner("wd14", "someone/not-cached")
