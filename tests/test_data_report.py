@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -71,3 +72,10 @@ def test_report_renders_in_headless_chromium(tmp_path):
         colours = im.convert("RGB").getcolors(maxcolors=1_000_000)
     # a blank page is one colour; thumbnails and text give thousands
     assert colours is None or len(colours) > 500
+
+
+def test_default_output_is_never_inside_the_dataset(tmp_path, monkeypatch):
+    root = good_folder(tmp_path / "mug", n=2, size=(128, 128))
+    monkeypatch.chdir(root)
+    out, _ = write_report(Path("."), family="sd15")
+    assert out == tmp_path.resolve() / "mug-report.html" and out.exists()

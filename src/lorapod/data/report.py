@@ -206,11 +206,18 @@ def write_report(
     trigger: str | None = None,
     tokenizer: Path | None = None,
 ) -> tuple[Path, Report]:
-    """Check ``root`` and write the HTML page (default: ``<folder name>-report.html`` in the current folder)."""
+    """Check ``root`` and write the HTML page (default: ``<folder name>-report.html`` in the current
+    folder, or beside the dataset when the current folder is inside it)."""
     from lorapod.data.images import check_images, default_workers
 
     report = check_images(Path(root), family=family, trigger=trigger, tokenizer=tokenizer)
-    out = Path(out) if out is not None else Path.cwd() / f"{Path(root).resolve().name}-report.html"
+    if out is None:
+        real = Path(root).resolve()
+        here = Path.cwd().resolve()
+        # never inside the dataset (it would be uploaded with it): beside it instead
+        base = real.parent if here == real or here.is_relative_to(real) else here
+        out = base / f"{real.name}-report.html"
+    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, build_html(report, workers=default_workers()))
     return out, report
