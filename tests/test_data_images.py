@@ -143,6 +143,16 @@ def test_caption_pairing(tmp_path):
     assert paths["caption-missing"] == ["img04.jpg"]
     assert paths["caption-orphan"] == ["img99.txt"]
     assert "caption-extension-inconsistent" in paths
+    assert "caption-extension-not-txt" not in paths
+
+
+def test_caption_extension_other_than_txt_is_noted(tmp_path):
+    root = good_folder(tmp_path / "d", n=15)
+    for p in root.glob("*.txt"):
+        p.rename(p.with_suffix(".caption"))
+    codes = by_code(check_images(root))
+    assert "caption-missing" not in codes and "caption-extension" not in codes
+    assert 'data.caption_extension: ".caption"' in codes["caption-extension-not-txt"][0].message
 
 
 def test_no_captions_at_all_is_one_warning(tmp_path):

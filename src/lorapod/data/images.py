@@ -156,6 +156,10 @@ def check_images(
     toml_ext, toml_findings = check_toml(scan)
     report.extend(toml_findings)
     extension = toml_ext or dominant_extension(scan)
+    if scan.captions and extension != ".txt":
+        report.add(finding("info", "caption-extension-not-txt", ".",
+                           f"captions are {extension} files: set data.caption_extension: \"{extension}\" in the "
+                           "job spec (lorapod and ai-toolkit default to .txt)."))
     pairing, pair_findings = pair_captions(scan, extension)
     report.extend(pair_findings)
 
