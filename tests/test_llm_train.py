@@ -54,6 +54,7 @@ def test_training_lowers_val_loss_and_writes_run_folder(assets, tmp_path):
     assert (run.adapter / "adapter_model.safetensors").is_file()
     assert list(run.tensorboard.glob("events.out.tfevents.*"))
     assert "training" in run.events_file.read_text()
+    assert (run.root / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_resume_reproduces_uninterrupted_losses(assets, tmp_path):

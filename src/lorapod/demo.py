@@ -195,6 +195,8 @@ def run_demo(out: Path, model: str | None = None, steps: int | None = None, log=
         shutil.rmtree(out / "adapter")
     shutil.copytree(run.adapter, out / "adapter")
     shutil.copy2(run.metrics_file, out / "metrics.jsonl")
+    if (run.root / "loss.png").exists():
+        shutil.copy2(run.root / "loss.png", out / "loss.png")
     shutil.copy2(run.spec_file, out / "spec.yaml")
     first = (trained.result.first_eval or {}).get("val_loss")
     last = (trained.result.last_eval or {}).get("val_loss")

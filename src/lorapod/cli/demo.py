@@ -34,7 +34,7 @@ def demo(
     console.print(table)
     console.print(f"\nbase model : {res.out / 'base-model'}")
     console.print(f"adapter    : {res.out / 'adapter'}  (PEFT: adapter_config.json + adapter_model.safetensors)")
-    console.print(f"metrics    : {res.out / 'metrics.jsonl'}")
+    console.print(f"metrics    : {res.out / 'metrics.jsonl'}  (plot: {res.out / 'loss.png'})")
     console.print(f"spec       : {res.out / 'spec.yaml'}  (train it again: lorapod train {res.out / 'spec.yaml'})")
 
 

@@ -27,6 +27,7 @@ from lorapod.engine.checkpoint import Checkpoint, CheckpointManager, TrainState,
 from lorapod.engine.device import Precision, memory_stats
 from lorapod.engine.metrics import MetricsWriter
 from lorapod.engine.optim import build_optimizer, build_scheduler
+from lorapod.engine.plots import plot_metrics
 from lorapod.engine.progress import TrainProgress
 from lorapod.rundir import RunDir
 from lorapod.spec import JobSpec
@@ -207,6 +208,8 @@ def fit(
             result.last_eval = evaluate()
         recipe.save_final(run.adapter)
         run.event(f"finished at step {state.step}; adapter saved to {run.adapter}")
+        metrics.close()
+        plot_metrics(run.metrics_file, run.root / "loss.png")
         return result
     except KeyboardInterrupt:
         run.event(f"interrupted at step {state.step}: saving a checkpoint")

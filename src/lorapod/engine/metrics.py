@@ -58,6 +58,9 @@ class MetricsWriter:
                     self._tb.add_scalar(key.replace("val_", "val/").replace("train_", "train/"), value, step)
 
     def close(self) -> None:
+        """Idempotent: the loop closes early to plot, and again in its ``finally``."""
+        if self._fh.closed:
+            return
         self._fh.close()
         if self._tb is not None:
             self._tb.flush()
