@@ -1,0 +1,128 @@
+"""An image folder as training items: pictures, captions, repeats and buckets.
+
+Layout is what ``lorapod data check`` validates and what sd-scripts users have: ``photo01.jpg`` +
+``photo01.txt``. A folder named ``10_zxq`` repeats its images 10 times (the kohya convention);
+otherwise ``data.repeats`` applies. Bad input never stops a run that still has images: an
+unreadable picture is skipped with a finding, a caption in a legacy encoding is decoded and
+reported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from lorapod.data.findings import Finding, finding
+from lorapod.engine.diffusion import buckets as bk
+from lorapod.errors import DataError
+
+IMAGE_EXTS = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
+_REPEAT_DIR = re.compile(r"^(\d+)_(.+)$")
+
+
+@dataclass(frozen=True)
+class ImageItem:
+    path: Path
+    caption: str
+    digest: str  # sha256 of the file's bytes: the cache key, so renames and touches reuse the cache
+    fit: bk.Fit
+    repeats: int
+
+    @property
+    def bucket(self) -> tuple[int, int]:
+        return self.fit.bucket
+
+
+def read_caption(path: Path) -> tuple[str | None, Finding | None]:
+    """Decode a caption as UTF-8 (with or without BOM), else cp1252 with a warning, else report it."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8-sig").strip(), None
+    except UnicodeDecodeError:
+        pass
+    try:
+        text = raw.decode("cp1252").strip()
+    except UnicodeDecodeError:
+        return None, finding("error", "caption-encoding", path,
+                             "caption is neither UTF-8 nor Windows-1252; re-save it as UTF-8 (image skipped)")
+    return text, finding("warning", "caption-encoding", path,
+                         "caption is not UTF-8; read it as Windows-1252 - re-save it as UTF-8 to be sure")
+
+
+def scan(folders: list[Path], resolution: int, use_buckets: bool, caption_ext: str, default_repeats: int,
+         trigger: str | None = None) -> tuple[list[ImageItem], list[Finding]]:
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    findings: list[Finding] = []
+    items: list[ImageItem] = []
+    table = bk.make_buckets(resolution) if use_buckets else None
+    square = (resolution // bk.bucket_step(resolution) * bk.bucket_step(resolution),) * 2
+    ext = caption_ext if caption_ext.startswith(".") else "." + caption_ext
+    for folder in folders:
+        if not folder.is_dir():
+            raise DataError(f"image folder {folder} does not exist", hint="set data.path to a folder of images + captions")
+        m = _REPEAT_DIR.match(folder.name)
+        repeats = int(m.group(1)) if m else default_repeats
+        files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_EXTS and p.is_file())
+        for p in files:
+            try:
+                with Image.open(p) as im:
+                    im = ImageOps.exif_transpose(im)
+                    im.load()
+                    size = im.size
+            except (OSError, UnidentifiedImageError, ValueError) as exc:
+                findings.append(finding("warning", "image-unreadable", p, f"cannot read this image ({exc}); skipped"))
+                continue
+            cap_path = p.with_suffix(ext)
+            if cap_path.is_file():
+                caption, f = read_caption(cap_path)
+                if f is not None:
+                    findings.append(f)
+                if caption is None:
+                    continue
+            else:
+                caption = ""
+                findings.append(finding("warning", "caption-missing", p, f"no {ext} caption; training it with "
+                                        f"{'the trigger only' if trigger else 'an empty caption'}"))
+            if trigger and not caption.startswith(trigger):
+                caption = f"{trigger}, {caption}" if caption else trigger
+            digest = hashlib.sha256(p.read_bytes()).hexdigest()
+            bucket = bk.assign(*size, table) if table else square
+            items.append(ImageItem(p, caption, digest, bk.fit(size, bucket), repeats))
+    if not items:
+        raise DataError(f"no usable image in {', '.join(map(str, folders))}",
+                        hint="put .png/.jpg/.webp images with same-name caption files there; run `lorapod data check`")
+    return items, findings
+
+
+def load_pixels(item: ImageItem, flip: bool):
+    """The image resized to cover its bucket, centre-cropped, optionally flipped, as [-1, 1] CHW."""
+    import numpy as np
+    import torch
+    from PIL import Image, ImageOps
+
+    with Image.open(item.path) as im:
+        im = ImageOps.exif_transpose(im).convert("RGB")
+        f = item.fit
+        im = im.resize(f.resized, Image.Resampling.LANCZOS)
+        left, top = f.crop
+        im = im.crop((left, top, left + f.bucket[0], top + f.bucket[1]))
+        if flip:
+            im = ImageOps.mirror(im)
+        arr = np.asarray(im, dtype=np.float32) / 127.5 - 1.0
+    return torch.from_numpy(arr).permute(2, 0, 1).contiguous()
+
+
+def transform_caption(caption: str, rng: random.Random, shuffle: bool, dropout: float, keep_first: int = 1) -> str:
+    """sd-scripts style: shuffle comma-separated tags after the first ``keep_first``; drop to '' with p=dropout."""
+    if dropout and rng.random() < dropout:
+        return ""
+    if not shuffle:
+        return caption
+    tags = [t.strip() for t in caption.split(",") if t.strip()]
+    head, tail = tags[:keep_first], tags[keep_first:]
+    rng.shuffle(tail)
+    return ", ".join(head + tail)
