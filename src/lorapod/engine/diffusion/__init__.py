@@ -152,8 +152,12 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
     targets = family.default_targets if m.target_modules == "all-linear" else m.target_modules
     comps.denoiser.add_adapter(lora_config(spec, targets))
     if m.train_text_encoder:
-        for te in comps.text_encoders:
-            te.add_adapter(lora_config(spec, family.te_targets))
+        from peft import inject_adapter_in_model
+
+        for te in comps.text_encoders:  # peft directly: transformers' add_adapter pins a newer peft
+            cfg = lora_config(spec, family.te_targets)
+            inject_adapter_in_model(cfg, te, adapter_name="default")
+            te.peft_config = {"default": cfg}
     recipe = DiffusionRecipe(spec, run, precision, comps, items, latents, text, prompts, sample_text, live)
     for mod in recipe.lora_modules.values():  # LoRA weights train in fp32 even on a bf16 base
         for p in mod.parameters():
