@@ -46,11 +46,18 @@ class Components:
         """What the caches are keyed on: the model and the config of the VAE / encoders."""
         import hashlib
 
-        parts = [self.family.name, self.model_id, json.dumps(dict(self.vae.config), sort_keys=True, default=str)]
-        for te in self.text_encoders:
-            if te is not None:
-                parts.append(te.config.to_json_string())
-        return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+        h = hashlib.sha256()
+        h.update(f"{self.family.name}\n{self.model_id}\n".encode())
+        h.update(json.dumps(dict(self.vae.config), sort_keys=True, default=str).encode())
+        for m in [self.vae, *self.text_encoders]:
+            if m is None:
+                continue
+            # a content fingerprint (shapes + the first values of every tensor), so a base model
+            # rebuilt or fine-tuned at the same path never reuses stale latents; cheap even for SDXL
+            for name, p in m.state_dict().items():
+                h.update(f"{name}{tuple(p.shape)}".encode())
+                h.update(p.detach().flatten()[:8].float().cpu().numpy().tobytes())
+        return h.hexdigest()[:16]
 
 
 # ----------------------------------------------------------------------------- detection
