@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lorapod.demo_image import clip_text_model, tiny_vae, build_sd15, clip_tokenizer, write_images
+from lorapod.demo_image import build_sd15, clip_text_model, clip_tokenizer, tiny_vae, write_images
 
 __all__ = ["build_flux1", "build_flux2_klein", "build_sd15", "build_sdxl", "image_spec", "write_images"]
 

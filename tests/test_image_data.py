@@ -88,5 +88,5 @@ def test_single_file_family_is_read_from_tensor_names(tmp_path):
 
 
 def test_a_folder_without_model_index_is_refused(tmp_path):
-    with pytest.raises(ModelLoadError, match="model_index.json"):
+    with pytest.raises(ModelLoadError, match=r"model_index\.json"):
         detect(str(tmp_path))
