@@ -200,3 +200,29 @@ def test_v_prediction_with_min_snr_trains(assets, tmp_path):
     assert all(torch.isfinite(torch.tensor(out.result.losses)))
     with safe_open(str(run.adapter / "t.safetensors"), "pt") as fh:
         assert fh.metadata()["ss_v_parameterization"] == "True"
+
+
+def test_fp8_base_weights_need_cuda_and_keep_lora_trainable(assets, tmp_path):
+    from diffusers import UNet2DConditionModel
+
+    from lorapod.engine.diffusion import attach_lora, lora_config, store_fp8
+    from lorapod.errors import HardwareError
+
+    def edit(raw):
+        raw["model"]["dtype"] = "fp8"
+
+    spec, run = _run(assets, tmp_path, spec_edit=edit)
+    with pytest.raises(HardwareError, match="CUDA"):
+        _train(spec, run, tmp_path)
+    # the storage scheme itself (CPU here): float8 base weights, fp32 LoRA, gradients flow
+    unet = UNet2DConditionModel.from_pretrained(str(assets["sd15"] / "unet"))
+    unet.requires_grad_(False)
+    assert store_fp8(unet) > 10
+    attach_lora(unet, lora_config(spec, ["to_q", "to_v"]))
+    assert unet.down_blocks[1].attentions[0].transformer_blocks[0].attn1.to_q.base_layer.weight.dtype == torch.float8_e4m3fn
+    assert unet.down_blocks[1].attentions[0].transformer_blocks[0].ff.net[2].weight.dtype == torch.float8_e4m3fn
+    lora = [p for p in unet.parameters() if p.requires_grad]
+    assert lora and all(p.dtype == torch.float32 for p in lora)
+    out = unet(torch.randn(1, 4, 16, 16), torch.tensor([10]), encoder_hidden_states=torch.randn(1, 16, 32)).sample
+    out.square().mean().backward()
+    assert all(p.grad is not None for p in lora)

@@ -32,8 +32,9 @@ class ModelSpec(_Section):
     id: str = Field(description="Hub id (org/name), a local model directory, or a .safetensors file.")
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
     family: Family = Field("auto", description="Model family; 'auto' reads it from the model.")
-    dtype: Literal["auto", "bf16", "fp16", "fp32"] = Field(
-        "auto", description="Dtype of the frozen base weights; auto = bf16 on capable GPUs, fp32 on CPU."
+    dtype: Literal["auto", "bf16", "fp16", "fp32", "fp8"] = Field(
+        "auto", description="Dtype of the frozen base weights; auto = bf16 on capable GPUs, fp32 on CPU; "
+        "fp8 (image models, CUDA): the UNet/transformer is stored in float8 and computed in bf16/fp16.",
     )
     trust_remote_code: bool = False
     variant: str | None = Field(None, description="Sub-model, e.g. 'dev'/'schnell' for FLUX.1, '4b'/'9b' for FLUX.2 klein.")
@@ -170,6 +171,8 @@ class JobSpec(_Section):
     def _consistent(self) -> JobSpec:
         if self.data.format == "images" and self.model.family == "llm":
             raise ValueError("data.format 'images' needs an image model family, not 'llm'")
+        if self.model.dtype == "fp8" and not self.is_image:
+            raise ValueError("model.dtype 'fp8' is for image models; LLMs save memory with method.type: qlora")
         return self
 
     @property

@@ -55,7 +55,9 @@ def resolve_precision(precision: str, weights_dtype: str, device: torch.device) 
         raise HardwareError("this GPU does not support bf16", hint="set train.precision: fp16")
     if compute == "fp16" and not cuda:
         raise HardwareError("fp16 training needs a CUDA GPU", hint="use train.precision: fp32 (or bf16) on CPU")
-    if weights_dtype == "auto":
+    if weights_dtype == "fp8":  # stored in float8 by the image engine, computed in the autocast dtype
+        weights = _DTYPES[compute]
+    elif weights_dtype == "auto":
         weights = _DTYPES[compute] if cuda else torch.float32
     else:
         weights = _DTYPES[weights_dtype]

@@ -23,7 +23,7 @@ from lorapod.engine.diffusion import samples as smp
 from lorapod.engine.diffusion.families import Components, resolve_family
 from lorapod.engine.diffusion.recipe import DiffusionRecipe, describe
 from lorapod.engine.loop import FitResult, fit
-from lorapod.errors import SpecError
+from lorapod.errors import HardwareError, SpecError
 from lorapod.rundir import RunDir
 from lorapod.spec import JobSpec
 
@@ -58,6 +58,45 @@ def _freeze(c: Components) -> None:
             m.eval()
 
 
+class Float8Linear(torch.nn.Linear):
+    """A frozen Linear whose weight is stored in float8 and upcast to the input's dtype per call.
+
+    The upcast makes a new tensor that autograd keeps for the backward pass, so gradients flow
+    to the LoRA layers around it (diffusers' layerwise casting casts back in place after the
+    forward, which breaks the backward pass; it is made for inference).
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return torch.nn.functional.linear(x, self.weight.to(x.dtype), bias)
+
+
+def store_fp8(denoiser: torch.nn.Module) -> int:
+    """Store the frozen Linear weights of the UNet/transformer in float8 (half of bf16); returns
+    how many. Called before LoRA is attached; norms, convolutions and embeddings keep their dtype."""
+    n = 0
+    for mod in denoiser.modules():
+        if type(mod) is torch.nn.Linear:
+            mod.weight.data = mod.weight.data.to(torch.float8_e4m3fn)
+            mod.__class__ = Float8Linear
+            n += 1
+    return n
+
+
+def attach_lora(module: torch.nn.Module, config) -> None:
+    """Inject LoRA as adapter "default" and keep its weights in fp32, whatever the base dtype
+    (bf16, or float8 storage): small updates to low-precision LoRA weights would round away."""
+    from peft import inject_adapter_in_model
+
+    # peft directly (not transformers' add_adapter, which pins a newer peft); diffusers and peft
+    # both read the config back from ``module.peft_config``
+    inject_adapter_in_model(config, module, adapter_name="default")
+    module.peft_config = {"default": config}
+    for p in module.parameters():
+        if p.requires_grad:
+            p.data = p.data.float()
+
+
 def lora_config(spec: JobSpec, targets):
     from peft import LoraConfig
 
@@ -86,8 +125,14 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
         log(f"[{f.severity}] {f.path}: {f.message}")
         run.event(f"data {f.severity} {f.code}: {f.path}")
 
+    if spec.model.dtype == "fp8" and precision.device.type != "cuda":
+        raise HardwareError("model.dtype fp8 (float8 base weights) needs a CUDA GPU",
+                            hint="use model.dtype: auto on this machine; keep fp8 for the GPU run")
     comps = family.load(spec.model.id, spec.model.revision, precision.weights)
     _freeze(comps)
+    if spec.model.dtype == "fp8":
+        n = store_fp8(comps.denoiser)
+        log(f"fp8: {n} linear layers of the {family.denoiser_name} stored in float8")
     dev = precision.device
     comps.denoiser.to(dev)
     comps.vae.to(dev)
@@ -150,19 +195,11 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
             torch.cuda.empty_cache()
 
     targets = family.default_targets if m.target_modules == "all-linear" else m.target_modules
-    comps.denoiser.add_adapter(lora_config(spec, targets))
+    attach_lora(comps.denoiser, lora_config(spec, targets))
     if m.train_text_encoder:
-        from peft import inject_adapter_in_model
-
-        for te in comps.text_encoders:  # peft directly: transformers' add_adapter pins a newer peft
-            cfg = lora_config(spec, family.te_targets)
-            inject_adapter_in_model(cfg, te, adapter_name="default")
-            te.peft_config = {"default": cfg}
+        for te in comps.text_encoders:
+            attach_lora(te, lora_config(spec, family.te_targets))
     recipe = DiffusionRecipe(spec, run, precision, comps, items, latents, text, prompts, sample_text, live)
-    for mod in recipe.lora_modules.values():  # LoRA weights train in fp32 even on a bf16 base
-        for p in mod.parameters():
-            if p.requires_grad:
-                p.data = p.data.float()
     if spec.train.gradient_checkpointing:
         comps.denoiser.enable_gradient_checkpointing()
         if m.train_text_encoder:
