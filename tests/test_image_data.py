@@ -90,3 +90,15 @@ def test_single_file_family_is_read_from_tensor_names(tmp_path):
 def test_a_folder_without_model_index_is_refused(tmp_path):
     with pytest.raises(ModelLoadError, match=r"model_index\.json"):
         detect(str(tmp_path))
+
+
+def test_flux2_klein_example_spec_loads_and_its_prompts_parse():
+    from pathlib import Path
+
+    from lorapod.spec import load_spec
+
+    root = Path(__file__).resolve().parents[1] / "examples"
+    spec = load_spec(root / "flux2-klein-lora.yaml")
+    assert spec.is_image and spec.model.family == "flux2" and spec.model.variant == "4b"
+    prompts = load_prompts(spec.samples.prompts, 1024, 1024, 0, 20, 4.0)
+    assert len(prompts) == 3 and prompts[1].width == 1216 and prompts[0].scale == 4.0
