@@ -73,7 +73,8 @@ def test_flux_learns_samples_and_reloads(assets, tmp_path, family, sampling):
     with safe_open(str(run.adapter / "t.safetensors"), "pt") as fh:
         keys = list(fh.keys())
         modules = {k.split(".")[0] for k in keys}
-        assert all(m.startswith("lora_unet_") and m[len("lora_unet_"):] in names for m in modules)
+        pre = "lora_transformer_"
+        assert all(m.startswith(pre) and m[len(pre):] in names for m in modules)
         alpha = float(fh.get_tensor(next(k for k in keys if k.endswith(".alpha"))))
         assert fh.metadata()["ss_base_model_version"] == {"flux1": "flux1", "flux2": "flux2_klein"}[family]
     assert alpha == pytest.approx(8 / 2 * 4)  # rsLoRA: alpha / sqrt(r) * r

@@ -13,9 +13,11 @@ The kohya ``.alpha`` is the one number that must be right: loaders scale a LoRA 
 trained effect.
 
 Module names: SD 1.5 / SDXL use diffusers-layout UNet names (``lora_unet_down_blocks_0_...``),
-which ComfyUI, A1111/Forge and diffusers' kohya loader all map. Flux uses
-``lora_unet_<diffusers module path>`` (``lora_unet_transformer_blocks_0_attn_to_q``), the layout
-ComfyUI maps for Flux from diffusers names (comfy/lora.py, ``model_lora_keys_unet``).
+which ComfyUI (``unet_to_diffusers``), A1111/Forge and diffusers' kohya loader all map; text
+encoders are ``lora_te_`` (SD 1.5) or ``lora_te1_``/``lora_te2_`` (SDXL). Flux uses
+``lora_transformer_<diffusers module path>`` (``lora_transformer_transformer_blocks_0_attn_to_q``),
+the OneTrainer layout that ComfyUI maps for Flux models (comfy/lora.py, ``model_lora_keys_unet``,
+next to the ``transformer.`` diffusers keys of file 1, which it maps too).
 """
 
 from __future__ import annotations

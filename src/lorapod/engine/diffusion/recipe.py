@@ -208,7 +208,7 @@ class DiffusionRecipe:
         parts = self.adapter_parts()
         configs = {name: m.peft_config["default"].to_dict() for name, m in self.lora_modules.items()}
         export.save_diffusers(out_dir, self.family.pipeline_cls(), parts, configs)
-        prefixes = {self.family.denoiser_name: "lora_unet"}
+        prefixes = {self.family.denoiser_name: self.family.kohya_prefix}
         for i, p in enumerate(self.family.kohya_te_prefixes):
             prefixes["text_encoder" if i == 0 else f"text_encoder_{i + 1}"] = p
         m = self.spec.method
