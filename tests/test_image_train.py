@@ -194,9 +194,11 @@ def test_exported_files_reproduce_the_trained_output(assets, tmp_path, family, r
 
 
 def test_v_prediction_with_min_snr_trains(assets, tmp_path):
-    spec, run = _run(assets, tmp_path, model="sd15v", epochs=2, min_snr_gamma=5.0, noise_offset=0.05)
+    spec, run = _run(assets, tmp_path, model="sd15v", epochs=2, min_snr_gamma=5.0, noise_offset=0.05,
+                     gradient_checkpointing=True)
     out = _train(spec, run, tmp_path)
     assert out.recipe.prediction == "v_prediction"
+    assert out.recipe.c.denoiser.is_gradient_checkpointing
     assert all(torch.isfinite(torch.tensor(out.result.losses)))
     with safe_open(str(run.adapter / "t.safetensors"), "pt") as fh:
         assert fh.metadata()["ss_v_parameterization"] == "True"
@@ -221,8 +223,24 @@ def test_fp8_base_weights_need_cuda_and_keep_lora_trainable(assets, tmp_path):
     attach_lora(unet, lora_config(spec, ["to_q", "to_v"]))
     assert unet.down_blocks[1].attentions[0].transformer_blocks[0].attn1.to_q.base_layer.weight.dtype == torch.float8_e4m3fn
     assert unet.down_blocks[1].attentions[0].transformer_blocks[0].ff.net[2].weight.dtype == torch.float8_e4m3fn
+    assert unet.dtype == torch.float32  # what pipelines read to allocate latents
     lora = [p for p in unet.parameters() if p.requires_grad]
     assert lora and all(p.dtype == torch.float32 for p in lora)
     out = unet(torch.randn(1, 4, 16, 16), torch.tensor([10]), encoder_hidden_states=torch.randn(1, 16, 32)).sample
     out.square().mean().backward()
     assert all(p.grad is not None for p in lora)
+
+
+def test_live_text_encoders_allow_caption_shuffle_and_uncached_latents_stay_off_disk(assets, tmp_path):
+    def edit(raw):
+        raw["data"].update({"shuffle_captions": True, "caption_dropout": 0.5, "cache_text_encoder_outputs": False,
+                            "cache_latents": False})
+
+    spec, run = _run(assets, tmp_path, epochs=1, spec_edit=edit)
+    logs: list[str] = []
+    out = train_diffusion(spec, run, device="cpu", show_progress=False, log=logs.append, cache_root=tmp_path / "c")
+    assert not any("shuffle/dropout is off" in m for m in logs)
+    caps = [c for b in out.recipe.epoch_batches(0) for c in b.captions]
+    assert "" in caps  # caption dropout applies with live text encoders
+    assert out.recipe.epoch_batches(0) == out.recipe._make_batches(0)  # deterministic per epoch
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").rglob("*.safetensors"))

@@ -72,11 +72,13 @@ class Float8Linear(torch.nn.Linear):
 
 
 def store_fp8(denoiser: torch.nn.Module) -> int:
-    """Store the frozen Linear weights of the UNet/transformer in float8 (half of bf16); returns
-    how many. Called before LoRA is attached; norms, convolutions and embeddings keep their dtype."""
+    """Store the frozen Linear weights of the transformer blocks in float8 (half of bf16); returns
+    how many. Called before LoRA is attached. Embeddings, projections in and out, norms and
+    convolutions keep their dtype: they are small, precision-sensitive, and the first of them
+    tells diffusers the model's dtype (pipelines allocate latents in it)."""
     n = 0
-    for mod in denoiser.modules():
-        if type(mod) is torch.nn.Linear:
+    for name, mod in denoiser.named_modules():
+        if type(mod) is torch.nn.Linear and "transformer_blocks." in name:
             mod.weight.data = mod.weight.data.to(torch.float8_e4m3fn)
             mod.__class__ = Float8Linear
             n += 1
