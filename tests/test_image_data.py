@@ -102,3 +102,10 @@ def test_flux2_klein_example_spec_loads_and_its_prompts_parse():
     assert spec.is_image and spec.model.family == "flux2" and spec.model.variant == "4b"
     prompts = load_prompts(spec.samples.prompts, 1024, 1024, 0, 20, 4.0)
     assert len(prompts) == 3 and prompts[1].width == 1216 and prompts[0].scale == 4.0
+
+
+def test_an_unreachable_hub_id_is_a_model_load_error_with_a_hint():
+    # conftest sets HF_HUB_OFFLINE=1: nothing is fetched, the error says what to check
+    with pytest.raises(ModelLoadError, match=r"model_index\.json of someone/not-cached") as exc:
+        resolve_family("sdxl", "someone/not-cached")
+    assert "huggingface-cli login" in str(exc.value)

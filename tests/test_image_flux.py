@@ -99,3 +99,33 @@ def test_text_encoder_lora_is_refused_for_flux(assets, tmp_path):
 
     with pytest.raises(SpecError, match="train_text_encoder"):
         _train(assets, tmp_path, "flux2", spec_edit=edit, max_steps=1)
+
+
+def test_flux2_resume_reproduces_uninterrupted_losses(assets, tmp_path):
+    from lorapod.engine.checkpoint import CheckpointManager
+
+    class Crash(Exception):
+        pass
+
+    def make(sub):
+        raw = image_spec(assets["flux2"], assets["data"], tmp_path / sub, "flux2", epochs=2,
+                         timestep_sampling="logit_normal")
+        spec = load_spec(raw=raw)
+        run = RunDir.create(spec.output.dir, "t")
+        run.write_spec(spec)
+        return spec, run
+
+    kw = {"device": "cpu", "show_progress": False, "log": lambda m: None, "cache_root": tmp_path / "cache"}
+    spec, run = make("a")
+    straight = train_diffusion(spec, run, **kw).result.losses
+    spec2, run2 = make("b")
+
+    def crash(state, loss):
+        if state.step == 5:
+            raise Crash
+
+    with pytest.raises(Crash):
+        train_diffusion(spec2, run2, on_step=crash, **kw)
+    assert CheckpointManager(run2.checkpoints).latest().state.step == 3
+    resumed = train_diffusion(spec2, run2, resume=True, **kw).result.losses
+    assert len(straight) == 6 and resumed == pytest.approx(straight[3:], rel=1e-5, abs=1e-6)
