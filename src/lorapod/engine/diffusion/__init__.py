@@ -136,6 +136,8 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
         n = store_fp8(comps.denoiser)
         log(f"fp8: {n} linear layers of the {family.denoiser_name} stored in float8")
     dev = precision.device
+    if precision.weights == torch.float16:
+        comps.vae.to(torch.float32)  # SD/SDXL VAEs overflow to NaN in fp16 (sd-scripts' --no_half_vae)
     comps.denoiser.to(dev)
     comps.vae.to(dev)
     for te in comps.text_encoders:
