@@ -1,14 +1,14 @@
 """Aspect-ratio buckets: train on each image at about the target area without a square crop.
 
-Self-contained on purpose (the data checker has its own bucket plan in ``lorapod.data``; the two
-agree on the rule: sides are multiples of ``step``, area at most ``resolution**2``, and an image
-goes to the bucket whose aspect ratio is closest in log space, then is resized to cover it and
-centre-cropped).
+Self-contained on purpose until the data checker's ``lorapod.data.buckets`` (branch ``data``) is
+merged; both follow sd-scripts (``make_bucket_resolutions`` / ``select_bucket``): sides multiples
+of ``step`` from 256 px to twice the resolution, area at most ``resolution**2``, each image to the
+bucket with the closest aspect ratio, resized to cover it and centre-cropped. This module adds a
+16 px step for the tiny resolutions of tests and the demo.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 
@@ -17,24 +17,29 @@ def bucket_step(resolution: int) -> int:
     return 64 if resolution >= 256 else 16
 
 
-def make_buckets(resolution: int, step: int | None = None, max_ratio: float = 4.0) -> list[tuple[int, int]]:
-    """All (width, height) with sides multiples of ``step``, area <= resolution**2, ratio <= max_ratio."""
+def make_buckets(resolution: int, step: int | None = None) -> list[tuple[int, int]]:
+    """sd-scripts' rule: all (width, height) with sides multiples of ``step`` between ``min_size``
+    (256, or one step for tiny test resolutions) and twice the resolution, area <= resolution**2."""
     step = step or bucket_step(resolution)
+    min_size = 256 if resolution >= 256 else step
+    max_size = 2 * resolution
     area = resolution * resolution
-    out: set[tuple[int, int]] = {(resolution // step * step, resolution // step * step)}
-    w = step
-    while w <= resolution * max_ratio:
-        h = min(int(area // w) // step * step, int(w * max_ratio) // step * step)
-        if h >= step and max(w / h, h / w) <= max_ratio:
+    side = resolution // step * step
+    out: set[tuple[int, int]] = {(side, side)}
+    w = min_size
+    while w <= max_size:
+        h = min(max_size, int(area // w) // step * step)
+        if h >= min_size:
             out.add((w, h))
+            out.add((h, w))
         w += step
     return sorted(out)
 
 
 def assign(width: int, height: int, buckets: list[tuple[int, int]]) -> tuple[int, int]:
-    """The bucket with the closest aspect ratio; ties go to the larger area."""
-    ar = math.log(width / height)
-    return min(buckets, key=lambda b: (abs(math.log(b[0] / b[1]) - ar), -b[0] * b[1]))
+    """The bucket with the closest aspect ratio (sd-scripts: absolute difference); ties go to the larger area."""
+    ar = width / height
+    return min(buckets, key=lambda b: (abs(b[0] / b[1] - ar), -b[0] * b[1]))
 
 
 @dataclass(frozen=True)
