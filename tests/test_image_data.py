@@ -71,6 +71,9 @@ def test_sd_scripts_prompt_lines(tmp_path):
     f.write_text("# comment\nzxq mug\n\nzxq cat --d 5\n", encoding="utf-8")
     got = load_prompts(str(f), 512, 512, 1, 20, 7.0)
     assert [(p.prompt, p.seed, p.width) for p in got] == [("zxq mug", 1, 512), ("zxq cat", 5, 512)]
+    with pytest.raises(SpecError, match="does not exist"):
+        load_prompts(str(tmp_path / "missing.txt"), 512, 512, 1, 20, 7.0)
+    assert load_prompts("zxq mug --d 3", 512, 512, 1, 20, 7.0)[0].seed == 3  # a single inline prompt
     with pytest.raises(SpecError, match="--q"):
         parse_line("x --q 3", 512, 512, 1, 20, 7.0)
 

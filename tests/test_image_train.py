@@ -79,6 +79,7 @@ def test_sd15_learns_and_writes_run_folder_samples_and_both_formats(assets, tmp_
         keys, md = list(fh.keys()), fh.metadata()
     assert all(k.startswith("lora_unet_") for k in keys)
     assert md["ss_network_dim"] == "4" and md["ss_network_alpha"] == "8.0" and md["ss_base_model_version"] == "sd_v1"
+    assert json.loads(md["ss_tag_frequency"])["data"]["zxq"] == 6
     assert sorted(p.name for p in (run.root / "exports").iterdir()) == ["step-12", "step-3", "step-6", "step-9"]
 
 
@@ -244,3 +245,19 @@ def test_live_text_encoders_allow_caption_shuffle_and_uncached_latents_stay_off_
     assert "" in caps  # caption dropout applies with live text encoders
     assert out.recipe.epoch_batches(0) == out.recipe._make_batches(0)  # deterministic per epoch
     assert not (tmp_path / "c").exists() or not any((tmp_path / "c").rglob("*.safetensors"))
+
+
+def test_lorapod_train_cli_trains_an_image_spec(assets, tmp_path, capsys):
+    import yaml
+
+    from lorapod.cli.main import main
+
+    raw = image_spec(assets["sd15"], assets["data"], tmp_path / "runs", "sd15", max_steps=1)
+    raw["data"]["cache_latents"] = False
+    f = tmp_path / "job.yaml"
+    f.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    main(["train", str(f)])
+    err = capsys.readouterr().err
+    assert "adapter:" in err
+    adapters = list((tmp_path / "runs").glob("t-*/adapter/t.safetensors"))
+    assert len(adapters) == 1

@@ -63,9 +63,25 @@ ARCH = {"sd15": "stable-diffusion-v1/lora", "sdxl": "stable-diffusion-xl-v1-base
         "flux1": "flux-1-dev/lora", "flux2": "flux-2-klein/lora"}
 
 
-def kohya_metadata(spec, family: str, prediction_type: str, n_images: int, steps: int, epochs: int) -> dict[str, str]:
+def tag_frequency(captions_by_folder: dict[str, list[str]]) -> dict[str, dict[str, int]]:
+    """sd-scripts' ``ss_tag_frequency``: per dataset folder, how often each comma-separated tag
+    occurs (A1111 and model sites show the top tags, the trigger first, as the LoRA's keywords)."""
+    out: dict[str, dict[str, int]] = {}
+    for folder, caps in captions_by_folder.items():
+        freq: dict[str, int] = {}
+        for cap in caps:
+            for tag in (t.strip() for t in cap.split(",")):
+                if tag:
+                    freq[tag] = freq.get(tag, 0) + 1
+        out[folder] = freq
+    return out
+
+
+def kohya_metadata(spec, family: str, prediction_type: str, n_images: int, steps: int, epochs: int,
+                   tags: dict[str, dict[str, int]] | None = None) -> dict[str, str]:
     m = spec.method
     return {
+        "ss_tag_frequency": json.dumps(tags or {}, ensure_ascii=False),
         "ss_network_module": "networks.lora",
         "ss_network_dim": str(m.r),
         "ss_network_alpha": str(trained_scale(m.alpha, m.r, m.rslora) * m.r),

@@ -215,7 +215,11 @@ class DiffusionRecipe:
         tensors = export.to_kohya(parts, prefixes, m.alpha, m.rslora)
         steps = state.step if state else 0
         epochs = state.epoch if state else 0
-        meta = export.kohya_metadata(self.spec, self.family.name, self.prediction, len(self.items), steps, epochs)
+        by_folder: dict[str, list[str]] = {}
+        for it in self.items:
+            by_folder.setdefault(it.path.parent.name, []).append(it.caption)
+        meta = export.kohya_metadata(self.spec, self.family.name, self.prediction, len(self.items), steps, epochs,
+                                     export.tag_frequency(by_folder))
         export.save_kohya(out_dir / f"{self.spec.output.name or 'lora'}.safetensors", tensors, meta)
 
     def save_final(self, out_dir: Path) -> None:

@@ -60,7 +60,13 @@ def load_prompts(source: str | list[str] | None, width: int, height: int, seed: 
         return []
     if isinstance(source, str):
         p = Path(source).expanduser()
-        lines = p.read_text(encoding="utf-8-sig").splitlines() if p.is_file() else [source]
+        if p.is_file():
+            lines = p.read_text(encoding="utf-8-sig").splitlines()
+        elif p.suffix.lower() in {".txt", ".prompts"}:  # meant as a file: never train with its name as a prompt
+            raise SpecError(f"samples.prompts file {p} does not exist",
+                            hint="fix the path (relative paths are read from the spec's folder), or give a list of prompts")
+        else:
+            lines = [source]
     else:
         lines = list(source)
     out = []
