@@ -172,6 +172,7 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
     else:  # encoded once for this run, kept in memory only
         latents = {k: encode_images([p])[0]["latents"] for k, p in keys.items()}
     log(f"latents: {len(latents)} ({disk.hits} from the cache, {disk.misses} encoded)")
+    run.event(f"latents: {len(latents)} ({disk.hits} from the cache in {disk.root}, {disk.misses} encoded)")
 
     prompts = smp.load_prompts(spec.samples.prompts, d.resolution, d.resolution, spec.train.seed, 28,
                                DEFAULT_SCALE[family.name])
@@ -209,7 +210,7 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
         if m.train_text_encoder:
             for te in comps.text_encoders:
                 te.gradient_checkpointing_enable()
-    info = describe(spec, items)
+    info = describe(items)
     log(f"data: {info['images']} images, {info['samples_per_epoch']} samples per epoch (repeats), "
         f"buckets {info['buckets']}")
     return recipe, findings, disk

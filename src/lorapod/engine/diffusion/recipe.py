@@ -7,7 +7,6 @@ noise seed, so a resumed run draws exactly the noise the uninterrupted run would
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -281,11 +280,10 @@ class DiffusionRecipe:
         return {k: v.to(self.c.denoiser.dtype) for k, v in out.items()}
 
 
-def describe(spec: JobSpec, items: list[ImageItem]) -> dict[str, Any]:
+def describe(items: list[ImageItem]) -> dict[str, Any]:
+    """Counts for the log: images, samples per epoch (with repeats), images per bucket."""
     buckets: dict[str, int] = {}
     for it in items:
         key = f"{it.bucket[0]}x{it.bucket[1]}"
         buckets[key] = buckets.get(key, 0) + 1
-    n = sum(it.repeats for it in items)
-    per_epoch = math.ceil(n / spec.train.micro_batch_size / spec.train.grad_accum)
-    return {"images": len(items), "samples_per_epoch": n, "buckets": buckets, "steps_per_epoch": per_epoch}
+    return {"images": len(items), "samples_per_epoch": sum(it.repeats for it in items), "buckets": buckets}
