@@ -250,3 +250,35 @@ def test_check_chat_bad_model_dir(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelLoadError, match="cannot load a tokenizer"):
         check_chat(p, model=tmp_path / "empty")
+
+
+def test_parser_import_is_light():
+    """The engine imports this parser; it must not drag in torch, transformers or Pillow."""
+    import subprocess
+    import sys
+
+    code = ("import sys, lorapod.data.chat, lorapod.cli.data; "
+            "print(sorted(m for m in ('torch', 'transformers', 'PIL') if m in sys.modules))")
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"}).stdout.strip()
+    assert out == "[]"
+
+
+def test_giant_line_is_skipped_not_read_whole(tmp_path, monkeypatch):
+    import lorapod.data.chat as chat
+
+    monkeypatch.setattr(chat, "MAX_LINE_BYTES", 1024)
+    p = tmp_path / "c.jsonl"
+    p.write_bytes(json.dumps(msg()).encode() + b"\n" + b"x" * 5000 + b"\n" + json.dumps(msg("2")).encode() + b"\n")
+    records, findings = read_jsonl(p)
+    assert [line for line, _ in records] == [1, 3]
+    assert codes(findings) == [("chat-line-too-long", 2)]
+
+
+def test_unusable_val_file_is_a_finding(tmp_path):
+    train = write_lines(tmp_path / "train.jsonl", [msg("a")])
+    val = write_lines(tmp_path / "val.jsonl", [msg("b"), {"instruction": "x", "output": "y"}])
+    report = check_chat(train, val=val)
+    assert [f.code for f in report.findings if f.severity == "error"] == ["chat-val-unusable"]
+    assert any("line 2 is alpaca" in f.message for f in report.findings)

@@ -95,16 +95,18 @@ def test_a_folder_without_model_index_is_refused(tmp_path):
         detect(str(tmp_path))
 
 
-def test_flux2_klein_example_spec_loads_and_its_prompts_parse():
+@pytest.mark.parametrize("name,family", [("sdxl-object-lora.yaml", "sdxl"), ("flux2-klein-lora.yaml", "flux2")])
+def test_example_image_specs_are_ones_the_engine_trains(name, family):
     from pathlib import Path
 
+    from lorapod.engine.diffusion.families import FAMILIES
     from lorapod.spec import load_spec
 
-    root = Path(__file__).resolve().parents[1] / "examples"
-    spec = load_spec(root / "flux2-klein-lora.yaml")
-    assert spec.is_image and spec.model.family == "flux2" and spec.model.variant == "4b"
-    prompts = load_prompts(spec.samples.prompts, 1024, 1024, 0, 20, 4.0)
-    assert len(prompts) == 3 and prompts[1].width == 1216 and prompts[0].scale == 4.0
+    spec = load_spec(Path(__file__).resolve().parents[1] / "examples" / name)
+    assert spec.is_image and spec.model.family == family and family in FAMILIES
+    assert not (spec.method.train_text_encoder and spec.data.cache_text_encoder_outputs)
+    prompts = load_prompts(spec.samples.prompts, 1024, 1024, 0, 28, 4.0)
+    assert len(prompts) == 2 and all(p.prompt.startswith(spec.data.trigger) for p in prompts)
 
 
 def test_an_unreachable_hub_id_is_a_model_load_error_with_a_hint():

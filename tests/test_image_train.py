@@ -215,7 +215,7 @@ def test_fp8_base_weights_need_cuda_and_keep_lora_trainable(assets, tmp_path):
         raw["model"]["dtype"] = "fp8"
 
     spec, run = _run(assets, tmp_path, spec_edit=edit)
-    with pytest.raises(HardwareError, match="CUDA"):
+    with pytest.raises(HardwareError, match="fp8"):  # CPU here; Ada/Hopper GPUs only
         _train(spec, run, tmp_path)
     # the storage scheme itself (CPU here): float8 base weights, fp32 LoRA, gradients flow
     unet = UNet2DConditionModel.from_pretrained(str(assets["sd15"] / "unet"))

@@ -160,8 +160,10 @@ def run_demo(out: Path, model: str | None = None, steps: int | None = None, log=
              show_progress: bool | None = None) -> DemoResult:
     import shutil
 
-    from lorapod.engine.llm import generate, train_llm
+    from lorapod.engine.llm import generate, quiet_hf, train_llm
     from lorapod.rundir import RunDir
+
+    quiet_hf()
 
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from lorapod.errors import LorapodError
 
-COMMANDS = ["train", "demo"]
+COMMANDS = ["train", "demo", "plan", "data"]
 
 err_console = Console(stderr=True)
 

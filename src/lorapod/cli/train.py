@@ -13,7 +13,7 @@ console = Console(stderr=True)
 
 
 def train(
-    spec_file: Path = typer.Argument(..., help="The job spec (YAML).", exists=False),
+    spec_file: Path | None = typer.Argument(None, help="The job spec (YAML); not needed with --resume."),
     set_: list[str] = typer.Option([], "--set", help="Override a spec value: --set train.learning_rate=1e-4"),
     run_dir: Path | None = typer.Option(None, "--run-dir", help="Use this run folder (created if missing)."),
     resume: Path | None = typer.Option(None, "--resume", help="Continue a run folder from its newest checkpoint."),
@@ -27,6 +27,8 @@ def train(
         run = RunDir.open(resume)
         spec = load_spec(run.spec_file, set_)
     else:
+        if spec_file is None:
+            raise LorapodError("no spec given", hint="lorapod train SPEC.yaml (or --resume RUN_DIR)")
         spec = load_spec(spec_file, set_)
         if run_dir is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -36,6 +38,7 @@ def train(
         else:
             run = RunDir.create(spec.output.dir, spec.output.name or spec_file.stem)
         run.write_spec(spec)
+        _record_plan(spec, run)
     console.print(f"run folder: [bold]{run.root}[/]")
     resume_flag = resume is not None or (run_dir is not None and any(run.checkpoints.glob("step-*")))
     result = train_spec(spec, run, resume=resume_flag, device=device)
@@ -44,9 +47,19 @@ def train(
     if first is not None and last is not None:
         console.print(f"validation loss: base {first:.4f} -> tuned {last:.4f}")
     if result.stopped == "stop_file":
-        console.print(f"stopped on request at step {result.state.step}; resume with: lorapod train --resume {run.root} _")
+        console.print(f"stopped on request at step {result.state.step}; resume with: lorapod train --resume {run.root}")
     else:
         console.print(f"adapter: [bold]{run.adapter}[/]")
+
+
+def _record_plan(spec, run) -> None:
+    """Write what the planner predicts for this job into plan.json, when it can say."""
+    try:
+        from lorapod.plan.choose import plan_job
+
+        run.write_plan(plan_job(spec).to_record())
+    except LorapodError as exc:  # a model the catalog does not know, say: training goes on
+        run.event(f"no plan.json: {exc.message}")
 
 
 def train_spec(spec, run, *, resume: bool = False, device: str | None = None):

@@ -21,6 +21,7 @@ import itertools
 import json
 import math
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,25 @@ def detect_format(records: list[tuple[int, dict]]) -> str:
     return first[1]
 
 
+MAX_LINE_BYTES = 64 * 2**20
+
+
+def _lines(fh) -> Iterator[bytes | None]:
+    """Lines of a binary file, with None for a line over MAX_LINE_BYTES (skipped, never held whole)."""
+    while True:
+        raw = fh.readline(MAX_LINE_BYTES)
+        if not raw:
+            return
+        if len(raw) >= MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            while True:  # skip the rest of the giant line in bounded chunks
+                rest = fh.readline(MAX_LINE_BYTES)
+                if not rest or rest.endswith(b"\n"):
+                    break
+            yield None
+            continue
+        yield raw
+
+
 def read_jsonl(path: Path) -> tuple[list[tuple[int, dict]], list[Finding]]:
     """Read a JSON-lines file into ``(line_number, record)`` pairs, line numbers 1-based.
 
@@ -108,7 +128,14 @@ def read_jsonl(path: Path) -> tuple[list[tuple[int, dict]], list[Finding]]:
     except OSError as exc:
         raise DataError(f"cannot read {path}: {exc.strerror}.", hint="Check the file's permissions.") from exc
     with fh:
-        for lineno, raw in enumerate(fh, start=1):
+        for lineno, raw in enumerate(_lines(fh), start=1):
+            if raw is None:
+                findings.append(finding(
+                    "error", "chat-line-too-long", path,
+                    f"line longer than {MAX_LINE_BYTES // 2**20} MiB (binary data, or a file without "
+                    "newlines?); not read.", lineno,
+                ))
+                continue
             complete = raw.endswith(b"\n")
             try:
                 text = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
@@ -426,8 +453,14 @@ def check_chat(
         report.add(finding("info", "chat-few-examples", path,
                            f"{len(conversations)} examples; 500-2000 is the usual range for a chat LoRA."))
 
+    val_convs: list[list[dict]] = []
     if val is not None:
-        val_convs, val_findings, val_fmt = load_conversations(Path(val), "auto")
+        try:
+            val_convs, val_findings, val_fmt = load_conversations(Path(val), "auto")
+        except DataError as exc:  # reported like the train file's problems, not as a crash
+            report.add(finding("error", "chat-val-unusable", val, str(exc)))
+            val = None
+    if val is not None:
         report.extend(val_findings)
         shared = set(digests) & {_digest(c) for c in val_convs}
         report.summary["val"] = {"path": str(val), "format": val_fmt, "usable": len(val_convs),

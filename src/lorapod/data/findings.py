@@ -44,9 +44,15 @@ class Finding:
         }
 
 
+def printable(text: str) -> str:
+    """File names that are not valid UTF-8 reach Python as lone surrogates, which cannot be
+    printed or written as JSON; show them with U+FFFD instead of crashing on output."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def finding(severity: Severity, code: str, path: str | Path, message: str, line: int | None = None) -> Finding:
-    """Build a Finding with ``path`` as a string (callers hold Paths)."""
-    return Finding(severity=severity, code=code, path=str(path), message=message, line=line)
+    """Build a Finding with ``path`` as a string (callers hold Paths), safe to print."""
+    return Finding(severity=severity, code=code, path=printable(str(path)), message=printable(message), line=line)
 
 
 @dataclass

@@ -55,8 +55,13 @@ def resolve_precision(precision: str, weights_dtype: str, device: torch.device) 
         raise HardwareError("this GPU does not support bf16", hint="set train.precision: fp16")
     if compute == "fp16" and not cuda:
         raise HardwareError("fp16 training needs a CUDA GPU", hint="use train.precision: fp32 (or bf16) on CPU")
-    if weights_dtype == "fp8":  # stored in float8 by the image engine, computed in the autocast dtype
-        weights = _DTYPES[compute]
+    if weights_dtype == "fp8":
+        if not cuda or torch.cuda.get_device_capability(device) < (8, 9):
+            raise HardwareError(
+                "fp8 base weights need an Ada or Hopper GPU (RTX 4090, L40S, H100...)",
+                hint="set model.dtype: bf16 (or auto) on this machine",
+            )
+        weights = torch.float8_e4m3fn
     elif weights_dtype == "auto":
         weights = _DTYPES[compute] if cuda else torch.float32
     else:

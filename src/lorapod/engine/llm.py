@@ -37,18 +37,35 @@ class Split:
     val: list[list[dict]]
 
 
-def load_split(spec: JobSpec) -> tuple[Split, str]:
-    """Read the conversations and split off validation (seeded), or read data.val_path."""
+def _read_chat(path: Path, spec: JobSpec, log) -> tuple[list[list[dict]], str]:
+    """Conversations of one file. Lines with errors stop the job (listed with their line
+    numbers) unless ``data.skip_bad_examples`` is set, in which case they are skipped and counted."""
     from lorapod.data.chat import load_conversations
 
+    convs, findings, fmt = load_conversations(path, spec.data.format)
+    errors = [f for f in findings if f.severity == "error"]
+    if errors and not spec.data.skip_bad_examples:
+        shown = "\n".join(f"    line {f.line}: {f.message}" for f in errors[:5])
+        more = f"\n    ... and {len(errors) - 5} more" if len(errors) > 5 else ""
+        raise DataError(
+            f"{path} has {len(errors)} bad line(s):\n{shown}{more}",
+            hint=f"fix them (`lorapod data check {path}` lists all), or --set data.skip_bad_examples=true",
+        )
+    if errors:
+        log(f"{path}: skipping {len(errors)} bad line(s) (data.skip_bad_examples)")
+    return convs, fmt
+
+
+def load_split(spec: JobSpec, log=print) -> tuple[Split, str]:
+    """Read the conversations and split off validation (seeded), or read data.val_path."""
     conversations: list[list[dict]] = []
     formats = set()
     for path in spec.data_paths():
-        convs, _findings, fmt = load_conversations(Path(path), spec.data.format)
+        convs, fmt = _read_chat(Path(path), spec, log)
         conversations.extend(convs)
         formats.add(fmt)
     if spec.data.val_path:
-        val, _f, _fmt = load_conversations(Path(spec.data.val_path), spec.data.format)
+        val, _fmt = _read_chat(Path(spec.data.val_path), spec, log)
         return Split(conversations, val), "/".join(sorted(formats))
     order = list(range(len(conversations)))
     random.Random(spec.train.seed).shuffle(order)
@@ -204,13 +221,20 @@ def quiet_hf() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
 
 
-def prepare(spec: JobSpec, device: str | None = None) -> tuple[LLMRecipe, llm_data.TokenizeStats, bool]:
+def prepare(spec: JobSpec, device: str | None = None, log=print) -> tuple[LLMRecipe, llm_data.TokenizeStats, bool]:
     """Load data, tokenizer and model; attach LoRA; build the recipe. No training yet."""
     quiet_hf()
+    if spec.model.dtype == "fp8":
+        from lorapod.errors import SpecError
+
+        raise SpecError(
+            "model.dtype fp8 is for image and video models; the LLM engine does not train on fp8 weights",
+            hint="for a smaller LLM footprint use method.type: qlora (4-bit base)",
+        )
     torch.manual_seed(spec.train.seed)
     random.seed(spec.train.seed)
     precision = resolve_precision(spec.train.precision, spec.model.dtype, pick_device(device))
-    split, _fmt = load_split(spec)
+    split, _fmt = load_split(spec, log)
     tokenizer = load_tokenizer(spec)
     fallback = llm_data.ensure_chat_template(tokenizer)
     seq, only_asst = spec.data.sequence_len, spec.data.train_on_assistant_only
@@ -230,7 +254,7 @@ def prepare(spec: JobSpec, device: str | None = None) -> tuple[LLMRecipe, llm_da
 
 def train_llm(spec: JobSpec, run: RunDir, *, resume: bool = False, device: str | None = None,
               on_step=None, show_progress: bool | None = None, log=print) -> LLMRun:
-    recipe, stats, fallback = prepare(spec, device)
+    recipe, stats, fallback = prepare(spec, device, log)
     trainable, total = count_parameters(recipe.model)
     log(f"model {spec.model.id}: {total:,} parameters, {trainable:,} trainable ({100 * trainable / total:.2f}%)")
     log(f"data: {stats.examples} training examples ({len(recipe.rows)} rows"

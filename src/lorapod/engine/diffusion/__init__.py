@@ -23,7 +23,7 @@ from lorapod.engine.diffusion import samples as smp
 from lorapod.engine.diffusion.families import Components, resolve_family
 from lorapod.engine.diffusion.recipe import DiffusionRecipe, describe
 from lorapod.engine.loop import FitResult, fit
-from lorapod.errors import HardwareError, SpecError
+from lorapod.errors import SpecError
 from lorapod.rundir import RunDir
 from lorapod.spec import JobSpec
 
@@ -127,12 +127,12 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
         log(f"[{f.severity}] {f.path}: {f.message}")
         run.event(f"data {f.severity} {f.code}: {f.path}")
 
-    if spec.model.dtype == "fp8" and precision.device.type != "cuda":
-        raise HardwareError("model.dtype fp8 (float8 base weights) needs a CUDA GPU",
-                            hint="use model.dtype: auto on this machine; keep fp8 for the GPU run")
-    comps = family.load(spec.model.id, spec.model.revision, precision.weights)
+    # model.dtype fp8 (resolve_precision has checked the GPU): load in the compute dtype, then
+    # store the transformer blocks' linear weights in float8
+    fp8 = precision.weights == torch.float8_e4m3fn
+    comps = family.load(spec.model.id, spec.model.revision, precision.autocast_dtype if fp8 else precision.weights)
     _freeze(comps)
-    if spec.model.dtype == "fp8":
+    if fp8:
         n = store_fp8(comps.denoiser)
         log(f"fp8: {n} linear layers of the {family.denoiser_name} stored in float8")
     dev = precision.device
