@@ -9,8 +9,7 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
-from lorapod.engine.diffusion import buckets as bk
-from lorapod.engine.diffusion.dataset import scan, transform_caption
+from lorapod.engine.diffusion.dataset import bucket_table, fit_image, scan, transform_caption
 from lorapod.engine.diffusion.families import detect, resolve_family
 from lorapod.engine.diffusion.samples import load_prompts, parse_line
 from lorapod.errors import DataError, ModelLoadError, SpecError
@@ -45,14 +44,15 @@ def test_no_usable_image_is_a_data_error(tmp_path):
 
 
 def test_buckets_cover_the_area_without_square_crops():
-    table = bk.make_buckets(1024)
-    assert (1024, 1024) in table
-    assert all(w % 64 == 0 and h % 64 == 0 and w * h <= 1024 * 1024 for w, h in table)
-    b = bk.assign(3000, 2000, table)
+    table = bucket_table(1024)
+    assert (1024, 1024) in {(b.width, b.height) for b in table}
+    f = fit_image((3000, 2000), table)
+    b = f.bucket
+    assert b[0] % 64 == 0 and b[1] % 64 == 0 and b[0] * b[1] <= 1024 * 1024
     assert abs(b[0] / b[1] - 1.5) < 0.1 and b[0] * b[1] > 0.9 * 1024 * 1024
-    f = bk.fit((3000, 2000), b)
     assert f.resized[0] >= b[0] and f.resized[1] >= b[1]
     assert f.crop == ((f.resized[0] - b[0]) // 2, (f.resized[1] - b[1]) // 2)
+    assert {(b.width, b.height) for b in bucket_table(64)} >= {(64, 64), (80, 48), (48, 80)}
 
 
 def test_caption_shuffle_keeps_the_trigger_first_and_dropout_empties():

@@ -2,7 +2,8 @@
 
 Layout is what ``lorapod data check`` validates and what sd-scripts users have: ``photo01.jpg`` +
 ``photo01.txt``. A folder named ``10_zxq`` repeats its images 10 times (the kohya convention);
-otherwise ``data.repeats`` applies. Bad input never stops a run that still has images: an
+otherwise ``data.repeats`` applies. Buckets are the data checker's (``lorapod.data.buckets``), so
+``lorapod data check`` shows exactly the bucket plan training uses. Bad input never stops a run that still has images: an
 unreadable picture is skipped with a finding, a caption in a legacy encoding is decoded and
 reported.
 """
@@ -15,8 +16,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from lorapod.data.buckets import Bucket, make_buckets, place
 from lorapod.data.findings import Finding, finding
-from lorapod.engine.diffusion import buckets as bk
 from lorapod.errors import DataError
 
 IMAGE_EXTS = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
@@ -24,11 +25,33 @@ _REPEAT_DIR = re.compile(r"^(\d+)_(.+)$")
 
 
 @dataclass(frozen=True)
+class Fit:
+    """How an image of ``size`` becomes a ``bucket`` image: resize to ``resized``, crop at ``crop``."""
+
+    size: tuple[int, int]  # original (w, h)
+    bucket: tuple[int, int]  # target (w, h)
+    resized: tuple[int, int]
+    crop: tuple[int, int]  # (left, top) offset of the centre crop in the resized image
+
+
+def bucket_table(resolution: int) -> list[Bucket]:
+    """The data checker's buckets (sd-scripts' rule), with a 16 px step for the tiny test/demo sizes."""
+    if resolution >= 256:
+        return make_buckets(resolution)
+    return make_buckets(resolution, min_size=16, steps=16)
+
+
+def fit_image(size: tuple[int, int], table: list[Bucket]) -> Fit:
+    p = place(size[0], size[1], table)
+    return Fit(size, (p.bucket.width, p.bucket.height), p.resized, (p.crop[0] // 2, p.crop[1] // 2))
+
+
+@dataclass(frozen=True)
 class ImageItem:
     path: Path
     caption: str
     digest: str  # sha256 of the file's bytes: the cache key, so renames and touches reuse the cache
-    fit: bk.Fit
+    fit: Fit
     repeats: int
 
     @property
@@ -58,8 +81,10 @@ def scan(folders: list[Path], resolution: int, use_buckets: bool, caption_ext: s
 
     findings: list[Finding] = []
     items: list[ImageItem] = []
-    table = bk.make_buckets(resolution) if use_buckets else None
-    square = (resolution // bk.bucket_step(resolution) * bk.bucket_step(resolution),) * 2
+    table = bucket_table(resolution)
+    if not use_buckets:  # one square bucket: every image is a centre crop of it
+        side = max(b.width for b in table if b.width == b.height)
+        table = [Bucket(side, side)]
     ext = caption_ext if caption_ext.startswith(".") else "." + caption_ext
     for folder in folders:
         if not folder.is_dir():
@@ -90,8 +115,7 @@ def scan(folders: list[Path], resolution: int, use_buckets: bool, caption_ext: s
             if trigger and not caption.startswith(trigger):
                 caption = f"{trigger}, {caption}" if caption else trigger
             digest = hashlib.sha256(p.read_bytes()).hexdigest()
-            bucket = bk.assign(*size, table) if table else square
-            items.append(ImageItem(p, caption, digest, bk.fit(size, bucket), repeats))
+            items.append(ImageItem(p, caption, digest, fit_image(size, table), repeats))
     if not items:
         raise DataError(f"no usable image in {', '.join(map(str, folders))}",
                         hint="put .png/.jpg/.webp images with same-name caption files there; run `lorapod data check`")
