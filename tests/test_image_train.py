@@ -258,6 +258,6 @@ def test_lorapod_train_cli_trains_an_image_spec(assets, tmp_path, capsys):
     f.write_text(yaml.safe_dump(raw), encoding="utf-8")
     main(["train", str(f)])
     err = capsys.readouterr().err
-    assert "adapter:" in err
+    assert "adapter:" in err and "fixed-noise loss: base" in err
     adapters = list((tmp_path / "runs").glob("t-*/adapter/t.safetensors"))
     assert len(adapters) == 1
