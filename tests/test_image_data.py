@@ -28,12 +28,16 @@ def test_bad_images_are_skipped_and_legacy_captions_decoded(tmp_path):
     (d / "b.txt").write_bytes("\ufeffzxq, mug".encode())  # UTF-8 with BOM
     (d / "broken.png").write_bytes(b"\x89PNG not really")
     _img(d / "c.png")  # no caption: the trigger alone
+    _img(d / "d.png")
+    (d / "d.txt").write_text("zxq, first line\nzxq, second line\n", encoding="utf-8")
     items, findings = scan([d], 64, True, ".txt", 1, trigger="zxq")
-    assert [i.path.name for i in items] == ["a.png", "b.jpg", "c.png"]
+    assert [i.path.name for i in items] == ["a.png", "b.jpg", "c.png", "d.png"]
+    assert items[3].caption == "zxq, first line"  # trainers read the first line only
     assert items[0].caption == "zxq, café au lait" and items[1].caption == "zxq, mug" and items[2].caption == "zxq"
     assert all(i.repeats == 3 for i in items)
     codes = {(f.code, f.path.rsplit("/", 1)[-1]) for f in findings}
-    assert codes == {("caption-encoding", "a.txt"), ("image-unreadable", "broken.png"), ("caption-missing", "c.png")}
+    assert codes == {("caption-encoding", "a.txt"), ("image-unreadable", "broken.png"), ("caption-missing", "c.png"),
+                     ("caption-multiline", "d.txt")}
     assert items[1].bucket[0] < items[1].bucket[1]  # portrait stays portrait
 
 

@@ -59,20 +59,27 @@ class ImageItem:
         return self.fit.bucket
 
 
-def read_caption(path: Path) -> tuple[str | None, Finding | None]:
-    """Decode a caption as UTF-8 (with or without BOM), else cp1252 with a warning, else report it."""
+def read_caption(path: Path) -> tuple[str | None, list[Finding]]:
+    """The caption's first line, as sd-scripts and ``lorapod data check`` read it. UTF-8 (with or
+    without BOM); a legacy Windows-1252 file is decoded with a warning instead of stopping the run
+    (the data check calls it an error, because other trainers would stop)."""
     raw = path.read_bytes()
+    found: list[Finding] = []
     try:
-        return raw.decode("utf-8-sig").strip(), None
+        text = raw.decode("utf-8-sig")
     except UnicodeDecodeError:
-        pass
-    try:
-        text = raw.decode("cp1252").strip()
-    except UnicodeDecodeError:
-        return None, finding("error", "caption-encoding", path,
-                             "caption is neither UTF-8 nor Windows-1252; re-save it as UTF-8 (image skipped)")
-    return text, finding("warning", "caption-encoding", path,
-                         "caption is not UTF-8; read it as Windows-1252 - re-save it as UTF-8 to be sure")
+        try:
+            text = raw.decode("cp1252")
+        except UnicodeDecodeError:
+            return None, [finding("error", "caption-encoding", path,
+                                  "caption is neither UTF-8 nor Windows-1252; re-save it as UTF-8 (image skipped)")]
+        found.append(finding("warning", "caption-encoding", path,
+                             "caption is not UTF-8; read it as Windows-1252 - re-save it as UTF-8 to be sure"))
+    lines = text.splitlines()
+    if len([ln for ln in lines if ln.strip()]) > 1:
+        found.append(finding("warning", "caption-multiline", path,
+                             "several lines; only the first is trained (as in sd-scripts): join them with commas"))
+    return (lines[0].strip() if lines else ""), found
 
 
 def scan(folders: list[Path], resolution: int, use_buckets: bool, caption_ext: str, default_repeats: int,
@@ -103,9 +110,8 @@ def scan(folders: list[Path], resolution: int, use_buckets: bool, caption_ext: s
                 continue
             cap_path = p.with_suffix(ext)
             if cap_path.is_file():
-                caption, f = read_caption(cap_path)
-                if f is not None:
-                    findings.append(f)
+                caption, found = read_caption(cap_path)
+                findings.extend(found)
                 if caption is None:
                     continue
             else:
