@@ -42,10 +42,11 @@ def train(
     console.print(f"run folder: [bold]{run.root}[/]")
     resume_flag = resume is not None or (run_dir is not None and any(run.checkpoints.glob("step-*")))
     result = train_spec(spec, run, resume=resume_flag, device=device)
-    first = (result.first_eval or {}).get("val_loss")
-    last = (result.last_eval or {}).get("val_loss")
-    if first is not None and last is not None:
-        console.print(f"validation loss: base {first:.4f} -> tuned {last:.4f}")
+    for key, label in (("val_loss", "validation loss"), ("fixed_noise_loss", "fixed-noise loss")):  # LLM, image
+        first = (result.first_eval or {}).get(key)
+        last = (result.last_eval or {}).get(key)
+        if first is not None and last is not None:
+            console.print(f"{label}: base {first:.4f} -> tuned {last:.4f}")
     if result.stopped == "stop_file":
         console.print(f"stopped on request at step {result.state.step}; resume with: lorapod train --resume {run.root}")
     else:

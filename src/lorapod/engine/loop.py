@@ -202,6 +202,9 @@ def fit(
                         result.last_eval = evaluate()
                     if spec.save.every_epochs and state.epoch % spec.save.every_epochs == 0:
                         save()
+                    on_epoch_end = getattr(recipe, "on_epoch_end", None)  # optional hook (image samples)
+                    if on_epoch_end is not None:
+                        on_epoch_end(state)
         if train.max_steps and state.step >= train.max_steps:
             result.stopped = "max_steps"
         if eval_step != state.step:
