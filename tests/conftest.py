@@ -1,14 +1,29 @@
-"""Shared test setup: every test gets its own LORAPOD_HOME (ledger, keys, known_hosts)."""
+"""Test-wide isolation: every test gets its own LORAPOD_HOME and never talks to a hub."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from conftest_ssh import remote_root, sshd, sshd_factory  # noqa: F401  (real-sshd fixtures)
+from conftest_ssh import remote_root, sshd, sshd_factory  # noqa: F401  (real-sshd fixtures for remote runs)
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Tests run two xdist workers on two cores: one intra-op thread each avoids OpenMP spin-waiting
+# on an oversubscribed CPU, which slows tiny-model steps down by 10x or more.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 
 @pytest.fixture(autouse=True)
-def _isolated_home(tmp_path, monkeypatch):
-    monkeypatch.setenv("LORAPOD_HOME", str(tmp_path / "lorapod-home"))
-    for key in ("RUNPOD_API_KEY", "VAST_API_KEY", "LORAPOD_JOB_COMMAND", "LORAPOD_RUNPOD_URL", "LORAPOD_VAST_URL"):
+def _lorapod_home(tmp_path_factory, monkeypatch):
+    home = tmp_path_factory.mktemp("lorapod-home")
+    monkeypatch.setenv("LORAPOD_HOME", str(home))
+    # Provider keys and URL overrides never leak in from the environment running the tests.
+    for key in ("RUNPOD_API_KEY", "VAST_API_KEY", "LORAPOD_JOB_COMMAND", "LORAPOD_RUNPOD_URL",
+                "LORAPOD_RUNPOD_GRAPHQL_URL", "LORAPOD_VAST_URL", "LORAPOD_REMOTE_ROOT"):
         monkeypatch.delenv(key, raising=False)
+    return home

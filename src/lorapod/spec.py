@@ -32,8 +32,10 @@ class ModelSpec(_Section):
     id: str = Field(description="Hub id (org/name), a local model directory, or a .safetensors file.")
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
     family: Family = Field("auto", description="Model family; 'auto' reads it from the model.")
-    dtype: Literal["auto", "bf16", "fp16", "fp32"] = Field(
-        "auto", description="Dtype of the frozen base weights; auto = bf16 on capable GPUs, fp32 on CPU."
+    dtype: Literal["auto", "bf16", "fp16", "fp32", "fp8"] = Field(
+        "auto",
+        description="Dtype of the frozen base weights; auto = bf16 on capable GPUs, fp32 on CPU. "
+        "fp8 stores the frozen base in 8 bits (sd-scripts/musubi --fp8_base), halving its VRAM.",
     )
     trust_remote_code: bool = False
     variant: str | None = Field(None, description="Sub-model, e.g. 'dev'/'schnell' for FLUX.1, '4b'/'9b' for FLUX.2 klein.")
@@ -63,6 +65,9 @@ class DataSpec(_Section):
     sequence_len: Annotated[int, Field(ge=16)] = 2048
     packing: bool = Field(True, description="Pack several examples per row; attention never crosses them.")
     train_on_assistant_only: bool = Field(True, description="Loss only on assistant turns.")
+    skip_bad_examples: bool = Field(
+        False, description="Train on the good lines of a chat file that has bad ones (default: refuse and list them)."
+    )
     # image datasets
     repeats: Annotated[int, Field(ge=1)] = 1
     resolution: Annotated[int, Field(ge=64)] = 1024
@@ -98,6 +103,10 @@ class TrainSpec(_Section):
     min_snr_gamma: Annotated[float | None, Field(gt=0)] = None
     timestep_sampling: Literal["uniform", "logit_normal", "shift"] = "uniform"
     timestep_shift: Annotated[float, Field(gt=0)] = 3.0
+    blocks_to_swap: Annotated[int, Field(ge=0)] = Field(
+        0, description="Images: transformer blocks kept in CPU RAM and swapped in each step "
+        "(sd-scripts/musubi --blocks_to_swap); saves VRAM, costs time."
+    )
 
 
 class EvalSpec(_Section):

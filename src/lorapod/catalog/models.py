@@ -1,0 +1,290 @@
+"""Base models: image families (U-Nets and diffusion transformers) and LLM architectures.
+
+An LLM's size is computed from its transformers ``config.json`` (a local model folder, a
+cached hub id, or a built-in entry), so any decoder model can be planned, not only the ones
+listed. Image families come from the catalog: their memory behaviour is not in any config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from lorapod.catalog.snapshot import Snapshot, closest_canonical, load_data, normalise
+from lorapod.errors import PlanError
+
+# Linear layers LoRA can target in a llama-style block, and the (in, out) sizes of each.
+LLM_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class License:
+    name: str
+    gated: bool | None
+    commercial: bool
+
+
+@dataclass(frozen=True)
+class ImageModel:
+    """A diffusion model family member, with what the VRAM and speed models need."""
+
+    key: str
+    name: str
+    family: str
+    variant: str | None
+    kind: str  # unet | dit
+    trained_params_b: float
+    text_encoder_params_b: float
+    vae_params_b: float
+    download_gb: float
+    lora_params_per_rank_m: float
+    ref_resolution: int
+    activations_gc_gb: float
+    activations_full_gb: float
+    vae_encode_gb: float
+    default_dtype: str
+    license: License
+    fwd_tflops_at_ref: float | None = None
+    patch_px: int | None = None
+    text_tokens: int = 0
+    blocks: int | None = None
+    calibration: dict[str, Any] | None = None
+    speed_like: str | None = None
+    aliases: tuple[str, ...] = ()
+
+    def fwd_tflops(self, resolution: int) -> float:
+        """Forward FLOPs (in TFLOPs) for one sample at ``resolution``.
+
+        Transformers: 2 x params x tokens (image patches + text tokens). U-Nets have no such
+        closed form; the catalog gives FLOPs at the reference size, scaled by pixel count.
+        """
+        if self.kind == "dit" and self.patch_px:
+            tokens = (resolution / self.patch_px) ** 2 + self.text_tokens
+            return 2 * self.trained_params_b * 1e9 * tokens / 1e12
+        assert self.fwd_tflops_at_ref is not None, f"{self.name}: catalog lacks fwd_tflops_at_ref"
+        return self.fwd_tflops_at_ref * (resolution / self.ref_resolution) ** 2
+
+
+@dataclass(frozen=True)
+class LLMArch:
+    """A decoder-only transformer, from its config.json. Sizes in elements, not bytes."""
+
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool
+    gated_mlp: bool = True
+    params_override: float | None = None
+    license: License = field(default_factory=lambda: License("unknown (check the model card)", None, True))
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
+        shapes = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
+        if self.gated_mlp:
+            shapes |= {"gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+        else:
+            shapes |= {"up_proj": (h, i), "down_proj": (i, h)}
+        return shapes
+
+    @property
+    def linear_params(self) -> float:
+        """Parameters in the blocks' linear layers (what 4-bit quantisation shrinks)."""
+        if self.params_override:
+            return self.params_override - self.embedding_params
+        return self.layers * sum(a * b for a, b in self.linear_shapes().values())
+
+    @property
+    def embedding_params(self) -> float:
+        """Input embedding plus LM head (kept in 16 bits even under QLoRA)."""
+        return self.vocab * self.hidden * (1 if self.tied else 2)
+
+    @property
+    def params(self) -> float:
+        if self.params_override:
+            return self.params_override
+        norms = self.layers * 2 * self.hidden + self.hidden
+        return self.linear_params + self.embedding_params + norms
+
+    def lora_params(self, r: int, targets: str | list[str]) -> float:
+        shapes = self.linear_shapes()
+        names = list(shapes) if targets == "all-linear" else [t for t in targets if t in shapes]
+        if not names and targets != "all-linear":
+            # Unknown names (e.g. 'query_key_value' on BLOOM): count them as attention projections.
+            names = ["q_proj"] * len(targets)
+        return self.layers * sum(r * (shapes[n][0] + shapes[n][1]) for n in names)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _license(entry: dict[str, Any]) -> License:
+    return License(str(entry.get("license", "unknown")), entry.get("gated"), bool(entry.get("commercial", True)))
+
+
+@cache
+def load_models() -> tuple[Snapshot, tuple[ImageModel, ...], tuple[tuple[str, tuple[str, ...], dict, dict], ...]]:
+    snap, raw = load_data("models")
+    images = []
+    for m in raw["image_models"]:
+        act = m["activations_gb_at_ref"]
+        images.append(
+            ImageModel(
+                key=m.get("key") or m["aliases"][0],
+                name=m["name"],
+                family=m["family"],
+                variant=m.get("variant"),
+                kind=m["kind"],
+                trained_params_b=float(m["trained"]["params_b"]),
+                text_encoder_params_b=float(m["text_encoder"]["params_b"]),
+                vae_params_b=float(m["vae_params_b"]),
+                download_gb=float(m["download_gb"]),
+                lora_params_per_rank_m=float(m["lora_params_per_rank_m"]),
+                ref_resolution=int(m["ref_resolution"]),
+                activations_gc_gb=float(act["checkpointing"]),
+                activations_full_gb=float(act["no_checkpointing"]),
+                vae_encode_gb=float(m["vae_encode_gb_at_ref"]),
+                default_dtype=m["default_dtype"],
+                license=_license(m),
+                fwd_tflops_at_ref=m.get("fwd_tflops_at_ref"),
+                patch_px=m.get("patch_px"),
+                text_tokens=int(m.get("text_tokens", 0)),
+                blocks=m.get("blocks"),
+                calibration=m.get("calibration"),
+                speed_like=m.get("speed_like"),
+                aliases=tuple(str(a) for a in m.get("aliases", [])),
+            )
+        )
+    llms = tuple(
+        (e["name"], tuple(e.get("aliases", [])), e["config"], e) for e in raw["llms"]
+    )
+    return snap, tuple(images), llms
+
+
+def image_model(key: str) -> ImageModel:
+    _, images, _ = load_models()
+    for m in images:
+        if m.key == key:
+            return m
+    raise PlanError(f"no image model with key {key!r} in the catalog")
+
+
+def llm_from_config(cfg: dict[str, Any], name: str = "model", entry: dict[str, Any] | None = None) -> LLMArch:
+    """Build an :class:`LLMArch` from a transformers config dict (llama, mistral, qwen, gemma, bloom...)."""
+    text = cfg.get("text_config") or cfg
+    try:
+        hidden = int(text.get("hidden_size") or text.get("n_embd") or text["d_model"])
+        layers = int(text.get("num_hidden_layers") or text.get("n_layer") or text["num_layers"])
+        heads = int(text.get("num_attention_heads") or text.get("n_head") or text["num_heads"])
+    except KeyError as exc:
+        raise PlanError(
+            f"{name}: config.json lacks {exc} (hidden size, layers or heads)",
+            hint="pass model.family and a known model id, or a transformers model folder",
+        ) from None
+    kv = int(text.get("num_key_value_heads") or heads)
+    head_dim = int(text.get("head_dim") or hidden // heads)
+    model_type = str(text.get("model_type", "")).lower()
+    gated_mlp = model_type not in {"bloom", "gpt2", "gpt_neox", "opt", "falcon", "phi"}
+    inter = int(text.get("intermediate_size") or text.get("n_inner") or text.get("ffn_dim") or 4 * hidden)
+    vocab = int(text.get("vocab_size", 32000))
+    tied = bool(text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False)))
+    return LLMArch(
+        name=name, hidden=hidden, layers=layers, heads=heads, kv_heads=kv, head_dim=head_dim,
+        intermediate=inter, vocab=vocab, tied=tied, gated_mlp=gated_mlp,
+        license=_license(entry) if entry else License("unknown (check the model card)", None, True),
+    )
+
+
+def _local_config(model_id: str) -> Path | None:
+    """config.json of a local folder, or of a hub id already in the Hugging Face cache."""
+    p = Path(model_id).expanduser()
+    if p.is_dir() and (p / "config.json").is_file():
+        return p / "config.json"
+    if "/" in model_id and not p.exists():
+        hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", "~/.cache/huggingface")) / "hub")
+        snaps = hub.expanduser() / f"models--{model_id.replace('/', '--')}" / "snapshots"
+        if snaps.is_dir():
+            for snap in sorted(snaps.iterdir(), key=lambda s: s.stat().st_mtime, reverse=True):
+                if (snap / "config.json").is_file():
+                    return snap / "config.json"
+    return None
+
+
+# diffusers pipeline classes (model_index.json "_class_name") -> family.
+DIFFUSERS_FAMILIES = {
+    "StableDiffusionPipeline": "sd15",
+    "StableDiffusionXLPipeline": "sdxl",
+    "FluxPipeline": "flux1",
+    "Flux2Pipeline": "flux2",
+    "Flux2KleinPipeline": "flux2",
+    "WanPipeline": "wan21",
+}
+
+
+def _diffusers_family(model_id: str) -> str | None:
+    index = Path(model_id).expanduser() / "model_index.json"
+    if not index.is_file():
+        return None
+    try:
+        return DIFFUSERS_FAMILIES.get(json.loads(index.read_text(encoding="utf-8")).get("_class_name", ""))
+    except (OSError, ValueError):
+        return None
+
+
+def find_model(model_id: str, family: str = "auto", variant: str | None = None) -> ImageModel | LLMArch:
+    """Resolve a spec's model to a catalog entry or an LLM architecture.
+
+    Order: image aliases by id (or file name), then the family + variant, then an LLM
+    config.json on disk, then built-in LLM entries. Unknown: PlanError with close names.
+    """
+    _, images, llms = load_models()
+    key = normalise(model_id)
+    base = normalise(Path(model_id).name) if ("/" in model_id or "." in model_id) else key
+    for m in images:
+        names = {normalise(a) for a in (*m.aliases, m.name, m.key)}
+        if key in names or base in names:
+            return m
+    if family == "auto":
+        family = _diffusers_family(model_id) or family
+    if family not in ("auto", "llm"):
+        members = [m for m in images if m.family == family]
+        if variant:
+            exact = [m for m in members if normalise(m.variant or "") == normalise(variant)]
+            if not exact:
+                known = [m.variant for m in members if m.variant]
+                raise PlanError(
+                    f"unknown variant {variant!r} for family {family}",
+                    hint=f"known variants: {', '.join(known)}" if known else None,
+                )
+            return exact[0]
+        if members:
+            return members[0]
+    cfg_path = _local_config(model_id)
+    if cfg_path is not None:
+        try:
+            cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise PlanError(f"cannot read {cfg_path}: {exc}") from exc
+        entry = next((e for _, al, _, e in llms if key in {normalise(a) for a in al}), None)
+        return llm_from_config(cfg, name=model_id, entry=entry)
+    for name, aliases, cfg, entry in llms:
+        if key in {normalise(a) for a in (*aliases, name)}:
+            arch = llm_from_config(cfg, name=name, entry=entry)
+            if model_id in entry.get("not_gated_aliases", []):
+                arch = LLMArch(**{**arch.__dict__, "license": License(arch.license.name, False, arch.license.commercial)})
+            return arch
+    every = {a: next((x for x in m.aliases if "/" in x), m.name) for m in images for a in (m.name, *m.aliases)}
+    every |= {a: next((x for x in al if "/" in x), name) for name, al, _, _ in llms for a in (name, *al)}
+    near = closest_canonical(model_id, every)
+    hint = (f"did you mean {', '.join(repr(n) for n in near)}? " if near else "") + (
+        "For another LLM, point model.id at a local folder with a config.json."
+    )
+    raise PlanError(f"unknown model {model_id!r} (family {family})", hint=hint)

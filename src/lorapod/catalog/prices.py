@@ -1,0 +1,47 @@
+"""Price snapshots: $/hour per provider, tier and GPU, and storage/bandwidth prices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from lorapod.catalog.gpus import find_gpu
+from lorapod.catalog.snapshot import Snapshot, load_data
+
+PROVIDERS = ("runpod", "vast")
+
+
+@dataclass(frozen=True)
+class PriceEntry:
+    """One GPU offer: a snapshot figure or a live one."""
+
+    provider: str
+    tier: str
+    gpu: str
+    usd_per_hour: float
+    source: str = "snapshot"  # snapshot | live
+    storage_per_gb_month: float | None = None  # Vast.ai: the host's rate
+    download_per_gb: float | None = None  # Vast.ai: the host's inbound bandwidth rate
+    upload_per_gb: float | None = None
+    download_mb_s: float | None = None  # the host's measured download speed, when known
+    offer_id: str | None = None
+    storage_included: bool = False  # Vast.ai live offers: dph_total already covers the disk asked for
+
+
+@cache
+def load_prices() -> tuple[Snapshot, tuple[PriceEntry, ...]]:
+    snap, raw = load_data("prices")
+    out = []
+    for p in raw["prices"]:
+        out.append(PriceEntry(p["provider"], p["tier"], find_gpu(p["gpu"]).name, float(p["usd_per_hour"])))
+    return snap, tuple(out)
+
+
+@cache
+def load_storage() -> tuple[Snapshot, dict[str, Any]]:
+    return load_data("storage")
+
+
+def tier_descriptions() -> dict[str, dict[str, str]]:
+    return load_data("prices")[1]["tiers"]

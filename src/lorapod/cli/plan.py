@@ -1,0 +1,145 @@
+"""``lorapod plan``: which GPU fits, and which GPU x provider is cheapest per job.
+
+Thin: the numbers come from :func:`lorapod.plan.choose.plan_job` and
+:func:`lorapod.plan.storage.advise`, with the same parameter names.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from lorapod.errors import PlanError
+
+if TYPE_CHECKING:
+    from lorapod.plan.choose import Plan
+
+console = Console()
+
+
+def _fmt_min(hours: float) -> str:
+    m = hours * 60
+    return f"{m:.0f}m" if m < 90 else f"{hours:.1f}h"
+
+
+def plan_command(
+    spec: Path | None = typer.Argument(None, help="Job spec (YAML). Not needed with --storage."),
+    json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON on stdout."),
+    gpu: str | None = typer.Option(None, "--gpu", help="Only this GPU, e.g. 'RTX 3090' (shown even if it does not fit)."),
+    provider: str | None = typer.Option(None, "--provider", help="Only this provider: runpod | vast."),
+    live: bool = typer.Option(False, "--live", help="Refresh prices from RunPod/Vast.ai (RUNPOD_API_KEY, VAST_API_KEY)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a spec value, e.g. --set train.micro_batch_size=2."),
+    images: int | None = typer.Option(None, "--images", help="Image count when data.path is not on this machine."),
+    examples: int | None = typer.Option(None, "--examples", help="Chat example count when the data file is not here."),
+    storage: bool = typer.Option(False, "--storage", help="Advise which disk to pay for instead of planning a job."),
+    model_gb: float | None = typer.Option(None, "--model-gb", help="--storage: size of the models you keep."),
+    sessions_per_month: float | None = typer.Option(None, "--sessions-per-month", help="--storage: sessions a month."),
+    hours_per_session: float | None = typer.Option(None, "--hours-per-session", help="--storage: hours per session."),
+) -> None:
+    """Rank every GPU x provider x tier that fits the job by total dollars per job, with time and $ by phase."""
+    if storage:
+        _storage(model_gb, sessions_per_month, hours_per_session, json_out)
+        return
+    if spec is None:
+        raise PlanError("no spec given", hint="lorapod plan examples/sdxl-object-lora.yaml, or --storage --model-gb N ...")
+    from lorapod.plan.choose import plan_job
+    from lorapod.spec import load_spec
+
+    job_spec = load_spec(spec, set_)
+    prices, notes = None, []
+    if live:
+        from lorapod.catalog.gpus import find_gpu
+        from lorapod.plan.live import live_prices
+
+        got = live_prices(job_spec.compute.disk_gb, [find_gpu(gpu)] if gpu else None)
+        prices, notes = got.entries, got.notes
+    plan = plan_job(job_spec, gpu=gpu, provider=provider, prices=prices, images=images, examples=examples)
+    if json_out:
+        typer.echo(json.dumps(plan.to_json(), indent=2))
+        return
+    _print_plan(plan, notes)
+
+
+def _print_plan(plan: Plan, notes: list[str]) -> None:
+    from lorapod.plan.cost import cents
+
+    job = plan.job
+    size = (f"{job.images} images -> {job.steps} steps" if job.is_image
+            else f"{job.examples} examples, {job.tokens:,} tokens -> {job.steps} steps")
+    console.print(f"[bold]{job.model_name}[/] · {size} · peak VRAM about [bold]{job.estimate.peak_gb:.1f} GB[/]")
+    table = Table(title="Offers ranked by $ per job", title_justify="left", box=box.SIMPLE_HEAD)
+    for col, just in [("#", "right"), ("provider", "left"), ("GPU", "left"), ("tier", "left"), ("$/h", "right"),
+                      ("fit", "left"), ("speed", "right"), ("train", "right"), ("total", "right"),
+                      ("$/job", "right")]:
+        table.add_column(col, justify=just, no_wrap=col in ("GPU", "tier", "fit", "speed"))  # type: ignore[arg-type]
+    for i, o in enumerate(plan.options, 1):
+        train = next((p.hours for p in o.phases if p.name == "train"), 0.0)
+        speed = f"{o.speed.it_per_s:.2f} it/s" if job.is_image else f"{o.speed.tokens_per_s:,.0f} tok/s"
+        fit_color = {"fits": "green", "tight": "yellow"}.get(o.verdict, "red")
+        table.add_row(str(i), o.provider, o.gpu, o.tier + ("*" if o.price_source == "live" else ""),
+                      f"{o.usd_per_hour:.2f}", f"[{fit_color}]{o.verdict}[/] {o.headroom_gb:+.1f}", speed,
+                      _fmt_min(train), _fmt_min(o.hours_total), f"${cents(o.usd_total)}")
+    console.print(table)
+    best = plan.best or plan.options[0]
+    phases = Table(title=f"Phases, #1: {best.gpu} on {best.provider} ({best.tier})", title_justify="left",
+                   box=box.SIMPLE_HEAD)
+    phases.add_column("phase")
+    phases.add_column("time", justify="right")
+    phases.add_column("$", justify="right")
+    for p in best.phases:
+        phases.add_row(p.name, _fmt_min(p.hours) if p.hours else "", f"{p.usd:.3f}")
+    phases.add_row("[bold]total[/]", _fmt_min(best.hours_total), f"[bold]{cents(best.usd_total)}[/]")
+    mem = Table(title="Peak VRAM breakdown (GB)", title_justify="left", box=box.SIMPLE_HEAD)
+    mem.add_column("part")
+    mem.add_column("GB", justify="right")
+    for name, gb in job.estimate.parts.items():
+        mem.add_row(name, f"{gb:.2f}")
+    mem.add_row("[bold]peak[/]", f"[bold]{job.estimate.peak_gb:.2f}[/]")
+    console.print(phases)
+    console.print(mem)
+    for w in dict.fromkeys([*plan.warnings, *best.warnings]):
+        console.print(f"[yellow]![/] {w}", highlight=False)
+    for n in notes:
+        console.print(f"[dim]live: {n}[/]", highlight=False)
+    console.print(f"[dim]{plan.snapshot_note}{' (* = live)' if notes else ''}; assumptions: docs/planner.md[/]",
+                  highlight=False)
+
+
+def _storage(model_gb: float | None, sessions: float | None, hours: float | None, json_out: bool) -> None:
+    from lorapod.plan.storage import advise
+
+    missing = [n for n, v in (("--model-gb", model_gb), ("--sessions-per-month", sessions),
+                              ("--hours-per-session", hours)) if v is None]
+    if missing:
+        raise PlanError(f"--storage needs {', '.join(missing)}",
+                        hint="e.g. lorapod plan --storage --model-gb 260 --sessions-per-month 8 --hours-per-session 3")
+    adv = advise(model_gb, sessions, hours)  # type: ignore[arg-type]
+    if json_out:
+        typer.echo(json.dumps(adv.to_json(), indent=2))
+        return
+    table = Table(title=f"{model_gb:g} GB of models, {sessions:g} sessions x {hours:g} h a month (RunPod)",
+                  title_justify="left", box=box.SIMPLE_HEAD)
+    table.add_column("kind")
+    table.add_column("$ / month", justify="right")
+    table.add_column("why")
+    for o in adv.options:
+        mark = " [green]<- recommended[/]" if o.kind == adv.recommended else ""
+        table.add_row(o.kind + mark, f"{o.usd_per_month:.2f}", o.detail)
+    console.print(table)
+    console.print(
+        f"Rates for {model_gb:g} GB: container disk ${adv.container_running_month:.2f}/month while running, "
+        f"volume disk ${adv.volume_stopped_month:.2f}/month while stopped, network volume "
+        f"${adv.network_volume_month:.2f}/month.", highlight=False)
+    console.print(f"[bold]{adv.recommended}[/]: {adv.reason}.", highlight=False)
+    console.print("Vast.ai bills its storage while the instance exists, running or stopped: destroy it when done.")
+    console.print(f"[dim]prices: storage snapshot of {adv.snapshot_date}; assumptions: docs/planner.md[/]")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan")(plan_command)

@@ -1,0 +1,80 @@
+"""``lorapod train SPEC``: train locally with the built-in engine, into a run folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from lorapod.errors import LorapodError
+
+console = Console(stderr=True)
+
+
+def train(
+    spec_file: Path | None = typer.Argument(None, help="The job spec (YAML); not needed with --resume."),
+    set_: list[str] = typer.Option([], "--set", help="Override a spec value: --set train.learning_rate=1e-4"),
+    run_dir: Path | None = typer.Option(None, "--run-dir", help="Use this run folder (created if missing)."),
+    resume: Path | None = typer.Option(None, "--resume", help="Continue a run folder from its newest checkpoint."),
+    device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: best available)."),
+) -> None:
+    """Train a LoRA adapter as the spec says (LLM or image), writing checkpoints, metrics and the adapter."""
+    from lorapod.rundir import RunDir
+    from lorapod.spec import load_spec
+
+    if resume is not None:
+        run = RunDir.open(resume)
+        spec = load_spec(run.spec_file, set_)
+    else:
+        if spec_file is None:
+            raise LorapodError("no spec given", hint="lorapod train SPEC.yaml (or --resume RUN_DIR)")
+        spec = load_spec(spec_file, set_)
+        if run_dir is not None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            for sub in ("checkpoints", "samples"):
+                (run_dir / sub).mkdir(exist_ok=True)
+            run = RunDir(run_dir)
+        else:
+            run = RunDir.create(spec.output.dir, spec.output.name or spec_file.stem)
+        run.write_spec(spec)
+        _record_plan(spec, run)
+    console.print(f"run folder: [bold]{run.root}[/]")
+    resume_flag = resume is not None or (run_dir is not None and any(run.checkpoints.glob("step-*")))
+    result = train_spec(spec, run, resume=resume_flag, device=device)
+    for key, label in (("val_loss", "validation loss"), ("fixed_noise_loss", "fixed-noise loss")):  # LLM, image
+        first = (result.first_eval or {}).get(key)
+        last = (result.last_eval or {}).get(key)
+        if first is not None and last is not None:
+            console.print(f"{label}: base {first:.4f} -> tuned {last:.4f}")
+    if result.stopped == "stop_file":
+        console.print(f"stopped on request at step {result.state.step}; resume with: lorapod train --resume {run.root}")
+    else:
+        console.print(f"adapter: [bold]{run.adapter}[/]")
+
+
+def _record_plan(spec, run) -> None:
+    """Write what the planner predicts for this job into plan.json, when it can say."""
+    try:
+        from lorapod.plan.choose import plan_job
+
+        run.write_plan(plan_job(spec).to_record())
+    except LorapodError as exc:  # a model the catalog does not know, say: training goes on
+        run.event(f"no plan.json: {exc.message}")
+
+
+def train_spec(spec, run, *, resume: bool = False, device: str | None = None):
+    """Dispatch to the recipe for the spec's model family."""
+    if spec.is_image:
+        try:
+            from lorapod.engine.diffusion import train_diffusion
+        except ImportError as exc:  # the image engine ships with lorapod[image]
+            raise LorapodError(f"the image engine is not available: {exc}", hint="pip install 'lorapod[image]'") from exc
+        return train_diffusion(spec, run, resume=resume, device=device, log=console.print).result
+    from lorapod.engine.llm import train_llm
+
+    return train_llm(spec, run, resume=resume, device=device, log=lambda m: console.print(m, highlight=False)).result
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train)

@@ -1,0 +1,81 @@
+"""Device and precision choices, made once so every recipe agrees.
+
+``auto`` precision means bf16 on GPUs that support it, fp16 (with loss scaling) on older GPUs,
+and fp32 on CPU, where autocast buys little and costs accuracy in tests.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from lorapod.errors import HardwareError
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class Precision:
+    device: torch.device
+    compute: str  # bf16 | fp16 | fp32 : autocast dtype
+    weights: torch.dtype  # dtype of the frozen base weights
+
+    @property
+    def autocast_dtype(self) -> torch.dtype:
+        return _DTYPES[self.compute]
+
+    def autocast(self):
+        if self.compute == "fp32":
+            return nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    @property
+    def needs_grad_scaler(self) -> bool:
+        return self.compute == "fp16" and self.device.type == "cuda"
+
+
+def pick_device(requested: str | None = None) -> torch.device:
+    if requested:
+        return torch.device(requested)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def resolve_precision(precision: str, weights_dtype: str, device: torch.device) -> Precision:
+    cuda = device.type == "cuda"
+    bf16_ok = cuda and torch.cuda.is_bf16_supported()
+    if precision == "auto":
+        compute = ("bf16" if bf16_ok else "fp16") if cuda else "fp32"
+    else:
+        compute = precision
+    if compute == "bf16" and cuda and not bf16_ok:
+        raise HardwareError("this GPU does not support bf16", hint="set train.precision: fp16")
+    if compute == "fp16" and not cuda:
+        raise HardwareError("fp16 training needs a CUDA GPU", hint="use train.precision: fp32 (or bf16) on CPU")
+    if weights_dtype == "fp8":
+        if not cuda or torch.cuda.get_device_capability(device) < (8, 9):
+            raise HardwareError(
+                "fp8 base weights need an Ada or Hopper GPU (RTX 4090, L40S, H100...)",
+                hint="set model.dtype: bf16 (or auto) on this machine",
+            )
+        weights = torch.float8_e4m3fn
+    elif weights_dtype == "auto":
+        weights = _DTYPES[compute] if cuda else torch.float32
+    else:
+        weights = _DTYPES[weights_dtype]
+    return Precision(device=device, compute=compute, weights=weights)
+
+
+def memory_stats(device: torch.device) -> dict[str, float]:
+    """Peak accelerator memory (GB) on CUDA, resident set size of the process on CPU."""
+    if device.type == "cuda":
+        return {"mem_gb": round(torch.cuda.max_memory_allocated(device) / 1e9, 3)}
+    try:
+        import psutil
+
+        return {"rss_gb": round(psutil.Process().memory_info().rss / 1e9, 3)}
+    except ImportError:
+        return {}

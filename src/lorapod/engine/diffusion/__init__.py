@@ -1,0 +1,242 @@
+"""The image LoRA engine: SD 1.5, SDXL, FLUX.1 and FLUX.2 klein on diffusers + peft.
+
+``train_diffusion`` reads top to bottom: refuse a base model of the wrong family (before any
+work), read the image folder, load the pipeline, cache latents and text-encoder outputs to disk,
+free the encoders, attach LoRA, then hand a ``DiffusionRecipe`` to the shared training loop.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from lorapod.data.findings import Finding
+from lorapod.engine.checkpoint import Checkpoint, CheckpointManager
+from lorapod.engine.device import Precision, pick_device, resolve_precision
+from lorapod.engine.diffusion import cache as dcache
+from lorapod.engine.diffusion import dataset
+from lorapod.engine.diffusion import samples as smp
+from lorapod.engine.diffusion.families import Components, resolve_family
+from lorapod.engine.diffusion.recipe import DiffusionRecipe, describe
+from lorapod.engine.loop import FitResult, fit
+from lorapod.errors import SpecError
+from lorapod.rundir import RunDir
+from lorapod.spec import JobSpec
+
+DEFAULT_SCALE = {"sd15": 7.0, "sdxl": 7.0, "flux1": 3.5, "flux2": 4.0}
+
+
+@dataclass
+class DiffusionRun:
+    run: RunDir
+    result: FitResult
+    recipe: DiffusionRecipe
+    findings: list[Finding] = field(default_factory=list)
+    cache_hits: int = 0
+    cache_misses: int = 0
+
+
+def quiet() -> None:
+    from diffusers.utils import logging as dlog
+    from transformers.utils import logging as tlog
+
+    tlog.set_verbosity_error()
+    tlog.disable_progress_bar()
+    dlog.set_verbosity_error()
+    dlog.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def _freeze(c: Components) -> None:
+    for m in [c.denoiser, c.vae, *c.text_encoders]:
+        if m is not None:
+            m.requires_grad_(False)
+            m.eval()
+
+
+class Float8Linear(torch.nn.Linear):
+    """A frozen Linear whose weight is stored in float8 and upcast to the input's dtype per call.
+
+    The upcast makes a new tensor that autograd keeps for the backward pass, so gradients flow
+    to the LoRA layers around it (diffusers' layerwise casting casts back in place after the
+    forward, which breaks the backward pass; it is made for inference).
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return torch.nn.functional.linear(x, self.weight.to(x.dtype), bias)
+
+
+def store_fp8(denoiser: torch.nn.Module) -> int:
+    """Store the frozen Linear weights of the transformer blocks in float8 (half of bf16); returns
+    how many. Called before LoRA is attached. Embeddings, projections in and out, norms and
+    convolutions keep their dtype: they are small, precision-sensitive, and the first of them
+    tells diffusers the model's dtype (pipelines allocate latents in it)."""
+    n = 0
+    for name, mod in denoiser.named_modules():
+        if type(mod) is torch.nn.Linear and "transformer_blocks." in name:
+            mod.weight.data = mod.weight.data.to(torch.float8_e4m3fn)
+            mod.__class__ = Float8Linear
+            n += 1
+    return n
+
+
+def attach_lora(module: torch.nn.Module, config) -> None:
+    """Inject LoRA as adapter "default" and keep its weights in fp32, whatever the base dtype
+    (bf16, or float8 storage): small updates to low-precision LoRA weights would round away."""
+    from peft import inject_adapter_in_model
+
+    # peft directly (not transformers' add_adapter, which pins a newer peft); diffusers and peft
+    # both read the config back from ``module.peft_config``
+    inject_adapter_in_model(config, module, adapter_name="default")
+    module.peft_config = {"default": config}
+    for p in module.parameters():
+        if p.requires_grad:
+            p.data = p.data.float()
+
+
+def lora_config(spec: JobSpec, targets):
+    from peft import LoraConfig
+
+    m = spec.method
+    return LoraConfig(r=m.r, lora_alpha=m.alpha, lora_dropout=m.dropout, target_modules=targets,
+                      use_rslora=m.rslora, init_lora_weights="gaussian")
+
+
+def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
+            cache_root: Path | None = None) -> tuple[DiffusionRecipe, list[Finding], dcache.DiskCache | None]:
+    """Everything before the first step: checks, data, model, caches, LoRA. No training yet."""
+    quiet()
+    torch.manual_seed(spec.train.seed)
+    random.seed(spec.train.seed)
+    precision: Precision = resolve_precision(spec.train.precision, spec.model.dtype, pick_device(device))
+    family = resolve_family(spec.model.family, spec.model.id, spec.model.revision)
+    m, d = spec.method, spec.data
+    if m.type != "lora":
+        raise SpecError(f"method.type {m.type} is for LLMs; image LoRAs use method.type: lora")
+    if m.train_text_encoder and not family.kohya_te_prefixes:
+        raise SpecError(f"method.train_text_encoder is not supported for {family.name} (its text encoder is an LLM)",
+                        hint="set method.train_text_encoder: false")
+
+    items, findings = dataset.scan(spec.data_paths(), d.resolution, d.buckets, d.caption_extension, d.repeats, d.trigger)
+    for f in findings:
+        log(f"[{f.severity}] {f.path}: {f.message}")
+        run.event(f"data {f.severity} {f.code}: {f.path}")
+
+    # model.dtype fp8 (resolve_precision has checked the GPU): load in the compute dtype, then
+    # store the transformer blocks' linear weights in float8
+    fp8 = precision.weights == torch.float8_e4m3fn
+    comps = family.load(spec.model.id, spec.model.revision, precision.autocast_dtype if fp8 else precision.weights)
+    _freeze(comps)
+    if fp8:
+        n = store_fp8(comps.denoiser)
+        log(f"fp8: {n} linear layers of the {family.denoiser_name} stored in float8")
+    dev = precision.device
+    if precision.weights == torch.float16:
+        comps.vae.to(torch.float32)  # SD/SDXL VAEs overflow to NaN in fp16 (sd-scripts' --no_half_vae)
+    comps.denoiser.to(dev)
+    comps.vae.to(dev)
+    for te in comps.text_encoders:
+        te.to(dev)
+
+    cache_te = d.cache_text_encoder_outputs and not m.train_text_encoder
+    if cache_te and (d.shuffle_captions or d.caption_dropout):
+        log("[warning] caption shuffle/dropout is off: text-encoder outputs are cached "
+            "(set data.cache_text_encoder_outputs: false to use them)")
+        run.event("caption shuffle/dropout disabled by cached text-encoder outputs")
+    live = not cache_te
+
+    disk = dcache.DiskCache(cache_root or dcache.default_cache_root(), comps.identity)
+    flips = (False, True) if d.flip else (False,)
+    keys = {(i, f): disk.latent_path(it.digest, it.bucket, f) for i, it in enumerate(items) for f in flips}
+    by_path = {v: k for k, v in keys.items()}
+
+    @torch.no_grad()
+    def encode_images(paths: list[Path]) -> list[dict[str, torch.Tensor]]:
+        out = []
+        for p in paths:  # one at a time: buckets differ in size
+            i, f = by_path[p]
+            px = dataset.load_pixels(items[i], f).unsqueeze(0).to(dev)
+            with precision.autocast():
+                z = family.encode_latents(comps, px)
+            out.append({"latents": z[0].float()})
+        return out
+
+    if d.cache_latents:
+        got = disk.get_many(keys.values(), encode_images)
+        latents = {k: got[p]["latents"] for k, p in keys.items()}
+    else:  # encoded once for this run, kept in memory only
+        latents = {k: encode_images([p])[0]["latents"] for k, p in keys.items()}
+    log(f"latents: {len(latents)} ({disk.hits} from the cache, {disk.misses} encoded)")
+    run.event(f"latents: {len(latents)} ({disk.hits} from the cache in {disk.root}, {disk.misses} encoded)")
+
+    # FLUX.1 [schnell] (no guidance embedding) is distilled for 4 steps; the others sample in 28
+    schnell = family.name == "flux1" and not comps.denoiser.config.get("guidance_embeds", True)
+    prompts = smp.load_prompts(spec.samples.prompts, d.resolution, d.resolution, spec.train.seed,
+                               4 if schnell else 28, DEFAULT_SCALE[family.name])
+
+    @torch.no_grad()
+    def encode_captions(caps: list[str]) -> list[dict[str, torch.Tensor]]:
+        with precision.autocast():
+            enc = family.encode_text(comps, caps, dev)
+        return [{k: v[j].float() for k, v in enc.items()} for j in range(len(caps))]
+
+    text = None
+    sample_text: dict[str, dict[str, torch.Tensor]] = {}
+    if cache_te:
+        caps = sorted({it.caption for it in items})
+        tkeys = {c: disk.text_path(c) for c in caps}
+        cap_of = {v: k for k, v in tkeys.items()}
+        got = disk.get_many(tkeys.values(), lambda ps: encode_captions([cap_of[p] for p in ps]), batch=8)
+        text = {c: got[p] for c, p in tkeys.items()}
+        wanted = sorted({p.prompt for p in prompts} | {p.negative for p in prompts})
+        if wanted:
+            sample_text = dict(zip(wanted, encode_captions(wanted), strict=True))
+        if dev.type == "cuda":  # the encoders are not needed on the GPU any more
+            for te in comps.text_encoders:
+                te.to("cpu")
+            torch.cuda.empty_cache()
+
+    targets = family.default_targets if m.target_modules == "all-linear" else m.target_modules
+    attach_lora(comps.denoiser, lora_config(spec, targets))
+    if m.train_text_encoder:
+        for te in comps.text_encoders:
+            attach_lora(te, lora_config(spec, family.te_targets))
+    recipe = DiffusionRecipe(spec, run, precision, comps, items, latents, text, prompts, sample_text, live)
+    if spec.train.gradient_checkpointing:
+        comps.denoiser.enable_gradient_checkpointing()
+        if m.train_text_encoder:
+            for te in comps.text_encoders:
+                te.gradient_checkpointing_enable()
+    info = describe(items)
+    log(f"data: {info['images']} images, {info['samples_per_epoch']} samples per epoch (repeats), "
+        f"buckets {info['buckets']}")
+    return recipe, findings, disk
+
+
+def train_diffusion(spec: JobSpec, run: RunDir, *, resume: bool = False, device: str | None = None,
+                    on_step=None, show_progress: bool | None = None, log=print,
+                    cache_root: Path | None = None) -> DiffusionRun:
+    recipe, findings, disk = prepare(spec, run, device, log, cache_root)
+    trainable = sum(p.numel() for p in recipe.trainable_parameters())
+    log(f"model {spec.model.id} ({recipe.family.name}, {recipe.prediction}): {trainable:,} LoRA parameters "
+        f"on {recipe.precision.device} ({recipe.precision.compute})")
+    run.event(f"training {spec.model.id} ({recipe.family.name}) on {recipe.precision.device}")
+    checkpoint: Checkpoint | None = None
+    if resume:
+        checkpoint = CheckpointManager(run.checkpoints).latest()
+        if checkpoint is None:
+            run.event("no valid checkpoint to resume from: starting from scratch")
+            log("no valid checkpoint found: starting from step 0")
+
+    def step_hook(state, loss):
+        recipe.on_step(state)
+        if on_step is not None:
+            on_step(state, loss)
+
+    result = fit(recipe, spec, run, recipe.precision, resume=checkpoint, on_step=step_hook, show_progress=show_progress)
+    return DiffusionRun(run, result, recipe, findings, disk.hits if disk else 0, disk.misses if disk else 0)

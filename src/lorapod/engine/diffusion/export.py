@@ -1,0 +1,122 @@
+"""Write a trained image LoRA in the two formats people load.
+
+1. ``pytorch_lora_weights.safetensors``: diffusers/PEFT keys (``unet.``/``transformer.``,
+   ``text_encoder.``), with the LoRA config (rank, alpha, rslora) in the file's metadata, as
+   diffusers' own training scripts write it; ``pipe.load_lora_weights(folder)`` loads it.
+2. ``<name>.safetensors``: kohya keys (``lora_unet_...``, ``lora_te1_...``) with
+   ``.lora_down.weight`` / ``.lora_up.weight`` / ``.alpha`` and ``ss_*`` metadata, for ComfyUI,
+   Forge and A1111.
+
+The kohya ``.alpha`` is the one number that must be right: loaders scale a LoRA by
+``alpha / rank``, so the file stores ``alpha = trained_scale * rank`` (``alpha`` for plain LoRA,
+``alpha * sqrt(rank)`` for rsLoRA). Loaded at strength 1.0 the effect is then exactly the
+trained effect.
+
+Module names: SD 1.5 / SDXL use diffusers-layout UNet names (``lora_unet_down_blocks_0_...``),
+which ComfyUI (``unet_to_diffusers``), A1111/Forge and diffusers' kohya loader all map; text
+encoders are ``lora_te_`` (SD 1.5) or ``lora_te1_``/``lora_te2_`` (SDXL). Flux uses
+``lora_transformer_<diffusers module path>`` (``lora_transformer_transformer_blocks_0_attn_to_q``),
+the OneTrainer layout that ComfyUI maps for Flux models (comfy/lora.py, ``model_lora_keys_unet``,
+next to the ``transformer.`` diffusers keys of file 1, which it maps too).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import torch
+from safetensors.torch import save_file
+
+
+def _split(peft_key: str) -> tuple[str, str]:
+    """'a.b.lora_A.weight' -> ('a.b', 'down'); lora_B -> 'up'."""
+    for tag, kind in ((".lora_A.weight", "down"), (".lora_B.weight", "up")):
+        if peft_key.endswith(tag):
+            return peft_key[: -len(tag)], kind
+    raise ValueError(f"not a LoRA weight key: {peft_key}")
+
+
+def trained_scale(alpha: float, rank: int, rslora: bool) -> float:
+    return alpha / math.sqrt(rank) if rslora else alpha / rank
+
+
+def to_kohya(parts: dict[str, dict[str, torch.Tensor]], prefixes: dict[str, str], alpha: float, rslora: bool,
+             dtype: torch.dtype = torch.float16) -> dict[str, torch.Tensor]:
+    """``parts`` maps a component ('unet', 'text_encoder', ...) to its PEFT state dict (no prefix)."""
+    out: dict[str, torch.Tensor] = {}
+    for comp, sd in parts.items():
+        prefix = prefixes[comp]
+        for key, value in sd.items():
+            module, kind = _split(key)
+            name = f"{prefix}_{module.replace('.', '_')}"
+            out[f"{name}.lora_{kind}.weight"] = value.detach().to("cpu", dtype).contiguous()
+            if kind == "down":
+                rank = value.shape[0]
+                out[f"{name}.alpha"] = torch.tensor(trained_scale(alpha, rank, rslora) * rank, dtype=torch.float32)
+    return out
+
+
+BASE_VERSION = {"sd15": "sd_v1", "sdxl": "sdxl_base_v1-0", "flux1": "flux1", "flux2": "flux2_klein"}
+ARCH = {"sd15": "stable-diffusion-v1/lora", "sdxl": "stable-diffusion-xl-v1-base/lora",
+        "flux1": "flux-1-dev/lora", "flux2": "flux-2-klein/lora"}
+
+
+def tag_frequency(captions_by_folder: dict[str, list[str]]) -> dict[str, dict[str, int]]:
+    """sd-scripts' ``ss_tag_frequency``: per dataset folder, how often each comma-separated tag
+    occurs (A1111 and model sites show the top tags, the trigger first, as the LoRA's keywords)."""
+    out: dict[str, dict[str, int]] = {}
+    for folder, caps in captions_by_folder.items():
+        freq: dict[str, int] = {}
+        for cap in caps:
+            for tag in (t.strip() for t in cap.split(",")):
+                if tag:
+                    freq[tag] = freq.get(tag, 0) + 1
+        out[folder] = freq
+    return out
+
+
+def kohya_metadata(spec, family: str, prediction_type: str, n_images: int, steps: int, epochs: int,
+                   tags: dict[str, dict[str, int]] | None = None) -> dict[str, str]:
+    m = spec.method
+    return {
+        "ss_tag_frequency": json.dumps(tags or {}, ensure_ascii=False),
+        "ss_network_module": "networks.lora",
+        "ss_network_dim": str(m.r),
+        "ss_network_alpha": str(trained_scale(m.alpha, m.r, m.rslora) * m.r),
+        "ss_base_model_version": BASE_VERSION[family],
+        "ss_v2": "False",
+        "ss_v_parameterization": str(prediction_type == "v_prediction"),
+        "ss_sd_model_name": str(spec.model.id),
+        "ss_output_name": spec.output.name or "lora",
+        "ss_resolution": str((spec.data.resolution, spec.data.resolution)),
+        "ss_num_train_images": str(n_images),
+        "ss_num_epochs": str(epochs),
+        "ss_steps": str(steps),
+        "ss_learning_rate": str(spec.train.learning_rate),
+        "ss_lr_scheduler": spec.train.scheduler,
+        "ss_seed": str(spec.train.seed),
+        "ss_noise_offset": str(spec.train.noise_offset),
+        "ss_min_snr_gamma": str(spec.train.min_snr_gamma),
+        "ss_network_train_unet_only": str(not m.train_text_encoder),
+        "ss_training_finished_at": str(int(time.time())),
+        "ss_training_comment": f"trained with lorapod; rank {m.r}, trained alpha {m.alpha}{' (rsLoRA)' if m.rslora else ''}",
+        "modelspec.architecture": ARCH[family],
+        "modelspec.implementation": "https://github.com/kohya-ss/sd-scripts",
+        "modelspec.title": spec.output.name or "lora",
+    }
+
+
+def save_kohya(path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    save_file(tensors, str(path), metadata=metadata)
+
+
+def save_diffusers(folder, pipeline_cls, parts: dict[str, dict[str, torch.Tensor]], configs: dict[str, dict]) -> None:
+    """Through the pipeline class's own ``save_lora_weights`` (keys, prefixes and metadata as diffusers expects)."""
+    kwargs: dict = {}
+    for comp, sd in parts.items():
+        name = comp if comp != "unet" else "unet"
+        kwargs[f"{name}_lora_layers"] = sd
+        kwargs[f"{name}_lora_adapter_metadata"] = json.loads(json.dumps(configs[comp], default=list))
+    pipeline_cls.save_lora_weights(str(folder), safe_serialization=True, **kwargs)

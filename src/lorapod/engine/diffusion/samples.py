@@ -1,0 +1,104 @@
+"""Sample images while training: sd-scripts prompt files, PNGs with their settings inside, grids.
+
+A prompts file has one prompt per line, with inline options as sd-scripts and kohya users write
+them: ``zxq mug on a beach --w 1024 --h 1024 --d 42 --s 28 --l 7 --n blurry`` (width, height,
+seed, steps, guidance scale, negative prompt). ``#`` starts a comment line. Every sample records
+its prompt, seed and settings in the PNG's text chunks, so an image found later says how it was
+made.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from lorapod.errors import SpecError
+
+_OPT = re.compile(r"\s--([a-z]+)\s+")
+
+
+@dataclass(frozen=True)
+class SamplePrompt:
+    prompt: str
+    width: int
+    height: int
+    seed: int
+    steps: int
+    scale: float
+    negative: str = ""
+
+
+def parse_line(line: str, width: int, height: int, seed: int, steps: int, scale: float) -> SamplePrompt:
+    """One sd-scripts prompt line; unknown options are an error that names them."""
+    parts = _OPT.split(" " + line.strip())
+    prompt = parts[0].strip()
+    opts = dict(zip(parts[1::2], (p.strip() for p in parts[2::2]), strict=True))
+    known = {"w", "h", "d", "s", "l", "n"}
+    unknown = set(opts) - known
+    if unknown:
+        raise SpecError(f"sample prompt {line.strip()!r} has unknown option(s) {', '.join('--' + u for u in sorted(unknown))}",
+                        hint="use --w WIDTH --h HEIGHT --d SEED --s STEPS --l GUIDANCE --n NEGATIVE")
+    try:
+        return SamplePrompt(
+            prompt=prompt,
+            width=int(opts.get("w", width)),
+            height=int(opts.get("h", height)),
+            seed=int(opts.get("d", seed)),
+            steps=int(opts.get("s", steps)),
+            scale=float(opts.get("l", scale)),
+            negative=opts.get("n", ""),
+        )
+    except ValueError as exc:
+        raise SpecError(f"sample prompt {line.strip()!r}: {exc}", hint="--w/--h/--d/--s take integers, --l a number") from exc
+
+
+def load_prompts(source: str | list[str] | None, width: int, height: int, seed: int, steps: int,
+                 scale: float) -> list[SamplePrompt]:
+    if not source:
+        return []
+    if isinstance(source, str):
+        p = Path(source).expanduser()
+        if p.is_file():
+            lines = p.read_text(encoding="utf-8-sig").splitlines()
+        elif p.suffix.lower() in {".txt", ".prompts"}:  # meant as a file: never train with its name as a prompt
+            raise SpecError(f"samples.prompts file {p} does not exist",
+                            hint="fix the path (relative paths are read from the spec's folder), or give a list of prompts")
+        else:
+            lines = [source]
+    else:
+        lines = list(source)
+    out = []
+    for line in lines:
+        if line.strip() and not line.lstrip().startswith("#"):
+            out.append(parse_line(line, width, height, seed, steps, scale))
+    return out
+
+
+def png_info(sp: SamplePrompt, step: int, epoch: int):
+    from PIL.PngImagePlugin import PngInfo
+
+    info = PngInfo()
+    info.add_text("prompt", sp.prompt)
+    info.add_text("negative_prompt", sp.negative)
+    info.add_text("seed", str(sp.seed))
+    info.add_text("lorapod", json.dumps({**asdict(sp), "step": step, "epoch": epoch}))
+    # A1111-style "parameters" so image browsers show it too
+    info.add_text("parameters", f"{sp.prompt}\nNegative prompt: {sp.negative}\nSteps: {sp.steps}, CFG scale: {sp.scale}, "
+                                f"Seed: {sp.seed}, Size: {sp.width}x{sp.height}")
+    return info
+
+
+def grid(images: list, cols: int | None = None):
+    """Images side by side (rows of ``cols``), each cell the size of the largest image."""
+    from PIL import Image
+
+    cols = cols or min(4, len(images))
+    rows = (len(images) + cols - 1) // cols
+    cw = max(i.width for i in images)
+    ch = max(i.height for i in images)
+    out = Image.new("RGB", (cols * cw, rows * ch), (255, 255, 255))
+    for n, im in enumerate(images):
+        out.paste(im, ((n % cols) * cw, (n // cols) * ch))
+    return out

@@ -1,0 +1,273 @@
+"""The LLM LoRA/QLoRA recipe: chat JSONL -> PEFT adapter. Reads top to bottom:
+
+``train_llm`` (setup) -> ``LLMRecipe`` (batches, loss, eval) -> ``loop.fit`` (shared loop) ->
+adapter saved in PEFT format (``adapter_config.json`` + ``adapter_model.safetensors``).
+
+The loss is computed on label positions only: the decoder's hidden states are gathered where a
+target exists and only those go through the LM head. With assistant-only labels that is a
+fraction of the tokens, which saves the (tokens x vocabulary) logits tensor that dominates memory
+for large vocabularies.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from lorapod.engine import llm_data
+from lorapod.engine.checkpoint import Checkpoint, CheckpointManager, TrainState
+from lorapod.engine.device import Precision, pick_device, resolve_precision
+from lorapod.engine.llm_data import IGNORE, Batch, Example, Row
+from lorapod.engine.llm_model import add_lora, count_parameters, load_model, load_tokenizer
+from lorapod.engine.loop import FitResult, LossOut, fit
+from lorapod.errors import DataError
+from lorapod.fsutil import atomic_dir
+from lorapod.rundir import RunDir
+from lorapod.spec import JobSpec
+
+
+@dataclass
+class Split:
+    train: list[list[dict]]
+    val: list[list[dict]]
+
+
+def _read_chat(path: Path, spec: JobSpec, log) -> tuple[list[list[dict]], str]:
+    """Conversations of one file. Lines with errors stop the job (listed with their line
+    numbers) unless ``data.skip_bad_examples`` is set, in which case they are skipped and counted."""
+    from lorapod.data.chat import load_conversations
+
+    convs, findings, fmt = load_conversations(path, spec.data.format)
+    errors = [f for f in findings if f.severity == "error"]
+    if errors and not spec.data.skip_bad_examples:
+        shown = "\n".join(f"    line {f.line}: {f.message}" for f in errors[:5])
+        more = f"\n    ... and {len(errors) - 5} more" if len(errors) > 5 else ""
+        raise DataError(
+            f"{path} has {len(errors)} bad line(s):\n{shown}{more}",
+            hint=f"fix them (`lorapod data check {path}` lists all), or --set data.skip_bad_examples=true",
+        )
+    if errors:
+        log(f"{path}: skipping {len(errors)} bad line(s) (data.skip_bad_examples)")
+    return convs, fmt
+
+
+def load_split(spec: JobSpec, log=print) -> tuple[Split, str]:
+    """Read the conversations and split off validation (seeded), or read data.val_path."""
+    conversations: list[list[dict]] = []
+    formats = set()
+    for path in spec.data_paths():
+        convs, fmt = _read_chat(Path(path), spec, log)
+        conversations.extend(convs)
+        formats.add(fmt)
+    if spec.data.val_path:
+        val, _fmt = _read_chat(Path(spec.data.val_path), spec, log)
+        return Split(conversations, val), "/".join(sorted(formats))
+    order = list(range(len(conversations)))
+    random.Random(spec.train.seed).shuffle(order)
+    n_val = round(len(conversations) * spec.data.val_split)
+    if spec.data.val_split > 0 and len(conversations) >= 2:
+        n_val = max(1, n_val)
+    n_val = min(n_val, len(conversations) - 1)
+    val = [conversations[i] for i in order[:n_val]]
+    train = [conversations[i] for i in order[n_val:]]
+    return Split(train, val), "/".join(sorted(formats))
+
+
+class LLMRecipe:
+    """Batches, loss and evaluation for a causal LM with a LoRA adapter."""
+
+    unit = "tok/s"
+
+    def __init__(self, spec: JobSpec, precision: Precision, model, tokenizer,
+                 train_examples: list[Example], val_examples: list[Example]) -> None:
+        self.spec = spec
+        self.precision = precision
+        self.model = model
+        self.tokenizer = tokenizer
+        self.train_examples = train_examples
+        self.val_examples = val_examples
+        seq = spec.data.sequence_len
+        self.rows: list[Row] = llm_data.pack(train_examples, seq) if spec.data.packing else llm_data.unpacked(train_examples)
+        self.val_rows: list[Row] = llm_data.pack(val_examples, seq) if val_examples else []
+        self.pad_id = tokenizer.pad_token_id
+        self.pad_multiple = 8 if precision.device.type == "cuda" else 1
+        self._epoch_cache: dict[int, list[Batch]] = {}
+        base = model.get_base_model()
+        self.decoder = base.get_decoder()
+        self.head = base.get_output_embeddings()
+        self.softcap = getattr(base.config, "final_logit_softcapping", None)
+
+    # -- data
+    def epoch_batches(self, epoch: int) -> list[Batch]:
+        if epoch not in self._epoch_cache:
+            g = torch.Generator().manual_seed(self.spec.train.seed * 1000 + epoch)
+            groups = llm_data.batch_rows(self.rows, self.spec.train.micro_batch_size, g, group_by_length=not self.spec.data.packing)
+            self._epoch_cache = {epoch: [llm_data.collate(r, self.train_examples, self.pad_id, self.pad_multiple) for r in groups]}
+        return self._epoch_cache[epoch]
+
+    def batch_units(self, batch: Batch) -> int:
+        return batch.n_labels
+
+    # -- model
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def train(self) -> None:
+        self.model.train()
+
+    def token_losses(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-target NLL and the (row, position) index of each target, on the device."""
+        b = batch.to(self.precision.device)
+        out = self.decoder(
+            input_ids=b.input_ids,
+            position_ids=b.position_ids,
+            attention_mask=b.attention_mask(),
+            use_cache=False,
+        )
+        hidden = out.last_hidden_state[:, :-1]
+        targets = b.labels[:, 1:]
+        where = targets != IGNORE
+        logits = self.head(hidden[where])
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        nll = F.cross_entropy(logits.float(), targets[where], reduction="none")
+        return nll, where.nonzero()
+
+    def loss(self, batch: Batch) -> LossOut:
+        nll, _ = self.token_losses(batch)
+        return LossOut(nll.sum(), batch.n_labels, batch.n_tokens, batch.n_real)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        if not self.val_rows:
+            return {}
+        self.model.eval()
+        total, count = 0.0, 0
+        rows = self.val_rows
+        bs = max(1, self.spec.train.micro_batch_size)
+        max_batches = self.spec.eval.max_batches
+        for i, s in enumerate(range(0, len(rows), bs)):
+            if max_batches and i >= max_batches:
+                break
+            batch = llm_data.collate(rows[s : s + bs], self.val_examples, self.pad_id, self.pad_multiple)
+            with self.precision.autocast():
+                nll, _ = self.token_losses(batch)
+            total += float(nll.sum())
+            count += nll.numel()
+        loss = total / max(count, 1)
+        return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0))}
+
+    # -- adapter
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        from peft import get_peft_model_state_dict
+
+        return get_peft_model_state_dict(self.model)
+
+    def load_adapter_state(self, state: dict[str, torch.Tensor]) -> None:
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(self.model, state)
+
+    def save_final(self, out_dir: Path) -> None:
+        with atomic_dir(out_dir) as tmp:
+            self.model.save_pretrained(str(tmp))
+
+    def on_save(self, state: TrainState, path: Path | None) -> None:
+        return None
+
+
+def generate(model, tokenizer, messages: list[dict], max_new_tokens: int = 48, use_adapter: bool = True) -> str:
+    """Greedy reply to ``messages`` (with or without the adapter), for before/after comparisons."""
+    from contextlib import nullcontext
+
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    enc = tokenizer(prompt, add_special_tokens=False, return_tensors="pt").to(next(model.parameters()).device)
+    ctx = nullcontext() if use_adapter else model.disable_adapter()
+    was_training = model.training
+    model.eval()
+    stop = [t for t in {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")} if isinstance(t, int) and t >= 0]
+    with ctx, torch.no_grad():
+        out = model.generate(
+            **enc, max_new_tokens=max_new_tokens, do_sample=False, use_cache=True,
+            pad_token_id=tokenizer.pad_token_id, eos_token_id=stop or None,
+        )
+    if was_training:
+        model.train()
+    return tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+
+
+@dataclass
+class LLMRun:
+    run: RunDir
+    result: FitResult
+    recipe: LLMRecipe
+    stats: llm_data.TokenizeStats
+    fallback_template: bool
+
+
+def quiet_hf() -> None:
+    """Keep the terminal for lorapod's own progress: no HF loading bars, no deprecation noise."""
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
+
+
+def prepare(spec: JobSpec, device: str | None = None, log=print) -> tuple[LLMRecipe, llm_data.TokenizeStats, bool]:
+    """Load data, tokenizer and model; attach LoRA; build the recipe. No training yet."""
+    quiet_hf()
+    if spec.model.dtype == "fp8":
+        from lorapod.errors import SpecError
+
+        raise SpecError(
+            "model.dtype fp8 is for image and video models; the LLM engine does not train on fp8 weights",
+            hint="for a smaller LLM footprint use method.type: qlora (4-bit base)",
+        )
+    torch.manual_seed(spec.train.seed)
+    random.seed(spec.train.seed)
+    precision = resolve_precision(spec.train.precision, spec.model.dtype, pick_device(device))
+    split, _fmt = load_split(spec, log)
+    tokenizer = load_tokenizer(spec)
+    fallback = llm_data.ensure_chat_template(tokenizer)
+    seq, only_asst = spec.data.sequence_len, spec.data.train_on_assistant_only
+    train_ex, stats = llm_data.tokenize_all(tokenizer, split.train, seq, only_asst)
+    val_ex, _ = llm_data.tokenize_all(tokenizer, split.val, seq, only_asst)
+    if not train_ex:
+        raise DataError(
+            "no training example has an assistant reply left after tokenisation",
+            hint="check the data with `lorapod data check`, or raise data.sequence_len",
+        )
+    model = load_model(spec, precision)
+    model = add_lora(model, spec)
+    # peft keeps adapter weights in fp32 while the base may be bf16; the seed fixes their init
+    recipe = LLMRecipe(spec, precision, model, tokenizer, train_ex, val_ex)
+    return recipe, stats, fallback
+
+
+def train_llm(spec: JobSpec, run: RunDir, *, resume: bool = False, device: str | None = None,
+              on_step=None, show_progress: bool | None = None, log=print) -> LLMRun:
+    recipe, stats, fallback = prepare(spec, device, log)
+    trainable, total = count_parameters(recipe.model)
+    log(f"model {spec.model.id}: {total:,} parameters, {trainable:,} trainable ({100 * trainable / total:.2f}%)")
+    log(f"data: {stats.examples} training examples ({len(recipe.rows)} rows"
+        f"{' packed' if spec.data.packing else ''}), {len(recipe.val_examples)} validation; "
+        f"{stats.truncated} truncated to {spec.data.sequence_len} tokens, {stats.dropped_no_labels} without an assistant reply dropped")
+    if fallback:
+        log("the tokenizer has no chat template: using lorapod's ChatML fallback (see docs/llm.md)")
+    run.event(f"training {spec.model.id} on {recipe.precision.device} ({recipe.precision.compute})")
+    checkpoint: Checkpoint | None = None
+    if resume:
+        checkpoint = CheckpointManager(run.checkpoints).latest()
+        if checkpoint is None:
+            run.event("no valid checkpoint to resume from: starting from scratch")
+            log("no valid checkpoint found: starting from step 0")
+    result = fit(recipe, spec, run, recipe.precision, resume=checkpoint, on_step=on_step, show_progress=show_progress)
+    return LLMRun(run, result, recipe, stats, fallback)

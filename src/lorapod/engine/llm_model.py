@@ -1,0 +1,160 @@
+"""Loading an LLM and its tokenizer, and wrapping it in a LoRA/QLoRA adapter with peft.
+
+Loading works from a hub id (cache first, then the hub) or a local folder. Failures become a
+ModelLoadError that says how to get the model onto this machine, instead of a 40-line
+``OSError`` from huggingface_hub.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from lorapod.engine.device import Precision
+from lorapod.errors import HardwareError, ModelLoadError, require
+from lorapod.spec import JobSpec
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false") or os.environ.get("LORAPOD_OFFLINE") == "1"
+
+
+def _load_error(model_id: str, exc: Exception) -> ModelLoadError:
+    if Path(model_id).expanduser().exists():
+        return ModelLoadError(
+            f"'{model_id}' is a folder but not a loadable transformers model ({type(exc).__name__}: {exc})",
+            hint="it needs config.json, the weights (*.safetensors) and the tokenizer files",
+        )
+    if model_id.startswith((".", "/", "~")):
+        return ModelLoadError(f"model folder '{model_id}' does not exist", hint="check model.id in the spec")
+    return ModelLoadError(
+        f"cannot load '{model_id}': it is not in the local Hugging Face cache and the hub cannot be reached "
+        f"({type(exc).__name__})",
+        hint=(
+            f"on a machine with internet run `huggingface-cli download {model_id}` (set HF_TOKEN for gated "
+            "models), then copy the cache or the folder here and point model.id at it"
+        ),
+    )
+
+
+BUILTIN_TINY = "lorapod:tiny-llama"
+
+
+def resolve_model_id(model_id: str) -> str:
+    """Map the built-in ``lorapod:tiny-llama`` to a folder (built once under LORAPOD_HOME).
+
+    It is the demo's small random Llama: a spec that names it runs anywhere with no download,
+    which is what ``examples/demo.yaml`` and the remote-run tests need.
+    """
+    if model_id != BUILTIN_TINY:
+        return model_id
+    from lorapod import demo
+    from lorapod.home import lorapod_home
+
+    folder = lorapod_home() / "models" / "tiny-llama"
+    if not (folder / "config.json").is_file():
+        train, val = demo.build_dataset()
+        tmp = folder.with_name(f".tmp-tiny-llama-{os.getpid()}")
+        demo.build_base_model(tmp, demo.demo_texts(train, val))
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(tmp, folder)
+        except OSError:  # another process built it first
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    return str(folder)
+
+
+def load_tokenizer(spec: JobSpec):
+    from transformers import AutoTokenizer
+
+    m = spec.model
+    try:
+        tok = AutoTokenizer.from_pretrained(
+            resolve_model_id(m.id), revision=m.revision, trust_remote_code=m.trust_remote_code, local_files_only=_offline()
+        )
+    except (OSError, ValueError) as exc:
+        raise _load_error(m.id, exc) from exc
+    if not getattr(tok, "is_fast", False):
+        raise ModelLoadError(
+            f"the tokenizer of '{m.id}' is a slow (Python) tokenizer; lorapod needs a fast one to map labels "
+            "to assistant turns",
+            hint="install `tokenizers` and make sure the model folder has tokenizer.json",
+        )
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token or tok.unk_token
+    return tok
+
+
+def load_model(spec: JobSpec, precision: Precision):
+    from transformers import AutoModelForCausalLM
+
+    m = spec.model
+    kwargs: dict = {
+        "revision": m.revision,
+        "trust_remote_code": m.trust_remote_code,
+        "local_files_only": _offline(),
+        "dtype": precision.weights,
+        "attn_implementation": "sdpa",
+    }
+    if spec.method.type == "qlora":
+        if precision.device.type != "cuda":
+            raise HardwareError(
+                "QLoRA loads the base model in 4 bits with bitsandbytes, which runs on CUDA GPUs only",
+                hint="set method.type: lora to train on this machine, or run the job on a GPU (`lorapod run`)",
+            )
+        require("bitsandbytes", "cuda", "QLoRA")
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=precision.autocast_dtype if precision.compute != "fp32" else torch.bfloat16,
+        )
+        kwargs["device_map"] = {"": precision.device.index or 0}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(resolve_model_id(m.id), **kwargs)
+    except (OSError, ValueError) as exc:
+        raise _load_error(m.id, exc) from exc
+    if spec.method.type != "qlora":
+        model.to(precision.device)
+    model.config.use_cache = False
+    return model
+
+
+def add_lora(model, spec: JobSpec):
+    """Freeze the base and attach a LoRA adapter as the spec's ``method`` section says."""
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    meth = spec.method
+    if meth.type == "qlora":
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.train.gradient_checkpointing)
+    elif spec.train.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    config = LoraConfig(
+        r=meth.r,
+        lora_alpha=meth.alpha,
+        lora_dropout=meth.dropout,
+        target_modules=meth.target_modules,
+        use_rslora=meth.rslora,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    try:
+        peft_model = get_peft_model(model, config)
+    except ValueError as exc:
+        raise ModelLoadError(
+            f"LoRA could not be attached: {exc}",
+            hint="method.target_modules must name linear layers of this model, or be 'all-linear'",
+        ) from exc
+    return peft_model
+
+
+def count_parameters(model) -> tuple[int, int]:
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    return trainable, total

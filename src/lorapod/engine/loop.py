@@ -1,0 +1,251 @@
+"""The training loop every recipe shares: accumulate, clip, step, log, evaluate, checkpoint, resume.
+
+A recipe (LLM, diffusion) says *what* a batch and a loss are; this loop says *how* training
+proceeds, so checkpointing, exact resume, metrics, the STOP file and the progress bar behave the
+same for every family.
+
+Exact resume rests on three rules:
+1. a recipe's batches for an epoch depend only on the seed and the epoch number, never on the
+   global RNG, so the data position is just (epoch, micro-batch index);
+2. checkpoints are taken at optimizer-step boundaries, with every RNG state captured;
+3. the loss of an accumulation window is normalised by the units (label tokens, samples) of the
+   whole window, known before the forward pass, so splitting a window never changes the gradient.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from lorapod.engine.checkpoint import Checkpoint, CheckpointManager, TrainState, restore_rng
+from lorapod.engine.device import Precision, memory_stats
+from lorapod.engine.metrics import MetricsWriter
+from lorapod.engine.optim import build_optimizer, build_scheduler
+from lorapod.engine.plots import plot_metrics
+from lorapod.engine.progress import TrainProgress
+from lorapod.rundir import RunDir
+from lorapod.spec import JobSpec
+
+STOP_FILE = "STOP"  # touch <run>/STOP: the job saves a checkpoint and exits cleanly
+
+
+@dataclass
+class LossOut:
+    """A micro-batch's summed loss and what it covered."""
+
+    loss_sum: torch.Tensor  # sum over units (e.g. per-token NLL summed), not a mean
+    units: int  # what loss_sum is a sum over (label tokens, samples)
+    tokens: int = 0  # tokens processed, padding included (LLM)
+    real_tokens: int = 0  # non-padding tokens (LLM)
+
+
+class Recipe(Protocol):
+    unit: str  # progress unit: "tok/s" or "it/s"
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]: ...
+    def epoch_batches(self, epoch: int) -> Sequence[Any]: ...
+    def batch_units(self, batch: Any) -> int: ...
+    def loss(self, batch: Any) -> LossOut: ...
+    def evaluate(self) -> dict[str, float]: ...
+    def train(self) -> None: ...
+    def adapter_state(self) -> dict[str, torch.Tensor]: ...
+    def load_adapter_state(self, state: dict[str, torch.Tensor]) -> None: ...
+    def save_final(self, out_dir: Path) -> None: ...
+    def on_save(self, state: TrainState, path: Path | None) -> None: ...
+
+
+@dataclass
+class FitResult:
+    state: TrainState
+    stopped: str  # "done" | "max_steps" | "stop_file" | "interrupted"
+    first_eval: dict[str, float] | None = None
+    last_eval: dict[str, float] | None = None
+    losses: list[float] = field(default_factory=list)
+    checkpoint: Path | None = None
+
+
+def steps_per_epoch(n_micro_batches: int, grad_accum: int) -> int:
+    return math.ceil(n_micro_batches / grad_accum)
+
+
+def fit(
+    recipe: Recipe,
+    spec: JobSpec,
+    run: RunDir,
+    precision: Precision,
+    *,
+    resume: Checkpoint | None = None,
+    on_step: Callable[[TrainState, float], None] | None = None,
+    show_progress: bool | None = None,
+) -> FitResult:
+    """Train ``recipe`` as ``spec`` says, writing checkpoints and metrics into ``run``."""
+    train = spec.train
+    device = precision.device
+    n_micro = len(recipe.epoch_batches(0))
+    per_epoch = steps_per_epoch(n_micro, train.grad_accum)
+    total_steps = train.max_steps or train.epochs * per_epoch
+    n_epochs = math.ceil(total_steps / per_epoch)
+
+    params = recipe.trainable_parameters()
+    optimizer = build_optimizer(params, train, device)
+    scheduler = build_scheduler(optimizer, train, total_steps)
+    scaler = torch.amp.GradScaler("cuda") if precision.needs_grad_scaler else None
+    ckpts = CheckpointManager(run.checkpoints, keep_last=spec.save.keep_last)
+
+    state = TrainState()
+    result = FitResult(state=state, stopped="done")
+    if resume is not None:
+        recipe.load_adapter_state(resume.adapter())
+        opt_state = resume.optimizer()
+        optimizer.load_state_dict(opt_state["optimizer"])
+        scheduler.load_state_dict(opt_state["scheduler"])
+        if scaler is not None and "scaler" in opt_state:
+            scaler.load_state_dict(opt_state["scaler"])
+        restore_rng(resume.rng())
+        state = result.state = resume.state
+        run.event(f"resumed from {resume.path.name} (step {state.step}, epoch {state.epoch})")
+
+    metrics = MetricsWriter(run.metrics_file, run.tensorboard, resume_step=state.step if resume else None)
+
+    eval_step = -1
+
+    def evaluate() -> dict[str, float]:
+        nonlocal eval_step
+        eval_step = state.step
+        ev = recipe.evaluate()
+        recipe.train()
+        if ev:
+            metrics.log({"step": state.step, "epoch": state.epoch, "event": "eval", **ev})
+        return ev
+
+    def save() -> Path:
+        opt_state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+        if scaler is not None:
+            opt_state["scaler"] = scaler.state_dict()
+        path = ckpts.save(state, recipe.adapter_state(), opt_state)
+        run.event(f"checkpoint {path.name}")
+        metrics.log({"step": state.step, "epoch": state.epoch, "event": "checkpoint", "path": str(path.relative_to(run.root))})
+        recipe.on_save(state, path)
+        result.checkpoint = path
+        return path
+
+    recipe.train()
+    if resume is None and spec.eval.at_start:
+        result.first_eval = evaluate()
+
+    stop_file = run.root / STOP_FILE
+    progress = TrainProgress(total_steps, state.step, spec.compute.usd_per_hour, recipe.unit, enabled=show_progress)
+    try:
+        with progress:
+            while state.step < total_steps and state.epoch < n_epochs:
+                batches = recipe.epoch_batches(state.epoch)
+                while state.batch_in_epoch < len(batches) and state.step < total_steps:
+                    window = batches[state.batch_in_epoch : state.batch_in_epoch + train.grad_accum]
+                    t0 = time.perf_counter()
+                    loss_value, tokens, real = _train_window(recipe, window, precision, scaler)
+                    grad_norm = _clip(params, train.max_grad_norm, optimizer, scaler)
+                    if scaler is not None:
+                        scaler.step(optimizer)
+                        scaler.update()
+                    else:
+                        optimizer.step()
+                    scheduler.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    dt = max(time.perf_counter() - t0, 1e-9)
+
+                    state.step += 1
+                    state.batch_in_epoch += len(window)
+                    state.tokens_seen += tokens
+                    result.losses.append(loss_value)
+                    record = {
+                        "step": state.step,
+                        "epoch": state.epoch + state.batch_in_epoch / len(batches),
+                        "loss": loss_value,
+                        "lr": scheduler.get_last_lr()[0],
+                        "grad_norm": grad_norm,
+                        "step_time_s": dt,
+                        **memory_stats(device),
+                    }
+                    if tokens:
+                        record["tokens_per_s"] = tokens / dt
+                        record["real_tokens_per_s"] = real / dt
+                    usd = progress.usd_so_far()
+                    if usd is not None:
+                        record["usd"] = usd
+                    metrics.log(record)
+                    progress.update(state.step, loss_value, (real / dt) if tokens else 1 / dt)
+                    if on_step is not None:
+                        on_step(state, loss_value)
+
+                    if spec.eval.every_steps and state.step % spec.eval.every_steps == 0:
+                        result.last_eval = evaluate()
+                    if spec.save.every_steps and state.step % spec.save.every_steps == 0:
+                        save()
+                    if stop_file.exists():
+                        run.event("STOP file found: saving and stopping")
+                        save()
+                        result.stopped = "stop_file"
+                        return result
+
+                if state.batch_in_epoch >= len(batches):
+                    state.epoch += 1
+                    state.batch_in_epoch = 0
+                    if not spec.eval.every_steps:
+                        result.last_eval = evaluate()
+                    if spec.save.every_epochs and state.epoch % spec.save.every_epochs == 0:
+                        save()
+                    on_epoch_end = getattr(recipe, "on_epoch_end", None)  # optional hook (image samples)
+                    if on_epoch_end is not None:
+                        on_epoch_end(state)
+        if train.max_steps and state.step >= train.max_steps:
+            result.stopped = "max_steps"
+        if eval_step != state.step:
+            result.last_eval = evaluate()
+        recipe.save_final(run.adapter)
+        run.event(f"finished at step {state.step}; adapter saved to {run.adapter}")
+        metrics.close()
+        plot_metrics(run.metrics_file, run.root / "loss.png")
+        return result
+    except KeyboardInterrupt:
+        run.event(f"interrupted at step {state.step}: saving a checkpoint")
+        save()
+        result.stopped = "interrupted"
+        raise
+    finally:
+        metrics.close()
+
+
+def _train_window(recipe: Recipe, window: Sequence[Any], precision: Precision, scaler) -> tuple[float, int, int]:
+    """Forward/backward over one accumulation window; returns (mean loss, tokens, real tokens)."""
+    units = sum(recipe.batch_units(b) for b in window)
+    if units == 0:
+        return 0.0, 0, 0
+    total = 0.0
+    tokens = real = 0
+    for batch in window:
+        with precision.autocast():
+            out = recipe.loss(batch)
+        scaled = out.loss_sum.float() / units
+        (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        total += float(out.loss_sum.detach())
+        tokens += out.tokens
+        real += out.real_tokens
+    return total / units, tokens, real
+
+
+def _clip(params: list[torch.nn.Parameter], max_norm: float | None, optimizer, scaler) -> float:
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    grads = [p for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    norm = torch.nn.utils.clip_grad_norm_(grads, max_norm if max_norm is not None else float("inf"))
+    return float(norm)

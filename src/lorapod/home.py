@@ -1,0 +1,16 @@
+"""Where lorapod keeps its own state: ``$LORAPOD_HOME`` (default ``~/.lorapod``).
+
+Holds the ledger, the config file with API keys (0600), built-in models and caches. Tests point
+it at a temporary folder so they never touch a user's real state.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def lorapod_home() -> Path:
+    home = Path(os.environ.get("LORAPOD_HOME") or Path.home() / ".lorapod").expanduser()
+    home.mkdir(parents=True, exist_ok=True)
+    return home

@@ -1,0 +1,234 @@
+"""Rank every GPU x provider x tier that fits by total dollars per job.
+
+:func:`plan_job` is the library entry point: ``lorapod plan`` prints its result, ``lorapod
+train`` records it in the run folder's plan.json, and remote runs use it to pick an offer.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from lorapod.catalog.gpus import GPU, find_gpu, load_gpus
+from lorapod.catalog.prices import PROVIDERS, PriceEntry, load_prices, tier_descriptions
+from lorapod.catalog.snapshot import closest
+from lorapod.errors import PlanError
+from lorapod.plan.cost import Phase, cents, left_running_usd, price_job
+from lorapod.plan.job import Job, build_job
+from lorapod.plan.speed import Speed, step_speed
+from lorapod.plan.vram import Suggestion, make_fit
+from lorapod.spec import JobSpec
+
+LEFT_RUNNING_HOURS = 12
+
+
+@dataclass
+class Option:
+    provider: str
+    gpu: str
+    tier: str
+    usd_per_hour: float
+    verdict: str
+    headroom_gb: float
+    vram_peak_gb: float
+    speed: Speed
+    phases: list[Phase]
+    warnings: list[str] = field(default_factory=list)
+    price_source: str = "snapshot"
+
+    @property
+    def fits(self) -> bool:
+        return self.verdict != "does-not-fit"
+
+    @property
+    def hours_total(self) -> float:
+        return sum(p.hours for p in self.phases)
+
+    @property
+    def usd_total(self) -> float:
+        return sum(p.usd for p in self.phases)
+
+    @property
+    def usd_compute(self) -> float:
+        """Dollars for GPU time only (the phases with hours), without storage and bandwidth."""
+        return sum(p.usd for p in self.phases if p.hours > 0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "provider": self.provider,
+            "gpu": self.gpu,
+            "tier": self.tier,
+            "usd_per_hour": self.usd_per_hour,
+            "fits": self.fits,
+            "vram_peak_gb": self.vram_peak_gb,
+            "hours_total": round(self.hours_total, 4),
+            "usd_total": round(self.usd_total, 4),
+            "phases": [{"name": p.name, "hours": round(p.hours, 4), "usd": round(p.usd, 4)} for p in self.phases],
+            "warnings": self.warnings,
+        }
+
+
+@dataclass
+class Plan:
+    job: Job
+    options: list[Option]
+    snapshot_date: str
+    snapshot_note: str
+    warnings: list[str] = field(default_factory=list)
+    fixes: dict[str, Suggestion | None] = field(default_factory=dict)  # GPU -> change that makes it fit
+
+    def to_json(self) -> dict[str, Any]:
+        return {"options": [o.to_json() for o in self.options], "snapshot_date": self.snapshot_date}
+
+    def to_record(self) -> dict[str, Any]:
+        """What ``plan.json`` in a run folder holds: the ranking plus the job it was made for."""
+        job = self.job
+        return {
+            **self.to_json(),
+            "job": {
+                "model": job.model_name,
+                "steps": job.steps,
+                "images": job.images or None,
+                "examples": job.examples or None,
+                "tokens": job.tokens or None,
+                "vram_peak_gb": job.estimate.peak_gb,
+                "vram_parts_gb": job.estimate.parts,
+            },
+            "warnings": self.warnings,
+            "prices": self.snapshot_note,
+        }
+
+    @property
+    def best(self) -> Option | None:
+        return next((o for o in self.options if o.fits), None)
+
+
+def _check_provider(name: str) -> str:
+    key = name.strip().lower().replace(".ai", "")
+    if key in PROVIDERS:
+        return key
+    near = closest(name, list(PROVIDERS))
+    raise PlanError(
+        f"unknown provider {name!r}",
+        hint=(f"did you mean {', '.join(repr(n) for n in near)}? " if near else "") + f"known: {', '.join(PROVIDERS)}",
+    )
+
+
+def plan_job(
+    spec: JobSpec,
+    *,
+    gpu: str | None = None,
+    provider: str | None = None,
+    prices: list[PriceEntry] | None = None,
+    images: int | None = None,
+    examples: int | None = None,
+    today: dt.date | None = None,
+) -> Plan:
+    """Estimate the job on every priced GPU and rank the offers that fit by $ per job.
+
+    ``prices`` replaces the snapshot (e.g. live offers from :mod:`lorapod.plan.live`); ``gpu``
+    and ``provider`` (or the spec's ``compute.gpu`` / ``compute.provider``) narrow the offers.
+    A pinned GPU is shown even when it does not fit, with the change that would make it fit.
+    Raises PlanError when nothing fits, naming what would.
+    """
+    job = build_job(spec, images=images, examples=examples)
+    snap, snapshot_prices = load_prices()
+    entries = list(prices) if prices is not None else list(snapshot_prices)
+    gpu = gpu or spec.compute.gpu
+    pinned = find_gpu(gpu) if gpu else None
+    if provider is None and spec.compute.provider in PROVIDERS:
+        provider = spec.compute.provider
+    prov = _check_provider(provider) if provider else None
+    if pinned:
+        entries = [e for e in entries if find_gpu(e.gpu).name == pinned.name]
+    if prov:
+        entries = [e for e in entries if e.provider == prov]
+    if not entries:
+        where = " x ".join(x for x in (pinned.name if pinned else "", prov or "") if x)
+        raise PlanError(
+            f"no price for {where} in the {snap.date.isoformat()} snapshot",
+            hint="run with --live (RUNPOD_API_KEY / VAST_API_KEY) for current offers, or drop --gpu/--provider",
+        )
+    tiers = tier_descriptions()
+    stale = snap.is_stale(today)
+    plan = Plan(job, [], snap.date.isoformat(), snap.describe(today), list(job.warnings))
+    est = job.estimate
+    speeds: dict[str, Speed] = {}
+    for e in entries:
+        g = find_gpu(e.gpu)
+        verdict = est.verdict(g)
+        if verdict == "does-not-fit" and not pinned:
+            continue
+        speed = speeds.setdefault(g.name, step_speed(job.model, job.settings, g, est))
+        phases, warns = price_job(job, e, speed)
+        warns = _gpu_warnings(g, verdict, est.headroom_gb(g), speed) + warns
+        if verdict == "does-not-fit":
+            fix = plan.fixes.setdefault(g.name, make_fit(job.model, job.settings, g.vram_gb))
+            warns.append(f"needs {est.peak_gb:.1f} GB of {g.vram_gb:g}: " + (f"fits with {fix.describe()}" if fix else "no setting change makes it fit"))
+        if e.source == "snapshot":
+            desc = tiers.get(e.provider, {}).get(e.tier)
+            if e.tier == "cheapest_seen" and desc:
+                warns.append(f"{e.tier}: {desc}")
+            age = f"price from the {snap.date.isoformat()} snapshot ({snap.age_days(today)} days old)"
+            warns.append(age + (": stale, check --live" if stale else ""))
+        if e.tier == "spot":
+            warns.append("spot: interruptible; a lost instance loses the work since the last checkpoint")
+        warns = [*job.warnings, *warns, *_budget_warnings(spec, phases)]
+        plan.options.append(Option(e.provider, g.name, e.tier, e.usd_per_hour, verdict, round(est.headroom_gb(g), 2),
+                                   est.peak_gb, speed, phases, warns, e.source))
+    if not plan.options:
+        raise _nothing_fits(job, entries)
+    plan.options.sort(key=lambda o: (not o.fits, o.usd_total, o.hours_total))
+    best = plan.best
+    if best:
+        plan.warnings.append(
+            f"an instance left running {LEFT_RUNNING_HOURS} h at ${best.usd_per_hour:.2f}/h costs "
+            f"${cents(left_running_usd(LEFT_RUNNING_HOURS, best.usd_per_hour))}: lorapod destroys it when the job ends"
+        )
+    return plan
+
+
+def _budget_warnings(spec: JobSpec, phases: list[Phase]) -> list[str]:
+    """The spec's caps: the job would be stopped there, so say so before it starts."""
+    out = []
+    usd, hours = sum(p.usd for p in phases), sum(p.hours for p in phases)
+    if spec.compute.max_usd is not None and usd > spec.compute.max_usd:
+        out.append(f"over budget: ${usd:.2f} > compute.max_usd ${spec.compute.max_usd:g}")
+    if spec.compute.max_hours is not None and hours > spec.compute.max_hours:
+        out.append(f"over time: {hours:.1f} h > compute.max_hours {spec.compute.max_hours:g} h")
+    return out
+
+
+def _gpu_warnings(g: GPU, verdict: str, headroom: float, speed: Speed) -> list[str]:
+    out = []
+    if g.requires:
+        out.append(g.requires.get("note") or f"needs PyTorch >= {g.requires.get('torch')} with CUDA {g.requires.get('cuda')}+")
+    if verdict == "tight":
+        out.append(f"tight: {headroom:.1f} GB of headroom; a longer caption or bucket can OOM")
+    if speed.spill:
+        out.append(f"spill regime: {speed.seconds_per_step:.0f}+ s/step if the driver spills into system RAM, else OOM")
+    return out
+
+
+def _nothing_fits(job: Job, entries: list[PriceEntry]) -> PlanError:
+    """Say what would make the job fit: a setting change on the biggest priced card, or a bigger card."""
+    _, all_gpus = load_gpus()
+    priced = sorted({e.gpu: find_gpu(e.gpu) for e in entries}.values(), key=lambda g: g.vram_gb)
+    bigger = [g for g in all_gpus if job.estimate.verdict(g) != "does-not-fit"]
+    lines = []
+    if priced:
+        top = priced[-1]
+        fix = make_fit(job.model, job.settings, top.vram_gb)
+        if fix:
+            lines.append(f"on {top.name} ({top.vram_gb:g} GB): {fix.describe()}")
+    if bigger:
+        lines.append(f"it fits as is on {', '.join(g.name for g in bigger)} (no snapshot price: try --live)")
+    if not lines:
+        largest = max(all_gpus, key=lambda g: g.vram_gb)
+        fix = make_fit(job.model, job.settings, largest.vram_gb)
+        lines.append(f"on {largest.name}: {fix.describe()}" if fix else "no single-GPU setting fits: use a smaller model")
+    return PlanError(
+        f"{job.model_name} needs about {job.estimate.peak_gb:.1f} GB and fits on none of the priced GPUs",
+        hint="; ".join(lines),
+    )

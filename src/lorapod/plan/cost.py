@@ -1,0 +1,116 @@
+"""Dollars per job: phases x $/hour (billed per second), plus storage and bandwidth.
+
+A job on a rented GPU is a sequence of billed phases: boot and install, base-model download,
+data upload, caching, training, sampling, then review, pull and destroy. Each phase has a
+default estimate (below, and in docs/planner.md) and each can be overridden in the spec under
+``compute.phases`` (minutes). Storage is billed by kind (RunPod container disk while running;
+Vast.ai storage while the instance exists) and Vast.ai bandwidth per GB at the host's rate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
+
+from lorapod.catalog.gpus import GPU, find_gpu
+from lorapod.catalog.prices import PriceEntry, load_storage
+from lorapod.plan.job import DEFAULT_SAMPLE_STEPS, Job
+from lorapod.plan.speed import Speed, step_speed
+
+# Defaults, from the guides' SDXL walk-through unless said otherwise.
+BOOT_MIN = 10.0  # start from a template and install the trainer
+CACHE_STARTUP_MIN = 2.0  # load VAE + text encoders once to cache (assumption)
+CACHE_SECONDS_PER_IMAGE_4090 = 1.0  # VAE encode + text encoders per image on an RTX 4090 (assumption)
+LLM_LOAD_GB_S = 1.0  # reading weights from the instance's disk into the GPU (assumption)
+REVIEW_MIN = 12.0  # look at the samples while the machine still runs (assumption: the guide's 15 min
+# covers review, pulling checkpoints and destroying)
+DESTROY_MIN = 1.0
+HOME_DOWNLOAD_MB_S = 25.0  # pulling checkpoints home (assumption)
+# A sampling step (two forwards with CFG, no backward) costs about a third of a training step.
+SAMPLE_STEP_FRACTION = 1 / 3
+HOURS_PER_MONTH = 730
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    hours: float
+    usd: float
+
+
+def cents(x: float) -> Decimal:
+    """Round dollars to the cent, half up (the way a person rounds 0.465 to 0.47)."""
+    return Decimal(repr(round(x, 9))).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+
+
+def phase_minutes(job: Job, gpu: GPU, speed: Speed) -> list[tuple[str, float]]:
+    """Minutes per phase, the spec's ``compute.phases`` overriding the estimates."""
+    o = job.spec.compute.phases
+    storage = load_storage()[1]
+    download = job.download_gb * 1e3 / storage["host_download_mb_s"] / 60
+    upload = job.upload_gb * 1e3 / storage["home_upload_mb_s"] / 60
+    if job.is_image:
+        ref = find_gpu("RTX 4090").effective_tflops
+        cache = CACHE_STARTUP_MIN + job.images * CACHE_SECONDS_PER_IMAGE_4090 * ref / gpu.effective_tflops / 60
+        sample = job.samples * DEFAULT_SAMPLE_STEPS * speed.seconds_per_step * SAMPLE_STEP_FRACTION / 60
+    else:
+        cache = 1.0 + job.download_gb / LLM_LOAD_GB_S / 60
+        # Generation is memory-bound: every new token reads the weights once.
+        weights = job.estimate.parts.get(next(k for k in job.estimate.parts if k.startswith("base weights")), 0)
+        per_token = weights * 1024**3 / (gpu.mem_bw_gbs * 1e9)
+        sample = job.samples * job.spec.samples.max_new_tokens * per_token / 60
+    train = job.steps * speed.seconds_per_step / 60
+    review = REVIEW_MIN + job.pull_gb * 1e3 / HOME_DOWNLOAD_MB_S / 60 + DESTROY_MIN
+
+    phases: list[tuple[str, float]] = [("boot + install", _pick(o.boot_min, BOOT_MIN))]
+    if o.prep_min is not None:
+        phases.append(("prep (download + upload + cache)", o.prep_min))
+    else:
+        phases += [
+            ("download base model", _pick(o.download_min, download)),
+            ("upload data", _pick(o.upload_min, upload)),
+            ("cache" if job.is_image else "load + tokenize", _pick(o.cache_min, cache)),
+        ]
+    phases.append(("train", _pick(o.train_min, train)))
+    # A given training time is taken to include its sampling, as in the guides' tables.
+    sampling_default = 0.0 if o.train_min is not None else sample
+    phases.append(("sampling", _pick(o.sampling_min, sampling_default)))
+    phases.append(("review + pull + destroy", _pick(o.review_min, review)))
+    return phases
+
+
+def _pick(override: float | None, default: float) -> float:
+    return float(override) if override is not None else default
+
+
+def price_job(job: Job, price: PriceEntry, speed: Speed | None = None) -> tuple[list[Phase], list[str]]:
+    """Phases with dollars for one offer, then storage and bandwidth lines; and warnings."""
+    gpu = find_gpu(price.gpu)
+    speed = speed or step_speed(job.model, job.settings, gpu, job.estimate)
+    minutes = phase_minutes(job, gpu, speed)
+    rate = price.usd_per_hour
+    phases = [Phase(name, m / 60, m / 60 * rate) for name, m in minutes]
+    hours = sum(p.hours for p in phases)
+    warnings: list[str] = []
+    storage = load_storage()[1]
+    disk = job.spec.compute.disk_gb
+    if price.provider == "runpod":
+        per_month = storage["runpod"]["container_disk"]["running"]
+        phases.append(Phase(f"storage ({disk:g} GB container disk)", 0.0, disk * per_month / HOURS_PER_MONTH * hours))
+    elif price.provider == "vast":
+        if price.storage_included:
+            phases.append(Phase(f"storage ({disk:g} GB, in the offer's $/h)", 0.0, 0.0))
+        elif price.storage_per_gb_month is not None:
+            phases.append(Phase(f"storage ({disk:g} GB)", 0.0, disk * price.storage_per_gb_month / HOURS_PER_MONTH * hours))
+        if price.download_per_gb is not None or price.upload_per_gb is not None:
+            usd = job.download_gb * (price.download_per_gb or 0) + (job.upload_gb * (price.download_per_gb or 0))
+            usd += job.pull_gb * (price.upload_per_gb or 0)
+            phases.append(Phase("bandwidth", 0.0, usd))
+        if price.storage_per_gb_month is None and not price.storage_included:
+            warnings.append("Vast.ai storage and bandwidth are billed at the host's rate, not included (use --live)")
+    return phases, warnings
+
+
+def left_running_usd(hours: float, usd_per_hour: float) -> float:
+    """What an instance forgotten for ``hours`` costs: the guides' budget killer."""
+    return hours * usd_per_hour

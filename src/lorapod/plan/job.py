@@ -1,0 +1,186 @@
+"""What a job is, before any GPU is chosen: its model, settings, steps and the bytes it moves.
+
+Steps for images are images x repeats x epochs / batch (the guides' formula, rounded up per
+epoch), so the planner needs the image count: it counts the image files under ``data.path``
+when that folder exists, else takes ``images=`` (``--images N``), else assumes 25 and says so.
+LLM jobs are sized in tokens: examples x average tokens per example x epochs, counted from the
+JSONL files when they exist (about 4 characters per token), else ``examples=`` (``--examples``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lorapod.catalog.models import ImageModel, LLMArch, find_model
+from lorapod.errors import PlanError
+from lorapod.plan.vram import Estimate, Settings, estimate
+from lorapod.spec import JobSpec
+
+IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".webp", ".bmp"}
+DEFAULT_IMAGES = 25
+DEFAULT_EXAMPLES = 1000
+DEFAULT_TOKENS_PER_EXAMPLE = 500
+CHARS_PER_TOKEN = 4
+# Assumed sizes when the data is not on disk: a 1024+ px JPEG, a chat example as JSON.
+IMAGE_MB = 3.0
+EXAMPLE_KB = 2.0
+DEFAULT_SAMPLE_PROMPTS = 2
+DEFAULT_SAMPLE_STEPS = 28
+
+
+@dataclass
+class Job:
+    spec: JobSpec
+    model: ImageModel | LLMArch
+    settings: Settings
+    estimate: Estimate
+    steps: int  # forward/backward passes (micro-batches)
+    images: int = 0
+    examples: int = 0
+    tokens: int = 0
+    download_gb: float = 0.0
+    upload_gb: float = 0.0
+    pull_gb: float = 0.0
+    checkpoints: int = 0
+    samples: int = 0  # images or generations written while training
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def is_image(self) -> bool:
+        return isinstance(self.model, ImageModel)
+
+    @property
+    def model_name(self) -> str:
+        return self.model.name
+
+
+def _count_images(paths: list[Path]) -> tuple[int, int] | None:
+    found = [p for p in paths if p.is_dir()]
+    if not found:
+        return None
+    n, size = 0, 0
+    for folder in found:
+        for f in folder.rglob("*"):
+            if f.suffix.lower() in IMAGE_EXTENSIONS and f.is_file():
+                n += 1
+                size += f.stat().st_size
+    return n, size
+
+
+def _count_examples(paths: list[Path]) -> tuple[int, int, int] | None:
+    files = [p for p in paths if p.is_file()]
+    if not files:
+        return None
+    n, chars, size = 0, 0, 0
+    for f in files:
+        size += f.stat().st_size
+        with open(f, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.strip():
+                    n += 1
+                    chars += len(line)
+    return n, chars // CHARS_PER_TOKEN, size
+
+
+def _prompt_count(spec: JobSpec) -> int:
+    p = spec.samples.prompts
+    if isinstance(p, list):
+        return len(p)
+    if isinstance(p, str):
+        path = Path(p)
+        if path.is_file():
+            return sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+        return 1
+    return DEFAULT_SAMPLE_PROMPTS
+
+
+def _saves(spec: JobSpec, every_epochs: int | None, every_steps: int | None, steps: int, epochs: int) -> int:
+    if every_steps:
+        return max(1, steps // every_steps)
+    if every_epochs:
+        return max(1, epochs // every_epochs)
+    return 0
+
+
+def build_job(spec: JobSpec, *, images: int | None = None, examples: int | None = None) -> Job:
+    """Resolve the model, read the data's size, and count steps. PlanError on impossible values."""
+    _check(spec, images, examples)
+    model = find_model(spec.model.id, spec.model.family, spec.model.variant)
+    settings = Settings.from_spec(spec, model)
+    est = estimate(model, settings)
+    t = spec.train
+    warnings: list[str] = []
+    job = Job(spec, model, settings, est, steps=0)
+    if isinstance(model, ImageModel):
+        counted = _count_images(spec.data_paths())
+        if counted is not None and counted[0] > 0 and images is None:
+            job.images, data_bytes = counted
+        else:
+            job.images = images if images is not None else DEFAULT_IMAGES
+            data_bytes = int(job.images * IMAGE_MB * 1e6)
+            if images is None:
+                warnings.append(f"image count assumed {DEFAULT_IMAGES}: {spec.data.path} not found; pass --images N")
+        per_epoch = math.ceil(job.images * spec.data.repeats / t.micro_batch_size)
+        job.steps = per_epoch * t.epochs
+        job.download_gb = model.download_gb
+        job.upload_gb = data_bytes / 1e9
+        lora_bytes = model.lora_params_per_rank_m * 1e6 * settings.r * 2
+        job.samples = _saves(spec, spec.samples.every_epochs, spec.samples.every_steps, job.steps, t.epochs) * _prompt_count(spec)
+    else:
+        counted_ex = _count_examples(spec.data_paths())
+        if counted_ex is not None and examples is None:
+            job.examples, tokens_per_epoch, data_bytes = counted_ex
+        else:
+            job.examples = examples if examples is not None else DEFAULT_EXAMPLES
+            tokens_per_epoch = job.examples * DEFAULT_TOKENS_PER_EXAMPLE
+            data_bytes = int(job.examples * EXAMPLE_KB * 1e3)
+            warnings.append(
+                f"{'example count assumed ' + str(DEFAULT_EXAMPLES) + ', ' if examples is None else ''}"
+                f"{DEFAULT_TOKENS_PER_EXAMPLE} tokens per example assumed: the data file was not found"
+                + ("; pass --examples N" if examples is None else "")
+            )
+        train_tokens = tokens_per_epoch * (1 - spec.data.val_split if not spec.data.val_path else 1)
+        job.tokens = int(train_tokens * t.epochs)
+        per_step = t.micro_batch_size * spec.data.sequence_len
+        job.steps = max(1, math.ceil(job.tokens / per_step)) if spec.data.packing else max(
+            1, math.ceil(job.examples * t.epochs / t.micro_batch_size)
+        )
+        job.download_gb = model.params * 2 / 1e9
+        job.upload_gb = data_bytes / 1e9
+        lora_bytes = model.lora_params(settings.r, settings.targets if isinstance(settings.targets, str) else list(settings.targets)) * 2
+        job.samples = _saves(spec, spec.samples.every_epochs, spec.samples.every_steps, job.steps, t.epochs) * (
+            _prompt_count(spec) if spec.samples.prompts else 0
+        )
+    if t.max_steps:
+        job.steps = min(job.steps, t.max_steps * t.grad_accum)
+    job.checkpoints = _saves(spec, spec.save.every_epochs, spec.save.every_steps, job.steps, t.epochs) or 1
+    job.pull_gb = job.checkpoints * lora_bytes / 1e9
+    job.warnings = warnings
+    lic = model.license
+    if lic.gated:
+        job.warnings.append(f"{model.name} is gated on Hugging Face: accept its license on the hub and set HF_TOKEN")
+    elif lic.gated is None:
+        job.warnings.append(f"{model.name}: gating not in the catalog, check the model page")
+    if not lic.commercial:
+        job.warnings.append(f"license {lic.name}: weights and the LoRA are non-commercial")
+    return job
+
+
+def _check(spec: JobSpec, images: int | None, examples: int | None) -> None:
+    """Refuse impossible numbers, naming the field, even if they bypassed the spec validation."""
+    checks = {
+        "train.micro_batch_size": spec.train.micro_batch_size,
+        "train.epochs": spec.train.epochs,
+        "train.grad_accum": spec.train.grad_accum,
+        "data.repeats": spec.data.repeats,
+        "method.r": spec.method.r,
+    }
+    for name, value in checks.items():
+        if value is None or value < 1:
+            raise PlanError(f"{name} = {value!r}: must be at least 1", hint=f"fix {name} in the spec or --set {name}=1")
+    if images is not None and images < 1:
+        raise PlanError(f"--images {images}: must be at least 1")
+    if examples is not None and examples < 1:
+        raise PlanError(f"--examples {examples}: must be at least 1")

@@ -1,0 +1,267 @@
+"""Peak GPU memory of a LoRA job, with its breakdown, and the cheapest change that makes it fit.
+
+The model is additive: frozen base weights at their precision, the LoRA parameters with their
+gradients and optimizer states, activations (by batch and sequence length or resolution,
+with or without gradient checkpointing), whatever is not cached (text encoders, VAE), minus
+what block swap keeps in CPU RAM, plus framework overhead. Each term and its assumption is in
+docs/planner.md, next to the published figures it was checked against. Sizes are GiB (what
+nvidia-smi shows, and what a "24 GB" card holds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from lorapod.catalog.gpus import GPU
+from lorapod.catalog.models import ImageModel, LLMArch
+from lorapod.spec import JobSpec
+
+GiB = 1024**3
+
+# Bytes per parameter of the frozen base. nf4: 4 bits plus bitsandbytes' double-quantised block
+# constants (~0.127 bit/param, QLoRA paper), i.e. 0.516 bytes.
+BYTES_PER_PARAM = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "nf4": 0.516}
+# LoRA weights and gradients are fp32 (PEFT upcasts adapters); AdamW keeps two fp32 moments,
+# 8-bit AdamW two 8-bit moments.
+OPTIMIZER_BYTES = {"adamw": 8.0, "adamw_8bit": 2.0}
+LORA_BYTES = 4.0 + 4.0
+# CUDA context, cuBLAS/cuDNN workspaces, and the caching allocator's fragmentation.
+OVERHEAD_FIXED_GB = 0.75
+OVERHEAD_FRACTION = 0.05
+# A card is "tight" when less than this share of it is left free.
+TIGHT_FRACTION = 0.10
+# LLM activations per token per layer without checkpointing, in elements: about 10 x hidden
+# (norm inputs, q/k/v/o inputs, SDPA output, residuals) + 4 x intermediate (SwiGLU inputs and
+# outputs), in bf16. With checkpointing only each layer's input (1 x hidden) is kept, plus one
+# layer recomputed at a time. Logits: bf16 + their fp32 upcast for the loss (6 bytes/vocab entry),
+# plus 2 for the gradient buffer.
+LLM_ACT_HIDDEN = 10
+LLM_ACT_INTER = 4
+LOGIT_BYTES = 8
+
+Verdict = Literal["fits", "tight", "does-not-fit"]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The knobs the estimate depends on, taken from a spec; suggestions change them."""
+
+    base_dtype: str  # fp32 | bf16 | fp16 | fp8 | nf4
+    r: int
+    targets: str | tuple[str, ...]
+    optimizer: str
+    gradient_checkpointing: bool
+    batch: int
+    seq_len: int = 2048
+    resolution: int = 1024
+    cache_latents: bool = True
+    cache_text_encoder_outputs: bool = True
+    train_text_encoder: bool = False
+    blocks_to_swap: int = 0
+
+    @classmethod
+    def from_spec(cls, spec: JobSpec, model: ImageModel | LLMArch) -> Settings:
+        dtype = spec.model.dtype
+        if spec.method.type == "qlora":
+            dtype = "nf4"
+        elif dtype == "auto":
+            dtype = model.default_dtype if isinstance(model, ImageModel) else "bf16"
+        targets = spec.method.target_modules
+        return cls(
+            base_dtype=dtype,
+            r=spec.method.r,
+            targets=targets if isinstance(targets, str) else tuple(targets),
+            optimizer=spec.train.optimizer,
+            gradient_checkpointing=spec.train.gradient_checkpointing,
+            batch=spec.train.micro_batch_size,
+            seq_len=spec.data.sequence_len,
+            resolution=spec.data.resolution,
+            cache_latents=spec.data.cache_latents,
+            cache_text_encoder_outputs=spec.data.cache_text_encoder_outputs,
+            train_text_encoder=spec.method.train_text_encoder,
+            blocks_to_swap=spec.train.blocks_to_swap,
+        )
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Peak memory in GiB and the terms it is made of."""
+
+    peak_gb: float
+    parts: dict[str, float]
+    settings: Settings
+
+    def verdict(self, gpu: GPU) -> Verdict:
+        if self.peak_gb > gpu.vram_gb:
+            return "does-not-fit"
+        if gpu.vram_gb - self.peak_gb < TIGHT_FRACTION * gpu.vram_gb:
+            return "tight"
+        return "fits"
+
+    def headroom_gb(self, gpu: GPU) -> float:
+        return gpu.vram_gb - self.peak_gb
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """A setting change, as ``--set`` arguments, and the peak it leads to."""
+
+    change: str
+    sets: tuple[str, ...]
+    peak_gb: float
+    cost: str = ""
+    settings: Settings = field(repr=False, default=None)  # type: ignore[assignment]
+
+    def describe(self) -> str:
+        extra = f", {self.cost}" if self.cost else ""
+        return f"{self.change} ({' '.join('--set ' + s for s in self.sets)}; peak {self.peak_gb:.1f} GB{extra})"
+
+
+def estimate(model: ImageModel | LLMArch, s: Settings) -> Estimate:
+    parts = _image_parts(model, s) if isinstance(model, ImageModel) else _llm_parts(model, s)
+    subtotal = sum(parts.values())
+    parts["framework overhead"] = OVERHEAD_FIXED_GB + OVERHEAD_FRACTION * subtotal
+    parts = {k: round(v, 3) for k, v in parts.items()}
+    return Estimate(round(sum(parts.values()), 2), parts, s)
+
+
+def _image_parts(m: ImageModel, s: Settings) -> dict[str, float]:
+    bpp = BYTES_PER_PARAM[s.base_dtype]
+    scale = s.batch * (s.resolution / m.ref_resolution) ** 2
+    weights = m.trained_params_b * 1e9 * bpp / GiB
+    parts: dict[str, float] = {f"base weights ({m.kind}, {s.base_dtype})": weights}
+    if m.blocks and s.blocks_to_swap:
+        swapped = min(s.blocks_to_swap, m.blocks - 1) / m.blocks
+        parts["block swap (kept in CPU RAM)"] = -weights * swapped
+    if not s.cache_text_encoder_outputs or s.train_text_encoder:
+        te_bpp = min(bpp, 2.0) if s.base_dtype != "fp32" else 4.0
+        parts["text encoder(s)"] = m.text_encoder_params_b * 1e9 * te_bpp / GiB
+    if not s.cache_latents:
+        parts["VAE + encoding"] = m.vae_params_b * 1e9 * 2 / GiB + m.vae_encode_gb * scale
+    lora = m.lora_params_per_rank_m * 1e6 * s.r * (1.2 if s.train_text_encoder else 1.0)
+    parts["LoRA weights, grads, optimizer"] = lora * (LORA_BYTES + OPTIMIZER_BYTES[s.optimizer]) / GiB
+    act = m.activations_gc_gb if s.gradient_checkpointing else m.activations_full_gb
+    parts["activations"] = act * scale
+    return parts
+
+
+def _llm_parts(m: LLMArch, s: Settings) -> dict[str, float]:
+    if s.base_dtype == "nf4":
+        weights = (m.linear_params * BYTES_PER_PARAM["nf4"] + (m.params - m.linear_params) * 2) / GiB
+    else:
+        weights = m.params * BYTES_PER_PARAM[s.base_dtype] / GiB
+    lora = m.lora_params(s.r, s.targets if isinstance(s.targets, str) else list(s.targets))
+    tokens = s.batch * s.seq_len
+    act_bytes = 2 if s.base_dtype != "fp32" else 4
+    per_layer = tokens * (LLM_ACT_HIDDEN * m.hidden + LLM_ACT_INTER * m.intermediate) * act_bytes
+    if s.gradient_checkpointing:
+        act = m.layers * tokens * m.hidden * act_bytes + per_layer
+    else:
+        act = m.layers * per_layer
+    return {
+        f"base weights ({s.base_dtype})": weights,
+        "LoRA weights, grads, optimizer": lora * (LORA_BYTES + OPTIMIZER_BYTES[s.optimizer]) / GiB,
+        "activations": act / GiB,
+        "logits + loss": tokens * m.vocab * LOGIT_BYTES / GiB,
+    }
+
+
+def suggestions(model: ImageModel | LLMArch, s: Settings) -> list[tuple[Suggestion, Settings]]:
+    """Single changes, cheapest first (by the time or quality they cost), each with its estimate."""
+    out: list[tuple[str, tuple[str, ...], str, Settings]] = []
+    if s.optimizer == "adamw":
+        out.append(("8-bit AdamW", ("train.optimizer=adamw_8bit",), "no time cost", replace(s, optimizer="adamw_8bit")))
+    if isinstance(model, ImageModel) and not (s.cache_latents and s.cache_text_encoder_outputs):
+        out.append((
+            "cache latents and text-encoder outputs",
+            ("data.cache_latents=true", "data.cache_text_encoder_outputs=true"),
+            "disables caption shuffle/dropout",
+            replace(s, cache_latents=True, cache_text_encoder_outputs=True),
+        ))
+    if not s.gradient_checkpointing:
+        out.append(("gradient checkpointing", ("train.gradient_checkpointing=true",), "about 20% more time",
+                    replace(s, gradient_checkpointing=True)))
+    if s.batch > 1:
+        out.append(("batch 1 with gradient accumulation", ("train.micro_batch_size=1", f"train.grad_accum={s.batch}"),
+                    "slower per example", replace(s, batch=1)))
+    if isinstance(model, ImageModel):
+        if s.base_dtype in ("bf16", "fp16", "fp32"):
+            out.append(("fp8 base weights", ("model.dtype=fp8",), "slight quality cost", replace(s, base_dtype="fp8")))
+    elif s.base_dtype != "nf4":
+        out.append(("QLoRA (4-bit base)", ("method.type=qlora",), "about 30% more time, CUDA only",
+                    replace(s, base_dtype="nf4")))
+    if not isinstance(model, ImageModel) and s.seq_len > 512:
+        out.append(("shorter sequences", (f"data.sequence_len={s.seq_len // 2}",), "long examples are cut",
+                    replace(s, seq_len=s.seq_len // 2)))
+    result = []
+    for change, sets, cost, new in out:
+        est = estimate(model, new)
+        result.append((Suggestion(change, sets, est.peak_gb, cost, new), new))
+    return result
+
+
+def make_fit(model: ImageModel | LLMArch, s: Settings, vram_gb: float) -> Suggestion | None:
+    """The cheapest change (or stack of changes) that brings the peak under ``vram_gb``.
+
+    Single changes are tried cheapest first; then they are stacked in that order; block swap
+    (the slowest) comes last, with the fewest blocks that suffice.
+    """
+    singles = suggestions(model, s)
+    for sug, _ in singles:
+        if sug.peak_gb <= vram_gb * (1 - TIGHT_FRACTION / 2):
+            return sug
+    chosen: list[tuple[Suggestion, Settings]] = []
+    stacked = s
+    for sug, new in singles:
+        chosen.append((sug, new))
+        stacked = _stack(s, [n for _, n in chosen])
+        if estimate(model, stacked).peak_gb <= vram_gb * (1 - TIGHT_FRACTION / 2):
+            # Drop changes the others make unnecessary, the costliest first.
+            for item in list(reversed(chosen)):
+                rest = [c for c in chosen if c is not item]
+                if rest and estimate(model, _stack(s, [n for _, n in rest])).peak_gb <= vram_gb * (
+                    1 - TIGHT_FRACTION / 2
+                ):
+                    chosen = rest
+            stacked = _stack(s, [n for _, n in chosen])
+            return Suggestion(
+                " + ".join(c.change for c, _ in chosen),
+                tuple(x for c, _ in chosen for x in c.sets),
+                estimate(model, stacked).peak_gb,
+                "combined",
+                stacked,
+            )
+    changes = [c.change for c, _ in chosen]
+    sets = [x for c, _ in chosen for x in c.sets]
+    if isinstance(model, ImageModel) and model.blocks:
+        for n in range(max(1, stacked.blocks_to_swap + 1), model.blocks):
+            trial = replace(stacked, blocks_to_swap=n)
+            peak = estimate(model, trial).peak_gb
+            if peak <= vram_gb * (1 - TIGHT_FRACTION / 2):
+                return Suggestion(
+                    " + ".join([*changes, f"block swap {n}"]), (*sets, f"train.blocks_to_swap={n}"), peak,
+                    "each swapped block costs time every step", trial,
+                )
+    return None
+
+
+def _stack(base: Settings, news: list[Settings]) -> Settings:
+    out = base
+    for n in news:
+        out = _merge(out, n)
+    return out
+
+
+def _merge(a: Settings, b: Settings) -> Settings:
+    """Apply every field in which ``b`` differs from its origin onto ``a``: suggestions only tighten."""
+    return replace(
+        a,
+        optimizer="adamw_8bit" if "8bit" in b.optimizer else a.optimizer,
+        cache_latents=a.cache_latents or b.cache_latents,
+        cache_text_encoder_outputs=a.cache_text_encoder_outputs or b.cache_text_encoder_outputs,
+        gradient_checkpointing=a.gradient_checkpointing or b.gradient_checkpointing,
+        batch=min(a.batch, b.batch),
+        base_dtype=b.base_dtype if BYTES_PER_PARAM[b.base_dtype] < BYTES_PER_PARAM[a.base_dtype] else a.base_dtype,
+        seq_len=min(a.seq_len, b.seq_len),
+    )

@@ -1,0 +1,151 @@
+"""FLUX.1 and FLUX.2 klein on tiny transformers: flow-matching training, timestep sampling, and
+files that reload to the trained model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from lorapod.engine.diffusion import train_diffusion
+from lorapod.engine.diffusion.recipe import sample_sigmas
+from lorapod.rundir import RunDir
+from lorapod.spec import load_spec
+
+from .image_fixtures import build_flux1, build_flux2_klein, image_spec, write_images
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("flux")
+    return {"flux1": build_flux1(root / "flux1"), "flux2": build_flux2_klein(root / "flux2"),
+            "data": write_images(root / "data")}
+
+
+def _train(assets, tmp_path, family, spec_edit=None, **train):
+    raw = image_spec(assets[family], assets["data"], tmp_path / "runs", family, **train)
+    if spec_edit:
+        spec_edit(raw)
+    spec = load_spec(raw=raw)
+    run = RunDir.create(spec.output.dir, "t")
+    run.write_spec(spec)
+    return train_diffusion(spec, run, device="cpu", show_progress=False, log=lambda m: None,
+                           cache_root=tmp_path / "cache"), run
+
+
+@pytest.mark.parametrize("family,sampling", [("flux1", "shift"), ("flux2", "logit_normal")])
+def test_flux_learns_samples_and_reloads(assets, tmp_path, family, sampling):
+    import diffusers
+
+    def edit(raw):
+        raw["samples"] = {"prompts": ["zxq, a red square --w 64 --h 64 --s 2 --d 3"], "every_steps": 6}
+        raw["method"]["rslora"] = True
+
+    out, run = _train(assets, tmp_path, family, spec_edit=edit, epochs=4, learning_rate=3e-2,
+                      timestep_sampling=sampling)
+    first, last = out.result.first_eval["fixed_noise_loss"], out.result.last_eval["fixed_noise_loss"]
+    assert last < first * 0.99
+    assert sorted(p.name for p in run.samples.glob("*.png")) == [
+        f"step{s:06d}-{k}.png" for s in (6, 12) for k in ("00", "grid")]
+
+    recipe = out.recipe
+    fam = recipe.family
+    b = recipe.epoch_batches(0)[0]
+    x = torch.stack([recipe.latents[(i, False)] for i in b.items])
+    noisy = torch.randn(x.shape, generator=torch.Generator().manual_seed(0))
+    t = torch.tensor([0.6] * len(b.items))
+    cond = recipe._cond(b)
+    recipe.c.denoiser.eval()
+    with torch.no_grad():
+        want = fam.forward(recipe.c, noisy, t, cond, {})
+        pipe = getattr(diffusers, fam.pipeline_class).from_pretrained(str(assets[family]))
+        base = fam.forward(fam.components(pipe, "x"), noisy, t, cond, {})
+        pipe.load_lora_weights(str(run.adapter), weight_name="pytorch_lora_weights.safetensors")
+        got = fam.forward(fam.components(pipe, "x"), noisy, t, cond, {})
+    delta = (want - base).abs().mean()
+    assert delta > 1e-4
+    assert (got - want).abs().mean() < 0.01 * delta
+
+    # kohya-style file: every key names a LoRA-carrying module of the transformer, alpha makes scale exact
+    names = {n.replace(".", "_") for n, _ in recipe.c.denoiser.named_modules()}
+    with safe_open(str(run.adapter / "t.safetensors"), "pt") as fh:
+        keys = list(fh.keys())
+        modules = {k.split(".")[0] for k in keys}
+        pre = "lora_transformer_"
+        assert all(m.startswith(pre) and m[len(pre):] in names for m in modules)
+        alpha = float(fh.get_tensor(next(k for k in keys if k.endswith(".alpha"))))
+        assert fh.metadata()["ss_base_model_version"] == {"flux1": "flux1", "flux2": "flux2_klein"}[family]
+    assert alpha == pytest.approx(8 / 2 * 4)  # rsLoRA: alpha / sqrt(r) * r
+
+
+def test_flux_timestep_sampling_modes():
+    g = torch.Generator().manual_seed(0)
+    u = sample_sigmas(20000, "uniform", 3.0, g)
+    ln = sample_sigmas(20000, "logit_normal", 3.0, g)
+    sh = sample_sigmas(20000, "shift", 3.0, g)
+    assert float(u.min()) > 0 and float(u.max()) < 1
+    assert float(u.mean()) == pytest.approx(0.5, abs=0.02)
+    assert float(ln.mean()) == pytest.approx(0.5, abs=0.02) and float(ln.std()) < float(u.std())
+    assert float(sh.mean()) > 0.65  # shifted toward high noise, as for high-resolution Flux training
+
+
+def test_text_encoder_lora_is_refused_for_flux(assets, tmp_path):
+    from lorapod.errors import SpecError
+
+    def edit(raw):
+        raw["method"]["train_text_encoder"] = True
+
+    with pytest.raises(SpecError, match="train_text_encoder"):
+        _train(assets, tmp_path, "flux2", spec_edit=edit, max_steps=1)
+
+
+def test_flux2_resume_reproduces_uninterrupted_losses(assets, tmp_path):
+    from lorapod.engine.checkpoint import CheckpointManager
+
+    class Crash(Exception):
+        pass
+
+    def make(sub):
+        raw = image_spec(assets["flux2"], assets["data"], tmp_path / sub, "flux2", epochs=2,
+                         timestep_sampling="logit_normal")
+        spec = load_spec(raw=raw)
+        run = RunDir.create(spec.output.dir, "t")
+        run.write_spec(spec)
+        return spec, run
+
+    kw = {"device": "cpu", "show_progress": False, "log": lambda m: None, "cache_root": tmp_path / "cache"}
+    spec, run = make("a")
+    straight = train_diffusion(spec, run, **kw).result.losses
+    spec2, run2 = make("b")
+
+    def crash(state, loss):
+        if state.step == 5:
+            raise Crash
+
+    with pytest.raises(Crash):
+        train_diffusion(spec2, run2, on_step=crash, **kw)
+    assert CheckpointManager(run2.checkpoints).latest().state.step == 3
+    resumed = train_diffusion(spec2, run2, resume=True, **kw).result.losses
+    assert len(straight) == 6 and resumed == pytest.approx(straight[3:], rel=1e-5, abs=1e-6)
+
+
+def test_fp8_base_path_trains_and_samples(assets, tmp_path, monkeypatch):
+    """What model.dtype fp8 does on an Ada/Hopper GPU, on CPU: load in bf16, store the block linears
+    in float8, train the fp32 LoRA under bf16 autocast, sample through the pipeline."""
+    import lorapod.engine.diffusion as engine
+    from lorapod.engine.device import Precision
+
+    monkeypatch.setattr(engine, "resolve_precision",
+                        lambda *a: Precision(torch.device("cpu"), "bf16", torch.float8_e4m3fn))
+
+    def edit(raw):
+        raw["samples"] = {"prompts": ["zxq, a red square --w 64 --h 64 --s 2"], "every_steps": 2}
+
+    out, run = _train(assets, tmp_path, "flux2", spec_edit=edit, max_steps=2, precision="bf16")
+    tr = out.recipe.c.denoiser
+    assert tr.transformer_blocks[0].attn.to_q.base_layer.weight.dtype == torch.float8_e4m3fn
+    assert tr.dtype == torch.bfloat16  # what the pipeline allocates latents in
+    assert all(torch.isfinite(torch.tensor(out.result.losses)))
+    assert (run.samples / "step000002-00.png").is_file()

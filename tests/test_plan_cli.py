@@ -1,0 +1,112 @@
+"""``lorapod plan`` in-process (typer's CliRunner) and once as a real subprocess."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import lorapod.cli.main as cli_main
+from lorapod.cli.main import build_app
+
+ROOT = Path(__file__).resolve().parents[1]
+SDXL = str(ROOT / "examples" / "sdxl-object-lora.yaml")
+KEYS = {"provider", "gpu", "tier", "usd_per_hour", "fits", "vram_peak_gb", "hours_total", "usd_total", "phases", "warnings"}
+
+
+@pytest.fixture(autouse=True)
+def _isolate(tmp_path, monkeypatch):
+    monkeypatch.setenv("LORAPOD_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("RUNPOD_API_KEY", raising=False)
+    monkeypatch.delenv("VAST_API_KEY", raising=False)
+    # Command groups other branches add may not be here yet; plan must work on its own.
+    present = [c for c in cli_main.COMMANDS if importlib.util.find_spec(f"lorapod.cli.{c}")]
+    monkeypatch.setattr(cli_main, "COMMANDS", present)
+
+
+def _run(*args: str):
+    return CliRunner().invoke(build_app(), list(args))
+
+
+def test_plan_is_registered():
+    assert "plan" in cli_main.COMMANDS
+
+
+def test_json_follows_the_schema():
+    r = _run("plan", SDXL, "--json", "--images", "25")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert set(out) == {"options", "snapshot_date"}
+    assert out["snapshot_date"] == "2026-09-15"
+    assert out["options"]
+    for o in out["options"]:
+        assert set(o) == KEYS
+        assert all(set(p) == {"name", "hours", "usd"} for p in o["phases"])
+        assert o["usd_total"] == pytest.approx(sum(p["usd"] for p in o["phases"]), abs=1e-3)
+    totals = [o["usd_total"] for o in out["options"]]
+    assert totals == sorted(totals)
+
+
+def test_table_names_phases_vram_and_snapshot():
+    r = _run("plan", SDXL, "--gpu", "RTX 4090", "--provider", "runpod", "--images", "25")
+    assert r.exit_code == 0, r.output
+    for text in ("RTX 4090", "runpod", "train", "review + pull + destroy", "Peak VRAM", "2026-09-15", "2000 steps"):
+        assert text in r.output
+
+
+def test_set_overrides_reach_the_plan():
+    r = _run("plan", SDXL, "--json", "--images", "25", "--gpu", "RTX 4090", "--provider", "vast",
+             "--set", "compute.phases.boot_min=10", "--set", "compute.phases.prep_min=10",
+             "--set", "compute.phases.train_min=30", "--set", "compute.phases.review_min=15")
+    assert r.exit_code == 0, r.output
+    (o,) = json.loads(r.stdout)["options"]
+    assert o["hours_total"] == pytest.approx(65 / 60, abs=1e-3)
+    assert round(o["usd_total"], 2) == 0.34
+
+
+def test_storage_advice():
+    r = _run("plan", "--storage", "--model-gb", "260", "--sessions-per-month", "8", "--hours-per-session", "3", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["rates"] == {"container_disk_running_usd_per_month": 26.0, "volume_disk_stopped_usd_per_month": 52.0,
+                            "network_volume_usd_per_month": 18.2}
+    assert out["recommended"] in {"container disk", "volume disk", "network volume"}
+    r = _run("plan", "--storage", "--model-gb", "260", "--sessions-per-month", "8", "--hours-per-session", "3")
+    assert r.exit_code == 0 and "network volume" in r.output and "$52.00/month" in r.output
+
+
+def test_errors_are_one_clean_line_with_a_hint():
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "LORAPOD_HOME": os.environ["LORAPOD_HOME"]}
+    env.pop("LORAPOD_DEBUG", None)
+    code = (
+        "import importlib.util, sys, lorapod.cli.main as m;"
+        "m.COMMANDS=[c for c in m.COMMANDS if importlib.util.find_spec('lorapod.cli.'+c)];"
+        "m.main(sys.argv[1:])"
+    )
+    r = subprocess.run([sys.executable, "-c", code, "plan", SDXL, "--gpu", "RTX 4080"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 1
+    assert "unknown GPU 'RTX 4080'" in r.stderr and "RTX 4090" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-c", code, "plan", "--storage", "--model-gb", "10"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 1 and "--sessions-per-month" in r.stderr
+
+
+def test_live_without_keys_uses_the_snapshot_and_says_so():
+    r = _run("plan", SDXL, "--live", "--images", "25", "--gpu", "RTX 3090")
+    assert r.exit_code == 0, r.output
+    assert "RUNPOD_API_KEY not set" in r.output and "snapshot" in r.output
+
+
+def test_plan_does_not_import_torch():
+    code = "import sys, lorapod.cli.plan, lorapod.plan.choose, lorapod.plan.live; print('torch' in sys.modules)"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert r.stdout.strip() == "False", r.stderr
