@@ -26,10 +26,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "src"), str(REPO / "tests")]
+sys.path[:0] = [str(REPO / "src"), str(REPO)]
 
-from conftest_ssh import new_sshd  # noqa: E402
-from remote_helpers import FAKE_TRAINER, cli_argv, cli_env, fake_command_template, make_spec  # noqa: E402
+from tests.conftest_ssh import new_sshd  # noqa: E402
+from tests.remote_helpers import FAKE_TRAINER, cli_argv, cli_env, fake_command_template, make_spec  # noqa: E402
 
 
 def lorapod_run(target: str, spec: Path, key: Path | None, extra_env: dict[str, str]) -> tuple[float, float, float]:
@@ -144,7 +144,7 @@ def main() -> None:
 
 
 def runpod_runs(tmp: Path, spec: Path, work: Path, repeats: int) -> list[tuple[float, float, float]]:
-    from fakes.runpod_fake import RunPodFake
+    from tests.fakes.runpod_fake import RunPodFake
 
     made = []
 

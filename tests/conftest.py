@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from conftest_ssh import remote_root, sshd, sshd_factory  # noqa: F401  (real-sshd fixtures for remote runs)
+from .conftest_ssh import remote_root, sshd, sshd_factory  # noqa: F401  (real-sshd fixtures for remote runs)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from lorapod.compute.ledger import Ledger
-from remote_helpers import cli_argv, cli_env, fake_command_template, has_module, make_spec
+
+from .remote_helpers import cli_argv, cli_env, fake_command_template, has_module, make_spec
 
 FAST = ["--poll-s", "0.2", "--pull-every-s", "0.5", "--ready-deadline-s", "20", "--stop-margin-s", "1",
         "--stop-wait-s", "10", "--reconnect-s", "20", "--watchdog-poll-s", "0.3"]
@@ -160,7 +161,7 @@ def test_resume_continues_from_the_pulled_checkpoint(sshd, tmp_path):
 
 
 def test_refused_key_is_a_clear_error_and_nothing_left(sshd, tmp_path):
-    from conftest_ssh import keygen
+    from .conftest_ssh import keygen
 
     stranger = keygen(tmp_path / "stranger")
     spec = make_spec(tmp_path)
@@ -172,7 +173,7 @@ def test_refused_key_is_a_clear_error_and_nothing_left(sshd, tmp_path):
 
 
 def _demo_spec() -> Path | None:
-    from remote_helpers import REPO
+    from .remote_helpers import REPO
 
     for p in (REPO / "examples" / "demo.yaml", REPO / "src" / "lorapod" / "examples" / "demo.yaml"):
         if p.is_file():

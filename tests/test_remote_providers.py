@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from fakes.runpod_fake import RunPodFake
-from fakes.vast_fake import VastFake
 from lorapod.compute.httpapi import ApiError
 from lorapod.compute.ledger import Ledger
 from lorapod.compute.runpod.api import RunPodApi
@@ -22,7 +20,10 @@ from lorapod.compute.session import run_remote
 from lorapod.compute.vast.api import VastApi
 from lorapod.compute.vast.provider import VastProvider
 from lorapod.spec import load_spec
-from remote_helpers import cli_argv, cli_env, fake_command, fake_command_template, fast_options, make_spec
+
+from .fakes.runpod_fake import RunPodFake
+from .fakes.vast_fake import VastFake
+from .remote_helpers import cli_argv, cli_env, fake_command, fake_command_template, fast_options, make_spec
 
 
 @pytest.fixture
@@ -65,7 +66,7 @@ def assert_clean(fake, ledger, remote_root):
 
 
 def test_runpod_e2e_with_retries_on_429_and_500(runpod, tmp_path, remote_root):
-    from fakes.base import Fault
+    from .fakes.base import Fault
 
     runpod.faults += [Fault("POST", "/pods", 429, times=2), Fault("GET", r"/pods/\w+", 500, times=2),
                       Fault("DELETE", r"/pods/\w+", 503, times=1)]
@@ -196,7 +197,7 @@ def test_destroy_is_idempotent(runpod, vast):
 
 
 def test_ctrl_c_while_waiting_for_boot_destroys_the_pod(sshd_factory, remote_root, tmp_path):
-    from fakes.runpod_fake import GPU_TYPES
+    from .fakes.runpod_fake import GPU_TYPES
 
     fake = RunPodFake(sshd_factory, remote_root, never_ready_gpus=tuple(g["id"] for g in GPU_TYPES))
     try:
@@ -253,8 +254,9 @@ def test_orphan_sweep_and_down_all(runpod, monkeypatch, tmp_path):
 
 
 def test_insufficient_balance_is_explained(vast, tmp_path):
-    from fakes.base import Fault
     from lorapod.errors import ProviderError
+
+    from .fakes.base import Fault
 
     body = {"success": False, "error": "invalid_args", "msg": "insufficient credit: balance $0.00"}
     vast.faults.append(Fault("PUT", r"/api/v0/asks/\d+/", 400, times=5, body=body))

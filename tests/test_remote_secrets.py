@@ -14,9 +14,9 @@ import sys
 import threading
 from pathlib import Path
 
-from fakes.base import marked_pids
-from fakes.runpod_fake import RunPodFake
-from remote_helpers import cli_argv, cli_env, fake_command_template, make_spec
+from .fakes.base import marked_pids
+from .fakes.runpod_fake import RunPodFake
+from .remote_helpers import cli_argv, cli_env, fake_command_template, make_spec
 
 
 def _scan_cmdlines(needles: list[bytes], hits: list[str], stop: threading.Event) -> None:

@@ -12,7 +12,8 @@ from lorapod.compute.remote import local_manifest
 from lorapod.compute.session import run_remote
 from lorapod.compute.ssh import SSHProvider
 from lorapod.spec import load_spec
-from remote_helpers import fake_command, fast_options, make_spec
+
+from .remote_helpers import fake_command, fast_options, make_spec
 
 
 def run(sshd, tmp_path, spec_kw=None, say=None, **opt_kw):
@@ -152,7 +153,7 @@ def test_host_key_is_pinned_and_a_changed_key_refused(sshd, tmp_path):
     sshd.stop()
     (sshd.dir / "host_ed25519").unlink()
     (sshd.dir / "host_ed25519.pub").unlink()
-    from conftest_ssh import keygen
+    from .conftest_ssh import keygen
 
     keygen(sshd.dir / "host_ed25519", "another host")
     sshd.start()

@@ -223,6 +223,6 @@ def test_remote_modules_do_not_import_torch():
             "lorapod.compute.runpod.provider, lorapod.compute.vast.provider; "
             "bad = [m for m in ('torch', 'transformers', 'diffusers') if m in sys.modules]; "
             "sys.exit(f'imported {bad}' if bad else 0)")
-    from remote_helpers import cli_env
+    from .remote_helpers import cli_env
 
     subprocess.run([sys.executable, "-c", code], check=True, env=cli_env())

@@ -11,7 +11,7 @@ import re
 import secrets
 from typing import Any
 
-from fakes.base import FakeControlPlane
+from .base import FakeControlPlane
 
 GPU_TYPES = [
     {"id": "NVIDIA GeForce RTX 3090", "displayName": "RTX 3090", "memoryInGb": 24, "securePrice": 0.43,

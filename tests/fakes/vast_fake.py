@@ -12,7 +12,7 @@ import re
 import secrets
 from typing import Any
 
-from fakes.base import FakeControlPlane
+from .base import FakeControlPlane
 
 OFFERS = [
     {"id": 9001, "ask_contract_id": 9001, "gpu_name": "RTX 3090", "num_gpus": 1, "gpu_ram": 24576, "dph_total": 0.19,
