@@ -47,8 +47,10 @@ def register(app: typer.Typer) -> None:
         watchdog_poll_s: float = typer.Option(10.0, "--watchdog-poll-s", hidden=True),
         stall_s: float = typer.Option(1800.0, "--stall-s", hidden=True),
     ) -> None:
-        """Run SPEC on a GPU instance (or any SSH host); the instance is destroyed when the job ends,
-        fails, stalls, is interrupted, or would cross --max-usd / --max-hours."""
+        """Run SPEC on a rented GPU or any SSH host; always destroyed at the end, on failure, or at the caps.
+
+        The instance is destroyed when the job ends, fails, stalls, is interrupted, or would cross
+        --max-usd / --max-hours; checkpoints, samples and metrics are pulled as they appear."""
         from lorapod.compute.ledger import Ledger
         from lorapod.compute.provider import from_target
         from lorapod.compute.remote import Bootstrap
