@@ -1,13 +1,24 @@
-"""Which offers to try, in order. One function, so the planner (issue #3) can take over ranking.
+"""Which offers to try, in order.
 
-Today: the provider's own offers, filtered by the pinned GPU name, VRAM and the hourly price the
-budget allows, cheapest first. A pinned GPU that matches nothing is an error naming what exists.
+The provider's own offers are filtered by the pinned GPU name, VRAM and the hourly price the
+budget allows. Then, when the planner can estimate the job (a model it knows), they are ranked by
+its **dollars per job** on each offer's GPU at that offer's price (a faster card at a higher hourly
+rate is often cheaper per job), offers whose GPU the VRAM estimate says cannot fit are dropped, and
+a job whose cheapest estimate crosses ``max_usd`` / ``max_hours`` is refused before anything is
+rented. When the planner cannot say (a model outside its catalog, a GPU it does not know), the
+order is the cheapest hourly price first. A pinned GPU that matches nothing is an error naming
+what exists.
 """
 
 from __future__ import annotations
 
+import logging
+
 from lorapod.compute.provider import Offer, Provider, Requirements, rank_offers
-from lorapod.errors import PlanError
+from lorapod.errors import BudgetError, LorapodError, PlanError
+
+log = logging.getLogger(__name__)
+PLANNED_PROVIDERS = ("runpod", "vast")
 
 
 def requirements(spec, gpu: str | None = None, max_usd: float | None = None,
@@ -26,7 +37,9 @@ def choose_offers(spec, provider: Provider, gpu: str | None = None, max_usd: flo
     offers = provider.offers(req)
     ranked = rank_offers(offers, req)
     if ranked:
-        return ranked
+        return rank_by_job_cost(spec, provider.name, ranked, gpu_pinned=bool(req.gpu),
+                                max_usd=max_usd or spec.compute.max_usd,
+                                max_hours=max_hours or spec.compute.max_hours)
     if req.gpu and offers and not rank_offers(offers, Requirements(gpu=req.gpu)):
         known = sorted({o.gpu_name for o in offers})
         raise PlanError(f"{provider.name} has no offer for GPU '{req.gpu}'",
@@ -38,3 +51,62 @@ def choose_offers(spec, provider: Provider, gpu: str | None = None, max_usd: flo
                         hint="raise --max-usd, lower --max-hours, or pick another --gpu")
     raise PlanError(f"{provider.name} has no offers right now" + (f" for '{req.gpu}'" if req.gpu else ""),
                     hint="try again in a few minutes, or another provider (--on)")
+
+
+def rank_by_job_cost(spec, provider_name: str, offers: list[Offer], *, gpu_pinned: bool = False,
+                     max_usd: float | None = None, max_hours: float | None = None) -> list[Offer]:
+    """Order ``offers`` by the planner's $ per job; drop GPUs it says do not fit; refuse a job
+    whose cheapest estimate crosses the caps. Offers the planner cannot price keep $/h order,
+    after the priced ones."""
+    if provider_name not in PLANNED_PROVIDERS or not offers:
+        return offers
+    from lorapod.catalog.gpus import find_gpu
+    from lorapod.catalog.prices import PriceEntry
+    from lorapod.plan.choose import NothingFits, plan_job
+
+    known: dict[str, str] = {}
+    for o in offers:
+        try:
+            known[o.id] = find_gpu(o.gpu_name).name
+        except LorapodError:
+            continue
+    entries = [PriceEntry(provider=provider_name, tier="live", gpu=known[o.id], usd_per_hour=o.usd_per_hour,
+                          source="live", offer_id=o.id) for o in offers if o.id in known]
+    if not entries:
+        return offers
+    try:
+        plan = plan_job(spec, prices=entries, provider=provider_name)
+    except NothingFits as exc:
+        raise PlanError(f"none of {provider_name}'s matching offers can hold this job: {exc.message}",
+                        hint=exc.hint) from exc
+    except PlanError as exc:
+        log.info("planner cannot rank this job (%s): cheapest $/h first", exc.message)
+        return offers
+    by_price = {(opt.gpu, round(opt.usd_per_hour, 6)): opt for opt in plan.options}
+    priced: list[tuple[float, Offer]] = []
+    unpriced: list[Offer] = []
+    for o in offers:
+        opt = by_price.get((known.get(o.id, ""), round(o.usd_per_hour, 6)))
+        if opt is None:
+            if o.id not in known:
+                unpriced.append(o)  # a GPU the catalog does not know: no estimate either way
+            continue  # known GPU the planner left out: its VRAM estimate does not fit
+        if not opt.fits and not gpu_pinned:
+            continue
+        priced.append((opt.usd_total, o))
+    priced.sort(key=lambda t: (t[0], t[1].usd_per_hour))
+    if priced:
+        best = by_price[(known[priced[0][1].id], round(priced[0][1].usd_per_hour, 6))]
+        if max_usd is not None and best.usd_total > max_usd:
+            raise BudgetError(
+                f"the planner estimates ${best.usd_total:.2f} for this job on the cheapest offer "
+                f"({best.gpu} at ${best.usd_per_hour:.3f}/h, {best.hours_total:.1f} h), over the ${max_usd:g} cap",
+                hint="raise --max-usd, or make the job smaller (fewer steps/epochs); `lorapod plan` shows the phases",
+            )
+        if max_hours is not None and best.hours_total > max_hours:
+            raise BudgetError(
+                f"the planner estimates {best.hours_total:.1f} h for this job on the cheapest offer "
+                f"({best.gpu}), over the {max_hours:g} h cap",
+                hint="raise --max-hours, or pin a faster --gpu; `lorapod plan` compares them",
+            )
+    return [o for _, o in priced] + unpriced

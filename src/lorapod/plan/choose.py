@@ -211,6 +211,10 @@ def _gpu_warnings(g: GPU, verdict: str, headroom: float, speed: Speed) -> list[s
     return out
 
 
+class NothingFits(PlanError):
+    """The job fits on none of the offered GPUs (the hint says what would make it fit)."""
+
+
 def _nothing_fits(job: Job, entries: list[PriceEntry]) -> PlanError:
     """Say what would make the job fit: a setting change on the biggest priced card, or a bigger card."""
     _, all_gpus = load_gpus()
@@ -228,7 +232,7 @@ def _nothing_fits(job: Job, entries: list[PriceEntry]) -> PlanError:
         largest = max(all_gpus, key=lambda g: g.vram_gb)
         fix = make_fit(job.model, job.settings, largest.vram_gb)
         lines.append(f"on {largest.name}: {fix.describe()}" if fix else "no single-GPU setting fits: use a smaller model")
-    return PlanError(
+    return NothingFits(
         f"{job.model_name} needs about {job.estimate.peak_gb:.1f} GB and fits on none of the priced GPUs",
         hint="; ".join(lines),
     )
