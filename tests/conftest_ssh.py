@@ -64,6 +64,11 @@ class Sshd:
             # sshd's privilege-separation directory, normally made by the init script.
             Path("/run/sshd").mkdir(mode=0o755, parents=True, exist_ok=True)
         cfg = self.dir / "sshd_config"
+        # A home of its own for the sessions: the test user's real ~/.bashrc (pyenv, conda...)
+        # never runs, so a stale lock or a slow init script on the machine cannot stall the tests.
+        home = self.dir / "home"
+        home.mkdir(exist_ok=True)
+        (home / ".bashrc").touch()
         lines = [
             f"Port {self.port}", "ListenAddress 127.0.0.1",
             f"HostKey {self.dir / 'host_ed25519'}", f"PidFile {self.dir / 'sshd.pid'}",
@@ -71,8 +76,16 @@ class Sshd:
             "StrictModes no", "UsePAM no", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
             "PubkeyAuthentication yes", "PermitRootLogin yes" if os.geteuid() == 0 else "PermitRootLogin no",
             "MaxStartups 100", "MaxSessions 100", "LogLevel ERROR", "PrintMotd no",
-            "AcceptEnv LANG", "Subsystem sftp internal-sftp", self.extra_config,
+            "AcceptEnv LANG", "Subsystem sftp internal-sftp",
         ]
+        # sshd keeps only the first SetEnv line: HOME joins the one a fake instance brings, if any
+        extra = self.extra_config.splitlines()
+        setenv = [i for i, line in enumerate(extra) if line.strip().startswith("SetEnv ")]
+        if setenv:
+            extra[setenv[0]] += f" HOME={home}"
+        else:
+            extra.append(f"SetEnv HOME={home}")
+        lines += extra
         cfg.write_text("\n".join(lines) + "\n")
         with open(self.dir / "sshd.log", "ab") as log:
             self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stdout=subprocess.DEVNULL,
