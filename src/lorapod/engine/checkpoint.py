@@ -168,3 +168,12 @@ class CheckpointManager:
         kept = self.list()
         for old in kept[: max(0, len(kept) - self.keep_last)]:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def resume_point(checkpoints: Path, event, log) -> Checkpoint | None:
+    """The newest valid checkpoint of a run folder to resume from, or None (said aloud)."""
+    checkpoint = CheckpointManager(checkpoints).latest()
+    if checkpoint is None:
+        event("no valid checkpoint to resume from: starting from scratch")
+        log("no valid checkpoint found: starting from step 0")
+    return checkpoint

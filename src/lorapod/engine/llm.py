@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from lorapod.engine import llm_data
-from lorapod.engine.checkpoint import Checkpoint, CheckpointManager, TrainState
+from lorapod.engine.checkpoint import TrainState, resume_point
 from lorapod.engine.device import Precision, pick_device, resolve_precision
 from lorapod.engine.llm_data import IGNORE, Batch, Example, Row
 from lorapod.engine.llm_model import add_lora, count_parameters, load_model, load_tokenizer
@@ -263,11 +263,6 @@ def train_llm(spec: JobSpec, run: RunDir, *, resume: bool = False, device: str |
     if fallback:
         log("the tokenizer has no chat template: using lorapod's ChatML fallback (see docs/llm.md)")
     run.event(f"training {spec.model.id} on {recipe.precision.device} ({recipe.precision.compute})")
-    checkpoint: Checkpoint | None = None
-    if resume:
-        checkpoint = CheckpointManager(run.checkpoints).latest()
-        if checkpoint is None:
-            run.event("no valid checkpoint to resume from: starting from scratch")
-            log("no valid checkpoint found: starting from step 0")
+    checkpoint = resume_point(run.checkpoints, run.event, log) if resume else None
     result = fit(recipe, spec, run, recipe.precision, resume=checkpoint, on_step=on_step, show_progress=show_progress)
     return LLMRun(run, result, recipe, stats, fallback)

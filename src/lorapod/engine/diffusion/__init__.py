@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from lorapod.data.findings import Finding
-from lorapod.engine.checkpoint import Checkpoint, CheckpointManager
+from lorapod.engine.checkpoint import resume_point
 from lorapod.engine.device import Precision, pick_device, resolve_precision
 from lorapod.engine.diffusion import cache as dcache
 from lorapod.engine.diffusion import dataset
@@ -226,12 +226,7 @@ def train_diffusion(spec: JobSpec, run: RunDir, *, resume: bool = False, device:
     log(f"model {spec.model.id} ({recipe.family.name}, {recipe.prediction}): {trainable:,} LoRA parameters "
         f"on {recipe.precision.device} ({recipe.precision.compute})")
     run.event(f"training {spec.model.id} ({recipe.family.name}) on {recipe.precision.device}")
-    checkpoint: Checkpoint | None = None
-    if resume:
-        checkpoint = CheckpointManager(run.checkpoints).latest()
-        if checkpoint is None:
-            run.event("no valid checkpoint to resume from: starting from scratch")
-            log("no valid checkpoint found: starting from step 0")
+    checkpoint = resume_point(run.checkpoints, run.event, log) if resume else None
 
     def step_hook(state, loss):
         recipe.on_step(state)
