@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from lorapod.compute.ledger import lorapod_home
-from lorapod.compute.provider import Instance
+from lorapod.compute.provider import Instance, without
 from lorapod.compute.ssh import HostProvider
 from lorapod.compute.transport import LocalTransport, Transport
 
@@ -24,9 +24,7 @@ class LocalProvider(HostProvider):
 
     @classmethod
     def from_kwargs(cls, **kw: Any) -> LocalProvider:
-        kw.pop("target", None)
-        kw.pop("identity", None)
-        return cls(**kw)
+        return cls(**without(kw, "target", "identity"))
 
     def _address(self) -> tuple[str, int, str]:
         return "localhost", 0, "local"

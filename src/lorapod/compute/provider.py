@@ -158,6 +158,14 @@ def register(name: str, factory: ProviderFactory) -> None:
     _REGISTRY[name] = factory
 
 
+HOST_OPTIONS = ("target", "identity", "usd_per_hour")  # what `lorapod run --on ssh://...` passes
+
+
+def without(kw: dict[str, Any], *names: str) -> dict[str, Any]:
+    """``kw`` less the options a provider does not take (``get`` passes every CLI option to all)."""
+    return {k: v for k, v in kw.items() if k not in names}
+
+
 def names() -> list[str]:
     return sorted({*BUILTINS, *_REGISTRY})
 

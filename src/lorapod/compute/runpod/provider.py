@@ -11,7 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 from lorapod.compute.httpapi import ApiError
-from lorapod.compute.provider import Capability, Instance, InstanceSpec, Offer, Requirements
+from lorapod.compute.provider import (
+    HOST_OPTIONS,
+    Capability,
+    Instance,
+    InstanceSpec,
+    Offer,
+    Requirements,
+    without,
+)
 from lorapod.compute.runpod.api import RunPodApi
 from lorapod.errors import ProviderError
 
@@ -29,10 +37,7 @@ class RunPodProvider:
 
     @classmethod
     def from_kwargs(cls, **kw: Any) -> RunPodProvider:
-        kw.pop("target", None)
-        kw.pop("identity", None)
-        kw.pop("usd_per_hour", None)
-        return cls(**kw)
+        return cls(**without(kw, *HOST_OPTIONS))
 
     def capabilities(self) -> list[Capability]:
         return [

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from lorapod.compute.provider import Capability, Instance, InstanceSpec, Offer, Requirements
+from lorapod.compute.provider import (
+    HOST_OPTIONS,
+    Capability,
+    Instance,
+    InstanceSpec,
+    Offer,
+    Requirements,
+    without,
+)
 from lorapod.compute.vast.api import VastApi
 
 DEFAULT_IMAGE = "pytorch/pytorch:2.4.0-cuda12.4-cudnn9-devel"
@@ -28,10 +36,7 @@ class VastProvider:
 
     @classmethod
     def from_kwargs(cls, **kw: Any) -> VastProvider:
-        kw.pop("target", None)
-        kw.pop("identity", None)
-        kw.pop("usd_per_hour", None)
-        return cls(**kw)
+        return cls(**without(kw, *HOST_OPTIONS))
 
     def capabilities(self) -> list[Capability]:
         return [
