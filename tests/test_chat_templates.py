@@ -207,7 +207,7 @@ def test_gemma_system_prompt_is_folded_into_the_first_user_turn_or_refused_on_re
     assert plan.mode == "first_user" and "Gemma" in plan.explanation
     text, _ = assistant_spans(tok, place_system(conv, plan))
     assert "<start_of_turn>user\nYou are terse. Answer in French.\n\nHello there<end_of_turn>" in text
-    with pytest.raises(TemplateRejected, match="data.system_prompt"):
+    with pytest.raises(TemplateRejected, match=r"data\.system_prompt"):
         labelled(tok, conv, plan_system(tok, "keep"))
 
 
@@ -270,7 +270,7 @@ def test_a_conversation_the_template_refuses_names_its_line(tmp_path):
     assert [f.line for f in keep.findings if f.code == "chat-system-rejected"] == [3]
     tok = tok_for("gemma")
     convs = [x["messages"] for x in lines]
-    with pytest.raises(DataError, match="c.jsonl line 2: the model's chat template refuses"):
+    with pytest.raises(DataError, match=r"c\.jsonl line 2: the model's chat template refuses"):
         llm_data.tokenize_all(tok, convs, 512, True, plan_system(tok, "auto"), ["c.jsonl line 1", "c.jsonl line 2",
                                                                                "c.jsonl line 3"])
     examples, stats = llm_data.tokenize_all(tok, convs, 512, True, plan_system(tok, "auto"), None, skip_bad=True)

@@ -4,8 +4,9 @@ A model can be named four ways, and each resolves to a folder that ``AutoTokeniz
 
 - a local folder (``./models/llama``), read as is;
 - a hub id (``meta-llama/Llama-3.1-8B-Instruct``): only the tokenizer files are fetched (never
-  the weights), from the Hugging Face cache first; ``HF_TOKEN`` is honoured for gated models and
-  ``HF_HUB_OFFLINE=1`` (or ``LORAPOD_OFFLINE=1``) keeps it to the cache;
+  the weights), from the Hugging Face cache first; ``HF_TOKEN`` is honoured for gated models,
+  ``HF_ENDPOINT`` for a mirror, and ``HF_HUB_OFFLINE=1`` (or ``LORAPOD_OFFLINE=1``) keeps it to
+  the cache (all read when called, not when imported);
 - a catalog alias (``llama-3.1-8b``): mapped to the catalog's hub id, then as above;
 - the built-in ``lorapod:tiny-llama`` (the demo's random model, built once on disk).
 
@@ -83,7 +84,8 @@ def _fetch(hub_id: str, revision: str | None) -> str:
     local_only = offline()
     try:
         return hub.snapshot_download(hub_id, revision=revision, allow_patterns=TOKENIZER_FILES,
-                                     local_files_only=local_only, token=os.environ.get("HF_TOKEN") or None)
+                                     local_files_only=local_only, token=os.environ.get("HF_TOKEN") or None,
+                                     endpoint=os.environ.get("HF_ENDPOINT") or None)
     except hf_errors.GatedRepoError as exc:
         raise ModelLoadError(f"{hub_id} is gated: the hub refused its tokenizer files without access",
                              hint="accept the licence on the model's hub page, then set HF_TOKEN "
