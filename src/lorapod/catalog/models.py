@@ -295,7 +295,8 @@ def v_prediction_name(model_id: str) -> str | None:
     import re
 
     _, raw = load_data("models")
-    name = Path(model_id).name if Path(model_id).suffix else model_id
+    local = Path(model_id).expanduser()
+    name = local.name if local.exists() or local.suffix else model_id  # a folder's own name, not its parents
     for entry in raw.get("v_prediction_models", []):
         if re.search(entry["pattern"], name, re.IGNORECASE):
             return str(entry["name"])

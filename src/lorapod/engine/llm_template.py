@@ -174,9 +174,8 @@ def _marker_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int,
     return texts[0], [tuple(s) for s in spans[0]]
 
 
-def _token_start_before(tokenizer, text: str, at: int) -> int:
+def _token_start_before(offsets: list[tuple[int, int]], at: int) -> int:
     """``at``, moved back to the start of the token it falls inside (unchanged on a token boundary)."""
-    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
     for start, end in offsets:
         if start < at < end:
             return start
@@ -185,6 +184,7 @@ def _token_start_before(tokenizer, text: str, at: int) -> int:
 
 def _turn_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
     full = render(tokenizer, messages)
+    offsets: list[tuple[int, int]] | None = None  # of the full text, computed once if a suffix needs them
     spans: list[tuple[int, int]] = []
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
@@ -201,7 +201,9 @@ def _turn_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, i
         if full.startswith(upto):
             end = len(upto)
         else:  # the template closes a conversation with a suffix (Phi-3's eos) the full render lacks here
-            end = _token_start_before(tokenizer, full, _common_prefix(upto, full))
+            if offsets is None:
+                offsets = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+            end = _token_start_before(offsets, _common_prefix(upto, full))
         if end < len(before) or (end == len(before) and m["content"]):
             raise DataError(f"reply {i} could not be located in the chat template's rendering",
                             hint="set data.train_on_assistant_only: false, or use a template with "
