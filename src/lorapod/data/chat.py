@@ -381,8 +381,8 @@ def load_tokenizer(model: Path | str):
     return load(str(model))
 
 
-def template_check(tokenizer, numbered: list[tuple[int, list[dict]]], path: Path, sequence_len: int,
-                   system_prompt: str = "auto", assistant_only: bool = True):
+def template_check(tokenizer, numbered: list[tuple[int, list[dict]]], path: Path, system_prompt: str = "auto",
+                   assistant_only: bool = True):
     """(token lengths, findings, system-prompt plan) from tokenising every conversation as the engine will.
 
     A conversation the template refuses (Gemma on a system prompt with ``data.system_prompt: keep``,
@@ -539,7 +539,7 @@ def check_chat(
             report.add(finding("warning", "chat-no-template", str(model),
                                "the tokenizer has no chat template; lorapod trains with its ChatML fallback "
                                "(lengths are counted on it). Use an instruct model or give the template."))
-        lengths, template_findings, system = template_check(tokenizer, numbered, path, sequence_len, system_prompt)
+        lengths, template_findings, system = template_check(tokenizer, numbered, path, system_prompt)
         report.extend(template_findings)
         if not lengths:
             report.add(finding("error", "chat-unusable", path,
