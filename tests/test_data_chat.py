@@ -245,7 +245,7 @@ def test_check_chat_tokenizer_without_template_warns(tmp_path):
 
 def test_check_chat_bad_model_dir(tmp_path):
     p = write_lines(tmp_path / "c.jsonl", [msg()])
-    with pytest.raises(ModelLoadError, match="not a local folder"):
+    with pytest.raises(ModelLoadError, match="not a model folder"):
         check_chat(p, model=tmp_path / "missing")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelLoadError, match="cannot load a tokenizer"):

@@ -109,7 +109,7 @@ def test_flux2_resume_reproduces_uninterrupted_losses(assets, tmp_path):
 
     def make(sub):
         raw = image_spec(assets["flux2"], assets["data"], tmp_path / sub, "flux2", epochs=2,
-                         timestep_sampling="logit_normal")
+                         timestep_sampling="logit_normal", noise_offset=0.1)  # offset drawn before patchify
         spec = load_spec(raw=raw)
         run = RunDir.create(spec.output.dir, "t")
         run.write_spec(spec)

@@ -39,6 +39,12 @@ class ModelSpec(_Section):
     )
     trust_remote_code: bool = False
     variant: str | None = Field(None, description="Sub-model, e.g. 'dev'/'schnell' for FLUX.1, '4b'/'9b' for FLUX.2 klein.")
+    prediction_type: Literal["auto", "epsilon", "v_prediction"] = Field(
+        "auto",
+        description="SD 1.5/SDXL training target. auto: the model's scheduler config, or for a single "
+        ".safetensors file its 'v_pred' key / ss_v_parameterization metadata / catalog name, else epsilon "
+        "(said in the plan and the run log). `lorapod train --v-pred` sets v_prediction.",
+    )
 
 
 class MethodSpec(_Section):
@@ -67,6 +73,12 @@ class DataSpec(_Section):
     train_on_assistant_only: bool = Field(True, description="Loss only on assistant turns.")
     skip_bad_examples: bool = Field(
         False, description="Train on the good lines of a chat file that has bad ones (default: refuse and list them)."
+    )
+    system_prompt: Literal["auto", "keep", "first_user", "last_user"] = Field(
+        "auto",
+        description="Chat: where a system prompt goes when the model's template cannot keep it (Gemma rejects "
+        "one, Mistral v0.3 puts it before the last user turn). auto: keep it where the template can, else fold "
+        "it into the first user turn (Gemma) or the last one (Mistral); keep: refuse such conversations.",
     )
     # image datasets
     repeats: Annotated[int, Field(ge=1)] = 1

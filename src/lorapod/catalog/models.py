@@ -288,3 +288,16 @@ def find_model(model_id: str, family: str = "auto", variant: str | None = None) 
         "For another LLM, point model.id at a local folder with a config.json."
     )
     raise PlanError(f"unknown model {model_id!r} (family {family})", hint=hint)
+
+
+def v_prediction_name(model_id: str) -> str | None:
+    """The catalog's name for a v-prediction checkpoint whose hub id or file name matches, else None."""
+    import re
+
+    _, raw = load_data("models")
+    local = Path(model_id).expanduser()
+    name = local.name if local.exists() or local.suffix else model_id  # a folder's own name, not its parents
+    for entry in raw.get("v_prediction_models", []):
+        if re.search(entry["pattern"], name, re.IGNORECASE):
+            return str(entry["name"])
+    return None

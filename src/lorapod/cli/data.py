@@ -23,16 +23,19 @@ def register(app: typer.Typer) -> None:
         family: str = typer.Option("sdxl", "--family", help=f"Image model family: {FAMILIES}."),
         trigger: str | None = typer.Option(None, "--trigger", help="Trigger word every caption must start with."),
         json_out: bool = typer.Option(False, "--json", help="Print findings as JSON on stdout."),
-        model: Path | None = typer.Option(None, "--model", help="Chat: local model folder whose tokenizer counts tokens."),
+        model: str | None = typer.Option(None, "--model", help="Chat: the model (folder, hub id or catalog alias) whose "
+                                         "tokenizer and chat template the data is checked with."),
         sequence_len: int = typer.Option(2048, "--sequence-len", help="Chat: training sequence length in tokens."),
         val: Path | None = typer.Option(None, "--val", help="Chat: validation file, checked for overlap with train."),
         tokenizer: Path | None = typer.Option(None, "--tokenizer", help="Images: local CLIP tokenizer folder."),
+        system_prompt: str = typer.Option("auto", "--system-prompt", help="Chat: auto|keep|first_user|last_user "
+                                          "(data.system_prompt: where a system prompt goes)."),
     ) -> None:
         """Find every problem in a dataset; exit status 1 when there is an error."""
         from lorapod.data.images import check_path
 
         report = check_path(path, family=family, trigger=trigger, tokenizer=tokenizer,
-                            model=model, sequence_len=sequence_len, val=val)
+                            model=model, sequence_len=sequence_len, val=val, system_prompt=system_prompt)
         if json_out:
             typer.echo(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
         else:

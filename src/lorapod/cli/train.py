@@ -18,10 +18,15 @@ def train(
     run_dir: Path | None = typer.Option(None, "--run-dir", help="Use this run folder (created if missing)."),
     resume: Path | None = typer.Option(None, "--resume", help="Continue a run folder from its newest checkpoint."),
     device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: best available)."),
+    v_pred: bool = typer.Option(False, "--v-pred", help="SD 1.5/SDXL: train on the v-prediction objective "
+                                "(kohya's --v_parameterization; same as --set model.prediction_type=v_prediction)."),
 ) -> None:
     """Train a LoRA adapter as the spec says (LLM or image), writing checkpoints, metrics and the adapter."""
     from lorapod.rundir import RunDir
     from lorapod.spec import load_spec
+
+    if v_pred:
+        set_ = [*set_, "model.prediction_type=v_prediction"]
 
     if resume is not None:
         run = RunDir.open(resume)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from lorapod.data.findings import Finding, Report, finding
-from lorapod.errors import DataError, ModelLoadError, require
+from lorapod.errors import DataError
 
 FORMATS = ("messages", "sharegpt", "alpaca")
 ROLES = ("system", "user", "assistant")
@@ -291,9 +291,26 @@ def validate_messages(messages: list[dict], line: int | None, path: str = "") ->
     return out
 
 
-def _load(path: Path, fmt: str) -> tuple[list[list[dict]], list[Finding], str]:
-    """load_conversations without the "zero usable examples" error (check_chat reports it instead)."""
-    path = Path(path)
+def load_numbered(path: Path, fmt: str = "auto", refuse_empty: bool = False,
+                  ) -> tuple[list[tuple[int, list[dict]]], list[Finding], str]:
+    """Usable conversations with their 1-based line numbers, the findings, and the format.
+
+    The line numbers let checks that need the model's tokenizer (the chat template) report the
+    line, in ``data check`` and at train time alike. ``refuse_empty``: raise DataError (naming
+    the first problem) when no example is usable.
+    """
+    numbered, findings, fmt = _numbered(Path(path), fmt)
+    if refuse_empty and not numbered:
+        first = next((f for f in findings if f.severity == "error"), None)
+        detail = f" (first problem, line {first.line}: {first.message})" if first else " (the file is empty)"
+        raise DataError(
+            f"{path}: no usable chat example{detail}",
+            hint=f"Run `lorapod data check {path}` to see every problem with its line number.",
+        )
+    return numbered, findings, fmt
+
+
+def _numbered(path: Path, fmt: str) -> tuple[list[tuple[int, list[dict]]], list[Finding], str]:
     records, findings = read_jsonl(path)
     if not records:
         return [], findings, fmt
@@ -301,7 +318,7 @@ def _load(path: Path, fmt: str) -> tuple[list[list[dict]], list[Finding], str]:
         fmt = detect_format(records)
     elif fmt not in FORMATS:
         raise DataError(f"unknown chat format {fmt!r}.", hint=f"Use auto or one of: {', '.join(FORMATS)}.")
-    conversations: list[list[dict]] = []
+    conversations: list[tuple[int, list[dict]]] = []
     for line, record in records:
         kind = _classify(record)
         if kind is None or kind != fmt:
@@ -319,7 +336,7 @@ def _load(path: Path, fmt: str) -> tuple[list[list[dict]], list[Finding], str]:
         problems = validate_messages(messages, line, str(path))
         findings.extend(problems)
         if not any(p.severity == "error" for p in problems):
-            conversations.append(messages)
+            conversations.append((line, messages))
     return conversations, findings, fmt
 
 
@@ -329,15 +346,8 @@ def load_conversations(path: Path, fmt: str = "auto") -> tuple[list[list[dict]],
     An example with any error finding is left out of the returned conversations (and named in the
     findings). Raises DataError on a mixed-format file or when no example is usable.
     """
-    conversations, findings, fmt = _load(path, fmt)
-    if not conversations:
-        first = next((f for f in findings if f.severity == "error"), None)
-        detail = f" (first problem, line {first.line}: {first.message})" if first else " (the file is empty)"
-        raise DataError(
-            f"{path}: no usable chat example{detail}",
-            hint=f"Run `lorapod data check {path}` to see every problem with its line number.",
-        )
-    return conversations, findings, fmt
+    numbered, findings, fmt = load_numbered(path, fmt, refuse_empty=True)
+    return [c for _, c in numbered], findings, fmt
 
 
 # ---------------------------------------------------------------------------------------------
@@ -365,28 +375,70 @@ def render_plain(messages: list[dict]) -> str:
 
 
 def load_tokenizer(model: Path | str):
-    """The model's own tokenizer from a local folder (never downloads)."""
-    transformers = require("transformers", "llm", "Counting tokens with the model's tokenizer")
-    model = Path(model)
-    if not model.is_dir():
-        raise ModelLoadError(
-            f"--model {model} is not a local folder.",
-            hint="Point --model at a folder holding tokenizer.json/tokenizer_config.json "
-            "(e.g. the output of `huggingface-cli download`).",
-        )
-    try:
-        return transformers.AutoTokenizer.from_pretrained(str(model), local_files_only=True)
-    except Exception as exc:  # transformers raises OSError, ValueError, KeyError... by case
-        raise ModelLoadError(
-            f"cannot load a tokenizer from {model}: {exc}",
-            hint="The folder needs tokenizer.json or the tokenizer files of its model type.",
-        ) from exc
+    """The model's tokenizer through lorapod's one loader (local folder, hub id, catalog alias)."""
+    from lorapod.tokenizer import load_tokenizer as load
+
+    return load(str(model))
+
+
+def template_check(tokenizer, numbered: list[tuple[int, list[dict]]], path: Path, system_prompt: str = "auto",
+                   assistant_only: bool = True):
+    """(token lengths, findings, system-prompt plan) from tokenising every conversation as the engine will.
+
+    A conversation the template refuses (Gemma on a system prompt with ``data.system_prompt: keep``,
+    roles it will not alternate) or whose replies cannot be located becomes an error finding on its
+    line; how the system prompt is placed is said once; tokens shared by prompt and reply are
+    counted (they are labelled, as transformers does).
+    """
+    from lorapod.engine.llm_data import tokenize_conversation
+    from lorapod.engine.llm_template import plan_system
+
+    findings: list[Finding] = []
+    system = None
+    with_system = [line for line, c in numbered if c and c[0]["role"] == "system"]
+    if with_system:
+        system = plan_system(tokenizer, system_prompt)
+        if system.mode != "keep" and not system.refused:
+            findings.append(finding(
+                "warning" if system.placement == "last_user" else "info", "chat-system-folded", path,
+                f"{len(with_system)} conversation(s) have a system prompt (first: line {with_system[0]}); "
+                f"{system.explanation}. Set data.system_prompt to choose (first_user, last_user, or keep to refuse).",
+                with_system[0],
+            ))
+    lengths: list[int] = []
+    shared_lines: list[int] = []
+    for line, messages in numbered:
+        try:
+            ex, _truncated, shared = tokenize_conversation(tokenizer, messages, 10**9, assistant_only, system)
+        except DataError as exc:
+            code = "chat-system-rejected" if system is not None and system.refused and line in with_system \
+                else "chat-template-error"
+            findings.append(finding("error", code, path, f"{exc.message}" + (f" ({exc.hint})" if exc.hint else ""),
+                                    line))
+            continue
+        lengths.append(len(ex))
+        if shared:
+            shared_lines.append(line)
+    if shared_lines:
+        findings.append(finding(
+            "warning", "chat-shared-boundary-token", path,
+            f"in {len(shared_lines)} conversation(s) (first: line {shared_lines[0]}) a token is shared by the prompt "
+            "and a reply (e.g. a reply starting with a newline merges with the header's newline); it is labelled, "
+            "as transformers' assistant mask does. Strip leading newlines from replies if that is not wanted.",
+            shared_lines[0],
+        ))
+    return lengths, findings, system
 
 
 def render(tokenizer, messages: list[dict]) -> str:
-    """The text the model sees: the tokenizer's chat template, or ``render_plain`` without one."""
+    """The text the model sees: the tokenizer's chat template, or ``render_plain`` without a tokenizer."""
     if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, tokenize=False)
+        from lorapod.engine.llm_template import render as render_template
+
+        try:
+            return render_template(tokenizer, messages)
+        except DataError as exc:
+            return f"(the chat template refuses this conversation: {exc.message})"
     return render_plain(messages)
 
 
@@ -417,16 +469,22 @@ def _digest(messages: list[dict]) -> str:
 def check_chat(
     path: Path,
     *,
-    model: Path | None = None,
+    model: Path | str | None = None,
     sequence_len: int = 2048,
     val: Path | None = None,
     fmt: str = "auto",
+    system_prompt: str = "auto",
 ) -> Report:
-    """All chat checks on one file (and its validation file): the report ``lorapod data check`` prints."""
+    """All chat checks on one file (and its validation file): the report ``lorapod data check`` prints.
+
+    With ``model`` every conversation is tokenised by that model's chat template exactly as the
+    engine will (system prompt placement, reply masking), and what it refuses is reported by line.
+    """
     path = Path(path)
     report = Report()
     try:
-        conversations, findings, fmt = _load(path, fmt)
+        numbered, findings, fmt = load_numbered(path, fmt)
+        conversations = [c for _, c in numbered]
     except DataError as exc:  # a mixed file: one finding that names the line, no traceback
         report.add(finding("error", "chat-mixed-format", path, str(exc)))
         report.summary.update({"kind": "chat", "path": str(path), "usable": 0})
@@ -471,11 +529,28 @@ def check_chat(
                                "would be flattering: remove them from one of the files."))
 
     tokenizer = load_tokenizer(model) if model is not None else None
-    if tokenizer is not None and not getattr(tokenizer, "chat_template", None):
-        report.add(finding("warning", "chat-no-template", model,
-                           "the tokenizer has no chat template; lengths are counted on a plain "
-                           "'<|role|>' rendering. Use an instruct model or give the template."))
-    lengths = [count_tokens(tokenizer, c) for c in conversations]
+    example = conversations[0]
+    if tokenizer is None:
+        lengths = [count_tokens(None, c) for c in conversations]
+    else:
+        from lorapod.engine.llm_data import ensure_chat_template
+
+        if ensure_chat_template(tokenizer):
+            report.add(finding("warning", "chat-no-template", str(model),
+                               "the tokenizer has no chat template; lorapod trains with its ChatML fallback "
+                               "(lengths are counted on it). Use an instruct model or give the template."))
+        lengths, template_findings, system = template_check(tokenizer, numbered, path, system_prompt)
+        report.extend(template_findings)
+        if not lengths:
+            report.add(finding("error", "chat-unusable", path,
+                               "the model's chat template refuses every example; see the errors above."))
+            report.summary["usable"] = 0
+            return report
+        report.summary["usable"] = len(lengths)
+        if system is not None and not system.refused:
+            from lorapod.engine.llm_template import place_system
+
+            example = place_system(example, system)
     truncated = sum(1 for n in lengths if n > sequence_len)
     ordered = sorted(lengths)
     report.summary["tokens"] = {
@@ -492,5 +567,5 @@ def check_chat(
         report.add(finding("warning", "chat-truncated", path,
                            f"{truncated} of {len(lengths)} examples are longer than sequence_len={sequence_len} "
                            f"tokens (longest {ordered[-1]}) and would be cut; raise sequence_len or shorten them."))
-    report.summary["example_rendered"] = render(tokenizer, conversations[0])
+    report.summary["example_rendered"] = render(tokenizer, example)
     return report

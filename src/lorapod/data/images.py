@@ -263,5 +263,5 @@ def check_path(path: Path, **kwargs) -> Report:
                         hint="Give the folder of images (not one image), or a chat .jsonl file.")
     from lorapod.data.chat import check_chat
 
-    allowed = {k: v for k, v in kwargs.items() if k in ("model", "sequence_len", "val")}
+    allowed = {k: v for k, v in kwargs.items() if k in ("model", "sequence_len", "val", "system_prompt")}
     return check_chat(path, **allowed)

@@ -24,6 +24,7 @@ from lorapod.engine.checkpoint import TrainState, resume_point
 from lorapod.engine.device import Precision, pick_device, resolve_precision
 from lorapod.engine.llm_data import IGNORE, Batch, Example, Row
 from lorapod.engine.llm_model import add_lora, count_parameters, load_model, load_tokenizer
+from lorapod.engine.llm_template import plan_system
 from lorapod.engine.loop import FitResult, LossOut, fit
 from lorapod.errors import DataError
 from lorapod.fsutil import atomic_dir
@@ -35,14 +36,18 @@ from lorapod.spec import JobSpec
 class Split:
     train: list[list[dict]]
     val: list[list[dict]]
+    train_where: list[str] | None = None  # "file line N" of each conversation, for errors at train time
+    val_where: list[str] | None = None
 
 
-def _read_chat(path: Path, spec: JobSpec, log) -> tuple[list[list[dict]], str]:
-    """Conversations of one file. Lines with errors stop the job (listed with their line
-    numbers) unless ``data.skip_bad_examples`` is set, in which case they are skipped and counted."""
-    from lorapod.data.chat import load_conversations
+def _read_chat(path: Path, spec: JobSpec, log) -> tuple[list[list[dict]], str, list[str]]:
+    """Conversations of one file (and where each is). Lines with errors stop the job (listed with
+    their line numbers) unless ``data.skip_bad_examples`` is set, then they are skipped and counted."""
+    from lorapod.data.chat import load_numbered
 
-    convs, findings, fmt = load_conversations(path, spec.data.format)
+    numbered, findings, fmt = load_numbered(path, spec.data.format, refuse_empty=True)
+    convs = [c for _, c in numbered]
+    where = [f"{path.name} line {line}" for line, _ in numbered]
     errors = [f for f in findings if f.severity == "error"]
     if errors and not spec.data.skip_bad_examples:
         shown = "\n".join(f"    line {f.line}: {f.message}" for f in errors[:5])
@@ -53,20 +58,22 @@ def _read_chat(path: Path, spec: JobSpec, log) -> tuple[list[list[dict]], str]:
         )
     if errors:
         log(f"{path}: skipping {len(errors)} bad line(s) (data.skip_bad_examples)")
-    return convs, fmt
+    return convs, fmt, where
 
 
 def load_split(spec: JobSpec, log=print) -> tuple[Split, str]:
     """Read the conversations and split off validation (seeded), or read data.val_path."""
     conversations: list[list[dict]] = []
+    wheres: list[str] = []
     formats = set()
     for path in spec.data_paths():
-        convs, fmt = _read_chat(Path(path), spec, log)
+        convs, fmt, where = _read_chat(Path(path), spec, log)
         conversations.extend(convs)
+        wheres.extend(where)
         formats.add(fmt)
     if spec.data.val_path:
-        val, _fmt = _read_chat(Path(spec.data.val_path), spec, log)
-        return Split(conversations, val), "/".join(sorted(formats))
+        val, _fmt, val_where = _read_chat(Path(spec.data.val_path), spec, log)
+        return Split(conversations, val, wheres, val_where), "/".join(sorted(formats))
     order = list(range(len(conversations)))
     random.Random(spec.train.seed).shuffle(order)
     n_val = round(len(conversations) * spec.data.val_split)
@@ -75,7 +82,8 @@ def load_split(spec: JobSpec, log=print) -> tuple[Split, str]:
     n_val = min(n_val, len(conversations) - 1)
     val = [conversations[i] for i in order[:n_val]]
     train = [conversations[i] for i in order[n_val:]]
-    return Split(train, val), "/".join(sorted(formats))
+    return Split(train, val, [wheres[i] for i in order[n_val:]], [wheres[i] for i in order[:n_val]]), \
+        "/".join(sorted(formats))
 
 
 class LLMRecipe:
@@ -237,9 +245,21 @@ def prepare(spec: JobSpec, device: str | None = None, log=print) -> tuple[LLMRec
     split, _fmt = load_split(spec, log)
     tokenizer = load_tokenizer(spec)
     fallback = llm_data.ensure_chat_template(tokenizer)
-    seq, only_asst = spec.data.sequence_len, spec.data.train_on_assistant_only
-    train_ex, stats = llm_data.tokenize_all(tokenizer, split.train, seq, only_asst)
-    val_ex, _ = llm_data.tokenize_all(tokenizer, split.val, seq, only_asst)
+    seq, only_asst, skip = spec.data.sequence_len, spec.data.train_on_assistant_only, spec.data.skip_bad_examples
+    system = None
+    if any(c and c[0]["role"] == "system" for c in split.train + split.val):
+        system = plan_system(tokenizer, spec.data.system_prompt)
+        if system.mode != "keep" or system.refused:
+            log(f"system prompt: {system.explanation} (data.system_prompt: {spec.data.system_prompt})")
+    train_ex, stats = llm_data.tokenize_all(tokenizer, split.train, seq, only_asst, system, split.train_where, skip)
+    val_ex, val_stats = llm_data.tokenize_all(tokenizer, split.val, seq, only_asst, system, split.val_where, skip)
+    if stats.rejected or val_stats.rejected:
+        log(f"skipping {stats.rejected + val_stats.rejected} conversation(s) the chat template refuses "
+            "(data.skip_bad_examples)")
+    if stats.shared_boundary:
+        log(f"[warning] {stats.shared_boundary} token(s) are shared by a prompt and a reply (e.g. a reply that "
+            "starts with a newline merges with the header's newline); they are labelled, as transformers' "
+            "assistant mask does, so the model also learns that prompt character")
     if not train_ex:
         raise DataError(
             "no training example has an assistant reply left after tokenisation",

@@ -3,9 +3,10 @@
 Three steps, each a plain function:
 
 1. ``tokenize_conversation``: render with the tokenizer's chat template, tokenize once, and
-   label only the characters of assistant turns (found by rendering growing prefixes of the
-   conversation and mapping character spans to tokens through the offsets). Tokenising the
-   whole text once avoids the boundary errors of tokenising pieces separately.
+   label the tokens that overlap an assistant reply (spans from ``llm_template``: the template's
+   ``{% generation %}`` markers, or per-turn rendering; mapped to tokens through the offsets, as
+   transformers' ``return_assistant_tokens_mask`` does). Tokenising the whole text once avoids the
+   boundary errors of tokenising pieces separately.
 2. ``pack``: best-fit-decreasing bin packing of examples into rows of ``sequence_len`` tokens.
 3. ``collate``: pad a micro-batch of rows, restart positions at every example, and build an
    attention mask in which no token can see another example of its row.
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lorapod.engine.llm_template import SystemPlan, assistant_spans, place_system, render
 from lorapod.errors import DataError
 
 IGNORE = -100
@@ -52,6 +54,8 @@ class TokenizeStats:
     examples: int = 0
     truncated: int = 0
     dropped_no_labels: int = 0
+    rejected: int = 0  # refused by the chat template (skipped with data.skip_bad_examples)
+    shared_boundary: int = 0  # labelled tokens that straddle a reply's edge
     lengths: list[int] = field(default_factory=list)
 
 
@@ -63,61 +67,65 @@ def ensure_chat_template(tokenizer) -> bool:
     return True
 
 
-def _render(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+def label_overlapping(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> tuple[list[bool], int]:
+    """Which tokens overlap a reply span (transformers' rule for ``return_assistant_tokens_mask``),
+    and how many of them straddle a span's edge (one token shared by prompt and reply).
 
-
-def assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
-    """The rendered text and the character spans of each assistant reply (with its end marker).
-
-    Raises DataError when the template is not prefix-stable (rendering a conversation's first
-    turns does not give a prefix of the whole rendering), since labels would then be wrong.
+    A reply that starts with a newline after a header that ends with one ("assistant\\n" +
+    "\\nHello") is tokenised with both newlines in one token by vocabularies like Qwen's; that
+    token overlaps the reply, so it is labelled (the model must learn to produce it).
     """
-    full = _render(tokenizer, messages)
-    spans = []
-    for i, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
-        before = _render(tokenizer, messages[:i], add_generation_prompt=True) if i else ""
-        upto = _render(tokenizer, messages[: i + 1])
-        if not (full.startswith(before) and full.startswith(upto) and len(upto) >= len(before)):
-            raise DataError(
-                "the tokenizer's chat template does not render conversations prefix by prefix, so the "
-                "assistant turns cannot be located for loss masking",
-                hint="set data.train_on_assistant_only: false, or use a model whose template is prefix-stable",
-            )
-        spans.append((len(before), len(upto)))
-    return full, spans
+    mask = [False] * len(offsets)
+    shared = 0
+    k = 0
+    for t, (start, end) in enumerate(offsets):
+        while k < len(spans) and start >= spans[k][1]:
+            k += 1
+        if k == len(spans):
+            break
+        lo, hi = spans[k]
+        if end > lo:
+            mask[t] = True
+            shared += start < lo or end > hi
+    return mask, shared
 
 
-def tokenize_conversation(tokenizer, messages: list[dict], sequence_len: int, assistant_only: bool = True) -> tuple[Example, bool]:
-    """One conversation -> Example (labels masked to assistant turns); second value: truncated?"""
-    text, spans = assistant_spans(tokenizer, messages)
+def tokenize_conversation(tokenizer, messages: list[dict], sequence_len: int, assistant_only: bool = True,
+                          system: SystemPlan | None = None) -> tuple[Example, bool, int]:
+    """One conversation -> (Example with labels on assistant replies, truncated?, boundary tokens shared)."""
+    messages = place_system(messages, system)
+    if assistant_only:
+        text, spans = assistant_spans(tokenizer, messages)
+    else:
+        text, spans = render(tokenizer, messages), []
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids: list[int] = enc["input_ids"]
+    shared = 0
     if assistant_only:
-        offsets = enc["offset_mapping"]
-        labels = [IGNORE] * len(ids)
-        span_i = 0
-        for t, (start, end) in enumerate(offsets):
-            if end <= start:
-                continue
-            while span_i < len(spans) and start >= spans[span_i][1]:
-                span_i += 1
-            if span_i < len(spans) and start >= spans[span_i][0]:
-                labels[t] = ids[t]
+        mask, shared = label_overlapping(enc["offset_mapping"], spans)
+        labels = [i if m else IGNORE for i, m in zip(ids, mask, strict=True)]
     else:
         labels = list(ids)
     truncated = len(ids) > sequence_len
-    return Example(ids[:sequence_len], labels[:sequence_len]), truncated
+    return Example(ids[:sequence_len], labels[:sequence_len]), truncated, shared
 
 
-def tokenize_all(tokenizer, conversations: list[list[dict]], sequence_len: int, assistant_only: bool = True) -> tuple[list[Example], TokenizeStats]:
+def tokenize_all(tokenizer, conversations: list[list[dict]], sequence_len: int, assistant_only: bool = True,
+                 system: SystemPlan | None = None, where: list[str] | None = None,
+                 skip_bad: bool = False) -> tuple[list[Example], TokenizeStats]:
+    """Tokenise every conversation. One the template refuses (or whose replies cannot be located)
+    stops the job with its line (``where``), or is skipped and counted with ``skip_bad``."""
     stats = TokenizeStats()
     out = []
-    for messages in conversations:
-        ex, truncated = tokenize_conversation(tokenizer, messages, sequence_len, assistant_only)
+    bad: list[str] = []
+    for k, messages in enumerate(conversations):
+        try:
+            ex, truncated, shared = tokenize_conversation(tokenizer, messages, sequence_len, assistant_only, system)
+        except DataError as exc:
+            bad.append(f"{where[k] if where else f'conversation {k + 1}'}: {exc.message}")
+            continue
         stats.truncated += truncated
+        stats.shared_boundary += shared
         stats.lengths.append(len(ex))
         # the first token of an example never has a predecessor, so it is never a target
         if ex.labels:
@@ -126,6 +134,13 @@ def tokenize_all(tokenizer, conversations: list[list[dict]], sequence_len: int, 
             stats.dropped_no_labels += 1
             continue
         out.append(ex)
+    stats.rejected = len(bad)
+    if bad and not skip_bad:
+        shown = "\n".join(f"    {b}" for b in bad[:5])
+        more = f"\n    ... and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise DataError(f"{len(bad)} conversation(s) cannot be used with this model's chat template:\n{shown}{more}",
+                        hint="`lorapod data check FILE --model MODEL` lists them all; fix them, or "
+                        "--set data.skip_bad_examples=true to leave them out")
     stats.examples = len(out)
     return out, stats
 

@@ -15,10 +15,8 @@ import torch
 from lorapod.engine.device import Precision
 from lorapod.errors import HardwareError, ModelLoadError, require
 from lorapod.spec import JobSpec
-
-
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false") or os.environ.get("LORAPOD_OFFLINE") == "1"
+from lorapod.tokenizer import load_tokenizer as _load_tokenizer
+from lorapod.tokenizer import offline as _offline
 
 
 def _load_error(model_id: str, exc: Exception) -> ModelLoadError:
@@ -43,12 +41,17 @@ BUILTIN_TINY = "lorapod:tiny-llama"
 
 
 def resolve_model_id(model_id: str) -> str:
-    """Map the built-in ``lorapod:tiny-llama`` to a folder (built once under LORAPOD_HOME).
+    """Map the built-in ``lorapod:tiny-llama`` to a folder (built once under LORAPOD_HOME), and a
+    catalog alias (``qwen2.5-0.5b``) to its hub id.
 
     It is the demo's small random Llama: a spec that names it runs anywhere with no download,
     which is what ``examples/demo.yaml`` and the remote-run tests need.
     """
     if model_id != BUILTIN_TINY:
+        if "/" not in model_id and not Path(model_id).expanduser().exists():
+            from lorapod.tokenizer import catalog_hub_id
+
+            return catalog_hub_id(model_id) or model_id  # a catalog alias loads its hub id
         return model_id
     from lorapod import demo
     from lorapod.home import lorapod_home
@@ -69,24 +72,9 @@ def resolve_model_id(model_id: str) -> str:
 
 
 def load_tokenizer(spec: JobSpec):
-    from transformers import AutoTokenizer
-
+    """The spec's tokenizer, through the loader ``data check`` uses too (``lorapod.tokenizer``)."""
     m = spec.model
-    try:
-        tok = AutoTokenizer.from_pretrained(
-            resolve_model_id(m.id), revision=m.revision, trust_remote_code=m.trust_remote_code, local_files_only=_offline()
-        )
-    except (OSError, ValueError) as exc:
-        raise _load_error(m.id, exc) from exc
-    if not getattr(tok, "is_fast", False):
-        raise ModelLoadError(
-            f"the tokenizer of '{m.id}' is a slow (Python) tokenizer; lorapod needs a fast one to map labels "
-            "to assistant turns",
-            hint="install `tokenizers` and make sure the model folder has tokenizer.json",
-        )
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token or tok.unk_token
-    return tok
+    return _load_tokenizer(m.id, m.revision, m.trust_remote_code)
 
 
 def load_model(spec: JobSpec, precision: Precision):

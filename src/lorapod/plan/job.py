@@ -104,6 +104,18 @@ def _saves(spec: JobSpec, every_epochs: int | None, every_steps: int | None, ste
     return 0
 
 
+def _prediction_warnings(spec: JobSpec, family: str) -> list[str]:
+    """The loud epsilon default for an SD 1.5/SDXL single file that does not say its objective."""
+    from lorapod.errors import LorapodError
+    from lorapod.prediction_type import DEFAULTED, expected, loud_default
+
+    try:
+        pred, why = expected(spec.model.id, family, spec.model.prediction_type)
+    except LorapodError as exc:
+        return [exc.message]
+    return [loud_default(spec.model.id)] if pred == "epsilon" and why == DEFAULTED else []
+
+
 def build_job(spec: JobSpec, *, images: int | None = None, examples: int | None = None) -> Job:
     """Resolve the model, read the data's size, and count steps. PlanError on impossible values."""
     _check(spec, images, examples)
@@ -158,6 +170,8 @@ def build_job(spec: JobSpec, *, images: int | None = None, examples: int | None 
     job.checkpoints = _saves(spec, spec.save.every_epochs, spec.save.every_steps, job.steps, t.epochs) or 1
     job.pull_gb = job.checkpoints * lora_bytes / 1e9
     job.warnings = warnings
+    if isinstance(model, ImageModel):
+        job.warnings.extend(_prediction_warnings(spec, model.family))
     lic = model.license
     if lic.gated:
         job.warnings.append(f"{model.name} is gated on Hugging Face: accept its license on the hub and set HF_TOKEN")

@@ -107,6 +107,26 @@ def lora_config(spec: JobSpec, targets):
                       use_rslora=m.rslora, init_lora_weights="gaussian")
 
 
+def set_prediction_type(spec: JobSpec, comps: Components, run: RunDir, log=print) -> str:
+    """Decide epsilon vs v-prediction (``lorapod.prediction_type``) and write it into the scheduler
+    config, which the training target, the sampling pipeline and the export metadata all read."""
+    from lorapod import prediction_type as pt
+
+    found = comps.scheduler.config.get("prediction_type", "epsilon")
+    pred, why, defaulted = pt.resolve(spec.model.id, comps.family, spec.model.prediction_type, found)
+    if comps.family.flow:
+        return pred
+    if pred != found:
+        comps.scheduler.register_to_config(prediction_type=pred)
+    if defaulted:
+        log(f"[warning] {pt.loud_default(spec.model.id)}")
+        run.event(f"prediction type: epsilon by default ({pt.DEFAULTED})")
+    else:
+        log(f"prediction type: {pred} ({why})")
+        run.event(f"prediction type: {pred} ({why})")
+    return pred
+
+
 def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
             cache_root: Path | None = None) -> tuple[DiffusionRecipe, list[Finding], dcache.DiskCache | None]:
     """Everything before the first step: checks, data, model, caches, LoRA. No training yet."""
@@ -132,6 +152,7 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
     fp8 = precision.weights == torch.float8_e4m3fn
     comps = family.load(spec.model.id, spec.model.revision, precision.autocast_dtype if fp8 else precision.weights)
     _freeze(comps)
+    set_prediction_type(spec, comps, run, log)
     if fp8:
         n = store_fp8(comps.denoiser)
         log(f"fp8: {n} linear layers of the {family.denoiser_name} stored in float8")

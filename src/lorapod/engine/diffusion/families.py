@@ -183,6 +183,11 @@ class Family:
         f = 2 ** (len(c.vae.config.block_out_channels) - 1)
         return bucket[1] // f, bucket[0] // f
 
+    def offset_noise(self, c: Components, shape: torch.Size, gen: torch.Generator) -> torch.Tensor:
+        """Noise offset (Guttenberg 2023): one normal draw per sample and latent channel, constant over
+        the image, broadcast to ``shape``. Families whose training latents are patchified override it."""
+        return torch.randn((*shape[:2], *([1] * (len(shape) - 2))), generator=gen)
+
     # denoiser
     def forward(self, c: Components, noisy: torch.Tensor, t: torch.Tensor, cond: dict[str, torch.Tensor],
                 meta: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -372,6 +377,17 @@ class Flux2Klein(Family):
     def latent_size(self, c, bucket):
         f = 2 ** (len(c.vae.config.block_out_channels) - 1) * 2
         return bucket[1] // f, bucket[0] // f
+
+    def offset_noise(self, c, shape, gen):
+        """The offset is drawn per VAE channel (before the 2x2 patchify), so it shifts a channel's
+        brightness instead of adding a 2x2 pattern: the four patch positions of channel k
+        (patchified channels 4k..4k+3) share its draw, divided by their batch-norm std so the shift
+        is the same in the VAE's own latent (scaled by the channel's mean std, so it stays ~unit)."""
+        b, ch = shape[0], shape[1]
+        draw = torch.randn((b, ch // 4, 1, 1), generator=gen).repeat_interleave(4, dim=1)
+        std = torch.sqrt(c.vae.bn.running_var.detach().float().cpu() + c.vae.config.batch_norm_eps)
+        per_channel = std.view(ch // 4, 4).mean(dim=1).repeat_interleave(4)
+        return draw * (per_channel / std).view(1, ch, 1, 1)
 
     def forward(self, c, noisy, t, cond, meta):
         from diffusers import Flux2KleinPipeline as P

@@ -142,8 +142,8 @@ class DiffusionRecipe:
         x0 = torch.stack([self.latents[(i, f)] for i, f in zip(batch.items, batch.flips, strict=True)]).to(dev, torch.float32)
         gen = torch.Generator().manual_seed(noise_seed)
         noise = torch.randn(x0.shape, generator=gen)
-        if self.spec.train.noise_offset:
-            noise = noise + self.spec.train.noise_offset * torch.randn((x0.shape[0], x0.shape[1], 1, 1), generator=gen)
+        if self.spec.train.noise_offset:  # a per-channel brightness shift, in the VAE's channel space
+            noise = noise + self.spec.train.noise_offset * self.family.offset_noise(self.c, x0.shape, gen)
         noise = noise.to(dev)
         n = x0.shape[0]
         cond, meta = self._cond(batch), self._meta(batch)
