@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from lorapod.compute.trust import RSYNC_BASE, scrub_tree
 from lorapod.errors import RemoteError
 
 SSH_LOST = {255}
@@ -42,6 +43,7 @@ class SyncStats:
     files_transferred: int = 0
     literal_bytes: int = 0  # file content actually sent (not matched by the delta algorithm)
     total_size: int = 0
+    refused: list[str] = field(default_factory=list)  # non-regular entries removed after a pull
 
 
 class Transport(Protocol):
@@ -86,7 +88,7 @@ def retrying(fn: Callable[[], _T], deadline: float, what: str, first_delay: floa
 
 
 def _rsync_cmd(excludes: tuple[str, ...], delete: bool) -> list[str]:
-    cmd = [require_tool("rsync"), "-a", "--partial-dir=.rsync-partial", "--stats"]
+    cmd = [require_tool("rsync"), *RSYNC_BASE]  # never -a: see lorapod.compute.trust
     if delete:
         cmd.append("--delete")
     for ex in excludes:
@@ -120,6 +122,12 @@ def _run_rsync(cmd: list[str], timeout: float, what: str) -> SyncStats:
         hint = "the instance's disk may be full: raise compute.disk_gb" if "No space left" in err else None
         raise RemoteError(f"{what} failed (rsync exit {proc.returncode}): {err[-500:]}", hint=hint)
     return _parse_stats(proc.stdout.decode(errors="replace"))
+
+
+def _pulled(local: Path, st: SyncStats) -> SyncStats:
+    """After every pull: only regular files and folders stay in the local run folder."""
+    st.refused = scrub_tree(Path(local))
+    return st
 
 
 @dataclass
@@ -202,7 +210,7 @@ class SSHTransport:
              timeout: float = 3600.0) -> SyncStats:
         Path(local).mkdir(parents=True, exist_ok=True)
         cmd = [*_rsync_cmd(excludes, False), "-e", self._rsync_e(), f"{self.target}:{remote}/", str(local) + "/"]
-        return _run_rsync(cmd, timeout, f"download of {remote}")
+        return _pulled(local, _run_rsync(cmd, timeout, f"download of {remote}"))
 
     def close(self) -> None:
         if self._control_dir:
@@ -245,8 +253,8 @@ class LocalTransport:
     def pull(self, remote: str, local: Path, excludes: tuple[str, ...] = (),
              timeout: float = 3600.0) -> SyncStats:
         Path(local).mkdir(parents=True, exist_ok=True)
-        return _run_rsync([*_rsync_cmd(excludes, False), self._abs(remote) + "/", str(local) + "/"],
-                          timeout, f"copy of {remote}")
+        return _pulled(local, _run_rsync([*_rsync_cmd(excludes, False), self._abs(remote) + "/", str(local) + "/"],
+                                         timeout, f"copy of {remote}"))
 
     def close(self) -> None:
         pass
