@@ -261,13 +261,12 @@ class RemoteWork:
 
 def teardown_script(work_dir: str) -> str:
     d = shlex.quote(work_dir)
+    pids = " ".join(f"$({guarded_read('head -c 20', f)} | tr -cd 0-9)" for f in ("job.pid", "watchdog.pid"))
     return (
         f"if [ -d {d} ]; then cd {d};\n"
-        "  for f in job.pid watchdog.pid; do p=$(cat $f 2>/dev/null);\n"
-        '    [ -n "$p" ] && kill -TERM -- -"$p" 2>/dev/null; done\n'
+        f"  for p in {pids}; do kill -TERM -- -\"$p\" 2>/dev/null; done\n"
         "  sleep 0.5\n"
-        "  for f in job.pid watchdog.pid; do p=$(cat $f 2>/dev/null);\n"
-        '    [ -n "$p" ] && kill -KILL -- -"$p" 2>/dev/null; done\n'
+        f"  for p in {pids}; do kill -KILL -- -\"$p\" 2>/dev/null; done\n"
         f"  cd ~ && rm -rf {d}; fi; echo LPOK\n"
     )
 

@@ -39,7 +39,7 @@ def read_guard(path: str) -> str:
 
 def guarded_read(command: str, path: str) -> str:
     """``command path`` only when ``path`` is a regular file (nothing printed otherwise)."""
-    return f"{{ {read_guard(path)} && {command} {shlex.quote(path)} 2>/dev/null; }} || true"
+    return f"{{ {{ {read_guard(path)} && {command} {shlex.quote(path)} 2>/dev/null; }} || true; }}"
 
 
 def safe_relpath(name: str) -> bool:
