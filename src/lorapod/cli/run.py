@@ -49,6 +49,7 @@ def register(app: typer.Typer) -> None:
         heartbeat_timeout_s: float = typer.Option(600.0, "--heartbeat-timeout-s", hidden=True),
         watchdog_poll_s: float = typer.Option(10.0, "--watchdog-poll-s", hidden=True),
         stall_s: float = typer.Option(1800.0, "--stall-s", hidden=True),
+        destroy_deadline_s: float = typer.Option(300.0, "--destroy-deadline-s", hidden=True),
     ) -> None:
         """Run SPEC on a rented GPU or any SSH host; always destroyed at the end, on failure, or at the caps.
 
@@ -97,7 +98,8 @@ def register(app: typer.Typer) -> None:
                        ready_deadline_s=ready_deadline_s, stop_margin_s=stop_margin_s, stop_wait_s=stop_wait_s,
                        reconnect_s=reconnect_s, watchdog={"heartbeat_timeout_s": heartbeat_timeout_s,
                                                           "poll_s": watchdog_poll_s, "stall_s": stall_s},
-                       forward_env=tuple(forward_env) if forward_env else None)
+                       forward_env=tuple(forward_env) if forward_env else None,
+                       destroy_deadline_s=destroy_deadline_s)
         summary = run_remote(spec_obj, provider, target, opts, ledger, spec_path,
                              say=lambda m: console.print(m, style="dim", markup=False), resume_job=resume)
         if as_json:

@@ -346,4 +346,9 @@ def tick(cfg: dict[str, Any], started: float, state: dict[str, Any]) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    os._exit(code)  # not sys.exit: a full disk would fail the final flush and turn success into 120
