@@ -173,10 +173,13 @@ def test_create_that_times_out_after_the_provider_accepted_it(runpod, tmp_path):
     runpod.faults.append(Fault("POST", "/pods", 0, times=1, delay_s=2.0))
     spec = make_spec(tmp_path)
     ledger = Ledger()
+    lines: list[str] = []
     summary = run_remote(load_spec(spec), provider(runpod, timeout=0.8), "runpod",
                          fast_options(job_command=fake_command(0.02), create_settle_s=10), ledger, str(spec),
-                         say=lambda m: None)
+                         say=lines.append)
     assert summary.state == "done", summary.message
+    # no cap was set and the planner cannot price the test model: the default is said at launch
+    assert any("watchdog started on the instance (default cap 24 h" in x for x in lines), lines
     assert posts(runpod) == [201] and len(runpod.instances) == 1
     (row,) = ledger.instances()
     (pod,) = runpod.instances.values()
@@ -392,3 +395,23 @@ def test_checkpoints_hold_no_pickle(tmp_path):
         json.loads(p.read_text())
     back = CheckpointManager(tmp_path).latest().optimizer()["optimizer"]
     assert torch.equal(back["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+
+
+def test_ssh_host_honours_your_known_hosts(sshd, tmp_path, monkeypatch):
+    """An ssh:// host whose key contradicts ~/.ssh/known_hosts is refused before anything runs."""
+    from lorapod.compute.ssh import SSHProvider
+    from lorapod.errors import RemoteError
+
+    from .conftest_ssh import keygen
+
+    other = keygen(tmp_path / "impostor").with_suffix(".pub").read_text().split()
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "known_hosts").write_text(f"[127.0.0.1]:{sshd.port} {other[0]} {other[1]}\n")
+    monkeypatch.setenv("HOME", str(home))
+    spec = make_spec(tmp_path)
+    prov = SSHProvider(sshd.target, identity=sshd.client_key)
+    with pytest.raises(RemoteError, match="host key changed"):
+        run_remote(load_spec(spec), prov, sshd.target, fast_options(identity=sshd.client_key), Ledger(), str(spec),
+                   say=lambda m: None)
+    assert Ledger().instances(live_only=True) == [] and list(sshd.work_root.iterdir()) == []

@@ -141,6 +141,8 @@ class SSHTransport:
     known_hosts: Path
     connect_timeout: float = 10.0
     control_master: bool = True
+    #: also trust (and check against) these, e.g. your ~/.ssh/known_hosts for an ssh:// host
+    user_known_hosts: tuple[Path, ...] = ()
     _control_dir: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -155,8 +157,9 @@ class SSHTransport:
             "-p", str(self.port),
             "-o", "BatchMode=yes",
             "-o", "StrictHostKeyChecking=accept-new",
-            "-o", f"UserKnownHostsFile={self.known_hosts}",
-            "-o", "GlobalKnownHostsFile=/dev/null",
+            # new keys are pinned in the first file; a key that contradicts any of them is refused
+            "-o", "UserKnownHostsFile=" + " ".join(f'"{p}"' for p in (self.known_hosts, *self.user_known_hosts)),
+            *(() if self.user_known_hosts else ("-o", "GlobalKnownHostsFile=/dev/null")),
             "-o", f"ConnectTimeout={max(1, int(self.connect_timeout))}",
             "-o", "ServerAliveInterval=5",
             "-o", "ServerAliveCountMax=3",
