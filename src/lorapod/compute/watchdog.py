@@ -33,6 +33,7 @@ Run: ``python3 watchdog.py`` with the work folder as current directory.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -347,8 +348,6 @@ def tick(cfg: dict[str, Any], started: float, state: dict[str, Any]) -> bool:
 
 if __name__ == "__main__":
     code = main()
-    try:
+    with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
-    except (OSError, ValueError):
-        pass
     os._exit(code)  # not sys.exit: a full disk would fail the final flush and turn success into 120
