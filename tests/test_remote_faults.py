@@ -241,6 +241,53 @@ def test_destroy_failing_forever_exits_non_zero_ps_red_down_retries(runpod, tmp_
     assert_nothing_bills(runpod, Ledger())
 
 
+def test_second_signal_during_a_failing_destroy_ends_the_controller(runpod, tmp_path):
+    """The destroy call itself is never interrupted, but a second SIGTERM ends the retries after it."""
+    runpod.faults.append(Fault("DELETE", r"/pods/\w+", 400, times=10**6, body={"error": "injected"}))
+    proc = start_run(make_spec(tmp_path), "runpod", env_for(runpod, LORAPOD_JOB_COMMAND=fake_command_template(0.02)))
+    try:
+        wait_for(lambda: any(r.state == "destroying" for r in Ledger().instances()), 60, "teardown", every=0.1)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert time.monotonic() - t0 < 15  # not the 300 s destroy deadline
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 3, err
+    runpod.faults.clear()
+    assert cli("down", Ledger().jobs()[0].id, env=env_for(runpod)).returncode == 0
+    assert_nothing_bills(runpod, Ledger())
+
+
+def test_vast_key_attach_failure_never_loses_the_instance(sshd_factory, remote_root, tmp_path):
+    """The key attach fails and so do the first destroys: the instance is in the ledger, destroyed
+    with confirmation, and the next offer runs the job."""
+    from lorapod.compute.vast.api import VastApi
+    from lorapod.compute.vast.provider import VastProvider
+
+    from .fakes.vast_fake import VastFake
+
+    fake = VastFake(sshd_factory, remote_root)
+    try:
+        fake.faults += [Fault("POST", r"/api/v0/instances/\d+/ssh/", 500, times=3),
+                        Fault("DELETE", r"/api/v0/instances/\d+/", 500, times=3)]
+        prov = VastProvider(VastApi(fake.account_key, base_url=fake.url, backoff_s=0.05, timeout=10, retries=2))
+        spec = make_spec(tmp_path)
+        ledger = Ledger()
+        summary = run_remote(load_spec(spec), prov, "vast", fast_options(job_command=fake_command(0.02)), ledger,
+                             str(spec), say=lambda m: None)
+        assert summary.state == "done", summary.message
+        first, second = ledger.instances()
+        assert first.provider_id == "70001" and first.state == "destroyed"
+        assert second.state == "destroyed"
+        assert fake.live() == [] and ledger.instances(live_only=True) == [] and fake.violations == []
+    finally:
+        fake.close()
+
+
 # ----------------------------------------------------------------------------- ownership
 
 
