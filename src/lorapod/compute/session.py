@@ -241,6 +241,7 @@ class Session:
 
     _billed_after_pull: float | None = None
     _in_teardown = False
+    job_started = False
     _hb_stop: threading.Event | None = None
     pulled = False
 
@@ -448,6 +449,7 @@ class Session:
             self.say(f"uploaded the run folder to resume ({st.literal_bytes} bytes sent)")
         argv = o.job_command(o.bootstrap.python, "spec.yaml", "run", bool(self.resume_job))
         self.remote(lambda: work.start_job(files, argv), "start the job")
+        self.job_started = True
         self.say(f"job started on the instance: {' '.join(argv)}")
 
     def _start_heartbeat(self, timeout_s: float) -> None:
@@ -652,8 +654,8 @@ class Session:
 
     def _orderly_stop(self, why: str) -> None:
         """Interrupted: STOP -> wait (bounded) -> final pull. A second signal skips to destroy."""
-        if self.work is None:
-            return
+        if self.work is None or not self.job_started:
+            return  # interrupted before the job ran: nothing to checkpoint or pull
         self._hard_deadline = self.deadline(self.opts.stop_wait_s + self.opts.reconnect_s)
         try:
             self.stop_reason = why
