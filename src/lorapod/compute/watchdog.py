@@ -277,7 +277,11 @@ def destroy(cfg: dict[str, Any], reason: str, attempt: int = 1) -> bool:
     if cfg["provider"] in ("runpod", "vast"):
         return destroy_through_api(cfg)
     # ssh / local: the machine is not ours; remove only our work folder.
-    here = os.getcwd()
+    try:
+        here = os.getcwd()
+    except OSError:  # someone removed it already (lorapod down, the controller): nothing left to do
+        log("the work folder is already gone")
+        return True
     os.chdir("/")
     shutil.rmtree(here, ignore_errors=True)
     return True
