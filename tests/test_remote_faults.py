@@ -144,6 +144,18 @@ def test_watchdog_logs_each_attempt_where_lorapod_logs_shows_it(runpod, tmp_path
     assert runpod.live() == []
 
 
+def test_watchdog_on_a_borrowed_host_ends_when_its_folder_is_gone(tmp_path):
+    import shutil
+
+    cfg = {"provider": "local", "heartbeat_timeout_s": 0.0, "poll_s": 0.02}
+    work = tmp_path / "work"
+    cfg["heartbeat_timeout_s"] = 0.5
+    proc = start_watchdog(work, cfg, {"PATH": os.environ["PATH"]}, full_disk=False)
+    wait_for(lambda: (work / "watchdog.pid").exists(), 20, "the watchdog to start")
+    shutil.rmtree(work)  # removed under it (lorapod down, or the controller's teardown)
+    assert proc.wait(20) == 0
+
+
 def test_controller_sigkilled_during_bootstrap(runpod, tmp_path, remote_root):
     """The watchdog starts as soon as SSH answers: a controller killed before the job starts
     still leaves nothing billing."""
