@@ -323,6 +323,11 @@ def test_two_homes_on_one_account_never_sweep_each_other(runpod, tmp_path, monke
     assert counts["unknown_destroyed"] == 1 and counts["others_left"] == 1
     assert [i.id for i in runpod.live()] == [homes["a"][1]]
     monkeypatch.setenv("LORAPOD_HOME", str(tmp_path / "a"))
+    # widening the sweep to other installations asks first; "no" destroys nothing
+    asked = subprocess.run([*cli_argv(), "down", "--orphans", "--all-installations"], input="n\n", text=True,
+                           capture_output=True, env=cli_env(LORAPOD_HOME=str(tmp_path / "b")), timeout=60)
+    assert asked.returncode != 0 and "other machines'" in asked.stderr and "nothing destroyed" in asked.stderr
+    assert [i.id for i in runpod.live()] == [homes["a"][1]]
     counts = down_orphans(homes["a"][0], say=lambda m: None)
     assert counts["destroyed"] == 1
     assert_nothing_bills(runpod, homes["a"][0])
