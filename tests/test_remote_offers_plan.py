@@ -54,3 +54,23 @@ def test_unknown_model_falls_back_to_hourly_price():
     spec = load_spec(raw={"model": {"id": "someone/custom-model"}, "data": {"path": "x.jsonl"}})
     offers = [Offer("vast", "b", "RTX 4090", 0.31, 24), Offer("vast", "a", "RTX 3090", 0.25, 24)]
     assert [o.id for o in choose_offers(spec, Vastish(offers))] == ["a", "b"]
+
+
+def test_requirements_carry_the_planners_vram_so_small_cards_are_filtered():
+    from lorapod.compute.offers import requirements, vram_needed_gb
+    from lorapod.compute.provider import rank_offers
+
+    spec = sdxl()
+    need = vram_needed_gb(spec)
+    req = requirements(spec)
+    assert need > 8 and req.min_vram_gb == need
+    small = Offer("vast", "s", "RTX 3070", 0.05, vram_gb=8)
+    big = Offer("vast", "b", "RTX 4090", 0.35, vram_gb=24)
+    assert rank_offers([small, big], req) == [big]
+    assert requirements(spec, gpu="RTX 3070").min_vram_gb == 0  # a pinned card is the user's call
+
+
+def test_offers_carry_the_estimate_for_the_default_cap():
+    spec = sdxl()
+    (best, *_) = choose_offers(spec, Vastish([Offer("vast", "b", "RTX 4090", 0.35, vram_gb=24)]))
+    assert best.extra["plan_usd"] > 0 and best.extra["plan_hours"] > 0

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from lorapod.compute.httpapi import ApiError
-from lorapod.compute.ledger import Ledger
+from lorapod.compute.ledger import Ledger, instance_label
 from lorapod.compute.runpod.api import RunPodApi
 from lorapod.compute.runpod.provider import RunPodProvider
 from lorapod.compute.session import run_remote
@@ -233,7 +233,10 @@ def test_orphan_sweep_and_down_all(runpod, monkeypatch, tmp_path):
     prov = rp_provider(runpod)
     offer = Offer("runpod", "NVIDIA GeForce RTX 3090|COMMUNITY", "RTX 3090", 0.22)
     key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJ0 test"
-    stray = prov.create(offer, InstanceSpec("lost-job", key))  # e.g. a crash inside create()
+    # e.g. a crash inside create(): our installation's label, unknown to the ledger
+    stray = prov.create(offer, InstanceSpec("lost-job", key, name=instance_label("i-0123456789ab", "lost-job")))
+    theirs = prov.create(offer, InstanceSpec("their-job", key, name="lorapod-0badc0de-0123456789ab-their-job"))
+    legacy = prov.create(offer, InstanceSpec("old-job", key))  # "lorapod-old-job": no installation id
     ledger = Ledger()
     ledger.job_started("live-job", str(tmp_path / "r"), "runpod", "runpod", None, None, None)  # this pid: alive
     ledger.job_update("live-job", state="running")
@@ -242,13 +245,16 @@ def test_orphan_sweep_and_down_all(runpod, monkeypatch, tmp_path):
     ledger.instance_created(iid, ours.id)
 
     counts = down_orphans(ledger, say=lambda m: None)
-    assert counts["unknown_destroyed"] == 1 and counts["destroyed"] == 0
-    assert [i.id for i in runpod.live()] == [ours.id]
+    assert counts["unknown_destroyed"] == 1 and counts["destroyed"] == 0 and counts["others_left"] == 2
+    assert sorted(i.id for i in runpod.live()) == sorted([ours.id, theirs.id, legacy.id])
     assert runpod.instances[stray.id].deleted
 
     counts = down_orphans(ledger, say=lambda m: None, everything=True)
     assert counts["destroyed"] == 1
-    assert runpod.live() == [] and ledger.instances(live_only=True) == []
+    assert sorted(i.id for i in runpod.live()) == sorted([theirs.id, legacy.id])
+    assert ledger.instances(live_only=True) == []
+    counts = down_orphans(ledger, say=lambda m: None, all_installations=True)
+    assert counts["unknown_destroyed"] == 2 and runpod.live() == []
     assert ledger.job("live-job").state == "stopped"
     assert runpod.violations == []
 

@@ -1,8 +1,11 @@
 """No API key is ever printed, logged, written, put on a command line, or sent to the instance.
 
 A whole `lorapod run --on runpod` (fake control plane, real sshd) with a recognisable account key
-and HF token: while it runs, every process's command line is sampled; afterwards every file
-lorapod or the "instance" wrote, and everything printed, is searched for both.
+and HF token: while it runs, every process's command line is sampled and the instance's own
+files are checked (the token only in a 0600 secrets.env); afterwards every file lorapod or the
+"instance" wrote, and everything printed, is searched for both. The token is sent only because
+the run names it (--forward-env): by default a non-gated model gets nothing, and a gated one
+gets HF_TOKEN only on a verified/secure host.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ def test_keys_never_leak(sshd_factory, remote_root, tmp_path, monkeypatch):
     hf_token = "hf_" + secrets.token_hex(16)
     fake = RunPodFake(sshd_factory, remote_root, account_key=account_key)
     instance_env_hits: list[str] = []
+    secret_files: dict[str, int] = {}  # secrets.env on the instance -> its mode
     try:
         spec = make_spec(tmp_path, max_steps=10)
         env = cli_env(RUNPOD_API_KEY=account_key, HF_TOKEN=hf_token, LORAPOD_RUNPOD_URL=fake.url,
@@ -50,7 +54,8 @@ def test_keys_never_leak(sshd_factory, remote_root, tmp_path, monkeypatch):
         scanner = threading.Thread(target=_scan_cmdlines, args=([account_key.encode(), hf_token.encode()], hits, stop))
         scanner.start()
         proc = subprocess.Popen([*cli_argv(), "run", str(spec), "--on", "runpod", "--python", sys.executable,
-                                 "--poll-s", "0.2", "--pull-every-s", "0.5", "--watchdog-poll-s", "0.3", "--json"],
+                                 "--poll-s", "0.2", "--pull-every-s", "0.5", "--watchdog-poll-s", "0.3", "--json",
+                                 "--forward-env", "HF_TOKEN"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         # While it runs: no process on the instance has the account key in its environment.
         while proc.poll() is None:
@@ -61,6 +66,10 @@ def test_keys_never_leak(sshd_factory, remote_root, tmp_path, monkeypatch):
                             instance_env_hits.append(str(pid))
                     except OSError:
                         pass
+            for f in remote_root.glob("*/*"):  # the instance's own files, while they exist
+                with contextlib.suppress(OSError):
+                    if hf_token.encode() in f.read_bytes():
+                        secret_files[f.name] = f.stat().st_mode & 0o777
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(0.1)
         out, err = proc.communicate()
@@ -69,6 +78,7 @@ def test_keys_never_leak(sshd_factory, remote_root, tmp_path, monkeypatch):
         assert proc.returncode == 0, err.decode()
         assert hits == [], hits
         assert instance_env_hits == []
+        assert secret_files == {"secrets.env": 0o600}  # the only file on the instance with the token
         printed = out + err
         assert account_key.encode() not in printed and hf_token.encode() not in printed
         written = _files_under(tmp_path, remote_root, Path(env["LORAPOD_HOME"]),
@@ -84,3 +94,35 @@ def test_keys_never_leak(sshd_factory, remote_root, tmp_path, monkeypatch):
         assert fake.violations == []
     finally:
         fake.close()
+
+
+def test_default_forwards_only_what_the_job_needs_and_only_to_secure_hosts(tmp_path):
+    from lorapod.compute.provider import Offer
+    from lorapod.compute.secrets import secrets_for
+    from lorapod.spec import load_spec
+
+    tiny = load_spec(make_spec(tmp_path))
+    gated = tiny.model_copy(deep=True)
+    gated.model.id, gated.model.family = "meta-llama/Llama-3.1-8B-Instruct", "llm"
+    secure = Offer("runpod", "A|SECURE", "A40", 0.44, secure=True)
+    community = Offer("runpod", "B|COMMUNITY", "RTX 3090", 0.22, secure=False)
+    assert secrets_for(tiny, secure, None) == ([], None)  # nothing gated: nothing sent
+    assert secrets_for(gated, secure, None) == (["HF_TOKEN"], None)
+    names, why = secrets_for(gated, community, None)
+    assert names == [] and "--forward-env HF_TOKEN" in why
+    assert secrets_for(tiny, community, ("WANDB_API_KEY", "HF_TOKEN")) == (["WANDB_API_KEY", "HF_TOKEN"], None)
+
+
+def test_vast_scoped_key_file_is_root_only(tmp_path):
+    """The instance's start script puts CONTAINER_API_KEY in a 0600 file, not /etc/environment."""
+    import os
+
+    from lorapod.compute.vast.provider import onstart_script
+
+    target = tmp_path / "instance.env"
+    script = onstart_script(str(target))
+    assert "/etc/environment" not in script
+    env = {"PATH": os.environ["PATH"], "CONTAINER_ID": "70001", "CONTAINER_API_KEY": "ck-secret", "OTHER": "x"}
+    subprocess.run(["bash", "-c", script], env=env, check=True)
+    assert target.stat().st_mode & 0o777 == 0o600
+    assert sorted(target.read_text().split()) == ["CONTAINER_API_KEY=ck-secret", "CONTAINER_ID=70001"]

@@ -72,3 +72,28 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def append_text(path: Path, text: str, sync: bool = False) -> None:
+    """Append ``text`` to a log file, never through a symlink, never into a FIFO or device.
+
+    A run folder may come back from a rented machine; a log there that is a link (to a file of
+    yours, say) or a FIFO is replaced by a fresh regular file instead of being written through.
+    """
+    import stat
+
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError:
+        fd = -1
+    if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
+        if fd >= 0:
+            os.close(fd)
+        os.unlink(path)  # a link, FIFO or other non-regular entry: drop it, never follow it
+        fd = os.open(path, flags | os.O_EXCL, 0o644)
+    with os.fdopen(fd, "a", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        if sync:
+            os.fsync(fh.fileno())

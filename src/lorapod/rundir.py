@@ -18,7 +18,6 @@ pulled run exactly as on a local one.
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 import time
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lorapod.errors import LorapodError
-from lorapod.fsutil import atomic_write_text
+from lorapod.fsutil import append_text, atomic_write_text
 
 
 def new_job_id(name: str) -> str:
@@ -79,7 +78,4 @@ class RunDir:
     def event(self, message: str) -> None:
         """Append one line to events.log (flushed, so a crash keeps everything before it)."""
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        with open(self.events_file, "a", encoding="utf-8") as fh:
-            fh.write(f"{stamp} {message}\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        append_text(self.events_file, f"{stamp} {message}\n", sync=True)  # never through a planted link

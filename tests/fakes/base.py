@@ -58,6 +58,9 @@ class Fault:
     status: int
     times: int = 1
     body: Any = field(default_factory=lambda: {"error": "injected"})
+    #: with ``status=0``: answer normally, but only ``delay_s`` after acting on the request
+    #: (a create the provider accepted whose answer comes after the client gave up)
+    delay_s: float = 0.0
 
 
 @dataclass
@@ -143,6 +146,9 @@ class FakeControlPlane:
                 self._send(h, 400, {"error": f"contract violation: {exc}"})
                 return
         status, out = self._fault(h.command, path)
+        delay = 0.0
+        if status == 0:
+            delay, status, out = float(out), None, None
         if status is None:
             with self.lock:
                 try:
@@ -163,6 +169,8 @@ class FakeControlPlane:
         if isinstance(out, dict):
             out.pop("_undocumented", None)
         self.calls.append((h.command, path, status))
+        if delay:
+            time.sleep(delay)  # outside the lock: the rest of the API keeps answering
         self._send(h, status, out)
 
     def _mock_request(self, method: str, path: str, raw: bytes, query: str, auth: str | None):
@@ -179,7 +187,7 @@ class FakeControlPlane:
             for f in self.faults:
                 if f.times > 0 and f.method == method and re.fullmatch(f.path, path):
                     f.times -= 1
-                    return f.status, f.body
+                    return f.status, (f.delay_s if f.status == 0 else f.body)
         return None, None
 
     def _send(self, h: BaseHTTPRequestHandler, status: int, out: Any) -> None:

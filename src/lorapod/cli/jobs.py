@@ -34,8 +34,13 @@ def register(app: typer.Typer) -> None:
             inst = f"{r['instance'] or '-'} ({r['instance_state'] or '-'})"
             rate = f"{r['usd_per_hour']:.3f}" if r["usd_per_hour"] is not None else "-"
             t.add_row(r["job"], r["state"], r["target"], inst, r["gpu"] or "-", rate, f"{r['usd']:.4f}",
-                      str(r["last_step"] if r["last_step"] is not None else "-"))
+                      str(r["last_step"] if r["last_step"] is not None else "-"),
+                      style="bold red" if r.get("unconfirmed") else None)
         console.print(t)
+        for r in rows:
+            if r.get("unconfirmed"):
+                console.print(f"[bold red]job {r['job']}: instance {', '.join(r['unconfirmed'])} not confirmed "
+                              f"destroyed; it may still bill.[/] Run `lorapod down {r['job']}`")
         live = sum(r["live_instances"] for r in rows)
         console.print(f"{live} live instance(s)" + (" - `lorapod down --orphans` cleans up any left behind"
                                                    if live else ""))
@@ -68,6 +73,10 @@ def register(app: typer.Typer) -> None:
                                      "and reconcile the ledger with the providers."),
         all_: bool = typer.Option(False, "--all", help="Destroy every live instance in the ledger."),
         as_json: bool = typer.Option(False, "--json", help="Counts as JSON on stdout."),
+        all_installations: bool = typer.Option(False, "--all-installations", help="With --orphans: also "
+                                               "destroy lorapod instances other installations (machines, "
+                                               "LORAPOD_HOMEs, teammates) started on this account."),
+        yes: bool = typer.Option(False, "--yes", help="Do not ask before --all-installations."),
     ) -> None:
         """Destroy instances: one job's, orphans', or all of them."""
         from lorapod.compute.jobs import down_job, down_orphans
@@ -80,14 +89,26 @@ def register(app: typer.Typer) -> None:
 
         if sum(bool(x) for x in (job, orphans, all_)) != 1:
             raise LorapodError("say what to bring down", hint="lorapod down JOB | --orphans | --all")
+        if all_installations and not orphans:
+            raise LorapodError("--all-installations goes with --orphans", hint="lorapod down --orphans --all-installations")
+        if all_installations and not yes and not typer.confirm(
+                "Destroy every lorapod instance on these accounts, including other machines' and teammates' "
+                "running jobs?", default=False, err=True):
+            raise LorapodError("nothing destroyed", hint="drop --all-installations to sweep only this installation's")
         if job:
             counts = {"destroyed": down_job(ledger, job, say=say)}
         else:
-            counts = down_orphans(ledger, say=say, everything=all_)
+            counts = down_orphans(ledger, say=say, everything=all_, all_installations=all_installations)
         if as_json:
             typer.echo(json.dumps(counts))
         else:
             err.print(", ".join(f"{k}: {v}" for k, v in counts.items()))
+        if job:
+            left = [r for r in ledger.job_instances(ledger.job(job).id) if r.live]  # type: ignore[union-attr]
+            if left:
+                raise LorapodError(f"{len(left)} instance(s) of job {job} not confirmed destroyed: "
+                                   f"{', '.join(r.provider_id or r.id for r in left)}",
+                                   hint=f"check the provider's console; `lorapod down {job}` tries again")
         live = ledger.instances(live_only=True)
         if live and all_:
             raise LorapodError(f"{len(live)} instance(s) still live in the ledger",

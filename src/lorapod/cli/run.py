@@ -37,6 +37,9 @@ def register(app: typer.Typer) -> None:
         usd_per_hour: float | None = typer.Option(None, "--usd-per-hour", help="For ssh hosts: what the "
                                                   "machine costs, so caps and `ps` show dollars."),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
+        forward_env: list[str] = typer.Option([], "--forward-env", help="Send this environment variable to the "
+                                              "instance (repeatable; to any host). Default: only HF_TOKEN for a "
+                                              "gated model, and only to verified/secure hosts."),
         poll_s: float = typer.Option(5.0, "--poll-s", hidden=True),
         pull_every_s: float = typer.Option(30.0, "--pull-every-s", hidden=True),
         ready_deadline_s: float = typer.Option(600.0, "--ready-deadline-s", hidden=True),
@@ -46,6 +49,7 @@ def register(app: typer.Typer) -> None:
         heartbeat_timeout_s: float = typer.Option(600.0, "--heartbeat-timeout-s", hidden=True),
         watchdog_poll_s: float = typer.Option(10.0, "--watchdog-poll-s", hidden=True),
         stall_s: float = typer.Option(1800.0, "--stall-s", hidden=True),
+        destroy_deadline_s: float = typer.Option(300.0, "--destroy-deadline-s", hidden=True),
     ) -> None:
         """Run SPEC on a rented GPU or any SSH host; always destroyed at the end, on failure, or at the caps.
 
@@ -93,7 +97,9 @@ def register(app: typer.Typer) -> None:
                        bootstrap=Bootstrap(bootstrap, python), poll_s=poll_s, pull_every_s=pull_every_s,
                        ready_deadline_s=ready_deadline_s, stop_margin_s=stop_margin_s, stop_wait_s=stop_wait_s,
                        reconnect_s=reconnect_s, watchdog={"heartbeat_timeout_s": heartbeat_timeout_s,
-                                                          "poll_s": watchdog_poll_s, "stall_s": stall_s})
+                                                          "poll_s": watchdog_poll_s, "stall_s": stall_s},
+                       forward_env=tuple(forward_env) if forward_env else None,
+                       destroy_deadline_s=destroy_deadline_s)
         summary = run_remote(spec_obj, provider, target, opts, ledger, spec_path,
                              say=lambda m: console.print(m, style="dim", markup=False), resume_job=resume)
         if as_json:
@@ -102,6 +108,12 @@ def register(app: typer.Typer) -> None:
             color = {"done": "green", "stopped": "yellow"}.get(summary.state, "red")
             console.print(f"[bold {color}]{summary.state}[/]: {escape(summary.message)}")
             console.print(f"run folder: {summary.run_dir}", markup=False)
+        if summary.unconfirmed:
+            # Never a quiet success while something may bill: the id, where to look, what to run.
+            console.print(f"[bold red]instance {escape(summary.unconfirmed)} was NOT confirmed destroyed and may "
+                          f"still bill.[/] Check {escape(summary.console or '')} and run "
+                          f"`lorapod down {escape(summary.job_id)}`")
+            sys.exit(3)
         if summary.state not in ("done", "stopped"):
             # sys.exit, not typer.Exit: the entry point runs click with standalone_mode=False,
             # which would swallow typer.Exit's status.

@@ -1,7 +1,12 @@
 """HTTP mechanics shared by the providers' ``api.py`` modules: timeouts, retries, clear errors.
 
 Retries: 429 and 5xx (and connection errors) with exponential backoff, honouring
-``Retry-After``, up to ``retries`` times; anything else is answered at once. 401/403 become a
+``Retry-After``, up to ``retries`` times; anything else is answered at once. A request that
+creates something (``idempotent=False``: RunPod ``POST /pods``, Vast.ai ``PUT /asks``) is
+never blindly retried: only a 429 or a connection that was never made is certain to have
+created nothing. A timeout or a 5xx after the request was sent raises an :class:`ApiError`
+with ``uncertain=True``, and the caller looks the instance up by its label before trying
+again (:meth:`lorapod.compute.session.Session._create`). 401/403 become a
 :class:`ProviderError` that says to check the key, never showing it. The key lives only in
 the ``Authorization`` header of an in-memory client: it is never logged, printed or written.
 """
@@ -25,11 +30,12 @@ class ApiError(ProviderError):
     """``fatal``: no other offer can help (bad key, no balance), so stop trying offers."""
 
     def __init__(self, message: str, status: int | None = None, hint: str | None = None,
-                 body: Any = None, fatal: bool = False) -> None:
+                 body: Any = None, fatal: bool = False, uncertain: bool = False) -> None:
         super().__init__(message, hint)
         self.status = status
         self.body = body
         self.fatal = fatal
+        self.uncertain = uncertain  # a create that may have happened: look it up before retrying
 
 
 def api_key(env_name: str, provider: str) -> str:
@@ -87,13 +93,21 @@ class HttpApi:
         self._client.close()
 
     def request(self, method: str, path: str, *, json_body: Any = None, params: dict | None = None,
-                ok: tuple[int, ...] = (200, 201, 202, 204), allow: tuple[int, ...] = ()) -> httpx.Response:
-        """Send, retrying 429/5xx/connection errors; returns responses in ``ok`` or ``allow``."""
+                ok: tuple[int, ...] = (200, 201, 202, 204), allow: tuple[int, ...] = (),
+                idempotent: bool = True) -> httpx.Response:
+        """Send, retrying 429/5xx/connection errors; returns responses in ``ok`` or ``allow``.
+
+        ``idempotent=False``: only a 429 or a connection never made is retried; anything that
+        may have reached the server raises ``ApiError(uncertain=True)`` instead."""
         delay = self.backoff_s
         for attempt in range(self.retries + 1):
             try:
                 resp = self._client.request(method, path, json=json_body, params=params)
             except httpx.TransportError as exc:
+                if not idempotent and not isinstance(exc, httpx.ConnectError):
+                    raise ApiError(f"{self.provider} did not answer {method} {path} ({type(exc).__name__}); "
+                                   "it may have acted on it", hint="lorapod looks the instance up by its label",
+                                   uncertain=True) from exc
                 if attempt >= self.retries:
                     raise ApiError(f"{self.provider} API unreachable ({type(exc).__name__}) on {method} {path}",
                                    hint="check your network; the provider may be down") from exc
@@ -102,6 +116,10 @@ class HttpApi:
                 continue
             if resp.status_code in ok or resp.status_code in allow:
                 return resp
+            if resp.status_code >= 500 and not idempotent:
+                err = self.error(resp, method, path)
+                err.uncertain = True
+                raise err
             if (resp.status_code == 429 or resp.status_code >= 500) and attempt < self.retries:
                 wait = delay
                 ra = resp.headers.get("Retry-After")

@@ -15,11 +15,20 @@ from pathlib import Path
 from typing import Any
 
 from lorapod.compute import provider as registry
-from lorapod.compute.ledger import InstanceRow, JobRow, Ledger, controller_alive
+from lorapod.compute.ledger import (
+    InstanceRow,
+    JobRow,
+    Ledger,
+    controller_alive,
+    installation_id,
+    instance_label,
+    parse_label,
+)
 from lorapod.compute.provider import Instance, Provider
 from lorapod.compute.remote import RemoteWork
 from lorapod.compute.session import transport_for
 from lorapod.compute.transport import ConnectionLost, retrying
+from lorapod.compute.trust import guarded_read
 from lorapod.errors import LorapodError, ProviderError
 
 
@@ -40,6 +49,9 @@ def ps_rows(ledger: Ledger, all_jobs: bool = True) -> list[dict[str, Any]]:
             "usd": round(ledger.usd(job.id, now), 4), "last_step": job.last_step,
             "live_instances": len(live), "controller_alive": controller_alive(job.controller)
             if job.state in ("starting", "running") else False,
+            # may still bill and nobody is on it: a destroy that was not confirmed (shown in red)
+            "unconfirmed": [i.provider_id or i.id for i in live
+                            if i.state == "destroying" or job.state not in ("starting", "running", "stopping")],
             "run_dir": job.run_dir, "summary": job.summary,
         })
     return rows
@@ -107,8 +119,8 @@ def follow_logs(ledger: Ledger, job_id: str, follow: bool, poll_s: float = 2.0,
     dropped connections), then the rest from the pulled copies, so every line comes exactly once."""
     job = find_job(ledger, job_id)
     run_dir = Path(job.run_dir)
-    offsets = {"metrics.jsonl": 0, "job.log": 0}
-    remote_rel = {"metrics.jsonl": "run/metrics.jsonl", "job.log": "job.log"}
+    offsets = {"metrics.jsonl": 0, "job.log": 0, "watchdog.log": 0}
+    remote_rel = {"metrics.jsonl": "run/metrics.jsonl", "job.log": "job.log", "watchdog.log": "watchdog.log"}
 
     def lines(name: str, data: bytes) -> list[str]:
         cut = data.rfind(b"\n")
@@ -128,8 +140,8 @@ def follow_logs(ledger: Ledger, job_id: str, follow: bool, poll_s: float = 2.0,
             try:
                 gone = False
                 for name, rel in remote_rel.items():
-                    out = r.work.sh(f"test -d {r.work.q()} || echo LPGONE; "
-                                    f"tail -c +{offsets[name] + 1} {r.work.q(rel)} 2>/dev/null || true",
+                    out = r.work.sh(f"cd {r.work.q()} 2>/dev/null || {{ echo LPGONE; exit 0; }}; "
+                                    + guarded_read(f"tail -c +{offsets[name] + 1}", rel),
                                     timeout=30, check=False).stdout
                     if out.startswith(b"LPGONE"):
                         gone = True
@@ -162,10 +174,18 @@ def destroy_row(ledger: Ledger, row: InstanceRow, note: str, deadline_s: float =
     prov = provider_for(row, ledger)
     ledger.instance_destroying(row.id, note)
     if not row.provider_id:
-        gone = _absent_from_provider(prov, row)
-        if gone:
-            ledger.instance_destroyed(row.id, "never created at the provider")
-        return gone
+        # create() never answered: the label lorapod gave it finds it, if it exists.
+        try:
+            label = instance_label(row.id, row.job_id)
+            found = [i for i in prov.list_instances() if i.label == label and i.live]
+        except LorapodError as exc:
+            say(f"cannot look for {row.id} at {row.provider}: {exc.message}")
+            return False
+        if not found:
+            ledger.instance_create_failed(row.id, "no instance with its label at the provider")
+            return True
+        ledger.instance_created(row.id, found[0].id)
+        row = ledger.instance(row.id) or row
     inst = Instance(id=row.provider_id, provider=row.provider, state="running", ssh_host=row.ssh_host,
                     ssh_port=row.ssh_port or 22, ssh_user=row.ssh_user or "root", label=row.job_id)
     deadline = time.monotonic() + deadline_s
@@ -204,12 +224,15 @@ def down_job(ledger: Ledger, job_id: str, say: Callable[[str], None] = print) ->
     return n
 
 
-def down_orphans(ledger: Ledger, say: Callable[[str], None] = print, everything: bool = False) -> dict[str, int]:
+def down_orphans(ledger: Ledger, say: Callable[[str], None] = print, everything: bool = False,
+                 all_installations: bool = False) -> dict[str, int]:
     """Reconcile the ledger with the providers.
 
     * a live row whose provider says the instance is gone: marked destroyed (no API call);
     * a live row whose controller is dead (or all rows with ``everything``): destroyed;
-    * an instance the provider lists with a lorapod label but the ledger lacks: destroyed.
+    * an instance the ledger lacks whose label carries this installation's id: destroyed. Other
+      lorapod instances (another machine, another LORAPOD_HOME, a teammate on the same account)
+      are left alone unless ``all_installations``.
     """
     counts = {"reconciled": 0, "destroyed": 0, "unknown_destroyed": 0, "failed": 0}
     listed: dict[tuple[str, str], list[Instance]] = {}
@@ -248,6 +271,8 @@ def down_orphans(ledger: Ledger, say: Callable[[str], None] = print, everything:
                                                     f"`lorapod run --resume {job.id}`")
     # Instances with our label that the ledger never heard of (e.g. a crash inside create()).
     known = {r.provider_id for r in ledger.instances() if r.provider_id}
+    me = installation_id()
+    counts["others_left"] = 0
     for name in ("runpod", "vast"):
         try:
             prov = registry.get(name)
@@ -255,12 +280,23 @@ def down_orphans(ledger: Ledger, say: Callable[[str], None] = print, everything:
         except (LorapodError, ProviderError):
             continue
         for inst in found:
-            if inst.live and inst.id not in known and (inst.label or "").startswith("lorapod-"):
-                try:
-                    prov.destroy(inst.id)
-                    counts["unknown_destroyed"] += 1
-                    say(f"destroyed {name} instance {inst.id} ({inst.label}) that the ledger did not know")
-                except LorapodError as exc:
-                    say(f"could not destroy unknown {name} instance {inst.id}: {exc.message}")
-                    counts["failed"] += 1
+            if not inst.live or inst.id in known or not (inst.label or "").startswith("lorapod-"):
+                continue
+            owner = parse_label(inst.label)
+            if not all_installations and (owner is None or owner[0] != me):
+                counts["others_left"] += 1
+                say(f"left {name} instance {inst.id} ({inst.label}): another lorapod installation's "
+                    "(--all-installations to include it)")
+                continue
+            try:
+                prov.destroy(inst.id)
+            except LorapodError as exc:
+                say(f"could not destroy unknown {name} instance {inst.id}: {exc.message}")
+                counts["failed"] += 1
+                continue
+            counts["unknown_destroyed"] += 1
+            if owner is not None and owner[0] == me and ledger.instance(owner[1]) is not None:
+                ledger.instance_created(owner[1], inst.id)  # the row whose create never answered
+                ledger.instance_destroyed(owner[1], "found by its label and destroyed")
+            say(f"destroyed {name} instance {inst.id} ({inst.label}) that the ledger did not know")
     return counts

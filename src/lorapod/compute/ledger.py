@@ -8,6 +8,13 @@ while a run writes. Two invariants make teardown trustworthy:
    fills in the provider's id), so a crash between the two still leaves a row to sweep;
 2. an instance is marked ``destroyed`` only after the provider confirmed it is gone.
 
+Ownership: each lorapod home has an installation id (:func:`installation_id`, in
+``$LORAPOD_HOME/installation-id``) that goes into every instance's label at the provider, with
+the ledger's own instance id (:func:`instance_label`). The orphan sweep destroys only instances
+whose label carries this id, so two machines, two ``LORAPOD_HOME``s or two teammates on one
+account never sweep each other's instances; the label also finds an instance whose create call
+never answered.
+
 Dollars are the instance's own price times the time from create to confirmed destroy (or now,
 while it lives). Nothing secret is ever written here.
 """
@@ -16,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sqlite3
 import time
@@ -265,6 +273,21 @@ class Ledger:
         with self._tx() as db:
             db.execute(f"UPDATE jobs SET {cols} WHERE id=?", (*fields.values(), job_id))
 
+    def job_claim(self, job_id: str) -> str | None:
+        """Make this process the job's controller, atomically; returns the live controller that
+        already follows it instead (then nothing changes), so two `run --resume` never race."""
+        with self._tx() as db:
+            row = db.execute("SELECT state, controller FROM jobs WHERE id=?", (job_id,)).fetchone()
+            if row is None:
+                return None
+            if row["state"] in ("starting", "running", "stopping") and row["controller"] != controller_id() \
+                    and controller_alive(row["controller"]):
+                return str(row["controller"])
+            db.execute("UPDATE jobs SET controller=?, state='starting', ended_at=NULL WHERE id=?",
+                       (controller_id(), job_id))
+        self.event("job", f"resumed by {controller_id()}", job_id=job_id)
+        return None
+
     def job_ended(self, job_id: str, state: str, summary: str) -> None:
         self.job_update(job_id, state=state, summary=summary, ended_at=time.time())
         self.event("job", f"{state}: {summary}", job_id=job_id)
@@ -300,6 +323,41 @@ class Ledger:
                 "INSERT OR IGNORE INTO prices (provider, offer_id, gpu_name, usd_per_hour, seen_at) VALUES (?, ?, ?, ?, ?)",
                 [(o.provider, o.id, o.gpu_name, o.usd_per_hour, now) for o in offers],
             )
+
+
+def installation_id() -> str:
+    """This lorapod home's id (8 hex digits), made once; it is in every instance label."""
+    path = lorapod_home() / "installation-id"
+    try:
+        text = path.read_text().strip()
+        if re.fullmatch(r"[0-9a-f]{8}", text):
+            return text
+    except OSError:
+        pass
+    new = uuid.uuid4().hex[:8]
+    tmp = path.with_name(f".installation-id.{os.getpid()}")
+    tmp.write_text(new + "\n")
+    try:
+        os.link(tmp, path)  # first writer wins, even with two runs starting at once
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path.read_text().strip()
+
+
+_LABEL = re.compile(r"lorapod-([0-9a-f]{8})-([0-9a-f]{12})-(.+)")
+
+
+def instance_label(iid: str, job_id: str | None) -> str:
+    """The label an instance gets at the provider: ``lorapod-<installation>-<instance>-<job>``."""
+    return f"lorapod-{installation_id()}-{iid.removeprefix('i-')}-{job_id or 'x'}"
+
+
+def parse_label(label: str | None) -> tuple[str, str] | None:
+    """(installation id, ledger instance id) from a label made by :func:`instance_label`."""
+    m = _LABEL.fullmatch(label or "")
+    return (m.group(1), "i-" + m.group(2)) if m else None
 
 
 def controller_id() -> str:

@@ -13,6 +13,7 @@ what exists.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from lorapod.compute.provider import Offer, Provider, Requirements, rank_offers
 from lorapod.errors import BudgetError, LorapodError, PlanError
@@ -28,7 +29,21 @@ def requirements(spec, gpu: str | None = None, max_usd: float | None = None,
     usd, hours = max_usd or c.max_usd, max_hours or c.max_hours
     if usd and hours:
         max_rate = usd / hours  # anything pricier cannot run the allowed hours within the budget
-    return Requirements(gpu=gpu or c.gpu, max_usd_per_hour=max_rate, disk_gb=c.disk_gb)
+    pinned = gpu or c.gpu
+    # The planner's peak VRAM, so providers drop cards that cannot hold the job before ranking.
+    # A pinned GPU is the user's call (the planner then says what would make it fit).
+    return Requirements(gpu=pinned, max_usd_per_hour=max_rate, disk_gb=c.disk_gb,
+                        min_vram_gb=0.0 if pinned else vram_needed_gb(spec))
+
+
+def vram_needed_gb(spec) -> float:
+    """The planner's peak VRAM estimate for the job; 0 when it cannot estimate (unknown model)."""
+    from lorapod.plan.job import build_job
+
+    try:
+        return round(float(build_job(spec).estimate.peak_gb), 1)
+    except (LorapodError, OSError, ValueError):
+        return 0.0
 
 
 def choose_offers(spec, provider: Provider, gpu: str | None = None, max_usd: float | None = None,
@@ -93,7 +108,9 @@ def rank_by_job_cost(spec, provider_name: str, offers: list[Offer], *, gpu_pinne
             continue  # known GPU the planner left out: its VRAM estimate does not fit
         if not opt.fits and not gpu_pinned:
             continue
-        priced.append((opt.usd_total, o))
+        # The estimate travels with the offer: the default cap is twice it (session.py).
+        priced.append((opt.usd_total, replace(o, extra={**o.extra, "plan_usd": round(opt.usd_total, 4),
+                                                        "plan_hours": round(opt.hours_total, 4)})))
     priced.sort(key=lambda t: (t[0], t[1].usd_per_hour))
     if priced:
         best = by_price[(known[priced[0][1].id], round(priced[0][1].usd_per_hour, 6))]

@@ -48,6 +48,9 @@ class Offer:
     reliability: float | None = None
     region: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: run by the provider or a host it verified (RunPod secure cloud, Vast.ai verified); secrets
+    #: go only to these unless the user names them with --forward-env
+    secure: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,6 +64,11 @@ class InstanceSpec:
     ssh_public_key: str
     image: str = "runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04"
     disk_gb: float = 50.0
+    name: str = ""  # the label at the provider (lorapod-<installation>-<instance>-<job>); see ledger.py
+
+    @property
+    def provider_label(self) -> str:
+        return self.name or f"lorapod-{self.label}"
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,17 @@ class Instance:
 
     def with_(self, **changes: Any) -> Instance:
         return replace(self, **changes)
+
+
+class CreatedButUnusable(ProviderError):
+    """The provider created the instance but a follow-up step failed (e.g. attaching the SSH key).
+
+    Carries the instance so the caller records it and destroys it with confirmation, instead
+    of the provider trying once and losing its id when that fails too."""
+
+    def __init__(self, message: str, instance: Instance, hint: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.instance = instance
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Literal
 
 from lorapod.compute.transport import SyncStats, Transport
+from lorapod.compute.trust import MANIFEST_PY, guarded_read, is_regular, safe_relpath
 from lorapod.errors import RemoteError
 
 WORK_ROOT = ".lorapod-work"
@@ -62,26 +63,6 @@ rc=$?
 echo "$rc" > job.exit.tmp && mv job.exit.tmp job.exit
 """
 
-MANIFEST_PY = r"""
-import hashlib, json, os, sys
-root = sys.argv[1]
-skip_dirs = ('.tmp-', '.old-', '.rsync-partial', '__pycache__')
-out = {}
-for dp, dns, fns in os.walk(root):
-    dns[:] = [d for d in dns if not d.startswith(skip_dirs)]
-    for fn in fns:
-        if fn == 'STOP' or fn.startswith('.'):
-            continue
-        p = os.path.join(dp, fn)
-        if dp == root and fn in ('spec.yaml', 'remote-events.log', 'job.log', 'watchdog.log'):
-            continue
-        h = hashlib.sha256()
-        with open(p, 'rb') as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b''):
-                h.update(chunk)
-        out[os.path.relpath(p, root)] = [os.path.getsize(p), h.hexdigest()]
-print(json.dumps(out))
-"""
 
 
 def default_job_command(python: str, spec: str, run_dir: str, resume: bool) -> list[str]:
@@ -215,28 +196,35 @@ class RemoteWork:
 
     # ------------------------------------------------------------------ processes
 
-    def launch(self, files: dict[str, tuple[bytes, int]], watchdog: dict, python: str, argv: list[str]) -> None:
-        """Write the last files (spec, secrets, watchdog config), then start the watchdog and,
-        after it, the job, both detached: one round trip."""
-        files = {**files, "watchdog.json": (json.dumps(watchdog).encode(), 0o600)}
-        self.put_files(files, then=(
-            "rm -f PULLED job.exit job.pid run/STOP && touch HEARTBEAT && "
-            f"{{ setsid nohup {shlex.quote(python)} watchdog.py >> watchdog.log 2>&1 < /dev/null & }} && "
-            f"{{ setsid nohup bash job.sh {shlex.join(argv)} > /dev/null 2>&1 < /dev/null & }}"))
+    def start_watchdog(self, watchdog: dict, python: str) -> None:
+        """Make the work folder and start the watchdog, detached, in one round trip: the first
+        thing after SSH answers, before any bootstrap, so a controller that dies from here on
+        still leaves something that destroys the instance. Standard library only."""
+        import lorapod.compute.watchdog as wd
+
+        files = {"job.sh": (JOB_SH.encode(), 0o700), "watchdog.py": (Path(wd.__file__).read_bytes(), 0o600),
+                 "watchdog.json": (json.dumps(watchdog).encode(), 0o600)}
+        self.put_files(files, before=f"mkdir -p {self.q('run')} {self.q('data')} {self.q('pkg')} && chmod 700 {self.q()}",
+                       then=("rm -f PULLED job.exit job.pid run/STOP && touch HEARTBEAT && "
+                             f"{{ setsid nohup {shlex.quote(python)} watchdog.py >> watchdog.log 2>&1 < /dev/null & }}"))
+
+    def start_job(self, files: dict[str, tuple[bytes, int]], argv: list[str]) -> None:
+        """Write the last files (spec, secrets), then start the job detached: one round trip."""
+        self.put_files(files, then=f"{{ setsid nohup bash job.sh {shlex.join(argv)} > /dev/null 2>&1 < /dev/null & }}")
 
     def poll(self, metrics_offset: int, timeout: float = 30.0) -> JobStatus:
         """One round trip: heartbeat, job state, new metrics bytes after ``metrics_offset``."""
         script = (
             f"cd {self.q()} 2>/dev/null || {{ echo LPGONE; exit 0; }}\n"
             "touch HEARTBEAT\n"
-            "pid=$(cat job.pid 2>/dev/null); alive=0\n"
+            f"pid=$({guarded_read('head -c 20', 'job.pid')} | tr -cd 0-9); alive=0\n"
             '[ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && alive=1\n'
             '[ -z "$pid" ] && [ ! -f job.exit ] && alive=1\n'  # starting: not yet written its pid
-            'ex=$(tr -d "\\n" < job.exit 2>/dev/null)\n'
-            'stop=$(head -c 200 run/STOP 2>/dev/null | tr -d "\n")\n'
+            f'ex=$({guarded_read("head -c 200", "job.exit")} | tr -d "\\n")\n'
+            f'stop=$({guarded_read("head -c 200", "run/STOP")} | tr -d "\\n")\n'
             'echo "LP alive=$alive exit=$ex"\n'
             'echo "LP stop=$stop"\n'
-            f"tail -c +{metrics_offset + 1} run/metrics.jsonl 2>/dev/null || true\n"
+            f"{guarded_read(f'tail -c +{metrics_offset + 1}', 'run/metrics.jsonl')}\n"
         )
         out = self.sh(script, timeout=timeout).stdout
         head, _, rest = out.partition(b"\n")
@@ -257,13 +245,13 @@ class RemoteWork:
 
     def manifest(self, python: str) -> dict[str, list]:
         out = self.sh(f"{shlex.quote(python)} - {self.q('run')}", input=MANIFEST_PY.encode(), timeout=600)
-        return json.loads(out.stdout.decode())
+        return {k: v for k, v in json.loads(out.stdout.decode()).items() if safe_relpath(k)}
 
     def mark_pulled(self) -> None:
         self.sh(f"touch {self.q('PULLED')}")
 
     def job_log_tail(self, lines: int = 30) -> str:
-        out = self.sh(f"tail -n {lines} {self.q('job.log')} 2>/dev/null || true", check=False)
+        out = self.sh(f"cd {self.q()} && {guarded_read(f'tail -n {lines}', 'job.log')}", check=False)
         return out.stdout.decode(errors="replace")
 
     def teardown(self) -> None:
@@ -273,13 +261,12 @@ class RemoteWork:
 
 def teardown_script(work_dir: str) -> str:
     d = shlex.quote(work_dir)
+    pids = " ".join(f"$({guarded_read('head -c 20', f)} | tr -cd 0-9)" for f in ("job.pid", "watchdog.pid"))
     return (
         f"if [ -d {d} ]; then cd {d};\n"
-        "  for f in job.pid watchdog.pid; do p=$(cat $f 2>/dev/null);\n"
-        '    [ -n "$p" ] && kill -TERM -- -"$p" 2>/dev/null; done\n'
+        f"  for p in {pids}; do kill -TERM -- -\"$p\" 2>/dev/null; done\n"
         "  sleep 0.5\n"
-        "  for f in job.pid watchdog.pid; do p=$(cat $f 2>/dev/null);\n"
-        '    [ -n "$p" ] && kill -KILL -- -"$p" 2>/dev/null; done\n'
+        f"  for p in {pids}; do kill -KILL -- -\"$p\" 2>/dev/null; done\n"
         f"  cd ~ && rm -rf {d}; fi; echo LPOK\n"
     )
 
@@ -288,7 +275,7 @@ def local_manifest(root: Path) -> dict[str, list]:
     out: dict[str, list] = {}
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root)
-        if not p.is_file() or any(part.startswith((".tmp-", ".old-", ".rsync-partial", "__pycache__"))
+        if not is_regular(p) or any(part.startswith((".tmp-", ".old-", ".rsync-partial", "__pycache__"))
                                   for part in rel.parts) or p.name == "STOP" or p.name.startswith("."):
             continue
         h = hashlib.sha256()

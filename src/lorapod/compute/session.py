@@ -1,13 +1,15 @@
 """The whole life of a remote job, in one place, with every wait bounded.
 
-``ledger row -> create -> wait for SSH (deadline; else destroy, next offer) -> bootstrap ->
-sync data -> start watchdog -> start the job detached -> follow metrics and pull as things
-appear -> (budget: STOP, wait, pull) -> final pull verified by size + sha256 -> PULLED ->
-destroy -> provider confirms -> ledger``.
+``ledger row -> create (never blindly retried) -> wait for SSH (deadline; else destroy, next
+offer) -> start the watchdog -> bootstrap -> sync data -> start the job detached -> follow
+metrics and pull as things appear -> (budget: STOP, wait, pull) -> final pull verified by size +
+sha256 -> PULLED -> destroy -> provider confirms -> ledger``.
 
 Teardown is guaranteed from several sides: a ``finally`` here; SIGINT/SIGTERM handlers that turn
-into the same orderly stop (a second Ctrl-C skips straight to destroy); the on-instance watchdog
-(:mod:`lorapod.compute.watchdog`) if this process dies; and ``lorapod down --orphans``.
+into the same orderly stop (a second one skips straight to destroy and ends this process after
+the destroy call); the on-instance watchdog (:mod:`lorapod.compute.watchdog`), running from the
+moment SSH answers, if this process dies; and ``lorapod down --orphans``. A destroy the provider
+does not confirm is never reported as success: :attr:`Summary.unconfirmed` names the instance.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lorapod.compute.ledger import Ledger, lorapod_home
+from lorapod.compute.httpapi import ApiError
+from lorapod.compute.ledger import Ledger, instance_label, lorapod_home
 from lorapod.compute.offers import choose_offers
-from lorapod.compute.provider import Instance, InstanceSpec, Offer, Provider
+from lorapod.compute.provider import CreatedButUnusable, Instance, InstanceSpec, Offer, Provider
 from lorapod.compute.remote import PULL_EXCLUDES, Bootstrap, RemoteWork, job_command_from_env, local_manifest
+from lorapod.compute.secrets import secrets_for
 from lorapod.compute.transport import (
     AuthRefused,
     ConnectionLost,
@@ -36,7 +40,9 @@ from lorapod.compute.transport import (
     public_key,
     retrying,
 )
+from lorapod.compute.trust import guarded_read
 from lorapod.errors import BudgetError, LorapodError, ProviderError, RemoteError
+from lorapod.fsutil import append_text
 from lorapod.rundir import RunDir, new_job_id
 
 JobCommand = Callable[[str, str, str, bool], list[str]]
@@ -71,7 +77,11 @@ class Options:
     stop_wait_s: float = 300.0  # how long the job may take to save after STOP
     destroy_deadline_s: float = 300.0
     watchdog: dict[str, float] = field(default_factory=dict)  # overrides of watchdog.DEFAULTS
-    forward_env: tuple[str, ...] = ("HF_TOKEN", "WANDB_API_KEY")  # sent in 0600 secrets.env
+    #: variables sent in the 0600 secrets.env; None: only what the job needs (compute/secrets.py)
+    forward_env: tuple[str, ...] | None = None
+    create_attempts: int = 3  # create calls per offer when the provider's answer is uncertain
+    create_settle_s: float = 30.0  # how long to look for an instance whose create did not answer
+    default_cap_hours: float = 24.0  # the watchdog's hour cap when no cap is set and no estimate exists
 
 
 @dataclass
@@ -84,11 +94,14 @@ class Summary:
     message: str
     first_step_s: float | None = None  # seconds from start to the first metrics line
     billed_after_pull_s: float | None = None  # seconds the instance lived after the last pull
+    unconfirmed: str | None = None  # provider id of an instance whose destroy was not confirmed
+    console: str | None = None  # where to check it by hand
 
     def to_dict(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "run_dir": str(self.run_dir), "state": self.state,
                 "last_step": self.last_step, "usd": round(self.usd, 4), "message": self.message,
-                "first_step_s": self.first_step_s, "billed_after_pull_s": self.billed_after_pull_s}
+                "first_step_s": self.first_step_s, "billed_after_pull_s": self.billed_after_pull_s,
+                "unconfirmed": self.unconfirmed, "console": self.console}
 
 
 def backoff_until(check: Callable[[], bool], deadline: float, what: str, hint: str,
@@ -127,10 +140,19 @@ class Session:
         self.stop_requested_at: float | None = None
         self._signals = 0
         self.t0 = time.monotonic()
+        self.offer: Offer | None = None
+        self.label: str | None = None
+        self.unconfirmed: str | None = None
+        self.watchdog_started = False
         if resume_job:
             row = self.ledger.job(resume_job)
             if row is None:
                 raise LorapodError(f"no job '{resume_job}' in the ledger", hint="`lorapod ps` lists jobs")
+            other = self.ledger.job_claim(row.id)  # this process follows it now: `ps`, `down --orphans`
+            if other is not None:
+                raise LorapodError(f"job {row.id} is already followed by a running controller ({other})",
+                                   hint=f"follow it with `lorapod logs -f {row.id}`, or stop it with "
+                                        f"`lorapod down {row.id}`")
             self.job_id = row.id
             self.run = RunDir(Path(row.run_dir))
             # The uploaded run folder carries the old metrics: follow only what is new.
@@ -147,16 +169,21 @@ class Session:
     def say(self, msg: str) -> None:
         self._say(msg)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        with open(self.run.root / "remote-events.log", "a", encoding="utf-8") as fh:
-            fh.write(f"{stamp} {msg}\n")
+        with contextlib.suppress(OSError):  # a full local disk must not stop teardown
+            append_text(self.run.root / "remote-events.log", f"{stamp} {msg}\n")
         self.ledger.event("session", msg, job_id=self.job_id, instance_id=self.iid)
 
     def deadline(self, seconds: float) -> float:
         return time.monotonic() + seconds
 
+    _hard_deadline: float | None = None  # set once stopping: nothing may wait past it
+
     def remote(self, fn: Callable[[], Any], what: str) -> Any:
         """A remote operation that survives connection drops for up to ``reconnect_s``."""
-        return retrying(fn, self.deadline(self.opts.reconnect_s), what,
+        deadline = self.deadline(self.opts.reconnect_s)
+        if self._hard_deadline is not None:
+            deadline = min(deadline, self._hard_deadline)
+        return retrying(fn, deadline, what,
                         on_retry=lambda e: self.say(f"connection lost during {what}; reconnecting"))
 
     # ------------------------------------------------------------------ entry point
@@ -178,6 +205,7 @@ class Session:
         state, message = "failed", "did not start"
         try:
             self._acquire()
+            self._start_watchdog()
             self._setup()
             state, message = self._follow()
         except Interrupted as exc:
@@ -200,15 +228,20 @@ class Session:
                 usd = self.ledger.usd(self.job_id)
                 resume = f"; resume with `lorapod run --resume {self.job_id}`" if state != "done" else ""
                 summary_msg = f"{message} (last step {self.last_step}, ${usd:.4f}){resume}"
+                if self.unconfirmed:
+                    summary_msg += (f"; instance {self.unconfirmed} NOT confirmed destroyed: check "
+                                    f"{self.console_link()} and run `lorapod down {self.job_id}`")
                 self.ledger.job_ended(self.job_id, state, summary_msg)
                 self.ledger.job_update(self.job_id, last_step=self.last_step)
                 self.summary = Summary(self.job_id, self.run.root, state, self.last_step, usd, summary_msg,
                                        self.first_step_at - self.t0 if self.first_step_at else None,
-                                       self._billed_after_pull)
+                                       self._billed_after_pull, self.unconfirmed,
+                                       self.console_link() if self.unconfirmed else None)
         return self.summary
 
     _billed_after_pull: float | None = None
     _in_teardown = False
+    job_started = False
     _hb_stop: threading.Event | None = None
     pulled = False
 
@@ -223,7 +256,8 @@ class Session:
             # never interrupted, because that is the part that stops the bill.
             self._signals += 1
             if self._in_teardown:
-                self._say("destroying the instance; please wait (the watchdog would do it otherwise)")
+                self._say("destroying the instance; please wait" if self._signals < 2 else
+                          "stopping after this destroy call, confirmed or not")
                 return
             if self._signals == 1:
                 raise Interrupted(f"stopped by {signal.Signals(signum).name}")
@@ -278,22 +312,75 @@ class Session:
                             hint="try again later, another --gpu, or another provider")
 
     def _create(self, offer: Offer, pub: str) -> None:
+        """Create, with the ledger row written first. Never blindly retried: when the provider's
+        answer is uncertain (timeout, 5xx, Ctrl-C), the instance is looked up by its label first."""
         # Invariant 1: the row exists before create() returns to any of our code.
+        self.offer = offer
         self.iid = self.ledger.instance_creating(self.provider.name, self.job_id, offer.usd_per_hour,
                                                  offer.gpu_name, offer.to_dict())
         self.ledger.job_update(self.job_id, instance_id=self.iid)
         self.ledger.instance_access(self.iid, {"target": self.target,
                                                "identity": str(self.identity) if self.identity else None})
-        spec = InstanceSpec(label=self.job_id, ssh_public_key=pub, disk_gb=self.spec.compute.disk_gb)
+        self.label = instance_label(self.iid, self.job_id)
+        spec = InstanceSpec(label=self.job_id, ssh_public_key=pub, disk_gb=self.spec.compute.disk_gb,
+                            name=self.label)
         self.say(f"creating {offer.gpu_name} on {self.provider.name} at ${offer.usd_per_hour:.3f}/h")
-        try:
-            inst = self.provider.create(offer, spec)
-        except LorapodError as exc:
-            self.ledger.instance_create_failed(self.iid, exc.message)
-            self.iid = None
-            raise
+        for attempt in range(1, self.opts.create_attempts + 1):
+            try:
+                self._created(self.provider.create(offer, spec))
+                return
+            except CreatedButUnusable as exc:
+                self._created(exc.instance)  # recorded: teardown destroys it with confirmation
+                raise
+            except Interrupted:
+                found = self._find_by_label(self.opts.create_settle_s)
+                if found is not None:
+                    self._created(found)
+                raise  # not found: the row stays 'creating'; teardown looks again
+            except ApiError as exc:
+                if not exc.uncertain:
+                    self._create_refused(exc)
+                    raise
+                self.say(f"create did not answer clearly ({exc.message}); looking for the instance by its label")
+                found = self._find_by_label(self.opts.create_settle_s)
+                if found is not None:
+                    self._created(found)
+                    return
+                if attempt == self.opts.create_attempts:
+                    raise
+                self.say(f"no instance labelled {self.label}: creating again ({attempt + 1}/{self.opts.create_attempts})")
+            except LorapodError as exc:
+                self._create_refused(exc)
+                raise
+
+    def _created(self, inst: Instance) -> None:
+        assert self.iid is not None and self.offer is not None
         self.inst = inst
-        self.ledger.instance_created(self.iid, inst.id, inst.usd_per_hour or offer.usd_per_hour)
+        self.ledger.instance_created(self.iid, inst.id, inst.usd_per_hour or self.offer.usd_per_hour)
+
+    def _create_refused(self, exc: LorapodError) -> None:
+        assert self.iid is not None
+        self.ledger.instance_create_failed(self.iid, exc.message)
+        self.iid = None
+
+    def _find_by_label(self, within_s: float) -> Instance | None:
+        """The provider's instance labelled ``self.label``, looked for until ``within_s`` passes
+        (a create the provider accepted can take a moment to be listed)."""
+        if getattr(self.provider, "borrowed", False) or not self.label:
+            return None
+        deadline = self.deadline(within_s)
+        delay = 0.5
+        while True:
+            try:
+                for inst in self.provider.list_instances():
+                    if inst.label == self.label and inst.live:
+                        return inst
+            except LorapodError as exc:
+                self.say(f"cannot list {self.provider.name} instances: {exc.message}")
+            if time.monotonic() + delay > deadline or (self._signals >= 2 and self._in_teardown):
+                return None
+            time.sleep(delay)
+            delay = min(5.0, delay * 2)
 
     def _wait_ready(self) -> None:
         assert self.inst is not None and self.iid is not None
@@ -328,29 +415,42 @@ class Session:
 
     # ------------------------------------------------------------------ setup on the instance
 
-    def _setup(self) -> None:
+    def _start_watchdog(self) -> None:
+        """The first thing after SSH answers: the work folder and the watchdog (standard library
+        only, so before any bootstrap), with the job's caps, then the heartbeat thread."""
         assert self.transport is not None and self.inst is not None
-        o = self.opts
         work = self.work = RemoteWork(self.transport, self.job_id)
         self.ledger.job_update(self.job_id, remote_dir=work.dir, state="running")
-        self.remote(work.prepare, "prepare")
+        wd = self._watchdog_config()
+        self.remote(lambda: work.start_watchdog(wd, self.opts.bootstrap.python), "start the watchdog")
+        self.watchdog_started = True
+        self.say(f"watchdog started on the instance ({self.cap_note})")
+        self._start_heartbeat(float(wd.get("heartbeat_timeout_s", 600.0)))
+
+    def _setup(self) -> None:
+        assert self.transport is not None and self.inst is not None and self.work is not None
+        o = self.opts
+        work = self.work
         facts = self.remote(lambda: work.bootstrap(o.bootstrap, lorapod_home() / "wheels"), "bootstrap")
         self.say(f"bootstrapped: Python {facts['python']}, lorapod {facts['lorapod']} ({o.bootstrap.strategy}), "
                  f"GPU: {', '.join(facts['gpus']) or 'none'}")
         remote_spec = self._sync_inputs()
         files = {"spec.yaml": (remote_spec.to_yaml().encode(), 0o600)}
-        secrets = "".join(f"{k}={_shell_value(os.environ[k])}\n" for k in o.forward_env if os.environ.get(k))
+        names, withheld = secrets_for(self.spec, self.offer, o.forward_env)
+        if withheld:
+            self.say(withheld)
+        secrets = "".join(f"{k}={_shell_value(os.environ[k])}\n" for k in names if os.environ.get(k))
         if secrets:
             files["secrets.env"] = (secrets.encode(), 0o600)
+            self.say(f"sending {', '.join(k for k in names if os.environ.get(k))} to the instance (0600 file)")
         if self.resume_job and any(self.run.checkpoints.glob("*")):
             st = self.remote(lambda: work.push_path(self.run.root, "run", delete=False, excludes=PULL_EXCLUDES),
                              "upload checkpoints")
             self.say(f"uploaded the run folder to resume ({st.literal_bytes} bytes sent)")
-        wd = self._watchdog_config()
         argv = o.job_command(o.bootstrap.python, "spec.yaml", "run", bool(self.resume_job))
-        self.remote(lambda: work.launch(files, wd, o.bootstrap.python, argv), "start watchdog and job")
-        self.say(f"watchdog and job started on the instance: {' '.join(argv)}")
-        self._start_heartbeat(float(wd.get("heartbeat_timeout_s", 600.0)))
+        self.remote(lambda: work.start_job(files, argv), "start the job")
+        self.job_started = True
+        self.say(f"job started on the instance: {' '.join(argv)}")
 
     def _start_heartbeat(self, timeout_s: float) -> None:
         """Touch HEARTBEAT from a thread as well, so a long pull (many GB of checkpoints) never
@@ -403,12 +503,14 @@ class Session:
         assert row is not None
         now = time.time()
         other_usd = self.ledger.usd(self.job_id, now) - row.usd(now)
+        max_usd, max_hours, self.cap_note = self._effective_caps()
+        self.max_usd, self.max_hours = max_usd, max_hours  # the controller stops the job at them too
         cfg: dict[str, Any] = {
             **self.provider.watchdog_config(self.inst),
             "elapsed_at_start_s": max(0.0, now - row.created_at),
             "usd_per_hour": row.usd_per_hour,
-            "max_usd": (self.max_usd - other_usd) if self.max_usd else None,
-            "max_hours": self.max_hours,
+            "max_usd": (max_usd - other_usd) if max_usd else None,
+            "max_hours": max_hours,
             # The controller asks first (stop_margin_s before a cap); the watchdog's own STOP is the
             # fallback for a controller that is gone, so it comes later.
             "cap_margin_s": o.stop_margin_s / 2,
@@ -416,6 +518,26 @@ class Session:
         }
         cfg.update(o.watchdog)
         return cfg
+
+    cap_note = ""
+
+    def _effective_caps(self) -> tuple[float | None, float | None, str]:
+        """The caps the job runs under: the user's; else twice the planner's estimate for the
+        chosen offer; else ``default_cap_hours``. Said at launch, so nobody is surprised."""
+        if self.max_usd or self.max_hours:
+            parts = [f"${self.max_usd:g}" if self.max_usd else "", f"{self.max_hours:g} h" if self.max_hours else ""]
+            return self.max_usd, self.max_hours, "cap " + " / ".join(p for p in parts if p)
+        extra = self.offer.extra if self.offer else {}
+        if extra.get("plan_usd"):
+            usd, hours = 2 * float(extra["plan_usd"]), 2 * float(extra["plan_hours"])
+            return usd, hours, (f"default cap ${usd:.2f} / {hours:.1f} h: twice the planner's estimate; "
+                                "set --max-usd / --max-hours to change it")
+        hours = self.opts.default_cap_hours
+        return None, hours, (f"default cap {hours:g} h: the planner cannot estimate this job; "
+                             "set --max-usd / --max-hours to change it")
+
+    def console_link(self) -> str:
+        return getattr(self.provider, "console_url", None) or f"the {self.provider.name} host ({self.target})"
 
     # ------------------------------------------------------------------ follow
 
@@ -532,8 +654,9 @@ class Session:
 
     def _orderly_stop(self, why: str) -> None:
         """Interrupted: STOP -> wait (bounded) -> final pull. A second signal skips to destroy."""
-        if self.work is None:
-            return
+        if self.work is None or not self.job_started:
+            return  # interrupted before the job ran: nothing to checkpoint or pull
+        self._hard_deadline = self.deadline(self.opts.stop_wait_s + self.opts.reconnect_s)
         try:
             self.stop_reason = why
             self.say("interrupted: asking the job to checkpoint, then pulling and destroying "
@@ -565,7 +688,7 @@ class Session:
     def _teardown(self) -> None:
         if self._hb_stop is not None:
             self._hb_stop.set()
-        if self.work is not None and not self.pulled:
+        if self.work is not None and not self.pulled and self._signals < 2:
             self._fetch_logs()
         if self.iid is not None:
             self._destroy_instance(self.stop_reason or "job over")
@@ -582,29 +705,41 @@ class Session:
         assert self.work is not None
         for name in ("job.log", "watchdog.log"):
             try:
-                out = self.work.sh(f"cat {self.work.q(name)} 2>/dev/null || true", timeout=30, check=False)
+                out = self.work.sh(f"cd {self.work.q()} && {guarded_read('cat', name)}", timeout=30, check=False)
                 if out.returncode == 0 and out.stdout:
-                    (self.run.root / name).write_bytes(out.stdout)
+                    dest = self.run.root / name
+                    if dest.is_symlink() or (dest.exists() and not dest.is_file()):
+                        dest.unlink()
+                    dest.write_bytes(out.stdout)
             except Exception:
                 continue
 
-    def _destroy_instance(self, note: str) -> None:
-        """destroy -> confirm with the provider -> ledger. Retried with backoff up to the deadline."""
+    def _destroy_instance(self, note: str) -> bool:
+        """destroy -> confirm with the provider -> ledger. Retried with backoff up to the deadline;
+        a second signal ends the retries after the current call. False (and ``self.unconfirmed``)
+        when the provider did not confirm: never reported as success."""
         iid, inst = self.iid, self.inst
         if iid is None:
-            return
+            return True
         self.ledger.instance_destroying(iid, note)
         row = self.ledger.instance(iid)
         provider_id = inst.id if inst else (row.provider_id if row else None)
-        if provider_id is None:
-            # create() never returned: nothing to destroy that we know of; `down --orphans` re-checks.
-            self.say("create did not return an id; `lorapod down --orphans` will reconcile with the provider")
-            return
-        if getattr(self.provider, "borrowed", False) and self.work is None:
+        if provider_id is None and not getattr(self.provider, "borrowed", False):
+            # create() never answered: the instance may exist all the same; its label finds it.
+            found = self._find_by_label(self.opts.create_settle_s)
+            if found is None:
+                self.ledger.instance_create_failed(iid, f"no instance labelled {self.label} at the provider")
+                self.say(f"no instance labelled {self.label} at {self.provider.name}: nothing was created")
+                self.iid = None
+                return True
+            self._created(found)
+            inst, provider_id = found, found.id
+            self.ledger.instance_destroying(iid, note)
+        if provider_id is None or (getattr(self.provider, "borrowed", False) and self.work is None):
             # A borrowed host where nothing was set up: the "instance" was only a name.
             self.ledger.instance_destroyed(iid, "nothing was created on the host")
             self.iid = None
-            return
+            return True
         deadline = self.deadline(self.opts.destroy_deadline_s)
         delay = 1.0
         while True:
@@ -617,18 +752,23 @@ class Session:
                         self._billed_after_pull = time.monotonic() - self.last_pull_at
                     self.say(f"instance {provider_id} destroyed (confirmed)")
                     self.iid = None
-                    return
+                    return True
+                self.say(f"destroy of {provider_id}: the provider still lists it")
             except AuthRefused as exc:
-                self.say(f"destroy of {provider_id} impossible: {exc.message}; the watchdog will clean up")
-                return
+                self.say(f"destroy of {provider_id} impossible: {exc.message}")
+                break
             except LorapodError as exc:
                 self.say(f"destroy of {provider_id} failed: {exc.message}")
-            if time.monotonic() + delay > deadline:
-                self.say(f"could not confirm that {provider_id} is gone; the watchdog will destroy it, "
-                         "and `lorapod down --orphans` checks again")
-                return
+            if time.monotonic() + delay > deadline or self._signals >= 2:
+                break
             time.sleep(delay)
             delay = min(30.0, delay * 2)
+        self.unconfirmed = provider_id
+        backstop = ("the on-instance watchdog keeps trying to destroy it; " if self.watchdog_started
+                    and self.provider.name in ("runpod", "vast") else "")
+        self.say(f"could NOT confirm that {provider_id} is gone: it may still bill. {backstop}check "
+                 f"{self.console_link()} and run `lorapod down {self.job_id}`")
+        return False
 
 
 def transport_for(provider: Provider, inst: Instance, identity: Path | None, iid: str) -> Transport:

@@ -135,6 +135,8 @@ class SSHProvider(HostProvider):
         self.target = SSHTarget.parse(target)
         self.identity = Path(identity).expanduser() if identity else None
         self.connect_timeout = connect_timeout
+        # Your own host: what your ~/.ssh/known_hosts says about it counts (a mismatch is refused).
+        self.user_known_hosts = (Path.home() / ".ssh" / "known_hosts",)
 
     @classmethod
     def from_kwargs(cls, target: str | None = None, **kw: Any) -> SSHProvider:
@@ -151,8 +153,10 @@ class SSHProvider(HostProvider):
 
     def _transport(self) -> Transport:
         return SSHTransport(self.target.host, self.target.port, self.target.user, self.identity,
-                            self.known_hosts(), connect_timeout=self.connect_timeout, control_master=False)
+                            self.known_hosts(), connect_timeout=self.connect_timeout, control_master=False,
+                            user_known_hosts=self.user_known_hosts)
 
     def transport(self, inst: Instance, identity: Path | None, known_hosts: Path) -> Transport:
         return SSHTransport(inst.ssh_host or self.target.host, inst.ssh_port, inst.ssh_user,
-                            identity or self.identity, self.known_hosts(), connect_timeout=self.connect_timeout)
+                            identity or self.identity, self.known_hosts(), connect_timeout=self.connect_timeout,
+                            user_known_hosts=self.user_known_hosts)

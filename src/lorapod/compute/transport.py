@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from lorapod.compute.trust import RSYNC_BASE, scrub_tree
 from lorapod.errors import RemoteError
 
 SSH_LOST = {255}
@@ -42,6 +43,7 @@ class SyncStats:
     files_transferred: int = 0
     literal_bytes: int = 0  # file content actually sent (not matched by the delta algorithm)
     total_size: int = 0
+    refused: list[str] = field(default_factory=list)  # non-regular entries removed after a pull
 
 
 class Transport(Protocol):
@@ -86,7 +88,7 @@ def retrying(fn: Callable[[], _T], deadline: float, what: str, first_delay: floa
 
 
 def _rsync_cmd(excludes: tuple[str, ...], delete: bool) -> list[str]:
-    cmd = [require_tool("rsync"), "-a", "--partial-dir=.rsync-partial", "--stats"]
+    cmd = [require_tool("rsync"), *RSYNC_BASE]  # never -a: see lorapod.compute.trust
     if delete:
         cmd.append("--delete")
     for ex in excludes:
@@ -122,6 +124,12 @@ def _run_rsync(cmd: list[str], timeout: float, what: str) -> SyncStats:
     return _parse_stats(proc.stdout.decode(errors="replace"))
 
 
+def _pulled(local: Path, st: SyncStats) -> SyncStats:
+    """After every pull: only regular files and folders stay in the local run folder."""
+    st.refused = scrub_tree(Path(local))
+    return st
+
+
 @dataclass
 class SSHTransport:
     """OpenSSH to one host, with a per-instance known_hosts (host key pinned on first use)."""
@@ -133,6 +141,8 @@ class SSHTransport:
     known_hosts: Path
     connect_timeout: float = 10.0
     control_master: bool = True
+    #: also trust (and check against) these, e.g. your ~/.ssh/known_hosts for an ssh:// host
+    user_known_hosts: tuple[Path, ...] = ()
     _control_dir: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -147,8 +157,9 @@ class SSHTransport:
             "-p", str(self.port),
             "-o", "BatchMode=yes",
             "-o", "StrictHostKeyChecking=accept-new",
-            "-o", f"UserKnownHostsFile={self.known_hosts}",
-            "-o", "GlobalKnownHostsFile=/dev/null",
+            # new keys are pinned in the first file; a key that contradicts any of them is refused
+            "-o", "UserKnownHostsFile=" + " ".join(f'"{p}"' for p in (self.known_hosts, *self.user_known_hosts)),
+            *(() if self.user_known_hosts else ("-o", "GlobalKnownHostsFile=/dev/null")),
             "-o", f"ConnectTimeout={max(1, int(self.connect_timeout))}",
             "-o", "ServerAliveInterval=5",
             "-o", "ServerAliveCountMax=3",
@@ -202,7 +213,7 @@ class SSHTransport:
              timeout: float = 3600.0) -> SyncStats:
         Path(local).mkdir(parents=True, exist_ok=True)
         cmd = [*_rsync_cmd(excludes, False), "-e", self._rsync_e(), f"{self.target}:{remote}/", str(local) + "/"]
-        return _run_rsync(cmd, timeout, f"download of {remote}")
+        return _pulled(local, _run_rsync(cmd, timeout, f"download of {remote}"))
 
     def close(self) -> None:
         if self._control_dir:
@@ -245,8 +256,8 @@ class LocalTransport:
     def pull(self, remote: str, local: Path, excludes: tuple[str, ...] = (),
              timeout: float = 3600.0) -> SyncStats:
         Path(local).mkdir(parents=True, exist_ok=True)
-        return _run_rsync([*_rsync_cmd(excludes, False), self._abs(remote) + "/", str(local) + "/"],
-                          timeout, f"copy of {remote}")
+        return _pulled(local, _run_rsync([*_rsync_cmd(excludes, False), self._abs(remote) + "/", str(local) + "/"],
+                                         timeout, f"copy of {remote}"))
 
     def close(self) -> None:
         pass

@@ -13,6 +13,14 @@ environment does. It reads ``watchdog.json`` (no secrets) in its work folder and
 * the dollar or hour cap is ``cap_margin_s`` away -> ``run/STOP``; the cap itself -> kill the
   job and destroy, whatever else is going on.
 
+It is started as the first thing after SSH answers, before lorapod is even installed there, with
+the job's caps (the user's, or a default the controller prints at launch), so a controller that
+dies during bootstrap or upload still leaves something that destroys the instance: with no job
+yet, a silent controller or a cap is enough. Once it decides to destroy it never gives up while
+the instance may bill: failed attempts are retried with backoff up to ``destroy_backoff_max_s``,
+each one logged to ``watchdog.log`` (which ``lorapod logs`` shows). No exception (a full disk, a
+file the job replaced with a FIFO) ends it: each tick is guarded, and it reads only regular files.
+
 "Destroy" depends on the provider: RunPod ``DELETE /pods/{RUNPOD_POD_ID}`` with the pod-scoped
 ``RUNPOD_API_KEY``; Vast.ai ``DELETE /api/v0/instances/{CONTAINER_ID}/`` with
 ``CONTAINER_API_KEY`` (both read from this process's environment, then from PID 1's, because
@@ -25,10 +33,12 @@ Run: ``python3 watchdog.py`` with the work folder as current directory.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
+import stat
 import sys
 import time
 import urllib.error
@@ -49,12 +59,36 @@ DEFAULTS: dict[str, Any] = {
     "stop_wait_s": 300.0,
     "cap_margin_s": 120.0,
     "poll_s": 10.0,
+    "destroy_backoff_s": 2.0,  # first wait between failed destroy attempts
+    "destroy_backoff_max_s": 300.0,  # the ceiling: attempts go on at least this often, forever
+    "http_timeout_s": 20.0,
+    "instance_env_file": None,  # a root-only file with the provider's scoped variables (Vast.ai)
 }
 
 
 def log(msg: str) -> None:
-    sys.stdout.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} watchdog: {msg}\n")
-    sys.stdout.flush()
+    """One line to watchdog.log; a full disk loses the line, never the watchdog."""
+    try:
+        sys.stdout.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} watchdog: {msg}\n")
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def read_small(path: str, limit: int = 200) -> str | None:
+    """The start of a regular file; None for anything else (a FIFO must never block us)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, limit).decode(errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def mtime(path: str) -> float | None:
@@ -65,10 +99,10 @@ def mtime(path: str) -> float | None:
 
 
 def job_pid() -> int | None:
+    text = read_small("job.pid", 32)
     try:
-        with open("job.pid") as fh:
-            return int(fh.read().strip())
-    except (OSError, ValueError):
+        return int(text.strip()) if text else None
+    except ValueError:
         return None
 
 
@@ -164,13 +198,17 @@ def kill_job(reason: str) -> None:
             if not alive(pid):
                 break
     if not os.path.exists("job.exit"):
-        with open("job.exit.tmp", "w") as fh:
-            fh.write(f"killed: {reason}\n")
-        os.replace("job.exit.tmp", "job.exit")
+        try:
+            with open("job.exit.tmp", "w") as fh:
+                fh.write(f"killed: {reason}\n")
+            os.replace("job.exit.tmp", "job.exit")
+        except OSError as exc:  # a full disk: the job is stopped all the same
+            log(f"could not write job.exit ({exc})")
 
 
-def instance_env(name: str) -> str | None:
-    """A variable from our environment, else from PID 1's (the container's own)."""
+def instance_env(name: str, env_file: str | None = None) -> str | None:
+    """A variable from our environment, else from PID 1's (the container's own), else from the
+    root-only file the instance's start script wrote (``KEY=value`` lines)."""
     if os.environ.get(name):
         return os.environ[name]
     try:
@@ -181,6 +219,11 @@ def instance_env(name: str) -> str | None:
                     return value.decode()
     except OSError:
         pass
+    text = read_small(env_file, 1 << 16) if env_file else None
+    for line in (text or "").splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == name and value.strip():
+            return value.strip().strip("'\"")
     return None
 
 
@@ -195,16 +238,17 @@ def http_delete(url: str, token: str, timeout: float = 20.0) -> int:
 
 
 def destroy_through_api(cfg: dict[str, Any]) -> bool:
-    """Ask the provider to delete this instance; True once it is gone (404 counts as gone)."""
+    """One attempt to delete this instance through the provider; True once it is gone (404 counts)."""
     provider = cfg["provider"]
+    env_file = cfg.get("instance_env_file")
     if provider == "runpod":
-        pod = instance_env("RUNPOD_POD_ID") or cfg.get("instance_id")
-        key = instance_env("RUNPOD_API_KEY")
+        pod = instance_env("RUNPOD_POD_ID", env_file) or cfg.get("instance_id")
+        key = instance_env("RUNPOD_API_KEY", env_file)
         base = (cfg.get("api_url") or "https://rest.runpod.io/v1").rstrip("/")
         url = f"{base}/pods/{pod}"
     elif provider == "vast":
-        pod = instance_env("CONTAINER_ID") or cfg.get("instance_id")
-        key = instance_env("CONTAINER_API_KEY")
+        pod = instance_env("CONTAINER_ID", env_file) or cfg.get("instance_id")
+        key = instance_env("CONTAINER_API_KEY", env_file)
         base = (cfg.get("api_url") or "https://console.vast.ai").rstrip("/")
         url = f"{base}/api/v0/instances/{pod}/"
     else:
@@ -212,31 +256,32 @@ def destroy_through_api(cfg: dict[str, Any]) -> bool:
     if not key or not pod:
         log(f"cannot destroy through the {provider} API: no instance id or scoped key in the environment")
         return False
-    delay = 2.0
-    for _ in range(8):
-        try:
-            status = http_delete(url, key)
-        except (urllib.error.URLError, OSError) as exc:
-            log(f"DELETE failed ({exc}); retrying in {delay:.0f} s")
-            status = 0
-        if status in (200, 202, 204, 404):
-            log(f"{provider} confirmed the delete (HTTP {status})")
-            return True
-        if status in (401, 403):
-            log(f"{provider} refused the scoped key (HTTP {status})")
-            return False
-        time.sleep(delay)
-        delay = min(60.0, delay * 2)
+    try:
+        status = http_delete(url, key, float(cfg.get("http_timeout_s") or 20.0))
+    except (urllib.error.URLError, OSError) as exc:
+        log(f"DELETE failed ({exc})")
+        return False
+    if status in (200, 202, 204, 404):
+        log(f"{provider} confirmed the delete (HTTP {status})")
+        return True
+    log(f"{provider} answered HTTP {status}" + (" (the scoped key was refused)" if status in (401, 403) else ""))
     return False
 
 
-def destroy(cfg: dict[str, Any], reason: str) -> bool:
-    log(f"destroying: {reason}")
-    kill_job(reason)
+def destroy(cfg: dict[str, Any], reason: str, attempt: int = 1) -> bool:
+    log(f"destroying (attempt {attempt}): {reason}")
+    try:
+        kill_job(reason)
+    except Exception as exc:  # never let stopping the job stand between us and the delete
+        log(f"could not stop the job ({type(exc).__name__}: {exc})")
     if cfg["provider"] in ("runpod", "vast"):
         return destroy_through_api(cfg)
     # ssh / local: the machine is not ours; remove only our work folder.
-    here = os.getcwd()
+    try:
+        here = os.getcwd()
+    except OSError:  # someone removed it already (lorapod down, the controller): nothing left to do
+        log("the work folder is already gone")
+        return True
     os.chdir("/")
     shutil.rmtree(here, ignore_errors=True)
     return True
@@ -245,42 +290,68 @@ def destroy(cfg: dict[str, Any], reason: str) -> bool:
 def write_stop(reason: str, run_dir: str = "run") -> None:
     log(f"asking the job to checkpoint and stop ({reason})")
     os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "STOP"), "w") as fh:
+    path = os.path.join(run_dir, "STOP")
+    if os.path.islink(path):
+        os.unlink(path)
+    with open(path, "w") as fh:
         fh.write(reason + "\n")
 
 
-def main() -> int:
+def load_config() -> dict[str, Any]:
     with open("watchdog.json") as fh:
-        cfg = {**DEFAULTS, **json.load(fh)}
-    with open("watchdog.pid.tmp", "w") as fh:
-        fh.write(str(os.getpid()))
-    os.replace("watchdog.pid.tmp", "watchdog.pid")
+        return {**DEFAULTS, **json.load(fh)}
+
+
+def main() -> int:
+    cfg = load_config()
+    try:
+        with open("watchdog.pid.tmp", "w") as fh:
+            fh.write(str(os.getpid()))
+        os.replace("watchdog.pid.tmp", "watchdog.pid")
+    except OSError as exc:  # a full disk: teardown then finds us by process group instead
+        log(f"could not write watchdog.pid ({exc})")
     started = time.time()
     log(f"watching (provider {cfg['provider']}, cap {cap_seconds(cfg)} s, poll {cfg['poll_s']} s)")
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    failures = 0
+    state = {"attempt": 0, "next_destroy": 0.0, "delay": float(cfg["destroy_backoff_s"])}
     while True:
-        now = time.time()
-        facts = gather()
-        action = decide(cfg, now, started, facts)
-        if action == "destroy":
-            why = ("the job ended and its results were pulled" if facts["job_done"] and facts["pulled"]
-                   else "a cap, a silent controller or the grace period")
-            if destroy(cfg, why):
+        try:
+            if tick(cfg, started, state):
                 return 0
-            failures += 1
-            if failures > 20:
-                log("giving up: the instance could not be destroyed from inside; `lorapod down --orphans` will")
-                return 1
-        elif action == "stop":
-            cap = cap_seconds(cfg)
-            elapsed = float(cfg["elapsed_at_start_s"]) + (now - started)
-            write_stop("budget or time cap is near" if cap is not None and elapsed >= cap - float(cfg["cap_margin_s"])
-                       else f"no progress for {cfg['stall_s']:.0f} s")
-        elif action == "kill":
-            kill_job("did not stop after STOP")
+        except Exception as exc:  # whatever goes wrong, the watchdog keeps watching
+            log(f"error in a check ({type(exc).__name__}: {exc}); carrying on")
         time.sleep(float(cfg["poll_s"]))
 
 
+def tick(cfg: dict[str, Any], started: float, state: dict[str, Any]) -> bool:
+    """One check; True once the instance is destroyed (the watchdog's work is done)."""
+    now = time.time()
+    facts = gather()
+    action = "destroy" if state["attempt"] else decide(cfg, now, started, facts)
+    if action == "destroy":
+        if now < state["next_destroy"]:
+            return False
+        why = ("the job ended and its results were pulled" if facts["job_done"] and facts["pulled"]
+               else "a cap, a silent controller or the grace period")
+        state["attempt"] += 1
+        if destroy(cfg, why, state["attempt"]):
+            return True
+        # Never give up while the instance may bill: back off to a ceiling and try again.
+        log(f"destroy attempt {state['attempt']} failed; next in {state['delay']:.0f} s")
+        state["next_destroy"] = now + state["delay"]
+        state["delay"] = min(float(cfg["destroy_backoff_max_s"]), state["delay"] * 2)
+    elif action == "stop":
+        cap = cap_seconds(cfg)
+        elapsed = float(cfg["elapsed_at_start_s"]) + (now - started)
+        write_stop("budget or time cap is near" if cap is not None and elapsed >= cap - float(cfg["cap_margin_s"])
+                   else f"no progress for {cfg['stall_s']:.0f} s")
+    elif action == "kill":
+        kill_job("did not stop after STOP")
+    return False
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+    os._exit(code)  # not sys.exit: a full disk would fail the final flush and turn success into 120

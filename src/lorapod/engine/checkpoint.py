@@ -3,8 +3,8 @@
 A checkpoint is a folder ``checkpoints/step-N/`` holding:
 
 - ``adapter.safetensors``   the trainable (LoRA) weights only
-- ``optimizer.pt``          optimizer and LR-scheduler state
-- ``rng.pt``                python / numpy / torch (CPU and CUDA) generator states
+- ``optimizer.safetensors`` + ``optimizer.json``   optimizer and LR-scheduler state
+- ``rng.safetensors`` + ``rng.json``               python / numpy / torch (CPU and CUDA) generator states
 - ``state.json``            step, epoch, position in the epoch, and the recipe's own counters
 - ``manifest.json``         size and sha256 of every file above, written last
 
@@ -12,6 +12,11 @@ It is written into a hidden temporary folder and renamed into place only when co
 crash or a full disk never leaves a ``step-N`` that looks whole, and never touches an earlier
 checkpoint. ``latest()`` verifies the manifest, so a damaged folder is skipped with a warning
 rather than resumed from.
+
+No pickle: a checkpoint may come back from a rented machine whose owner has root, and
+unpickling runs code. Tensors go to safetensors, everything else (numbers, strings, tuples,
+dicts with integer keys) to JSON, through :func:`encode_state` / :func:`decode_state`. Older
+``.pt`` files are read only with ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -84,10 +89,76 @@ class Checkpoint:
         return load_file(str(self.path / "adapter.safetensors"))
 
     def optimizer(self) -> dict[str, Any]:
-        return torch.load(self.path / "optimizer.pt", map_location="cpu", weights_only=False)
+        return load_state(self.path, "optimizer")
 
     def rng(self) -> dict[str, Any]:
-        return torch.load(self.path / "rng.pt", map_location="cpu", weights_only=False)
+        return load_state(self.path, "rng")
+
+
+def encode_state(obj: Any, tensors: dict[str, torch.Tensor], path: str = "t") -> Any:
+    """``obj`` as JSON-able data; its tensors (and numpy arrays) go into ``tensors`` by name."""
+    if isinstance(obj, torch.Tensor):
+        tensors[path] = obj.detach().cpu().contiguous().clone()
+        return {"__tensor__": path}
+    if isinstance(obj, np.ndarray):
+        tensors[path] = torch.from_numpy(np.ascontiguousarray(obj).astype(np.int64) if obj.dtype.kind in "ui"
+                                         else np.ascontiguousarray(obj)).clone()
+        return {"__ndarray__": path, "dtype": str(obj.dtype)}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    if isinstance(obj, tuple):
+        return {"__tuple__": [encode_state(v, tensors, f"{path}.{i}") for i, v in enumerate(obj)]}
+    if isinstance(obj, list):
+        return [encode_state(v, tensors, f"{path}.{i}") for i, v in enumerate(obj)]
+    if isinstance(obj, dict):
+        items = [[encode_state(k, tensors, f"{path}.k{i}"), encode_state(v, tensors, f"{path}.{i}")]
+                 for i, (k, v) in enumerate(obj.items())]
+        return {"__dict__": items}
+    raise CheckpointError(f"cannot store a {type(obj).__name__} in a checkpoint",
+                          hint="checkpoint state must be tensors, numbers, strings, lists, tuples and dicts")
+
+
+def decode_state(data: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """The inverse of :func:`encode_state`."""
+    if isinstance(data, list):
+        return [decode_state(v, tensors) for v in data]
+    if not isinstance(data, dict):
+        return data
+    if "__tensor__" in data:
+        return tensors[data["__tensor__"]]
+    if "__ndarray__" in data:
+        return tensors[data["__ndarray__"]].numpy().astype(data["dtype"])
+    if "__tuple__" in data:
+        return tuple(decode_state(v, tensors) for v in data["__tuple__"])
+    if "__dict__" in data:
+        return {_hashable(decode_state(k, tensors)): decode_state(v, tensors) for k, v in data["__dict__"]}
+    raise CheckpointError(f"unrecognised checkpoint entry {sorted(data)[:3]}")
+
+
+def _hashable(key: Any) -> Any:
+    return tuple(_hashable(k) for k in key) if isinstance(key, list) else key
+
+
+def save_state(folder: Path, name: str, obj: Any) -> None:
+    """``name.safetensors`` (tensors) + ``name.json`` (the rest): nothing that runs code on load."""
+    tensors: dict[str, torch.Tensor] = {}
+    data = encode_state(obj, tensors)
+    save_file(tensors, str(folder / f"{name}.safetensors"))
+    (folder / f"{name}.json").write_text(json.dumps(data), encoding="utf-8")
+
+
+def load_state(folder: Path, name: str) -> Any:
+    if (folder / f"{name}.json").is_file():
+        tensors = load_file(str(folder / f"{name}.safetensors"))
+        return decode_state(json.loads((folder / f"{name}.json").read_text(encoding="utf-8")), tensors)
+    legacy = folder / f"{name}.pt"
+    try:  # a checkpoint from an older lorapod: tensors and plain containers only, never code
+        return torch.load(legacy, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"{legacy} cannot be read safely ({type(exc).__name__})",
+                              hint="resume from a checkpoint written by this lorapod version") from exc
 
 
 class CheckpointManager:
@@ -108,8 +179,8 @@ class CheckpointManager:
         try:
             with atomic_dir(final) as tmp:
                 save_file({k: v.detach().contiguous().cpu() for k, v in adapter.items()}, str(tmp / "adapter.safetensors"))
-                torch.save(optimizer_state, tmp / "optimizer.pt")
-                torch.save(capture_rng(), tmp / "rng.pt")
+                save_state(tmp, "optimizer", optimizer_state)
+                save_state(tmp, "rng", capture_rng())
                 (tmp / "state.json").write_text(json.dumps(asdict(state), indent=2), encoding="utf-8")
                 for name, data in (extra_files or {}).items():
                     (tmp / name).write_bytes(data)
@@ -141,6 +212,7 @@ class CheckpointManager:
             manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
             return all(
                 (path / name).is_file()
+                and not (path / name).is_symlink()
                 and (path / name).stat().st_size == meta["bytes"]
                 and _sha256(path / name) == meta["sha256"]
                 for name, meta in manifest.items()

@@ -41,7 +41,7 @@ class RunPodApi(HttpApi):
 
     def create_pod(self, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /pods`` (operationId CreatePod; body PodCreateInput; 201 -> Pod)."""
-        return self.request("POST", "/pods", json_body=body, ok=(200, 201)).json()
+        return self.request("POST", "/pods", json_body=body, ok=(200, 201), idempotent=False).json()
 
     def get_pod(self, pod_id: str) -> dict[str, Any] | None:
         """``GET /pods/{podId}`` (GetPod; 200 -> Pod). ``None`` when the pod does not exist (404)."""

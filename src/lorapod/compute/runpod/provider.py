@@ -28,6 +28,7 @@ DEFAULT_IMAGE = "runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04"
 
 class RunPodProvider:
     name = "runpod"
+    console_url = "https://www.runpod.io/console/pods"
 
     def __init__(self, api: RunPodApi | None = None, image: str = DEFAULT_IMAGE,
                  cloud_types: tuple[str, ...] = ("COMMUNITY", "SECURE")) -> None:
@@ -57,13 +58,13 @@ class RunPodProvider:
                     continue
                 out.append(Offer(self.name, f"{g['id']}|{cloud}", g.get("displayName") or g["id"], float(price),
                                  vram_gb=float(g.get("memoryInGb") or 0), region=cloud.lower(),
-                                 extra={"gpu_type_id": g["id"], "cloud_type": cloud}))
+                                 extra={"gpu_type_id": g["id"], "cloud_type": cloud}, secure=cloud == "SECURE"))
         return out
 
     def create(self, offer: Offer, spec: InstanceSpec) -> Instance:
         gpu_type, _, cloud = offer.id.partition("|")
         body = {
-            "name": f"lorapod-{spec.label}"[:190],
+            "name": spec.provider_label[:190],
             "imageName": self.image,
             "gpuTypeIds": [gpu_type],
             "gpuCount": max(1, offer.gpu_count),

@@ -30,7 +30,7 @@ class VastApi(HttpApi):
 
     def create_instance(self, ask_id: int, body: dict[str, Any]) -> int:
         """``PUT /api/v0/asks/{id}/`` (create instance; 200 -> {success, new_contract})."""
-        resp = self.request("PUT", f"/api/v0/asks/{ask_id}/", json_body=body)
+        resp = self.request("PUT", f"/api/v0/asks/{ask_id}/", json_body=body, idempotent=False)
         data = resp.json()
         if not data.get("success") or not data.get("new_contract"):
             raise self.error(resp, "PUT", f"/api/v0/asks/{ask_id}/")

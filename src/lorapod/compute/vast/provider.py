@@ -1,8 +1,9 @@
 """Vast.ai as a :class:`~lorapod.compute.provider.Provider`.
 
 Offers come from ``/api/v0/bundles/``; an offer is rented with ``PUT /api/v0/asks/{id}/`` and
-the job's key attached. ``onstart`` copies the container's variables to ``/etc/environment`` so
-the watchdog (started over SSH) can read ``CONTAINER_ID`` and ``CONTAINER_API_KEY``. Vast.ai
+the job's key attached. ``onstart`` copies ``CONTAINER_ID`` and the scoped ``CONTAINER_API_KEY``
+into a file only root can read (:data:`INSTANCE_ENV_FILE`, mode 0600; never the world-readable
+``/etc/environment``) so the watchdog, started over SSH, can destroy the instance from inside. Vast.ai
 bills storage while an instance exists in any state, so lorapod never stops, only destroys; an
 ``actual_status`` of exited/unknown/offline never becomes running and is treated as failed.
 """
@@ -14,6 +15,7 @@ from typing import Any
 from lorapod.compute.provider import (
     HOST_OPTIONS,
     Capability,
+    CreatedButUnusable,
     Instance,
     InstanceSpec,
     Offer,
@@ -21,13 +23,25 @@ from lorapod.compute.provider import (
     without,
 )
 from lorapod.compute.vast.api import VastApi
+from lorapod.errors import ProviderError
 
 DEFAULT_IMAGE = "pytorch/pytorch:2.4.0-cuda12.4-cudnn9-devel"
+INSTANCE_ENV_FILE = "/root/.lorapod-instance.env"
+
+
+def onstart_script(path: str = INSTANCE_ENV_FILE) -> str:
+    """The instance's start command: the scoped variables into a 0600 file, readable by root only."""
+    import shlex
+
+    q = shlex.quote(path)
+    return (f"umask 077 && env | grep -E '^(CONTAINER_ID|CONTAINER_API_KEY)=' > {q}.tmp && "
+            f"chmod 600 {q}.tmp && mv {q}.tmp {q}")
 DEAD = ("exited", "unknown", "offline")
 
 
 class VastProvider:
     name = "vast"
+    console_url = "https://cloud.vast.ai/instances/"
 
     def __init__(self, api: VastApi | None = None, image: str = DEFAULT_IMAGE, verified: bool = True) -> None:
         self.api = api or VastApi()
@@ -68,27 +82,31 @@ class VastProvider:
             out.append(Offer(self.name, str(o["id"]), str(o.get("gpu_name") or "?"), float(o.get("dph_total") or 0),
                              vram_gb=float(o.get("gpu_ram") or 0) / 1024, gpu_count=int(o.get("num_gpus") or 1),
                              storage_usd_per_gb_month=o.get("storage_cost"), reliability=o.get("reliability"),
-                             region=o.get("geolocation")))
+                             region=o.get("geolocation"),
+                             secure=self.verified or o.get("verification") == "verified"))
         return out
 
     def create(self, offer: Offer, spec: InstanceSpec) -> Instance:
         body = {
             "image": self.image,
-            "label": f"lorapod-{spec.label}",
+            "label": spec.provider_label,
             "disk": float(spec.disk_gb),
             "runtype": "ssh_direct",
             "target_state": "running",
             "cancel_unavail": True,
-            "onstart": "env | grep -E '^(CONTAINER_ID|CONTAINER_API_KEY|PUBLIC_IPADDR|VAST_)' >> /etc/environment",
+            "onstart": onstart_script(),
         }
         new_id = self.api.create_instance(int(offer.id), body)
+        inst = Instance(id=str(new_id), provider=self.name, state="booting", usd_per_hour=offer.usd_per_hour,
+                        gpu_name=offer.gpu_name, label=body["label"])
         try:
             self.api.attach_ssh_key(new_id, spec.ssh_public_key)
-        except BaseException:
-            self.api.destroy_instance(new_id)  # never leave an instance we cannot reach
-            raise
-        return Instance(id=str(new_id), provider=self.name, state="booting", usd_per_hour=offer.usd_per_hour,
-                        gpu_name=offer.gpu_name, label=body["label"])
+        except ProviderError as exc:
+            # Created but unreachable: hand the id back so the session records it and destroys it
+            # with confirmation and retries (never a one-shot destroy that could lose the id).
+            raise CreatedButUnusable(f"vast instance {new_id} was created but its SSH key could not be attached: "
+                                     f"{exc.message}", inst, hint="lorapod destroys it and tries the next offer") from exc
+        return inst
 
     def refresh(self, inst: Instance) -> Instance:
         data = self.api.show_instance(int(inst.id))
@@ -103,7 +121,8 @@ class VastProvider:
         return [self._instance(d, None) for d in self.api.list_instances()]
 
     def watchdog_config(self, inst: Instance) -> dict[str, Any]:
-        return {"provider": "vast", "instance_id": inst.id, "api_url": self.api.base_url}
+        return {"provider": "vast", "instance_id": inst.id, "api_url": self.api.base_url,
+                "instance_env_file": INSTANCE_ENV_FILE}
 
     def _instance(self, d: dict[str, Any], prev: Instance | None) -> Instance:
         status = (d.get("actual_status") or "").lower()
