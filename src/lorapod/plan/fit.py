@@ -1,0 +1,233 @@
+"""Fitting the speed model's efficiency to the published measurements, and honest error bars.
+
+The model's time is physics work divided by fitted efficiencies, plus kernel launches times a
+fitted latency, plus memory terms (plan/speed.py). Its log efficiency is a sum of terms (kind +
+GPU architecture + GPU class + precision + trainer), attention has one more factor, and each
+kind its launch latency; all are fitted by least squares on log time (Gauss-Newton). Every term
+but the kind's baseline is pulled towards zero (ridge), so a combination the data never saw
+falls back to the kind's baseline instead of an extrapolation.
+
+Error bars come from leave-one-source-out cross-validation: the model is fitted without one
+source and predicts that source's points, for every source. The spread of those held-out errors
+per family (LLM, image, video) and metric (speed, VRAM) is the likely range printed with every
+estimate. The memory model has no fitted part, so its errors are held-out errors as they stand.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+
+from lorapod.catalog.measurements import Observation, load_measurements
+from lorapod.plan.speed import PCIE_GB_S, Params, family_of, features, kind_of, predict
+from lorapod.plan.vram import estimate
+from lorapod.plan.work import step_work
+
+RIDGE = 0.5
+# Launch latencies are pulled towards this (microseconds), more weakly than the efficiency terms.
+LAUNCH_PRIOR_US = 10.0
+LAUNCH_RIDGE = 0.2
+ITERATIONS = 40
+# The likely range: these quantiles of the held-out errors of the family.
+RANGE_QUANTILES = (0.1, 0.9)
+# A family with too few held-out points borrows the spread of all points.
+MIN_POINTS_FOR_SPREAD = 5
+
+
+@dataclass(frozen=True)
+class Residual:
+    """One held-out comparison: the model's estimate next to the published figure."""
+
+    obs: Observation
+    estimate: float
+    held_out: bool = True
+
+    @property
+    def ratio(self) -> float:
+        return self.estimate / self.obs.value
+
+    @property
+    def error(self) -> float:
+        return self.ratio - 1
+
+    @property
+    def family(self) -> str:
+        return family_of(self.obs.model)
+
+    @property
+    def metric(self) -> str:
+        return "speed" if self.obs.is_speed else "vram"
+
+    @property
+    def ok(self) -> bool:
+        """Within target: speed 20%, VRAM 25%; a bound holds when the estimate is under it."""
+        if self.obs.is_bound:
+            return self.estimate <= self.obs.value
+        return abs(self.error) <= (0.20 if self.metric == "speed" else 0.25)
+
+
+def speed_points(obs: Sequence[Observation] | None = None) -> list[Observation]:
+    """Observations the speed model can be fitted to: a measured step on a known GPU."""
+    pool = obs if obs is not None else load_measurements()[1]
+    return [o for o in pool if o.metric == "seconds_per_step" and o.gpu_name]
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One speed point reduced to what the fit needs: work terms (mean over its buckets) and features."""
+
+    feats: list[str]
+    launch: str
+    matmul_s: float  # seconds at efficiency 1
+    attention_s: float
+    aux_s: float
+    launches: float  # kernel launches
+    fixed_s: float  # memory terms (no fitted part)
+    swap_s: float
+    measured: float
+
+
+def _row(o: Observation) -> _Row:
+    gpu = o.gpu()
+    vs = o.settings.variants()
+    acc = np.zeros(6)
+    for v in vs:
+        w = step_work(o.model, v)
+        acc += np.array([w.matmul_tflops, w.attention_tflops, w.aux_tflops, w.kernels,
+                         (w.stream_gb + w.optimizer_gb) / gpu.mem_bw_gbs, w.swap_gb / PCIE_GB_S])
+    acc /= len(vs)
+    peak = gpu.bf16_tflops
+    return _Row(features(o.model, o.settings, gpu), f"launch:{kind_of(o.model)}", acc[0] / peak, acc[1] / peak,
+                acc[2] / peak, acc[3], acc[4], acc[5], o.value)
+
+
+def _names(rows: list[_Row]) -> list[str]:
+    return sorted({f for r in rows for f in r.feats} | {"attention"} | {r.launch for r in rows})
+
+
+def _prior(name: str) -> tuple[float, float]:
+    """(prior value, ridge weight) of a parameter."""
+    if name.startswith("launch:"):
+        return math.log(LAUNCH_PRIOR_US), LAUNCH_RIDGE
+    if name.startswith("kind:"):
+        return math.log(0.3), 1e-3
+    return 0.0, RIDGE
+
+
+def _model_and_grad(r: _Row, th: dict[str, float], idx: dict[str, int]) -> tuple[float, np.ndarray]:
+    """log predicted seconds and its gradient by the parameters."""
+    log16 = sum(th[f] for f in r.feats if not f.startswith("precision:"))
+    prec = sum(th[f] for f in r.feats if f.startswith("precision:"))
+    mm = r.matmul_s * math.exp(-(log16 + prec))
+    att = r.attention_s * math.exp(-(log16 + th["attention"]))
+    aux = r.aux_s * math.exp(-log16)
+    launch = r.launches * math.exp(th[r.launch]) * 1e-6
+    core = mm + att + aux + launch + r.fixed_s
+    g = np.zeros(len(idx))
+    if r.swap_s > core:  # transfer-bound: nothing fitted moves it
+        return math.log(r.swap_s), g
+    for f in r.feats:
+        g[idx[f]] -= mm if f.startswith("precision:") else (mm + att + aux)
+    g[idx["attention"]] -= att
+    g[idx[r.launch]] += launch
+    return math.log(core), g / core
+
+
+def fit(points: Sequence[Observation]) -> Params:
+    """Fit the efficiency terms, attention's factor and launch latencies to speed observations:
+    least squares on log time (Gauss-Newton), each term pulled towards its prior (ridge)."""
+    assert points, "no speed points to fit"
+    rows = [_row(o) for o in points]
+    names = _names(rows)
+    idx = {n: i for i, n in enumerate(names)}
+    prior = np.array([_prior(n)[0] for n in names])
+    weight = np.array([_prior(n)[1] for n in names])
+    x = prior.copy()
+    y = np.log([r.measured for r in rows])
+    for _ in range(ITERATIONS):
+        th = dict(zip(names, x, strict=True))
+        pred, jac = zip(*(_model_and_grad(r, th, idx) for r in rows), strict=True)
+        j = np.array(jac)
+        lhs = j.T @ j + np.diag(weight) + 1e-6 * np.eye(len(names))
+        rhs = j.T @ (np.array(pred) - y) + weight * (x - prior)
+        step = np.clip(np.linalg.solve(lhs, rhs), -1.0, 1.0)
+        x = x - step
+        if np.max(np.abs(step)) < 1e-6:
+            break
+    return Params(dict(zip(names, (float(v) for v in x), strict=True)))
+
+
+@cache
+def fitted() -> Params:
+    """The speed model fitted to every published point (what ``lorapod plan`` uses)."""
+    return fit(speed_points())
+
+
+def predict_obs(o: Observation, params: Params) -> float:
+    """The model's figure for an observation, in the observation's unit."""
+    if o.is_speed:
+        return predict(o.model, o.settings, o.gpu(), params)[0]
+    return estimate(o.model, o.settings).peak_gb
+
+
+def held_out(obs: Sequence[Observation] | None = None, exclude: frozenset[str] = frozenset()) -> list[Residual]:
+    """Leave-one-source-out: every observation predicted by a model fitted without its source.
+
+    ``exclude`` drops whole sources first (nested cross-validation of the ranges uses it).
+    """
+    pool = [o for o in (obs if obs is not None else load_measurements()[1]) if o.source.id not in exclude]
+    train = speed_points(pool)
+    out = []
+    cache_: dict[str, Params] = {}
+    for o in pool:
+        sid = o.source.id
+        if sid not in cache_:
+            rest = [p for p in train if p.source.id != sid]
+            cache_[sid] = fit(rest) if rest else fitted()
+        if o.is_speed and not o.gpu_name:
+            continue
+        out.append(Residual(o, predict_obs(o, cache_[sid])))
+    return out
+
+
+def quantile_spread(residuals: Sequence[Residual]) -> tuple[float, float]:
+    """(low, high) multipliers of an estimate that held-out figures fell between."""
+    ratios = sorted(1 / r.ratio for r in residuals if not r.obs.is_bound)  # published / estimate
+    if not ratios:
+        return 0.7, 1.4
+    lo, hi = (float(np.quantile(ratios, q)) for q in RANGE_QUANTILES)
+    return min(lo, 1.0), max(hi, 1.0)
+
+
+def spread_from(residuals: Sequence[Residual], family: str, metric: str) -> tuple[float, float]:
+    same = [r for r in residuals if r.metric == metric and r.family == family and not r.obs.is_bound]
+    if len(same) < MIN_POINTS_FOR_SPREAD:
+        same = [r for r in residuals if r.metric == metric and not r.obs.is_bound]
+    return quantile_spread(same)
+
+
+@cache
+def _all_held_out() -> tuple[Residual, ...]:
+    return tuple(held_out())
+
+
+def spread(family: str, metric: str) -> tuple[float, float]:
+    """The likely-range multipliers printed with an estimate of this family and metric."""
+    return spread_from(_all_held_out(), family, metric)
+
+
+def range_holds(residuals_by_source: dict[str, list[Residual]]) -> list[tuple[Residual, bool]]:
+    """Nested check of the ranges: each source's range comes from the other sources' errors only."""
+    out = []
+    for sid, mine in residuals_by_source.items():
+        others = [r for s, rs in residuals_by_source.items() if s != sid for r in rs]
+        for r in mine:
+            if r.obs.is_bound:
+                continue
+            lo, hi = spread_from(others, r.family, r.metric)
+            out.append((r, r.estimate * lo <= r.obs.value <= r.estimate * hi))
+    return out
