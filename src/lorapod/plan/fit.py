@@ -32,8 +32,8 @@ RIDGE = 0.5
 LAUNCH_PRIOR_US = 10.0
 LAUNCH_RIDGE = 0.2
 ITERATIONS = 40
-# The likely range: these quantiles of the held-out errors of the family.
-RANGE_QUANTILES = (0.1, 0.9)
+# The likely range: this quantile of the family's held-out errors (in log space, both ways).
+RANGE_QUANTILE = 0.85
 # A family with too few held-out points borrows the spread of all points.
 MIN_POINTS_FOR_SPREAD = 5
 
@@ -195,12 +195,27 @@ def held_out(obs: Sequence[Observation] | None = None, exclude: frozenset[str] =
 
 
 def quantile_spread(residuals: Sequence[Residual]) -> tuple[float, float]:
-    """(low, high) multipliers of an estimate that held-out figures fell between."""
-    ratios = sorted(1 / r.ratio for r in residuals if not r.obs.is_bound)  # published / estimate
-    if not ratios:
+    """(low, high) multipliers of an estimate that held-out figures fell between.
+
+    Symmetric in log space: the RANGE_QUANTILE of |log(published / estimate)|, each source
+    weighing the same however many points it has (one big table must not set everyone's range).
+    """
+    errs = [(abs(math.log(r.obs.value / r.estimate)), r.obs.source.id) for r in residuals if not r.obs.is_bound]
+    if not errs:
         return 0.7, 1.4
-    lo, hi = (float(np.quantile(ratios, q)) for q in RANGE_QUANTILES)
-    return min(lo, 1.0), max(hi, 1.0)
+    count: dict[str, int] = {}
+    for _, sid in errs:
+        count[sid] = count.get(sid, 0) + 1
+    errs.sort()
+    total = len(count)
+    acc = 0.0
+    q = errs[-1][0]
+    for e, sid in errs:
+        acc += 1 / count[sid] / total
+        if acc >= RANGE_QUANTILE:
+            q = e
+            break
+    return math.exp(-q), math.exp(q)
 
 
 def spread_from(residuals: Sequence[Residual], family: str, metric: str) -> tuple[float, float]:
