@@ -70,6 +70,7 @@ def explain(job: Job, gpu: GPU, speed: Speed) -> Explanation:
     feats = features(job.model, job.settings, gpu)
     factors = {f: params.theta.get(f, 0.0) for f in feats}
     factors["attention"] = params.theta.get("attention", 0.0)
+    factors[f"dequant:{job.settings.base_dtype}"] = params.theta.get(f"dequant:{job.settings.base_dtype}", 0.0)
     fam = family_of(job.model)
     fw = job.settings.framework
 

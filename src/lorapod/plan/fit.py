@@ -2,8 +2,9 @@
 
 The model's time is physics work divided by fitted efficiencies, plus kernel launches times a
 fitted latency, plus memory terms (plan/speed.py). Its log efficiency is a sum of terms (kind +
-GPU architecture + GPU class + precision + trainer), attention has one more factor, and each
-kind its launch latency; all are fitted by least squares on log time (Gauss-Newton). Every term
+GPU architecture + GPU class + trainer), attention has one more factor, dequantisation of a
+4-bit or 8-bit base one more, and each kind its launch latency; all are fitted by least squares
+on log time (Gauss-Newton). Every term
 but the kind's baseline is pulled towards zero (ridge), so a combination the data never saw
 falls back to the kind's baseline instead of an extrapolation.
 
@@ -31,6 +32,8 @@ RIDGE = 0.5
 # Launch latencies are pulled towards this (microseconds), more weakly than the efficiency terms.
 LAUNCH_PRIOR_US = 10.0
 LAUNCH_RIDGE = 0.2
+# Dequantisation's factor starts at the memory bandwidth (1x) and is pulled there weakly.
+DEQUANT_RIDGE = 0.1
 ITERATIONS = 40
 # The likely range: this quantile of the family's held-out errors (in log space, both ways).
 RANGE_QUANTILE = 0.85
@@ -86,6 +89,8 @@ class _Row:
     attention_s: float
     aux_s: float
     launches: float  # kernel launches
+    dequant: str
+    dequant_s: float  # dequantisation at the memory bandwidth
     fixed_s: float  # memory terms (no fitted part)
     swap_s: float
     measured: float
@@ -94,25 +99,28 @@ class _Row:
 def _row(o: Observation) -> _Row:
     gpu = o.gpu()
     vs = o.settings.variants()
-    acc = np.zeros(6)
+    acc = np.zeros(7)
     for v in vs:
         w = step_work(o.model, v)
-        acc += np.array([w.matmul_tflops, w.attention_tflops, w.aux_tflops, w.kernels,
+        acc += np.array([w.matmul_tflops, w.attention_tflops, w.aux_tflops, w.kernels, w.dequant_gb / gpu.mem_bw_gbs,
                          (w.stream_gb + w.optimizer_gb) / gpu.mem_bw_gbs, w.swap_gb / PCIE_GB_S])
     acc /= len(vs)
     peak = gpu.bf16_tflops
     return _Row(features(o.model, o.settings, gpu), f"launch:{kind_of(o.model)}", acc[0] / peak, acc[1] / peak,
-                acc[2] / peak, acc[3], acc[4], acc[5], o.value)
+                acc[2] / peak, acc[3], f"dequant:{o.settings.base_dtype}", acc[4], acc[5], acc[6], o.value)
 
 
 def _names(rows: list[_Row]) -> list[str]:
-    return sorted({f for r in rows for f in r.feats} | {"attention"} | {r.launch for r in rows})
+    return sorted({f for r in rows for f in r.feats} | {"attention"} | {r.launch for r in rows}
+                  | {r.dequant for r in rows})
 
 
 def _prior(name: str) -> tuple[float, float]:
     """(prior value, ridge weight) of a parameter."""
     if name.startswith("launch:"):
         return math.log(LAUNCH_PRIOR_US), LAUNCH_RIDGE
+    if name.startswith("dequant:"):
+        return 0.0, DEQUANT_RIDGE
     if name.startswith("kind:"):
         return math.log(0.3), 1e-3
     return 0.0, RIDGE
@@ -120,20 +128,20 @@ def _prior(name: str) -> tuple[float, float]:
 
 def _model_and_grad(r: _Row, th: dict[str, float], idx: dict[str, int]) -> tuple[float, np.ndarray]:
     """log predicted seconds and its gradient by the parameters."""
-    log16 = sum(th[f] for f in r.feats if not f.startswith("precision:"))
-    prec = sum(th[f] for f in r.feats if f.startswith("precision:"))
-    mm = r.matmul_s * math.exp(-(log16 + prec))
-    att = r.attention_s * math.exp(-(log16 + th["attention"]))
-    aux = r.aux_s * math.exp(-log16)
+    log_e = sum(th[f] for f in r.feats)
+    mm = (r.matmul_s + r.aux_s) * math.exp(-log_e)
+    att = r.attention_s * math.exp(-(log_e + th["attention"]))
     launch = r.launches * math.exp(th[r.launch]) * 1e-6
-    core = mm + att + aux + launch + r.fixed_s
+    dq = r.dequant_s * math.exp(th[r.dequant])
+    core = mm + att + launch + dq + r.fixed_s
     g = np.zeros(len(idx))
     if r.swap_s > core:  # transfer-bound: nothing fitted moves it
         return math.log(r.swap_s), g
     for f in r.feats:
-        g[idx[f]] -= mm if f.startswith("precision:") else (mm + att + aux)
+        g[idx[f]] -= mm + att
     g[idx["attention"]] -= att
     g[idx[r.launch]] += launch
+    g[idx[r.dequant]] += dq
     return math.log(core), g / core
 
 

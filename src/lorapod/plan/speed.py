@@ -2,15 +2,15 @@
 
     time = (matmul + attention + uncached VAE/text-encoder FLOPs) / (paper peak x efficiency)
          + kernel launches x launch latency
-         + base weights streamed every pass / memory bandwidth
+         + base weights streamed every pass / memory bandwidth (x a fitted factor when dequantised)
          + adapters and optimizer state read and written / memory bandwidth
     then block swap's host transfers, which overlap the compute: max(that, swapped bytes / PCIe).
 
 The work terms are plan/work.py's physics. The efficiency is not assumed: it is
-exp(kind + GPU architecture + GPU class + base precision + trainer), each term fitted to the
-published measurements in catalog/data/measurements.yaml (plan/fit.py); attention has its own
-fitted factor on top (and no precision term: it runs in 16 bits), and so does the kernel launch
-latency of each kind (LLM, U-Net, DiT).
+exp(kind + GPU architecture + GPU class + trainer), each term fitted to the published
+measurements in catalog/data/measurements.yaml (plan/fit.py); attention has its own fitted factor
+on top, the dequantisation of a 4-bit or 8-bit base its own (how far below the memory bandwidth
+those kernels run), and each kind (LLM, U-Net, DiT) its kernel launch latency.
 Every estimate carries a likely range: the spread of the model's errors on sources it was not
 fitted to (leave-one-source-out), for its family (LLM, image, video).
 """
@@ -84,35 +84,32 @@ def family_of(model: ImageModel | LLMArch) -> str:
     return "video" if model.is_video else "image"
 
 
-def _precision(dtype: str) -> str:
-    return {"fp16": "bf16"}.get(dtype, dtype)
-
-
 def features(model: ImageModel | LLMArch, s: Settings, gpu: GPU) -> list[str]:
     """The names of the efficiency terms that apply; the first is the kind's baseline."""
-    return [f"kind:{kind_of(model)}", f"arch:{gpu.arch}", f"class:{gpu.gpu_class}",
-            f"precision:{_precision(s.base_dtype)}", f"framework:{s.framework}"]
+    return [f"kind:{kind_of(model)}", f"arch:{gpu.arch}", f"class:{gpu.gpu_class}", f"framework:{s.framework}"]
 
 
-def efficiencies(feats: list[str], params: Params) -> tuple[float, float, float]:
-    """(matmul, attention, 16-bit) efficiencies. Attention and the uncached encoders run in 16 bits
-    whatever the base's storage, so the precision term applies to the matmuls only."""
-    log16 = sum(params.theta.get(f, 0.0) for f in feats if not f.startswith("precision:"))
-    prec = sum(params.theta.get(f, 0.0) for f in feats if f.startswith("precision:"))
-    e16 = math.exp(log16)
-    return (min(MAX_EFFICIENCY, e16 * math.exp(prec)), min(MAX_EFFICIENCY, e16 * math.exp(params.theta.get("attention", 0.0))),
-            min(MAX_EFFICIENCY, e16))
+def efficiencies(feats: list[str], params: Params) -> tuple[float, float]:
+    """(matmul, attention) efficiencies; attention has its own factor on top."""
+    e = math.exp(sum(params.theta.get(f, 0.0) for f in feats))
+    return min(MAX_EFFICIENCY, e), min(MAX_EFFICIENCY, e * math.exp(params.theta.get("attention", 0.0)))
 
 
-def terms(work: Work, gpu: GPU, effs: tuple[float, float, float], launch_us: float) -> dict[str, float]:
+def dequant_factor(s: Settings, params: Params) -> float:
+    """How much slower than the memory bandwidth the dequantisation of the base runs (fitted)."""
+    return math.exp(params.theta.get(f"dequant:{s.base_dtype}", 0.0))
+
+
+def terms(work: Work, gpu: GPU, effs: tuple[float, float], launch_us: float, dequant: float = 1.0) -> dict[str, float]:
     """Seconds per step, term by term (before block swap's overlap)."""
-    e_mm, e_att, e16 = effs
+    e_mm, e_att = effs
     return {
         "matmul compute": work.matmul_tflops / (gpu.bf16_tflops * e_mm),
         "attention compute": work.attention_tflops / (gpu.bf16_tflops * e_att),
-        "uncached encoders": work.aux_tflops / (gpu.bf16_tflops * e16),
+        "uncached encoders": work.aux_tflops / (gpu.bf16_tflops * e_mm),
         "kernel launches": work.kernels * launch_us * 1e-6,
         "weights from memory": work.stream_gb / gpu.mem_bw_gbs,
+        "dequantisation": work.dequant_gb / gpu.mem_bw_gbs * dequant,
         "optimizer": work.optimizer_gb / gpu.mem_bw_gbs,
     }
 
@@ -126,7 +123,7 @@ def predict(model: ImageModel | LLMArch, s: Settings, gpu: GPU, params: Params) 
         work = step_work(model, v)
         effs = efficiencies(features(model, v, gpu), params)
         eff = effs[0]
-        t = terms(work, gpu, effs, launch)
+        t = terms(work, gpu, effs, launch, dequant_factor(v, params))
         core = sum(t.values())
         swap = work.swap_gb / PCIE_GB_S
         if swap:

@@ -21,8 +21,10 @@ from lorapod.plan.vram import BYTES_PER_PARAM, LORA_BYTES, OPTIMIZER_BYTES, Sett
 
 ATTN_BWD = 2.5
 # Bytes moved per base parameter per pass: a 16-bit weight is read once; a 4-bit or 8-bit one is
-# read, dequantised to bf16 (written) and read again by the matmul.
+# read, dequantised to bf16 (written) and read again by the matmul. Dequantisation kernels do not
+# reach the memory bandwidth, so their time gets a fitted factor (plan/speed.py).
 STREAM_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0 + 4.0, "nf4": 0.516 + 4.0, "gptq": 0.53 + 4.0}
+QUANTISED = ("fp8", "nf4", "gptq")
 # LLM kernels per layer per forward: ~15 for the block, ~4 more for every LoRA-wrapped linear.
 LLM_KERNELS_PER_LAYER = 15
 LORA_KERNELS = 4
@@ -35,7 +37,8 @@ class Work:
     matmul_tflops: float  # linear / conv work of the trained model (fwd + bwd + recompute)
     attention_tflops: float  # the quadratic part
     aux_tflops: float  # VAE encode / text encoders when not cached (forward only)
-    stream_gb: float  # base weights streamed from memory, all passes
+    stream_gb: float  # 16-bit base weights streamed from memory, all passes
+    dequant_gb: float  # quantised base weights: read, dequantised, read again, all passes
     optimizer_gb: float  # adapters + optimizer state read and written once per optimizer step
     kernels: int  # kernel launches, all passes
     swap_gb: float  # weights moved host <-> GPU by block swap
@@ -71,12 +74,13 @@ def _llm_work(m: LLMArch, s: Settings) -> Work:
     linear = 2 * (m.linear_params + 2 * lora) * tokens * mm
     attn = 2 * m.layers * m.heads * m.head_dim * s.seq_len * tokens * att  # causal: half of 4 s d
     head = 2 * m.vocab * m.hidden * tokens * s.label_fraction * 2.0  # forward + input gradient
-    passes = mm
-    stream = (m.linear_params * STREAM_BYTES[s.base_dtype] + m.embedding_params * 2) * passes
+    linear_bytes = m.linear_params * STREAM_BYTES[s.base_dtype] * mm
+    dequant = linear_bytes if s.base_dtype in QUANTISED else 0.0
+    stream = m.embedding_params * 2 * mm + (0.0 if dequant else linear_bytes)
     n_lora = _lora_targets(s, len(m.linear_shapes()))
     kernels = int(m.layers * (LLM_KERNELS_PER_LAYER + LORA_KERNELS * n_lora) * (1 + 2 + (mm - 2)))
     opt = lora * (LORA_BYTES + OPTIMIZER_BYTES.get(s.optimizer, 8.0)) * 2 / max(1, s.grad_accum)
-    return Work((linear + head) / 1e12, attn / 1e12, 0.0, stream / 1e9, opt / 1e9, kernels, 0.0, tokens)
+    return Work((linear + head) / 1e12, attn / 1e12, 0.0, stream / 1e9, dequant / 1e9, opt / 1e9, kernels, 0.0, tokens)
 
 
 def _image_work(m: ImageModel, s: Settings) -> Work:
@@ -104,7 +108,9 @@ def _image_work(m: ImageModel, s: Settings) -> Work:
     if not s.cache_text_encoder_outputs or s.train_text_encoder:
         aux += 2 * m.text_encoder_params_b * 1e9 * max(m.text_tokens, 77) / 1e12
     params = m.trained_params_b * 1e9
-    stream = params * STREAM_BYTES[s.base_dtype] * mm
+    weight_bytes = params * STREAM_BYTES[s.base_dtype] * mm
+    dequant = weight_bytes if s.base_dtype in QUANTISED else 0.0
+    stream = 0.0 if dequant else weight_bytes
     swap = 0.0
     if m.blocks and s.blocks_to_swap:
         swapped = min(s.blocks_to_swap, m.blocks - 1) / m.blocks
@@ -113,4 +119,5 @@ def _image_work(m: ImageModel, s: Settings) -> Work:
     opt = lora * (LORA_BYTES + OPTIMIZER_BYTES.get(s.optimizer, 8.0)) * 2 / max(1, s.grad_accum)
     kernels = int(m.kernels_per_fwd * (1 + 2 + (mm - 2)))
     b = s.batch
-    return Work(linear * mm * b, attn * att * b, aux * b, stream / 1e9, opt / 1e9, kernels, swap / 1e9, tokens * b)
+    return Work(linear * mm * b, attn * att * b, aux * b, stream / 1e9, dequant / 1e9, opt / 1e9, kernels, swap / 1e9,
+                tokens * b)
