@@ -112,7 +112,7 @@ def _row(o: Observation) -> _Row:
 
 def _names(rows: list[_Row]) -> list[str]:
     return sorted({f for r in rows for f in r.feats} | {"attention"} | {r.launch for r in rows}
-                  | {r.dequant for r in rows})
+                  | {r.dequant for r in rows if r.dequant_s > 0})
 
 
 def _prior(name: str) -> tuple[float, float]:
@@ -132,7 +132,7 @@ def _model_and_grad(r: _Row, th: dict[str, float], idx: dict[str, int]) -> tuple
     mm = (r.matmul_s + r.aux_s) * math.exp(-log_e)
     att = r.attention_s * math.exp(-(log_e + th["attention"]))
     launch = r.launches * math.exp(th[r.launch]) * 1e-6
-    dq = r.dequant_s * math.exp(th[r.dequant])
+    dq = r.dequant_s * math.exp(th[r.dequant]) if r.dequant_s else 0.0
     core = mm + att + launch + dq + r.fixed_s
     g = np.zeros(len(idx))
     if r.swap_s > core:  # transfer-bound: nothing fitted moves it
@@ -141,7 +141,8 @@ def _model_and_grad(r: _Row, th: dict[str, float], idx: dict[str, int]) -> tuple
         g[idx[f]] -= mm + att
     g[idx["attention"]] -= att
     g[idx[r.launch]] += launch
-    g[idx[r.dequant]] += dq
+    if dq:
+        g[idx[r.dequant]] += dq
     return math.log(core), g / core
 
 
