@@ -95,3 +95,10 @@ def test_explain_lists_the_runs_and_the_published_points(tmp_path):
     assert out["explain"]["basis"] == "your runs"
     assert out["explain"]["your_runs"][0]["job_id"] == "mine-3"
     assert {p["source"] for p in out["explain"]["speed_points"]} >= {"kohya-ss-1288"}
+
+
+def test_every_estimate_prints_a_likely_range():
+    r = CliRunner().invoke(build_app(), ["plan", str(SDXL), "--images", "25", "--gpu", "RTX 4090", "--provider", "vast"])
+    assert r.exit_code == 0, r.output
+    line = next(x for x in r.output.splitlines() if x.startswith("#1 RTX 4090:"))
+    assert "likely" in line and "(model)" in line and "VRAM likely" in line
