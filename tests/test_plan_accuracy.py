@@ -57,14 +57,22 @@ def test_a_source_held_out_is_predicted_by_the_others():
 
 
 def test_leave_one_source_out_speed(residuals):
-    speed = [r for r in residuals if r.metric == "speed" and not r.obs.is_bound]
+    speed = [r for r in residuals if r.metric == "speed" and not r.obs.is_bound and r.obs.metric != "speed_ratio"]
     assert len(speed) >= 40
     within = sum(r.ok for r in speed) / len(speed)
-    # Achieved 71% within 20% (target 75%, not met; docs/planner.md says where it misses).
+    # Achieved 71% within 20% on measured steps (target 75%, not met; docs/planner.md says where it misses).
     assert within >= 0.65
     assert sorted(abs(r.error) for r in speed)[len(speed) // 2] <= 0.18
     llm = [r for r in speed if r.family == "llm"]
     assert sum(r.ok for r in llm) / len(llm) >= 0.75
+
+
+def test_gpu_ratios_held_out_show_why_they_are_fitted(residuals):
+    """Without the one source that has H100 and A100 side by side, Hopper is only its paper peak:
+    the held-out H100 / A100 time ratio comes out about half the published one (docs/planner.md)."""
+    ratios = [r for r in residuals if r.obs.metric == "speed_ratio"]
+    assert len(ratios) == 5
+    assert all(r.error < -0.4 for r in ratios)
 
 
 def test_leave_one_source_out_vram(residuals):

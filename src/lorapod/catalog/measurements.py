@@ -19,7 +19,9 @@ from lorapod.errors import PlanError
 from lorapod.plan.vram import Settings
 
 # Metric names in the file -> (what is compared, kind of comparison).
-SPEED_METRICS = {"seconds_per_step", "tokens_per_s", "max_seconds_per_step"}
+# relative_seconds_per_step: a step time only comparable with the same source's other GPUs (the fit
+# uses the ratios between GPUs for the same job, not the level).
+SPEED_METRICS = {"seconds_per_step", "tokens_per_s", "max_seconds_per_step", "relative_seconds_per_step", "speed_ratio"}
 VRAM_METRICS = {"peak_gb", "max_fit_gb", "fits_in_gb"}
 BOUNDS = {"max_seconds_per_step", "fits_in_gb"}
 

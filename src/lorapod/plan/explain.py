@@ -60,7 +60,8 @@ def _similarity(o: Observation, model: ImageModel | LLMArch, gpu: GPU, framework
 
 def nearest(model: ImageModel | LLMArch, gpu: GPU, framework: str, speed: bool, n: int = NEAREST) -> list[Observation]:
     """The published observations most like this job (same model, kind, GPU, trainer, precision)."""
-    pool = [o for o in load_measurements()[1] if o.is_speed == speed and family_of(o.model) == family_of(model)]
+    pool = [o for o in load_measurements()[1] if o.is_speed == speed and family_of(o.model) == family_of(model)
+            and o.metric != "relative_seconds_per_step"]
     pool.sort(key=lambda o: _similarity(o, model, gpu, framework), reverse=True)
     return pool[:n]
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
+from typing import Any
 
 import numpy as np
 
@@ -77,6 +78,25 @@ def speed_points(obs: Sequence[Observation] | None = None) -> list[Observation]:
     """Observations the speed model can be fitted to: a measured step on a known GPU."""
     pool = obs if obs is not None else load_measurements()[1]
     return [o for o in pool if o.metric == "seconds_per_step" and o.gpu_name]
+
+
+def ratio_pairs(obs: Sequence[Observation] | None = None) -> list[tuple[Observation, Observation]]:
+    """Pairs (a, b) of one source's relative step times for the same job on two GPUs: the fit uses
+    time(a) / time(b), which tells GPUs apart even when the source's level is not to be trusted."""
+    pool = obs if obs is not None else load_measurements()[1]
+    groups: dict[tuple[str, str, Any], list[Observation]] = {}
+    for o in pool:
+        if o.metric == "relative_seconds_per_step" and o.gpu_name:
+            groups.setdefault((o.source.id, o.model.name, o.settings), []).append(o)
+    pairs = []
+    for group in groups.values():
+        group.sort(key=lambda o: o.gpu_name)
+        pairs += [(a, group[0]) for a in group[1:]]
+    return pairs
+
+
+def _ratio_obs(a: Observation, b: Observation) -> Observation:
+    return replace(a, metric="speed_ratio", value=a.value / b.value, what=f"{a.what} / {b.gpu_name}, time ratio")
 
 
 @dataclass(frozen=True)
@@ -146,20 +166,29 @@ def _model_and_grad(r: _Row, th: dict[str, float], idx: dict[str, int]) -> tuple
     return math.log(core), g / core
 
 
-def fit(points: Sequence[Observation]) -> Params:
-    """Fit the efficiency terms, attention's factor and launch latencies to speed observations:
-    least squares on log time (Gauss-Newton), each term pulled towards its prior (ridge)."""
+def fit(points: Sequence[Observation], pairs: Sequence[tuple[Observation, Observation]] = ()) -> Params:
+    """Fit the efficiency terms, attention's factor and launch latencies to speed observations
+    (and time ratios between GPUs): least squares on log time (Gauss-Newton), each term pulled
+    towards its prior (ridge)."""
     assert points, "no speed points to fit"
     rows = [_row(o) for o in points]
-    names = _names(rows)
+    prows = [(_row(a), _row(b)) for a, b in pairs]
+    names = _names(rows + [r for p in prows for r in p])
+    # The ratios only inform what the measured steps cannot (a GPU no step was measured on):
+    # they must not move the terms the steps already pin down.
+    only_ratios = np.array([0.0 if n in set(_names(rows)) else 1.0 for n in names])
     idx = {n: i for i, n in enumerate(names)}
     prior = np.array([_prior(n)[0] for n in names])
     weight = np.array([_prior(n)[1] for n in names])
     x = prior.copy()
-    y = np.log([r.measured for r in rows])
+    y = np.log([r.measured for r in rows] + [a.measured / b.measured for a, b in prows])
     for _ in range(ITERATIONS):
         th = dict(zip(names, x, strict=True))
-        pred, jac = zip(*(_model_and_grad(r, th, idx) for r in rows), strict=True)
+        out = [_model_and_grad(r, th, idx) for r in rows]
+        for a, b in prows:
+            (pa, ga), (pb, gb) = _model_and_grad(a, th, idx), _model_and_grad(b, th, idx)
+            out.append((pa - pb, (ga - gb) * only_ratios))
+        pred, jac = zip(*out, strict=True)
         j = np.array(jac)
         lhs = j.T @ j + np.diag(weight) + 1e-6 * np.eye(len(names))
         rhs = j.T @ (np.array(pred) - y) + weight * (x - prior)
@@ -173,7 +202,7 @@ def fit(points: Sequence[Observation]) -> Params:
 @cache
 def fitted() -> Params:
     """The speed model fitted to every published point (what ``lorapod plan`` uses)."""
-    return fit(speed_points())
+    return fit(speed_points(), ratio_pairs())
 
 
 def predict_obs(o: Observation, params: Params) -> float:
@@ -189,17 +218,24 @@ def held_out(obs: Sequence[Observation] | None = None, exclude: frozenset[str] =
     ``exclude`` drops whole sources first (nested cross-validation of the ranges uses it).
     """
     pool = [o for o in (obs if obs is not None else load_measurements()[1]) if o.source.id not in exclude]
-    train = speed_points(pool)
+    train, pairs = speed_points(pool), ratio_pairs(pool)
     out = []
     cache_: dict[str, Params] = {}
-    for o in pool:
-        sid = o.source.id
+
+    def params(sid: str) -> Params:
         if sid not in cache_:
             rest = [p for p in train if p.source.id != sid]
-            cache_[sid] = fit(rest) if rest else fitted()
-        if o.is_speed and not o.gpu_name:
+            cache_[sid] = fit(rest, [p for p in pairs if p[0].source.id != sid]) if rest else fitted()
+        return cache_[sid]
+
+    for o in pool:
+        if (o.is_speed and not o.gpu_name) or o.metric == "relative_seconds_per_step":
             continue
-        out.append(Residual(o, predict_obs(o, cache_[sid])))
+        out.append(Residual(o, predict_obs(o, params(o.source.id))))
+    for a, b in pairs:
+        p = params(a.source.id)
+        ratio = predict(a.model, a.settings, a.gpu(), p)[0] / predict(b.model, b.settings, b.gpu(), p)[0]
+        out.append(Residual(_ratio_obs(a, b), ratio))
     return out
 
 

@@ -28,6 +28,11 @@ FRAMEWORKS: dict[str, Framework] = {
         why="transformers < 4.46 (LlamaForCausalLM): logits upcast to fp32 in the model (4), a shifted "
         "contiguous copy (4), log-softmax saved for backward (4), its gradient (4)",
     ),
+    "transformers-4.46": Framework(
+        "transformers-4.46", 10.0,
+        why="transformers >= 4.46 (ForCausalLMLoss): bf16 logits (2), their fp32 upcast (4), log-softmax (4); labels are "
+        "shifted instead of the logits",
+    ),
     "lorapod": Framework(
         "lorapod", 10.0,
         why="lorapod's engine: bf16 logits (2) at label positions only, their fp32 upcast (4), log-softmax (4)",
