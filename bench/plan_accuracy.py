@@ -17,7 +17,12 @@ from statistics import median
 
 from lorapod.plan.fit import Residual, held_out, range_holds
 
-TARGETS = {"speed": 0.20, "vram": 0.25}
+TARGETS = {"speed": 0.20, "vram": 0.25, "speed ratio": 0.20}
+
+
+def _metric(r: Residual) -> str:
+    """Step times and peaks, with GPU time ratios (H100 / A100 of one source) apart."""
+    return "speed ratio" if r.obs.metric == "speed_ratio" else r.metric
 
 
 def summary(res: list[Residual]) -> list[dict[str, object]]:
@@ -26,11 +31,11 @@ def summary(res: list[Residual]) -> list[dict[str, object]]:
         by_source[r.obs.source.id].append(r)
     holds = range_holds(by_source)
     rows = []
-    groups = sorted({(r.metric, r.family) for r in res})
+    groups = sorted({(_metric(r), r.family) for r in res})
     for metric, family in [*groups, ("speed", "all"), ("vram", "all")]:
-        mine = [r for r in res if r.metric == metric and (family == "all" or r.family == family) and not r.obs.is_bound]
-        bounds = [r for r in res if r.metric == metric and (family == "all" or r.family == family) and r.obs.is_bound]
-        inr = [ok for r, ok in holds if r.metric == metric and (family == "all" or r.family == family)]
+        mine = [r for r in res if _metric(r) == metric and (family == "all" or r.family == family) and not r.obs.is_bound]
+        bounds = [r for r in res if _metric(r) == metric and (family == "all" or r.family == family) and r.obs.is_bound]
+        inr = [ok for r, ok in holds if _metric(r) == metric and (family == "all" or r.family == family)]
         if not mine and not bounds:
             continue
         errs = sorted(abs(r.error) for r in mine)

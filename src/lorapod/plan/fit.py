@@ -264,9 +264,11 @@ def quantile_spread(residuals: Sequence[Residual]) -> tuple[float, float]:
 
 
 def spread_from(residuals: Sequence[Residual], family: str, metric: str) -> tuple[float, float]:
-    same = [r for r in residuals if r.metric == metric and r.family == family and not r.obs.is_bound]
+    """Ranges are for step times and peaks: GPU time ratios (reported apart) do not widen them."""
+    usable = [r for r in residuals if r.metric == metric and not r.obs.is_bound and r.obs.metric != "speed_ratio"]
+    same = [r for r in usable if r.family == family]
     if len(same) < MIN_POINTS_FOR_SPREAD:
-        same = [r for r in residuals if r.metric == metric and not r.obs.is_bound]
+        same = usable
     return quantile_spread(same)
 
 
@@ -286,7 +288,7 @@ def range_holds(residuals_by_source: dict[str, list[Residual]]) -> list[tuple[Re
     for sid, mine in residuals_by_source.items():
         others = [r for s, rs in residuals_by_source.items() if s != sid for r in rs]
         for r in mine:
-            if r.obs.is_bound:
+            if r.obs.is_bound or r.obs.metric == "speed_ratio":
                 continue
             lo, hi = spread_from(others, r.family, r.metric)
             out.append((r, r.estimate * lo <= r.obs.value <= r.estimate * hi))
