@@ -185,3 +185,17 @@ def test_fit_recovers_known_efficiencies_from_synthetic_points():
     errors = sorted(abs(predict(o.model, o.settings, o.gpu(), got)[0] / o.value - 1) for o in synthetic)
     assert errors[-1] < 0.10 and errors[len(errors) // 2] < 0.03  # ridge pulls terms a little towards 0
     assert got.theta["dequant:nf4"] > 0.8  # dequantisation found well below the memory bandwidth
+
+
+def test_a_gpu_architecture_without_measured_steps_gets_the_wider_range():
+    from lorapod.plan.fit import measured_archs, unseen_arch_spread
+    from lorapod.plan.speed import step_speed
+
+    m = find_model("meta-llama/Llama-3.1-8B")
+    s = _llm(2048)
+    assert "hopper" not in measured_archs() and "ada" in measured_archs()
+    h100 = step_speed(m, s, find_gpu("H100 SXM"), learn=False)
+    rtx = step_speed(m, s, find_gpu("RTX 4090"), learn=False)
+    lo, hi = unseen_arch_spread()
+    assert h100.low == pytest.approx(min(lo, rtx.low / rtx.seconds_per_step) * h100.seconds_per_step)
+    assert h100.high / h100.low > rtx.high / rtx.low

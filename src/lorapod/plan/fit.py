@@ -282,6 +282,19 @@ def spread(family: str, metric: str) -> tuple[float, float]:
     return spread_from(_all_held_out(), family, metric)
 
 
+@cache
+def measured_archs() -> frozenset[str]:
+    """GPU architectures with at least one measured step (not only ratios) in the dataset."""
+    return frozenset(o.gpu().arch for o in speed_points())
+
+
+def unseen_arch_spread() -> tuple[float, float]:
+    """The range for a GPU architecture no step was measured on: the held-out error of the GPU
+    ratios (the model's guess for an architecture it was not fitted to), at least the usual one."""
+    ratios = [r for r in _all_held_out() if r.obs.metric == "speed_ratio"]
+    return quantile_spread(ratios) if ratios else (0.5, 2.0)
+
+
 def range_holds(residuals_by_source: dict[str, list[Residual]]) -> list[tuple[Residual, bool]]:
     """Nested check of the ranges: each source's range comes from the other sources' errors only."""
     out = []

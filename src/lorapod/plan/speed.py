@@ -137,11 +137,14 @@ def predict(model: ImageModel | LLMArch, s: Settings, gpu: GPU, params: Params) 
 def step_speed(model: ImageModel | LLMArch, s: Settings, gpu: GPU, est: Estimate | None = None,
                *, learn: bool = True) -> Speed:
     """The planner's estimate of one micro-batch step, from the user's own runs when one matches."""
-    from lorapod.plan.fit import fitted, spread
+    from lorapod.plan.fit import fitted, measured_archs, spread, unseen_arch_spread
 
     params = fitted()
     seconds, parts, eff = predict(model, s, gpu, params)
     lo, hi = spread(family_of(model), "speed")
+    if gpu.arch not in measured_archs():  # e.g. Hopper, Blackwell: no published step of their own
+        ulo, uhi = unseen_arch_spread()
+        lo, hi = min(lo, ulo), max(hi, uhi)
     tokens = s.batch * s.seq_len if isinstance(model, LLMArch) else 0
     speed = Speed(seconds, tokens, False, eff, seconds * lo, seconds * hi, "model", parts)
     if learn:
