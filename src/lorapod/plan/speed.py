@@ -35,16 +35,16 @@ PCIE_GB_S = 25.0
 # 50+ s per step (kohya_ss issue #1288, quoted by the guide). On Linux hosts it is an OOM.
 SPILL_SECONDS_PER_STEP = 50.0
 MAX_EFFICIENCY = 0.95
-
-
+# Launch latency of a kind the fit has not seen (microseconds).
 DEFAULT_LAUNCH_US = 10.0
 
 
 @dataclass(frozen=True)
 class Params:
     """The fitted part of the speed model, as log terms: efficiency terms by name, ``attention``
-    (FlashAttention's efficiency relative to the matmuls'), and ``launch:<kind>`` (log of the
-    kernel launch latency in microseconds)."""
+    (FlashAttention's efficiency relative to the matmuls'), ``dequant:<dtype>`` (how much slower
+    than the memory bandwidth dequantisation runs) and ``launch:<kind>`` (log of the kernel launch
+    latency in microseconds). A term the fit never saw counts as 0 (the kind's baseline)."""
 
     theta: dict[str, float]
 
