@@ -198,4 +198,5 @@ def test_a_gpu_architecture_without_measured_steps_gets_the_wider_range():
     rtx = step_speed(m, s, find_gpu("RTX 4090"), learn=False)
     lo, hi = unseen_arch_spread()
     assert h100.low == pytest.approx(min(lo, rtx.low / rtx.seconds_per_step) * h100.seconds_per_step)
+    assert h100.high == pytest.approx(max(hi, rtx.high / rtx.seconds_per_step) * h100.seconds_per_step)
     assert h100.high / h100.low > rtx.high / rtx.low
