@@ -13,6 +13,7 @@ from lorapod.catalog.models import ImageModel, LLMArch
 from lorapod.plan.fit import Residual, fitted, predict_obs, spread
 from lorapod.plan.job import Job
 from lorapod.plan.speed import Speed, family_of, features, kind_of
+from lorapod.plan.vram import Settings
 
 NEAREST = 6
 
@@ -51,18 +52,16 @@ class Explanation:
         }
 
 
-def _similarity(o: Observation, model: ImageModel | LLMArch, gpu: GPU, framework: str) -> tuple[int, ...]:
-    same_model = o.model.name == model.name
-    same_kind = kind_of(o.model) == kind_of(model)
-    return (same_model, same_kind, o.gpu_name == gpu.name, o.settings.framework == framework,
-            o.settings.base_dtype == getattr(model, "default_dtype", ""))
+def _similarity(o: Observation, model: ImageModel | LLMArch, gpu: GPU, s: Settings) -> tuple[bool, ...]:
+    return (o.model.name == model.name, kind_of(o.model) == kind_of(model), o.gpu_name == gpu.name,
+            o.settings.framework == s.framework, o.settings.base_dtype == s.base_dtype)
 
 
-def nearest(model: ImageModel | LLMArch, gpu: GPU, framework: str, speed: bool, n: int = NEAREST) -> list[Observation]:
+def nearest(model: ImageModel | LLMArch, gpu: GPU, s: Settings, speed: bool, n: int = NEAREST) -> list[Observation]:
     """The published observations most like this job (same model, kind, GPU, trainer, precision)."""
     pool = [o for o in load_measurements()[1] if o.is_speed == speed and family_of(o.model) == family_of(model)
             and o.metric != "relative_seconds_per_step"]
-    pool.sort(key=lambda o: _similarity(o, model, gpu, framework), reverse=True)
+    pool.sort(key=lambda o: _similarity(o, model, gpu, s), reverse=True)
     return pool[:n]
 
 
@@ -73,11 +72,10 @@ def explain(job: Job, gpu: GPU, speed: Speed) -> Explanation:
     factors["attention"] = params.theta.get("attention", 0.0)
     factors[f"dequant:{job.settings.base_dtype}"] = params.theta.get(f"dequant:{job.settings.base_dtype}", 0.0)
     fam = family_of(job.model)
-    fw = job.settings.framework
 
     def residuals(speed_side: bool) -> list[Residual]:
         return [Residual(o, predict_obs(o, params), held_out=False)
-                for o in nearest(job.model, gpu, fw, speed_side) if not (speed_side and not o.gpu_name)]
+                for o in nearest(job.model, gpu, job.settings, speed_side) if not (speed_side and not o.gpu_name)]
 
     return Explanation(gpu.name, speed, factors, params.launch_us(kind_of(job.model)), residuals(True),
                        residuals(False), spread(fam, "speed"), spread(fam, "vram"), job.estimate.parts)
