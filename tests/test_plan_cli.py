@@ -17,7 +17,8 @@ from lorapod.cli.main import build_app
 
 ROOT = Path(__file__).resolve().parents[1]
 SDXL = str(ROOT / "examples" / "sdxl-object-lora.yaml")
-KEYS = {"provider", "gpu", "tier", "usd_per_hour", "fits", "vram_peak_gb", "hours_total", "usd_total", "phases", "warnings"}
+KEYS = {"provider", "gpu", "tier", "usd_per_hour", "fits", "vram_peak_gb", "hours_total", "usd_total", "phases", "warnings",
+        "hours_total_range", "usd_total_range", "vram_peak_gb_range", "speed"}
 
 
 @pytest.fixture(autouse=True)
@@ -49,6 +50,12 @@ def test_json_follows_the_schema():
         assert set(o) == KEYS
         assert all(set(p) == {"name", "hours", "usd"} for p in o["phases"])
         assert o["usd_total"] == pytest.approx(sum(p["usd"] for p in o["phases"]), abs=1e-3)
+        lo, hi = o["hours_total_range"]
+        assert lo < o["hours_total"] < hi
+        slo, shi = o["speed"]["seconds_per_step_range"]
+        assert slo < o["speed"]["seconds_per_step"] < shi
+        assert o["speed"]["basis"] == "model"
+        assert o["vram_peak_gb_range"][0] <= o["vram_peak_gb"] <= o["vram_peak_gb_range"][1]
     totals = [o["usd_total"] for o in out["options"]]
     assert totals == sorted(totals)
 

@@ -49,24 +49,33 @@ class ImageModel:
     default_dtype: str
     license: License
     fwd_tflops_at_ref: float | None = None
+    attn_tflops_at_ref: float = 0.0
+    vae_encode_tflops_at_ref: float = 0.0
+    kernels_per_fwd: int = 1000
     patch_px: int | None = None
     text_tokens: int = 0
     blocks: int | None = None
-    calibration: dict[str, Any] | None = None
-    speed_like: str | None = None
+    hidden: int = 0
+    attn_blocks: int = 0
+    joint_text: bool = True
+    frames_per_latent: int = 0  # video VAEs: frames folded into one latent frame (0: images only)
     aliases: tuple[str, ...] = ()
 
-    def fwd_tflops(self, resolution: int) -> float:
-        """Forward FLOPs (in TFLOPs) for one sample at ``resolution``.
+    @property
+    def is_video(self) -> bool:
+        return self.frames_per_latent > 0
 
-        Transformers: 2 x params x tokens (image patches + text tokens). U-Nets have no such
-        closed form; the catalog gives FLOPs at the reference size, scaled by pixel count.
-        """
-        if self.kind == "dit" and self.patch_px:
-            tokens = (resolution / self.patch_px) ** 2 + self.text_tokens
-            return 2 * self.trained_params_b * 1e9 * tokens / 1e12
-        assert self.fwd_tflops_at_ref is not None, f"{self.name}: catalog lacks fwd_tflops_at_ref"
-        return self.fwd_tflops_at_ref * (resolution / self.ref_resolution) ** 2
+    def latent_frames(self, frames: int) -> int:
+        """Latent frames of a clip: a causal 3D VAE keeps the first frame and folds the rest by 4."""
+        if not self.is_video or frames <= 1:
+            return 1
+        return 1 + (frames - 1) // self.frames_per_latent
+
+    def image_tokens(self, resolution: int, frames: int = 1) -> float:
+        """Latent tokens the denoiser sees for one sample: patches per frame x latent frames."""
+        if not self.patch_px:
+            return 0.0
+        return (resolution / self.patch_px) ** 2 * self.latent_frames(frames)
 
 
 @dataclass(frozen=True)
@@ -155,11 +164,16 @@ def load_models() -> tuple[Snapshot, tuple[ImageModel, ...], tuple[tuple[str, tu
                 default_dtype=m["default_dtype"],
                 license=_license(m),
                 fwd_tflops_at_ref=m.get("fwd_tflops_at_ref"),
+                attn_tflops_at_ref=float(m.get("attn_tflops_at_ref", 0.0)),
+                vae_encode_tflops_at_ref=float(m.get("vae_encode_tflops_at_ref", 0.0)),
+                kernels_per_fwd=int(m.get("kernels_per_fwd", 1000)),
                 patch_px=m.get("patch_px"),
                 text_tokens=int(m.get("text_tokens", 0)),
                 blocks=m.get("blocks"),
-                calibration=m.get("calibration"),
-                speed_like=m.get("speed_like"),
+                hidden=int(m.get("hidden", 0)),
+                attn_blocks=int(m.get("attn_blocks", 0)),
+                joint_text=bool(m.get("joint_text", True)),
+                frames_per_latent=int(m.get("frames_per_latent", 0)),
                 aliases=tuple(str(a) for a in m.get("aliases", [])),
             )
         )

@@ -41,6 +41,8 @@ def plan_command(
     model_gb: float | None = typer.Option(None, "--model-gb", help="--storage: size of the models you keep."),
     sessions_per_month: float | None = typer.Option(None, "--sessions-per-month", help="--storage: sessions a month."),
     hours_per_session: float | None = typer.Option(None, "--hours-per-session", help="--storage: hours per session."),
+    explain: bool = typer.Option(False, "--explain", help="Show what the #1 estimate rests on: terms, fitted factors, "
+                                 "nearest published points, your own runs."),
 ) -> None:
     """Rank every GPU x provider x tier that fits the job by total dollars per job, with time and $ by phase."""
     if storage:
@@ -60,10 +62,28 @@ def plan_command(
         got = live_prices(job_spec.compute.disk_gb, [find_gpu(gpu)] if gpu else None)
         prices, notes = got.entries, got.notes
     plan = plan_job(job_spec, gpu=gpu, provider=provider, prices=prices, images=images, examples=examples)
+    why = _explanation(plan, gpu) if explain else None
     if json_out:
-        typer.echo(json.dumps(plan.to_json(), indent=2))
+        out = plan.to_json()
+        if why is not None:
+            out["explain"] = why.to_json()
+        typer.echo(json.dumps(out, indent=2))
         return
     _print_plan(plan, notes)
+    if why is not None:
+        from lorapod.plan.explain import lines
+
+        for line in lines(why):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _explanation(plan: Plan, gpu: str | None):
+    """The explanation of the #1 option (or of the pinned GPU)."""
+    from lorapod.catalog.gpus import find_gpu
+    from lorapod.plan.explain import explain
+
+    best = plan.best or plan.options[0]
+    return explain(plan.job, find_gpu(gpu or best.gpu), best.speed)
 
 
 def _print_plan(plan: Plan, notes: list[str]) -> None:
@@ -73,10 +93,12 @@ def _print_plan(plan: Plan, notes: list[str]) -> None:
     size = (f"{job.images} images -> {job.steps} steps" if job.is_image
             else f"{job.examples} examples, {job.tokens:,} tokens -> {job.steps} steps")
     console.print(f"[bold]{job.model_name}[/] · {size} · peak VRAM about [bold]{job.estimate.peak_gb:.1f} GB[/]")
+    top = plan.best or plan.options[0]
+    console.print(_likely_line(top), highlight=False)
     table = Table(title="Offers ranked by $ per job", title_justify="left", box=box.SIMPLE_HEAD)
     for col, just in [("#", "right"), ("provider", "left"), ("GPU", "left"), ("tier", "left"), ("$/h", "right"),
                       ("fit", "left"), ("speed", "right"), ("train", "right"), ("total", "right"),
-                      ("$/job", "right")]:
+                      ("$/job", "right"), ("likely", "right")]:
         table.add_column(col, justify=just, no_wrap=col in ("GPU", "tier", "fit", "speed"))  # type: ignore[arg-type]
     for i, o in enumerate(plan.options, 1):
         train = next((p.hours for p in o.phases if p.name == "train"), 0.0)
@@ -84,7 +106,7 @@ def _print_plan(plan: Plan, notes: list[str]) -> None:
         fit_color = {"fits": "green", "tight": "yellow"}.get(o.verdict, "red")
         table.add_row(str(i), o.provider, o.gpu, o.tier + ("*" if o.price_source == "live" else ""),
                       f"{o.usd_per_hour:.2f}", f"[{fit_color}]{o.verdict}[/] {o.headroom_gb:+.1f}", speed,
-                      _fmt_min(train), _fmt_min(o.hours_total), f"${cents(o.usd_total)}")
+                      _fmt_min(train), _fmt_min(o.hours_total), f"${cents(o.usd_total)}", _fmt_range(o.hours_range))
     console.print(table)
     best = plan.best or plan.options[0]
     phases = Table(title=f"Phases, #1: {best.gpu} on {best.provider} ({best.tier})", title_justify="left",
@@ -109,6 +131,24 @@ def _print_plan(plan: Plan, notes: list[str]) -> None:
         console.print(f"[dim]live: {n}[/]", highlight=False)
     console.print(f"[dim]{plan.snapshot_note}{' (* = live)' if notes else ''}; assumptions: docs/planner.md[/]",
                   highlight=False)
+
+
+def _fmt_range(hours: list[float]) -> str:
+    lo, hi = hours
+    if hi < 1.5:
+        return f"{lo * 60:.0f}-{hi * 60:.0f}m"
+    return f"{lo:.1f}-{hi:.1f}h"
+
+
+def _likely_line(o) -> str:
+    """One sentence with the #1 option's estimate and its likely range, and what it rests on."""
+    basis = "your runs" if o.speed.basis == "your runs" else "model"
+    lo, hi = o.hours_range
+    total = o.hours_total
+    fmt = (lambda h: f"{h * 60:.0f}") if hi < 1.5 else (lambda h: f"{h:.1f}")
+    unit = "min" if hi < 1.5 else "h"
+    return (f"#1 {o.gpu}: {fmt(total)} {unit}, likely {fmt(lo)}-{fmt(hi)} ({basis}); "
+            f"VRAM likely {o.vram_range_gb[0]:.1f}-{o.vram_range_gb[1]:.1f} GB")
 
 
 def _storage(model_gb: float | None, sessions: float | None, hours: float | None, json_out: bool) -> None:

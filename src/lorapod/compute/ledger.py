@@ -77,6 +77,16 @@ CREATE TABLE IF NOT EXISTS events (
   kind TEXT NOT NULL,
   message TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS measured_runs (
+  job_id TEXT PRIMARY KEY,        -- what the planner learned from a finished job (plan/learned.py)
+  recorded_at REAL NOT NULL,
+  gpu_name TEXT,
+  model TEXT,
+  settings_json TEXT,             -- the planner's Settings of the job
+  seconds_per_step REAL,          -- median seconds per micro-batch
+  peak_gb REAL,                   -- highest mem_gb the run logged
+  steps INTEGER
+);
 CREATE TABLE IF NOT EXISTS prices (
   provider TEXT NOT NULL,
   offer_id TEXT NOT NULL,
@@ -315,6 +325,21 @@ class Ledger:
         else:
             rows = self._db.execute("SELECT * FROM events ORDER BY seq")
         return [dict(r) for r in rows]
+
+    def record_measurement(self, job_id: str, gpu_name: str | None, model: str, settings: dict[str, Any],
+                           seconds_per_step: float | None, peak_gb: float | None, steps: int) -> None:
+        """Remember what a finished job measured, for the planner (plan/learned.py)."""
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO measured_runs (job_id, recorded_at, gpu_name, model, settings_json,"
+                " seconds_per_step, peak_gb, steps) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (job_id, time.time(), gpu_name, model, json.dumps(settings, sort_keys=True), seconds_per_step,
+                 peak_gb, steps),
+            )
+
+    def measurements(self) -> list[dict[str, Any]]:
+        rows = self._db.execute("SELECT * FROM measured_runs ORDER BY recorded_at").fetchall()
+        return [{**dict(r), "settings": json.loads(r["settings_json"] or "{}")} for r in rows]
 
     def record_prices(self, offers: list[Any]) -> None:
         now = time.time()

@@ -15,8 +15,9 @@ from lorapod.catalog.prices import PROVIDERS, PriceEntry, load_prices, tier_desc
 from lorapod.catalog.snapshot import closest
 from lorapod.errors import PlanError
 from lorapod.plan.cost import Phase, cents, left_running_usd, price_job
+from lorapod.plan.fit import spread
 from lorapod.plan.job import Job, build_job
-from lorapod.plan.speed import Speed, step_speed
+from lorapod.plan.speed import Speed, family_of, step_speed
 from lorapod.plan.vram import Suggestion, make_fit
 from lorapod.spec import JobSpec
 
@@ -36,6 +37,10 @@ class Option:
     phases: list[Phase]
     warnings: list[str] = field(default_factory=list)
     price_source: str = "snapshot"
+    # (low, high) multipliers of the training time: the speed estimate's likely range, (1, 1)
+    # when the spec fixes the training minutes.
+    train_range: tuple[float, float] = (1.0, 1.0)
+    vram_range_gb: tuple[float, float] = (0.0, 0.0)
 
     @property
     def fits(self) -> bool:
@@ -54,6 +59,24 @@ class Option:
         """Dollars for GPU time only (the phases with hours), without storage and bandwidth."""
         return sum(p.usd for p in self.phases if p.hours > 0)
 
+    @property
+    def train_hours(self) -> float:
+        return sum(p.hours for p in self.phases if p.name in ("train", "sampling"))
+
+    def _scaled(self, total: float, part: float) -> list[float]:
+        lo, hi = self.train_range
+        return [round(total - part + part * lo, 4), round(total - part + part * hi, 4)]
+
+    @property
+    def hours_range(self) -> list[float]:
+        """Likely range of the total hours: the training phases at the speed's likely range."""
+        return self._scaled(self.hours_total, self.train_hours)
+
+    @property
+    def usd_range(self) -> list[float]:
+        train_usd = sum(p.usd for p in self.phases if p.name in ("train", "sampling"))
+        return self._scaled(self.usd_total, train_usd)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "provider": self.provider,
@@ -66,6 +89,15 @@ class Option:
             "usd_total": round(self.usd_total, 4),
             "phases": [{"name": p.name, "hours": round(p.hours, 4), "usd": round(p.usd, 4)} for p in self.phases],
             "warnings": self.warnings,
+            "hours_total_range": self.hours_range,
+            "usd_total_range": self.usd_range,
+            "vram_peak_gb_range": [round(x, 2) for x in self.vram_range_gb],
+            "speed": {
+                "seconds_per_step": round(self.speed.seconds_per_step, 4),
+                "seconds_per_step_range": [round(self.speed.low, 4), round(self.speed.high, 4)],
+                "basis": self.speed.basis,
+                "runs": [r.job_id for r in self.speed.runs],
+            },
         }
 
 
@@ -154,13 +186,17 @@ def plan_job(
     stale = snap.is_stale(today)
     plan = Plan(job, [], snap.date.isoformat(), snap.describe(today), list(job.warnings))
     est = job.estimate
+    vram_lo, vram_hi = spread(family_of(job.model), "vram")
+    vram_range = (est.peak_gb * vram_lo, est.peak_gb * vram_hi)
     speeds: dict[str, Speed] = {}
     for e in entries:
         g = find_gpu(e.gpu)
         verdict = est.verdict(g)
         if verdict == "does-not-fit" and not pinned:
             continue
-        speed = speeds.setdefault(g.name, step_speed(job.model, job.settings, g, est))
+        if g.name not in speeds:
+            speeds[g.name] = step_speed(job.model, job.settings, g, est)
+        speed = speeds[g.name]
         phases, warns = price_job(job, e, speed)
         warns = _gpu_warnings(g, verdict, est.headroom_gb(g), speed) + warns
         if verdict == "does-not-fit":
@@ -175,8 +211,13 @@ def plan_job(
         if e.tier == "spot":
             warns.append("spot: interruptible; a lost instance loses the work since the last checkpoint")
         warns = [*job.warnings, *warns, *_budget_warnings(spec, phases)]
+        if speed.basis == "your runs":
+            warns.append(f"speed from your {len(speed.runs)} run(s) with these settings: "
+                         + ", ".join(r.job_id for r in speed.runs[:3]) + " (lorapod plan --explain)")
+        fixed = spec.compute.phases.train_min is not None
+        train_range = (1.0, 1.0) if fixed else (speed.low / speed.seconds_per_step, speed.high / speed.seconds_per_step)
         plan.options.append(Option(e.provider, g.name, e.tier, e.usd_per_hour, verdict, round(est.headroom_gb(g), 2),
-                                   est.peak_gb, speed, phases, warns, e.source))
+                                   est.peak_gb, speed, phases, warns, e.source, train_range, vram_range))
     if not plan.options:
         raise _nothing_fits(job, entries)
     plan.options.sort(key=lambda o: (not o.fits, o.usd_total, o.hours_total))

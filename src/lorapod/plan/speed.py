@@ -1,37 +1,55 @@
-"""Training speed per GPU: seconds per step (images) or tokens per second (LLMs).
+"""Seconds per micro-batch step on a GPU: physics for the work, a fitted efficiency for the rest.
 
-time per step = FLOPs per step / (GPU paper peak x class efficiency x family MFU)
-              + bytes of frozen weights read per step / memory bandwidth
-              + block-swap traffic / PCIe bandwidth,
-times 1.2 with gradient checkpointing (the guides: "about 20% more time").
+    time = (matmul + attention + uncached VAE/text-encoder FLOPs) / (paper peak x efficiency)
+         + kernel launches x launch latency
+         + base weights streamed every pass / memory bandwidth (x a fitted factor when dequantised)
+         + adapters and optimizer state read and written / memory bandwidth
+    then block swap's host transfers, which overlap the compute: max(that, swapped bytes / PCIe).
 
-A family's MFU is not guessed: it is solved from the published point in the catalog (SDXL:
-1.25 it/s on an RTX 4090; FLUX.2 klein: 1800 steps in under an hour on an RTX 4090). Families
-without a point borrow the MFU of the family named in ``speed_like``; LLMs use LLM_MFU.
+The work terms are plan/work.py's physics. The efficiency is not assumed: it is
+exp(kind + GPU architecture + GPU class + trainer), each term fitted to the published
+measurements in catalog/data/measurements.yaml (plan/fit.py); attention has its own fitted factor
+on top, the dequantisation of a 4-bit or 8-bit base its own (how far below the memory bandwidth
+those kernels run), and each kind (LLM, U-Net, DiT) its kernel launch latency.
+Every estimate carries a likely range: the spread of the model's errors on sources it was not
+fitted to (leave-one-source-out), for its family (LLM, image, video).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from lorapod.catalog.gpus import GPU, find_gpu
-from lorapod.catalog.models import ImageModel, LLMArch, image_model
-from lorapod.plan.vram import BYTES_PER_PARAM, Estimate, Settings
+from lorapod.catalog.gpus import GPU
+from lorapod.catalog.models import ImageModel, LLMArch
+from lorapod.plan.vram import Estimate, Settings
+from lorapod.plan.work import Work, step_work
 
-GC_TIME_FACTOR = 1.2
-# Frozen base: the backward pass needs input gradients only (no weight gradients), so a step is
-# about two forward passes of compute.
-FWD_BWD_FACTOR = 2.0
-# bitsandbytes 4-bit dequantisation makes QLoRA steps slower than LoRA ones.
-QLORA_TIME_FACTOR = 1.3
-# Sustained model-FLOPs utilisation of LoRA training on LLMs (transformers + PEFT, SDPA, bf16),
-# relative to the GPU's effective peak. An assumption: no published point in our sources.
-LLM_MFU = 0.35
+if TYPE_CHECKING:
+    from lorapod.plan.learned import Match
+
 # Effective host-to-GPU bandwidth for block swap (PCIe 4.0 x16 in practice).
 PCIE_GB_S = 25.0
 # A card that runs out of VRAM and spills into shared system memory (Windows drivers) drops to
 # 50+ s per step (kohya_ss issue #1288, quoted by the guide). On Linux hosts it is an OOM.
 SPILL_SECONDS_PER_STEP = 50.0
+MAX_EFFICIENCY = 0.95
+# Launch latency of a kind the fit has not seen (microseconds).
+DEFAULT_LAUNCH_US = 10.0
+
+
+@dataclass(frozen=True)
+class Params:
+    """The fitted part of the speed model, as log terms: efficiency terms by name, ``attention``
+    (FlashAttention's efficiency relative to the matmuls'), ``dequant:<dtype>`` (how much slower
+    than the memory bandwidth dequantisation runs) and ``launch:<kind>`` (log of the kernel launch
+    latency in microseconds). A term the fit never saw counts as 0 (the kind's baseline)."""
+
+    theta: dict[str, float]
+
+    def launch_us(self, kind: str) -> float:
+        return math.exp(self.theta.get(f"launch:{kind}", math.log(DEFAULT_LAUNCH_US)))
 
 
 @dataclass(frozen=True)
@@ -39,7 +57,12 @@ class Speed:
     seconds_per_step: float
     tokens_per_step: int = 0
     spill: bool = False
-    mfu: float = 0.0
+    efficiency: float = 0.0
+    low: float = 0.0  # likely range of seconds per step
+    high: float = 0.0
+    basis: str = "model"  # model | your runs
+    terms: dict[str, float] = field(default_factory=dict)
+    runs: tuple[Match, ...] = ()
 
     @property
     def it_per_s(self) -> float:
@@ -50,70 +73,86 @@ class Speed:
         return self.tokens_per_step / self.seconds_per_step if self.tokens_per_step else 0.0
 
 
-def _image_compute_tflops(m: ImageModel, s: Settings) -> float:
-    return m.fwd_tflops(s.resolution) * s.batch * FWD_BWD_FACTOR
+def kind_of(model: ImageModel | LLMArch) -> str:
+    return "llm" if isinstance(model, LLMArch) else model.kind
 
 
-def _weight_bytes(m: ImageModel | LLMArch, s: Settings) -> float:
-    params = m.trained_params_b * 1e9 if isinstance(m, ImageModel) else m.params
-    return params * BYTES_PER_PARAM[s.base_dtype]
+def family_of(model: ImageModel | LLMArch) -> str:
+    """The error-bar family: llm, image or video."""
+    if isinstance(model, LLMArch):
+        return "llm"
+    return "video" if model.is_video else "image"
 
 
-def _memory_seconds(m: ImageModel | LLMArch, s: Settings, gpu: GPU) -> float:
-    passes = 3 if s.gradient_checkpointing else 2
-    return _weight_bytes(m, s) * passes / (gpu.mem_bw_gbs * 1e9)
+def features(model: ImageModel | LLMArch, s: Settings, gpu: GPU) -> list[str]:
+    """The names of the efficiency terms that apply; the first is the kind's baseline."""
+    return [f"kind:{kind_of(model)}", f"arch:{gpu.arch}", f"class:{gpu.gpu_class}", f"framework:{s.framework}"]
 
 
-def _swap_seconds(m: ImageModel, s: Settings) -> float:
-    if not (m.blocks and s.blocks_to_swap):
-        return 0.0
-    swapped = _weight_bytes(m, s) * min(s.blocks_to_swap, m.blocks - 1) / m.blocks
-    return swapped * 2 / (PCIE_GB_S * 1e9)
+def efficiencies(feats: list[str], params: Params) -> tuple[float, float]:
+    """(matmul, attention) efficiencies; attention has its own factor on top."""
+    e = math.exp(sum(params.theta.get(f, 0.0) for f in feats))
+    return min(MAX_EFFICIENCY, e), min(MAX_EFFICIENCY, e * math.exp(params.theta.get("attention", 0.0)))
 
 
-def family_mfu(m: ImageModel) -> float:
-    """Solve the MFU from the family's published point (or the point of its ``speed_like``)."""
-    ref = m if m.calibration else image_model(m.speed_like or "sdxl")
-    cal = ref.calibration
-    assert cal, f"{ref.name} has no calibration point"
-    gpu = find_gpu(cal["gpu"])
-    s = Settings("bf16", 16, "all-linear", "adamw_8bit", bool(cal["gradient_checkpointing"]),
-                 int(cal["batch"]), resolution=int(cal["resolution"]))
-    step = 1.0 / float(cal["it_per_s"])
-    if s.gradient_checkpointing:
-        step /= GC_TIME_FACTOR
-    compute_s = step - _memory_seconds(ref, s, gpu)
-    return _image_compute_tflops(ref, s) / (compute_s * gpu.effective_tflops)
+def dequant_factor(s: Settings, params: Params) -> float:
+    """How much slower than the memory bandwidth the dequantisation of the base runs (fitted)."""
+    return math.exp(params.theta.get(f"dequant:{s.base_dtype}", 0.0))
 
 
-def llm_step_tflops(m: LLMArch, s: Settings) -> float:
-    """Forward + input-gradient backward FLOPs of one micro-batch, in TFLOPs."""
-    tokens = s.batch * s.seq_len
-    linear = 2 * FWD_BWD_FACTOR * m.linear_params * tokens
-    head = 2 * FWD_BWD_FACTOR * m.vocab * m.hidden * tokens
-    # causal attention: QK^T and AV, 2 x 2 x seq x dim per token per layer, halved by the mask;
-    # backward about twice the forward.
-    attn = 3 * 2 * m.layers * s.seq_len * m.heads * m.head_dim * tokens
-    return (linear + head + attn) / 1e12
+def terms(work: Work, gpu: GPU, effs: tuple[float, float], launch_us: float, dequant: float = 1.0) -> dict[str, float]:
+    """Seconds per step, term by term (before block swap's overlap)."""
+    e_mm, e_att = effs
+    return {
+        "matmul compute": work.matmul_tflops / (gpu.bf16_tflops * e_mm),
+        "attention compute": work.attention_tflops / (gpu.bf16_tflops * e_att),
+        "uncached encoders": work.aux_tflops / (gpu.bf16_tflops * e_mm),
+        "kernel launches": work.kernels * launch_us * 1e-6,
+        "weights from memory": work.stream_gb / gpu.mem_bw_gbs,
+        "dequantisation": work.dequant_gb / gpu.mem_bw_gbs * dequant,
+        "optimizer": work.optimizer_gb / gpu.mem_bw_gbs,
+    }
 
 
-def step_speed(model: ImageModel | LLMArch, s: Settings, gpu: GPU, est: Estimate | None = None) -> Speed:
+def predict(model: ImageModel | LLMArch, s: Settings, gpu: GPU, params: Params) -> tuple[float, dict[str, float], float]:
+    """(seconds per step, terms, matmul efficiency); a mix of buckets is the mean over its buckets."""
+    variants = s.variants()
+    total, parts, eff = 0.0, {}, 0.0
+    launch = params.launch_us(kind_of(model))
+    for v in variants:
+        work = step_work(model, v)
+        effs = efficiencies(features(model, v, gpu), params)
+        eff = effs[0]
+        t = terms(work, gpu, effs, launch, dequant_factor(v, params))
+        core = sum(t.values())
+        swap = work.swap_gb / PCIE_GB_S
+        if swap:
+            t["block swap (beyond overlap)"] = max(0.0, swap - core)
+        total += max(core, swap)
+        for k, x in t.items():
+            parts[k] = parts.get(k, 0.0) + x / len(variants)
+    return total / len(variants), parts, eff
+
+
+def step_speed(model: ImageModel | LLMArch, s: Settings, gpu: GPU, est: Estimate | None = None,
+               *, learn: bool = True) -> Speed:
+    """The planner's estimate of one micro-batch step, from the user's own runs when one matches."""
+    from lorapod.plan.fit import fitted, measured_archs, spread, unseen_arch_spread
+
+    params = fitted()
+    seconds, parts, eff = predict(model, s, gpu, params)
+    lo, hi = spread(family_of(model), "speed")
+    if gpu.arch not in measured_archs():  # e.g. Hopper, Blackwell: no published step of their own
+        ulo, uhi = unseen_arch_spread()
+        lo, hi = min(lo, ulo), max(hi, uhi)
+    tokens = s.batch * s.seq_len if isinstance(model, LLMArch) else 0
+    speed = Speed(seconds, tokens, False, eff, seconds * lo, seconds * hi, "model", parts)
+    if learn:
+        from lorapod.plan.learned import measured_speed
+
+        speed = measured_speed(model, s, gpu, speed) or speed
     spill = est is not None and est.verdict(gpu) == "does-not-fit"
-    if isinstance(model, ImageModel):
-        mfu = family_mfu(model)
-        compute = _image_compute_tflops(model, s) / (gpu.effective_tflops * mfu)
-        tokens = 0
-    else:
-        mfu = LLM_MFU
-        compute = llm_step_tflops(model, s) / (gpu.effective_tflops * mfu)
-        tokens = s.batch * s.seq_len
-    seconds = compute + _memory_seconds(model, s, gpu)
-    if isinstance(model, ImageModel):
-        seconds += _swap_seconds(model, s)
-    if s.gradient_checkpointing:
-        seconds *= GC_TIME_FACTOR
-    if s.base_dtype == "nf4":
-        seconds *= QLORA_TIME_FACTOR
     if spill:
-        seconds = max(seconds, SPILL_SECONDS_PER_STEP)
-    return Speed(seconds, tokens, spill, mfu)
+        slow = max(speed.seconds_per_step, SPILL_SECONDS_PER_STEP)
+        speed = Speed(slow, tokens, True, eff, slow, max(slow, speed.high), speed.basis, parts, speed.runs)
+    return speed

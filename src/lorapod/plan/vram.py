@@ -10,21 +10,24 @@ nvidia-smi shows, and what a "24 GB" card holds).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from lorapod.catalog.gpus import GPU
 from lorapod.catalog.models import ImageModel, LLMArch
+from lorapod.plan.frameworks import framework
 from lorapod.spec import JobSpec
 
 GiB = 1024**3
 
 # Bytes per parameter of the frozen base. nf4: 4 bits plus bitsandbytes' double-quantised block
-# constants (~0.127 bit/param, QLoRA paper), i.e. 0.516 bytes.
-BYTES_PER_PARAM = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "nf4": 0.516}
+# constants (~0.127 bit/param, QLoRA paper), i.e. 0.516 bytes; gptq: 4 bits plus a 16-bit scale
+# and zero per group of 128 (published GPTQ int4 checkpoints, e.g. Qwen's Q-LoRA).
+BYTES_PER_PARAM = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "nf4": 0.516, "gptq": 0.53}
 # LoRA weights and gradients are fp32 (PEFT upcasts adapters); AdamW keeps two fp32 moments,
-# 8-bit AdamW two 8-bit moments.
-OPTIMIZER_BYTES = {"adamw": 8.0, "adamw_8bit": 2.0}
+# 8-bit AdamW two 8-bit moments; Adafactor factored second moments (a fraction of a byte).
+OPTIMIZER_BYTES = {"adamw": 8.0, "adamw_8bit": 2.0, "adafactor": 0.5}
 LORA_BYTES = 4.0 + 4.0
 # CUDA context, cuBLAS/cuDNN workspaces, and the caching allocator's fragmentation.
 OVERHEAD_FIXED_GB = 0.75
@@ -34,11 +37,17 @@ TIGHT_FRACTION = 0.10
 # LLM activations per token per layer without checkpointing, in elements: about 10 x hidden
 # (norm inputs, q/k/v/o inputs, SDPA output, residuals) + 4 x intermediate (SwiGLU inputs and
 # outputs), in bf16. With checkpointing only each layer's input (1 x hidden) is kept, plus one
-# layer recomputed at a time. Logits: bf16 + their fp32 upcast for the loss (6 bytes/vocab entry),
-# plus 2 for the gradient buffer.
+# layer recomputed at a time. SDPA / flash attention: no (sequence x sequence) term. The logits
+# term is the trainer's own (plan/frameworks.py).
 LLM_ACT_HIDDEN = 10
 LLM_ACT_INTER = 4
-LOGIT_BYTES = 8
+# Diffusion transformers: tensors saved per token per block without checkpointing, in units of
+# the hidden size (norms, q/k/v, attention output, the 4x MLP before and after its activation,
+# modulation and residuals: about 18). With checkpointing: each block's input, plus one block.
+DIT_ACT_HIDDEN = 18
+# lorapod's engine computes the loss at label positions only; with assistant-only labels about
+# half the tokens of a chat are labels (an assumption; a chat file's own share can differ).
+ASSISTANT_LABEL_FRACTION = 0.5
 
 Verdict = Literal["fits", "tight", "does-not-fit"]
 
@@ -59,6 +68,13 @@ class Settings:
     cache_text_encoder_outputs: bool = True
     train_text_encoder: bool = False
     blocks_to_swap: int = 0
+    # Clips: frames per sample (1 = still images). A tuple (like resolution's) is a mix of buckets.
+    frames: int | tuple[int, ...] = 1
+    # The trainer whose memory layout and speed apply (plan/frameworks.py).
+    framework: str = "lorapod"
+    grad_accum: int = 1
+    # Share of tokens that reach the LM head (lorapod's engine skips non-label positions).
+    label_fraction: float = 1.0
 
     @classmethod
     def from_spec(cls, spec: JobSpec, model: ImageModel | LLMArch) -> Settings:
@@ -68,6 +84,7 @@ class Settings:
         elif dtype == "auto":
             dtype = model.default_dtype if isinstance(model, ImageModel) else "bf16"
         targets = spec.method.target_modules
+        frames = getattr(spec.data, "frames", None) or 1
         return cls(
             base_dtype=dtype,
             r=spec.method.r,
@@ -81,7 +98,26 @@ class Settings:
             cache_text_encoder_outputs=spec.data.cache_text_encoder_outputs,
             train_text_encoder=spec.method.train_text_encoder,
             blocks_to_swap=spec.train.blocks_to_swap,
+            frames=tuple(frames) if isinstance(frames, list | tuple) else int(frames),
+            framework=_default_framework(model),
+            grad_accum=spec.train.grad_accum,
+            label_fraction=ASSISTANT_LABEL_FRACTION if spec.data.train_on_assistant_only else 1.0,
         )
+
+    def variants(self) -> list[Settings]:
+        """One single-valued Settings per (resolution, frames) bucket of a mix; itself if none."""
+        res = self.resolution if isinstance(self.resolution, tuple) else (self.resolution,)
+        frm = self.frames if isinstance(self.frames, tuple) else (self.frames,)
+        if len(res) == 1 and len(frm) == 1:
+            return [self]
+        return [replace(self, resolution=r, frames=f) for r, f in itertools.product(res, frm)]
+
+
+def _default_framework(model: ImageModel | LLMArch) -> str:
+    """lorapod trains LLMs itself; image jobs run the external trainer the recipes name."""
+    if isinstance(model, LLMArch):
+        return "lorapod"
+    return "musubi-tuner" if model.is_video else "sd-scripts"
 
 
 @dataclass(frozen=True)
@@ -119,6 +155,11 @@ class Suggestion:
 
 
 def estimate(model: ImageModel | LLMArch, s: Settings) -> Estimate:
+    """Peak memory; a mix of buckets peaks at its largest one."""
+    variants = s.variants()
+    if len(variants) > 1:
+        worst = max((estimate(model, v) for v in variants), key=lambda e: e.peak_gb)
+        return Estimate(worst.peak_gb, worst.parts, s)
     parts = _image_parts(model, s) if isinstance(model, ImageModel) else _llm_parts(model, s)
     subtotal = sum(parts.values())
     parts["framework overhead"] = OVERHEAD_FIXED_GB + OVERHEAD_FRACTION * subtotal
@@ -126,10 +167,16 @@ def estimate(model: ImageModel | LLMArch, s: Settings) -> Estimate:
     return Estimate(round(sum(parts.values()), 2), parts, s)
 
 
+def _image_weights_gb(m: ImageModel, dtype: str) -> float:
+    return m.trained_params_b * 1e9 * BYTES_PER_PARAM[dtype] / GiB
+
+
 def _image_parts(m: ImageModel, s: Settings) -> dict[str, float]:
     bpp = BYTES_PER_PARAM[s.base_dtype]
-    scale = s.batch * (s.resolution / m.ref_resolution) ** 2
-    weights = m.trained_params_b * 1e9 * bpp / GiB
+    res = int(s.resolution)  # type: ignore[arg-type]
+    frames = int(s.frames)  # type: ignore[arg-type]
+    pixels = (res / m.ref_resolution) ** 2
+    weights = _image_weights_gb(m, s.base_dtype)
     parts: dict[str, float] = {f"base weights ({m.kind}, {s.base_dtype})": weights}
     if m.blocks and s.blocks_to_swap:
         swapped = min(s.blocks_to_swap, m.blocks - 1) / m.blocks
@@ -138,17 +185,27 @@ def _image_parts(m: ImageModel, s: Settings) -> dict[str, float]:
         te_bpp = min(bpp, 2.0) if s.base_dtype != "fp32" else 4.0
         parts["text encoder(s)"] = m.text_encoder_params_b * 1e9 * te_bpp / GiB
     if not s.cache_latents:
-        parts["VAE + encoding"] = m.vae_params_b * 1e9 * 2 / GiB + m.vae_encode_gb * scale
+        parts["VAE + encoding"] = m.vae_params_b * 1e9 * 2 / GiB + m.vae_encode_gb * pixels * s.batch * frames
     lora = m.lora_params_per_rank_m * 1e6 * s.r * (1.2 if s.train_text_encoder else 1.0)
-    parts["LoRA weights, grads, optimizer"] = lora * (LORA_BYTES + OPTIMIZER_BYTES[s.optimizer]) / GiB
-    act = m.activations_gc_gb if s.gradient_checkpointing else m.activations_full_gb
-    parts["activations"] = act * scale
+    parts["LoRA weights, grads, optimizer"] = lora * (LORA_BYTES + OPTIMIZER_BYTES.get(s.optimizer, 8.0)) / GiB
+    if m.kind == "dit" and m.hidden and m.attn_blocks:
+        tokens = m.image_tokens(res, frames) + (m.text_tokens if m.joint_text else 0)
+        per_block = s.batch * tokens * m.hidden * 2  # one bf16 tensor of hidden size, per block
+        if s.gradient_checkpointing:
+            act = per_block * m.attn_blocks + per_block * DIT_ACT_HIDDEN
+        else:
+            act = per_block * DIT_ACT_HIDDEN * m.attn_blocks
+        parts["activations"] = act / GiB
+    else:
+        act = m.activations_gc_gb if s.gradient_checkpointing else m.activations_full_gb
+        parts["activations"] = act * pixels * s.batch * frames
     return parts
 
 
 def _llm_parts(m: LLMArch, s: Settings) -> dict[str, float]:
-    if s.base_dtype == "nf4":
-        weights = (m.linear_params * BYTES_PER_PARAM["nf4"] + (m.params - m.linear_params) * 2) / GiB
+    fw = framework(s.framework)
+    if s.base_dtype in ("nf4", "gptq"):
+        weights = (m.linear_params * BYTES_PER_PARAM[s.base_dtype] + (m.params - m.linear_params) * 2) / GiB
     else:
         weights = m.params * BYTES_PER_PARAM[s.base_dtype] / GiB
     lora = m.lora_params(s.r, s.targets if isinstance(s.targets, str) else list(s.targets))
@@ -156,14 +213,15 @@ def _llm_parts(m: LLMArch, s: Settings) -> dict[str, float]:
     act_bytes = 2 if s.base_dtype != "fp32" else 4
     per_layer = tokens * (LLM_ACT_HIDDEN * m.hidden + LLM_ACT_INTER * m.intermediate) * act_bytes
     if s.gradient_checkpointing:
-        act = m.layers * tokens * m.hidden * act_bytes + per_layer
+        kept = 0 if fw.offloads_checkpoints else m.layers * tokens * m.hidden * act_bytes
+        act = kept + per_layer
     else:
         act = m.layers * per_layer
     return {
         f"base weights ({s.base_dtype})": weights,
-        "LoRA weights, grads, optimizer": lora * (LORA_BYTES + OPTIMIZER_BYTES[s.optimizer]) / GiB,
+        "LoRA weights, grads, optimizer": lora * (LORA_BYTES + OPTIMIZER_BYTES.get(s.optimizer, 8.0)) / GiB,
         "activations": act / GiB,
-        "logits + loss": tokens * m.vocab * LOGIT_BYTES / GiB,
+        f"logits + loss ({fw.name})": tokens * s.label_fraction * m.vocab * fw.logit_bytes / GiB,
     }
 
 

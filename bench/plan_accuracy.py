@@ -1,0 +1,79 @@
+"""The planner against every published measurement, each predicted by a model not fitted to its source.
+
+    PYTHONPATH=src python bench/plan_accuracy.py            # summary + every point (markdown)
+    PYTHONPATH=src python bench/plan_accuracy.py --summary  # the summary table only
+
+Leave-one-source-out: for each source in catalog/data/measurements.yaml the speed model is fitted
+to the other sources and predicts this one. The memory model has no fitted part, so its errors
+are held-out as they stand. "in range" checks the printed likely range: each source's range comes
+from the other sources' held-out errors only. docs/planner.md reproduces the tables.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from statistics import median
+
+from lorapod.plan.fit import Residual, held_out, range_holds
+
+TARGETS = {"speed": 0.20, "vram": 0.25, "speed ratio": 0.20}
+
+
+def _metric(r: Residual) -> str:
+    """Step times and peaks, with GPU time ratios (H100 / A100 of one source) apart."""
+    return "speed ratio" if r.obs.metric == "speed_ratio" else r.metric
+
+
+def summary(res: list[Residual]) -> list[dict[str, object]]:
+    by_source: dict[str, list[Residual]] = defaultdict(list)
+    for r in res:
+        by_source[r.obs.source.id].append(r)
+    holds = range_holds(by_source)
+    rows = []
+    groups = sorted({(_metric(r), r.family) for r in res})
+    for metric, family in [*groups, ("speed", "all"), ("vram", "all")]:
+        mine = [r for r in res if _metric(r) == metric and (family == "all" or r.family == family) and not r.obs.is_bound]
+        bounds = [r for r in res if _metric(r) == metric and (family == "all" or r.family == family) and r.obs.is_bound]
+        inr = [ok for r, ok in holds if _metric(r) == metric and (family == "all" or r.family == family)]
+        if not mine and not bounds:
+            continue
+        errs = sorted(abs(r.error) for r in mine)
+        rows.append({
+            "metric": metric, "family": family, "points": len(mine),
+            "sources": len({r.obs.source.id for r in mine}),
+            "within": sum(r.ok for r in mine), "target": TARGETS[metric],
+            "median": median(errs) if errs else float("nan"),
+            "p90": errs[int(0.9 * (len(errs) - 1))] if errs else float("nan"),
+            "in_range": sum(inr), "ranged": len(inr),
+            "bounds_held": sum(r.ok for r in bounds), "bounds": len(bounds),
+        })
+    return rows
+
+
+def main() -> None:
+    res = held_out()
+    print("| metric | family | points (sources) | within target | median error | 90th pct error | published in printed range | bounds held |")
+    print("|---|---|---|---|---|---|---|---|")
+    for s in summary(res):
+        pts = int(s["points"])  # type: ignore[call-overload]
+        within = f"{s['within']}/{pts} ({int(s['within']) / pts:.0%}) at {s['target']:.0%}" if pts else "-"  # type: ignore[call-overload]
+        ranged = int(s["ranged"])  # type: ignore[call-overload]
+        inr = f"{s['in_range']}/{ranged} ({int(s['in_range']) / ranged:.0%})" if ranged else "-"  # type: ignore[call-overload]
+        med = f"{s['median']:.0%}" if pts else "-"
+        p90 = f"{s['p90']:.0%}" if pts else "-"
+        print(f"| {s['metric']} | {s['family']} | {pts} ({s['sources']}) | {within} | {med} | {p90} | {inr} | "
+              f"{s['bounds_held']}/{s['bounds']} |")
+    if "--summary" in sys.argv:
+        return
+    print()
+    print("| source | setting | metric | published | held-out estimate | error |")
+    print("|---|---|---|---|---|---|")
+    for r in res:
+        o = r.obs
+        mark = "" if r.ok else " (miss)"
+        print(f"| {o.source.id} | {o.what} | {o.metric} | {o.value:.3g} | {r.estimate:.3g} | {r.error:+.0%}{mark} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""How each trainer builds the tensors the memory model counts: logits, loss and checkpoints.
+
+The same job needs very different memory in different trainers, mostly because of two things:
+how the (tokens x vocabulary) logits are built for the loss, and where gradient checkpoints
+live. Each profile below says it as the trainer's code does it (bytes per logit element, summed
+over the tensors alive at the loss's peak), so the memory model can count it instead of guessing.
+Speed differences between trainers are not written here: they are fitted (plan/fit.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Framework:
+    name: str
+    # Bytes per (token x vocabulary) element alive at the loss's peak.
+    logit_bytes: float
+    # Gradient checkpoints (each layer's input) are kept in CPU RAM, not on the GPU.
+    offloads_checkpoints: bool = False
+    why: str = ""
+
+
+FRAMEWORKS: dict[str, Framework] = {
+    "hf": Framework(
+        "hf", 16.0,
+        why="transformers < 4.46 (LlamaForCausalLM): logits upcast to fp32 in the model (4), a shifted "
+        "contiguous copy (4), log-softmax saved for backward (4), its gradient (4)",
+    ),
+    "transformers-4.46": Framework(
+        "transformers-4.46", 10.0,
+        why="transformers >= 4.46 (ForCausalLMLoss): bf16 logits (2), their fp32 upcast (4), log-softmax (4); labels are "
+        "shifted instead of the logits",
+    ),
+    "lorapod": Framework(
+        "lorapod", 10.0,
+        why="lorapod's engine: bf16 logits (2) at label positions only, their fp32 upcast (4), log-softmax (4)",
+    ),
+    "qwen-remote-code": Framework(
+        "qwen-remote-code", 8.0,
+        why="Qwen (v1) remote code: loss on bf16 logits: logits (2), shifted copy (2), log-softmax (2), gradient (2)",
+    ),
+    "torchtune": Framework(
+        "torchtune", 3.0,
+        why="CEWithChunkedOutputLoss: bf16 logits kept as 8 chunks (2), one chunk upcast to fp32 at a time",
+    ),
+    "litgpt": Framework(
+        "litgpt", 3.0, why="chunked LM head (128 tokens): bf16 logit chunks (2), fp32 per chunk",
+    ),
+    "unsloth": Framework(
+        "unsloth", 0.0, offloads_checkpoints=True,
+        why="fused / cut cross-entropy never holds the full logits; 'unsloth' checkpointing offloads layer inputs",
+    ),
+}
+# Image trainers: the loss is on latents, so no logits; the entries exist so their speed can be fitted.
+for _name in ("sd-scripts", "musubi-tuner", "simpletuner", "ai-toolkit", "diffusers", "diffusion-pipe"):
+    FRAMEWORKS[_name] = Framework(_name, 0.0)
+
+
+def framework(name: str) -> Framework:
+    return FRAMEWORKS.get(name, FRAMEWORKS["hf"])

@@ -1,0 +1,123 @@
+"""What one micro-batch step asks of the GPU: FLOPs, bytes and kernel launches, by physics.
+
+A LoRA step on a frozen base runs the forward pass, a backward pass that needs only input
+gradients (no weight gradients for the base, so about one forward's worth of matmul FLOPs), and,
+with gradient checkpointing, the forward of every layer once more. Attention is counted apart,
+because it grows with the square of the tokens it sees: text tokens of an LLM (causal, so half
+of the square), latent tokens of an image or video (every frame's patches, plus the text tokens
+when the model attends jointly). Its backward costs about 2.5 forwards (FlashAttention's
+recomputation). Work that is not the denoiser's or the decoder's is counted too: a VAE encode and
+a text-encoder forward per sample when they are not cached, the optimizer's read and write of
+the adapters, and the weights streamed from memory every pass (dequantised every pass under
+QLoRA or an fp8 base).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lorapod.catalog.models import ImageModel, LLMArch
+from lorapod.plan.vram import BYTES_PER_PARAM, LORA_BYTES, OPTIMIZER_BYTES, Settings
+
+ATTN_BWD = 2.5
+# Bytes moved per base parameter per pass: a 16-bit weight is read once; a 4-bit or 8-bit one is
+# read, dequantised to bf16 (written) and read again by the matmul. Dequantisation kernels do not
+# reach the memory bandwidth, so their time gets a fitted factor (plan/speed.py).
+STREAM_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0 + 4.0, "nf4": 0.516 + 4.0, "gptq": 0.53 + 4.0}
+QUANTISED = ("fp8", "nf4", "gptq")
+# LLM kernels per layer per forward: ~15 for the block, ~4 more for every LoRA-wrapped linear.
+LLM_KERNELS_PER_LAYER = 15
+LORA_KERNELS = 4
+
+
+@dataclass(frozen=True)
+class Work:
+    """One micro-batch step. FLOPs in TFLOPs, bytes in GB."""
+
+    matmul_tflops: float  # linear / conv work of the trained model (fwd + bwd + recompute)
+    attention_tflops: float  # the quadratic part
+    aux_tflops: float  # VAE encode / text encoders when not cached (forward only)
+    stream_gb: float  # 16-bit base weights streamed from memory, all passes
+    dequant_gb: float  # quantised base weights: read, dequantised, read again, all passes
+    optimizer_gb: float  # adapters + optimizer state read and written once per optimizer step
+    kernels: int  # kernel launches, all passes
+    swap_gb: float  # weights moved host <-> GPU by block swap
+    tokens: int  # tokens per step (LLMs) or latent tokens (images)
+
+    @property
+    def tflops(self) -> float:
+        return self.matmul_tflops + self.attention_tflops + self.aux_tflops
+
+
+def step_work(model: ImageModel | LLMArch, s: Settings) -> Work:
+    if isinstance(model, LLMArch):
+        return _llm_work(model, s)
+    return _image_work(model, s)
+
+
+def _passes(s: Settings) -> tuple[float, float]:
+    """(matmul passes, attention passes) in forward-equivalents."""
+    gc = 1.0 if s.gradient_checkpointing else 0.0
+    return 2.0 + gc, 1.0 + ATTN_BWD + gc
+
+
+def _lora_targets(s: Settings, available: int) -> int:
+    if isinstance(s.targets, str):
+        return available if s.targets == "all-linear" else 4
+    return len(s.targets)
+
+
+def _llm_work(m: LLMArch, s: Settings) -> Work:
+    tokens = s.batch * s.seq_len
+    mm, att = _passes(s)
+    lora = m.lora_params(s.r, s.targets if isinstance(s.targets, str) else list(s.targets))
+    linear = 2 * (m.linear_params + 2 * lora) * tokens * mm
+    attn = 2 * m.layers * m.heads * m.head_dim * s.seq_len * tokens * att  # causal: half of 4 s d
+    head = 2 * m.vocab * m.hidden * tokens * s.label_fraction * 2.0  # forward + input gradient
+    linear_bytes = m.linear_params * STREAM_BYTES[s.base_dtype] * mm
+    dequant = linear_bytes if s.base_dtype in QUANTISED else 0.0
+    stream = m.embedding_params * 2 * mm + (0.0 if dequant else linear_bytes)
+    n_lora = _lora_targets(s, len(m.linear_shapes()))
+    kernels = int(m.layers * (LLM_KERNELS_PER_LAYER + LORA_KERNELS * n_lora) * (1 + 2 + (mm - 2)))
+    opt = lora * (LORA_BYTES + OPTIMIZER_BYTES.get(s.optimizer, 8.0)) * 2 / max(1, s.grad_accum)
+    return Work((linear + head) / 1e12, attn / 1e12, 0.0, stream / 1e9, dequant / 1e9, opt / 1e9, kernels, 0.0, tokens)
+
+
+def _image_work(m: ImageModel, s: Settings) -> Work:
+    res, frames = int(s.resolution), int(s.frames)  # type: ignore[arg-type]
+    mm, att = _passes(s)
+    pixels = (res / m.ref_resolution) ** 2
+    latent_frames = m.latent_frames(frames)
+    if m.kind == "dit" and m.patch_px:
+        img = m.image_tokens(res, frames)
+        txt = m.text_tokens
+        self_tokens = img + (txt if m.joint_text else 0)
+        linear = 2 * m.trained_params_b * 1e9 * self_tokens
+        attn = 4 * self_tokens**2 * m.hidden * m.attn_blocks
+        if not m.joint_text:  # cross-attention to the text tokens
+            attn += 4 * img * txt * m.hidden * m.attn_blocks
+        linear, attn, tokens = linear / 1e12, attn / 1e12, int(self_tokens)
+    else:
+        ref = m.fwd_tflops_at_ref or 0.0
+        attn = m.attn_tflops_at_ref * pixels**2 * latent_frames
+        linear = (ref - m.attn_tflops_at_ref) * pixels * latent_frames
+        tokens = int((res / 8) ** 2)
+    aux = 0.0
+    if not s.cache_latents:
+        aux += m.vae_encode_tflops_at_ref * pixels * frames
+    if not s.cache_text_encoder_outputs or s.train_text_encoder:
+        aux += 2 * m.text_encoder_params_b * 1e9 * max(m.text_tokens, 77) / 1e12
+    params = m.trained_params_b * 1e9
+    weight_bytes = params * STREAM_BYTES[s.base_dtype] * mm
+    dequant = weight_bytes if s.base_dtype in QUANTISED else 0.0
+    stream = 0.0 if dequant else weight_bytes
+    swap = 0.0
+    if m.blocks and s.blocks_to_swap:
+        swapped = min(s.blocks_to_swap, m.blocks - 1) / m.blocks
+        swap = params * BYTES_PER_PARAM[s.base_dtype] * swapped * 2  # in for forward, again for backward
+    lora = m.lora_params_per_rank_m * 1e6 * s.r
+    opt = lora * (LORA_BYTES + OPTIMIZER_BYTES.get(s.optimizer, 8.0)) * 2 / max(1, s.grad_accum)
+    kernels = int(m.kernels_per_fwd * (1 + 2 + (mm - 2)))
+    b = s.batch
+    return Work(linear * mm * b, attn * att * b, aux * b, stream / 1e9, dequant / 1e9, opt / 1e9, kernels, swap / 1e9,
+                tokens * b)

@@ -1,0 +1,202 @@
+"""The planner against published measurements it was not fitted to, and the physics under it.
+
+No test here asserts a figure the model was solved from: speed is checked on sources held out
+of the fit (leave-one-source-out), memory (which has no fitted part) on every published point,
+and the physics tests are arithmetic on given inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import replace
+
+import pytest
+
+from lorapod.catalog.gpus import find_gpu
+from lorapod.catalog.measurements import load_measurements
+from lorapod.catalog.models import find_model
+from lorapod.plan.fit import fit, held_out, predict_obs, range_holds, speed_points
+from lorapod.plan.speed import predict
+from lorapod.plan.vram import GiB, Settings, estimate
+from lorapod.plan.work import step_work
+
+
+@pytest.fixture(autouse=True)
+def _isolate(tmp_path, monkeypatch):
+    monkeypatch.setenv("LORAPOD_HOME", str(tmp_path / "home"))
+
+
+@pytest.fixture(scope="module")
+def residuals():
+    return held_out()
+
+
+def test_dataset_has_forty_sourced_points_of_every_family():
+    snap, obs = load_measurements()
+    assert snap.date.isoformat() == "2026-12-01"
+    points = {(o.source.id, o.what, o.settings) for o in obs}
+    assert len(points) >= 40
+    for o in obs:
+        assert o.source.url.startswith(("https://", "file://")) and len(o.source.read) > 10
+    families = {(o.is_speed, type(o.model).__name__, getattr(o.model, "is_video", False)) for o in obs}
+    assert (True, "LLMArch", False) in families and (True, "ImageModel", False) in families
+    assert (True, "ImageModel", True) in families  # a video point
+    assert len({o.source.id for o in obs}) >= 10
+
+
+def test_a_source_held_out_is_predicted_by_the_others():
+    """Fit without LLaMA-Factory's table; its eight Unsloth QLoRA points are then out-of-sample."""
+    train = [o for o in speed_points() if o.source.id != "llamafactory-wiki"]
+    params = fit(train)
+    held = [o for o in speed_points() if o.source.id == "llamafactory-wiki" and o.settings.framework == "unsloth"]
+    assert len(held) == 8
+    errors = [predict_obs(o, params) / o.value - 1 for o in held]
+    assert sum(abs(e) <= 0.25 for e in errors) >= 5, errors
+    assert all(abs(e) < 0.6 for e in errors), errors
+
+
+def test_leave_one_source_out_speed(residuals):
+    speed = [r for r in residuals if r.metric == "speed" and not r.obs.is_bound and r.obs.metric != "speed_ratio"]
+    assert len(speed) >= 40
+    within = sum(r.ok for r in speed) / len(speed)
+    # Achieved 73% within 20% on measured steps (target 75%, not met; docs/planner.md says where it misses).
+    assert within >= 0.65
+    assert sorted(abs(r.error) for r in speed)[len(speed) // 2] <= 0.18
+    llm = [r for r in speed if r.family == "llm"]
+    assert sum(r.ok for r in llm) / len(llm) >= 0.75
+
+
+def test_gpu_ratios_held_out_show_why_they_are_fitted(residuals):
+    """Without the one source that has H100 and A100 side by side, Hopper is only its paper peak:
+    the held-out H100 / A100 time ratio comes out about half the published one (docs/planner.md)."""
+    ratios = [r for r in residuals if r.obs.metric == "speed_ratio"]
+    assert len(ratios) == 5
+    assert all(r.error < -0.4 for r in ratios)
+
+
+def test_leave_one_source_out_vram(residuals):
+    vram = [r for r in residuals if r.metric == "vram" and not r.obs.is_bound]
+    assert len(vram) >= 40
+    assert sum(r.ok for r in vram) / len(vram) >= 0.80
+    assert all(r.ok for r in residuals if r.metric == "vram" and r.obs.is_bound)
+
+
+def test_printed_ranges_hold_held_out_figures(residuals):
+    by_source = defaultdict(list)
+    for r in residuals:
+        by_source[r.obs.source.id].append(r)
+    holds = range_holds(by_source)
+    for metric in ("speed", "vram"):
+        mine = [ok for r, ok in holds if r.metric == metric]
+        assert sum(mine) / len(mine) >= 0.80, metric
+
+
+# ---------------------------------------------------------------------------- physics
+
+
+def _llm(seq, **kw):
+    return Settings(kw.pop("dtype", "bf16"), 16, "all-linear", "adamw", kw.pop("gc", True), 1, seq_len=seq, **kw)
+
+
+def test_attention_grows_with_the_square_of_the_tokens():
+    m = find_model("meta-llama/Llama-3.1-8B")
+    short, long = step_work(m, _llm(4096)), step_work(m, _llm(8192))
+    assert long.attention_tflops == pytest.approx(4 * short.attention_tflops)
+    assert long.matmul_tflops == pytest.approx(2 * short.matmul_tflops)
+    # causal attention forward: 2 x layers x (heads x head_dim) x seq^2; x (1 + 2.5 + 1 recompute)
+    assert short.attention_tflops == pytest.approx(2 * 32 * 4096 * 4096**2 * 4.5 / 1e12)
+
+
+def test_video_counts_latent_frames_and_their_attention():
+    wan = find_model("wan21-14b")
+    img = Settings("fp8", 32, "all-linear", "adamw", True, 1, resolution=480)
+    clip = replace(img, frames=81)
+    assert wan.latent_frames(81) == 21
+    assert wan.image_tokens(480, 81) == (480 / 16) ** 2 * 21
+    w1, w81 = step_work(wan, img), step_work(wan, clip)
+    assert w81.matmul_tflops == pytest.approx(21 * w1.matmul_tflops)
+    tokens, text, passes = 900 * 21, 512, 1 + 2.5 + 1
+    self_attn = 4 * tokens**2 * 5120 * 40  # every latent token attends to every other, 40 blocks
+    cross = 4 * tokens * text * 5120 * 40  # and to the 512 text tokens
+    assert w81.attention_tflops == pytest.approx((self_attn + cross) * passes / 1e12)
+
+
+def test_checkpointing_adds_a_forward_and_saves_activations():
+    m = find_model("meta-llama/Llama-3.1-8B")
+    on, off = step_work(m, _llm(2048)), step_work(m, _llm(2048, gc=False))
+    lora = m.lora_params(16, "all-linear")
+    blocks = 2 * (m.linear_params + 2 * lora) * 2048 / 1e12  # one forward of the decoder blocks
+    head = 2 * m.vocab * m.hidden * 2048 * 2 / 1e12  # LM head forward + input gradient, never recomputed
+    assert off.matmul_tflops == pytest.approx(2 * blocks + head)
+    assert on.matmul_tflops == pytest.approx(3 * blocks + head)
+    assert estimate(m, _llm(2048)).parts["activations"] < estimate(m, _llm(2048, gc=False)).parts["activations"] / 5
+
+
+def test_logits_are_counted_as_each_trainer_builds_them():
+    m = find_model("meta-llama/Llama-3.1-8B")
+    tokens, vocab = 4096, 128256
+    parts = {fw: estimate(m, _llm(tokens, framework=fw)).parts for fw in ("hf", "torchtune", "unsloth", "lorapod")}
+    assert parts["hf"]["logits + loss (hf)"] == pytest.approx(tokens * vocab * 16 / GiB, rel=1e-3)
+    assert parts["torchtune"]["logits + loss (torchtune)"] == pytest.approx(tokens * vocab * 3 / GiB, rel=1e-3)
+    assert parts["unsloth"]["logits + loss (unsloth)"] == 0
+    half = estimate(m, _llm(tokens, framework="lorapod", label_fraction=0.5)).parts["logits + loss (lorapod)"]
+    assert half == pytest.approx(tokens * vocab * 10 * 0.5 / GiB, rel=1e-3)
+    # unsloth keeps the checkpoints in CPU RAM
+    assert parts["unsloth"]["activations"] < parts["hf"]["activations"]
+
+
+def test_uncached_encoders_and_block_swap_cost_time_not_compute():
+    flux, gpu = find_model("flux1-dev"), find_gpu("RTX 4090")
+    from lorapod.plan.fit import fitted
+
+    base = Settings("fp8", 16, "all-linear", "adamw_8bit", True, 1, resolution=1024)
+    t0 = predict(flux, base, gpu, fitted())[0]
+    uncached = predict(flux, replace(base, cache_text_encoder_outputs=False, cache_latents=False), gpu, fitted())
+    assert uncached[0] > t0 and uncached[1]["uncached encoders"] > 0
+    swap = replace(base, blocks_to_swap=40)
+    assert estimate(flux, swap).peak_gb < estimate(flux, base).peak_gb
+    w = step_work(flux, swap)
+    assert w.swap_gb == pytest.approx(11.9e9 * 1 * 40 / 57 * 2 / 1e9)
+    assert predict(flux, swap, gpu, fitted())[0] >= max(t0, w.swap_gb / 25.0) * 0.999
+
+
+def test_a_mix_of_buckets_averages_time_and_peaks_at_the_largest():
+    flux, gpu = find_model("flux1-dev"), find_gpu("A40")
+    from lorapod.plan.fit import fitted
+
+    mix = Settings("fp8", 16, "all-linear", "adamw_8bit", True, 1, resolution=(512, 1024))
+    each = [predict(flux, replace(mix, resolution=r), gpu, fitted())[0] for r in (512, 1024)]
+    assert predict(flux, mix, gpu, fitted())[0] == pytest.approx(sum(each) / 2)
+    assert estimate(flux, mix).peak_gb == estimate(flux, replace(mix, resolution=1024)).peak_gb
+
+
+def test_fit_recovers_known_efficiencies_from_synthetic_points():
+    """Points made by the model itself with known parameters: the fit must find them again."""
+    from lorapod.plan.speed import Params
+
+    truth = Params({"kind:llm": math.log(0.4), "arch:ada": 0.2, "arch:ampere": -0.1, "class:geforce": 0.0,
+                    "class:a100": 0.0, "dequant:nf4": 1.2, "framework:hf": 0.0,
+                    "attention": -0.2, "launch:llm": math.log(10.0)})
+    obs = [o for o in speed_points() if o.source.id in ("qwen-readme", "llamafactory-wiki", "torchtune-readme")]
+    synthetic = [replace(o, value=predict(o.model, replace(o.settings, framework="hf"), o.gpu(), truth)[0],
+                         settings=replace(o.settings, framework="hf")) for o in obs]
+    got = fit(synthetic)
+    errors = sorted(abs(predict(o.model, o.settings, o.gpu(), got)[0] / o.value - 1) for o in synthetic)
+    assert errors[-1] < 0.10 and errors[len(errors) // 2] < 0.03  # ridge pulls terms a little towards 0
+    assert got.theta["dequant:nf4"] > 0.8  # dequantisation found well below the memory bandwidth
+
+
+def test_a_gpu_architecture_without_measured_steps_gets_the_wider_range():
+    from lorapod.plan.fit import measured_archs, unseen_arch_spread
+    from lorapod.plan.speed import step_speed
+
+    m = find_model("meta-llama/Llama-3.1-8B")
+    s = _llm(2048)
+    assert "hopper" not in measured_archs() and "ada" in measured_archs()
+    h100 = step_speed(m, s, find_gpu("H100 SXM"), learn=False)
+    rtx = step_speed(m, s, find_gpu("RTX 4090"), learn=False)
+    lo, hi = unseen_arch_spread()
+    assert h100.low == pytest.approx(min(lo, rtx.low / rtx.seconds_per_step) * h100.seconds_per_step)
+    assert h100.high == pytest.approx(max(hi, rtx.high / rtx.seconds_per_step) * h100.seconds_per_step)
+    assert h100.high / h100.low > rtx.high / rtx.low
