@@ -100,16 +100,19 @@ def test_saved_adapter_reloads_to_same_logits(assets, tmp_path):
 
 def test_disk_full_during_checkpoint_keeps_earlier_ones(assets, tmp_path, monkeypatch):
     spec, run = _run(assets, tmp_path, epochs=1)
-    real_save = torch.save
-    calls = {"n": 0}
+    import lorapod.engine.checkpoint as ckpt
 
-    def flaky_save(obj, f, *a, **k):
-        calls["n"] += 1
-        if calls["n"] == 3:  # the second checkpoint's optimizer file
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real_save(obj, f, *a, **k)
+    real_save = ckpt.save_file
+    calls = {"optimizer": 0}
 
-    monkeypatch.setattr(torch, "save", flaky_save)
+    def flaky_save(tensors, filename, *a, **k):
+        if str(filename).endswith("optimizer.safetensors"):
+            calls["optimizer"] += 1
+            if calls["optimizer"] == 2:  # the second checkpoint's optimizer file
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(tensors, filename, *a, **k)
+
+    monkeypatch.setattr(ckpt, "save_file", flaky_save)
     with pytest.raises(CheckpointError, match="disk filled up"):
         train_llm(spec, run, device="cpu", show_progress=False, log=lambda m: None)
     mgr = CheckpointManager(run.checkpoints)
