@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lorapod.compute.bootstrap import bootstrap_for
 from lorapod.compute.ledger import Ledger, lorapod_home
 from lorapod.compute.offers import choose_offers
 from lorapod.compute.provider import Instance, InstanceSpec, Offer, Provider
@@ -151,6 +152,14 @@ class Session:
             fh.write(f"{stamp} {msg}\n")
         self.ledger.event("session", msg, job_id=self.job_id, instance_id=self.iid)
 
+    def phase(self, name: str, seconds: float, note: str = "") -> None:
+        """A setup step's duration, in the events log and the ledger (``lorapod ps`` and the
+        planner's "boot + install" read them back)."""
+        self.say(f"phase {name}: {seconds:.1f} s" + (f" - {note}" if note else ""))
+        self.ledger.event("phase", json.dumps({"phase": name, "s": round(seconds, 2), "note": note,
+                                               "provider": self.provider.name}),
+                          job_id=self.job_id, instance_id=self.iid)
+
     def deadline(self, seconds: float) -> float:
         return time.monotonic() + seconds
 
@@ -208,6 +217,9 @@ class Session:
         return self.summary
 
     _billed_after_pull: float | None = None
+    base_boot: Bootstrap | None = None  # the bootstrap this job used (the provider may change --python)
+    job_started_at: float | None = None
+    created_at_mono = 0.0
     _in_teardown = False
     _hb_stop: threading.Event | None = None
     pulled = False
@@ -286,6 +298,7 @@ class Session:
                                                "identity": str(self.identity) if self.identity else None})
         spec = InstanceSpec(label=self.job_id, ssh_public_key=pub, disk_gb=self.spec.compute.disk_gb)
         self.say(f"creating {offer.gpu_name} on {self.provider.name} at ${offer.usd_per_hour:.3f}/h")
+        self.created_at_mono = time.monotonic()
         try:
             inst = self.provider.create(offer, spec)
         except LorapodError as exc:
@@ -308,6 +321,7 @@ class Session:
             return self.inst.ssh_ready
 
         backoff_until(ready, deadline, f"instance {self.inst.id} to boot", hint, first=0.5, most=10)
+        self.phase("boot", time.monotonic() - self.created_at_mono)
         inst = self.inst
         self.transport = self._transport_for(inst)
         t = self.transport
@@ -319,7 +333,9 @@ class Session:
             except ConnectionLost:
                 return False
 
+        booted = time.monotonic()
         backoff_until(ssh_answers, deadline, f"SSH on {inst.ssh_host}:{inst.ssh_port}", hint, first=0.5, most=5)
+        self.phase("ssh ready", time.monotonic() - booted)
         self.ledger.instance_ready(self.iid, inst.ssh_host or "", inst.ssh_port, inst.ssh_user)
         self.say(f"instance {inst.id} answers on {inst.ssh_user}@{inst.ssh_host}:{inst.ssh_port}")
 
@@ -334,10 +350,16 @@ class Session:
         work = self.work = RemoteWork(self.transport, self.job_id)
         self.ledger.job_update(self.job_id, remote_dir=work.dir, state="running")
         self.remote(work.prepare, "prepare")
-        facts = self.remote(lambda: work.bootstrap(o.bootstrap, lorapod_home() / "wheels"), "bootstrap")
-        self.say(f"bootstrapped: Python {facts['python']}, lorapod {facts['lorapod']} ({o.bootstrap.strategy}), "
+        boot = self.base_boot = bootstrap_for(o.bootstrap, self.provider, self.spec)
+        work.local_log = self.run.root / "env.log"
+        t = time.monotonic()
+        facts = self.remote(lambda: work.bootstrap(boot, lorapod_home() / "wheels"), "bootstrap")
+        self.say(f"bootstrapped: Python {facts['python']}, lorapod {facts['lorapod']} ({boot.strategy}), "
                  f"GPU: {', '.join(facts['gpus']) or 'none'}")
+        self.phase("environment", time.monotonic() - t, facts["env"].describe())
+        t = time.monotonic()
         remote_spec = self._sync_inputs()
+        self.phase("data sync", time.monotonic() - t)
         files = {"spec.yaml": (remote_spec.to_yaml().encode(), 0o600)}
         secrets = "".join(f"{k}={_shell_value(os.environ[k])}\n" for k in o.forward_env if os.environ.get(k))
         if secrets:
@@ -347,8 +369,9 @@ class Session:
                              "upload checkpoints")
             self.say(f"uploaded the run folder to resume ({st.literal_bytes} bytes sent)")
         wd = self._watchdog_config()
-        argv = o.job_command(o.bootstrap.python, "spec.yaml", "run", bool(self.resume_job))
-        self.remote(lambda: work.launch(files, wd, o.bootstrap.python, argv), "start watchdog and job")
+        argv = o.job_command(facts["job_python"], "spec.yaml", "run", bool(self.resume_job))
+        self.remote(lambda: work.launch(files, wd, boot.python, argv), "start watchdog and job")
+        self.job_started_at = time.monotonic()
         self.say(f"watchdog and job started on the instance: {' '.join(argv)}")
         self._start_heartbeat(float(wd.get("heartbeat_timeout_s", 600.0)))
 
@@ -473,6 +496,9 @@ class Session:
                 if self.first_step_at is None:
                     self.first_step_at = time.monotonic()
                     self.say(f"first training step after {self.first_step_at - self.t0:.1f} s")
+                    if self.job_started_at is not None:
+                        self.phase("first step", self.first_step_at - self.job_started_at,
+                                   "job start to its first step: model download, load, caching")
                 self.last_step = rec["step"]
                 loss = rec.get("loss")
                 self._say(f"step {rec['step']}" + (f"  loss {loss:.4f}" if isinstance(loss, int | float) else ""))
@@ -511,7 +537,7 @@ class Session:
     def _final_pull(self) -> None:
         """Pull, then compare sizes and sha256 of every file with the instance's; pull again on a mismatch."""
         assert self.work is not None
-        py = self.opts.bootstrap.python
+        py = (self.base_boot or self.opts.bootstrap).python
         for attempt in range(3):
             self._pull("final")
             remote = self.remote(lambda: self.work.manifest(py), "checksums")  # type: ignore[union-attr]
