@@ -59,8 +59,12 @@ def norm(name: str) -> str:
 
 def installed(python: str) -> dict[str, str]:
     """Every distribution ``python`` sees, normalised name -> version."""
-    code = ("import importlib.metadata as m, json, sys; "
-            "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions() if d.metadata['Name']}))")
+    # The first on sys.path wins, as for an import: the env's own copy shadows the image's.
+    code = ("import importlib.metadata as m, json, re\nout = {}\n"
+            "for d in m.distributions():\n"
+            "    n = d.metadata['Name']\n"
+            "    if n: out.setdefault(re.sub(r'[-_.]+', '-', n).lower(), d.version)\n"
+            "print(json.dumps(out))")
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
     if out.returncode != 0:
         raise SystemExit(fail(f"{python} cannot list its packages: {out.stderr.strip()[-300:]}", None))
@@ -88,7 +92,8 @@ def fail(message: str, package: str | None, index: str | None = None, output: st
 
 def pip_settings() -> dict[str, list[str]]:
     """The instance's pip index settings: environment first, then its config files."""
-    keys = {"index-url": "PIP_INDEX_URL", "extra-index-url": "PIP_EXTRA_INDEX_URL", "find-links": "PIP_FIND_LINKS"}
+    keys = {"index-url": "PIP_INDEX_URL", "extra-index-url": "PIP_EXTRA_INDEX_URL", "find-links": "PIP_FIND_LINKS",
+            "cert": "PIP_CERT"}
     found: dict[str, list[str]] = {}
     files = ["/etc/pip.conf", os.path.expanduser("~/.pip/pip.conf"),
              os.path.join(os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config"), "pip", "pip.conf")]
@@ -116,9 +121,11 @@ def uv_has_own_index() -> bool:
 
 
 def index_url() -> str:
+    """The indexes the installer used, for the error message."""
     s = pip_settings()
-    return (os.environ.get("UV_DEFAULT_INDEX") or os.environ.get("UV_INDEX_URL")
+    main = (os.environ.get("UV_DEFAULT_INDEX") or os.environ.get("UV_INDEX_URL")
             or (s.get("index-url") or ["https://pypi.org/simple"])[0])
+    return " + ".join([main, *s.get("extra-index-url", [])])
 
 
 def uv_index_args() -> list[str]:
@@ -130,14 +137,25 @@ def uv_index_args() -> list[str]:
         args += ["--index-url", url]
     for url in s.get("extra-index-url", []):
         args += ["--extra-index-url", url]
+    if s.get("extra-index-url"):
+        args += ["--index-strategy", "unsafe-best-match"]  # what pip does: the best version on any index
     for url in s.get("find-links", []):
         args += ["--find-links", url]
     return args
 
 
-def run(cmd: list[str], timeout: float = 3600) -> subprocess.CompletedProcess:
+def run(cmd: list[str], timeout: float = 3600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     log(" ".join(cmd[:6]) + (" ..." if len(cmd) > 6 else ""))
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                          env={**os.environ, **(env or {})})
+
+
+def uv_env() -> dict[str, str]:
+    """pip's CA bundle (``cert``) for uv too, unless uv is told otherwise (a proxy with its own CA)."""
+    cert = pip_settings().get("cert")
+    if cert and not os.environ.get("SSL_CERT_FILE") and not uv_has_own_index():
+        return {"SSL_CERT_FILE": cert[0]}
+    return {}
 
 
 def find_uv(env_python: str) -> str | None:
@@ -146,17 +164,21 @@ def find_uv(env_python: str) -> str | None:
     if found:
         return found
     out = run([env_python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "uv"], timeout=600)
-    uv = os.path.join(os.path.dirname(env_python), "uv")
-    if out.returncode == 0 and os.path.isfile(uv):
-        return uv
-    log("uv could not be installed; using pip")
+    if out.returncode == 0:
+        # The uv package knows where its binary went (the env's bin, or the image's if it had one).
+        where = subprocess.run([env_python, "-c", "import uv; print(uv.find_uv_bin())"], capture_output=True,
+                               text=True, timeout=60)
+        if where.returncode == 0 and os.path.isfile(where.stdout.strip()):
+            return where.stdout.strip()
+    log("uv could not be installed; using pip: " + (out.stderr or out.stdout).strip()[-300:])
     return None
 
 
 def install(env_python: str, uv: str | None, requirements: list[str], no_deps: bool) -> subprocess.CompletedProcess:
     extra = ["--no-deps"] if no_deps else []
     if uv:
-        return run([uv, "pip", "install", "--python", env_python, *uv_index_args(), *extra, *requirements])
+        return run([uv, "pip", "install", "--python", env_python, *uv_index_args(), *extra, *requirements],
+                   env=uv_env())
     return run([env_python, "-m", "pip", "install", "-q", "--disable-pip-version-check", *extra, *requirements])
 
 
