@@ -73,18 +73,7 @@ def _print_plan(plan: Plan, notes: list[str]) -> None:
     size = (f"{job.images} images -> {job.steps} steps" if job.is_image
             else f"{job.examples} examples, {job.tokens:,} tokens -> {job.steps} steps")
     console.print(f"[bold]{job.model_name}[/] · {size} · peak VRAM about [bold]{job.estimate.peak_gb:.1f} GB[/]")
-    table = Table(title="Offers ranked by $ per job", title_justify="left", box=box.SIMPLE_HEAD)
-    for col, just in [("#", "right"), ("provider", "left"), ("GPU", "left"), ("tier", "left"), ("$/h", "right"),
-                      ("fit", "left"), ("speed", "right"), ("train", "right"), ("total", "right"),
-                      ("$/job", "right")]:
-        table.add_column(col, justify=just, no_wrap=col in ("GPU", "tier", "fit", "speed"))  # type: ignore[arg-type]
-    for i, o in enumerate(plan.options, 1):
-        train = next((p.hours for p in o.phases if p.name == "train"), 0.0)
-        speed = f"{o.speed.it_per_s:.2f} it/s" if job.is_image else f"{o.speed.tokens_per_s:,.0f} tok/s"
-        fit_color = {"fits": "green", "tight": "yellow"}.get(o.verdict, "red")
-        table.add_row(str(i), o.provider, o.gpu, o.tier + ("*" if o.price_source == "live" else ""),
-                      f"{o.usd_per_hour:.2f}", f"[{fit_color}]{o.verdict}[/] {o.headroom_gb:+.1f}", speed,
-                      _fmt_min(train), _fmt_min(o.hours_total), f"${cents(o.usd_total)}")
+    table = _offers_table(plan, narrow=console.width < 120)
     console.print(table)
     best = plan.best or plan.options[0]
     phases = Table(title=f"Phases, #1: {best.gpu} on {best.provider} ({best.tier})", title_justify="left",
@@ -109,6 +98,34 @@ def _print_plan(plan: Plan, notes: list[str]) -> None:
         console.print(f"[dim]live: {n}[/]", highlight=False)
     console.print(f"[dim]{plan.snapshot_note}{' (* = live)' if notes else ''}; assumptions: docs/planner.md[/]",
                   highlight=False)
+
+
+def _offers_table(plan: Plan, narrow: bool) -> Table:
+    """The ranked offers. Narrow (80 columns, or piped): the columns that carry the decision
+    (provider, GPU, tier, $/h, fits or not, total time, $/job) at full width; speed, train time and
+    VRAM headroom move out (they are in --json and the phase table)."""
+    from lorapod.plan.cost import cents
+
+    job = plan.job
+    cols = [("#", "right"), ("provider", "left"), ("GPU", "left"), ("tier", "left"), ("$/h", "right"),
+            ("fit", "left"), ("speed", "right"), ("train", "right"), ("total", "right"), ("$/job", "right")]
+    if narrow:
+        cols = [c for c in cols if c[0] not in ("speed", "train")]
+    table = Table(title="Offers ranked by $ per job", title_justify="left", box=box.SIMPLE_HEAD,
+                  padding=(0, 1), pad_edge=not narrow)
+    for col, just in cols:
+        table.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+    for i, o in enumerate(plan.options, 1):
+        fit_color = {"fits": "green", "tight": "yellow"}.get(o.verdict, "red")
+        fit = f"[{fit_color}]{o.verdict}[/]" + ("" if narrow else f" {o.headroom_gb:+.1f}")
+        row = [str(i), o.provider, o.gpu, o.tier + ("*" if o.price_source == "live" else ""),
+               f"{o.usd_per_hour:.2f}", fit]
+        if not narrow:
+            train = next((p.hours for p in o.phases if p.name == "train"), 0.0)
+            row += [f"{o.speed.it_per_s:.2f} it/s" if job.is_image else f"{o.speed.tokens_per_s:,.0f} tok/s",
+                    _fmt_min(train)]
+        table.add_row(*row, _fmt_min(o.hours_total), f"${cents(o.usd_total)}")
+    return table
 
 
 def _storage(model_gb: float | None, sessions: float | None, hours: float | None, json_out: bool) -> None:

@@ -97,7 +97,9 @@ def pip_settings() -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     files = ["/etc/pip.conf", os.path.expanduser("~/.pip/pip.conf"),
              os.path.join(os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config"), "pip", "pip.conf")]
-    if os.environ.get("PIP_CONFIG_FILE"):
+    if os.environ.get("PIP_CONFIG_FILE") == os.devnull:
+        files = []  # pip's own rule: no configuration file at all
+    elif os.environ.get("PIP_CONFIG_FILE"):
         files.append(os.environ["PIP_CONFIG_FILE"])
     cp = configparser.ConfigParser()
     with contextlib.suppress(configparser.Error):
