@@ -163,6 +163,7 @@ class NotFound(BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.slow
 def test_an_index_that_answers_404_fails_clearly_and_destroys(sshd_factory, bare_python, tmp_path):
     server = ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
     threading.Thread(target=server.serve_forever, daemon=True).start()
