@@ -92,7 +92,10 @@ def _print_plan(plan: Plan, notes: list[str]) -> None:
     mem.add_row("[bold]peak[/]", f"[bold]{job.estimate.peak_gb:.2f}[/]")
     console.print(phases)
     console.print(mem)
-    for w in dict.fromkeys([*plan.warnings, *best.warnings]):
+    from lorapod.compute.preflight import image_notes
+
+    images = image_notes(job.spec, [o.provider for o in plan.options])
+    for w in dict.fromkeys([*plan.warnings, *best.warnings, *images]):
         console.print(f"[yellow]![/] {w}", highlight=False)
     for n in notes:
         console.print(f"[dim]live: {n}[/]", highlight=False)

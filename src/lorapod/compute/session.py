@@ -296,7 +296,8 @@ class Session:
         self.ledger.job_update(self.job_id, instance_id=self.iid)
         self.ledger.instance_access(self.iid, {"target": self.target,
                                                "identity": str(self.identity) if self.identity else None})
-        spec = InstanceSpec(label=self.job_id, ssh_public_key=pub, disk_gb=self.spec.compute.disk_gb)
+        spec = InstanceSpec(label=self.job_id, ssh_public_key=pub, disk_gb=self.spec.compute.disk_gb,
+                            image=self.spec.compute.image)
         self.say(f"creating {offer.gpu_name} on {self.provider.name} at ${offer.usd_per_hour:.3f}/h")
         self.created_at_mono = time.monotonic()
         try:

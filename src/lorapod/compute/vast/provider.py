@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lorapod.catalog.images import DEFAULTS
 from lorapod.compute.provider import (
     HOST_OPTIONS,
     Capability,
@@ -22,7 +23,7 @@ from lorapod.compute.provider import (
 )
 from lorapod.compute.vast.api import VastApi
 
-DEFAULT_IMAGE = "pytorch/pytorch:2.4.0-cuda12.4-cudnn9-devel"
+DEFAULT_IMAGE = DEFAULTS["vast"]
 DEAD = ("exited", "unknown", "offline")
 
 
@@ -73,7 +74,7 @@ class VastProvider:
 
     def create(self, offer: Offer, spec: InstanceSpec) -> Instance:
         body = {
-            "image": self.image,
+            "image": spec.image or self.image,
             "label": f"lorapod-{spec.label}",
             "disk": float(spec.disk_gb),
             "runtype": "ssh_direct",
