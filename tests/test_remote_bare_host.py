@@ -131,12 +131,14 @@ def test_bare_host_gets_its_environment_and_a_second_job_reuses_it(sshd_factory,
     assert (run_dir / "adapter" / "adapter_config.json").is_file()
     env_phase = phases(summary["job_id"])["environment"]
     assert env_phase["note"].startswith("installed "), env_phase
-    assert set(phases(summary["job_id"])) >= {"boot", "ssh ready", "environment", "data sync", "first step"}
     # Nothing left: the job's work folder is gone, no process runs from it; only the env cache stays.
     root = sshd.work_root
     assert sorted(p.name for p in root.iterdir()) == [ENVS_DIR]
     assert alive_under(root / summary["job_id"]) == []
     assert Ledger().instances(live_only=True) == []
+    ps = subprocess.run([*cli_argv(), "ps", "--json"], capture_output=True, text=True, timeout=60, env=cli_env())
+    (row,) = json.loads(ps.stdout)
+    assert list(row["setup_s"]) == ["boot", "ssh ready", "environment", "data sync", "first step"]
     (env,) = [p for p in (root / ENVS_DIR).iterdir() if p.is_dir()]
     assert env.name == derive_lock("llm").digest
     ready = (env / ".ready").stat().st_mtime_ns

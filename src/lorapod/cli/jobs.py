@@ -36,6 +36,11 @@ def register(app: typer.Typer) -> None:
             t.add_row(r["job"], r["state"], r["target"], inst, r["gpu"] or "-", rate, f"{r['usd']:.4f}",
                       str(r["last_step"] if r["last_step"] is not None else "-"))
         console.print(t)
+        from lorapod.compute.phases import describe
+
+        for r in rows:
+            if r["setup_s"]:
+                console.print(f"[dim]{r['job']} setup: {describe(r['setup_s'])}[/]")
         live = sum(r["live_instances"] for r in rows)
         console.print(f"{live} live instance(s)" + (" - `lorapod down --orphans` cleans up any left behind"
                                                    if live else ""))

@@ -16,6 +16,7 @@ from typing import Any
 
 from lorapod.compute import provider as registry
 from lorapod.compute.ledger import InstanceRow, JobRow, Ledger, controller_alive
+from lorapod.compute.phases import job_phases
 from lorapod.compute.provider import Instance, Provider
 from lorapod.compute.remote import RemoteWork
 from lorapod.compute.session import transport_for
@@ -40,7 +41,7 @@ def ps_rows(ledger: Ledger, all_jobs: bool = True) -> list[dict[str, Any]]:
             "usd": round(ledger.usd(job.id, now), 4), "last_step": job.last_step,
             "live_instances": len(live), "controller_alive": controller_alive(job.controller)
             if job.state in ("starting", "running") else False,
-            "run_dir": job.run_dir, "summary": job.summary,
+            "run_dir": job.run_dir, "summary": job.summary, "setup_s": job_phases(ledger, job.id),
         })
     return rows
 
