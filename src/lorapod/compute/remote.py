@@ -1,6 +1,7 @@
 """The job's work folder on an instance, and every shell command lorapod runs there.
 
 ```
+~/.lorapod-work/.envs/<hash>/  the job's Python environment, by lock hash (compute/bootstrap.py)
 ~/.lorapod-work/<job-id>/      (relative to the login directory)
   run/            the run folder (same layout as locally); run/STOP asks the trainer to
                   save a checkpoint and exit
