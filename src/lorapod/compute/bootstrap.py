@@ -148,10 +148,13 @@ def parse_result(stdout: str, stderr: str, python: str) -> EnvResult:
     """envsetup's last JSON line -> EnvResult, or one clear error saying what to do."""
     lines = [x for x in stdout.strip().splitlines() if x.startswith("{")]
     if not lines:
-        raise RemoteError(f"{python} could not run lorapod's environment setup on the instance: "
+        raise RemoteError(f"{python} could not run lorapod's environment set-up on the instance: "
                           f"{(stderr or stdout).strip()[-400:]}",
                           hint="the instance needs Python >= 3.11 (pass --python PATH to pick another interpreter)")
     out = json.loads(lines[-1])
+    if not out.get("ok") and out.get("kind") == "python":
+        raise RemoteError(out["error"], hint="pass --python PATH to a Python >= 3.11 on the instance, "
+                                             "or use an image that has one (--image)")
     if not out.get("ok"):
         pkg = out.get("package")
         raise RemoteError(

@@ -85,9 +85,10 @@ def torch_ok(have: dict[str, str], floor: str) -> bool:
     return v is not None and release(v) >= release(floor)
 
 
-def fail(message: str, package: str | None, index: str | None = None, output: str = "") -> str:
+def fail(message: str, package: str | None, index: str | None = None, output: str = "",
+         kind: str = "install") -> str:
     return json.dumps({"ok": False, "error": message, "package": package, "index": index,
-                       "output": output[-1500:]})
+                       "output": output[-1500:], "kind": kind})
 
 
 def pip_settings() -> dict[str, list[str]]:
@@ -226,6 +227,9 @@ def make_env(python: str, env: str) -> str:
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     python, pins, floor = cfg["python"], cfg["pins"], cfg["torch_floor"]
+    if sys.version_info < (3, 11):  # noqa: UP036 (runs under the instance's interpreter, maybe older)
+        raise SystemExit(fail(f"Python {sys.version.split()[0]} at {python} is too old: lorapod needs >= 3.11",
+                              None, kind="python"))
     t0 = time.monotonic()
     have = installed(python)
     need = missing(have, pins)
