@@ -78,6 +78,9 @@ def test_the_first_package_the_installer_names_is_reported():
     assert envsetup.culprit("nothing useful", ["peft==1"]) is None
     assert envsetup.release("2.13.0+cpu") == (2, 13, 0) and envsetup.release("2.6.0rc1") == (2, 6, 0)
     assert envsetup.release("2.13.0") > envsetup.release("2.6")
+    failed = json.loads(envsetup.fail("could not install x from https://bob:s3cret@mirror/simple", "x",
+                                      "https://bob:s3cret@mirror/simple", "GET https://bob:s3cret@mirror/simple/x/"))
+    assert "s3cret" not in json.dumps(failed) and failed["index"] == "https://***@mirror/simple"
 
 
 def test_an_interpreter_that_has_everything_installs_nothing(tmp_path):

@@ -36,8 +36,13 @@ import time
 TORCH_NAMES = ("torch",)
 
 
+def redact(text: str) -> str:
+    """Index URLs may carry credentials (https://user:token@mirror/simple): never print them."""
+    return re.sub(r"(\w+://)[^/@\s]+@", r"\1***@", text)
+
+
 def log(msg: str) -> None:
-    print(f"[env] {msg}", file=sys.stderr, flush=True)
+    print(f"[env] {redact(msg)}", file=sys.stderr, flush=True)
 
 
 def release(version: str) -> tuple[int, ...]:
@@ -87,8 +92,8 @@ def torch_ok(have: dict[str, str], floor: str) -> bool:
 
 def fail(message: str, package: str | None, index: str | None = None, output: str = "",
          kind: str = "install") -> str:
-    return json.dumps({"ok": False, "error": message, "package": package, "index": index,
-                       "output": output[-1500:], "kind": kind})
+    return json.dumps({"ok": False, "error": redact(message), "package": package,
+                       "index": redact(index) if index else None, "output": redact(output[-1500:]), "kind": kind})
 
 
 def pip_settings() -> dict[str, list[str]]:
