@@ -101,7 +101,7 @@ def register(app: typer.Typer) -> None:
         provider = from_target(target, **kwargs)
         from lorapod.compute.preflight import preflight
 
-        for note in preflight(spec_obj, provider.name, force=force).notes:  # refuses before anything is rented
+        for note in preflight(spec_obj, provider.name, force=force, deps=deps).notes:  # refuses before anything is rented
             console.print(f"note: {note}", style="yellow", markup=False)
         opts = Options(identity=identity, gpu=gpu, max_usd=max_usd, max_hours=max_hours,
                        bootstrap=Bootstrap(bootstrap, python, deps), poll_s=poll_s, pull_every_s=pull_every_s,

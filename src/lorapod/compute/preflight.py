@@ -34,10 +34,20 @@ class Preflight:
     disk_needed_gb: float | None = None
 
 
-def preflight(spec: Any, provider: str, force: bool = False, env: dict[str, str] | None = None) -> Preflight:
+def preflight(spec: Any, provider: str, force: bool = False, env: dict[str, str] | None = None,
+              deps: str = "auto") -> Preflight:
     """Run every check for ``spec`` about to run on ``provider``; raise on the first refusal."""
     env = dict(os.environ if env is None else env)
     out = Preflight()
+    if deps == "auto" and provider != "local":  # the lock the instance's env is built from is read here
+        from lorapod.compute.bootstrap import derive_lock, extra_for
+
+        lock = derive_lock(extra_for(spec))
+        if lock.missing:
+            raise PreflightError(f"this machine lacks {', '.join(lock.missing[:4])}, so the versions to install "
+                                 "on the instance are unknown",
+                                 hint=f"pip install 'lorapod[{lock.extra}]' here first, so both ends run the same "
+                                      "versions (or --deps none with an image that has everything)")
     paths = [Path(p) for p in spec.data_paths()]
     if spec.data.val_path:
         paths.append(Path(spec.data.val_path))
