@@ -116,3 +116,18 @@ def test_local_runs_with_this_interpreter_not_python3_from_path(tmp_path):
     assert summary["state"] == "done" and summary["last_step"] == 4
     events = (Path(summary["run_dir"]) / "remote-events.log").read_text()
     assert "phase environment: " in events and f"{sys.executable} as it is; installed nothing" in events
+
+
+def test_plan_knows_each_default_images_torch():
+    from lorapod.catalog.images import DEFAULTS, KNOWN, image_note
+    from lorapod.compute.runpod.provider import RunPodProvider
+    from lorapod.compute.vast.provider import VastProvider
+
+    assert RunPodProvider.__init__.__defaults__[1] == DEFAULTS["runpod"]  # type: ignore[index]
+    assert VastProvider.__init__.__defaults__[1] == DEFAULTS["vast"]  # type: ignore[index]
+    for image in DEFAULTS.values():
+        assert envsetup.release(KNOWN[image].torch) >= envsetup.release(ENGINE_MIN_TORCH)
+        assert image_note(image, ENGINE_MIN_TORCH) is None
+    old = image_note("runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04", ENGINE_MIN_TORCH)
+    assert old is not None and "ships torch 2.4.0" in old and ">= 2.6" in old
+    assert "not in lorapod's catalog" in (image_note("me/mine:1", ENGINE_MIN_TORCH) or "")
