@@ -126,7 +126,7 @@ class EnvResult:
             "reused": f"reused the environment {self.env}; installed nothing",
             "built": f"installed {self.installed} packages with {self.installer} into {self.env}",
             "as-is": f"{self.python} as it is; installed nothing",
-        }[self.how] + f" ({self.seconds:.1f} s, torch {self.torch or '?'})"
+        }[self.how] + (f" ({self.seconds:.1f} s, torch {self.torch or 'none'})" if self.how != "as-is" else "")
 
 
 def envsetup_source() -> bytes:
