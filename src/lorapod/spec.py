@@ -167,6 +167,8 @@ class ComputeSpec(_Section):
     )
     disk_gb: Annotated[float, Field(gt=0)] = 50
     phases: PhaseOverrides = Field(default_factory=PhaseOverrides)
+    image: str | None = Field(None, description="Container image for runpod/vast instances (default: lorapod's "
+                              "per provider, see lorapod.catalog.images); the bootstrap installs only what it lacks.")
 
 
 class OutputSpec(_Section):

@@ -30,11 +30,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 def contracts_dir() -> Path:
     env = os.environ.get("LORAPOD_CONTRACTS_DIR")
-    d = Path(env) if env else REPO.parent / "shared" / "contracts"
+    # The repository's own copies (tests/contracts/): a fresh clone tests anywhere.
+    d = Path(env) if env else REPO / "tests" / "contracts"
     if not d.is_dir():
         import pytest
 
-        pytest.fail(f"provider contracts not found at {d}; set LORAPOD_CONTRACTS_DIR or put shared/ beside the repo")
+        pytest.fail(f"provider contracts not found at {d}; set LORAPOD_CONTRACTS_DIR to a folder that has them")
     return d
 
 

@@ -41,6 +41,11 @@ def register(app: typer.Typer) -> None:
             if r.get("unconfirmed"):
                 console.print(f"[bold red]job {r['job']}: instance {', '.join(r['unconfirmed'])} not confirmed "
                               f"destroyed; it may still bill.[/] Run `lorapod down {r['job']}`")
+        from lorapod.compute.phases import describe
+
+        for r in rows:
+            if r["setup_s"]:
+                console.print(f"[dim]{r['job']} setup: {describe(r['setup_s'])}[/]")
         live = sum(r["live_instances"] for r in rows)
         console.print(f"{live} live instance(s)" + (" - `lorapod down --orphans` cleans up any left behind"
                                                    if live else ""))

@@ -60,15 +60,25 @@ def main(argv: list[str] | None = None) -> None:
     except SystemExit:
         raise
     except Exception as exc:  # click usage errors and real bugs
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
+        if isinstance(exc, _click_classes("ClickException")):
+            exc.show()  # the usage line, "did you mean ...", exit 2 for usage errors
             sys.exit(exc.exit_code)
-        if isinstance(exc, click.exceptions.Abort):
+        if isinstance(exc, _click_classes("Abort")):
             err_console.print("[yellow]aborted[/]")
             sys.exit(130)
         raise
+
+
+def _click_classes(name: str) -> tuple[type, ...]:
+    """``name`` from every click typer may raise: typer >= 0.20 vendors its own copy as
+    ``typer._click`` whose exceptions are not ``click``'s, older typer raises ``click``'s."""
+    found = []
+    for module in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            found.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
 
 
 if __name__ == "__main__":

@@ -95,18 +95,7 @@ def _print_plan(plan: Plan, notes: list[str]) -> None:
     console.print(f"[bold]{job.model_name}[/] · {size} · peak VRAM about [bold]{job.estimate.peak_gb:.1f} GB[/]")
     top = plan.best or plan.options[0]
     console.print(_likely_line(top), highlight=False)
-    table = Table(title="Offers ranked by $ per job", title_justify="left", box=box.SIMPLE_HEAD)
-    for col, just in [("#", "right"), ("provider", "left"), ("GPU", "left"), ("tier", "left"), ("$/h", "right"),
-                      ("fit", "left"), ("speed", "right"), ("train", "right"), ("total", "right"),
-                      ("$/job", "right"), ("likely", "right")]:
-        table.add_column(col, justify=just, no_wrap=col in ("GPU", "tier", "fit", "speed"))  # type: ignore[arg-type]
-    for i, o in enumerate(plan.options, 1):
-        train = next((p.hours for p in o.phases if p.name == "train"), 0.0)
-        speed = f"{o.speed.it_per_s:.2f} it/s" if job.is_image else f"{o.speed.tokens_per_s:,.0f} tok/s"
-        fit_color = {"fits": "green", "tight": "yellow"}.get(o.verdict, "red")
-        table.add_row(str(i), o.provider, o.gpu, o.tier + ("*" if o.price_source == "live" else ""),
-                      f"{o.usd_per_hour:.2f}", f"[{fit_color}]{o.verdict}[/] {o.headroom_gb:+.1f}", speed,
-                      _fmt_min(train), _fmt_min(o.hours_total), f"${cents(o.usd_total)}", _fmt_range(o.hours_range))
+    table = _offers_table(plan, narrow=console.width < 120)
     console.print(table)
     best = plan.best or plan.options[0]
     phases = Table(title=f"Phases, #1: {best.gpu} on {best.provider} ({best.tier})", title_justify="left",
@@ -125,7 +114,10 @@ def _print_plan(plan: Plan, notes: list[str]) -> None:
     mem.add_row("[bold]peak[/]", f"[bold]{job.estimate.peak_gb:.2f}[/]")
     console.print(phases)
     console.print(mem)
-    for w in dict.fromkeys([*plan.warnings, *best.warnings]):
+    from lorapod.compute.preflight import image_notes
+
+    images = image_notes(job.spec, [o.provider for o in plan.options])
+    for w in dict.fromkeys([*plan.warnings, *best.warnings, *images]):
         console.print(f"[yellow]![/] {w}", highlight=False)
     for n in notes:
         console.print(f"[dim]live: {n}[/]", highlight=False)
@@ -149,6 +141,39 @@ def _likely_line(o) -> str:
     unit = "min" if hi < 1.5 else "h"
     return (f"#1 {o.gpu}: {fmt(total)} {unit}, likely {fmt(lo)}-{fmt(hi)} ({basis}); "
             f"VRAM likely {o.vram_range_gb[0]:.1f}-{o.vram_range_gb[1]:.1f} GB")
+
+
+def _offers_table(plan: Plan, narrow: bool) -> Table:
+    """The ranked offers. Narrow (80 columns, or piped): the columns that carry the decision
+    (provider, GPU, tier, $/h, fits or not, total time, $/job) at full width; speed, train time,
+    VRAM headroom and the likely range move out (they are in --json, the phase table and the
+    "#1 ... likely" line above the table)."""
+    from lorapod.plan.cost import cents
+
+    job = plan.job
+    cols = [("#", "right"), ("provider", "left"), ("GPU", "left"), ("tier", "left"), ("$/h", "right"),
+            ("fit", "left"), ("speed", "right"), ("train", "right"), ("total", "right"), ("$/job", "right"),
+            ("likely", "right")]
+    if narrow:
+        cols = [c for c in cols if c[0] not in ("speed", "train", "likely")]
+    table = Table(title="Offers ranked by $ per job", title_justify="left", box=box.SIMPLE_HEAD,
+                  padding=(0, 1), pad_edge=not narrow)
+    for col, just in cols:
+        table.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+    for i, o in enumerate(plan.options, 1):
+        fit_color = {"fits": "green", "tight": "yellow"}.get(o.verdict, "red")
+        fit = f"[{fit_color}]{o.verdict}[/]" + ("" if narrow else f" {o.headroom_gb:+.1f}")
+        row = [str(i), o.provider, o.gpu, o.tier + ("*" if o.price_source == "live" else ""),
+               f"{o.usd_per_hour:.2f}", fit]
+        if not narrow:
+            train = next((p.hours for p in o.phases if p.name == "train"), 0.0)
+            row += [f"{o.speed.it_per_s:.2f} it/s" if job.is_image else f"{o.speed.tokens_per_s:,.0f} tok/s",
+                    _fmt_min(train)]
+        row += [_fmt_min(o.hours_total), f"${cents(o.usd_total)}"]
+        if not narrow:
+            row.append(_fmt_range(o.hours_range))
+        table.add_row(*row)
+    return table
 
 
 def _storage(model_gb: float | None, sessions: float | None, hours: float | None, json_out: bool) -> None:

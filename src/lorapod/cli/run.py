@@ -33,7 +33,13 @@ def register(app: typer.Typer) -> None:
         set_: list[str] = typer.Option([], "--set", help="Override a spec value: dotted.key=value."),
         bootstrap: str = typer.Option("source", "--bootstrap", help="How lorapod gets onto the instance: "
                                       "source (copy this package) | wheel (build and pip install a wheel)."),
-        python: str = typer.Option("python3", "--python", help="Python on the instance."),
+        python: str = typer.Option("python3", "--python", help="The instance's Python, from which the job's "
+                                   "environment is built."),
+        deps: str = typer.Option("auto", "--deps", help="auto: install what the job needs where --python lacks "
+                                 "it (a cached virtualenv keeping the image's torch) | none: use --python as it is."),
+        image: str | None = typer.Option(None, "--image", help="Container image for runpod/vast "
+                                         "(default: compute.image, else lorapod's per provider)."),
+        force: bool = typer.Option(False, "--force", help="Rent even when `lorapod data check` finds errors."),
         usd_per_hour: float | None = typer.Option(None, "--usd-per-hour", help="For ssh hosts: what the "
                                                   "machine costs, so caps and `ps` show dollars."),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
@@ -87,14 +93,22 @@ def register(app: typer.Typer) -> None:
             raise SpecError("where should it run?", hint="--on vast | runpod | ssh://user@host:port")
         if bootstrap not in ("source", "wheel"):
             raise SpecError(f"--bootstrap {bootstrap!r}", hint="source | wheel")
+        if deps not in ("auto", "none"):
+            raise SpecError(f"--deps {deps!r}", hint="auto | none")
+        if image:
+            spec_obj.compute.image = image
         kwargs = {}
         if target.startswith("ssh://"):
             kwargs = {"identity": identity, "usd_per_hour": usd_per_hour or spec_obj.compute.usd_per_hour or 0.0}
         elif target == "local":
             kwargs = {"usd_per_hour": usd_per_hour or spec_obj.compute.usd_per_hour or 0.0}
         provider = from_target(target, **kwargs)
+        from lorapod.compute.preflight import preflight
+
+        for note in preflight(spec_obj, provider.name, force=force, deps=deps).notes:  # refuses before anything is rented
+            console.print(f"note: {note}", style="yellow", markup=False)
         opts = Options(identity=identity, gpu=gpu, max_usd=max_usd, max_hours=max_hours,
-                       bootstrap=Bootstrap(bootstrap, python), poll_s=poll_s, pull_every_s=pull_every_s,
+                       bootstrap=Bootstrap(bootstrap, python, deps), poll_s=poll_s, pull_every_s=pull_every_s,
                        ready_deadline_s=ready_deadline_s, stop_margin_s=stop_margin_s, stop_wait_s=stop_wait_s,
                        reconnect_s=reconnect_s, watchdog={"heartbeat_timeout_s": heartbeat_timeout_s,
                                                           "poll_s": watchdog_poll_s, "stall_s": stall_s},

@@ -24,6 +24,7 @@ from lorapod.compute.ledger import (
     instance_label,
     parse_label,
 )
+from lorapod.compute.phases import job_phases
 from lorapod.compute.provider import Instance, Provider
 from lorapod.compute.remote import RemoteWork
 from lorapod.compute.session import transport_for
@@ -52,7 +53,7 @@ def ps_rows(ledger: Ledger, all_jobs: bool = True) -> list[dict[str, Any]]:
             # may still bill and nobody is on it: a destroy that was not confirmed (shown in red)
             "unconfirmed": [i.provider_id or i.id for i in live
                             if i.state == "destroying" or job.state not in ("starting", "running", "stopping")],
-            "run_dir": job.run_dir, "summary": job.summary,
+            "run_dir": job.run_dir, "summary": job.summary, "setup_s": job_phases(ledger, job.id),
         })
     return rows
 

@@ -17,6 +17,7 @@ from lorapod.compute.transport import LocalTransport, Transport
 
 class LocalProvider(HostProvider):
     name = "local"
+    runs_here = True  # the job runs with this process's own interpreter, nothing is installed
 
     def __init__(self, home: str | Path | None = None, usd_per_hour: float = 0.0) -> None:
         super().__init__(usd_per_hour)

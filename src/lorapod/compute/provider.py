@@ -62,7 +62,7 @@ class InstanceSpec:
 
     label: str
     ssh_public_key: str
-    image: str = "runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04"
+    image: str | None = None  # None: the provider's default image (lorapod.catalog.images.DEFAULTS)
     disk_gb: float = 50.0
     name: str = ""  # the label at the provider (lorapod-<installation>-<instance>-<job>); see ledger.py
 

@@ -1,6 +1,7 @@
 """The job's work folder on an instance, and every shell command lorapod runs there.
 
 ```
+~/.lorapod-work/.envs/<hash>/  the job's Python environment, by lock hash (compute/bootstrap.py)
 ~/.lorapod-work/<job-id>/      (relative to the login directory)
   run/            the run folder (same layout as locally); run/STOP asks the trainer to
                   save a checkpoint and exit
@@ -33,7 +34,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from lorapod.compute.transport import SyncStats, Transport
 from lorapod.compute.trust import MANIFEST_PY, guarded_read, is_regular, safe_relpath
@@ -46,7 +47,7 @@ def work_root() -> str:
     """Where work folders go on the instance: ``LORAPOD_REMOTE_ROOT`` or ``~/.lorapod-work``."""
     return os.environ.get("LORAPOD_REMOTE_ROOT") or WORK_ROOT
 #: Written only on this machine, beside what is pulled: never uploaded, never overwritten.
-LOCAL_ONLY = ("/remote-events.log", "/job.log", "/watchdog.log", "/spec.yaml")
+LOCAL_ONLY = ("/remote-events.log", "/job.log", "/watchdog.log", "/spec.yaml", "/env.log")
 #: Never pulled: temporary checkpoint folders, rsync leftovers, the stop request itself, and the
 #: instance's spec.yaml (its paths point at the instance; the local one keeps local paths).
 PULL_EXCLUDES = (".tmp-*", ".old-*", ".rsync-partial", "STOP", "__pycache__", *LOCAL_ONLY)
@@ -87,18 +88,20 @@ def job_command_from_env(python: str, spec: str, run_dir: str, resume: bool) -> 
 
 @dataclass(frozen=True)
 class Bootstrap:
-    """How lorapod gets onto the instance so both ends run the same version.
+    """How lorapod and what it needs get onto the instance, so both ends run the same versions.
 
-    ``source``: rsync this very package into ``pkg/`` (fast, exact; the instance's Python must
-    already have the dependencies, as GPU images do). ``wheel``: build a wheel of this source tree
-    with ``pip wheel --no-deps`` (cached by content) and ``pip install --no-deps --target pkg/``;
-    with ``deps_extra`` (e.g. ``"llm"``) it also installs the wheel with that extra into the
-    instance's Python so missing dependencies are fetched there.
+    ``strategy`` is how lorapod itself travels: ``source`` rsyncs this very package into ``pkg/``;
+    ``wheel`` builds a wheel of this source tree (cached by content) and ``pip install --no-deps
+    --target pkg/``. ``python`` is the instance's interpreter the job's environment is built from.
+    ``deps``: ``auto`` gives the job its dependencies when ``python`` lacks them (a virtualenv with
+    the image's torch, cached by lock; see :mod:`lorapod.compute.bootstrap`), ``none`` runs the job
+    with ``python`` as it is. ``extra`` is the install extra of the job's engine (``llm``, ``image``).
     """
 
     strategy: Literal["source", "wheel"] = "source"
     python: str = "python3"
-    deps_extra: str | None = None
+    deps: Literal["auto", "none"] = "auto"
+    extra: str = "llm"
 
 
 @dataclass
@@ -120,6 +123,7 @@ class RemoteWork:
     job_id: str
     root: str = field(default_factory=work_root)
     facts: dict = field(default_factory=dict)
+    local_log: Path | None = None  # where the instance's setup output is kept (the run folder's env.log)
 
     @property
     def dir(self) -> str:
@@ -157,8 +161,12 @@ class RemoteWork:
         self.put_files({rel: (data, mode)})
 
     def bootstrap(self, boot: Bootstrap, wheel_cache: Path) -> dict:
-        """Put lorapod on the instance, check its Python, read GPU facts."""
+        """Put lorapod on the instance, give the job its environment, check it starts, read GPU facts.
+
+        ``facts["job_python"]`` is the interpreter the job must run with; ``facts["env"]`` says how
+        the environment came to be (:class:`lorapod.compute.bootstrap.EnvResult`)."""
         import lorapod
+        from lorapod.compute.bootstrap import EnvResult
 
         if boot.strategy == "source":
             pkg = Path(lorapod.__file__).parent
@@ -169,26 +177,42 @@ class RemoteWork:
             py = shlex.quote(boot.python)
             self.sh(f"cd {self.q()} && {py} -m pip install -q --no-deps --upgrade --target pkg {shlex.quote(wheel.name)}",
                     timeout=600)
-            if boot.deps_extra:
-                self.sh(f"cd {self.q()} && {py} -m pip install -q {shlex.quote(f'./{wheel.name}[{boot.deps_extra}]')}",
-                        timeout=3600)
+        if boot.deps == "auto":
+            env = self.environment(boot)
+        else:
+            env = EnvResult(python=boot.python, how="as-is", installed=0, seconds=0.0)
         probe = ("import json, sys, lorapod; print(json.dumps({'python': sys.version.split()[0], "
                  "'lorapod': lorapod.__version__, 'path': lorapod.__file__}))")
-        out = self.sh(f"cd {self.q()} && PYTHONPATH=$PWD/pkg {shlex.quote(boot.python)} -c {shlex.quote(probe)};"
+        out = self.sh(f"cd {self.q()} && PYTHONPATH=$PWD/pkg {shlex.quote(env.python)} -c {shlex.quote(probe)};"
                       " nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || true",
                       check=False)
         lines = out.stdout.decode(errors="replace").strip().splitlines()
         if out.returncode != 0 or not lines or not lines[0].startswith("{"):
-            raise RemoteError(f"lorapod does not start on the instance with {boot.python}: "
+            raise RemoteError(f"lorapod does not start on the instance with {env.python}: "
                               f"{out.stderr.decode(errors='replace')[-400:]}",
-                              hint="the instance needs Python >= 3.11 with lorapod's dependencies; "
-                                   "try --bootstrap wheel with deps, or an image with PyTorch")
+                              hint="the instance needs Python >= 3.11 and access to a package index; "
+                                   "pass --python PATH for another interpreter")
         facts = json.loads(lines[0])
         if facts["lorapod"] != lorapod.__version__:
             raise RemoteError(f"the instance runs lorapod {facts['lorapod']}, this machine {lorapod.__version__}")
         facts["gpus"] = [g.strip() for g in lines[1:] if g.strip()]
+        facts["job_python"] = env.python
+        facts["env"] = env
         self.facts = facts
         return facts
+
+    def environment(self, boot: Bootstrap) -> Any:
+        """Run :mod:`lorapod.compute.envsetup` under ``boot.python`` (sent on stdin: nothing of
+        lorapod needs to be importable there yet) and return its :class:`EnvResult`."""
+        from lorapod.compute.bootstrap import derive_lock, env_request, envsetup_source, parse_result
+
+        request = env_request(derive_lock(boot.extra), boot.python, self.root)
+        out = self.sh(f"cd {self.q()} && {shlex.quote(boot.python)} - {shlex.quote(json.dumps(request))}",
+                      input=envsetup_source(), timeout=3600, check=False)
+        if self.local_log is not None:
+            with open(self.local_log, "ab") as fh:
+                fh.write(out.stderr)
+        return parse_result(out.stdout.decode(errors="replace"), out.stderr.decode(errors="replace"), boot.python)
 
     def push_path(self, local: Path, dest_rel: str, delete: bool = True, excludes: tuple[str, ...] = ()) -> SyncStats:
         return self.transport.push(local, f"{self.dir}/{dest_rel}", delete=delete and local.is_dir(),

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lorapod.compute.bootstrap import bootstrap_for
 from lorapod.compute.httpapi import ApiError
 from lorapod.compute.ledger import Ledger, instance_label, lorapod_home
 from lorapod.compute.offers import choose_offers
@@ -173,6 +174,14 @@ class Session:
             append_text(self.run.root / "remote-events.log", f"{stamp} {msg}\n")
         self.ledger.event("session", msg, job_id=self.job_id, instance_id=self.iid)
 
+    def phase(self, name: str, seconds: float, note: str = "") -> None:
+        """A setup step's duration, in the events log and the ledger (``lorapod ps`` and the
+        planner's "boot + install" read them back)."""
+        self.say(f"phase {name}: {seconds:.1f} s" + (f" - {note}" if note else ""))
+        self.ledger.event("phase", json.dumps({"phase": name, "s": round(seconds, 2), "note": note,
+                                               "provider": self.provider.name}),
+                          job_id=self.job_id, instance_id=self.iid)
+
     def deadline(self, seconds: float) -> float:
         return time.monotonic() + seconds
 
@@ -240,6 +249,9 @@ class Session:
         return self.summary
 
     _billed_after_pull: float | None = None
+    base_boot: Bootstrap | None = None  # the bootstrap this job used (the provider may change --python)
+    job_started_at: float | None = None
+    created_at_mono = 0.0
     _in_teardown = False
     job_started = False
     _hb_stop: threading.Event | None = None
@@ -323,8 +335,9 @@ class Session:
                                                "identity": str(self.identity) if self.identity else None})
         self.label = instance_label(self.iid, self.job_id)
         spec = InstanceSpec(label=self.job_id, ssh_public_key=pub, disk_gb=self.spec.compute.disk_gb,
-                            name=self.label)
+                            name=self.label, image=self.spec.compute.image)
         self.say(f"creating {offer.gpu_name} on {self.provider.name} at ${offer.usd_per_hour:.3f}/h")
+        self.created_at_mono = time.monotonic()
         for attempt in range(1, self.opts.create_attempts + 1):
             try:
                 self._created(self.provider.create(offer, spec))
@@ -395,6 +408,7 @@ class Session:
             return self.inst.ssh_ready
 
         backoff_until(ready, deadline, f"instance {self.inst.id} to boot", hint, first=0.5, most=10)
+        self.phase("boot", time.monotonic() - self.created_at_mono)
         inst = self.inst
         self.transport = self._transport_for(inst)
         t = self.transport
@@ -406,7 +420,9 @@ class Session:
             except ConnectionLost:
                 return False
 
+        booted = time.monotonic()
         backoff_until(ssh_answers, deadline, f"SSH on {inst.ssh_host}:{inst.ssh_port}", hint, first=0.5, most=5)
+        self.phase("ssh ready", time.monotonic() - booted)
         self.ledger.instance_ready(self.iid, inst.ssh_host or "", inst.ssh_port, inst.ssh_user)
         self.say(f"instance {inst.id} answers on {inst.ssh_user}@{inst.ssh_host}:{inst.ssh_port}")
 
@@ -421,8 +437,10 @@ class Session:
         assert self.transport is not None and self.inst is not None
         work = self.work = RemoteWork(self.transport, self.job_id)
         self.ledger.job_update(self.job_id, remote_dir=work.dir, state="running")
+        boot = self.base_boot = bootstrap_for(self.opts.bootstrap, self.provider, self.spec)
         wd = self._watchdog_config()
-        self.remote(lambda: work.start_watchdog(wd, self.opts.bootstrap.python), "start the watchdog")
+        # The watchdog runs under the instance's base interpreter: standard library only.
+        self.remote(lambda: work.start_watchdog(wd, boot.python), "start the watchdog")
         self.watchdog_started = True
         self.say(f"watchdog started on the instance ({self.cap_note})")
         self._start_heartbeat(float(wd.get("heartbeat_timeout_s", 600.0)))
@@ -431,10 +449,16 @@ class Session:
         assert self.transport is not None and self.inst is not None and self.work is not None
         o = self.opts
         work = self.work
-        facts = self.remote(lambda: work.bootstrap(o.bootstrap, lorapod_home() / "wheels"), "bootstrap")
-        self.say(f"bootstrapped: Python {facts['python']}, lorapod {facts['lorapod']} ({o.bootstrap.strategy}), "
+        boot = self.base_boot or bootstrap_for(o.bootstrap, self.provider, self.spec)
+        work.local_log = self.run.root / "env.log"
+        t = time.monotonic()
+        facts = self.remote(lambda: work.bootstrap(boot, lorapod_home() / "wheels"), "bootstrap")
+        self.say(f"bootstrapped: Python {facts['python']}, lorapod {facts['lorapod']} ({boot.strategy}), "
                  f"GPU: {', '.join(facts['gpus']) or 'none'}")
+        self.phase("environment", time.monotonic() - t, facts["env"].describe())
+        t = time.monotonic()
         remote_spec = self._sync_inputs()
+        self.phase("data sync", time.monotonic() - t)
         files = {"spec.yaml": (remote_spec.to_yaml().encode(), 0o600)}
         names, withheld = secrets_for(self.spec, self.offer, o.forward_env)
         if withheld:
@@ -447,9 +471,10 @@ class Session:
             st = self.remote(lambda: work.push_path(self.run.root, "run", delete=False, excludes=PULL_EXCLUDES),
                              "upload checkpoints")
             self.say(f"uploaded the run folder to resume ({st.literal_bytes} bytes sent)")
-        argv = o.job_command(o.bootstrap.python, "spec.yaml", "run", bool(self.resume_job))
+        argv = o.job_command(facts["job_python"], "spec.yaml", "run", bool(self.resume_job))
         self.remote(lambda: work.start_job(files, argv), "start the job")
         self.job_started = True
+        self.job_started_at = time.monotonic()
         self.say(f"job started on the instance: {' '.join(argv)}")
 
     def _start_heartbeat(self, timeout_s: float) -> None:
@@ -595,6 +620,9 @@ class Session:
                 if self.first_step_at is None:
                     self.first_step_at = time.monotonic()
                     self.say(f"first training step after {self.first_step_at - self.t0:.1f} s")
+                    if self.job_started_at is not None:
+                        self.phase("first step", self.first_step_at - self.job_started_at,
+                                   "job start to its first step: model download, load, caching")
                 self.last_step = rec["step"]
                 loss = rec.get("loss")
                 self._say(f"step {rec['step']}" + (f"  loss {loss:.4f}" if isinstance(loss, int | float) else ""))
@@ -633,7 +661,7 @@ class Session:
     def _final_pull(self) -> None:
         """Pull, then compare sizes and sha256 of every file with the instance's; pull again on a mismatch."""
         assert self.work is not None
-        py = self.opts.bootstrap.python
+        py = (self.base_boot or self.opts.bootstrap).python
         for attempt in range(3):
             self._pull("final")
             remote = self.remote(lambda: self.work.manifest(py), "checksums")  # type: ignore[union-attr]

@@ -43,8 +43,11 @@ def cents(x: float) -> Decimal:
     return Decimal(repr(round(x, 9))).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
 
 
-def phase_minutes(job: Job, gpu: GPU, speed: Speed) -> list[tuple[str, float]]:
-    """Minutes per phase, the spec's ``compute.phases`` overriding the estimates."""
+def phase_minutes(job: Job, gpu: GPU, speed: Speed, boot_min: float = BOOT_MIN) -> list[tuple[str, float]]:
+    """Minutes per phase, the spec's ``compute.phases`` overriding the estimates.
+
+    ``boot_min`` is the "boot + install" estimate: :func:`price_job` passes what the ledger
+    measured on the offer's provider when it has it."""
     o = job.spec.compute.phases
     storage = load_storage()[1]
     download = job.download_gb * 1e3 / storage["host_download_mb_s"] / 60
@@ -62,7 +65,7 @@ def phase_minutes(job: Job, gpu: GPU, speed: Speed) -> list[tuple[str, float]]:
     train = job.steps * speed.seconds_per_step / 60
     review = REVIEW_MIN + job.pull_gb * 1e3 / HOME_DOWNLOAD_MB_S / 60 + DESTROY_MIN
 
-    phases: list[tuple[str, float]] = [("boot + install", _pick(o.boot_min, BOOT_MIN))]
+    phases: list[tuple[str, float]] = [("boot + install", _pick(o.boot_min, boot_min))]
     if o.prep_min is not None:
         phases.append(("prep (download + upload + cache)", o.prep_min))
     else:
@@ -87,11 +90,17 @@ def price_job(job: Job, price: PriceEntry, speed: Speed | None = None) -> tuple[
     """Phases with dollars for one offer, then storage and bandwidth lines; and warnings."""
     gpu = find_gpu(price.gpu)
     speed = speed or step_speed(job.model, job.settings, gpu, job.estimate)
-    minutes = phase_minutes(job, gpu, speed)
+    warnings: list[str] = []
+    from lorapod.compute.phases import measured_boot_min
+
+    measured = measured_boot_min(price.provider)
+    if measured is not None and job.spec.compute.phases.boot_min is None:
+        warnings.append(f"boot + install on {price.provider}: {measured[0]:.1f} min, the median your ledger "
+                        f"measured over {measured[1]} job(s)")
+    minutes = phase_minutes(job, gpu, speed, measured[0] if measured else BOOT_MIN)
     rate = price.usd_per_hour
     phases = [Phase(name, m / 60, m / 60 * rate) for name, m in minutes]
     hours = sum(p.hours for p in phases)
-    warnings: list[str] = []
     storage = load_storage()[1]
     disk = job.spec.compute.disk_gb
     if price.provider == "runpod":

@@ -1,7 +1,7 @@
 """Raw HTTP to RunPod. Nothing else in lorapod talks to RunPod.
 
-Contract: ``shared/contracts/runpod-rest-v1.openapi.json`` (RunPod REST API v1); prices come
-from GraphQL, which that document does not cover (``shared/contracts/README.md``). Base URLs
+Contract: ``tests/contracts/runpod-rest-v1.openapi.json`` (RunPod REST API v1); prices come
+from GraphQL, which that document does not cover (``tests/contracts/README.md``). Base URLs
 can be overridden with ``LORAPOD_RUNPOD_URL`` and ``LORAPOD_RUNPOD_GRAPHQL_URL`` (tests use
 local fakes).
 """

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lorapod.catalog.images import DEFAULTS
 from lorapod.compute.httpapi import ApiError
 from lorapod.compute.provider import (
     HOST_OPTIONS,
@@ -23,7 +24,7 @@ from lorapod.compute.provider import (
 from lorapod.compute.runpod.api import RunPodApi
 from lorapod.errors import ProviderError
 
-DEFAULT_IMAGE = "runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04"
+DEFAULT_IMAGE = DEFAULTS["runpod"]
 
 
 class RunPodProvider:
@@ -65,7 +66,7 @@ class RunPodProvider:
         gpu_type, _, cloud = offer.id.partition("|")
         body = {
             "name": spec.provider_label[:190],
-            "imageName": self.image,
+            "imageName": spec.image or self.image,
             "gpuTypeIds": [gpu_type],
             "gpuCount": max(1, offer.gpu_count),
             "cloudType": cloud or "SECURE",

@@ -1,6 +1,6 @@
 """Raw HTTP to Vast.ai. Nothing else in lorapod talks to Vast.ai.
 
-Contract: ``shared/contracts/vast.openapi.yaml``. Paths are sent with the trailing slash that
+Contract: ``tests/contracts/vast.openapi.yaml``. Paths are sent with the trailing slash that
 Vast's own CLI uses (``/api/v0/bundles/``); the document lists them without it. Base URL:
 ``LORAPOD_VAST_URL`` overrides ``https://console.vast.ai``.
 """

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lorapod.catalog.images import DEFAULTS
 from lorapod.compute.provider import (
     HOST_OPTIONS,
     Capability,
@@ -25,7 +26,7 @@ from lorapod.compute.provider import (
 from lorapod.compute.vast.api import VastApi
 from lorapod.errors import ProviderError
 
-DEFAULT_IMAGE = "pytorch/pytorch:2.4.0-cuda12.4-cudnn9-devel"
+DEFAULT_IMAGE = DEFAULTS["vast"]
 INSTANCE_ENV_FILE = "/root/.lorapod-instance.env"
 
 
@@ -88,7 +89,7 @@ class VastProvider:
 
     def create(self, offer: Offer, spec: InstanceSpec) -> Instance:
         body = {
-            "image": self.image,
+            "image": spec.image or self.image,
             "label": spec.provider_label,
             "disk": float(spec.disk_gb),
             "runtype": "ssh_direct",

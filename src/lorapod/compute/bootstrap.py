@@ -1,0 +1,179 @@
+"""What a job needs installed on the instance, and getting it there from a stock image.
+
+The lock is read from THIS machine's installed distributions (``importlib.metadata``): the
+closure of ``lorapod[<extra>]`` with every distribution pinned at the version the controller
+runs, so both ends agree. torch is left out of the pins on purpose: GPU images ship a CUDA
+build, and replacing it with the controller's (often CPU) build would be wrong and slow. It is a
+floor instead (:data:`ENGINE_MIN_TORCH`); a torch is installed on the instance only when the
+image's is missing or older.
+
+The instance side is :mod:`lorapod.compute.envsetup` (standard library only). Environments are
+cached by the lock's digest under ``<work root>/.envs/`` (a dot folder: never mistaken for a
+job's work folder), so a second job on the same instance, or on a persistent volume pointed to
+by ``LORAPOD_REMOTE_ROOT``, installs nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata as md
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from lorapod.errors import LorapodError, RemoteError
+
+#: transformers 5 and diffusers 0.42 refuse an older torch (their dependency tables say torch>=2.6).
+ENGINE_MIN_TORCH = "2.6"
+#: Never pinned from the controller: the instance's image decides its CUDA build.
+TORCH_FAMILY = re.compile(r"^(torch|triton|nvidia-.*|pytorch-triton.*)$")
+ENVS_DIR = ".envs"
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def extra_for(spec: Any) -> str:
+    """The install extra a job's engine needs: ``image`` for diffusion families, else ``llm``."""
+    return "image" if spec.is_image else "llm"
+
+
+@dataclass(frozen=True)
+class Lock:
+    """Exact pins (``name==version``) of everything the job imports, torch aside."""
+
+    extra: str
+    pins: tuple[str, ...]
+    torch_floor: str = ENGINE_MIN_TORCH
+    torch_pin: str | None = None  # what to install when the image's torch is too old
+    missing: tuple[str, ...] = field(default=())  # required, but not installed on this machine
+
+    @property
+    def digest(self) -> str:
+        blob = json.dumps([self.extra, self.pins, self.torch_floor, self.torch_pin]).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def derive_lock(extra: str, dist: str = "lorapod") -> Lock:
+    """The closure of ``dist[extra]`` as installed here, markers evaluated for this machine."""
+    try:
+        root = md.distribution(dist)
+    except md.PackageNotFoundError as exc:
+        raise LorapodError(f"{dist} is not installed as a package here, so its dependencies cannot be read",
+                           hint="pip install -e . (or pip install lorapod) on this machine") from exc
+    pins: dict[str, str] = {}
+    floors = [Version(ENGINE_MIN_TORCH)]
+    missing: list[str] = []
+    seen: set[tuple[str, str]] = set()
+
+    def walk(requires: list[str] | None, extras: set[str]) -> None:
+        for line in requires or []:
+            req = Requirement(line)
+            envs = [{"extra": e} for e in (extras or {""})]
+            if req.marker is not None and not any(req.marker.evaluate(e) for e in envs):
+                continue
+            name = canonical(req.name)
+            if name == canonical(dist):  # lorapod[image] requires lorapod[llm]: follow its extras
+                walk(root.requires, set(req.extras))
+                continue
+            if TORCH_FAMILY.match(name):
+                if name == "torch":
+                    floors.extend(Version(s.version) for s in req.specifier if s.operator in (">=", "==", "~="))
+                continue
+            key = (name, ",".join(sorted(req.extras)))
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                d = md.distribution(req.name)
+            except md.PackageNotFoundError:
+                missing.append(str(req))
+                continue
+            pins[name] = f"{name}=={d.version}"
+            walk(d.requires, set(req.extras))
+
+    walk(root.requires, {extra})
+    torch_pin = None
+    try:
+        local = Version(md.version("torch"))
+        torch_pin = f"torch=={local.base_version}"  # the controller's version, the instance's build
+    except md.PackageNotFoundError:
+        pass
+    return Lock(extra, tuple(sorted(pins.values())), str(max(floors)), torch_pin, tuple(missing))
+
+
+@dataclass
+class EnvResult:
+    """What envsetup reported: the job's interpreter and how it came to be."""
+
+    python: str
+    how: str  # image | reused | built | as-is
+    installed: int
+    seconds: float
+    torch: str | None = None
+    installer: str | None = None
+    env: str | None = None
+
+    def describe(self) -> str:
+        return {
+            "image": "the image has everything; installed nothing",
+            "reused": f"reused the environment {self.env}; installed nothing",
+            "built": f"installed {self.installed} packages with {self.installer} into {self.env}",
+            "as-is": f"{self.python} as it is; installed nothing",
+        }[self.how] + (f" ({self.seconds:.1f} s, torch {self.torch or 'none'})" if self.how != "as-is" else "")
+
+
+def envsetup_source() -> bytes:
+    from lorapod.compute import envsetup
+
+    return Path(envsetup.__file__).read_bytes()
+
+
+def env_request(lock: Lock, python: str, root: str) -> dict[str, Any]:
+    if lock.missing:
+        raise LorapodError(
+            f"this machine lacks {', '.join(lock.missing[:4])}, so the versions to install on the instance "
+            "are unknown", hint=f"pip install 'lorapod[{lock.extra}]' here first, so both ends run the same versions")
+    return {"python": python, "pins": list(lock.pins), "torch_floor": lock.torch_floor,
+            "torch_pin": lock.torch_pin, "digest": lock.digest, "envs": f"{root}/{ENVS_DIR}"}
+
+
+def parse_result(stdout: str, stderr: str, python: str) -> EnvResult:
+    """envsetup's last JSON line -> EnvResult, or one clear error saying what to do."""
+    lines = [x for x in stdout.strip().splitlines() if x.startswith("{")]
+    if not lines:
+        raise RemoteError(f"{python} could not run lorapod's environment set-up on the instance: "
+                          f"{(stderr or stdout).strip()[-400:]}",
+                          hint="the instance needs Python >= 3.11 (pass --python PATH to pick another interpreter)")
+    out = json.loads(lines[-1])
+    if not out.get("ok") and out.get("kind") == "python":
+        raise RemoteError(out["error"], hint="pass --python PATH to a Python >= 3.11 on the instance, "
+                                             "or use an image that has one (--image)")
+    if not out.get("ok"):
+        pkg = out.get("package")
+        raise RemoteError(
+            f"{out['error']}\n{out.get('output', '').strip()[-600:]}",
+            hint=(f"the instance could not download {pkg or 'the packages'} from {out.get('index') or 'its index'}: "
+                  "it needs access to a package index (check PIP_INDEX_URL / pip.conf or UV_INDEX_URL on the "
+                  "instance), or an image that already has lorapod's dependencies (--image)"))
+    return EnvResult(python=out["python"], how=out["how"], installed=int(out.get("installed", 0)),
+                     seconds=float(out.get("seconds", 0.0)), torch=out.get("torch"),
+                     installer=out.get("installer"), env=out.get("env"))
+
+
+def bootstrap_for(boot: Any, provider: Any, spec: Any) -> Any:
+    """The bootstrap for this job on this provider: the engine's extra from the spec; the local
+    provider runs the job with this very interpreter (``sys.executable``) and installs nothing."""
+    import sys
+    from dataclasses import replace
+
+    boot = replace(boot, extra=extra_for(spec))
+    if getattr(provider, "runs_here", False):
+        boot = replace(boot, python=sys.executable, deps="none")
+    return boot

@@ -1,0 +1,178 @@
+"""Checks that run on this machine before anything is rented: a mistake found here costs nothing.
+
+Each refusal is a :class:`PreflightError` saying what to fix. In order: the data paths exist;
+``lorapod data check`` finds no errors in them (``--force`` goes on anyway); the model is a local
+folder, a built-in, a catalog entry or a repository the Hugging Face Hub knows; a gated model has
+``HF_TOKEN``; the disk asked for (``compute.disk_gb``, rented machines only) holds the model, the
+caches, the checkpoints and the job's environment (sizes from the planner).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lorapod.errors import LorapodError
+
+#: What the job's Python environment takes on the instance: the pinned engine without torch, and
+#: a CUDA torch with its libraries when the image's is too old (measured: pip wheels, unpacked).
+ENV_GB = 3.0
+TORCH_GB = 6.0
+HEADROOM = 1.15  # logs, pip caches, temporary checkpoint copies while one is written
+
+
+class PreflightError(LorapodError):
+    """Refused before renting: nothing was created, nothing was billed."""
+
+
+@dataclass
+class Preflight:
+    notes: list[str] = field(default_factory=list)  # things worth saying that do not stop the run
+    disk_needed_gb: float | None = None
+
+
+def preflight(spec: Any, provider: str, force: bool = False, env: dict[str, str] | None = None,
+              deps: str = "auto") -> Preflight:
+    """Run every check for ``spec`` about to run on ``provider``; raise on the first refusal."""
+    env = dict(os.environ if env is None else env)
+    out = Preflight()
+    if deps == "auto" and provider != "local":  # the lock the instance's env is built from is read here
+        from lorapod.compute.bootstrap import derive_lock, extra_for
+
+        lock = derive_lock(extra_for(spec))
+        if lock.missing:
+            raise PreflightError(f"this machine lacks {', '.join(lock.missing[:4])}, so the versions to install "
+                                 "on the instance are unknown",
+                                 hint=f"pip install 'lorapod[{lock.extra}]' here first, so both ends run the same "
+                                      "versions (or --deps none with an image that has everything)")
+    paths = [Path(p) for p in spec.data_paths()]
+    if spec.data.val_path:
+        paths.append(Path(spec.data.val_path))
+    for p in paths:
+        if not p.exists():
+            raise PreflightError(f"data path {p} does not exist", hint="fix data.path (or data.val_path) in the spec; "
+                                 "nothing was rented")
+    _check_data(spec, paths, force, out)
+    gated = _check_model(spec, env, out)
+    if gated and not env.get("HF_TOKEN"):
+        raise PreflightError(f"{spec.model.id} is gated on Hugging Face and HF_TOKEN is not set",
+                             hint="accept the model's license on its Hub page, then export HF_TOKEN=hf_... "
+                                  "(it travels to the instance over SSH, never on a command line)")
+    if provider in ("runpod", "vast"):  # on a borrowed host the disk is the host's, not asked for
+        out.notes.extend(image_notes(spec, [provider]))
+        _check_disk(spec, provider, out)
+    return out
+
+
+def image_notes(spec: Any, providers: list[str]) -> list[str]:
+    """What the catalog says about the image each provider would boot (``plan`` prints these too)."""
+    from lorapod.catalog.images import default_image, image_note
+    from lorapod.compute.bootstrap import ENGINE_MIN_TORCH
+
+    notes = []
+    for p in dict.fromkeys(providers):
+        image = spec.compute.image or default_image(p)
+        note = image_note(image, ENGINE_MIN_TORCH) if image else None
+        if note:
+            notes.append(f"{p}: {note}")
+    return notes
+
+
+def _check_data(spec: Any, paths: list[Path], force: bool, out: Preflight) -> None:
+    from lorapod.data.images import check_path
+
+    val = Path(spec.data.val_path) if spec.data.val_path else None
+    model = Path(spec.model.id) if Path(spec.model.id).is_dir() else None
+    for p in paths:
+        if val is not None and p == val:
+            continue
+        kwargs: dict[str, Any] = {"sequence_len": spec.data.sequence_len, "val": val, "model": model}
+        if spec.is_image:
+            kwargs = {"family": spec.model.family if spec.model.family != "auto" else "sdxl",
+                      "trigger": getattr(spec.data, "trigger", None)}
+        report = check_path(p, **kwargs)
+        if not report.has_errors:
+            continue
+        errors = [f for f in report.findings if f.severity == "error"]
+        msg = f"`lorapod data check {p}` finds {len(errors)} error(s), first: {errors[0].message}"
+        if not force:
+            raise PreflightError(msg, hint=f"fix the data (lorapod data check {p}), or pass --force to rent anyway")
+        out.notes.append(msg + " (--force: going on)")
+
+
+def _check_model(spec: Any, env: dict[str, str], out: Preflight) -> bool:
+    """True when the model is gated. A model that exists nowhere is refused."""
+    from lorapod.catalog.models import find_model
+    from lorapod.errors import PlanError
+
+    model_id = spec.model.id
+    if model_id.startswith("lorapod:") or Path(model_id).exists():
+        return False
+    try:
+        found = find_model(model_id, spec.model.family, getattr(spec.model, "variant", None))
+    except PlanError:
+        found = None
+    if found is not None:  # a catalog entry: its gating is recorded there
+        return bool(found.license.gated)
+    hub = _hub_lookup(model_id, env)
+    if hub is None:  # offline or unreachable
+        out.notes.append(f"could not check {model_id} on the Hugging Face Hub; the instance will try to download it")
+        return False
+    status, info = hub
+    if status in (401, 404):
+        raise PreflightError(f"model {model_id} was not found on the Hugging Face Hub",
+                             hint="check model.id (owner/name, as on the model's page); a private model needs HF_TOKEN")
+    if status == 403:
+        raise PreflightError(f"HF_TOKEN has no access to {model_id}",
+                             hint="accept the model's license on its Hub page with the account that owns HF_TOKEN")
+    return bool(info.get("gated")) if isinstance(info, dict) else False
+
+
+def _hub_lookup(model_id: str, env: dict[str, str]) -> tuple[int, Any] | None:
+    """``GET {HF_ENDPOINT}/api/models/{id}``: (status, json) or None when the Hub is not asked."""
+    if env.get("HF_HUB_OFFLINE") in ("1", "true", "True"):
+        return None
+    import httpx
+
+    base = env.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    headers = {"Authorization": f"Bearer {env['HF_TOKEN']}"} if env.get("HF_TOKEN") else {}
+    try:
+        r = httpx.get(f"{base}/api/models/{model_id}", headers=headers, timeout=10.0)
+    except httpx.HTTPError:
+        return None
+    if r.status_code >= 500:
+        return None
+    try:
+        body = r.json()
+    except ValueError:
+        body = None
+    return r.status_code, body
+
+
+def _check_disk(spec: Any, provider: str, out: Preflight) -> None:
+    from lorapod.catalog.images import KNOWN, default_image
+    from lorapod.compute.bootstrap import ENGINE_MIN_TORCH
+    from lorapod.errors import PlanError
+    from lorapod.plan.job import build_job
+
+    try:
+        job = build_job(spec)
+    except PlanError:
+        out.notes.append("the planner does not know this model, so the disk size was not checked")
+        return
+    image = KNOWN.get(spec.compute.image or default_image(provider) or "")
+    from packaging.version import Version
+
+    torch_gb = 0.0 if image is not None and Version(image.torch) >= Version(ENGINE_MIN_TORCH) else TORCH_GB
+    cache_gb = job.download_gb * 0.1 if spec.is_image else 0.0  # latents and text-encoder outputs
+    need = (job.download_gb + job.upload_gb + cache_gb + job.pull_gb + ENV_GB + torch_gb) * HEADROOM
+    out.disk_needed_gb = need
+    if need > spec.compute.disk_gb:
+        raise PreflightError(
+            f"compute.disk_gb = {spec.compute.disk_gb:g} is too small: about {need:.0f} GB are needed (model "
+            f"{job.download_gb:.1f} GB, data {job.upload_gb:.2f} GB, caches {cache_gb:.1f} GB, checkpoints "
+            f"{job.pull_gb:.2f} GB, environment {ENV_GB + torch_gb:.0f} GB, +15%)",
+            hint=f"--set compute.disk_gb={math.ceil(need / 10) * 10}")
