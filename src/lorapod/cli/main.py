@@ -50,9 +50,9 @@ def main(argv: list[str] | None = None) -> None:
         if os.environ.get("LORAPOD_DEBUG"):
             err_console.print_exception()
         # escape(): messages quote tools' output ("[sender]", paths), which is not rich markup.
-        err_console.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False, soft_wrap=True)
         if exc.hint:
-            err_console.print(f"  [cyan]->[/] {escape(exc.hint)}", highlight=False)
+            err_console.print(f"  [cyan]->[/] {escape(exc.hint)}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")
