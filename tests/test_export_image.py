@@ -1,0 +1,165 @@
+"""Image LoRA files judged by their consumers: ComfyUI (tests/comfy_consumer.py, its key rules) and
+diffusers' own ``load_lora_weights``, on tiny SD 1.5, SDXL, FLUX.1 and FLUX.2 klein pipelines.
+
+No training: LoRA is attached with random ``lora_B`` so that any wrong name, alpha or slice shows
+as a weight that differs from base + adapter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from lorapod.engine.diffusion import attach_lora
+from lorapod.engine.diffusion.export import save_diffusers
+from lorapod.engine.diffusion.families import FAMILIES
+from lorapod.export import kohya
+
+from . import comfy_consumer as comfy
+from .image_fixtures import build_flux1, build_flux2_klein, build_sd15, build_sdxl
+
+torch.set_num_threads(1)
+BUILD = {"sd15": build_sd15, "sdxl": build_sdxl, "flux1": build_flux1, "flux2": build_flux2_klein}
+TE_NAMES = {"sd15": [["lora_te", "lora_te1"]], "sdxl": [["lora_te1"], ["lora_te2"]]}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("exp")
+    return {f: b(root / f) for f, b in BUILD.items()}
+
+
+def _pipe(models, family):
+    fam = FAMILIES[family]()
+    pipe = fam.pipeline_cls().from_pretrained(str(models[family]))
+    return fam, pipe, fam.components(pipe, "x")
+
+
+def _lora(models, family, alpha=8.0, rslora=False, te=True, seed=0):
+    """A pipeline with LoRA on the default targets (+ text encoders), random B; returns
+    (components, {component: module}, PEFT parts, expected merged weights)."""
+    from peft import LoraConfig, get_peft_model_state_dict
+
+    fam, _pipe_, c = _pipe(models, family)
+    mods = {fam.denoiser_name: c.denoiser}
+    if te and fam.kohya_te_prefixes:
+        mods.update({"text_encoder" if i == 0 else f"text_encoder_{i + 1}": t for i, t in enumerate(c.text_encoders)})
+    g = torch.Generator().manual_seed(seed)
+    for name, m in mods.items():
+        targets = fam.default_targets if name == fam.denoiser_name else fam.te_targets
+        attach_lora(m, LoraConfig(r=4, lora_alpha=alpha, target_modules=targets, use_rslora=rslora,
+                                  init_lora_weights="gaussian"))
+        with torch.no_grad():
+            for n, p in m.named_parameters():
+                if "lora_B" in n:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    parts = {name: get_peft_model_state_dict(m) for name, m in mods.items()}
+    want = {}
+    for name, m in mods.items():
+        for path, layer in m.named_modules():
+            if hasattr(layer, "get_delta_weight") and "default" in getattr(layer, "lora_A", {}):
+                want[(name, path)] = (layer.get_base_layer().weight + layer.get_delta_weight("default")).detach()
+    return c, mods, parts, want
+
+
+def _comfy_map(family, c):
+    fam = FAMILIES[family]()
+    if fam.denoiser_name == "unet":
+        key_map = comfy.unet_keys(c.denoiser)
+    else:
+        key_map = comfy.flux_keys(c.denoiser, flux2=family == "flux2")
+    for i, names in enumerate(TE_NAMES.get(family, [])):
+        key_map |= comfy.clip_keys(c.text_encoders[i], "text_encoder" if i == 0 else f"text_encoder_{i + 1}", names)
+    return key_map
+
+
+def _assert_weights(modules, want, atol=2e-3):
+    for (comp, path), w in want.items():
+        got = modules[comp].get_submodule(path)
+        got = got.get_base_layer().weight if hasattr(got, "get_base_layer") else got.weight
+        assert torch.allclose(got.float(), w.float(), atol=atol), f"{comp}.{path}"
+
+
+def _fresh_modules(models, family):
+    fam, pipe, c = _pipe(models, family)
+    mods = {fam.denoiser_name: c.denoiser}
+    mods.update({"text_encoder" if i == 0 else f"text_encoder_{i + 1}": t for i, t in enumerate(c.text_encoders)})
+    return pipe, c, mods
+
+
+@pytest.mark.parametrize("family,rslora", [("sd15", False), ("sdxl", True), ("flux1", False), ("flux2", True)])
+def test_comfyui_loads_every_kohya_key_at_the_trained_strength(models, family, rslora):
+    c, _mods, parts, want = _lora(models, family, rslora=rslora)
+    sizes = {n: m.out_features for n, m in c.denoiser.named_modules() if hasattr(m, "out_features")}
+    tensors = kohya.to_kohya(parts, family, 8.0, rslora, dtype=torch.float32, out_features=sizes)
+    _pipe2, c2, fresh = _fresh_modules(models, family)
+    patches, dropped = comfy.load(tensors, _comfy_map(family, c2))
+    assert dropped == []
+    comfy.apply(fresh, patches)
+    _assert_weights(fresh, want)
+
+
+def test_text_encoder_keys_are_the_exact_names_comfyui_and_a1111_expect(models):
+    """Under transformers 4.x and 5.x alike (5.x has no ``text_model.`` level in CLIPTextModel)."""
+    layers = ["self_attn_q_proj", "self_attn_k_proj", "self_attn_v_proj", "self_attn_out_proj"]
+    for family, prefixes in (("sd15", ["lora_te"]), ("sdxl", ["lora_te1", "lora_te2"])):
+        _c, _m, parts, _w = _lora(models, family)
+        names = {k.split(".")[0] for k in kohya.to_kohya(parts, family, 8.0, False) if k.startswith("lora_te")}
+        assert names == {f"{p}_text_model_encoder_layers_{b}_{x}" for p in prefixes for b in range(2) for x in layers}
+
+
+def test_flux_kohya_names_are_sd_scripts_bfl_names(models):
+    _c, _m, parts, _w = _lora(models, "flux1")
+    t = kohya.to_kohya(parts, "flux1", 8.0, False)
+    names = {k.rsplit(".", 2)[0] if k.endswith("weight") else k[: -len(".alpha")] for k in t}
+    assert names == {"lora_unet_double_blocks_0_img_attn_qkv", "lora_unet_double_blocks_0_txt_attn_qkv",
+                     "lora_unet_double_blocks_0_img_attn_proj", "lora_unet_double_blocks_0_txt_attn_proj",
+                     "lora_unet_double_blocks_0_img_mlp_0", "lora_unet_double_blocks_0_img_mlp_2",
+                     "lora_unet_double_blocks_0_txt_mlp_0", "lora_unet_double_blocks_0_txt_mlp_2",
+                     "lora_unet_single_blocks_0_linear1"}
+    # q, k, v fused at rank 3 x 4: alpha is the trained scale (8/4) times the fused rank
+    assert t["lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight"].shape[0] == 12
+    assert float(t["lora_unet_double_blocks_0_img_attn_qkv.alpha"]) == pytest.approx(24.0)
+    assert t["lora_unet_single_blocks_0_linear1.lora_down.weight"].shape[0] == 16
+
+
+@pytest.mark.parametrize("family", ["sd15", "sdxl", "flux2"])
+def test_diffusers_loads_the_kohya_file_to_base_plus_adapter(models, family, tmp_path):
+    """FLUX.1 is left out here: diffusers' sd-scripts converter hard-codes FLUX.1's real sizes
+    (3072 / 12288) for ``linear1``, which a tiny model cannot have; ComfyUI's test covers it."""
+    c, _m, parts, want = _lora(models, family, rslora=family == "sdxl")
+    save_file(kohya.to_kohya(parts, family, 8.0, family == "sdxl", dtype=torch.float32), str(tmp_path / "k.safetensors"))
+    pipe, _c2, fresh = _fresh_modules(models, family)
+    pipe.load_lora_weights(str(tmp_path), weight_name="k.safetensors")
+    pipe.fuse_lora()
+    pipe.unload_lora_weights()
+    _assert_weights(fresh, want)
+
+
+def test_comfyui_drops_diffusers_file_attention_keys_and_finds_no_alpha(models, tmp_path):
+    """Why the diffusers file is not offered for ComfyUI (and why inspect says so)."""
+    from peft import LoraConfig
+
+    c, mods, parts, _w = _lora(models, "sd15", te=False)
+    cfg = LoraConfig(r=4, lora_alpha=8.0, target_modules=FAMILIES["sd15"].default_targets).to_dict()
+    save_diffusers(tmp_path, FAMILIES["sd15"]().pipeline_cls(), parts, {"unet": cfg})
+    tensors = load_file(str(tmp_path / "pytorch_lora_weights.safetensors"))
+    _patches, dropped = comfy.load(tensors, _comfy_map("sd15", c))
+    assert any(".attn1.to_q.lora_A" in k for k in dropped)
+    assert not any(k.endswith(".alpha") for k in tensors)
+
+
+@pytest.mark.parametrize("family", ["sd15", "sdxl", "flux1", "flux2"])
+def test_kohya_back_to_peft_is_exact(models, family):
+    c, mods, parts, _w = _lora(models, family)
+    sizes = {n: m.out_features for n, m in c.denoiser.named_modules() if hasattr(m, "out_features")}
+    tensors = kohya.to_kohya(parts, family, 8.0, False, dtype=torch.float32, out_features=sizes)
+    names = {comp: [n for n, _ in m.named_modules()] for comp, m in mods.items()}
+    back, dropped = kohya.from_kohya(tensors, family, names)
+    assert dropped == []
+    scale = 8.0 / 4
+    for comp, sd in parts.items():
+        assert set(back[comp]) == set(sd)
+        for k, v in sd.items():
+            want = v * scale if ".lora_B." in k else v
+            assert torch.allclose(back[comp][k], want, atol=1e-6), k
