@@ -40,7 +40,7 @@ def _lora(models, family, alpha=8.0, rslora=False, te=True, seed=0):
     (components, {component: module}, PEFT parts, expected merged weights)."""
     from peft import LoraConfig, get_peft_model_state_dict
 
-    fam, _pipe_, c = _pipe(models, family)
+    fam, _, c = _pipe(models, family)
     mods = {fam.denoiser_name: c.denoiser}
     if te and fam.kohya_te_prefixes:
         mods.update({"text_encoder" if i == 0 else f"text_encoder_{i + 1}": t for i, t in enumerate(c.text_encoders)})
@@ -127,7 +127,7 @@ def test_flux_kohya_names_are_sd_scripts_bfl_names(models):
 def test_diffusers_loads_the_kohya_file_to_base_plus_adapter(models, family, tmp_path):
     """FLUX.1 is left out here: diffusers' sd-scripts converter hard-codes FLUX.1's real sizes
     (3072 / 12288) for ``linear1``, which a tiny model cannot have; ComfyUI's test covers it."""
-    c, _m, parts, want = _lora(models, family, rslora=family == "sdxl")
+    _c, _m, parts, want = _lora(models, family, rslora=family == "sdxl")
     save_file(kohya.to_kohya(parts, family, 8.0, family == "sdxl", dtype=torch.float32), str(tmp_path / "k.safetensors"))
     pipe, _c2, fresh = _fresh_modules(models, family)
     pipe.load_lora_weights(str(tmp_path), weight_name="k.safetensors")
@@ -140,7 +140,7 @@ def test_comfyui_drops_diffusers_file_attention_keys_and_finds_no_alpha(models, 
     """Why the diffusers file is not offered for ComfyUI (and why inspect says so)."""
     from peft import LoraConfig
 
-    c, mods, parts, _w = _lora(models, "sd15", te=False)
+    c, _m, parts, _w = _lora(models, "sd15", te=False)
     cfg = LoraConfig(r=4, lora_alpha=8.0, target_modules=FAMILIES["sd15"].default_targets).to_dict()
     save_diffusers(tmp_path, FAMILIES["sd15"]().pipeline_cls(), parts, {"unet": cfg})
     tensors = load_file(str(tmp_path / "pytorch_lora_weights.safetensors"))

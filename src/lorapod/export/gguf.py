@@ -172,7 +172,7 @@ def write_model(model_dir: Path, path: Path, outtype: str = "f16") -> Path:
         raise ExportError(f"{model_dir} has no .safetensors weights", hint="export --to merged writes them")
     for f in files:
         with safe_open(str(f), "pt") as fh:
-            for key in fh.keys():
+            for key in fh.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
                 if key.endswith("rotary_emb.inv_freq"):
                     continue
                 target = names.get_name(key, try_suffixes=(".weight", ".bias"))

@@ -80,7 +80,8 @@ _FLUX_DOUBLE_ATTN: list[Rule] = [
     (r"proj_out", "final_layer.linear", 0, 1),
 ]
 
-FLUX1_RULES: list[Rule] = _FLUX_DOUBLE_ATTN + [
+FLUX1_RULES: list[Rule] = [
+    *_FLUX_DOUBLE_ATTN,
     (r"transformer_blocks\.(\d+)\.ff\.net\.0\.proj", "double_blocks.{0}.img_mlp.0", 0, 1),
     (r"transformer_blocks\.(\d+)\.ff\.net\.2", "double_blocks.{0}.img_mlp.2", 0, 1),
     (r"transformer_blocks\.(\d+)\.ff_context\.net\.0\.proj", "double_blocks.{0}.txt_mlp.0", 0, 1),
@@ -101,7 +102,8 @@ FLUX1_RULES: list[Rule] = _FLUX_DOUBLE_ATTN + [
     (r"time_text_embed\.text_embedder\.linear_2", "vector_in.out_layer", 0, 1),
 ]
 
-FLUX2_RULES: list[Rule] = _FLUX_DOUBLE_ATTN + [
+FLUX2_RULES: list[Rule] = [
+    *_FLUX_DOUBLE_ATTN,
     (r"transformer_blocks\.(\d+)\.ff\.linear_in", "double_blocks.{0}.img_mlp.0", 0, 1),
     (r"transformer_blocks\.(\d+)\.ff\.linear_out", "double_blocks.{0}.img_mlp.2", 0, 1),
     (r"transformer_blocks\.(\d+)\.ff_context\.linear_in", "double_blocks.{0}.txt_mlp.0", 0, 1),

@@ -7,6 +7,7 @@ so a merge that silently wrote the base (or a broken model) never reaches the us
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,8 +78,6 @@ def merge(model_id: str, peft_dir: Path, out: Path, revision: str | None = None)
                           f"more than {report.tolerance:.0e} allowed for {report.dtype}; nothing was written",
                           hint="report this with the run folder; export --to peft works meanwhile")
     merged.save_pretrained(str(out))
-    try:
+    with contextlib.suppress(OSError, ValueError):  # a base without a tokenizer: the weights are still whole
         AutoTokenizer.from_pretrained(model_id, revision=revision).save_pretrained(str(out))
-    except (OSError, ValueError):
-        pass  # a base without a tokenizer folder: the weights are still a complete model
     return report

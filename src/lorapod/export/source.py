@@ -30,7 +30,7 @@ def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str
     try:
         with safe_open(str(path), "pt") as fh:
             meta = dict(fh.metadata() or {})
-            return {k: fh.get_tensor(k) for k in fh.keys()}, meta
+            return {k: fh.get_tensor(k) for k in fh.keys()}, meta  # noqa: SIM118
     except (SafetensorError, OSError, ValueError) as exc:
         raise ExportError(f"{path} is not a readable safetensors file ({exc})",
                           hint="it may be truncated or not a safetensors file: copy it again, or use another "
