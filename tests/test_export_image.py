@@ -14,6 +14,7 @@ from lorapod.engine.diffusion import attach_lora
 from lorapod.engine.diffusion.export import save_diffusers
 from lorapod.engine.diffusion.families import FAMILIES
 from lorapod.export import kohya
+from lorapod.export.inspect import inspect_file
 
 from . import comfy_consumer as comfy
 from .image_fixtures import build_flux1, build_flux2_klein, build_sd15, build_sdxl
@@ -88,7 +89,7 @@ def _fresh_modules(models, family):
 
 
 @pytest.mark.parametrize("family,rslora", [("sd15", False), ("sdxl", True), ("flux1", False), ("flux2", True)])
-def test_comfyui_loads_every_kohya_key_at_the_trained_strength(models, family, rslora):
+def test_comfyui_loads_every_kohya_key_at_the_trained_strength(models, family, rslora, tmp_path):
     c, _mods, parts, want = _lora(models, family, rslora=rslora)
     sizes = {n: m.out_features for n, m in c.denoiser.named_modules() if hasattr(m, "out_features")}
     tensors = kohya.to_kohya(parts, family, 8.0, rslora, dtype=torch.float32, out_features=sizes)
@@ -97,6 +98,10 @@ def test_comfyui_loads_every_kohya_key_at_the_trained_strength(models, family, r
     assert dropped == []
     comfy.apply(fresh, patches)
     _assert_weights(fresh, want)
+    # and `lorapod inspect` (name rules only, no model) agrees: nothing dropped, by either consumer
+    save_file(tensors, str(tmp_path / "k.safetensors"))
+    report = inspect_file(tmp_path / "k.safetensors")
+    assert report["consumers"]["ComfyUI"]["drops"] == [] and report["consumers"]["diffusers"]["drops"] == []
 
 
 def test_text_encoder_keys_are_the_exact_names_comfyui_and_a1111_expect(models):
