@@ -188,3 +188,27 @@ def test_mismatched_base_is_refused_and_existing_output_is_kept(trained, tmp_pat
     with pytest.raises(ExportError, match="never overwrites"):
         export_run(trained["run"], "peft", out=keep)
     assert (keep / "mine.txt").read_text() == "x" and len(list(keep.iterdir())) == 1
+
+
+def test_eval_compares_base_and_every_checkpoint_and_recommends_one(trained, tmp_path):
+    from typer.testing import CliRunner
+
+    from lorapod.cli.main import build_app
+    from lorapod.evaluate.llm import Row, evaluate_llm, recommend
+
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    res = evaluate_llm(run, n_prompts=2, device="cpu", max_new_tokens=8, log=lambda m: None)
+    assert [r.label for r in res.rows] == ["base", "step-2", "step-4"]
+    assert res.rows[2].val_loss < res.rows[0].val_loss  # training helped
+    assert res.best == min(res.rows[1:], key=lambda r: r.val_loss).label
+    assert len(res.answers) == 2 and any(a["base"] != a["tuned"] for a in res.answers)
+    assert (run / "eval" / "val_loss.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| base |" in (run / "eval" / "eval.md").read_text()
+    # the rule itself: lowest loss wins, and a later rise is called out
+    rows = [Row("base", None, 3.0, 20.0), Row("step-2", 2, 2.0, 7.4), Row("step-4", 4, 2.5, 12.2)]
+    best, why = recommend(rows)
+    assert best == "step-2" and "turned up" in why and "over-fit" in why
+    res2 = CliRunner().invoke(build_app(), ["eval", str(run), "--n-prompts", "1", "--device", "cpu"])
+    assert res2.exit_code == 0, res2.output
+    assert "Recommended:" in res2.output
