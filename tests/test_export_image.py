@@ -168,3 +168,79 @@ def test_kohya_back_to_peft_is_exact(models, family):
         for k, v in sd.items():
             want = v * scale if ".lora_B." in k else v
             assert torch.allclose(back[comp][k], want, atol=1e-6), k
+
+
+@pytest.fixture(scope="module")
+def sd15_run(models, tmp_path_factory):
+    """An SD 1.5 run folder with two checkpoints (random LoRA weights, no training)."""
+    from lorapod.engine.checkpoint import CheckpointManager, TrainState
+    from lorapod.rundir import RunDir
+    from lorapod.spec import load_spec
+
+    from .image_fixtures import image_spec, write_images
+
+    root = tmp_path_factory.mktemp("sdrun")
+    spec = load_spec(raw=image_spec(models["sd15"], write_images(root / "data"), root / "runs", "sd15"))
+    run = RunDir.create(spec.output.dir, "t")
+    run.write_spec(spec)
+    mgr = CheckpointManager(run.checkpoints, keep_last=5)
+    for step, seed in ((1, 1), (2, 2)):
+        _c, _m, parts, _w = _lora(models, "sd15", alpha=8.0, te=False, seed=seed)
+        state = {f"unet.{k}": v for k, v in parts["unet"].items()}
+        mgr.save(TrainState(step=step), state, {})
+    return run.root
+
+
+def test_export_cli_writes_comfyui_diffusers_and_merged_files(models, sd15_run, tmp_path):
+    from typer.testing import CliRunner
+
+    from lorapod.cli.main import build_app
+    from lorapod.export.targets import export_run
+
+    res = CliRunner().invoke(build_app(), ["export", str(sd15_run), "--to", "comfyui", "--checkpoint", "1",
+                                           "--out", str(tmp_path / "c")])
+    assert res.exit_code == 0, res.output
+    report = inspect_file(tmp_path / "c" / "t.safetensors")
+    assert report["consumers"]["ComfyUI"]["drops"] == [] and report["consumers"]["ComfyUI"]["scale"] == [2.0]
+    assert report["metadata"]["ss_network_alpha"] == "8.0" and report["family"] == "sd15"
+
+    state = load_file(str(sd15_run / "checkpoints" / "step-2" / "adapter.safetensors"))
+    export_run(sd15_run, "diffusers", out=tmp_path / "d")
+    export_run(sd15_run, "merged", out=tmp_path / "m")
+    fam = FAMILIES["sd15"]()
+    base = fam.pipeline_cls().from_pretrained(str(models["sd15"])).unet
+    merged = fam.pipeline_cls().from_pretrained(str(tmp_path / "m")).unet
+    module = next(k for k in state if k.endswith("attn1.to_q.lora_A.weight"))[len("unet."):-len(".lora_A.weight")]
+    a, b = state[f"unet.{module}.lora_A.weight"], state[f"unet.{module}.lora_B.weight"]
+    want = base.get_submodule(module).weight + 8.0 / 4 * b @ a
+    assert torch.allclose(merged.get_submodule(module).weight, want, atol=1e-5)
+    pipe = fam.pipeline_cls().from_pretrained(str(models["sd15"]))
+    pipe.load_lora_weights(str(tmp_path / "d"), weight_name="pytorch_lora_weights.safetensors")
+    pipe.fuse_lora()
+    assert torch.allclose(pipe.unet.get_submodule(module).base_layer.weight
+                          if hasattr(pipe.unet.get_submodule(module), "base_layer")
+                          else pipe.unet.get_submodule(module).weight, want, atol=1e-5)
+    with pytest.raises(Exception, match="--to gguf is not available for an image run"):
+        export_run(sd15_run, "gguf")
+
+
+def test_image_eval_grids_with_fixed_seeds_and_leakage_against_the_base(sd15_run, tmp_path):
+    import shutil
+
+    from lorapod.evaluate.images import evaluate_images
+
+    run = tmp_path / "run"
+    shutil.copytree(sd15_run, run)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("zxq in a park --s 2 --d 5\na red car --s 2 --d 5\n")
+    res = evaluate_images(run, prompts, strengths=(0.5, 1.0), device="cpu", log=lambda m: None)
+    assert [g.leakage_prompt for g in res.grids] == [False, True]
+    cells = res.grids[1].cells
+    assert [(c.row, c.strength) for c in cells] == [("base", 0.0), ("step-1", 0.5), ("step-1", 1.0),
+                                                   ("step-2", 0.5), ("step-2", 1.0)]
+    assert all(c.leakage is not None and c.leakage > 0 for c in cells[1:])
+    assert all(c.leakage is None for c in res.grids[0].cells)
+    page = (run / "eval" / "images.html").read_text()
+    assert "No CLIP model given" in page and page.count("<table>") == 2
+    for g in res.grids:
+        assert (run / "eval" / g.grid).read_bytes()[:4] == b"\x89PNG"
