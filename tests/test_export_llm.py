@@ -212,3 +212,81 @@ def test_eval_compares_base_and_every_checkpoint_and_recommends_one(trained, tmp
     res2 = CliRunner().invoke(build_app(), ["eval", str(run), "--n-prompts", "1", "--device", "cpu"])
     assert res2.exit_code == 0, res2.output
     assert "Recommended:" in res2.output
+
+
+# ----------------------------------------------------------------------------- llama.cpp's own converters
+
+LLAMA_CPP_SDIST = "llama-cpp-python==0.3.36"  # ships vendor/llama.cpp/ (converters, conversion/, gguf-py/)
+
+
+@pytest.fixture(scope="module")
+def llama_cpp(tmp_path_factory):
+    """llama.cpp's converters from llama-cpp-python's source distribution (downloaded once per
+    machine into LORAPOD_TEST_CACHE or ~/.cache/lorapod-tests; skipped when the registry is
+    unreachable). Used as the reference only; none of their code is in lorapod."""
+    import os
+    import subprocess
+    import sys
+    import tarfile
+    from pathlib import Path
+
+    cache = Path(os.environ.get("LORAPOD_TEST_CACHE", Path.home() / ".cache" / "lorapod-tests"))
+    cache.mkdir(parents=True, exist_ok=True)
+    found = sorted(cache.glob("llama_cpp_python-*.tar.gz"))
+    if not found:
+        cmd = [sys.executable, "-m", "pip", "download", LLAMA_CPP_SDIST, "--no-deps", "--no-binary", ":all:",
+               "-d", str(cache)]
+        try:
+            subprocess.run(cmd, check=True, capture_output=True, timeout=900)
+        except (subprocess.SubprocessError, OSError) as exc:
+            pytest.skip(f"llama-cpp-python's sdist could not be downloaded: {exc}")
+        found = sorted(cache.glob("llama_cpp_python-*.tar.gz"))
+    root = tmp_path_factory.mktemp("llamacpp")
+    with tarfile.open(found[-1]) as tar:
+        wanted = [m for m in tar.getmembers()
+                  if re.search(r"/vendor/llama\.cpp/(convert_[a-z_]+\.py|conversion/|gguf-py/)", m.name)]
+        tar.extractall(root, members=wanted, filter="data")
+    return next(root.glob("*/vendor/llama.cpp"))
+
+
+@pytest.mark.slow
+def test_adapter_and_model_gguf_equal_llama_cpp_converters_output(trained, llama_cpp, tmp_path):
+    """Tensor for tensor: our adapter GGUF vs convert_lora_to_gguf.py on our PEFT export, and our
+    model GGUF vs convert_hf_to_gguf.py on the base (its vocabulary step is skipped: the test's
+    tokenizer is not one llama.cpp recognises, and its Llama path wants sentencepiece)."""
+    import subprocess
+    import sys
+
+    peft_dir = export_run(trained["run"], "peft", out=tmp_path / "p").out
+    ours = export_run(trained["run"], "gguf", out=tmp_path / "g").out / "t.gguf"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    subprocess.run([sys.executable, str(llama_cpp / "convert_lora_to_gguf.py"), "--base", str(trained["base"]),
+                    "--outtype", "f32", "--outfile", str(tmp_path / "ref.gguf"), str(peft_dir)],
+                   check=True, capture_output=True, env=env, timeout=300)
+    kv_ours, t_ours = gguf.read(ours)
+    kv_ref, t_ref = gguf.read(tmp_path / "ref.gguf")
+    assert set(t_ours) == set(t_ref)
+    for k in t_ref:
+        assert np.allclose(t_ours[k], t_ref[k], atol=1e-6), k
+    for k in ("general.architecture", "general.type", "adapter.type", "adapter.lora.alpha"):
+        assert kv_ours[k] == kv_ref[k], k
+
+    wrapper = tmp_path / "convert_model.py"
+    wrapper.write_text(
+        "import runpy, sys\n"
+        f"sys.path[:0] = [{str(llama_cpp)!r}, {str(llama_cpp / 'gguf-py')!r}]\n"
+        "import conversion.llama as L\n"
+        "L.LlamaModel.set_vocab = lambda self: None\n"
+        "sys.argv = ['convert_hf_to_gguf.py', *sys.argv[1:]]\n"
+        f"runpy.run_path({str(llama_cpp / 'convert_hf_to_gguf.py')!r}, run_name='__main__')\n")
+    subprocess.run([sys.executable, str(wrapper), "--outtype", "f32", "--outfile", str(tmp_path / "ref_model.gguf"),
+                    str(trained["base"])], check=True, capture_output=True, env=env, timeout=300)
+    gguf.write_model(trained["base"], tmp_path / "model.gguf", "f32")
+    kv_m, t_m = gguf.read(tmp_path / "model.gguf")
+    kv_r, t_r = gguf.read(tmp_path / "ref_model.gguf")
+    assert set(t_m) == set(t_r)
+    for k in t_r:
+        assert np.array_equal(t_m[k], t_r[k]), k
+    for k, v in kv_r.items():
+        if k.startswith("llama."):
+            assert kv_m.get(k) == pytest.approx(v), k

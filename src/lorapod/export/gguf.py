@@ -14,7 +14,6 @@ for the architectures below, with the tokenizer's vocabulary, merges, special id
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,6 +122,7 @@ def write_adapter(state: dict[str, torch.Tensor], config, alpha: float, rslora: 
     w.add_name(name)
     w.add_string(gguf.Keys.Adapter.TYPE, "lora")
     w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(alpha * math.sqrt(rank) if rslora else alpha))
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     for key, t in tensors.items():
         w.add_tensor(key, t.numpy().astype(np.float32))
     _finish(w)
@@ -154,6 +154,8 @@ def write_model(model_dir: Path, path: Path, outtype: str = "f16") -> Path:
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name(Path(model_dir).name)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_vocab_size(config.vocab_size)
     w.add_context_length(config.max_position_embeddings)
     w.add_embedding_length(config.hidden_size)
     w.add_block_count(config.num_hidden_layers)
@@ -230,8 +232,3 @@ def read(path: Path) -> tuple[dict[str, object], dict[str, np.ndarray]]:
             kv[name] = None
     tensors = {t.name: np.array(t.data).reshape([int(d) for d in reversed(t.shape)]) for t in reader.tensors}
     return kv, tensors
-
-
-def describe_adapter(kv: dict[str, object]) -> str:
-    return json.dumps({k: kv.get(k) for k in ("general.architecture", "general.type", "adapter.type",
-                                                 "adapter.lora.alpha")})
