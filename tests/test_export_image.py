@@ -244,3 +244,27 @@ def test_image_eval_grids_with_fixed_seeds_and_leakage_against_the_base(sd15_run
     assert "No CLIP model given" in page and page.count("<table>") == 2
     for g in res.grids:
         assert (run / "eval" / g.grid).read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("family", ["sdxl", "flux1"])
+def test_file_conversion_kohya_to_diffusers_and_back_loads_as_base_plus_adapter(models, family, tmp_path):
+    """lorapod export FILE --to diffusers / --to comfyui, judged by diffusers and the ComfyUI model."""
+    from lorapod.export.targets import export_run
+
+    c, _m, parts, want = _lora(models, family, rslora=True)
+    sizes = {n: m.out_features for n, m in c.denoiser.named_modules() if hasattr(m, "out_features")}
+    save_file(kohya.to_kohya(parts, family, 8.0, True, dtype=torch.float32, out_features=sizes), str(tmp_path / "k.safetensors"))
+    d = export_run(tmp_path / "k.safetensors", "diffusers", out=tmp_path / "d", base=str(models[family]), family=family)
+    pipe, _c2, fresh = _fresh_modules(models, family)
+    pipe.load_lora_weights(str(d.out), weight_name="pytorch_lora_weights.safetensors")
+    pipe.fuse_lora()
+    pipe.unload_lora_weights()
+    _assert_weights(fresh, want)
+    # and back: the diffusers file (alpha in its metadata) to a kohya file ComfyUI loads whole
+    k2 = export_run(d.out / "pytorch_lora_weights.safetensors", "comfyui", out=tmp_path / "k2",
+                    base=str(models[family]), family=family)
+    _p, c3, fresh3 = _fresh_modules(models, family)
+    patches, dropped = comfy.load(load_file(str(k2.out / k2.files[0])), _comfy_map(family, c3))
+    assert dropped == []
+    comfy.apply(fresh3, patches)
+    _assert_weights(fresh3, want)

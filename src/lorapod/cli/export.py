@@ -15,20 +15,21 @@ console = Console(highlight=False)
 def register(app: typer.Typer) -> None:
     @app.command("export")
     def export(
-        run: Path = typer.Argument(..., help="The run folder (runs/JOB)."),
+        run: Path = typer.Argument(..., help="The run folder (runs/JOB), or a LoRA .safetensors to convert."),
         to: str = typer.Option(..., "--to", help="LLM: peft | merged | gguf | ollama.  Image: comfyui | diffusers | merged."),
         checkpoint: int | None = typer.Option(None, "--checkpoint", help="Export checkpoints/step-N (default: the final adapter)."),
         out: Path | None = typer.Option(None, "--out", help="Output folder (default: RUN/exports/TARGET-STEP); never overwritten."),
         base: str | None = typer.Option(None, "--base", help="The base model, when it moved since training."),
         adapter: bool = typer.Option(False, "--adapter", help="ollama: base GGUF + ADAPTER instead of the merged GGUF."),
         outtype: str = typer.Option("f16", "--outtype", help="GGUF model tensors: f16 | f32."),
+        family: str | None = typer.Option(None, "--family", help="Converting a file: sd15 | sdxl | flux1 | flux2."),
     ) -> None:
         """Write a checkpoint in the format a tool loads: PEFT, merged, GGUF, Ollama, ComfyUI, diffusers."""
         from lorapod.export.targets import export_run
 
         if outtype not in ("f16", "f32"):
             raise typer.BadParameter("--outtype is f16 or f32")
-        done = export_run(run, to, checkpoint, out, base, adapter, outtype)
+        done = export_run(run, to, checkpoint, out, base, adapter, outtype, family)
         console.print(f"wrote [bold]{escape(str(done.out))}[/]")
         for f in done.files:
             console.print(f"  {escape(f)}")

@@ -29,7 +29,16 @@ class Exported:
 
 
 def export_run(run: str | Path, to: str, checkpoint: int | None = None, out: Path | None = None,
-               base: str | None = None, adapter_mode: bool = False, outtype: str = "f16") -> Exported:
+               base: str | None = None, adapter_mode: bool = False, outtype: str = "f16",
+               family: str | None = None) -> Exported:
+    if Path(run).is_file():  # a LoRA file: convert kohya <-> diffusers
+        from lorapod.export.convert import convert_file
+
+        if not family:
+            raise ExportError("converting a file needs --family (sd15, sdxl, flux1, flux2)")
+        dest = Path(out) if out else Path(run).with_name(f"{Path(run).stem}-{to}")
+        written = convert_file(Path(run), to, family, base, dest)
+        return Exported(dest, [written.name], [f"converted {Path(run).name} to {to}"])
     src = open_source(run, checkpoint)
     allowed = IMAGE_TARGETS if src.is_image else LLM_TARGETS
     if to not in allowed:
