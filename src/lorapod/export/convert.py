@@ -93,8 +93,8 @@ def convert_file(path: Path, to: str, family: str, base: str | None, out: Path) 
         if dropped:
             raise ExportError(f"{path}: {len(dropped)} module(s) name nothing in {base}, e.g. {dropped[0]}",
                               hint=f"check --family {family} and --base")
-        from lorapod.engine.diffusion.families import FAMILIES
         from lorapod.engine.diffusion.export import save_diffusers
+        from lorapod.engine.diffusion.families import FAMILIES
 
         configs = {comp: _unit_config(sd) for comp, sd in parts.items()}
         with output_dir(out) as tmp:
