@@ -268,3 +268,4 @@ def test_file_conversion_kohya_to_diffusers_and_back_loads_as_base_plus_adapter(
     assert dropped == []
     comfy.apply(fresh3, patches)
     _assert_weights(fresh3, want)
+    assert inspect_file(k2.out / k2.files[0])["family"] == family  # ss_base_model_version written

@@ -83,7 +83,7 @@ def convert_file(path: Path, to: str, family: str, base: str | None, out: Path) 
         result = kohya.to_kohya(parts, family, alpha, rslora, dtype=dtype, out_features=sizes)
         name = path.stem.replace("pytorch_lora_weights", "lora")
         with output_dir(out) as tmp:
-            save_file(result, str(tmp / f"{name}.safetensors"), metadata={"ss_network_module": "networks.lora"})
+            save_file(result, str(tmp / f"{name}.safetensors"), metadata=_kohya_meta(parts, family, alpha, rslora, path))
         return out / f"{name}.safetensors"
     if to == "diffusers" and fmt == "kohya":
         if not base:
@@ -101,6 +101,17 @@ def convert_file(path: Path, to: str, family: str, base: str | None, out: Path) 
             save_diffusers(tmp, FAMILIES[family]().pipeline_cls(), parts, configs)
         return out / "pytorch_lora_weights.safetensors"
     raise ExportError(f"{path} is a {fmt} file; --to {to} converts kohya -> diffusers or diffusers -> comfyui")
+
+
+def _kohya_meta(parts, family: str, alpha: float, rslora: bool, source: Path) -> dict[str, str]:
+    from lorapod.engine.diffusion.export import ARCH, BASE_VERSION
+
+    ranks = Counter(v.shape[0] for sd in parts.values() for k, v in sd.items() if k.endswith(".lora_A.weight"))
+    r = ranks.most_common(1)[0][0]
+    return {"ss_network_module": "networks.lora", "ss_network_dim": str(r),
+            "ss_network_alpha": str(kohya.trained_scale(alpha, r, rslora) * r),
+            "ss_base_model_version": BASE_VERSION[family], "modelspec.architecture": ARCH[family],
+            "ss_training_comment": f"converted by lorapod from {source.name}"}
 
 
 def _unit_config(sd: dict[str, torch.Tensor]) -> dict:

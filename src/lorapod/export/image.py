@@ -39,7 +39,12 @@ def write_comfyui(src: Source, out: Path) -> Path:
 
     fam = family_of(src)
     m = src.spec.method
-    tensors = kohya.to_kohya(parts_of(src.state()), fam.name, m.alpha, m.rslora)
+    sizes = None
+    if fam.name.startswith("flux"):  # a fused layer with an untrained part needs the part's size
+        from lorapod.export.convert import base_modules
+
+        sizes = base_modules(fam.name, str(src.spec.model.id))[1]
+    tensors = kohya.to_kohya(parts_of(src.state()), fam.name, m.alpha, m.rslora, out_features=sizes)
     name = src.spec.output.name or "lora"
     engine_file = src.run.root / "exports" / src.label / f"{name}.safetensors"
     if engine_file.is_file():  # the metadata the engine wrote at that step (tags, counts)

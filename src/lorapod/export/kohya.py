@@ -239,8 +239,7 @@ def _missing_rows(name: str, i: int, got: dict[int, tuple[str, torch.Tensor, tor
         if sibling in out_features:
             return out_features[sibling]
     raise ExportError(f"{name}: part {i} was not trained and its size is unknown",
-                      hint="export through `lorapod export` (it reads the sizes from the base model), "
-                           "or train all parts of the fused layer")
+                      hint="give the base model (lorapod export ... --base MODEL reads the sizes from it)")
 
 
 def _sibling(module: str, i: int) -> str:
