@@ -30,6 +30,9 @@ class MergeReport:
 def load_base(model_id: str, revision: str | None = None):
     from transformers import AutoModelForCausalLM
 
+    from lorapod.engine.llm import quiet_hf
+
+    quiet_hf()
     try:
         return AutoModelForCausalLM.from_pretrained(model_id, revision=revision, dtype="auto")
     except (OSError, ValueError) as exc:
