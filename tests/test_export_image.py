@@ -269,3 +269,34 @@ def test_file_conversion_kohya_to_diffusers_and_back_loads_as_base_plus_adapter(
     comfy.apply(fresh3, patches)
     _assert_weights(fresh3, want)
     assert inspect_file(k2.out / k2.files[0])["family"] == family  # ss_base_model_version written
+
+
+def test_image_eval_scores_with_a_local_clip_model(sd15_run, tmp_path):
+    """The --clip path on a tiny random CLIP saved as a local folder (real code, meaningless scores)."""
+    import shutil
+
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
+
+    from lorapod.demo_image import clip_tokenizer
+    from lorapod.evaluate.images import evaluate_images
+
+    tok = clip_tokenizer(tmp_path / "tok")
+    tok.model_max_length = 16
+    text = {"vocab_size": len(tok), "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "max_position_embeddings": 16, "bos_token_id": len(tok) - 2,
+            "eos_token_id": len(tok) - 1, "pad_token_id": len(tok) - 1}
+    vision = {"image_size": 32, "patch_size": 8, "hidden_size": 16, "intermediate_size": 32,
+              "num_hidden_layers": 1, "num_attention_heads": 2}
+    clip_dir = tmp_path / "clip"
+    CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=8)).save_pretrained(str(clip_dir))
+    CLIPProcessor(image_processor=CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}),
+                  tokenizer=tok).save_pretrained(str(clip_dir))
+    run = tmp_path / "run"
+    shutil.copytree(sd15_run, run)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a red car --s 2 --d 3\n")
+    res = evaluate_images(run, prompts, strengths=(1.0,), clip=clip_dir, device="cpu", log=lambda m: None)
+    cells = res.grids[0].cells
+    assert all(-1.0 <= c.clip_text <= 1.0 and -1.0 <= c.clip_train <= 1.0 for c in cells)
+    assert cells[0].clip_base is None and all(c.clip_base is not None for c in cells[1:])
+    assert "CLIP scores from" in (run / "eval" / "images.html").read_text()

@@ -180,18 +180,23 @@ class _Clip:
         if not imgs:
             return None
         px = self.proc(images=imgs, return_tensors="pt")["pixel_values"].to(self.dev)
-        return torch.nn.functional.normalize(self.model.get_image_features(pixel_values=px), dim=-1)
+        return torch.nn.functional.normalize(_features(self.model.get_image_features(pixel_values=px)), dim=-1)
 
     @torch.no_grad()
     def score(self, cell: Cell, img, prompt: str, base) -> None:
         e = self._images([img])
         t = self.proc(text=[prompt], return_tensors="pt", padding=True, truncation=True).to(self.dev)
-        te = torch.nn.functional.normalize(self.model.get_text_features(**t), dim=-1)
+        te = torch.nn.functional.normalize(_features(self.model.get_text_features(**t)), dim=-1)
         cell.clip_text = float(e @ te.T)
         if self.train is not None:
             cell.clip_train = float((e @ self.train.T).mean())
         if base is not None:
             cell.clip_base = float(e @ self._images([base]).T)
+
+
+def _features(out) -> torch.Tensor:
+    """transformers 4.x returns the projected features; 5.x an output whose pooler_output holds them."""
+    return out if isinstance(out, torch.Tensor) else out.pooler_output
 
 
 def _training_images(spec, limit: int = 16):
