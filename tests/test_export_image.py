@@ -170,25 +170,45 @@ def test_kohya_back_to_peft_is_exact(models, family):
             assert torch.allclose(back[comp][k], want, atol=1e-6), k
 
 
-@pytest.fixture(scope="module")
-def sd15_run(models, tmp_path_factory):
-    """An SD 1.5 run folder with two checkpoints (random LoRA weights, no training)."""
+def _run_folder(models, family, root):
+    """A run folder with two checkpoints (random LoRA weights, no training)."""
     from lorapod.engine.checkpoint import CheckpointManager, TrainState
     from lorapod.rundir import RunDir
     from lorapod.spec import load_spec
 
     from .image_fixtures import image_spec, write_images
 
-    root = tmp_path_factory.mktemp("sdrun")
-    spec = load_spec(raw=image_spec(models["sd15"], write_images(root / "data"), root / "runs", "sd15"))
+    spec = load_spec(raw=image_spec(models[family], write_images(root / "data"), root / "runs", family))
     run = RunDir.create(spec.output.dir, "t")
     run.write_spec(spec)
     mgr = CheckpointManager(run.checkpoints, keep_last=5)
+    den = FAMILIES[family]().denoiser_name
     for step, seed in ((1, 1), (2, 2)):
-        _c, _m, parts, _w = _lora(models, "sd15", alpha=8.0, te=False, seed=seed)
-        state = {f"unet.{k}": v for k, v in parts["unet"].items()}
-        mgr.save(TrainState(step=step), state, {})
+        _c, _m, parts, _w = _lora(models, family, alpha=8.0, te=False, seed=seed)
+        mgr.save(TrainState(step=step), {f"{den}.{k}": v for k, v in parts[den].items()}, {})
     return run.root
+
+
+@pytest.fixture(scope="module")
+def sd15_run(models, tmp_path_factory):
+    return _run_folder(models, "sd15", tmp_path_factory.mktemp("sdrun"))
+
+
+def test_flux2_run_exports_merged_and_comfyui(models, tmp_path):
+    from lorapod.export.targets import export_run
+
+    run = _run_folder(models, "flux2", tmp_path / "f2")
+    export_run(run, "merged", out=tmp_path / "m")
+    state = load_file(str(run / "checkpoints" / "step-2" / "adapter.safetensors"))
+    fam = FAMILIES["flux2"]()
+    base = fam.pipeline_cls().from_pretrained(str(models["flux2"])).transformer
+    merged = fam.pipeline_cls().from_pretrained(str(tmp_path / "m")).transformer
+    module = "single_transformer_blocks.0.attn.to_qkv_mlp_proj"
+    a, b = state[f"transformer.{module}.lora_A.weight"], state[f"transformer.{module}.lora_B.weight"]
+    assert torch.allclose(merged.get_submodule(module).weight, base.get_submodule(module).weight + 2.0 * b @ a, atol=1e-5)
+    done = export_run(run, "comfyui", out=tmp_path / "c")
+    report = inspect_file(done.out / "t.safetensors")
+    assert report["family"] == "flux2" and report["consumers"]["ComfyUI"]["drops"] == []
 
 
 def test_export_cli_writes_comfyui_diffusers_and_merged_files(models, sd15_run, tmp_path):
