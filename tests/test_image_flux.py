@@ -68,15 +68,16 @@ def test_flux_learns_samples_and_reloads(assets, tmp_path, family, sampling):
     assert delta > 1e-4
     assert (got - want).abs().mean() < 0.01 * delta
 
-    # kohya-style file: every key names a LoRA-carrying module of the transformer, alpha makes scale exact
-    names = {n.replace(".", "_") for n, _ in recipe.c.denoiser.named_modules()}
+    # kohya-style file: sd-scripts' names on the original (BFL) modules, q/k/v fused (rank 3 x 4)
     with safe_open(str(run.adapter / "t.safetensors"), "pt") as fh:
         keys = list(fh.keys())
         modules = {k.split(".")[0] for k in keys}
-        pre = "lora_transformer_"
-        assert all(m.startswith(pre) and m[len(pre):] in names for m in modules)
-        alpha = float(fh.get_tensor(next(k for k in keys if k.endswith(".alpha"))))
+        assert "lora_unet_double_blocks_0_img_attn_qkv" in modules and "lora_unet_single_blocks_0_linear1" in modules
+        assert all(m.startswith(("lora_unet_double_blocks_0_", "lora_unet_single_blocks_0_")) for m in modules)
+        alpha = float(fh.get_tensor("lora_unet_double_blocks_0_img_attn_proj.alpha"))
+        qkv_alpha = float(fh.get_tensor("lora_unet_double_blocks_0_img_attn_qkv.alpha"))
         assert fh.metadata()["ss_base_model_version"] == {"flux1": "flux1", "flux2": "flux2_klein"}[family]
+    assert qkv_alpha == pytest.approx(8 / 2 * 12)
     assert alpha == pytest.approx(8 / 2 * 4)  # rsLoRA: alpha / sqrt(r) * r
 
 

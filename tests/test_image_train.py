@@ -187,9 +187,12 @@ def test_exported_files_reproduce_the_trained_output(assets, tmp_path, family, r
     with safe_open(str(run.adapter / "t.safetensors"), "pt") as fh:
         keys = list(fh.keys())
         alpha = fh.get_tensor(next(k for k in keys if k.endswith(".alpha")))
-    te_prefixes = {"sd15": ("lora_te_",), "sdxl": ("lora_te1_", "lora_te2_")}[family]
-    for p in te_prefixes:
-        assert any(k.startswith(p) for k in keys)
+    # the exact names ComfyUI / A1111 / Forge map (transformers 5's CLIPTextModel has no text_model.
+    # level; the file must still say text_model, or those loaders drop the text-encoder half)
+    te_prefixes = {"sd15": ("lora_te",), "sdxl": ("lora_te1", "lora_te2")}[family]
+    layers = ("self_attn_q_proj", "self_attn_k_proj", "self_attn_v_proj", "self_attn_out_proj")
+    assert {k.split(".")[0] for k in keys if k.startswith("lora_te")} == {
+        f"{p}_text_model_encoder_layers_{b}_{x}" for p in te_prefixes for b in range(2) for x in layers}
     # rank 4, alpha 3: plain LoRA stores 3; rsLoRA trained at 3/sqrt(4) = 1.5 -> stores 1.5 * 4 = 6
     assert float(alpha) == pytest.approx(6.0 if rslora else 3.0)
 

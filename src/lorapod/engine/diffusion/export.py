@@ -12,50 +12,30 @@ The kohya ``.alpha`` is the one number that must be right: loaders scale a LoRA 
 ``alpha * sqrt(rank)`` for rsLoRA). Loaded at strength 1.0 the effect is then exactly the
 trained effect.
 
-Module names: SD 1.5 / SDXL use diffusers-layout UNet names (``lora_unet_down_blocks_0_...``),
-which ComfyUI (``unet_to_diffusers``), A1111/Forge and diffusers' kohya loader all map; text
-encoders are ``lora_te_`` (SD 1.5) or ``lora_te1_``/``lora_te2_`` (SDXL). Flux uses
-``lora_transformer_<diffusers module path>`` (``lora_transformer_transformer_blocks_0_attn_to_q``),
-the OneTrainer layout that ComfyUI maps for Flux models (comfy/lora.py, ``model_lora_keys_unet``,
-next to the ``transformer.`` diffusers keys of file 1, which it maps too).
+Module names are lorapod.export.kohya's per-family layouts: SD 1.5 / SDXL keep diffusers-layout
+UNet names and CLIP names under ``text_model.`` (``lora_te_text_model_encoder_layers_0_...``,
+also under transformers 5); Flux uses sd-scripts' layout on the original module names
+(``lora_unet_double_blocks_0_img_attn_qkv``), which ComfyUI, Forge and diffusers all load.
+File 1 is for diffusers and PEFT only: it has no ``.alpha`` keys (ComfyUI would apply scale 1.0)
+and its SD/SDXL attention names are not ones ComfyUI maps. ``lorapod inspect`` shows both.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
 
 import torch
 from safetensors.torch import save_file
 
-
-def _split(peft_key: str) -> tuple[str, str]:
-    """'a.b.lora_A.weight' -> ('a.b', 'down'); lora_B -> 'up'."""
-    for tag, kind in ((".lora_A.weight", "down"), (".lora_B.weight", "up")):
-        if peft_key.endswith(tag):
-            return peft_key[: -len(tag)], kind
-    raise ValueError(f"not a LoRA weight key: {peft_key}")
+from lorapod.export import kohya
+from lorapod.export.kohya import trained_scale
 
 
-def trained_scale(alpha: float, rank: int, rslora: bool) -> float:
-    return alpha / math.sqrt(rank) if rslora else alpha / rank
-
-
-def to_kohya(parts: dict[str, dict[str, torch.Tensor]], prefixes: dict[str, str], alpha: float, rslora: bool,
-             dtype: torch.dtype = torch.float16) -> dict[str, torch.Tensor]:
+def to_kohya(parts: dict[str, dict[str, torch.Tensor]], family: str, alpha: float, rslora: bool,
+             dtype: torch.dtype = torch.float16, out_features: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
     """``parts`` maps a component ('unet', 'text_encoder', ...) to its PEFT state dict (no prefix)."""
-    out: dict[str, torch.Tensor] = {}
-    for comp, sd in parts.items():
-        prefix = prefixes[comp]
-        for key, value in sd.items():
-            module, kind = _split(key)
-            name = f"{prefix}_{module.replace('.', '_')}"
-            out[f"{name}.lora_{kind}.weight"] = value.detach().to("cpu", dtype).contiguous()
-            if kind == "down":
-                rank = value.shape[0]
-                out[f"{name}.alpha"] = torch.tensor(trained_scale(alpha, rank, rslora) * rank, dtype=torch.float32)
-    return out
+    return kohya.to_kohya(parts, family, alpha, rslora, dtype, out_features)
 
 
 BASE_VERSION = {"sd15": "sd_v1", "sdxl": "sdxl_base_v1-0", "flux1": "flux1", "flux2": "flux2_klein"}

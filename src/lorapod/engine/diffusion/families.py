@@ -142,7 +142,7 @@ class Family:
     default_targets: ClassVar[list[str] | str] = []
     te_targets: ClassVar[list[str]] = ["q_proj", "k_proj", "v_proj", "out_proj"]
     kohya_te_prefixes: ClassVar[list[str]] = []  # per text encoder; [] = no text-encoder LoRA
-    kohya_prefix: ClassVar[str] = "lora_unet"  # prefix of the denoiser's keys in the kohya-style file
+    kohya_prefix: ClassVar[str] = "lora_unet"  # unused: kohya names are lorapod.export.kohya.LAYOUTS (one per family)
 
     def pipeline_cls(self):
         import diffusers
@@ -291,7 +291,6 @@ class Flux1(Family):
     name = "flux1"
     pipeline_class = "FluxPipeline"
     denoiser_name = "transformer"
-    kohya_prefix = "lora_transformer"  # ComfyUI maps lora_transformer_<diffusers name> for Flux (OneTrainer layout)
     flow = True
     # diffusers' own Flux LoRA script targets, plus the single blocks' MLP input
     default_targets = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
@@ -341,7 +340,6 @@ class Flux2Klein(Family):
     name = "flux2"
     pipeline_class = "Flux2KleinPipeline"
     denoiser_name = "transformer"
-    kohya_prefix = "lora_transformer"
     flow = True
     default_targets = (r".*(\.to_q|\.to_k|\.to_v|\.to_out\.0|\.add_q_proj|\.add_k_proj|\.add_v_proj|\.to_add_out"
                        r"|\.to_qkv_mlp_proj|single_transformer_blocks\.\d+\.attn\.to_out)$")

@@ -207,11 +207,9 @@ class DiffusionRecipe:
         parts = self.adapter_parts()
         configs = {name: m.peft_config["default"].to_dict() for name, m in self.lora_modules.items()}
         export.save_diffusers(out_dir, self.family.pipeline_cls(), parts, configs)
-        prefixes = {self.family.denoiser_name: self.family.kohya_prefix}
-        for i, p in enumerate(self.family.kohya_te_prefixes):
-            prefixes["text_encoder" if i == 0 else f"text_encoder_{i + 1}"] = p
         m = self.spec.method
-        tensors = export.to_kohya(parts, prefixes, m.alpha, m.rslora)
+        sizes = {n: mod.out_features for n, mod in self.c.denoiser.named_modules() if hasattr(mod, "out_features")}
+        tensors = export.to_kohya(parts, self.family.name, m.alpha, m.rslora, out_features=sizes)
         steps = state.step if state else 0
         epochs = state.epoch if state else 0
         by_folder: dict[str, list[str]] = {}

@@ -1,0 +1,48 @@
+"""``lorapod eval RUN``: compare the base and every checkpoint, and say which one to keep."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+console = Console(highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("eval")
+    def evaluate(
+        run: Path = typer.Argument(..., help="The run folder (runs/JOB)."),
+        prompts: Path | None = typer.Option(None, "--prompts", help="One prompt per line (images: sd-scripts options allowed)."),
+        n_prompts: int = typer.Option(4, "--n-prompts", help="LLM: held-out prompts answered side by side."),
+        strengths: str = typer.Option("0.6,0.8,1.0", "--strengths", help="Images: LoRA strengths, comma-separated."),
+        steps: int = typer.Option(20, "--steps", help="Images: sampling steps."),
+        clip: Path | None = typer.Option(None, "--clip", help="Images: a local CLIP model folder for scores."),
+        device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ..."),
+    ) -> None:
+        """LLM: val loss and perplexity, base vs every checkpoint, answers side by side.
+        Images: checkpoint x strength x prompt grids with fixed seeds and leakage prompts."""
+        from lorapod.rundir import RunDir
+        from lorapod.spec import load_spec
+
+        spec = load_spec(RunDir.open(run).spec_file)
+        if spec.is_image:
+            from lorapod.evaluate.images import evaluate_images
+
+            try:
+                strs = tuple(float(s) for s in strengths.split(","))
+            except ValueError as exc:
+                raise typer.BadParameter("--strengths takes numbers, e.g. 0.6,0.8,1.0") from exc
+            res = evaluate_images(run, prompts, strs, steps, clip=clip, device=device,
+                                  log=lambda m: console.print(escape(m)))
+            if not clip:
+                console.print("no CLIP model given (--clip PATH): grids only, no scores")
+            console.print(f"page: [bold]{escape(res.page)}[/]")
+            return
+        from lorapod.evaluate.llm import evaluate_llm, render
+
+        res = evaluate_llm(run, prompts, n_prompts, device, log=lambda m: console.print(escape(m)))
+        console.print(escape(render(res)))
+        console.print(f"files: {escape(', '.join(res.files))} in {escape(str(run))}")

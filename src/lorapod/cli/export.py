@@ -1,0 +1,51 @@
+"""``lorapod export RUN --to TARGET`` and ``lorapod inspect FILE``: thin parsing and printing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+console = Console(highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("export")
+    def export(
+        run: Path = typer.Argument(..., help="The run folder (runs/JOB), or a LoRA .safetensors to convert."),
+        to: str = typer.Option(..., "--to", help="LLM: peft | merged | gguf | ollama.  Image: comfyui | diffusers | merged."),
+        checkpoint: int | None = typer.Option(None, "--checkpoint", help="Export checkpoints/step-N (default: the final adapter)."),
+        out: Path | None = typer.Option(None, "--out", help="Output folder (default: RUN/exports/TARGET-STEP); never overwritten."),
+        base: str | None = typer.Option(None, "--base", help="The base model, when it moved since training."),
+        adapter: bool = typer.Option(False, "--adapter", help="ollama: base GGUF + ADAPTER instead of the merged GGUF."),
+        outtype: str = typer.Option("f16", "--outtype", help="GGUF model tensors: f16 | f32."),
+        family: str | None = typer.Option(None, "--family", help="Converting a file: sd15 | sdxl | flux1 | flux2."),
+    ) -> None:
+        """Write a checkpoint in the format a tool loads: PEFT, merged, GGUF, Ollama, ComfyUI, diffusers."""
+        from lorapod.export.targets import export_run
+
+        if outtype not in ("f16", "f32"):
+            raise typer.BadParameter("--outtype is f16 or f32")
+        done = export_run(run, to, checkpoint, out, base, adapter, outtype, family)
+        console.print(f"wrote [bold]{escape(str(done.out))}[/]")
+        for f in done.files:
+            console.print(f"  {escape(f)}")
+        for n in done.notes:
+            console.print(f"  - {escape(n)}")
+
+    @app.command("inspect")
+    def inspect(
+        file: Path = typer.Argument(..., help="A LoRA file: PEFT/diffusers/kohya .safetensors, a PEFT folder, or .gguf."),
+        as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    ) -> None:
+        """What a LoRA file is, and which keys ComfyUI, diffusers and llama.cpp would load or drop."""
+        from lorapod.export.inspect import inspect_file, render
+
+        report = inspect_file(file)
+        if as_json:
+            print(json.dumps(report, indent=2, default=str))
+        else:
+            console.print(escape(render(report)))

@@ -1,0 +1,238 @@
+"""``lorapod eval RUN --prompts FILE`` for image runs: grids to pick a checkpoint and a strength.
+
+For every prompt: one grid, rows = the base model and each checkpoint, columns = LoRA strengths,
+every cell from the same seed, so only the LoRA differs. Prompts with the trigger word test the
+concept and its flexibility (scenes not in the data); prompts without it are leakage prompts: the
+LoRA should leave them as the base draws them, and the page says how far each checkpoint moved
+them (mean pixel difference to the base image, same seed). With a local CLIP model (``--clip``)
+the page adds CLIP scores: prompt adherence, similarity to the training images (over-fitting) and
+similarity to the base image (leakage); without one it says so and shows the grids alone.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from lorapod.errors import DataError
+from lorapod.export.kohya import ExportError
+from lorapod.fsutil import atomic_write_text
+
+
+@dataclass
+class Cell:
+    row: str  # 'base' or 'step-N'
+    strength: float
+    image: str  # path relative to the eval folder
+    leakage: float | None = None  # mean |pixel - base pixel| / 255, leakage prompts only
+    clip_text: float | None = None
+    clip_train: float | None = None
+    clip_base: float | None = None
+
+
+@dataclass
+class PromptGrid:
+    prompt: str
+    seed: int
+    leakage_prompt: bool
+    grid: str
+    cells: list[Cell] = field(default_factory=list)
+
+
+@dataclass
+class ImageEval:
+    grids: list[PromptGrid]
+    strengths: list[float]
+    clip: str | None
+    page: str = ""
+
+
+def _prompts(path: Path | None, spec, steps: int, seed: int, scale: float):
+    from lorapod.engine.diffusion.samples import load_prompts
+
+    res = spec.data.resolution
+    if path is not None:
+        if not Path(path).is_file():
+            raise DataError(f"{path} does not exist", hint="one prompt per line (sd-scripts --w/--h/--d/--s/--l options allowed)")
+        return load_prompts(str(path), res, res, seed, steps, scale)
+    got = load_prompts(spec.samples.prompts, res, res, seed, steps, scale)
+    if not got:
+        raise DataError("no prompts to evaluate with", hint="pass --prompts FILE (one per line), e.g. with the trigger "
+                                                            "in new scenes and a few prompts without it (leakage)")
+    return got
+
+
+def evaluate_images(run_path: str | Path, prompts: Path | None = None, strengths: tuple[float, ...] = (0.6, 0.8, 1.0),
+                    steps: int = 20, seed: int = 0, clip: Path | None = None, device: str | None = None,
+                    log=print) -> ImageEval:
+    from lorapod.engine.diffusion import DEFAULT_SCALE, quiet
+    from lorapod.engine.diffusion.samples import grid
+    from lorapod.export.image import family_of, write_diffusers
+    from lorapod.export.source import checkpoints, open_source
+
+    quiet()
+    src = open_source(run_path, None)
+    spec, run = src.spec, src.run
+    steps_dirs = checkpoints(run)
+    if not steps_dirs:
+        raise ExportError(f"{run.root} has no checkpoint to evaluate", hint="train first, or pull the run's checkpoints")
+    fam = family_of(src)
+    sps = _prompts(prompts, spec, steps, seed, DEFAULT_SCALE[fam.name])
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    pipe = fam.pipeline_cls().from_pretrained(str(spec.model.id)).to(dev)
+    pipe.set_progress_bar_config(disable=True)
+    labels = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for p in steps_dirs:
+            ck = open_source(run_path, int(p.name.removeprefix("step-")))
+            folder = Path(tmp) / ck.label
+            folder.mkdir()
+            write_diffusers(ck, folder)
+            pipe.load_lora_weights(str(folder), weight_name="pytorch_lora_weights.safetensors",
+                                   adapter_name=ck.label.replace("-", "_"))
+            labels.append(ck.label)
+    scorer = _Clip(clip, spec, dev) if clip else None
+    out = run.root / "eval" / "images"
+    out.mkdir(parents=True, exist_ok=True)
+    trigger = (spec.data.trigger or "").strip()
+    grids = []
+    for i, sp in enumerate(sps):
+        leak = bool(trigger) and trigger not in sp.prompt
+        rows = [("base", [0.0])] + [(lb, list(strengths)) for lb in labels]
+        images, cells, base_img = [], [], None
+        for row, strs in rows:
+            for s in strs:
+                if row == "base":
+                    pipe.disable_lora()
+                else:
+                    pipe.enable_lora()
+                    pipe.set_adapters([row.replace("-", "_")], adapter_weights=[s])
+                img = _render(pipe, sp, fam, dev)
+                name = f"{i:02d}-{row}-{s:.2f}.png"
+                img.save(out / name)
+                cell = Cell(row, s, f"images/{name}")
+                if row == "base":
+                    base_img = img
+                elif leak:
+                    cell.leakage = _pixel_diff(img, base_img)
+                if scorer:
+                    scorer.score(cell, img, sp.prompt, base_img if row != "base" else None)
+                cells.append(cell)
+                images.append(img)
+            if row == "base":  # pad the base row to the grid's width
+                images += [_blank(base_img)] * (len(strengths) - 1)
+        gname = f"images/{i:02d}-grid.png"
+        grid(images, cols=len(strengths)).save(run.root / "eval" / gname)
+        grids.append(PromptGrid(sp.prompt, sp.seed, leak, gname, cells))
+        log(f"prompt {i}: {sp.prompt!r}{' (leakage)' if leak else ''}: {len(cells)} images")
+    result = ImageEval(grids, list(strengths), str(clip) if clip else None)
+    atomic_write_text(run.root / "eval" / "images.json", json.dumps(asdict(result), indent=2))
+    atomic_write_text(run.root / "eval" / "images.html", page(result, run.root.name))
+    result.page = str(run.root / "eval" / "images.html")
+    run.event(f"eval: {len(grids)} image grid(s) in {run.root / 'eval'}")
+    return result
+
+
+def _render(pipe, sp, fam, dev):
+    gen = torch.Generator(device="cpu").manual_seed(sp.seed)
+    kw = {"prompt": sp.prompt, "num_inference_steps": sp.steps, "guidance_scale": sp.scale, "width": sp.width,
+          "height": sp.height, "generator": gen, "output_type": "pil"}
+    if sp.negative and fam.name in ("sd15", "sdxl"):
+        kw["negative_prompt"] = sp.negative
+    with torch.no_grad():
+        return pipe(**kw).images[0]
+
+
+def _pixel_diff(a, b) -> float:
+    import numpy as np
+
+    return float(np.abs(np.asarray(a, dtype=np.float32) - np.asarray(b, dtype=np.float32)).mean() / 255.0)
+
+
+def _blank(img):
+    from PIL import Image
+
+    return Image.new("RGB", img.size, (255, 255, 255))
+
+
+class _Clip:
+    """CLIP scores from a local CLIP model folder (transformers CLIPModel)."""
+
+    def __init__(self, path: Path, spec, dev) -> None:
+        from transformers import CLIPModel, CLIPProcessor
+
+        try:
+            self.model = CLIPModel.from_pretrained(str(path)).to(dev).eval()
+            self.proc = CLIPProcessor.from_pretrained(str(path))
+        except (OSError, ValueError) as exc:
+            raise DataError(f"could not load a CLIP model from {path}: {exc}",
+                            hint="pass a local folder with a transformers CLIPModel (e.g. openai/clip-vit-base-patch32)") from exc
+        self.dev = dev
+        self.train = self._images(_training_images(spec))
+
+    @torch.no_grad()
+    def _images(self, imgs) -> torch.Tensor | None:
+        if not imgs:
+            return None
+        px = self.proc(images=imgs, return_tensors="pt")["pixel_values"].to(self.dev)
+        return torch.nn.functional.normalize(_features(self.model.get_image_features(pixel_values=px)), dim=-1)
+
+    @torch.no_grad()
+    def score(self, cell: Cell, img, prompt: str, base) -> None:
+        e = self._images([img])
+        t = self.proc(text=[prompt], return_tensors="pt", padding=True, truncation=True).to(self.dev)
+        te = torch.nn.functional.normalize(_features(self.model.get_text_features(**t)), dim=-1)
+        cell.clip_text = float(e @ te.T)
+        if self.train is not None:
+            cell.clip_train = float((e @ self.train.T).mean())
+        if base is not None:
+            cell.clip_base = float(e @ self._images([base]).T)
+
+
+def _features(out) -> torch.Tensor:
+    """transformers 4.x returns the projected features; 5.x an output whose pooler_output holds them."""
+    return out if isinstance(out, torch.Tensor) else out.pooler_output
+
+
+def _training_images(spec, limit: int = 16):
+    from PIL import Image
+
+    exts = {".png", ".jpg", ".jpeg", ".webp"}
+    out = []
+    for root in spec.data_paths():
+        for p in sorted(Path(root).rglob("*")):
+            if p.suffix.lower() in exts and len(out) < limit:
+                out.append(Image.open(p).convert("RGB"))
+    return out
+
+
+def page(r: ImageEval, title: str) -> str:
+    esc = html.escape
+    parts = [f"<!doctype html><meta charset=utf-8><title>{esc(title)} eval</title>",
+             "<style>body{font-family:sans-serif}td{text-align:center;font-size:12px}img{width:160px}</style>",
+             f"<h1>{esc(title)}</h1>",
+             "<p>Same seed in every cell: only the LoRA and its strength differ.</p>",
+             "<p>" + (f"CLIP scores from {esc(r.clip)}: text = prompt adherence, train = similarity to the training "
+                      "images (high: over-fitting), base = similarity to the base image (leakage prompts)."
+                      if r.clip else "No CLIP model given (--clip PATH): grids only, no scores.") + "</p>"]
+    for g in r.grids:
+        kind = "leakage prompt (no trigger: should look like the base)" if g.leakage_prompt else "trigger prompt"
+        parts.append(f"<h2>{esc(g.prompt)}</h2><p>{kind}, seed {g.seed}</p><table><tr><th></th>"
+                     + "".join(f"<th>strength {s}</th>" for s in r.strengths) + "</tr>")
+        rows: dict[str, list[Cell]] = {}
+        for c in g.cells:
+            rows.setdefault(c.row, []).append(c)
+        for row, cells in rows.items():
+            tds = []
+            for c in cells:
+                notes = [f"{k} {v:.3f}" for k, v in (("leakage", c.leakage), ("text", c.clip_text),
+                                                        ("train", c.clip_train), ("base", c.clip_base)) if v is not None]
+                tds.append(f"<td><img src='{esc(c.image)}'><br>{esc(', '.join(notes))}</td>")
+            parts.append(f"<tr><th>{esc(row)}</th>{''.join(tds)}</tr>")
+        parts.append("</table>")
+    return "\n".join(parts) + "\n"

@@ -1,0 +1,159 @@
+"""``lorapod eval RUN`` for LLM runs: which checkpoint to keep, and why.
+
+Validation loss and perplexity of the base model and of every checkpoint (the same rows and batch
+limit the trainer evaluates on), a table and a PNG, held-out prompts answered by the base and the
+recommended checkpoint side by side with greedy decoding (deterministic), and the recommendation:
+the checkpoint with the lowest validation loss, saying where the loss turned up again (the later
+checkpoints are over-fitting) when it did.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from lorapod.engine.checkpoint import CheckpointManager
+from lorapod.errors import DataError
+from lorapod.export.kohya import ExportError
+from lorapod.fsutil import atomic_write_text
+from lorapod.rundir import RunDir
+
+
+@dataclass
+class Row:
+    label: str  # 'base', 'step-N'
+    step: int | None
+    val_loss: float
+    val_ppl: float
+
+
+@dataclass
+class LLMEval:
+    rows: list[Row]
+    best: str
+    reason: str
+    answers: list[dict[str, str]] = field(default_factory=list)  # prompt, base, tuned
+    files: list[str] = field(default_factory=list)
+
+
+def recommend(rows: list[Row]) -> tuple[str, str]:
+    base = next(r for r in rows if r.step is None)
+    ckpts = [r for r in rows if r.step is not None]
+    best = min(ckpts, key=lambda r: r.val_loss)
+    later = [r for r in ckpts if r.step > best.step]
+    gain = base.val_loss - best.val_loss
+    if gain <= 0:
+        return best.label, (f"no checkpoint beats the base model on validation loss ({base.val_loss:.4f}); "
+                            "check the data and learning rate before exporting")
+    why = f"lowest validation loss {best.val_loss:.4f} (base {base.val_loss:.4f}, perplexity {best.val_ppl:.2f})"
+    if later:
+        last = later[-1]
+        why += (f"; validation loss turned up after it (to {last.val_loss:.4f} at {last.label}): "
+                "later checkpoints over-fit" if last.val_loss > best.val_loss * 1.005 else "; later checkpoints are no better")
+    else:
+        why += "; it is the last checkpoint, so more training may still help"
+    return best.label, why
+
+
+def read_prompts(path: Path | None, spec, n: int) -> list[list[dict]]:
+    """Conversations to answer: one user message per line of ``path``, or the first ``n`` held-out
+    conversations up to their first user message (their system prompt included)."""
+    if path is not None:
+        if not Path(path).is_file():
+            raise DataError(f"{path} does not exist", hint="give a text file with one prompt per line")
+        lines = [ln.strip() for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
+        return [[{"role": "user", "content": ln}] for ln in lines[:n]]
+    from lorapod.engine.llm import load_split
+
+    split, _ = load_split(spec, log=lambda m: None)
+    out = []
+    for conv in split.val:
+        idx = next((i for i, m in enumerate(conv) if m.get("role") == "user"), None)
+        if idx is not None:
+            out.append(conv[: idx + 1])
+    return out[:n]
+
+
+def evaluate_llm(run_path: str | Path, prompts: Path | None = None, n_prompts: int = 4, device: str | None = None,
+                 max_new_tokens: int = 48, log=print) -> LLMEval:
+    import torch
+
+    from lorapod.engine.llm import generate, prepare
+    from lorapod.spec import load_spec
+
+    run = RunDir.open(run_path)
+    spec = load_spec(run.spec_file)
+    mgr = CheckpointManager(run.checkpoints)
+    steps = [p for p in mgr.list() if mgr.verify(p)]
+    if not steps:
+        raise ExportError(f"{run.root} has no complete checkpoint to evaluate",
+                          hint="train first, or pull the remote run's checkpoints")
+    torch.manual_seed(0)
+    recipe, _stats, _fb = prepare(spec, device, log=lambda m: None)
+    if not recipe.val_rows:
+        raise DataError("this run has no validation data, so its checkpoints cannot be compared",
+                        hint="set data.val_path or data.val_split in the run's spec.yaml")
+    model = recipe.model
+    with model.disable_adapter():
+        m = recipe.evaluate()
+    rows = [Row("base", None, m["val_loss"], m["val_ppl"])]
+    for path in steps:
+        recipe.load_adapter_state(mgr.load(path).adapter())
+        m = recipe.evaluate()
+        rows.append(Row(path.name, int(path.name.removeprefix("step-")), m["val_loss"], m["val_ppl"]))
+        log(f"{path.name}: val loss {m['val_loss']:.4f}")
+    best, reason = recommend(rows)
+    recipe.load_adapter_state(mgr.load(run.checkpoints / best).adapter())
+    answers = []
+    for msgs in read_prompts(prompts, spec, n_prompts):
+        answers.append({"prompt": msgs[-1]["content"], "base": generate(model, recipe.tokenizer, msgs, max_new_tokens, use_adapter=False),
+                        "tuned": generate(model, recipe.tokenizer, msgs, max_new_tokens, use_adapter=True)})
+    result = LLMEval(rows, best, reason, answers)
+    out = run.root / "eval"
+    out.mkdir(exist_ok=True)
+    atomic_write_text(out / "eval.json", json.dumps(asdict(result), indent=2))
+    atomic_write_text(out / "eval.md", render(result))
+    result.files = ["eval/eval.json", "eval/eval.md"]
+    if plot(rows, out / "val_loss.png"):
+        result.files.append("eval/val_loss.png")
+    run.event(f"eval: recommended {best} ({reason})")
+    return result
+
+
+def render(r: LLMEval) -> str:
+    lines = ["| checkpoint | val loss | perplexity |", "|---|---:|---:|"]
+    lines += [f"| {row.label}{' (recommended)' if row.label == r.best else ''} | {row.val_loss:.4f} | "
+              f"{row.val_ppl:.2f} |" for row in r.rows]
+    lines += ["", f"Recommended: **{r.best}**: {r.reason}.", ""]
+    if r.answers:
+        lines += ["## Answers (greedy decoding)", ""]
+        for a in r.answers:
+            lines += [f"**Prompt:** {a['prompt']}", "", f"- base: {a['base']}", f"- {r.best}: {a['tuned']}", ""]
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], out: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    ck = [r for r in rows if r.step is not None]
+    base = rows[0]
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=110)
+    ax.plot([r.step for r in ck], [r.val_loss for r in ck], "o-", color="#e6550d", label="checkpoints")
+    ax.axhline(base.val_loss, color="#636363", linestyle="--", label=f"base {base.val_loss:.3f}")
+    best = min(ck, key=lambda r: r.val_loss)
+    ax.plot([best.step], [best.val_loss], "*", color="#31a354", markersize=14, label=f"lowest: {best.label}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation loss")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return not math.isnan(best.val_loss)

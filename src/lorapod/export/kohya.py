@@ -1,0 +1,327 @@
+"""Kohya-format image LoRAs (ComfyUI, Forge, A1111) from PEFT weights, and back.
+
+One declarative ``Layout`` per family says how a diffusers module name becomes a kohya module
+name. Adding a family is adding a layout here (and its rules to ``LAYOUTS``); nothing else
+changes.
+
+Names (what the consumers map; see docs/export.md):
+
+- SD 1.5 / SDXL UNet: ``lora_unet_<diffusers module path, dots as _>``
+  (ComfyUI ``unet_to_diffusers``, A1111/Forge, diffusers' kohya loader all map these).
+- CLIP text encoders: ``lora_te_text_model_encoder_layers_<i>_<self_attn_q_proj|...|mlp_fc1>``
+  (SD 1.5) and ``lora_te1_`` / ``lora_te2_`` (SDXL). transformers 5 dropped the ``text_model.``
+  level of ``CLIPTextModel`` (not of ``CLIPTextModelWithProjection``), so module paths are
+  normalised to carry it: consumers only know the 4.x names.
+- FLUX.1 / FLUX.2: sd-scripts' layout on the original (BFL) module names,
+  ``lora_unet_double_blocks_<i>_img_attn_qkv`` etc., which ComfyUI and Forge map for every
+  model (``lora_unet_<state-dict key>``) and diffusers converts (``_convert_kohya_flux*``). Where
+  BFL fuses layers that diffusers keeps apart (q, k, v -> ``qkv``; FLUX.1's single-block q, k, v
+  and MLP -> ``linear1``) the parts are stacked: ``down`` concatenated, ``up`` block-diagonal, so
+  ``up @ down`` is exactly the stacked per-part updates and loaders that split (diffusers)
+  recover the parts exactly.
+
+``.alpha``: loaders scale by ``alpha / rank`` with the rank read from ``lora_down``, so each module
+stores ``alpha = trained_scale * its rank`` (a fused module has the summed rank).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from lorapod.errors import LorapodError
+
+
+class ExportError(LorapodError):
+    """A LoRA file cannot be written or read in the requested format."""
+
+
+def trained_scale(alpha: float, rank: int, rslora: bool) -> float:
+    return alpha / math.sqrt(rank) if rslora else alpha / rank
+
+
+def split_peft_key(key: str) -> tuple[str, str]:
+    """'a.b.lora_A.weight' -> ('a.b', 'down'); lora_B -> 'up'."""
+    for tag, kind in ((".lora_A.weight", "down"), (".lora_B.weight", "up")):
+        if key.endswith(tag):
+            return key[: -len(tag)], kind
+    raise ExportError(f"not a LoRA weight key: {key}", hint="expected keys ending in .lora_A.weight / .lora_B.weight")
+
+
+# ----------------------------------------------------------------------------- layouts
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one diffusers module goes: kohya module ``name``, as part ``index`` of ``parts``."""
+
+    name: str
+    index: int = 0
+    parts: int = 1
+
+
+# (regex on the diffusers module path, BFL module template with the regex groups, part, of parts)
+Rule = tuple[str, str, int, int]
+
+_FLUX_DOUBLE_ATTN: list[Rule] = [
+    (r"transformer_blocks\.(\d+)\.attn\.to_q", "double_blocks.{0}.img_attn.qkv", 0, 3),
+    (r"transformer_blocks\.(\d+)\.attn\.to_k", "double_blocks.{0}.img_attn.qkv", 1, 3),
+    (r"transformer_blocks\.(\d+)\.attn\.to_v", "double_blocks.{0}.img_attn.qkv", 2, 3),
+    (r"transformer_blocks\.(\d+)\.attn\.add_q_proj", "double_blocks.{0}.txt_attn.qkv", 0, 3),
+    (r"transformer_blocks\.(\d+)\.attn\.add_k_proj", "double_blocks.{0}.txt_attn.qkv", 1, 3),
+    (r"transformer_blocks\.(\d+)\.attn\.add_v_proj", "double_blocks.{0}.txt_attn.qkv", 2, 3),
+    (r"transformer_blocks\.(\d+)\.attn\.to_out\.0", "double_blocks.{0}.img_attn.proj", 0, 1),
+    (r"transformer_blocks\.(\d+)\.attn\.to_add_out", "double_blocks.{0}.txt_attn.proj", 0, 1),
+    (r"x_embedder", "img_in", 0, 1),
+    (r"context_embedder", "txt_in", 0, 1),
+    (r"proj_out", "final_layer.linear", 0, 1),
+]
+
+FLUX1_RULES: list[Rule] = [
+    *_FLUX_DOUBLE_ATTN,
+    (r"transformer_blocks\.(\d+)\.ff\.net\.0\.proj", "double_blocks.{0}.img_mlp.0", 0, 1),
+    (r"transformer_blocks\.(\d+)\.ff\.net\.2", "double_blocks.{0}.img_mlp.2", 0, 1),
+    (r"transformer_blocks\.(\d+)\.ff_context\.net\.0\.proj", "double_blocks.{0}.txt_mlp.0", 0, 1),
+    (r"transformer_blocks\.(\d+)\.ff_context\.net\.2", "double_blocks.{0}.txt_mlp.2", 0, 1),
+    (r"transformer_blocks\.(\d+)\.norm1\.linear", "double_blocks.{0}.img_mod.lin", 0, 1),
+    (r"transformer_blocks\.(\d+)\.norm1_context\.linear", "double_blocks.{0}.txt_mod.lin", 0, 1),
+    (r"single_transformer_blocks\.(\d+)\.attn\.to_q", "single_blocks.{0}.linear1", 0, 4),
+    (r"single_transformer_blocks\.(\d+)\.attn\.to_k", "single_blocks.{0}.linear1", 1, 4),
+    (r"single_transformer_blocks\.(\d+)\.attn\.to_v", "single_blocks.{0}.linear1", 2, 4),
+    (r"single_transformer_blocks\.(\d+)\.proj_mlp", "single_blocks.{0}.linear1", 3, 4),
+    (r"single_transformer_blocks\.(\d+)\.proj_out", "single_blocks.{0}.linear2", 0, 1),
+    (r"single_transformer_blocks\.(\d+)\.norm\.linear", "single_blocks.{0}.modulation.lin", 0, 1),
+    (r"time_text_embed\.timestep_embedder\.linear_1", "time_in.in_layer", 0, 1),
+    (r"time_text_embed\.timestep_embedder\.linear_2", "time_in.out_layer", 0, 1),
+    (r"time_text_embed\.guidance_embedder\.linear_1", "guidance_in.in_layer", 0, 1),
+    (r"time_text_embed\.guidance_embedder\.linear_2", "guidance_in.out_layer", 0, 1),
+    (r"time_text_embed\.text_embedder\.linear_1", "vector_in.in_layer", 0, 1),
+    (r"time_text_embed\.text_embedder\.linear_2", "vector_in.out_layer", 0, 1),
+]
+
+FLUX2_RULES: list[Rule] = [
+    *_FLUX_DOUBLE_ATTN,
+    (r"transformer_blocks\.(\d+)\.ff\.linear_in", "double_blocks.{0}.img_mlp.0", 0, 1),
+    (r"transformer_blocks\.(\d+)\.ff\.linear_out", "double_blocks.{0}.img_mlp.2", 0, 1),
+    (r"transformer_blocks\.(\d+)\.ff_context\.linear_in", "double_blocks.{0}.txt_mlp.0", 0, 1),
+    (r"transformer_blocks\.(\d+)\.ff_context\.linear_out", "double_blocks.{0}.txt_mlp.2", 0, 1),
+    (r"single_transformer_blocks\.(\d+)\.attn\.to_qkv_mlp_proj", "single_blocks.{0}.linear1", 0, 1),
+    (r"single_transformer_blocks\.(\d+)\.attn\.to_out", "single_blocks.{0}.linear2", 0, 1),
+    (r"time_guidance_embed\.timestep_embedder\.linear_1", "time_in.in_layer", 0, 1),
+    (r"time_guidance_embed\.timestep_embedder\.linear_2", "time_in.out_layer", 0, 1),
+]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one family's components are named in a kohya file."""
+
+    family: str
+    denoiser: str  # 'unet' or 'transformer': the PEFT/diffusers component name
+    te_prefixes: tuple[str, ...] = ()  # kohya prefix per text encoder (text_encoder, text_encoder_2)
+    rules: tuple[Rule, ...] = field(default_factory=tuple)  # empty: diffusers paths as they are
+
+    def components(self) -> dict[str, str]:
+        """diffusers component -> kohya prefix."""
+        out = {self.denoiser: "lora_unet"}
+        for i, p in enumerate(self.te_prefixes):
+            out["text_encoder" if i == 0 else f"text_encoder_{i + 1}"] = p
+        return out
+
+    def target(self, component: str, module: str) -> Target:
+        prefix = self.components()[component]
+        if component != self.denoiser:
+            return Target(f"{prefix}_{te_path(module).replace('.', '_')}")
+        if not self.rules:
+            return Target(f"{prefix}_{module.replace('.', '_')}")
+        for pattern, template, index, parts in self.rules:
+            m = re.fullmatch(pattern, module)
+            if m:
+                return Target(f"{prefix}_{template.format(*m.groups()).replace('.', '_')}", index, parts)
+        raise ExportError(f"{self.family}: the module {module} has no name in the kohya (sd-scripts) layout",
+                          hint="train only the default target modules, or export with --to diffusers")
+
+
+LAYOUTS: dict[str, Layout] = {
+    "sd15": Layout("sd15", "unet", ("lora_te",)),
+    "sdxl": Layout("sdxl", "unet", ("lora_te1", "lora_te2")),
+    "flux1": Layout("flux1", "transformer", (), tuple(FLUX1_RULES)),
+    "flux2": Layout("flux2", "transformer", (), tuple(FLUX2_RULES)),
+}
+
+
+def layout(family: str) -> Layout:
+    if family not in LAYOUTS:
+        raise ExportError(f"no kohya layout for the family {family}", hint=f"known: {', '.join(LAYOUTS)}")
+    return LAYOUTS[family]
+
+
+def te_path(module: str) -> str:
+    """A CLIP text-encoder module path as consumers know it (transformers 4.x: under ``text_model.``)."""
+    return module if module.startswith("text_model.") else f"text_model.{module}"
+
+
+# ----------------------------------------------------------------------------- PEFT -> kohya
+
+
+def peft_modules(sd: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+    """{'a.b.lora_A.weight': A, 'a.b.lora_B.weight': B} -> {'a.b': {'down': A, 'up': B}}."""
+    mods: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in sd.items():
+        module, kind = split_peft_key(key)
+        mods.setdefault(module, {})[kind] = value
+    for module, pair in mods.items():
+        if set(pair) != {"down", "up"}:
+            raise ExportError(f"{module} has lora_{'A' if 'down' in pair else 'B'} but not its partner")
+    return mods
+
+
+def to_kohya(parts: dict[str, dict[str, torch.Tensor]], family: str, alpha: float, rslora: bool,
+             dtype: torch.dtype = torch.float16, out_features: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
+    """PEFT state dicts per component ('unet', 'text_encoder', ...; keys without prefix) -> kohya tensors.
+
+    ``out_features`` (diffusers module -> output size) is needed only when a fused BFL module is
+    missing some of its parts (e.g. FLUX.1's ``linear1`` with q, k, v trained but not the MLP).
+    """
+    lay = layout(family)
+    groups: dict[str, dict[int, tuple[str, torch.Tensor, torch.Tensor]]] = {}
+    nparts: dict[str, int] = {}
+    for comp, sd in parts.items():
+        if comp not in lay.components():
+            raise ExportError(f"{family} has no component {comp} in the kohya layout")
+        for module, pair in peft_modules(sd).items():
+            t = lay.target(comp, module)
+            groups.setdefault(t.name, {})[t.index] = (module, pair["down"].float(), pair["up"].float())
+            nparts[t.name] = t.parts
+    out: dict[str, torch.Tensor] = {}
+    for name, got in groups.items():
+        down, up = _stack(name, got, nparts[name], out_features or {})
+        rank = down.shape[0]
+        r_part = next(iter(got.values()))[1].shape[0]
+        out[f"{name}.lora_down.weight"] = down.to(dtype).contiguous()
+        out[f"{name}.lora_up.weight"] = up.to(dtype).contiguous()
+        out[f"{name}.alpha"] = torch.tensor(trained_scale(alpha, r_part, rslora) * rank, dtype=torch.float32)
+    return out
+
+
+def _stack(name: str, got: dict[int, tuple[str, torch.Tensor, torch.Tensor]], n: int,
+           out_features: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    if n == 1:
+        _, down, up = got[0]
+        return down, up
+    ranks = {d.shape[0] for _, d, _ in got.values()}
+    if len(ranks) != 1:
+        raise ExportError(f"{name}: its parts have different ranks {sorted(ranks)}; a fused module needs one rank")
+    r = ranks.pop()
+    d_in = next(iter(got.values()))[1].shape[1]
+    downs, ups = [], []
+    for i in range(n):
+        if i in got:
+            _, d, u = got[i]
+        else:  # an untrained part: zeros, so loaders that split recover the trained parts exactly
+            rows = _missing_rows(name, i, got, out_features)
+            d, u = torch.zeros(r, d_in), torch.zeros(rows, r)
+        downs.append(d)
+        ups.append(u)
+    return torch.cat(downs, 0), torch.block_diag(*ups)
+
+
+def _missing_rows(name: str, i: int, got: dict[int, tuple[str, torch.Tensor, torch.Tensor]],
+                  out_features: dict[str, int]) -> int:
+    sizes = {u.shape[0] for idx, (_, _, u) in got.items() if idx < 3}
+    if i < 3 and sizes:  # q, k and v have one size
+        return sizes.pop()
+    for module, _, _ in got.values():
+        sibling = _sibling(module, i)
+        if sibling in out_features:
+            return out_features[sibling]
+    raise ExportError(f"{name}: part {i} was not trained and its size is unknown",
+                      hint="give the base model (lorapod export ... --base MODEL reads the sizes from it)")
+
+
+def _sibling(module: str, i: int) -> str:
+    block = module.rsplit(".attn.", 1)[0] if ".attn." in module else module.rsplit(".", 1)[0]
+    return f"{block}.{['attn.to_q', 'attn.to_k', 'attn.to_v', 'proj_mlp'][i]}"
+
+
+# ----------------------------------------------------------------------------- kohya -> PEFT
+
+
+def kohya_modules(tensors: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+    """Group kohya keys: {'lora_unet_x': {'down': .., 'up': .., 'alpha': ..}}. Unknown keys raise."""
+    mods: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        for tag, kind in ((".lora_down.weight", "down"), (".lora_up.weight", "up"), (".alpha", "alpha")):
+            if key.endswith(tag):
+                mods.setdefault(key[: -len(tag)], {})[kind] = value
+                break
+        else:
+            raise ExportError(f"not a kohya LoRA key: {key}",
+                              hint="kohya keys end in .lora_down.weight, .lora_up.weight or .alpha")
+    return mods
+
+
+def name_table(family: str, modules: dict[str, list[str]]) -> dict[str, list[tuple[str, str, int, int]]]:
+    """kohya module -> [(component, diffusers module, part, of parts)] for the given diffusers module names."""
+    lay = layout(family)
+    table: dict[str, list[tuple[str, str, int, int]]] = {}
+    for comp, names in modules.items():
+        if comp not in lay.components():
+            continue
+        for module in names:
+            try:
+                t = lay.target(comp, module)
+            except ExportError:
+                continue
+            table.setdefault(t.name, []).append((comp, module, t.index, t.parts))
+    for entries in table.values():
+        entries.sort(key=lambda e: e[2])
+    return table
+
+
+def from_kohya(tensors: dict[str, torch.Tensor], family: str,
+               modules: dict[str, list[str]]) -> tuple[dict[str, dict[str, torch.Tensor]], list[str]]:
+    """kohya tensors -> PEFT state dicts per component, with each module's ``alpha / rank`` folded
+    into ``lora_B`` (so the result loads at LoRA scale 1: ``lora_alpha == r``). Fused modules are
+    split back into their parts. ``modules`` lists the diffusers module names per component (the
+    base model's); returns (parts, kohya modules that name nothing in it)."""
+    table = name_table(family, modules)
+    parts: dict[str, dict[str, torch.Tensor]] = {}
+    dropped: list[str] = []
+    for kname, w in kohya_modules(tensors).items():
+        if kname not in table or "down" not in w or "up" not in w:
+            dropped.append(kname)
+            continue
+        down, up = w["down"].float(), w["up"].float()
+        rank = down.shape[0]
+        scale = float(w["alpha"]) / rank if "alpha" in w else 1.0
+        entries = table[kname]
+        pieces = _split(down, up * scale, entries[0][3])
+        for comp, module, idx, _n in entries:
+            d, u = pieces[idx]
+            parts.setdefault(comp, {})[f"{module}.lora_A.weight"] = d.contiguous()
+            parts[comp][f"{module}.lora_B.weight"] = u.contiguous()
+    return parts, dropped
+
+
+def _split(down: torch.Tensor, up: torch.Tensor, n: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    if n == 1:
+        return {0: (down, up)}
+    rows = up.shape[0]
+    d_in = down.shape[1]
+    # q, k, v have the input size as output size in every Flux; the remainder is the MLP part
+    dims = [rows // n] * n if rows % n == 0 and n == 3 else [d_in] * 3 + [rows - 3 * d_in]
+    rank = down.shape[0]
+    out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    ups = torch.split(up, dims, 0)
+    if rank % n == 0:
+        r = rank // n
+        blocks = [ups[j][:, k * r:(k + 1) * r] for j in range(n) for k in range(n) if j != k]
+        if all(bool((b == 0).all()) for b in blocks):  # block-diagonal: each part has its own rank slice
+            for j in range(n):
+                out[j] = (down[j * r:(j + 1) * r], ups[j][:, j * r:(j + 1) * r])
+            return out
+    return {j: (down, ups[j]) for j in range(n)}

@@ -1,0 +1,99 @@
+"""``lorapod inspect``: format, family, rank, alpha, and what ComfyUI / diffusers / llama.cpp keep or drop."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from typer.testing import CliRunner
+
+from lorapod.cli.main import build_app
+from lorapod.export import gguf, kohya
+from lorapod.export.inspect import inspect_file
+from lorapod.export.kohya import ExportError
+
+
+def _pair(r=4, n_in=8, n_out=8):
+    return {"lora_A.weight": torch.randn(r, n_in), "lora_B.weight": torch.randn(n_out, r)}
+
+
+def _sd15_parts():
+    unet = {f"down_blocks.0.attentions.0.transformer_blocks.0.attn1.{m}.{k}": v
+            for m in ("to_q", "to_k") for k, v in _pair().items()}
+    te = {f"encoder.layers.0.self_attn.{m}.{k}": v for m in ("q_proj", "v_proj") for k, v in _pair().items()}
+    return {"unet": unet, "text_encoder": te}  # te named as transformers 5 names CLIPTextModel's modules
+
+
+def test_own_kohya_file_loads_whole_in_comfyui_and_diffusers_at_the_trained_scale(tmp_path):
+    f = tmp_path / "k.safetensors"
+    save_file(kohya.to_kohya(_sd15_parts(), "sd15", 8.0, False), str(f), metadata={"ss_base_model_version": "sd_v1"})
+    r = inspect_file(f)
+    assert (r["format"], r["family"], r["rank"], r["alpha"], r["modules"]) == ("kohya", "sd15", [4], [8.0], 4)
+    for name in ("ComfyUI", "diffusers"):
+        assert r["consumers"][name] == {"loads": 4, "drops": [], "scale": [2.0]}
+    assert r["flags"] == []
+
+
+def test_foreign_keys_and_missing_alpha_are_flagged(tmp_path):
+    t = kohya.to_kohya(_sd15_parts(), "sd15", 8.0, False)
+    # what lorapod wrote before this fix under transformers 5, a stray module, and no alphas at all
+    t = {k.replace("lora_te_text_model_", "lora_te_"): v for k, v in t.items() if not k.endswith(".alpha")}
+    t["lora_unet_not_a_module.lora_down.weight"] = torch.zeros(4, 8)
+    t["lora_unet_not_a_module.lora_up.weight"] = torch.zeros(8, 4)
+    f = tmp_path / "foreign.safetensors"
+    save_file(t, str(f))
+    r = inspect_file(f)
+    comfy = r["consumers"]["ComfyUI"]
+    assert comfy["loads"] == 2 and comfy["scale"] == [1.0]
+    assert sorted(d.split(":")[0] for d in comfy["drops"]) == [
+        "lora_te_encoder_layers_0_self_attn_q_proj", "lora_te_encoder_layers_0_self_attn_v_proj",
+        "lora_unet_not_a_module"]
+    assert any("without text_model_" in d for d in comfy["drops"])
+    assert r["alpha"] is None
+    assert any(f.startswith("no .alpha keys") for f in r["flags"])
+    assert "ComfyUI drops 3 module(s)" in r["flags"]
+
+
+def test_diffusers_file_is_shown_as_not_for_comfyui(tmp_path):
+    parts = _sd15_parts()
+    tensors = {f"{c}.{k}": v for c, sd in parts.items() for k, v in sd.items()}
+    meta = {"lora_adapter_metadata": json.dumps({"unet.lora_alpha": 8, "unet.r": 4})}
+    f = tmp_path / "pytorch_lora_weights.safetensors"
+    save_file(tensors, str(f), metadata=meta)
+    r = inspect_file(f)
+    assert r["format"] == "diffusers"
+    assert r["consumers"]["diffusers"]["scale"] == [2.0]
+    assert len(r["consumers"]["ComfyUI"]["drops"]) == 4  # attention keys (and v5 text-encoder paths)
+    assert any("ComfyUI applies scale 1.0, not the trained 8.0/rank" in x for x in r["flags"])
+
+
+def test_gguf_adapter_and_cli(tmp_path):
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, architectures=["LlamaForCausalLM"])
+    state = {f"base_model.model.model.layers.{i}.self_attn.{m}.{k}": v for i in range(2) for m in ("q_proj", "v_proj")
+             for k, v in _pair(4, 16, 16 if m == "q_proj" else 8).items()}
+    path = gguf.write_adapter(state, cfg, 8.0, False, tmp_path / "a.gguf")
+    r = inspect_file(path)
+    assert r["family"] == "llm (llama)" and r["rank"] == [4] and r["alpha"] == [8.0]
+    assert r["consumers"]["llama.cpp"] == {"loads": 4, "drops": [], "scale": [2.0]}
+    assert r["targets"] == ["attn_q.weight", "attn_v.weight"]
+    res = CliRunner().invoke(build_app(), ["inspect", str(path)])
+    assert res.exit_code == 0, res.output
+    assert re.search(r"llama\.cpp\s+loads 4 module\(s\) at scale \[2\.0\], drops 0", res.output)
+
+
+def test_not_a_lora_and_truncated_files_name_the_file(tmp_path):
+    f = tmp_path / "model.safetensors"
+    save_file({"encoder.weight": torch.zeros(2, 2)}, str(f))
+    with pytest.raises(ExportError, match=re.escape(f"{f} is not a LoRA file")):
+        inspect_file(f)
+    t = tmp_path / "t.safetensors"
+    save_file(kohya.to_kohya(_sd15_parts(), "sd15", 8.0, False), str(t))
+    t.write_bytes(t.read_bytes()[:300])
+    with pytest.raises(ExportError, match=re.escape(f"{t} is not a readable safetensors file")):
+        inspect_file(t)
