@@ -14,9 +14,10 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from lorapod.data.scan import VIDEO_EXTS
 from lorapod.errors import DataError, require
 
-VIDEO_EXTS = (".mp4", ".webm", ".mov")
+__all__ = ["VIDEO_EXTS", "ClipError", "ClipInfo", "probe", "read_frames", "resample", "windows", "write_clip"]
 VFR_TOLERANCE = 0.25  # a frame interval more than 25% off the median one means a variable frame rate
 
 

@@ -64,6 +64,16 @@ def print_report(report: Report, console: Console | None = None) -> None:
             for row in s["buckets"]:
                 t.add_row(row["bucket"], str(row["images"]), str(row["upscaled"]))
             console.print(t)
+    elif s.get("kind") == "video":
+        console.print(f"[bold]{s['clips']}[/] clips ({s['usable_clips']} usable) and [bold]{s['images']}[/] images, "
+                      f"{s['captioned']} captioned; windows of {s['target_frames']} frames at {s['fps'] or 'source'} fps")
+        if s["windows"]:
+            t = Table(title="window plan (frames x width x height)", title_justify="left")
+            t.add_column("bucket")
+            t.add_column("windows", justify="right")
+            for row in s["windows"]:
+                t.add_row(row["bucket"], str(row["windows"]))
+            console.print(t)
     elif s.get("kind") == "chat" and "tokens" in s:
         tok = s["tokens"]
         console.print(
