@@ -165,6 +165,8 @@ def run_video_demo(out: Path, steps: int | None = None, log=print, show_progress
     run.write_spec(spec)
     log(f"run folder: {run.root}")
     trained = train_diffusion(spec, run, log=log, show_progress=show_progress)
+    if not any(run.samples.glob("*.mp4")):  # stopped (--steps) before the epoch that samples: sample now
+        trained.recipe.write_samples(trained.result.state, f"step{trained.result.state.step:06d}")
     first = (trained.result.first_eval or {}).get("fixed_noise_loss")
     last = (trained.result.last_eval or {}).get("fixed_noise_loss")
     (out / "result.json").write_text(json.dumps({"fixed_noise_loss": [first, last], "run": str(run.root)}),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 from lorapod.data.scan import VIDEO_EXTS
@@ -72,7 +73,7 @@ def probe(path: Path) -> ClipInfo:
     if not pts:
         raise ClipError(f"{path.name} has a video stream with no frames", "video-no-frames", "remove or re-export it")
     pts.sort()
-    deltas = [b - a for a, b in zip(pts, pts[1:], strict=False) if b > a]
+    deltas = [b - a for a, b in pairwise(pts) if b > a]
     variable = False
     if len(deltas) >= 2:
         med = statistics.median(deltas)

@@ -14,7 +14,13 @@ from collections import Counter
 from pathlib import Path
 
 from lorapod.data.buckets import FAMILY_RESOLUTION, make_buckets, place
-from lorapod.data.captionfiles import check_toml, dominant_extension, pair_captions, read_caption, trigger_findings
+from lorapod.data.captionfiles import (
+    check_toml,
+    dominant_extension,
+    pair_captions,
+    read_caption,
+    trigger_findings,
+)
 from lorapod.data.clips import ClipError, probe, resample, windows
 from lorapod.data.findings import Report, finding
 from lorapod.data.scan import Scan, scan_folder

@@ -19,7 +19,14 @@ from pathlib import Path
 
 from lorapod.data.clips import VIDEO_EXTS, ClipError, probe, read_frames, resample, windows
 from lorapod.data.findings import Finding, finding
-from lorapod.engine.diffusion.dataset import _REPEAT_DIR, IMAGE_EXTS, Fit, bucket_table, fit_image, read_caption
+from lorapod.engine.diffusion.dataset import (
+    _REPEAT_DIR,
+    IMAGE_EXTS,
+    Fit,
+    bucket_table,
+    fit_image,
+    read_caption,
+)
 from lorapod.errors import DataError
 
 
