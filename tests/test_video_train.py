@@ -30,7 +30,7 @@ def assets(tmp_path_factory):
     }
 
 
-def _spec(assets, tmp_path, family="wan21", data=None, **train):
+def _spec(assets, tmp_path, family="wan21", data=None, data_opts=None, **train):
     t = {"epochs": 2, "micro_batch_size": 1, "learning_rate": 5e-3, "seed": 0, "scheduler": "constant",
          "precision": "fp32", "timestep_sampling": "shift", "timestep_shift": 3.0}
     t.update(train)
@@ -44,6 +44,7 @@ def _spec(assets, tmp_path, family="wan21", data=None, **train):
         "save": {"every_epochs": 1, "keep_last": 10},
         "output": {"dir": str(tmp_path / "runs"), "name": "t"},
     }
+    raw["data"].update(data_opts or {})
     spec = load_spec(raw=raw)
     run = RunDir.create(spec.output.dir, "t")
     run.write_spec(spec)
@@ -162,9 +163,13 @@ def test_exported_files_reload_through_diffusers_to_the_trained_output(assets, t
 
 
 def test_wan22_one_expert_trains_only_its_noise_range(assets, tmp_path):
-    spec, run = _spec(assets, tmp_path, family="wan22", max_steps=2, experts="low_noise")
+    """Also the live path: umT5 run per batch (caption shuffle on), latents kept in memory, flips."""
+    opts = {"cache_text_encoder_outputs": False, "cache_latents": False, "shuffle_captions": True, "flip": True}
+    spec, run = _spec(assets, tmp_path, family="wan22", data_opts=opts, max_steps=2, experts="low_noise")
     out = _train(spec, run, tmp_path)
     rec = out.recipe
+    assert rec.live_captions and rec.text is None and len(rec.latents) == 2 * 5
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.safetensors"))
     assert set(rec.lora_modules) == {"transformer_2"}
     s = rec._sigmas(1000, torch.Generator().manual_seed(0))
     assert float(s.max()) < 0.875 and float(s.min()) >= 0.0  # boundary_ratio of the tiny pipeline
@@ -178,7 +183,10 @@ def test_block_swap_runs_through_its_hooks_and_changes_nothing_numerically(asset
     plain = _train(spec, run, tmp_path).result.losses
     spec2, run2 = _spec(assets, tmp_path / "b", max_steps=3, blocks_to_swap=1)
     swapped = _train(spec2, run2, tmp_path)
-    assert swapped.recipe.swaps and swapped.recipe.swaps[0].moves > 6  # forward + recompute, per step
+    swap = swapped.recipe.swaps[0]
+    assert swap.moves > 6  # load + drop around each forward and each recompute
+    held = [(prm, host) for prm, host in swap._frozen(swap.blocks[0])]
+    assert held and all(prm.data.data_ptr() == host.data_ptr() for prm, host in held)  # between uses: the host copy
     assert swapped.recipe.c.denoiser.is_gradient_checkpointing
     assert swapped.result.losses == pytest.approx(plain, rel=1e-5)
 

@@ -151,35 +151,47 @@ def store_fp8(transformer: torch.nn.Module) -> int:
 
 class BlockSwap:
     """Keep the frozen weights of the last ``n`` transformer blocks in CPU RAM (pinned) and bring
-    each block's weights to ``device`` just for its forward. LoRA weights (trainable) never move,
-    so the optimizer and gradients are untouched. Under gradient checkpointing the backward pass
-    recomputes the block's forward, which runs the same hooks; without it autograd would keep the
-    GPU copies alive and nothing would be saved, so the caller turns checkpointing on."""
+    each block's weights to ``device`` just for its forward. The weights are frozen, so the CPU copy
+    is made once and "offloading" only drops the GPU copy: nothing is copied back. LoRA weights
+    (trainable) never move, so the optimizer and gradients are untouched. Under gradient
+    checkpointing the backward pass recomputes the block's forward, which runs the same hooks;
+    without it autograd would keep the GPU copies alive and nothing would be saved, so the caller
+    turns checkpointing on."""
 
-    def __init__(self, blocks: torch.nn.ModuleList, n: int, device: torch.device, offload: str = "cpu") -> None:
+    def __init__(self, blocks: torch.nn.ModuleList, n: int, device: torch.device) -> None:
         self.device = torch.device(device)
-        self.offload = torch.device(offload)
         self.blocks = list(blocks)[len(blocks) - n :] if n > 0 else []
         self.moves = 0
         self._hooks = []
+        self._cpu: dict[int, tuple[torch.nn.Parameter, torch.Tensor]] = {}
+        pin = self.device.type == "cuda"
         for b in self.blocks:
-            self._place(b, self.offload)
-            self._hooks.append(b.register_forward_pre_hook(lambda m, args: self._place(m, self.device)))
-            self._hooks.append(b.register_forward_hook(lambda m, args, out: self._place(m, self.offload)))
+            for prm in b.parameters():
+                if not prm.requires_grad:
+                    host = prm.data.to("cpu")
+                    self._cpu[id(prm)] = (prm, host.pin_memory() if pin else host)
+                    prm.data = self._cpu[id(prm)][1]
+            self._hooks.append(b.register_forward_pre_hook(lambda m, args: self._load(m)))
+            self._hooks.append(b.register_forward_hook(lambda m, args, out: self._drop(m)))
 
-    def _place(self, block: torch.nn.Module, device: torch.device) -> None:
-        pin = device.type == "cpu" and self.device.type == "cuda"
-        for p in block.parameters():
-            if not p.requires_grad and p.device != device:
-                data = p.data.to(device, non_blocking=True)
-                p.data = data.pin_memory() if pin else data
+    def _frozen(self, block: torch.nn.Module):
+        return [self._cpu[id(p)] for p in block.parameters() if id(p) in self._cpu]
+
+    def _load(self, block: torch.nn.Module) -> None:
+        for prm, host in self._frozen(block):
+            prm.data = host.to(self.device, non_blocking=True)
+        self.moves += 1
+
+    def _drop(self, block: torch.nn.Module) -> None:
+        for prm, host in self._frozen(block):
+            prm.data = host
         self.moves += 1
 
     def remove(self) -> None:
         for h in self._hooks:
             h.remove()
         for b in self.blocks:
-            self._place(b, self.device)
+            self._load(b)
 
 
 def transformer_config(model_id: str, revision: str | None = None, sub: str = "transformer") -> dict:
