@@ -4,6 +4,8 @@ output, Wan2.2's experts train on their own noise ranges, and a job that cannot 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from safetensors import safe_open
@@ -81,8 +83,12 @@ def test_wan21_learns_samples_a_clip_and_writes_both_files(assets, tmp_path):
         assert fh.get_tensor("lora_unet_blocks_0_self_attn_q.alpha").item() == 8.0
     assert {"lora_unet_blocks_1_cross_attn_o.lora_up.weight", "lora_unet_blocks_0_ffn_2.lora_down.weight"} <= keys
     assert (run.adapter / "pytorch_lora_weights.safetensors").is_file()
-    cache = (run.root / "cache.json").read_text()
-    assert '"predicted_bytes"' in cache and '"actual_bytes"' in cache
+    cache = json.loads((run.root / "cache.json").read_text())
+    pred, actual = cache["predicted_bytes"]["latents"], cache["actual_bytes"]["latents"]
+    # z=4 fp32: 1-frame windows 4x1x8x8 (64x64) / 4x1x6x10 (80x48), 5-frame ones 2 latent frames
+    assert pred == 4 * 4 * (2 * 64 + 60 + 2 * 64 + 2 * 60)
+    assert 0 <= actual - pred <= 128 * 5  # + a safetensors header per file
+    assert 0 < cache["actual_bytes"]["text"] <= cache["predicted_bytes"]["text_max"]
 
 
 def test_wan22_resume_equals_the_uninterrupted_run(assets, tmp_path):

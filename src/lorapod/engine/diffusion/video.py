@@ -76,11 +76,12 @@ def load_video_prompts(source, width: int, height: int, seed: int) -> list[Video
 
 
 def predicted_cache_bytes(items: list[vd.VideoItem], z_dim: int, text_dim: int, flips: int,
-                          text_tokens: int = wan.TEXT_LEN) -> dict[str, int]:
+                          text_tokens: int = wan.TEXT_LEN, spatial: int = 8) -> dict[str, int]:
     """What the caches will hold, from the windows' buckets and the model's sizes alone (fp32
-    latents of z_dim x (1 + (F-1)/4) x H/8 x W/8 per window and flip; at most ``text_tokens``
-    umT5 states per distinct caption). The run reports it next to the bytes actually written."""
-    latents = sum(z_dim * ((f - 1) // 4 + 1) * (h // 8) * (w // 8) * 4 for f, w, h in
+    latents of z_dim x (1 + (F-1)/4) x H/s x W/s per window and flip, s the VAE's spatial factor;
+    at most ``text_tokens`` umT5 states per distinct caption). The run reports it next to the
+    bytes actually written."""
+    latents = sum(z_dim * ((f - 1) // 4 + 1) * (h // spatial) * (w // spatial) * 4 for f, w, h in
                   {(it.digest, it.window_key, it.bucket): it.bucket for it in items}.values()) * flips
     captions = len({it.caption for it in items})
     return {"latents": latents, "text_max": captions * text_tokens * text_dim * 4}
@@ -125,8 +126,9 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
 
     dev = precision.device
     fp8 = precision.weights == torch.float8_e4m3fn
-    cfg = wan.transformer_config(spec.model.id, spec.model.revision)
-    tokens = max(wan.latent_tokens(f, w, h, cfg) for f, w, h in (it.bucket for it in items))
+    cfg = wan.component_config(spec.model.id, spec.model.revision)
+    spatial = int(wan.component_config(spec.model.id, spec.model.revision, "vae").get("scale_factor_spatial", 8))
+    tokens = max(wan.latent_tokens(f, w, h, cfg, spatial) for f, w, h in (it.bucket for it in items))
     if dev.type == "cuda":  # before any weight loads (and before the run is billed for loading them)
         gpu_gb = torch.cuda.get_device_properties(dev).total_memory / 1e9
         wan.check_fits(cfg, gpu_gb, fp8=fp8, blocks_to_swap=t.blocks_to_swap, tokens=tokens, rank=m.r,
@@ -204,7 +206,7 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
     if d.cache_latents:
         z_dim = int(comps.vae.config.z_dim)
         text_dim = int(getattr(te.config, "d_model", 4096))
-        pred = predicted_cache_bytes(items, z_dim, text_dim, len(flips), family.text_len(comps))
+        pred = predicted_cache_bytes(items, z_dim, text_dim, len(flips), family.text_len(comps), spatial)
         actual = {"latents": _bytes(keys.values()), "text": _bytes(disk.text_path(c) for c in {it.caption for it in items})}
         report = {"predicted_bytes": pred, "actual_bytes": actual, "windows": len(items)}
         (run.root / "cache.json").write_text(json.dumps(report, indent=2), encoding="utf-8")

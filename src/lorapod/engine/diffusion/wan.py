@@ -194,8 +194,8 @@ class BlockSwap:
             self._load(b)
 
 
-def transformer_config(model_id: str, revision: str | None = None, sub: str = "transformer") -> dict:
-    """The transformer's config.json (a few hundred bytes), read before any weight is loaded."""
+def component_config(model_id: str, revision: str | None = None, sub: str = "transformer") -> dict:
+    """A component's config.json (transformer, vae: a few hundred bytes), read before any weight is loaded."""
     p = Path(model_id).expanduser()
     if p.is_dir():
         f = p / sub / "config.json"
@@ -241,9 +241,10 @@ def vram_need_gb(cfg: dict, *, fp8: bool, blocks_to_swap: int, tokens: int, rank
     return (resident + lora + ckpt + working) / 1e9 + 1.5
 
 
-def latent_tokens(frames: int, width: int, height: int, cfg: dict) -> int:
+def latent_tokens(frames: int, width: int, height: int, cfg: dict, spatial: int = 8) -> int:
+    """Transformer tokens of one window: latent frames x latent patches (VAE /8, Wan2.2's 5B VAE /16)."""
     pt, ph, pw = cfg.get("patch_size", (1, 2, 2))
-    return ((frames - 1) // 4 + 1) // pt * (height // 8 // ph) * (width // 8 // pw)
+    return ((frames - 1) // 4 + 1) // pt * (height // spatial // ph) * (width // spatial // pw)
 
 
 def check_fits(cfg: dict, gpu_gb: float, *, fp8: bool, blocks_to_swap: int, tokens: int, rank: int,
