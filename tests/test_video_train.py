@@ -28,16 +28,19 @@ def assets(tmp_path_factory):
     return {
         "wan21": build_wan(root / "wan21", "wan21"),
         "wan22": build_wan(root / "wan22", "wan22"),
+        "wan21-i2v": build_wan(root / "wan21i2v", "wan21", i2v=True),
         "data": write_clips(root / "data", n=2, frames=8, sizes=[(48, 48), (96, 48)], images=1),
     }
 
 
 def _spec(assets, tmp_path, family="wan21", data=None, data_opts=None, **train):
+    model = assets[family]
+    family = family.removesuffix("-i2v")
     t = {"epochs": 2, "micro_batch_size": 1, "learning_rate": 5e-3, "seed": 0, "scheduler": "constant",
          "precision": "fp32", "timestep_sampling": "shift", "timestep_shift": 3.0}
     t.update(train)
     raw = {
-        "model": {"id": str(assets[family]), "family": family},
+        "model": {"id": str(model), "family": family},
         "method": {"r": 4, "alpha": 8, "dropout": 0.0},
         "data": {"path": str(data or assets["data"]), "format": "video", "resolution": 64, "trigger": "zxq",
                  "target_frames": [1, 5], "fps": 16},
@@ -135,9 +138,10 @@ def _forward_all(recipe, tr_by_name):
     return {n: recipe.family.forward(recipe.c, noisy, s, cond, {}, model=tr) for n, tr in tr_by_name.items()}
 
 
-@pytest.mark.parametrize("family", ["wan21", "wan22"])
+@pytest.mark.parametrize("family", ["wan21", "wan22", "wan21-i2v"])
 def test_exported_files_reload_through_diffusers_to_the_trained_output(assets, tmp_path, family):
-    from diffusers import WanPipeline
+    """I2V: the image keys/values (add_k_proj/add_v_proj -> k_img/v_img) travel too."""
+    from diffusers import DiffusionPipeline
 
     spec, run = _spec(assets, tmp_path, family=family, max_steps=1)
     out = _train(spec, run, tmp_path)
@@ -156,7 +160,7 @@ def test_exported_files_reload_through_diffusers_to_the_trained_output(assets, t
                  if two else ("pytorch_lora_weights.safetensors",),
                  "comfy": ("t_high_noise.safetensors", "t_low_noise.safetensors") if two else ("t.safetensors",)}
         for kind, weights in files.items():
-            pipe = WanPipeline.from_pretrained(str(assets[family]))
+            pipe = DiffusionPipeline.from_pretrained(str(assets[family]))
             base = _forward_all(recipe, {n: getattr(pipe, n) for n in names})
             for n, w in zip(names, weights, strict=True):
                 pipe.load_lora_weights(str(run.adapter), weight_name=w, adapter_name=n,
@@ -166,6 +170,18 @@ def test_exported_files_reload_through_diffusers_to_the_trained_output(assets, t
                 delta = (want[n] - base[n]).abs().mean()
                 assert delta > 1e-2, (kind, n)  # the adapter really changes the output
                 assert (got[n] - want[n]).abs().mean() < 0.01 * delta, (kind, n)
+    if family == "wan21-i2v":
+        assert recipe.c.extra["i2v"] and type(pipe).__name__ == "WanImageToVideoPipeline"
+        cond = recipe.conditions[(0, False)]
+        assert cond["condition"].shape[0] == 4 + 4 and cond["image_embeds"].shape[-1] == 16  # mask + z; CLIP width
+        with safe_open(str(run.adapter / "t.safetensors"), "pt") as fh:
+            assert "lora_unet_blocks_0_cross_attn_k_img.lora_down.weight" in set(fh.keys())
+        from lorapod.data.clips import probe
+        from lorapod.engine.diffusion.video import load_video_prompts
+
+        # an I2V sample starts from the first training frame (no --i given)
+        recipe.video_prompts = load_video_prompts(["zxq --w 32 --h 32 --f 5 --s 2 --l 1"], 64, 64, 0)
+        assert probe(recipe.write_samples(out.result.state, "i2v")[0]).frames == 5
 
 
 def test_wan22_one_expert_trains_only_its_noise_range(assets, tmp_path):

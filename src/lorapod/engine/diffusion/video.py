@@ -39,16 +39,18 @@ DEFAULT_GUIDANCE = 5.0  # WanPipeline's default
 DEFAULT_STEPS = 30
 DEFAULT_FRAMES = 33
 _FRAMES_OPT = re.compile(r"\s--f\s+(\S+)")
+_IMAGE_OPT = re.compile(r"\s--i\s+(\S+)")
 
 
 @dataclass(frozen=True)
 class VideoPrompt:
     prompt: smp.SamplePrompt
     frames: int
+    image: str | None = None  # I2V: the start image (--i)
 
 
 def load_video_prompts(source, width: int, height: int, seed: int) -> list[VideoPrompt]:
-    """sd-scripts prompt lines plus musubi-tuner's ``--f FRAMES`` (4n+1)."""
+    """sd-scripts prompt lines plus musubi-tuner's ``--f FRAMES`` (4n+1) and ``--i IMAGE`` (I2V start frame)."""
     if not source:
         return []
     lines = source if isinstance(source, list) else None
@@ -70,8 +72,13 @@ def load_video_prompts(source, width: int, height: int, seed: int) -> list[Video
                 raise SpecError(f"sample prompt {line.strip()!r}: --f {frames} is not of the form 4n+1",
                                 hint="use 1, 5, 9, 17, 33, 49, 81 ...")
             line = _FRAMES_OPT.sub("", " " + line).strip()
+        m = _IMAGE_OPT.search(" " + line)
+        image = m.group(1) if m else None
+        if image and not Path(image).expanduser().is_file():
+            raise SpecError(f"sample prompt {line.strip()!r}: start image {image} does not exist", hint="fix the --i path")
+        line = _IMAGE_OPT.sub("", " " + line).strip()
         sp = smp.parse_line(line, width, height, seed, DEFAULT_STEPS, DEFAULT_GUIDANCE)
-        out.append(VideoPrompt(sp, frames))
+        out.append(VideoPrompt(sp, frames, image))
     return out
 
 
@@ -140,7 +147,8 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
     # load on the CPU; only the encoders visit the GPU while caching
     comps = family.load(spec.model.id, spec.model.revision, precision.autocast_dtype if fp8 else precision.weights)
     experts = family.experts(comps, t.experts)
-    models = [comps.denoiser, comps.extra.get("transformer_2"), comps.vae, *comps.text_encoders]
+    models = [comps.denoiser, comps.extra.get("transformer_2"), comps.vae, *comps.text_encoders,
+              comps.extra.get("image_encoder")]
     for mod in models:
         if mod is not None:
             mod.requires_grad_(False)
@@ -165,15 +173,23 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
             i, f = by_path[p]
             px = vd.load_window(items[i], f).unsqueeze(0).to(dev)
             with precision.autocast():
-                z = family.encode_latents(comps, px)
-            out.append({"latents": z[0].float()})
+                z = {"latents": family.encode_latents(comps, px)}
+                if i2v:
+                    z.update(family.encode_condition(comps, px))
+            out.append({k: v[0].float() for k, v in z.items()})
         return out
 
+    i2v = bool(comps.extra.get("i2v"))
+    if i2v and comps.extra.get("image_encoder") is not None:
+        comps.extra["image_encoder"].to(dev)
     if d.cache_latents:
         got = disk.get_many(keys.values(), encode_windows, batch=1)
-        latents = {k: got[p]["latents"] for k, p in keys.items()}
     else:
-        latents = {k: encode_windows([p])[0]["latents"] for k, p in keys.items()}
+        got = {p: encode_windows([p])[0] for p in keys.values()}
+    latents = {k: got[p]["latents"] for k, p in keys.items()}
+    conditions = {k: {n: v for n, v in got[p].items() if n != "latents"} for k, p in keys.items()} if i2v else None
+    if i2v and comps.extra.get("image_encoder") is not None:
+        comps.extra["image_encoder"].to("cpu")
     log(f"latents: {len(latents)} windows ({disk.hits} from the cache, {disk.misses} encoded)")
     run.event(f"latents: {len(latents)} ({disk.hits} from the cache in {disk.root}, {disk.misses} encoded)")
 
@@ -207,6 +223,12 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
         z_dim = int(comps.vae.config.z_dim)
         text_dim = int(getattr(te.config, "d_model", 4096))
         pred = predicted_cache_bytes(items, z_dim, text_dim, len(flips), family.text_len(comps), spatial)
+        if i2v:  # + the mask and first-frame latents (z + 4 channels), + the CLIP image states (Wan2.1)
+            pred["latents"] = pred["latents"] * (2 * z_dim + 4) // z_dim
+            enc = comps.extra.get("image_encoder")
+            if enc is not None:
+                ec = enc.config
+                pred["latents"] += len(keys) * ((ec.image_size // ec.patch_size) ** 2 + 1) * ec.hidden_size * 4
         actual = {"latents": _bytes(keys.values()), "text": _bytes(disk.text_path(c) for c in {it.caption for it in items})}
         report = {"predicted_bytes": pred, "actual_bytes": actual, "windows": len(items)}
         (run.root / "cache.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
@@ -230,7 +252,7 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
         log(f"block swap: the frozen weights of {t.blocks_to_swap} of {len(experts[next(iter(experts))][0].blocks)} "
             f"blocks stay in CPU RAM{' (no effect on CPU)' if dev.type != 'cuda' else ''}")
     recipe = VideoRecipe(spec, run, precision, comps, items, latents, text, prompts, sample_text, not cache_te,
-                         experts=experts, swaps=swaps)
+                         experts=experts, swaps=swaps, conditions=conditions)
     info = vd.describe(items)
     log(f"data: {info['files']} files -> {info['windows']} windows, {info['samples_per_epoch']} samples per epoch, "
         f"buckets (frames x w x h) {info['buckets']}")
@@ -240,8 +262,10 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
 
 class VideoRecipe(DiffusionRecipe):
     def __init__(self, spec, run, precision, comps: Components, items, latents, text, prompts: list[VideoPrompt],
-                 sample_text, live_captions, *, experts: dict, swaps: list[wan.BlockSwap]) -> None:
+                 sample_text, live_captions, *, experts: dict, swaps: list[wan.BlockSwap],
+                 conditions: dict | None = None) -> None:
         self.experts = experts
+        self.conditions = conditions  # I2V: per window, the mask + first-frame latents (+ CLIP image states)
         self.swaps = swaps
         self.video_prompts = prompts
         super().__init__(spec, run, precision, comps, items, latents, text, [vp.prompt for vp in prompts],
@@ -258,9 +282,14 @@ class VideoRecipe(DiffusionRecipe):
     def _cond(self, batch: Batch) -> dict[str, torch.Tensor]:
         dev = self.precision.device
         if self.text is not None and not self.live_captions:
-            return {"prompt_embeds": torch.stack([self._pad(self.text[self.items[i].caption]["prompt_embeds"])
-                                                  for i in batch.items]).to(dev)}
-        return {"prompt_embeds": self.family.encode_text(self.c, list(batch.captions), dev)["prompt_embeds"]}
+            out = {"prompt_embeds": torch.stack([self._pad(self.text[self.items[i].caption]["prompt_embeds"])
+                                                 for i in batch.items]).to(dev)}
+        else:
+            out = {"prompt_embeds": self.family.encode_text(self.c, list(batch.captions), dev)["prompt_embeds"]}
+        if self.conditions is not None:
+            per = [self.conditions[(i, f)] for i, f in zip(batch.items, batch.flips, strict=True)]
+            out.update({k: torch.stack([c[k] for c in per]).to(dev) for k in per[0]})
+        return out
 
     def _sigmas(self, n: int, gen: torch.Generator) -> torch.Tensor:
         s = sample_sigmas(n, self.spec.train.timestep_sampling, self.spec.train.timestep_shift, gen)
@@ -287,7 +316,7 @@ class VideoRecipe(DiffusionRecipe):
             sel = ((s >= lo) & ((s < hi) | (hi >= 1.0))).nonzero().flatten()
             if len(sel):
                 out = self.family.forward(self.c, noisy[sel].to(tr.dtype), s[sel].to(tr.dtype),
-                                          {"prompt_embeds": cond["prompt_embeds"][sel]}, {}, model=tr)
+                                          {k: v[sel] for k, v in cond.items()}, {}, model=tr)
                 pred = pred.index_put((sel,), out.float())
         target = noise - x0
         return F.mse_loss(pred, target, reduction="none").mean(dim=(1, 2, 3, 4))
@@ -338,8 +367,9 @@ class VideoRecipe(DiffusionRecipe):
                 pos = self._prompt_embeds(sp.prompt)
                 neg = self._prompt_embeds(sp.negative) if sp.scale > 1 else None
                 gen = torch.Generator(device="cpu").manual_seed(sp.seed)
+                extra = {"image": self._start_image(vp)} if self.conditions is not None else {}
                 with self.precision.autocast():
-                    frames = pipe(**self.family.sample_kwargs(pos, neg, sp.scale), width=sp.width, height=sp.height,
+                    frames = pipe(**self.family.sample_kwargs(pos, neg, sp.scale), **extra, width=sp.width, height=sp.height,
                                   num_frames=vp.frames, num_inference_steps=sp.steps, generator=gen,
                                   output_type="np").frames[0]
                 arr = (np.clip(frames, 0, 1) * 255).round().astype(np.uint8)
@@ -351,6 +381,16 @@ class VideoRecipe(DiffusionRecipe):
         self.train()
         self.run.event(f"samples {tag}: {len(paths)} clip(s) in {out_dir}")
         return paths
+
+    def _start_image(self, vp: VideoPrompt):
+        """I2V samples start from ``--i IMAGE``, else from the first frame of the first training window."""
+        from PIL import Image
+
+        if vp.image:
+            with Image.open(vp.image) as im:
+                return im.convert("RGB")
+        x = vd.load_window(self.items[0])[:, 0]
+        return Image.fromarray(((x.permute(1, 2, 0) + 1) * 127.5).round().clamp(0, 255).byte().numpy())
 
     def _prompt_embeds(self, text: str) -> dict[str, torch.Tensor]:
         dev = self.precision.device

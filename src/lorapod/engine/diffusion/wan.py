@@ -30,7 +30,8 @@ from lorapod.errors import HardwareError, ModelLoadError
 
 # every Linear of the attention blocks: self- and cross-attention q/k/v/out and the feed-forward
 # (musubi-tuner's Wan LoRA targets; diffusers names)
-WAN_TARGETS = r"^blocks\.\d+\.(attn1\.(to_q|to_k|to_v|to_out\.0)|attn2\.(to_q|to_k|to_v|to_out\.0)|ffn\.net\.(0\.proj|2))$"
+WAN_TARGETS = (r"^blocks\.\d+\.(attn1\.(to_q|to_k|to_v|to_out\.0)|attn2\.(to_q|to_k|to_v|to_out\.0|add_k_proj|add_v_proj)"
+               r"|ffn\.net\.(0\.proj|2))$")  # add_k/v_proj: the image keys/values of Wan2.1 I2V
 TEXT_LEN = 512  # WanPipeline's max_sequence_length: prompts are padded with zeros to it
 SAMPLE_FPS = 16
 
@@ -44,10 +45,21 @@ class Wan21(Family):
     video: ClassVar[bool] = True
     default_targets = WAN_TARGETS
 
+    def load(self, model_id, revision, dtype):
+        """T2V (``WanPipeline``) or I2V (``WanImageToVideoPipeline``), as the model's index says."""
+        from lorapod.engine.diffusion.families import detect
+
+        cls = detect(model_id, revision)[1]
+        self.pipeline_class = cls if cls in ("WanPipeline", "WanImageToVideoPipeline") else "WanPipeline"
+        return super().load(model_id, revision, dtype)
+
     def components(self, pipe, model_id: str) -> Components:
+        i2v = type(pipe).__name__ == "WanImageToVideoPipeline"
         return Components(self, model_id, pipe.transformer, pipe.vae, [pipe.text_encoder], [pipe.tokenizer],
                           pipe.scheduler, extra={"transformer_2": getattr(pipe, "transformer_2", None),
-                                                 "boundary_ratio": pipe.config.get("boundary_ratio")})
+                                                 "boundary_ratio": pipe.config.get("boundary_ratio"), "i2v": i2v,
+                                                 "image_encoder": getattr(pipe, "image_encoder", None) if i2v else None,
+                                                 "image_processor": getattr(pipe, "image_processor", None) if i2v else None})
 
     def text_len(self, c: Components) -> int:
         return min(TEXT_LEN, int(getattr(c.tokenizers[0], "model_max_length", TEXT_LEN)))
@@ -73,14 +85,41 @@ class Wan21(Family):
         std = torch.tensor(vae.config.latents_std, device=z.device, dtype=z.dtype).view(1, -1, 1, 1, 1)
         return (z - mean) / std
 
+    def encode_condition(self, c, pixels):
+        """I2V: what the pipeline conditions on, from a window's first frame: a mask (4 channels, 1 on
+        the first latent frame) + the latents of [first frame, black frames...], and (Wan2.1) the
+        CLIP vision states of the first frame (``hidden_states[-2]``)."""
+        vae = c.vae
+        video = torch.cat([pixels[:, :, :1], torch.zeros_like(pixels[:, :, 1:])], dim=2)
+        z = self.encode_latents(c, video)
+        mask = torch.zeros(z.shape[0], 4, *z.shape[2:], device=z.device, dtype=z.dtype)
+        mask[:, :, 0] = 1.0
+        out = {"condition": torch.cat([mask, z], dim=1)}
+        enc, proc = c.extra.get("image_encoder"), c.extra.get("image_processor")
+        if enc is not None:
+            first = ((pixels[:, :, 0].float() + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).cpu()
+            px = proc(images=list(first), return_tensors="pt").pixel_values.to(vae.device, enc.dtype)
+            out["image_embeds"] = enc(pixel_values=px, output_hidden_states=True).hidden_states[-2]
+        return out
+
     def forward(self, c, noisy, t, cond, meta, model=None):
         tr = model if model is not None else c.denoiser
         pe = cond["prompt_embeds"].to(noisy.dtype)
-        return tr(hidden_states=noisy, timestep=t * 1000, encoder_hidden_states=pe, return_dict=False)[0]
+        if "condition" in cond:  # I2V: the noisy latents, then the mask and the first-frame latents
+            noisy = torch.cat([noisy, cond["condition"].to(noisy.dtype)], dim=1)
+        img = cond.get("image_embeds")
+        return tr(hidden_states=noisy, timestep=t * 1000, encoder_hidden_states=pe, return_dict=False,
+                  encoder_hidden_states_image=None if img is None else img.to(noisy.dtype))[0]
 
     def pipeline(self, c):
-        from diffusers import WanPipeline
+        from diffusers import WanImageToVideoPipeline, WanPipeline
 
+        if c.extra.get("i2v"):
+            return WanImageToVideoPipeline(tokenizer=c.tokenizers[0], text_encoder=c.text_encoders[0], vae=c.vae,
+                                           scheduler=c.scheduler, image_processor=c.extra.get("image_processor"),
+                                           image_encoder=c.extra.get("image_encoder"), transformer=c.denoiser,
+                                           transformer_2=c.extra.get("transformer_2"),
+                                           boundary_ratio=c.extra.get("boundary_ratio"))
         return WanPipeline(tokenizer=c.tokenizers[0], text_encoder=c.text_encoders[0], vae=c.vae,
                            scheduler=c.scheduler, transformer=c.denoiser, transformer_2=c.extra.get("transformer_2"),
                            boundary_ratio=c.extra.get("boundary_ratio"))
@@ -121,11 +160,8 @@ export.ARCH.update({"wan21": "wan2.1-t2v/lora", "wan22": "wan2.2-t2v/lora"})
 
 
 def family_of_index(raw: dict) -> str | None:
-    """wan21 / wan22 from a WanPipeline's model_index.json (a second transformer or a boundary means 2.2)."""
-    cls = raw.get("_class_name")
-    if cls == "WanImageToVideoPipeline":
-        return "wan-i2v"
-    if cls != "WanPipeline":
+    """wan21 / wan22 from a Wan pipeline's model_index.json (a second transformer or a boundary means 2.2)."""
+    if raw.get("_class_name") not in ("WanPipeline", "WanImageToVideoPipeline"):  # T2V, I2V
         return None
     t2 = raw.get("transformer_2")
     has_t2 = isinstance(t2, list) and t2[0] is not None
