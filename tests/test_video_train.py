@@ -196,6 +196,7 @@ def test_wan22_one_expert_trains_only_its_noise_range(assets, tmp_path):
     s = rec._sigmas(1000, torch.Generator().manual_seed(0))
     assert float(s.max()) < 0.875 and float(s.min()) >= 0.0  # boundary_ratio of the tiny pipeline
     assert all(k.startswith("transformer_2.") for k in rec.adapter_state())
+    assert set(rec.idle) == {"transformer"}  # the high-noise expert waits in CPU RAM, used only to sample
     assert [p.name for p in run.adapter.iterdir() if p.suffix == ".safetensors"] and not (
         run.adapter / "pytorch_lora_weights_high_noise.safetensors").exists()
 

@@ -117,7 +117,7 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
     precision: Precision = resolve_precision(spec.train.precision, spec.model.dtype, dev_req)
     family = resolve_family(spec.model.family, spec.model.id, spec.model.revision)
     if not getattr(family, "video", False):
-        raise SpecError(f"{spec.model.id} is a {family.name} model, not Wan", hint="use a Wan2.1/Wan2.2 T2V model for video")
+        raise SpecError(f"{spec.model.id} is a {family.name} model, not Wan", hint="use a Wan2.1/Wan2.2 model (diffusers layout) for video")
     m, d, t = spec.method, spec.data, spec.train
     if m.type != "lora":
         raise SpecError(f"method.type {m.type} is for LLMs; video LoRAs use method.type: lora")
@@ -154,7 +154,7 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
             mod.requires_grad_(False)
             mod.eval()
     if fp8:
-        n = sum(wan.store_fp8(tr) for tr, _, _ in experts.values())
+        n = sum(wan.store_fp8(tr) for tr, _, _ in family.experts(comps, "both").values())
         log(f"fp8: {n} linear layers of the transformer blocks stored in float8")
     comps.vae.to(dev)
     te = comps.text_encoders[0]
@@ -270,7 +270,9 @@ class VideoRecipe(DiffusionRecipe):
         self.video_prompts = prompts
         super().__init__(spec, run, precision, comps, items, latents, text, [vp.prompt for vp in prompts],
                          sample_text, live_captions)
-        self.route = comps.family.experts(comps, "both")  # evaluation and sampling use the whole model
+        # an expert not being trained stays in CPU RAM (two 14B experts do not share a 24 GB card);
+        # it visits the GPU only to sample
+        self.idle = {n: v[0] for n, v in comps.family.experts(comps, "both").items() if n not in experts}
         self.text_len = comps.family.text_len(comps)
 
     def _lora_modules(self) -> dict[str, torch.nn.Module]:
@@ -306,13 +308,16 @@ class VideoRecipe(DiffusionRecipe):
             noise = noise + self.spec.train.noise_offset * torch.randn((x0.shape[0], x0.shape[1], 1, 1, 1), generator=gen)
         noise = noise.to(dev)
         n = x0.shape[0]
-        s = (fixed_t.float() if fixed_t is not None else self._sigmas(n, gen)).to(dev)
+        if fixed_t is not None:  # evaluation levels, inside the trained experts' range
+            lo, hi = min(v[1] for v in self.experts.values()), max(v[2] for v in self.experts.values())
+            s = (lo + (hi - lo) * fixed_t.float()).to(dev)
+        else:
+            s = self._sigmas(n, gen).to(dev)
         sv = s.view(-1, 1, 1, 1, 1)
         noisy = (1 - sv) * x0 + sv * noise
         cond = self._cond(batch)
         pred = torch.zeros_like(x0)
-        route = self.route if fixed_t is not None else self.experts
-        for tr, lo, hi in route.values():
+        for tr, lo, hi in self.experts.values():
             sel = ((s >= lo) & ((s < hi) | (hi >= 1.0))).nonzero().flatten()
             if len(sel):
                 out = self.family.forward(self.c, noisy[sel].to(tr.dtype), s[sel].to(tr.dtype),
@@ -359,6 +364,8 @@ class VideoRecipe(DiffusionRecipe):
         out_dir = self.run.samples
         out_dir.mkdir(parents=True, exist_ok=True)
         rows, paths = [], []
+        for tr in self.idle.values():
+            tr.to(self.precision.device)
         with torch.random.fork_rng(devices=[self.precision.device] if self.precision.device.type == "cuda" else []):
             for mod in self.lora_modules.values():
                 mod.eval()
@@ -378,6 +385,8 @@ class VideoRecipe(DiffusionRecipe):
                 rows.append(arr)
             contact_sheet(rows).save(out_dir / f"{tag}-frames.png",
                                      pnginfo=smp.png_info(self.video_prompts[0].prompt, state.step, state.epoch))
+        for tr in self.idle.values():
+            tr.to("cpu")
         self.train()
         self.run.event(f"samples {tag}: {len(paths)} clip(s) in {out_dir}")
         return paths
@@ -394,7 +403,7 @@ class VideoRecipe(DiffusionRecipe):
 
     def _prompt_embeds(self, text: str) -> dict[str, torch.Tensor]:
         dev = self.precision.device
-        dtype = self.c.denoiser.dtype if not isinstance(self.c.denoiser, type(None)) else torch.float32
+        dtype = self.c.denoiser.dtype
         if text in self.sample_text:
             return {"prompt_embeds": self._pad(self.sample_text[text]["prompt_embeds"]).unsqueeze(0).to(dev, dtype)}
         out = self.family.encode_text(self.c, [text], dev)
