@@ -164,3 +164,51 @@ def test_data_check_flags_each_planted_video_defect(tmp_path, capsys):
                                                     "caption-missing", "video-audio-only"}
     code, _, err = _cli(["data", "check", str(data), "--family", "wan21", "--frames", "1,16"], capsys)
     assert code == 2 and "4n+1" in err
+
+
+def _config_only_wan14b(folder: Path) -> Path:
+    """A Wan2.1 14B folder with only its config files: enough for the pre-rent fit check."""
+    (folder / "transformer").mkdir(parents=True)
+    (folder / "vae").mkdir()
+    (folder / "model_index.json").write_text(json.dumps({"_class_name": "WanPipeline",
+                                                         "transformer": ["diffusers", "WanTransformer3DModel"]}))
+    (folder / "transformer" / "config.json").write_text(json.dumps({
+        "_class_name": "WanTransformer3DModel", "num_attention_heads": 40, "attention_head_dim": 128,
+        "ffn_dim": 13824, "num_layers": 40, "text_dim": 4096, "freq_dim": 256, "in_channels": 16,
+        "patch_size": [1, 2, 2]}))
+    (folder / "vae" / "config.json").write_text(json.dumps({"_class_name": "AutoencoderKLWan", "z_dim": 16}))
+    return folder
+
+
+def test_lorapod_run_refuses_a_video_job_before_renting(tmp_path, capsys, monkeypatch):
+    """No provider call happens (no API key is set): the data scan and the fit check stop it first."""
+    import yaml
+
+    for key in ("VAST_API_KEY", "RUNPOD_API_KEY"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("LORAPOD_HOME", str(tmp_path / "home"))
+    model = _config_only_wan14b(tmp_path / "wan14b")
+    data = write_clips(tmp_path / "d", n=1, frames=84, images=0)
+    path = tmp_path / "job.yaml"
+
+    def run(frames: int, swap: int) -> tuple[int, str]:
+        spec = {"model": {"id": str(model), "family": "wan21"},
+                "data": {"path": str(data), "resolution": 960, "target_frames": [frames]},
+                "train": {"blocks_to_swap": swap, "gradient_checkpointing": True}}
+        path.write_text(yaml.safe_dump(spec))
+        code, _, err = _cli(["run", str(path), "--on", "vast", "--gpu", "RTX 4090"], capsys)
+        return code, " ".join(err.split())
+
+    # 81 frames at 1088x832 in bf16: no number of swapped blocks makes it fit 24 GB
+    code, err = run(81, 0)
+    assert code == 1 and "even with 39 of 40 blocks swapped" in err and "RTX 4090" in err
+    # 33 frames: it fits with enough blocks swapped; the hint says how many, and with them the
+    # check passes (the run then stops at the provider: no API key in this test)
+    code, err = run(33, 0)
+    assert code == 1 and "set train.blocks_to_swap:" in err
+    k = int(err.split("set train.blocks_to_swap: ")[1].split()[0])
+    code, err = run(33, k)
+    assert code == 1 and f"fits RTX 4090 (24 GB) with train.blocks_to_swap: {k}" in err and "no vast API key" in err
+    (data / "clip00.txt").unlink()  # now nothing is captioned and there is no trigger
+    code, err = run(33, k)
+    assert code == 1 and "has a .txt caption" in err
