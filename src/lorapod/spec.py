@@ -204,6 +204,8 @@ class JobSpec(_Section):
     def _consistent(self) -> JobSpec:
         if self.data.format == "images" and self.model.family == "llm":
             raise ValueError("data.format 'images' needs an image model family, not 'llm'")
+        if self.data.format == "video" and self.model.family not in ("auto", "wan21", "wan22"):
+            raise ValueError(f"data.format 'video' needs a video model family (wan21, wan22), not '{self.model.family}'")
         return self
 
     @property
