@@ -94,6 +94,26 @@ def predicted_cache_bytes(items: list[vd.VideoItem], z_dim: int, text_dim: int, 
     return {"latents": latents, "text_max": captions * text_tokens * text_dim * 4}
 
 
+def report_cache_size(run: RunDir, items: list[vd.VideoItem], comps: Components, latent_files: list[Path],
+                      text_files: list[Path], flips: int, spatial: int, log=print) -> dict:
+    """``cache.json`` in the run folder and one log line: predicted against written bytes."""
+    z_dim = int(comps.vae.config.z_dim)
+    text_dim = int(getattr(comps.text_encoders[0].config, "d_model", 4096))
+    pred = predicted_cache_bytes(items, z_dim, text_dim, flips, comps.family.text_len(comps), spatial)
+    if comps.extra.get("i2v"):  # + the mask and first-frame latents (z + 4 channels), + CLIP image states (2.1)
+        pred["latents"] = pred["latents"] * (2 * z_dim + 4) // z_dim
+        enc = comps.extra.get("image_encoder")
+        if enc is not None:
+            ec = enc.config
+            pred["latents"] += len(latent_files) * ((ec.image_size // ec.patch_size) ** 2 + 1) * ec.hidden_size * 4
+    actual = {"latents": _bytes(latent_files), "text": _bytes(text_files)}
+    report = {"predicted_bytes": pred, "actual_bytes": actual, "windows": len(items)}
+    (run.root / "cache.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
+    log(f"cache: latents {actual['latents'] / 1e6:.2f} MB (predicted {pred['latents'] / 1e6:.2f} MB), "
+        f"text {actual['text'] / 1e6:.2f} MB (at most {pred['text_max'] / 1e6:.2f} MB predicted)")
+    return report
+
+
 def _bytes(paths) -> int:
     return sum(p.stat().st_size for p in paths if p.is_file())
 
@@ -117,7 +137,8 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
     precision: Precision = resolve_precision(spec.train.precision, spec.model.dtype, dev_req)
     family = resolve_family(spec.model.family, spec.model.id, spec.model.revision)
     if not getattr(family, "video", False):
-        raise SpecError(f"{spec.model.id} is a {family.name} model, not Wan", hint="use a Wan2.1/Wan2.2 model (diffusers layout) for video")
+        raise SpecError(f"{spec.model.id} is a {family.name} model, not Wan",
+                        hint="use a Wan2.1/Wan2.2 model (diffusers layout) for video")
     m, d, t = spec.method, spec.data, spec.train
     if m.type != "lora":
         raise SpecError(f"method.type {m.type} is for LLMs; video LoRAs use method.type: lora")
@@ -220,20 +241,8 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
             torch.cuda.empty_cache()
 
     if d.cache_latents:
-        z_dim = int(comps.vae.config.z_dim)
-        text_dim = int(getattr(te.config, "d_model", 4096))
-        pred = predicted_cache_bytes(items, z_dim, text_dim, len(flips), family.text_len(comps), spatial)
-        if i2v:  # + the mask and first-frame latents (z + 4 channels), + the CLIP image states (Wan2.1)
-            pred["latents"] = pred["latents"] * (2 * z_dim + 4) // z_dim
-            enc = comps.extra.get("image_encoder")
-            if enc is not None:
-                ec = enc.config
-                pred["latents"] += len(keys) * ((ec.image_size // ec.patch_size) ** 2 + 1) * ec.hidden_size * 4
-        actual = {"latents": _bytes(keys.values()), "text": _bytes(disk.text_path(c) for c in {it.caption for it in items})}
-        report = {"predicted_bytes": pred, "actual_bytes": actual, "windows": len(items)}
-        (run.root / "cache.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
-        log(f"cache: latents {actual['latents'] / 1e6:.2f} MB (predicted {pred['latents'] / 1e6:.2f} MB), "
-            f"text {actual['text'] / 1e6:.2f} MB (at most {pred['text_max'] / 1e6:.2f} MB predicted)")
+        report_cache_size(run, items, comps, list(keys.values()), [disk.text_path(c) for c in {it.caption for it in items}],
+                          len(flips), spatial, log)
 
     swaps: list[wan.BlockSwap] = []
     targets = family.default_targets if m.target_modules == "all-linear" else m.target_modules
@@ -241,13 +250,13 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
         attach_lora(tr, lora_config(spec, targets))
         swap = None
         if t.blocks_to_swap:
-            if not t.gradient_checkpointing:
-                log("block swap needs gradient checkpointing: turned on")
             swap = wan.BlockSwap(tr.blocks, t.blocks_to_swap, dev)
             swaps.append(swap)
         if t.gradient_checkpointing or t.blocks_to_swap:
             tr.enable_gradient_checkpointing()
         _place(tr, dev, swap)
+    if swaps and not t.gradient_checkpointing:
+        log("block swap needs gradient checkpointing: turned on")
     if swaps:
         log(f"block swap: the frozen weights of {t.blocks_to_swap} of {len(experts[next(iter(experts))][0].blocks)} "
             f"blocks stay in CPU RAM{' (no effect on CPU)' if dev.type != 'cuda' else ''}")
