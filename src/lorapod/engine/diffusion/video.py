@@ -86,8 +86,8 @@ def predicted_cache_bytes(items: list[vd.VideoItem], z_dim: int, text_dim: int, 
                           text_tokens: int = wan.TEXT_LEN, spatial: int = 8) -> dict[str, int]:
     """What the caches will hold, from the windows' buckets and the model's sizes alone (fp32
     latents of z_dim x (1 + (F-1)/4) x H/s x W/s per window and flip, s the VAE's spatial factor;
-    at most ``text_tokens`` umT5 states per distinct caption). The run reports it next to the
-    bytes actually written."""
+    at most ``text_tokens`` umT5 states per distinct caption). Tensor bytes: each file adds a
+    safetensors header of ~100 bytes. The run reports it next to the bytes actually written."""
     latents = sum(z_dim * ((f - 1) // 4 + 1) * (h // spatial) * (w // spatial) * 4 for f, w, h in
                   {(it.digest, it.window_key, it.bucket): it.bucket for it in items}.values()) * flips
     captions = len({it.caption for it in items})
