@@ -164,6 +164,9 @@ def test_data_check_flags_each_planted_video_defect(tmp_path, capsys):
                                                     "caption-missing", "video-audio-only"}
     code, _, err = _cli(["data", "check", str(data), "--family", "wan21", "--frames", "1,16"], capsys)
     assert code == 2 and "4n+1" in err
+    # the image check (default family) says where the clips went
+    code, stdout, _ = _cli(["data", "check", str(data), "--json"], capsys)
+    assert any(f["code"] == "video-files" and "--family wan21" in f["message"] for f in json.loads(stdout)["findings"])
 
 
 def _config_only_wan14b(folder: Path) -> Path:

@@ -149,6 +149,10 @@ def check_images(
     scan = scan_folder(root)
     report = Report()
     report.extend(scan.findings)
+    if scan.videos:
+        report.add(finding("info" if scan.images else "error", "video-files", ".",
+                           f"{len(scan.videos)} video clips, which the {family} image check ignores; for a video "
+                           "LoRA check with --family wan21 (or wan22)."))
     if not scan.images:
         report.add(finding("error", "no-images", ".",
                            "no .jpg/.jpeg/.png/.webp image in this folder (or its subfolders); "
