@@ -161,9 +161,6 @@ def write_clip(path: Path, frames, fps: float = 16.0, codec: str | None = None) 
     with av.open(str(path), "w") as out:
         stream = out.add_stream(codec, rate=Fraction(fps).limit_denominator(1001))
         stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
-        # one encoder thread: x264's frame threads make the bytes depend on timing, and the caches
-        # are keyed by the bytes (a rewritten demo clip must hash the same)
-        stream.codec_context.thread_count = 1
         for a in arrs:
             for packet in stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(a[:h, :w]), format="rgb24")):
                 out.mux(packet)
