@@ -29,6 +29,7 @@ def assets(tmp_path_factory):
         "wan21": build_wan(root / "wan21", "wan21"),
         "wan22": build_wan(root / "wan22", "wan22"),
         "wan21-i2v": build_wan(root / "wan21i2v", "wan21", i2v=True),
+        "wan22-i2v": build_wan(root / "wan22i2v", "wan22", i2v=True),
         "data": write_clips(root / "data", n=2, frames=8, sizes=[(48, 48), (96, 48)], images=1),
     }
 
@@ -138,7 +139,16 @@ def _forward_all(recipe, tr_by_name):
     return {n: recipe.family.forward(recipe.c, noisy, s, cond, {}, model=tr) for n, tr in tr_by_name.items()}
 
 
-@pytest.mark.parametrize("family", ["wan21", "wan22", "wan21-i2v"])
+def _i2v_sample_frames(recipe, state) -> int:
+    """Frames of an I2V sample clip started from the first training frame (no --i given)."""
+    from lorapod.data.clips import probe
+    from lorapod.engine.diffusion.video import load_video_prompts
+
+    recipe.video_prompts = load_video_prompts(["zxq --w 32 --h 32 --f 5 --s 2 --l 1"], 64, 64, 0)
+    return probe(recipe.write_samples(state, "i2v")[0]).frames
+
+
+@pytest.mark.parametrize("family", ["wan21", "wan22", "wan21-i2v", "wan22-i2v"])
 def test_exported_files_reload_through_diffusers_to_the_trained_output(assets, tmp_path, family):
     """I2V: the image keys/values (add_k_proj/add_v_proj -> k_img/v_img) travel too."""
     from diffusers import DiffusionPipeline
@@ -152,7 +162,7 @@ def test_exported_files_reload_through_diffusers_to_the_trained_output(assets, t
     recipe.save_final(run.adapter)
     for m in recipe.lora_modules.values():
         m.eval()
-    two = family == "wan22"
+    two = family.startswith("wan22")
     names = ["transformer", "transformer_2"] if two else ["transformer"]
     with torch.no_grad():
         want = _forward_all(recipe, recipe.lora_modules)
@@ -170,6 +180,9 @@ def test_exported_files_reload_through_diffusers_to_the_trained_output(assets, t
                 delta = (want[n] - base[n]).abs().mean()
                 assert delta > 1e-2, (kind, n)  # the adapter really changes the output
                 assert (got[n] - want[n]).abs().mean() < 0.01 * delta, (kind, n)
+    if family == "wan22-i2v":  # Wan2.2 I2V: the condition channels, no CLIP image states; both experts sample
+        assert recipe.c.extra["i2v"] and set(recipe.conditions[(0, False)]) == {"condition"}
+        assert _i2v_sample_frames(recipe, out.result.state) == 5
     if family == "wan21-i2v":
         assert recipe.c.extra["i2v"] and type(pipe).__name__ == "WanImageToVideoPipeline"
         cache = json.loads((run.root / "cache.json").read_text())  # + mask, first-frame latents, CLIP states
@@ -178,12 +191,7 @@ def test_exported_files_reload_through_diffusers_to_the_trained_output(assets, t
         assert cond["condition"].shape[0] == 4 + 4 and cond["image_embeds"].shape[-1] == 16  # mask + z; CLIP width
         with safe_open(str(run.adapter / "t.safetensors"), "pt") as fh:
             assert "lora_unet_blocks_0_cross_attn_k_img.lora_down.weight" in set(fh.keys())
-        from lorapod.data.clips import probe
-        from lorapod.engine.diffusion.video import load_video_prompts
-
-        # an I2V sample starts from the first training frame (no --i given)
-        recipe.video_prompts = load_video_prompts(["zxq --w 32 --h 32 --f 5 --s 2 --l 1"], 64, 64, 0)
-        assert probe(recipe.write_samples(out.result.state, "i2v")[0]).frames == 5
+        assert _i2v_sample_frames(recipe, out.result.state) == 5
 
 
 def test_wan22_one_expert_trains_only_its_noise_range(assets, tmp_path):
