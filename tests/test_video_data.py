@@ -164,6 +164,10 @@ def test_data_check_flags_each_planted_video_defect(tmp_path, capsys):
                                                     "caption-missing", "video-audio-only"}
     code, _, err = _cli(["data", "check", str(data), "--family", "wan21", "--frames", "1,16"], capsys)
     assert code == 2 and "4n+1" in err
+    # the HTML report lists the clips with their facts and flags
+    code, _, _ = _cli(["data", "report", str(data), "--family", "wan21", "--out", str(tmp_path / "r.html")], capsys)
+    page = (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert code == 0 and "<h2>Clips</h2>" in page and "video-variable-fps" in page and "33x1088x832" in page
     # the image check (default family) says where the clips went
     code, stdout, _ = _cli(["data", "check", str(data), "--json"], capsys)
     assert any(f["code"] == "video-files" and "--family wan21" in f["message"] for f in json.loads(stdout)["findings"])
