@@ -18,8 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from lorapod.errors import SpecError
 
-Family = Literal["auto", "llm", "sd15", "sdxl", "flux1", "flux2", "wan21"]
-IMAGE_FAMILIES = ("sd15", "sdxl", "flux1", "flux2", "wan21")
+Family = Literal["auto", "llm", "sd15", "sdxl", "flux1", "flux2", "wan21", "wan22"]
+IMAGE_FAMILIES = ("sd15", "sdxl", "flux1", "flux2", "wan21", "wan22")
+VIDEO_FAMILIES = ("wan21", "wan22")
 
 
 class _Section(BaseModel):
@@ -65,7 +66,7 @@ class DataSpec(_Section):
     """Where the data is and how it becomes training examples."""
 
     path: str | list[str] = Field(description="Chat JSONL file(s), or an image folder.")
-    format: Literal["auto", "messages", "sharegpt", "alpaca", "images"] = "auto"
+    format: Literal["auto", "messages", "sharegpt", "alpaca", "images", "video"] = "auto"
     val_split: Annotated[float, Field(ge=0, lt=1)] = 0.1
     val_path: str | None = Field(None, description="A separate validation file (overrides val_split).")
     sequence_len: Annotated[int, Field(ge=16)] = 2048
@@ -91,6 +92,27 @@ class DataSpec(_Section):
     caption_dropout: Annotated[float, Field(ge=0, le=1)] = 0.0
     cache_latents: bool = True
     cache_text_encoder_outputs: bool = True
+    # video datasets (Wan): clips (.mp4/.webm/.mov) and images, which train as 1-frame videos
+    target_frames: list[int] = Field(
+        [1, 17, 33], description="Video: frame counts of the training windows, each 4n+1 (1 = a single frame)."
+    )
+    frame_extraction: Literal["head", "uniform", "slide"] = Field(
+        "head", description="Video: windows from the clip's start (head), N evenly spaced (uniform), or every "
+        "frame_stride frames (slide)."
+    )
+    frame_sample: Annotated[int, Field(ge=1)] = Field(1, description="Video: windows per clip and target (uniform).")
+    frame_stride: Annotated[int, Field(ge=1)] = Field(10, description="Video: frames between window starts (slide).")
+    fps: Annotated[float | None, Field(gt=0)] = Field(
+        16.0, description="Video: resample clips to this frame rate first (Wan trains at 16 fps); null keeps the source's."
+    )
+
+    @model_validator(mode="after")
+    def _frames_4n1(self) -> DataSpec:
+        bad = [n for n in self.target_frames if n < 1 or (n - 1) % 4]
+        if bad or not self.target_frames:
+            raise ValueError(f"data.target_frames must be frame counts of the form 4n+1 (1, 5, 9, 17, 33, 81...), "
+                             f"not {bad or 'empty'}")
+        return self
 
 
 class TrainSpec(_Section):
@@ -118,6 +140,9 @@ class TrainSpec(_Section):
     blocks_to_swap: Annotated[int, Field(ge=0)] = Field(
         0, description="Images: transformer blocks kept in CPU RAM and swapped in each step "
         "(sd-scripts/musubi --blocks_to_swap); saves VRAM, costs time."
+    )
+    experts: Literal["both", "high_noise", "low_noise"] = Field(
+        "both", description="Wan2.2: train both experts (each on its own timestep range) or one of them."
     )
 
 
@@ -193,11 +218,17 @@ class JobSpec(_Section):
     def _consistent(self) -> JobSpec:
         if self.data.format == "images" and self.model.family == "llm":
             raise ValueError("data.format 'images' needs an image model family, not 'llm'")
+        if self.data.format == "video" and self.model.family not in ("auto", "wan21", "wan22"):
+            raise ValueError(f"data.format 'video' needs a video model family (wan21, wan22), not '{self.model.family}'")
         return self
 
     @property
     def is_image(self) -> bool:
-        return self.model.family in IMAGE_FAMILIES or self.data.format == "images"
+        return self.model.family in IMAGE_FAMILIES or self.data.format in ("images", "video")
+
+    @property
+    def is_video(self) -> bool:
+        return self.model.family in VIDEO_FAMILIES or self.data.format == "video"
 
     def data_paths(self, base: Path | None = None) -> list[Path]:
         paths = self.data.path if isinstance(self.data.path, list) else [self.data.path]

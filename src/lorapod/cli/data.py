@@ -8,7 +8,19 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-FAMILIES = "sd15|sdxl|flux1|flux2|wan21"
+FAMILIES = "sd15|sdxl|flux1|flux2|wan21|wan22"
+
+
+def _frame_list(text: str) -> tuple[int, ...]:
+    from lorapod.errors import SpecError
+
+    try:
+        got = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        got = ()
+    if not got or any(n < 1 or (n - 1) % 4 for n in got):
+        raise SpecError(f"--frames {text!r}: give frame counts of the form 4n+1, comma-separated", hint="e.g. --frames 1,17,33")
+    return got
 
 
 def register(app: typer.Typer) -> None:
@@ -30,12 +42,18 @@ def register(app: typer.Typer) -> None:
         tokenizer: Path | None = typer.Option(None, "--tokenizer", help="Images: local CLIP tokenizer folder."),
         system_prompt: str = typer.Option("auto", "--system-prompt", help="Chat: auto|keep|first_user|last_user "
                                           "(data.system_prompt: where a system prompt goes)."),
+        frames: str = typer.Option("1,17,33", "--frames", help="Video (wan21/wan22): target frame counts, 4n+1."),
+        fps: float = typer.Option(16.0, "--fps", help="Video: the frame rate clips are resampled to (0 = keep)."),
     ) -> None:
         """Find every problem in a dataset; exit status 1 when there is an error."""
         from lorapod.data.images import check_path
 
+        video = {}
+        if family in ("wan21", "wan22"):
+            video = {"target_frames": _frame_list(frames), "fps": fps or None}
         report = check_path(path, family=family, trigger=trigger, tokenizer=tokenizer,
-                            model=model, sequence_len=sequence_len, val=val, system_prompt=system_prompt)
+                            model=model, sequence_len=sequence_len, val=val, system_prompt=system_prompt,
+                            **video)
         if json_out:
             typer.echo(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
         else:

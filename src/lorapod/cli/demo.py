@@ -17,8 +17,13 @@ def demo(
     steps: int | None = typer.Option(None, "--steps", help="Stop after this many optimizer steps."),
     image: bool = typer.Option(False, "--image", help="The image path instead: tiny SD-style pipeline, shapes dataset, "
                                "samples and ComfyUI-ready LoRA files (offline, CPU)."),
+    video: bool = typer.Option(False, "--video", help="The video path: tiny Wan2.1 pipeline, generated clips, an MP4 "
+                               "sample and both LoRA files (offline, CPU, under a minute)."),
 ) -> None:
     """Build a tiny model locally, train a LoRA on a bundled dataset, show what came out."""
+    if video:
+        _video_demo(out if out != Path("lorapod-demo") else Path("lorapod-video-demo"), steps)
+        return
     if image:
         _image_demo(out if out != Path("lorapod-demo") else Path("lorapod-image-demo"), steps)
         return
@@ -43,13 +48,20 @@ def demo(
     console.print(f"spec       : {res.out / 'spec.yaml'}  (train it again: lorapod train {res.out / 'spec.yaml'})")
 
 
+def _show(res, rows: list[tuple[str, object]]) -> None:
+    """A diffusion demo's result: fixed-noise loss before/after, where each file is, cache reuse."""
+    console.print()
+    if res.first_loss is not None and res.last_loss is not None:
+        console.print(f"fixed-noise loss  base [bold]{res.first_loss:.4f}[/]  ->  tuned [bold green]{res.last_loss:.4f}[/]")
+    for what, where in rows:
+        console.print(f"{what:<42} {where}", highlight=False, soft_wrap=True)
+    console.print(f"caches: {res.cache_hits} reused, {res.cache_misses} encoded (run the demo again: all reused)")
+
+
 def _image_demo(out: Path, steps: int | None) -> None:
     from lorapod.demo_image import run_image_demo
 
     res = run_image_demo(out, steps=steps, log=lambda m: console.print(m, highlight=False))
-    console.print()
-    if res.first_loss is not None and res.last_loss is not None:
-        console.print(f"fixed-noise loss  base [bold]{res.first_loss:.4f}[/]  ->  tuned [bold green]{res.last_loss:.4f}[/]")
     rows = [
         ("base model (diffusers folder)", res.out / "base-model"),
         ("dataset (images + .txt captions)", res.out / "data"),
@@ -60,9 +72,24 @@ def _image_demo(out: Path, steps: int | None) -> None:
         ("metrics", res.run / "metrics.jsonl"),
         ("spec (train it again with lorapod train)", res.out / "spec.yaml"),
     ]
-    for what, where in rows:
-        console.print(f"{what:<42} {where}", highlight=False, soft_wrap=True)
-    console.print(f"caches: {res.cache_hits} reused, {res.cache_misses} encoded (run the demo again: all reused)")
+    _show(res, rows)
+
+
+def _video_demo(out: Path, steps: int | None) -> None:
+    from lorapod.demo_video import run_video_demo
+
+    res = run_video_demo(out, steps=steps, log=lambda m: console.print(m, highlight=False))
+    rows = [
+        ("base model (tiny WanPipeline folder)", res.out / "base-model"),
+        ("dataset (clips + stills + .txt captions)", res.out / "data"),
+        (f"sample clips ({len(res.clips)} MP4)", ", ".join(str(c) for c in res.clips) or "(none)"),
+        ("contact sheet (frames of each sample)", ", ".join(str(c) for c in res.contact_sheets) or "(none)"),
+        ("LoRA, diffusers format", res.diffusers_file),
+        ("LoRA, ComfyUI format (lora_unet_*)", res.comfy_file),
+        ("cache sizes, predicted vs actual", res.run / "cache.json"),
+        ("spec (train it again with lorapod train)", res.out / "spec.yaml"),
+    ]
+    _show(res, rows)
 
 
 def register(app: typer.Typer) -> None:

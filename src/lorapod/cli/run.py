@@ -91,6 +91,10 @@ def register(app: typer.Typer) -> None:
             target = on or spec_obj.compute.provider
         if target in (None, ""):
             raise SpecError("where should it run?", hint="--on vast | runpod | ssh://user@host:port")
+        if spec_obj.is_video and not resume:  # before renting: the clips give windows, the job fits the GPU
+            from lorapod.engine.diffusion.video_preflight import preflight
+
+            preflight(spec_obj, gpu or spec_obj.compute.gpu, say=lambda m: console.print(m, style="dim", markup=False))
         if bootstrap not in ("source", "wheel"):
             raise SpecError(f"--bootstrap {bootstrap!r}", hint="source | wheel")
         if deps not in ("auto", "none"):

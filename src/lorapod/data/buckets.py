@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 # Training resolution and minimum short side per image family (DOMAIN.md "Data rules";
 # Wan2.1 trains at 960x960).
-FAMILY_RESOLUTION = {"sd15": 512, "sdxl": 1024, "flux1": 1024, "flux2": 1024, "wan21": 960}
-FAMILY_MIN_SIDE = {"sd15": 512, "sdxl": 1024, "flux1": 1024, "flux2": 1024, "wan21": 960}
+FAMILY_RESOLUTION = {"sd15": 512, "sdxl": 1024, "flux1": 1024, "flux2": 1024, "wan21": 960, "wan22": 960}
+FAMILY_MIN_SIDE = {"sd15": 512, "sdxl": 1024, "flux1": 1024, "flux2": 1024, "wan21": 960, "wan22": 960}
 
 
 @dataclass(frozen=True)

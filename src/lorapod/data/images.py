@@ -149,6 +149,10 @@ def check_images(
     scan = scan_folder(root)
     report = Report()
     report.extend(scan.findings)
+    if scan.videos:
+        report.add(finding("info" if scan.images else "error", "video-files", ".",
+                           f"{len(scan.videos)} video clips, which the {family} image check ignores; for a video "
+                           "LoRA check with --family wan21 (or wan22)."))
     if not scan.images:
         report.add(finding("error", "no-images", ".",
                            "no .jpg/.jpeg/.png/.webp image in this folder (or its subfolders); "
@@ -255,6 +259,11 @@ def check_path(path: Path, **kwargs) -> Report:
     path = Path(path)
     if not path.exists() and not path.is_symlink():
         raise DataError(f"{path} does not exist.", hint="Give an image folder or a .jsonl chat file.")
+    if path.is_dir() and kwargs.get("family") in ("wan21", "wan22"):  # clips + images (lorapod.data.video)
+        from lorapod.data.video import check_video
+
+        allowed = {k: v for k, v in kwargs.items() if k in ("family", "trigger", "target_frames", "fps", "workers")}
+        return check_video(path, **allowed)
     if path.is_dir():
         allowed = {k: v for k, v in kwargs.items() if k in ("family", "trigger", "tokenizer", "workers")}
         return check_images(path, **allowed)

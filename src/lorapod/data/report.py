@@ -64,6 +64,16 @@ def print_report(report: Report, console: Console | None = None) -> None:
             for row in s["buckets"]:
                 t.add_row(row["bucket"], str(row["images"]), str(row["upscaled"]))
             console.print(t)
+    elif s.get("kind") == "video":
+        console.print(f"[bold]{s['clips']}[/] clips ({s['usable_clips']} usable) and [bold]{s['images']}[/] images, "
+                      f"{s['captioned']} captioned; windows of {s['target_frames']} frames at {s['fps'] or 'source'} fps")
+        if s["windows"]:
+            t = Table(title="window plan (frames x width x height)", title_justify="left")
+            t.add_column("bucket")
+            t.add_column("windows", justify="right")
+            for row in s["windows"]:
+                t.add_row(row["bucket"], str(row["windows"]))
+            console.print(t)
     elif s.get("kind") == "chat" and "tokens" in s:
         tok = s["tokens"]
         console.print(
@@ -168,6 +178,17 @@ def build_html(report: Report, workers: int = 2) -> str:
         where = f.path + (f":{f.line}" if f.line else "")
         out.append(f"<tr><td class='{f.severity}'>{f.severity}</td><td>{e(where)}</td><td>{e(f.code)}</td>"
                    f"<td>{e(f.message)}</td></tr>")
+    if s.get("kind") == "video":  # clips: their facts and the training window plan (lorapod.data.video)
+        out.append("</table><h2>Clips</h2><table><tr><th>clip</th><th>frames</th><th>fps</th><th>size</th>"
+                   "<th>seconds</th><th>variable fps</th><th>audio</th><th>flags</th></tr>")
+        for c in s.get("clip_info", []):
+            flags = ", ".join(f.code for f in by_path.get(c["path"], []))
+            out.append(f"<tr><td>{e(c['path'])}</td><td>{c['frames']}</td><td>{c['fps']}</td>"
+                       f"<td>{c['size'][0]}x{c['size'][1]}</td><td>{c['duration_s']}</td><td>{c['variable_fps']}</td>"
+                       f"<td>{c['audio']}</td><td>{e(flags)}</td></tr>")
+        out.append("</table><h2>Window plan (frames x width x height)</h2><table><tr><th>bucket</th><th>windows</th></tr>")
+        for row in s.get("windows", []):
+            out.append(f"<tr><td>{e(row['bucket'])}</td><td>{row['windows']}</td></tr>")
     out.append("</table><h2>Bucket plan</h2><table><tr><th>bucket</th><th>images</th><th>upscaled</th></tr>")
     for row in s.get("buckets", []):
         out.append(f"<tr><td>{e(row['bucket'])}</td><td>{row['images']}</td><td>{row['upscaled']}</td></tr>")
@@ -210,7 +231,12 @@ def write_report(
     folder, or beside the dataset when the current folder is inside it)."""
     from lorapod.data.images import check_images, default_workers
 
-    report = check_images(Path(root), family=family, trigger=trigger, tokenizer=tokenizer)
+    if family in ("wan21", "wan22"):  # clips + images (lorapod.data.video)
+        from lorapod.data.video import check_video
+
+        report = check_video(Path(root), family=family, trigger=trigger)
+    else:
+        report = check_images(Path(root), family=family, trigger=trigger, tokenizer=tokenizer)
     if out is None:
         real = Path(root).resolve()
         here = Path.cwd().resolve()

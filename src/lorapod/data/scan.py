@@ -19,6 +19,7 @@ IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".webp")
 # Image formats seen in datasets that the trainers (and lorapod's engine) do not read.
 OTHER_IMAGE_EXTS = (".gif", ".bmp", ".tif", ".tiff", ".heic", ".heif", ".avif", ".jxl")
 CAPTION_EXTS = (".txt", ".caption")
+VIDEO_EXTS = (".mp4", ".webm", ".mov")  # video LoRA clips (lorapod.data.video checks them)
 TOML_NAMES = ("dataset.toml", "dataset_config.toml", "config.toml")
 # Trainer caches and notes that live next to the images and are not data.
 QUIET_EXTS = (".npz", ".safetensors", ".json", ".md", ".toml", ".yaml", ".yml")
@@ -32,6 +33,7 @@ class Scan:
     images: list[Path] = field(default_factory=list)
     captions: list[Path] = field(default_factory=list)
     tomls: list[Path] = field(default_factory=list)
+    videos: list[Path] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
 
     def rel(self, path: Path) -> str:
@@ -120,6 +122,8 @@ def scan_folder(root: Path) -> Scan:
                 scan.images.append(p)
             elif ext in CAPTION_EXTS:
                 scan.captions.append(p)
+            elif ext in VIDEO_EXTS:
+                scan.videos.append(p)
             elif name.lower() in TOML_NAMES or (ext == ".toml" and here == real_root):
                 scan.tomls.append(p)
             elif ext in OTHER_IMAGE_EXTS:

@@ -150,6 +150,11 @@ LAYOUTS: dict[str, Layout] = {
     "sdxl": Layout("sdxl", "unet", ("lora_te1", "lora_te2")),
     "flux1": Layout("flux1", "transformer", (), tuple(FLUX1_RULES)),
     "flux2": Layout("flux2", "transformer", (), tuple(FLUX2_RULES)),
+    # Wan: the video engine renames diffusers paths to Wan's own module paths first
+    # (lorapod.engine.diffusion.wan.to_comfy: blocks.N.self_attn.q ...), which is what ComfyUI's Wan
+    # loader maps under ``lora_unet_``; both experts of Wan2.2 use the same layout, one file each.
+    "wan21": Layout("wan21", "transformer"),
+    "wan22": Layout("wan22", "transformer"),
 }
 
 

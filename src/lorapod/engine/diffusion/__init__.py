@@ -20,7 +20,8 @@ from lorapod.engine.device import Precision, pick_device, resolve_precision
 from lorapod.engine.diffusion import cache as dcache
 from lorapod.engine.diffusion import dataset
 from lorapod.engine.diffusion import samples as smp
-from lorapod.engine.diffusion.families import Components, resolve_family
+from lorapod.engine.diffusion import wan as _wan
+from lorapod.engine.diffusion.families import FAMILIES, Components, resolve_family
 from lorapod.engine.diffusion.recipe import DiffusionRecipe, describe
 from lorapod.engine.loop import FitResult, fit
 from lorapod.errors import SpecError
@@ -28,6 +29,7 @@ from lorapod.rundir import RunDir
 from lorapod.spec import JobSpec
 
 DEFAULT_SCALE = {"sd15": 7.0, "sdxl": 7.0, "flux1": 3.5, "flux2": 4.0}
+FAMILIES.update(_wan.FAMILIES)  # Wan2.1 / Wan2.2 video families (engine/diffusion/wan.py)
 
 
 @dataclass
@@ -239,10 +241,24 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
     return recipe, findings, disk
 
 
+def is_video(spec: JobSpec) -> bool:
+    """A Wan job: by the spec's family or data format, or (family auto) by the model's own index."""
+    if spec.is_video:
+        return True
+    if spec.model.family != "auto":
+        return False
+    from lorapod.engine.diffusion.families import detect
+
+    return detect(spec.model.id, spec.model.revision)[0] in _wan.FAMILIES
+
+
 def train_diffusion(spec: JobSpec, run: RunDir, *, resume: bool = False, device: str | None = None,
                     on_step=None, show_progress: bool | None = None, log=print,
                     cache_root: Path | None = None) -> DiffusionRun:
-    recipe, findings, disk = prepare(spec, run, device, log, cache_root)
+    prep = prepare
+    if is_video(spec):  # Wan: clips and images as windows of frames (engine/diffusion/video.py)
+        from lorapod.engine.diffusion.video import prepare_video as prep
+    recipe, findings, disk = prep(spec, run, device, log, cache_root)
     trainable = sum(p.numel() for p in recipe.trainable_parameters())
     log(f"model {spec.model.id} ({recipe.family.name}, {recipe.prediction}): {trainable:,} LoRA parameters "
         f"on {recipe.precision.device} ({recipe.precision.compute})")

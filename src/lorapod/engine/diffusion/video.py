@@ -1,0 +1,435 @@
+"""Video LoRAs (Wan2.1 / Wan2.2) through the image engine's loop, caches, checkpoints and exports.
+
+``prepare_video`` reads top to bottom like the image ``prepare``, in the order a 24 GB GPU needs:
+refuse a wrong model or a job that cannot fit (before any weight loads), cut the clips into
+windows, load the pipeline on the CPU, cache umT5 outputs and VAE latents with only the encoders on
+the GPU, send the encoders back, then put the transformer(s) on the GPU with fp8 storage and block
+swap, attach LoRA and hand a ``VideoRecipe`` to the shared loop.
+
+``VideoRecipe`` is the image ``DiffusionRecipe`` with 5-D latents (B, C, frames, h, w), umT5 states
+padded at batch time, Wan2.2's two experts each trained on its own noise range, samples written as
+MP4 clips plus a contact sheet, and files in the diffusers and ComfyUI (``lora_unet_``) layouts.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from lorapod.data.findings import Finding
+from lorapod.engine.checkpoint import TrainState
+from lorapod.engine.device import Precision, pick_device, resolve_precision
+from lorapod.engine.diffusion import attach_lora, export, lora_config, quiet, wan
+from lorapod.engine.diffusion import cache as dcache
+from lorapod.engine.diffusion import samples as smp
+from lorapod.engine.diffusion import video_data as vd
+from lorapod.engine.diffusion.families import Components, resolve_family
+from lorapod.engine.diffusion.recipe import Batch, DiffusionRecipe, sample_sigmas
+from lorapod.errors import SpecError
+from lorapod.rundir import RunDir
+from lorapod.spec import JobSpec
+
+DEFAULT_GUIDANCE = 5.0  # WanPipeline's default
+DEFAULT_STEPS = 30
+DEFAULT_FRAMES = 33
+_FRAMES_OPT = re.compile(r"\s--f\s+(\S+)")
+_IMAGE_OPT = re.compile(r"\s--i\s+(\S+)")
+
+
+@dataclass(frozen=True)
+class VideoPrompt:
+    prompt: smp.SamplePrompt
+    frames: int
+    image: str | None = None  # I2V: the start image (--i)
+
+
+def load_video_prompts(source, width: int, height: int, seed: int) -> list[VideoPrompt]:
+    """sd-scripts prompt lines plus musubi-tuner's ``--f FRAMES`` (4n+1) and ``--i IMAGE`` (I2V start frame)."""
+    if not source:
+        return []
+    lines = source if isinstance(source, list) else None
+    if lines is None:
+        p = Path(str(source)).expanduser()
+        lines = p.read_text(encoding="utf-8-sig").splitlines() if p.is_file() else [str(source)]
+    out = []
+    for line in lines:
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        frames = DEFAULT_FRAMES
+        m = _FRAMES_OPT.search(" " + line)
+        if m:
+            try:
+                frames = int(m.group(1))
+            except ValueError:
+                raise SpecError(f"sample prompt {line.strip()!r}: --f takes a frame count", hint="e.g. --f 33") from None
+            if frames < 1 or (frames - 1) % 4:
+                raise SpecError(f"sample prompt {line.strip()!r}: --f {frames} is not of the form 4n+1",
+                                hint="use 1, 5, 9, 17, 33, 49, 81 ...")
+            line = _FRAMES_OPT.sub("", " " + line).strip()
+        m = _IMAGE_OPT.search(" " + line)
+        image = m.group(1) if m else None
+        if image and not Path(image).expanduser().is_file():
+            raise SpecError(f"sample prompt {line.strip()!r}: start image {image} does not exist", hint="fix the --i path")
+        line = _IMAGE_OPT.sub("", " " + line).strip()
+        sp = smp.parse_line(line, width, height, seed, DEFAULT_STEPS, DEFAULT_GUIDANCE)
+        out.append(VideoPrompt(sp, frames, image))
+    return out
+
+
+def predicted_cache_bytes(items: list[vd.VideoItem], z_dim: int, text_dim: int, flips: int,
+                          text_tokens: int = wan.TEXT_LEN, spatial: int = 8) -> dict[str, int]:
+    """What the caches will hold, from the windows' buckets and the model's sizes alone (fp32
+    latents of z_dim x (1 + (F-1)/4) x H/s x W/s per window and flip, s the VAE's spatial factor;
+    at most ``text_tokens`` umT5 states per distinct caption). Tensor bytes: each file adds a
+    safetensors header of ~100 bytes. The run reports it next to the bytes actually written."""
+    latents = sum(z_dim * ((f - 1) // 4 + 1) * (h // spatial) * (w // spatial) * 4 for f, w, h in
+                  {(it.digest, it.window_key, it.bucket): it.bucket for it in items}.values()) * flips
+    captions = len({it.caption for it in items})
+    return {"latents": latents, "text_max": captions * text_tokens * text_dim * 4}
+
+
+def report_cache_size(run: RunDir, items: list[vd.VideoItem], comps: Components, latent_files: list[Path],
+                      text_files: list[Path], flips: int, spatial: int, log=print) -> dict:
+    """``cache.json`` in the run folder and one log line: predicted against written bytes."""
+    z_dim = int(comps.vae.config.z_dim)
+    text_dim = int(getattr(comps.text_encoders[0].config, "d_model", 4096))
+    pred = predicted_cache_bytes(items, z_dim, text_dim, flips, comps.family.text_len(comps), spatial)
+    if comps.extra.get("i2v"):  # + the mask and first-frame latents (z + 4 channels), + CLIP image states (2.1)
+        pred["latents"] = pred["latents"] * (2 * z_dim + 4) // z_dim
+        enc = comps.extra.get("image_encoder")
+        if enc is not None:
+            ec = enc.config
+            pred["latents"] += len(latent_files) * ((ec.image_size // ec.patch_size) ** 2 + 1) * ec.hidden_size * 4
+    actual = {"latents": _bytes(latent_files), "text": _bytes(text_files)}
+    report = {"predicted_bytes": pred, "actual_bytes": actual, "windows": len(items)}
+    (run.root / "cache.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
+    log(f"cache: latents {actual['latents'] / 1e6:.2f} MB (predicted {pred['latents'] / 1e6:.2f} MB), "
+        f"text {actual['text'] / 1e6:.2f} MB (at most {pred['text_max'] / 1e6:.2f} MB predicted)")
+    return report
+
+
+def _bytes(paths) -> int:
+    return sum(p.stat().st_size for p in paths if p.is_file())
+
+
+def _place(model: torch.nn.Module, device: torch.device, swap: wan.BlockSwap | None) -> None:
+    """Move ``model`` to ``device`` except the swapped blocks' frozen weights (never all at once on the GPU)."""
+    skip = {id(p) for b in (swap.blocks if swap else []) for p in b.parameters() if not p.requires_grad}
+    for p in model.parameters():
+        if id(p) not in skip:
+            p.data = p.data.to(device)
+    for b in model.buffers():
+        b.data = b.data.to(device)
+
+
+def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
+                  cache_root: Path | None = None) -> tuple[VideoRecipe, list[Finding], dcache.DiskCache]:
+    quiet()
+    torch.manual_seed(spec.train.seed)
+    random.seed(spec.train.seed)
+    dev_req = pick_device(device)
+    precision: Precision = resolve_precision(spec.train.precision, spec.model.dtype, dev_req)
+    family = resolve_family(spec.model.family, spec.model.id, spec.model.revision)
+    if not getattr(family, "video", False):
+        raise SpecError(f"{spec.model.id} is a {family.name} model, not Wan",
+                        hint="use a Wan2.1/Wan2.2 model (diffusers layout) for video")
+    m, d, t = spec.method, spec.data, spec.train
+    if m.type != "lora":
+        raise SpecError(f"method.type {m.type} is for LLMs; video LoRAs use method.type: lora")
+    if m.train_text_encoder:
+        raise SpecError("method.train_text_encoder is not supported for Wan (its text encoder is umT5-XXL)",
+                        hint="set method.train_text_encoder: false")
+
+    rule = vd.FrameRule(tuple(d.target_frames), d.frame_extraction, d.frame_sample, d.frame_stride, d.fps)
+    items, findings = vd.scan(spec.data_paths(), d.resolution, d.caption_extension, d.repeats, rule, d.trigger)
+    for f in findings:
+        log(f"[{f.severity}] {f.path}: {f.message}")
+        run.event(f"data {f.severity} {f.code}: {f.path}")
+
+    dev = precision.device
+    fp8 = precision.weights == torch.float8_e4m3fn
+    cfg = wan.component_config(spec.model.id, spec.model.revision)
+    spatial = int(wan.component_config(spec.model.id, spec.model.revision, "vae").get("scale_factor_spatial", 8))
+    tokens = max(wan.latent_tokens(f, w, h, cfg, spatial) for f, w, h in (it.bucket for it in items))
+    if dev.type == "cuda":  # before any weight loads (and before the run is billed for loading them)
+        gpu_gb = torch.cuda.get_device_properties(dev).total_memory / 1e9
+        wan.check_fits(cfg, gpu_gb, fp8=fp8, blocks_to_swap=t.blocks_to_swap, tokens=tokens, rank=m.r,
+                       what=f"{spec.model.id} at {tokens} latent tokens")
+    if t.blocks_to_swap and t.blocks_to_swap >= cfg.get("num_layers", 40):
+        raise SpecError(f"train.blocks_to_swap {t.blocks_to_swap} >= the model's {cfg.get('num_layers')} blocks",
+                        hint=f"at most {cfg.get('num_layers', 40) - 1}")
+
+    # load on the CPU; only the encoders visit the GPU while caching
+    comps = family.load(spec.model.id, spec.model.revision, precision.autocast_dtype if fp8 else precision.weights)
+    experts = family.experts(comps, t.experts)
+    models = [comps.denoiser, comps.extra.get("transformer_2"), comps.vae, *comps.text_encoders,
+              comps.extra.get("image_encoder")]
+    for mod in models:
+        if mod is not None:
+            mod.requires_grad_(False)
+            mod.eval()
+    if fp8:
+        n = sum(wan.store_fp8(tr) for tr, _, _ in family.experts(comps, "both").values())
+        log(f"fp8: {n} linear layers of the transformer blocks stored in float8")
+    comps.vae.to(dev)
+    te = comps.text_encoders[0]
+    te.to(dev)
+
+    disk = dcache.DiskCache(cache_root or dcache.default_cache_root(), comps.identity)
+    flips = (False, True) if d.flip else (False,)
+    keys = {(i, f): disk.root / "latents" / f"{it.digest[:32]}_{'x'.join(map(str, it.bucket))}_{it.window_key}"
+            f"{'_flip' if f else ''}.safetensors" for i, it in enumerate(items) for f in flips}
+    by_path = {v: k for k, v in keys.items()}
+
+    @torch.no_grad()
+    def encode_windows(paths: list[Path]) -> list[dict[str, torch.Tensor]]:
+        out = []
+        for p in paths:  # one window at a time: buckets differ in frames and size
+            i, f = by_path[p]
+            px = vd.load_window(items[i], f).unsqueeze(0).to(dev)
+            with precision.autocast():
+                z = {"latents": family.encode_latents(comps, px)}
+                if i2v:
+                    z.update(family.encode_condition(comps, px))
+            out.append({k: v[0].float() for k, v in z.items()})
+        return out
+
+    i2v = bool(comps.extra.get("i2v"))
+    if i2v and comps.extra.get("image_encoder") is not None:
+        comps.extra["image_encoder"].to(dev)
+    if d.cache_latents:
+        got = disk.get_many(keys.values(), encode_windows, batch=1)
+    else:
+        got = {p: encode_windows([p])[0] for p in keys.values()}
+    latents = {k: got[p]["latents"] for k, p in keys.items()}
+    conditions = {k: {n: v for n, v in got[p].items() if n != "latents"} for k, p in keys.items()} if i2v else None
+    if i2v and comps.extra.get("image_encoder") is not None:
+        comps.extra["image_encoder"].to("cpu")
+    log(f"latents: {len(latents)} windows ({disk.hits} from the cache, {disk.misses} encoded)")
+    run.event(f"latents: {len(latents)} ({disk.hits} from the cache in {disk.root}, {disk.misses} encoded)")
+
+    @torch.no_grad()
+    def encode_captions(caps: list[str]) -> list[dict[str, torch.Tensor]]:
+        with precision.autocast():
+            enc = family.encode_text(comps, caps, dev)
+        return [{"prompt_embeds": enc["prompt_embeds"][j, : int(enc["length"][j])].float()} for j in range(len(caps))]
+
+    prompts = load_video_prompts(spec.samples.prompts, d.resolution, d.resolution, t.seed)
+    hits0, misses0 = disk.hits, disk.misses
+    cache_te = d.cache_text_encoder_outputs
+    text = None
+    sample_text: dict[str, dict[str, torch.Tensor]] = {}
+    if cache_te:
+        caps = sorted({it.caption for it in items})
+        tkeys = {c: disk.text_path(c) for c in caps}
+        cap_of = {v: k for k, v in tkeys.items()}
+        got = disk.get_many(tkeys.values(), lambda ps: encode_captions([cap_of[p] for p in ps]), batch=8)
+        text = {c: got[p] for c, p in tkeys.items()}
+        log(f"text: {len(text)} captions ({disk.hits - hits0} from the cache, {disk.misses - misses0} encoded)")
+    wanted = sorted({vp.prompt.prompt for vp in prompts} | {vp.prompt.negative for vp in prompts})
+    if wanted:
+        sample_text = dict(zip(wanted, encode_captions(wanted), strict=True))
+    if cache_te:
+        te.to("cpu")  # umT5-XXL is 11 GB in bf16: off the GPU before the transformer arrives
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+    if d.cache_latents:
+        report_cache_size(run, items, comps, list(keys.values()), [disk.text_path(c) for c in {it.caption for it in items}],
+                          len(flips), spatial, log)
+
+    swaps: list[wan.BlockSwap] = []
+    targets = family.default_targets if m.target_modules == "all-linear" else m.target_modules
+    for tr, _, _ in experts.values():
+        attach_lora(tr, lora_config(spec, targets))
+        swap = None
+        if t.blocks_to_swap:
+            swap = wan.BlockSwap(tr.blocks, t.blocks_to_swap, dev)
+            swaps.append(swap)
+        if t.gradient_checkpointing or t.blocks_to_swap:
+            tr.enable_gradient_checkpointing()
+        _place(tr, dev, swap)
+    if swaps and not t.gradient_checkpointing:
+        log("block swap needs gradient checkpointing: turned on")
+    if swaps:
+        log(f"block swap: the frozen weights of {t.blocks_to_swap} of {len(experts[next(iter(experts))][0].blocks)} "
+            f"blocks stay in CPU RAM{' (no effect on CPU)' if dev.type != 'cuda' else ''}")
+    recipe = VideoRecipe(spec, run, precision, comps, items, latents, text, prompts, sample_text, not cache_te,
+                         experts=experts, swaps=swaps, conditions=conditions)
+    info = vd.describe(items)
+    log(f"data: {info['files']} files -> {info['windows']} windows, {info['samples_per_epoch']} samples per epoch, "
+        f"buckets (frames x w x h) {info['buckets']}")
+    run.event(f"video data: {json.dumps(info)}")
+    return recipe, findings, disk
+
+
+class VideoRecipe(DiffusionRecipe):
+    def __init__(self, spec, run, precision, comps: Components, items, latents, text, prompts: list[VideoPrompt],
+                 sample_text, live_captions, *, experts: dict, swaps: list[wan.BlockSwap],
+                 conditions: dict | None = None) -> None:
+        self.experts = experts
+        self.conditions = conditions  # I2V: per window, the mask + first-frame latents (+ CLIP image states)
+        self.swaps = swaps
+        self.video_prompts = prompts
+        super().__init__(spec, run, precision, comps, items, latents, text, [vp.prompt for vp in prompts],
+                         sample_text, live_captions)
+        # an expert not being trained stays in CPU RAM (two 14B experts do not share a 24 GB card);
+        # it visits the GPU only to sample
+        self.idle = {n: v[0] for n, v in comps.family.experts(comps, "both").items() if n not in experts}
+        self.text_len = comps.family.text_len(comps)
+
+    def _lora_modules(self) -> dict[str, torch.nn.Module]:
+        return {name: tr for name, (tr, _, _) in self.experts.items()}
+
+    def _pad(self, states: torch.Tensor) -> torch.Tensor:
+        return F.pad(states, (0, 0, 0, self.text_len - states.shape[0]))
+
+    def _cond(self, batch: Batch) -> dict[str, torch.Tensor]:
+        dev = self.precision.device
+        if self.text is not None and not self.live_captions:
+            out = {"prompt_embeds": torch.stack([self._pad(self.text[self.items[i].caption]["prompt_embeds"])
+                                                 for i in batch.items]).to(dev)}
+        else:
+            out = {"prompt_embeds": self.family.encode_text(self.c, list(batch.captions), dev)["prompt_embeds"]}
+        if self.conditions is not None:
+            per = [self.conditions[(i, f)] for i, f in zip(batch.items, batch.flips, strict=True)]
+            out.update({k: torch.stack([c[k] for c in per]).to(dev) for k in per[0]})
+        return out
+
+    def _sigmas(self, n: int, gen: torch.Generator) -> torch.Tensor:
+        s = sample_sigmas(n, self.spec.train.timestep_sampling, self.spec.train.timestep_shift, gen)
+        lo = min(v[1] for v in self.experts.values())
+        hi = max(v[2] for v in self.experts.values())
+        return lo + (hi - lo) * s  # one expert alone: its own noise range only
+
+    def per_sample_loss(self, batch: Batch, noise_seed: int, fixed_t: torch.Tensor | None = None) -> torch.Tensor:
+        dev = self.precision.device
+        x0 = torch.stack([self.latents[(i, f)] for i, f in zip(batch.items, batch.flips, strict=True)]).to(dev, torch.float32)
+        gen = torch.Generator().manual_seed(noise_seed)
+        noise = torch.randn(x0.shape, generator=gen)
+        if self.spec.train.noise_offset:
+            noise = noise + self.spec.train.noise_offset * torch.randn((x0.shape[0], x0.shape[1], 1, 1, 1), generator=gen)
+        noise = noise.to(dev)
+        n = x0.shape[0]
+        if fixed_t is not None:  # evaluation levels, inside the trained experts' range
+            lo, hi = min(v[1] for v in self.experts.values()), max(v[2] for v in self.experts.values())
+            s = (lo + (hi - lo) * fixed_t.float()).to(dev)
+        else:
+            s = self._sigmas(n, gen).to(dev)
+        sv = s.view(-1, 1, 1, 1, 1)
+        noisy = (1 - sv) * x0 + sv * noise
+        cond = self._cond(batch)
+        pred = torch.zeros_like(x0)
+        for tr, lo, hi in self.experts.values():
+            sel = ((s >= lo) & ((s < hi) | (hi >= 1.0))).nonzero().flatten()
+            if len(sel):
+                out = self.family.forward(self.c, noisy[sel].to(tr.dtype), s[sel].to(tr.dtype),
+                                          {k: v[sel] for k, v in cond.items()}, {}, model=tr)
+                pred = pred.index_put((sel,), out.float())
+        target = noise - x0
+        return F.mse_loss(pred, target, reduction="none").mean(dim=(1, 2, 3, 4))
+
+    # -- files
+    def export(self, out_dir: Path, state: TrainState | None) -> None:
+        from diffusers import WanPipeline
+
+        parts = self.adapter_parts()
+        m = self.spec.method
+        steps, epochs = (state.step, state.epoch) if state else (0, 0)
+        by_folder: dict[str, list[str]] = {}
+        for it in self.items:
+            by_folder.setdefault(it.path.parent.name, []).append(it.caption)
+        meta = export.kohya_metadata(self.spec, self.family.name, "flow", len(self.items), steps, epochs,
+                                     export.tag_frequency(by_folder))
+        meta["ss_target_frames"] = json.dumps(self.spec.data.target_frames)
+        name = self.spec.output.name or "lora"
+        two = self.family.name == "wan22" and self.c.extra.get("transformer_2") is not None
+        for comp, sd in parts.items():
+            config = json.loads(json.dumps(self.lora_modules[comp].peft_config["default"].to_dict(), default=list))
+            suffix = "" if not two else ("_high_noise" if comp == "transformer" else "_low_noise")
+            WanPipeline.save_lora_weights(str(out_dir), transformer_lora_layers=sd, safe_serialization=True,
+                                          weight_name=f"pytorch_lora_weights{suffix}.safetensors",
+                                          transformer_lora_adapter_metadata=config)
+            tensors = export.to_kohya({"transformer": wan.to_comfy(sd)}, self.family.name, m.alpha, m.rslora)
+            export.save_kohya(out_dir / f"{name}{suffix}.safetensors", tensors, meta)
+
+    # -- samples
+    @torch.no_grad()
+    def write_samples(self, state: TrainState, tag: str) -> list[Path]:
+        if not self.video_prompts:
+            return []
+        import numpy as np
+
+        from lorapod.data.clips import write_clip
+
+        pipe = self.family.pipeline(self.c)
+        pipe.set_progress_bar_config(disable=True)
+        out_dir = self.run.samples
+        out_dir.mkdir(parents=True, exist_ok=True)
+        rows, paths = [], []
+        for tr in self.idle.values():
+            tr.to(self.precision.device)
+        with torch.random.fork_rng(devices=[self.precision.device] if self.precision.device.type == "cuda" else []):
+            for mod in self.lora_modules.values():
+                mod.eval()
+            for k, vp in enumerate(self.video_prompts):
+                sp = vp.prompt
+                pos = self._prompt_embeds(sp.prompt)
+                neg = self._prompt_embeds(sp.negative) if sp.scale > 1 else None
+                gen = torch.Generator(device="cpu").manual_seed(sp.seed)
+                extra = {"image": self._start_image(vp)} if self.conditions is not None else {}
+                with self.precision.autocast():
+                    frames = pipe(**self.family.sample_kwargs(pos, neg, sp.scale), **extra, width=sp.width, height=sp.height,
+                                  num_frames=vp.frames, num_inference_steps=sp.steps, generator=gen,
+                                  output_type="np").frames[0]
+                arr = (np.clip(frames, 0, 1) * 255).round().astype(np.uint8)
+                path = write_clip(out_dir / f"{tag}-{k:02d}.mp4", list(arr), fps=wan.SAMPLE_FPS)
+                paths.append(path)
+                rows.append(arr)
+            contact_sheet(rows).save(out_dir / f"{tag}-frames.png",
+                                     pnginfo=smp.png_info(self.video_prompts[0].prompt, state.step, state.epoch))
+        for tr in self.idle.values():
+            tr.to("cpu")
+        self.train()
+        self.run.event(f"samples {tag}: {len(paths)} clip(s) in {out_dir}")
+        return paths
+
+    def _start_image(self, vp: VideoPrompt):
+        """I2V samples start from ``--i IMAGE``, else from the first frame of the first training window."""
+        from PIL import Image
+
+        if vp.image:
+            with Image.open(vp.image) as im:
+                return im.convert("RGB")
+        x = vd.load_window(self.items[0])[:, 0]
+        return Image.fromarray(((x.permute(1, 2, 0) + 1) * 127.5).round().clamp(0, 255).byte().numpy())
+
+    def _prompt_embeds(self, text: str) -> dict[str, torch.Tensor]:
+        dev = self.precision.device
+        dtype = self.c.denoiser.dtype
+        if text in self.sample_text:
+            return {"prompt_embeds": self._pad(self.sample_text[text]["prompt_embeds"]).unsqueeze(0).to(dev, dtype)}
+        out = self.family.encode_text(self.c, [text], dev)
+        return {"prompt_embeds": out["prompt_embeds"].to(dtype)}
+
+
+def contact_sheet(clips, per_row: int = 8):
+    """One row per clip: up to ``per_row`` frames evenly spaced from first to last."""
+    import numpy as np
+    from PIL import Image
+
+    h = max(c.shape[1] for c in clips)
+    w = max(c.shape[2] for c in clips)
+    cols = min(per_row, max(c.shape[0] for c in clips))
+    sheet = Image.new("RGB", (cols * w, len(clips) * h), (255, 255, 255))
+    for r, c in enumerate(clips):
+        picks = np.linspace(0, c.shape[0] - 1, min(cols, c.shape[0])).round().astype(int)
+        for j, fi in enumerate(picks):
+            sheet.paste(Image.fromarray(c[fi]), (j * w, r * h))
+    return sheet

@@ -1,0 +1,335 @@
+"""Wan2.1 and Wan2.2 text-to-video on diffusers: the family, its memory savers, its file layout.
+
+- ``Wan21`` / ``Wan22``: ``WanPipeline`` with ``WanTransformer3DModel`` (flow matching, the
+  transformer takes the timestep as ``sigma * 1000``), ``AutoencoderKLWan`` (latents normalised by
+  the config's per-channel ``latents_mean`` / ``latents_std``, as the pipeline decodes them) and
+  umT5 text states (padded with zeros to the pipeline's sequence length). Wan2.2 A14B has two
+  experts: ``transformer`` denoises noise levels at or above ``boundary_ratio``, ``transformer_2``
+  the rest; each trains on its own range.
+- ``store_fp8``: the blocks' frozen Linear weights in float8 (Ada/Hopper), as the image engine does.
+- ``BlockSwap``: the frozen weights of the last N blocks live in CPU RAM and visit the GPU only
+  for their own forward (and its recomputation under gradient checkpointing, which it requires).
+- ``check_fits``: refuse, before anything loads, a job that would not fit the GPU even with the
+  most blocks swapped.
+- ``comfy_name``: the original Wan module names (``blocks.0.self_attn.q``) that ComfyUI's loader,
+  musubi-tuner and diffusers' converters use, for the ``lora_unet_*`` file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+
+from lorapod.engine.diffusion import export
+from lorapod.engine.diffusion.families import Components, Family
+from lorapod.errors import HardwareError, ModelLoadError
+
+# every Linear of the attention blocks: self- and cross-attention q/k/v/out and the feed-forward
+# (musubi-tuner's Wan LoRA targets; diffusers names)
+WAN_TARGETS = (r"^blocks\.\d+\.(attn1\.(to_q|to_k|to_v|to_out\.0)|attn2\.(to_q|to_k|to_v|to_out\.0|add_k_proj|add_v_proj)"
+               r"|ffn\.net\.(0\.proj|2))$")  # add_k/v_proj: the image keys/values of Wan2.1 I2V
+TEXT_LEN = 512  # WanPipeline's max_sequence_length: prompts are padded with zeros to it
+SAMPLE_FPS = 16
+
+
+class Wan21(Family):
+    name = "wan21"
+    pipeline_class = "WanPipeline"
+    denoiser_name = "transformer"
+    kohya_prefix = "lora_unet"
+    flow = True
+    video: ClassVar[bool] = True
+    default_targets = WAN_TARGETS
+
+    def load(self, model_id, revision, dtype):
+        """T2V (``WanPipeline``) or I2V (``WanImageToVideoPipeline``), as the model's index says."""
+        from lorapod.engine.diffusion.families import detect
+
+        cls = detect(model_id, revision)[1]
+        self.pipeline_class = cls if cls in ("WanPipeline", "WanImageToVideoPipeline") else "WanPipeline"
+        return super().load(model_id, revision, dtype)
+
+    def components(self, pipe, model_id: str) -> Components:
+        i2v = type(pipe).__name__ == "WanImageToVideoPipeline"
+        return Components(self, model_id, pipe.transformer, pipe.vae, [pipe.text_encoder], [pipe.tokenizer],
+                          pipe.scheduler, extra={"transformer_2": getattr(pipe, "transformer_2", None),
+                                                 "boundary_ratio": pipe.config.get("boundary_ratio"), "i2v": i2v,
+                                                 "image_encoder": getattr(pipe, "image_encoder", None) if i2v else None,
+                                                 "image_processor": getattr(pipe, "image_processor", None) if i2v else None})
+
+    def text_len(self, c: Components) -> int:
+        return min(TEXT_LEN, int(getattr(c.tokenizers[0], "model_max_length", TEXT_LEN)))
+
+    def encode_text(self, c, captions, device):
+        """umT5 states as WanPipeline makes them: real tokens kept, the padding zeroed; ``length``
+        says how many are real, so the cache can store only those."""
+        from diffusers.pipelines.wan.pipeline_wan import prompt_clean
+
+        tok, te = c.tokenizers[0], c.text_encoders[0]
+        n = self.text_len(c)
+        enc = tok([prompt_clean(t) for t in captions], padding="max_length", max_length=n, truncation=True,
+                  add_special_tokens=True, return_attention_mask=True, return_tensors="pt")
+        mask = enc.attention_mask.to(device)
+        states = te(enc.input_ids.to(device), mask).last_hidden_state
+        return {"prompt_embeds": states * mask.unsqueeze(-1).to(states.dtype), "length": mask.sum(dim=1)}
+
+    def encode_latents(self, c, pixels):
+        """(B, 3, F, H, W) in [-1, 1] -> normalised latents (B, z, 1 + (F-1)/4, H/8, W/8)."""
+        vae = c.vae
+        z = vae.encode(pixels.to(vae.device, vae.dtype)).latent_dist.mode()
+        mean = torch.tensor(vae.config.latents_mean, device=z.device, dtype=z.dtype).view(1, -1, 1, 1, 1)
+        std = torch.tensor(vae.config.latents_std, device=z.device, dtype=z.dtype).view(1, -1, 1, 1, 1)
+        return (z - mean) / std
+
+    def encode_condition(self, c, pixels):
+        """I2V: what the pipeline conditions on, from a window's first frame: a mask (4 channels, 1 on
+        the first latent frame) + the latents of [first frame, black frames...], and (Wan2.1) the
+        CLIP vision states of the first frame (``hidden_states[-2]``)."""
+        vae = c.vae
+        video = torch.cat([pixels[:, :, :1], torch.zeros_like(pixels[:, :, 1:])], dim=2)
+        z = self.encode_latents(c, video)
+        mask = torch.zeros(z.shape[0], 4, *z.shape[2:], device=z.device, dtype=z.dtype)
+        mask[:, :, 0] = 1.0
+        out = {"condition": torch.cat([mask, z], dim=1)}
+        enc, proc = c.extra.get("image_encoder"), c.extra.get("image_processor")
+        if enc is not None:
+            first = ((pixels[:, :, 0].float() + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).cpu()
+            px = proc(images=list(first), return_tensors="pt").pixel_values.to(vae.device, enc.dtype)
+            out["image_embeds"] = enc(pixel_values=px, output_hidden_states=True).hidden_states[-2]
+        return out
+
+    def forward(self, c, noisy, t, cond, meta, model=None):
+        tr = model if model is not None else c.denoiser
+        pe = cond["prompt_embeds"].to(noisy.dtype)
+        if "condition" in cond:  # I2V: the noisy latents, then the mask and the first-frame latents
+            noisy = torch.cat([noisy, cond["condition"].to(noisy.dtype)], dim=1)
+        img = cond.get("image_embeds")
+        return tr(hidden_states=noisy, timestep=t * 1000, encoder_hidden_states=pe, return_dict=False,
+                  encoder_hidden_states_image=None if img is None else img.to(noisy.dtype))[0]
+
+    def pipeline(self, c):
+        from diffusers import WanImageToVideoPipeline, WanPipeline
+
+        if c.extra.get("i2v"):
+            return WanImageToVideoPipeline(tokenizer=c.tokenizers[0], text_encoder=c.text_encoders[0], vae=c.vae,
+                                           scheduler=c.scheduler, image_processor=c.extra.get("image_processor"),
+                                           image_encoder=c.extra.get("image_encoder"), transformer=c.denoiser,
+                                           transformer_2=c.extra.get("transformer_2"),
+                                           boundary_ratio=c.extra.get("boundary_ratio"))
+        return WanPipeline(tokenizer=c.tokenizers[0], text_encoder=c.text_encoders[0], vae=c.vae,
+                           scheduler=c.scheduler, transformer=c.denoiser, transformer_2=c.extra.get("transformer_2"),
+                           boundary_ratio=c.extra.get("boundary_ratio"))
+
+    def sample_kwargs(self, pos, neg, scale):
+        kw = {"prompt_embeds": pos["prompt_embeds"], "guidance_scale": scale}
+        if neg is not None:
+            kw["negative_prompt_embeds"] = neg["prompt_embeds"]
+        return kw
+
+    def experts(self, c: Components, which: str) -> dict[str, tuple[torch.nn.Module, float, float]]:
+        """Module name -> (transformer, lowest sigma, highest sigma) it is trained on."""
+        return {"transformer": (c.denoiser, 0.0, 1.0)}
+
+
+class Wan22(Wan21):
+    """Wan2.2 A14B: a high-noise and a low-noise expert, switched at ``boundary_ratio``."""
+
+    name = "wan22"
+
+    def experts(self, c, which):
+        t2 = c.extra.get("transformer_2")
+        b = c.extra.get("boundary_ratio")
+        if t2 is None or b is None:  # Wan2.2 TI2V 5B: one transformer
+            return {"transformer": (c.denoiser, 0.0, 1.0)}
+        both = {"transformer": (c.denoiser, float(b), 1.0), "transformer_2": (t2, 0.0, float(b))}
+        if which == "high_noise":
+            return {"transformer": both["transformer"]}
+        if which == "low_noise":
+            return {"transformer_2": both["transformer_2"]}
+        return both
+
+
+FAMILIES = {"wan21": Wan21, "wan22": Wan22}
+# the kohya-style metadata's base-model names (sd-scripts/musubi conventions), next to the image families'
+export.BASE_VERSION.update({"wan21": "wan2.1", "wan22": "wan2.2"})
+export.ARCH.update({"wan21": "wan2.1-t2v/lora", "wan22": "wan2.2-t2v/lora"})
+
+
+def family_of_index(raw: dict) -> str | None:
+    """wan21 / wan22 from a Wan pipeline's model_index.json (a second transformer or a boundary means 2.2)."""
+    if raw.get("_class_name") not in ("WanPipeline", "WanImageToVideoPipeline"):  # T2V, I2V
+        return None
+    t2 = raw.get("transformer_2")
+    has_t2 = isinstance(t2, list) and t2[0] is not None
+    return "wan22" if has_t2 or raw.get("boundary_ratio") is not None or raw.get("expand_timesteps") else "wan21"
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def store_fp8(transformer: torch.nn.Module) -> int:
+    """float8 storage for the frozen Linear weights inside ``blocks.N`` (the image engine's rule,
+    with Wan's block names); upcast per call by ``Float8Linear``."""
+    from lorapod.engine.diffusion import Float8Linear
+
+    n = 0
+    for name, mod in transformer.named_modules():
+        if type(mod) is torch.nn.Linear and name.startswith("blocks."):
+            mod.weight.data = mod.weight.data.to(torch.float8_e4m3fn)
+            mod.__class__ = Float8Linear
+            n += 1
+    return n
+
+
+class BlockSwap:
+    """Keep the frozen weights of the last ``n`` transformer blocks in CPU RAM (pinned) and bring
+    each block's weights to ``device`` just for its forward. The weights are frozen, so the CPU copy
+    is made once and "offloading" only drops the GPU copy: nothing is copied back. LoRA weights
+    (trainable) never move, so the optimizer and gradients are untouched. Under gradient
+    checkpointing the backward pass recomputes the block's forward, which runs the same hooks;
+    without it autograd would keep the GPU copies alive and nothing would be saved, so the caller
+    turns checkpointing on."""
+
+    def __init__(self, blocks: torch.nn.ModuleList, n: int, device: torch.device) -> None:
+        self.device = torch.device(device)
+        self.blocks = list(blocks)[len(blocks) - n :] if n > 0 else []
+        self.moves = 0
+        self._hooks = []
+        self._cpu: dict[int, tuple[torch.nn.Parameter, torch.Tensor]] = {}
+        pin = self.device.type == "cuda"
+        for b in self.blocks:
+            for prm in b.parameters():
+                if not prm.requires_grad:
+                    host = prm.data.to("cpu")
+                    self._cpu[id(prm)] = (prm, host.pin_memory() if pin else host)
+                    prm.data = self._cpu[id(prm)][1]
+            self._hooks.append(b.register_forward_pre_hook(lambda m, args: self._load(m)))
+            self._hooks.append(b.register_forward_hook(lambda m, args, out: self._drop(m)))
+
+    def _frozen(self, block: torch.nn.Module):
+        return [self._cpu[id(p)] for p in block.parameters() if id(p) in self._cpu]
+
+    def _load(self, block: torch.nn.Module) -> None:
+        for prm, host in self._frozen(block):
+            prm.data = host.to(self.device, non_blocking=True)
+        self.moves += 1
+
+    def _drop(self, block: torch.nn.Module) -> None:
+        for prm, host in self._frozen(block):
+            prm.data = host
+        self.moves += 1
+
+    def remove(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        for b in self.blocks:
+            self._load(b)
+
+
+def component_config(model_id: str, revision: str | None = None, sub: str = "transformer") -> dict:
+    """A component's config.json (transformer, vae: a few hundred bytes), read before any weight is loaded."""
+    p = Path(model_id).expanduser()
+    if p.is_dir():
+        f = p / sub / "config.json"
+        if not f.is_file():
+            raise ModelLoadError(f"{p} has no {sub}/config.json", hint="point model.id at a diffusers Wan folder")
+        return json.loads(f.read_text(encoding="utf-8"))
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return json.loads(Path(hf_hub_download(model_id, f"{sub}/config.json", revision=revision)).read_text())
+    except Exception as exc:
+        raise ModelLoadError(f"could not read {sub}/config.json of {model_id} ({exc.__class__.__name__}: {exc})",
+                             hint="check the id and your network") from exc
+
+
+def block_params(cfg: dict) -> tuple[int, int]:
+    """(parameters per block, parameters outside the blocks) from a WanTransformer3DModel config."""
+    d = cfg.get("num_attention_heads", 40) * cfg.get("attention_head_dim", 128)
+    ffn = cfg.get("ffn_dim", 13824)
+    per_block = 8 * d * d + 2 * d * ffn + 12 * d + ffn  # 2 attentions x (q, k, v, o), feed-forward, biases/norms
+    text, freq = cfg.get("text_dim", 4096), cfg.get("freq_dim", 256)
+    patch = 1
+    for s in cfg.get("patch_size", (1, 2, 2)):
+        patch *= s
+    outside = text * d + d * d + freq * d + d * d + 6 * d * d + 2 * patch * cfg.get("in_channels", 16) * d
+    return per_block, outside
+
+
+def vram_need_gb(cfg: dict, *, fp8: bool, blocks_to_swap: int, tokens: int, rank: int) -> float:
+    """A floor on the GPU memory a Wan LoRA step needs: resident base weights (blocks not swapped,
+    plus one block in flight), LoRA weights with AdamW state, the checkpointed block inputs, one
+    block's recomputed activations and ~1.5 GB of CUDA context and workspace. Floors, not the
+    planner's estimate (``lorapod plan``): if even this does not fit, nothing will."""
+    per_block, outside = block_params(cfg)
+    n_blocks = cfg.get("num_layers", 40)
+    d = cfg.get("num_attention_heads", 40) * cfg.get("attention_head_dim", 128)
+    ffn = cfg.get("ffn_dim", 13824)
+    weight_bytes = 1 if fp8 else 2
+    resident = (outside * 2 + (n_blocks - blocks_to_swap + (1 if blocks_to_swap else 0)) * per_block * weight_bytes)
+    lora = n_blocks * rank * (8 * 2 * d + 2 * (d + ffn)) * 16  # fp32 weight + grad + two Adam moments
+    ckpt = n_blocks * tokens * d * 2
+    working = tokens * (10 * d + 2 * ffn) * 2
+    return (resident + lora + ckpt + working) / 1e9 + 1.5
+
+
+def latent_tokens(frames: int, width: int, height: int, cfg: dict, spatial: int = 8) -> int:
+    """Transformer tokens of one window: latent frames x latent patches (VAE /8, Wan2.2's 5B VAE /16)."""
+    pt, ph, pw = cfg.get("patch_size", (1, 2, 2))
+    return ((frames - 1) // 4 + 1) // pt * (height // spatial // ph) * (width // spatial // pw)
+
+
+def check_fits(cfg: dict, gpu_gb: float, *, fp8: bool, blocks_to_swap: int, tokens: int, rank: int,
+               what: str = "this job") -> None:
+    """HardwareError when the job cannot fit even with every block but one swapped; the hint gives
+    the settings that would help."""
+    n_blocks = cfg.get("num_layers", 40)
+    most = n_blocks - 1
+    floor = vram_need_gb(cfg, fp8=fp8, blocks_to_swap=most, tokens=tokens, rank=rank)
+    if floor > gpu_gb:
+        raise HardwareError(
+            f"{what} needs at least {floor:.1f} GB of GPU memory even with {most} of {n_blocks} blocks swapped to "
+            f"CPU ({tokens} latent tokens per sample); this GPU has {gpu_gb:.1f} GB",
+            hint="use fewer/shorter data.target_frames or a lower data.resolution"
+                 + ("" if fp8 else ", model.dtype: fp8 on an Ada/Hopper GPU") + ", or a larger GPU (lorapod plan lists them)")
+    need = vram_need_gb(cfg, fp8=fp8, blocks_to_swap=blocks_to_swap, tokens=tokens, rank=rank)
+    if need > gpu_gb:
+        k = next(k for k in range(blocks_to_swap, n_blocks) if
+                 vram_need_gb(cfg, fp8=fp8, blocks_to_swap=k, tokens=tokens, rank=rank) <= gpu_gb)
+        raise HardwareError(f"{what} needs about {need:.1f} GB with train.blocks_to_swap: {blocks_to_swap}; "
+                            f"this GPU has {gpu_gb:.1f} GB",
+                            hint=f"set train.blocks_to_swap: {k} (or more) and train.gradient_checkpointing: true")
+
+
+# ----------------------------------------------------------------------------- file layout
+
+_ATTN = {"to_q": "q", "to_k": "k", "to_v": "v", "to_out.0": "o", "add_k_proj": "k_img", "add_v_proj": "v_img"}
+_FFN = {"net.0.proj": "0", "net.2": "2"}
+_DIFFUSERS_PATH = re.compile(r"^blocks\.(\d+)\.(attn1|attn2|ffn)\.(.+)$")
+
+
+def comfy_name(module: str) -> str:
+    """diffusers module path -> original Wan path: ``blocks.3.attn1.to_q`` -> ``blocks.3.self_attn.q``,
+    ``blocks.3.ffn.net.0.proj`` -> ``blocks.3.ffn.0``. ComfyUI maps ``lora_unet_`` + this path with
+    dots as underscores onto ``diffusion_model.<path>.weight`` (comfy/lora.py, model_lora_keys_unet)."""
+    m = _DIFFUSERS_PATH.match(module)
+    if not m:
+        raise ValueError(f"no ComfyUI name for Wan module {module!r}")
+    i, part, rest = m.groups()
+    if part == "ffn":
+        return f"blocks.{i}.ffn.{_FFN[rest]}"
+    return f"blocks.{i}.{'self_attn' if part == 'attn1' else 'cross_attn'}.{_ATTN[rest]}"
+
+
+def to_comfy(peft_sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A transformer's PEFT state dict renamed to Wan module paths (still ``.lora_A/B.weight``)."""
+    out = {}
+    for k, v in peft_sd.items():
+        for tag in (".lora_A.weight", ".lora_B.weight"):
+            if k.endswith(tag):
+                out[comfy_name(k[: -len(tag)]) + tag] = v
+    return out

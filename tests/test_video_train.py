@@ -1,0 +1,267 @@
+"""The Wan engine end to end on tiny Wan2.1 / Wan2.2 pipelines built from configs: loss falls,
+resume is exact, caches are reused, both exported files reload through diffusers to the trained
+output, Wan2.2's experts train on their own noise ranges, and a job that cannot fit is refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from lorapod.demo_video import build_wan, write_clips
+from lorapod.engine.checkpoint import CheckpointManager
+from lorapod.engine.diffusion import train_diffusion
+from lorapod.engine.diffusion import wan as wanmod
+from lorapod.errors import HardwareError
+from lorapod.rundir import RunDir
+from lorapod.spec import load_spec
+
+pytest.importorskip("av")
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("wan")
+    return {
+        "wan21": build_wan(root / "wan21", "wan21"),
+        "wan22": build_wan(root / "wan22", "wan22"),
+        "wan21-i2v": build_wan(root / "wan21i2v", "wan21", i2v=True),
+        "wan22-i2v": build_wan(root / "wan22i2v", "wan22", i2v=True),
+        "data": write_clips(root / "data", n=2, frames=8, sizes=[(48, 48), (96, 48)], images=1),
+    }
+
+
+def _spec(assets, tmp_path, family="wan21", data=None, data_opts=None, **train):
+    model = assets[family]
+    family = family.removesuffix("-i2v")
+    t = {"epochs": 2, "micro_batch_size": 1, "learning_rate": 5e-3, "seed": 0, "scheduler": "constant",
+         "precision": "fp32", "timestep_sampling": "shift", "timestep_shift": 3.0}
+    t.update(train)
+    raw = {
+        "model": {"id": str(model), "family": family},
+        "method": {"r": 4, "alpha": 8, "dropout": 0.0},
+        "data": {"path": str(data or assets["data"]), "format": "video", "resolution": 64, "trigger": "zxq",
+                 "target_frames": [1, 5], "fps": 16},
+        "train": t,
+        "eval": {"max_batches": 1},
+        "save": {"every_epochs": 1, "keep_last": 10},
+        "output": {"dir": str(tmp_path / "runs"), "name": "t"},
+    }
+    raw["data"].update(data_opts or {})
+    spec = load_spec(raw=raw)
+    run = RunDir.create(spec.output.dir, "t")
+    run.write_spec(spec)
+    return spec, run
+
+
+def _train(spec, run, tmp_path, **kw):
+    return train_diffusion(spec, run, device="cpu", show_progress=False, log=lambda m: None,
+                           cache_root=tmp_path / "cache", **kw)
+
+
+class Crash(Exception):
+    pass
+
+
+def test_wan21_learns_samples_a_clip_and_writes_both_files(assets, tmp_path):
+    spec, run = _spec(assets, tmp_path, epochs=6)
+    spec.samples.prompts = ["zxq, a red square --w 32 --h 32 --f 5 --d 3 --s 2 --l 1"]
+    spec.samples.every_epochs = 6
+    out = _train(spec, run, tmp_path)
+    first, last = out.result.first_eval["fixed_noise_loss"], out.result.last_eval["fixed_noise_loss"]
+    assert last < 0.9 * first  # the LoRA learns the clips' latents
+    # 2 clips x (1, 5 frames) + 1 image = 5 windows; buckets (frames, w, h)
+    assert sorted(it.bucket for it in out.recipe.items) == [(1, 64, 64), (1, 64, 64), (1, 80, 48), (5, 64, 64), (5, 80, 48)]
+    assert out.recipe.latents[(3, False)].shape[1] in (1, 2)  # 1 + (F-1)/4 latent frames
+    clip = run.samples / "epoch006-00.mp4"
+    from lorapod.data.clips import probe
+
+    info = probe(clip)
+    assert (info.frames, info.width, info.height) == (5, 32, 32)
+    assert (run.samples / "epoch006-frames.png").is_file()
+    with safe_open(str(run.adapter / "t.safetensors"), "pt") as fh:
+        keys = set(fh.keys())
+        assert fh.get_tensor("lora_unet_blocks_0_self_attn_q.alpha").item() == 8.0
+    assert {"lora_unet_blocks_1_cross_attn_o.lora_up.weight", "lora_unet_blocks_0_ffn_2.lora_down.weight"} <= keys
+    assert (run.adapter / "pytorch_lora_weights.safetensors").is_file()
+    cache = json.loads((run.root / "cache.json").read_text())
+    pred, actual = cache["predicted_bytes"]["latents"], cache["actual_bytes"]["latents"]
+    # z=4 fp32: 1-frame windows 4x1x8x8 (64x64) / 4x1x6x10 (80x48), 5-frame ones 2 latent frames
+    assert pred == 4 * 4 * (2 * 64 + 60 + 2 * 64 + 2 * 60)
+    assert 0 <= actual - pred <= 128 * 5  # + a safetensors header per file
+    assert 0 < cache["actual_bytes"]["text"] <= cache["predicted_bytes"]["text_max"] + 128 * 3  # 3 captions
+
+
+def test_wan22_resume_equals_the_uninterrupted_run(assets, tmp_path):
+    spec, run = _spec(assets, tmp_path / "a", family="wan22", epochs=2)
+    straight = _train(spec, run, tmp_path).result.losses
+    spec2, run2 = _spec(assets, tmp_path / "b", family="wan22", epochs=2)
+
+    def crash(state, loss):
+        if state.step == 7:
+            raise Crash
+
+    with pytest.raises(Crash):
+        _train(spec2, run2, tmp_path, on_step=crash)
+    assert CheckpointManager(run2.checkpoints).latest().state.step == 5
+    resumed = _train(spec2, run2, tmp_path, resume=True)
+    assert len(straight) == 10
+    assert resumed.result.losses == pytest.approx(straight[5:], rel=1e-5, abs=1e-6)
+    assert set(resumed.recipe.lora_modules) == {"transformer", "transformer_2"}
+
+
+def test_second_run_reads_every_latent_and_never_calls_the_vae_encoder(assets, tmp_path, monkeypatch):
+    spec, run = _spec(assets, tmp_path / "a", max_steps=1)
+    first = _train(spec, run, tmp_path)
+    assert (first.cache_hits, first.cache_misses) == (0, 5 + 3)  # 5 windows, 3 captions
+    from diffusers import AutoencoderKLWan
+
+    def boom(*a, **k):
+        raise AssertionError("the VAE encoder ran although every window was cached")
+
+    monkeypatch.setattr(AutoencoderKLWan, "encode", boom)
+    spec2, run2 = _spec(assets, tmp_path / "b", max_steps=1)
+    second = _train(spec2, run2, tmp_path)
+    assert (second.cache_hits, second.cache_misses) == (8, 0)
+    assert second.result.losses == pytest.approx(first.result.losses, rel=1e-6)
+
+
+def _forward_all(recipe, tr_by_name):
+    """Each transformer's output on fixed inputs (a 5-frame window, sigma 0.5)."""
+    b = next(b for b in recipe.epoch_batches(0) if recipe.items[b.items[0]].bucket[0] == 5)
+    x0 = recipe.latents[(b.items[0], False)].unsqueeze(0)
+    noisy = torch.randn(x0.shape, generator=torch.Generator().manual_seed(3))
+    cond = recipe._cond(b)
+    s = torch.tensor([0.5])
+    return {n: recipe.family.forward(recipe.c, noisy, s, cond, {}, model=tr) for n, tr in tr_by_name.items()}
+
+
+def _i2v_sample_frames(recipe, state) -> int:
+    """Frames of an I2V sample clip started from the first training frame (no --i given)."""
+    from lorapod.data.clips import probe
+    from lorapod.engine.diffusion.video import load_video_prompts
+
+    recipe.video_prompts = load_video_prompts(["zxq --w 32 --h 32 --f 5 --s 2 --l 1"], 64, 64, 0)
+    return probe(recipe.write_samples(state, "i2v")[0]).frames
+
+
+@pytest.mark.parametrize("family", ["wan21", "wan22", "wan21-i2v", "wan22-i2v"])
+def test_exported_files_reload_through_diffusers_to_the_trained_output(assets, tmp_path, family):
+    """I2V: the image keys/values (add_k_proj/add_v_proj -> k_img/v_img) travel too."""
+    from diffusers import DiffusionPipeline
+
+    spec, run = _spec(assets, tmp_path, family=family, max_steps=1)
+    out = _train(spec, run, tmp_path)
+    recipe = out.recipe
+    g = torch.Generator().manual_seed(1)  # large random LoRA B so any alpha/naming mistake shows
+    recipe.load_adapter_state({k: (torch.randn(v.shape, generator=g) * 0.3 if ".lora_B." in k else v)
+                               for k, v in recipe.adapter_state().items()})
+    recipe.save_final(run.adapter)
+    for m in recipe.lora_modules.values():
+        m.eval()
+    two = family.startswith("wan22")
+    names = ["transformer", "transformer_2"] if two else ["transformer"]
+    with torch.no_grad():
+        want = _forward_all(recipe, recipe.lora_modules)
+        files = {"diffusers": ("pytorch_lora_weights_high_noise.safetensors", "pytorch_lora_weights_low_noise.safetensors")
+                 if two else ("pytorch_lora_weights.safetensors",),
+                 "comfy": ("t_high_noise.safetensors", "t_low_noise.safetensors") if two else ("t.safetensors",)}
+        for kind, weights in files.items():
+            pipe = DiffusionPipeline.from_pretrained(str(assets[family]))
+            base = _forward_all(recipe, {n: getattr(pipe, n) for n in names})
+            for n, w in zip(names, weights, strict=True):
+                pipe.load_lora_weights(str(run.adapter), weight_name=w, adapter_name=n,
+                                       **({"load_into_transformer_2": True} if n == "transformer_2" else {}))
+            got = _forward_all(recipe, {n: getattr(pipe, n) for n in names})
+            for n in names:
+                delta = (want[n] - base[n]).abs().mean()
+                assert delta > 1e-2, (kind, n)  # the adapter really changes the output
+                assert (got[n] - want[n]).abs().mean() < 0.01 * delta, (kind, n)
+    if family == "wan22-i2v":  # Wan2.2 I2V: the condition channels, no CLIP image states; both experts sample
+        assert recipe.c.extra["i2v"] and set(recipe.conditions[(0, False)]) == {"condition"}
+        assert _i2v_sample_frames(recipe, out.result.state) == 5
+    if family == "wan21-i2v":
+        assert recipe.c.extra["i2v"] and type(pipe).__name__ == "WanImageToVideoPipeline"
+        cache = json.loads((run.root / "cache.json").read_text())  # + mask, first-frame latents, CLIP states
+        assert 0 <= cache["actual_bytes"]["latents"] - cache["predicted_bytes"]["latents"] <= 256 * 5
+        cond = recipe.conditions[(0, False)]
+        assert cond["condition"].shape[0] == 4 + 4 and cond["image_embeds"].shape[-1] == 16  # mask + z; CLIP width
+        with safe_open(str(run.adapter / "t.safetensors"), "pt") as fh:
+            assert "lora_unet_blocks_0_cross_attn_k_img.lora_down.weight" in set(fh.keys())
+        assert _i2v_sample_frames(recipe, out.result.state) == 5
+
+
+def test_wan22_one_expert_trains_only_its_noise_range(assets, tmp_path):
+    """Also the live path: umT5 run per batch (caption shuffle on), latents kept in memory, flips."""
+    opts = {"cache_text_encoder_outputs": False, "cache_latents": False, "shuffle_captions": True, "flip": True}
+    spec, run = _spec(assets, tmp_path, family="wan22", data_opts=opts, max_steps=2, experts="low_noise")
+    out = _train(spec, run, tmp_path)
+    rec = out.recipe
+    assert rec.live_captions and rec.text is None and len(rec.latents) == 2 * 5
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.safetensors"))
+    assert set(rec.lora_modules) == {"transformer_2"}
+    s = rec._sigmas(1000, torch.Generator().manual_seed(0))
+    assert float(s.max()) < 0.875 and float(s.min()) >= 0.0  # boundary_ratio of the tiny pipeline
+    assert all(k.startswith("transformer_2.") for k in rec.adapter_state())
+    assert set(rec.idle) == {"transformer"}  # the high-noise expert waits in CPU RAM, used only to sample
+    assert [p.name for p in run.adapter.iterdir() if p.suffix == ".safetensors"] and not (
+        run.adapter / "pytorch_lora_weights_high_noise.safetensors").exists()
+
+
+def test_block_swap_runs_through_its_hooks_and_changes_nothing_numerically(assets, tmp_path):
+    spec, run = _spec(assets, tmp_path / "a", max_steps=3)
+    plain = _train(spec, run, tmp_path).result.losses
+    spec2, run2 = _spec(assets, tmp_path / "b", max_steps=3, blocks_to_swap=1)
+    swapped = _train(spec2, run2, tmp_path)
+    swap = swapped.recipe.swaps[0]
+    assert swap.moves > 6  # load + drop around each forward and each recompute
+    held = [(prm, host) for prm, host in swap._frozen(swap.blocks[0])]
+    assert held and all(prm.data.data_ptr() == host.data_ptr() for prm, host in held)  # between uses: the host copy
+    assert swapped.recipe.c.denoiser.is_gradient_checkpointing
+    assert swapped.result.losses == pytest.approx(plain, rel=1e-5)
+
+
+WAN14B = {"num_attention_heads": 40, "attention_head_dim": 128, "ffn_dim": 13824, "num_layers": 40,
+          "text_dim": 4096, "freq_dim": 256, "in_channels": 16, "patch_size": [1, 2, 2]}
+
+
+def test_a_14b_job_that_cannot_fit_even_with_block_swap_is_refused():
+    tokens = wanmod.latent_tokens(81, 960, 960, WAN14B)
+    assert tokens == 21 * 60 * 60
+    with pytest.raises(HardwareError, match="even with 39 of 40 blocks swapped") as exc:
+        wanmod.check_fits(WAN14B, 16.0, fp8=True, blocks_to_swap=0, tokens=tokens, rank=32)
+    assert "target_frames" in exc.value.hint
+    # 960x960 stills in bf16 (no fp8 on this card) fit 24 GB only with blocks swapped: the hint says how many
+    still = wanmod.latent_tokens(1, 960, 960, WAN14B)
+    with pytest.raises(HardwareError, match="blocks_to_swap: 0") as exc:
+        wanmod.check_fits(WAN14B, 24.0, fp8=False, blocks_to_swap=0, tokens=still, rank=32)
+    k = int(exc.value.hint.split("blocks_to_swap: ")[1].split()[0])
+    assert 0 < k < 40
+    wanmod.check_fits(WAN14B, 24.0, fp8=False, blocks_to_swap=k, tokens=still, rank=32)  # fits
+    with pytest.raises(HardwareError):
+        wanmod.check_fits(WAN14B, 24.0, fp8=False, blocks_to_swap=k - 1, tokens=still, rank=32)
+    wanmod.check_fits(WAN14B, 80.0, fp8=True, blocks_to_swap=0, tokens=still, rank=32)  # an H100 without swap
+
+
+def test_fp8_storage_covers_the_wan_blocks_and_keeps_the_output_close(assets):
+    """model.dtype fp8 (on Ada/Hopper): the Linear layers inside ``blocks.N`` are stored in float8 and
+    upcast per call; checked on CPU, where float8 storage and casts work too."""
+    from diffusers import WanTransformer3DModel
+
+    tr = WanTransformer3DModel.from_pretrained(str(assets["wan21"]), subfolder="transformer")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 4, 2, 8, 8, generator=g)
+    pe = torch.randn(1, 16, 32, generator=g)
+    t = torch.tensor([500.0])
+    with torch.no_grad():
+        want = tr(hidden_states=x, timestep=t, encoder_hidden_states=pe).sample
+        n = wanmod.store_fp8(tr)
+        got = tr(hidden_states=x, timestep=t, encoder_hidden_states=pe).sample
+    per_block = 4 + 4 + 2  # self- and cross-attention q/k/v/out, feed-forward in/out
+    assert n == 2 * per_block
+    assert tr.blocks[0].attn1.to_q.weight.dtype == torch.float8_e4m3fn
+    assert tr.proj_out.weight.dtype == torch.float32  # outside the blocks: untouched
+    assert (got - want).abs().mean() < 0.05 * want.abs().mean()
