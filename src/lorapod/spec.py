@@ -79,6 +79,11 @@ class DataSpec(_Section):
     caption_dropout: Annotated[float, Field(ge=0, le=1)] = 0.0
     cache_latents: bool = True
     cache_text_encoder_outputs: bool = True
+    # video datasets (musubi-tuner)
+    frames: list[Annotated[int, Field(ge=1)]] | None = Field(
+        None, description="Video: clip lengths in frames taken from each video (Wan: N*4+1, e.g. [1, 25, 45]).")
+    frame_extraction: Literal["head", "chunk", "slide", "uniform", "full"] = Field(
+        "head", description="Video: where clips come from in each video (musubi-tuner frame_extraction).")
 
 
 class TrainSpec(_Section):
