@@ -37,6 +37,10 @@ def register(app: typer.Typer) -> None:
         usd_per_hour: float | None = typer.Option(None, "--usd-per-hour", help="For ssh hosts: what the "
                                                   "machine costs, so caps and `ps` show dollars."),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
+        trainer: str | None = typer.Option(None, "--trainer", help="Run an external trainer on the instance: "
+                                           "sd-scripts | ai-toolkit | musubi-tuner | axolotl."),
+        trainer_src: str | None = typer.Option(None, "--trainer-src", help="With --trainer: a checkout already on "
+                                               "the instance (used as is), or a git mirror URL."),
         poll_s: float = typer.Option(5.0, "--poll-s", hidden=True),
         pull_every_s: float = typer.Option(30.0, "--pull-every-s", hidden=True),
         ready_deadline_s: float = typer.Option(600.0, "--ready-deadline-s", hidden=True),
@@ -94,6 +98,11 @@ def register(app: typer.Typer) -> None:
                        ready_deadline_s=ready_deadline_s, stop_margin_s=stop_margin_s, stop_wait_s=stop_wait_s,
                        reconnect_s=reconnect_s, watchdog={"heartbeat_timeout_s": heartbeat_timeout_s,
                                                           "poll_s": watchdog_poll_s, "stall_s": stall_s})
+        if trainer:
+            from lorapod.cli.trainers import print_trainer_job, trainer_job_command
+
+            print_trainer_job(spec_obj, trainer)  # refuses what the trainer cannot do, before renting
+            opts.job_command = trainer_job_command(trainer, trainer_src)
         summary = run_remote(spec_obj, provider, target, opts, ledger, spec_path,
                              say=lambda m: console.print(m, style="dim", markup=False), resume_job=resume)
         if as_json:

@@ -69,7 +69,6 @@ class Axolotl(Trainer):
     commit = VERSION
     install = (f"axolotl=={VERSION}",)
     torch = "torch>=2.11,<=2.13.0"
-    stop_mode = "trigger_file"
 
     def refuse(self, spec) -> list[str]:
         r = super().refuse(spec)

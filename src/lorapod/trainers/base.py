@@ -106,7 +106,8 @@ class Trainer:
     install: ClassVar[tuple[str, ...]] = ()  # pip arguments, run in the checkout
     torch: ClassVar[str] = "torch>=2.4"  # the torch build it needs (kept when already satisfied)
     torch_index: ClassVar[str] = "https://download.pytorch.org/whl/cu128"
-    stop_mode: ClassVar[Literal["next_save", "trigger_file"]] = "next_save"
+    # what a stop waits for: the next checkpoint, or (kohya) the next state folder it resumes from
+    resume_kind: ClassVar[Literal["checkpoint", "state"]] = "checkpoint"
 
     # ---------------------------------------------------------------- building
 

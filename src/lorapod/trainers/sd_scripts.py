@@ -53,6 +53,8 @@ def hf_download(layout: Layout, repo: str, filename: str) -> Command:
 class KohyaOutputs:
     """The output naming sd-scripts and musubi-tuner share (NAME-000002, NAME-step00000500, -state)."""
 
+    resume_kind = "state"
+
     def metrics_parser(self, job: TrainerJob) -> KohyaProgress:
         return KohyaProgress()
 
