@@ -199,6 +199,11 @@ def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: s
     """Run the whole job; returns ``done`` or ``stopped``. Raises with the reason on failure."""
     from lorapod.engine.metrics import MetricsWriter
 
+    # A job started in the background by a shell has SIGINT ignored, and an ignored signal stays
+    # ignored across exec: catching it here makes the trainer's own Python get the default back,
+    # so SIGINT on STOP reaches it as KeyboardInterrupt.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     run_dir = Path(run_dir)
     for sub in ("checkpoints", "samples"):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -249,6 +254,7 @@ def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: s
             say(f"lorapod trainer-run: {cmd.name}")
             p = TrainerProcess(cmd, on_text if cmd.phase == "train" else None)
             stopping_since: float | None = None
+            before: set[str] = set()
             while p.poll() is None:
                 time.sleep(poll_s)
                 with lock:
@@ -256,6 +262,7 @@ def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: s
                 saved = [key for kind, key in mirror.sync() if kind == trainer.resume_kind]
                 if stop_file.exists() and stopping_since is None:
                     stopping_since = time.monotonic()
+                    before = {a.key for a in trainer.artifacts(layout, job.output_name) if a.kind == trainer.resume_kind}
                     trigger = trainer.stop_trigger(layout)
                     if cmd.phase != "train":
                         break
@@ -263,7 +270,8 @@ def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: s
                         trigger.parent.mkdir(parents=True, exist_ok=True)
                         trigger.touch()
                     say(f"lorapod trainer-run: STOP: waiting up to {stop_wait_s:.0f} s for {trainer.title} to save")
-                elif stopping_since is not None and (saved or time.monotonic() - stopping_since > stop_wait_s):
+                elif stopping_since is not None and (set(saved) - before
+                                                      or time.monotonic() - stopping_since > stop_wait_s):
                     break
             if stopping_since is not None:
                 p.end()
