@@ -73,14 +73,14 @@ def check_argv(contract: str, script: str, argv: list[str]) -> list[str]:
         if not flag.startswith("--"):
             problems.append(f"{script}: stray argument {flag!r}")
             continue
-        opt = opts.get(flag)
-        if opt is None:
-            problems.append(f"{script} has no option {flag}")
-            continue
         values: list[str] = []
         while i < len(argv) and not argv[i].startswith("--"):
             values.append(argv[i])
             i += 1
+        opt = opts.get(flag)
+        if opt is None:
+            problems.append(f"{script} has no option {flag}")
+            continue
         nargs, action = opt["nargs"], opt["action"]
         if action in ("store_true", "store_false", "store_const"):
             if values:
@@ -94,7 +94,7 @@ def check_argv(contract: str, script: str, argv: list[str]) -> list[str]:
             if opt["choices"] and v not in [str(c) for c in opt["choices"] if c is not None]:
                 problems.append(f"{script} {flag} {v!r}: allowed {', '.join(str(c) for c in opt['choices'] if c)}")
             elif not _type_ok(v, opt["type"]):
-                problems.append(f"{script} {flag} {v!r} is not a {opt['type']}")
+                problems.append(f"{script} {flag} {v!r} is not of type {opt['type']}")
     return problems
 
 
