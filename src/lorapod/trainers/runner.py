@@ -85,15 +85,11 @@ class Mirror:
             _link_file(art.path, self.run / "samples" / art.path.name)
         elif art.kind == "final":
             _link_file(art.path, self.run / "adapter" / art.path.name)
-        elif art.kind == "checkpoint":
+        elif art.path.is_file():
             _link_file(art.path, self.run / "checkpoints" / art.key / art.path.name)
-        else:  # a state folder: copied whole, then renamed into place
-            dest = self.run / "checkpoints" / art.key / "state"
-            tmp = dest.with_name(".tmp-state")
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.copytree(art.path, tmp, copy_function=_link_or_copy)
-            shutil.rmtree(dest, ignore_errors=True)
-            os.replace(tmp, dest)
+        else:  # a folder (a state folder, an HF checkpoint): copied whole, then renamed into place
+            key_dir = self.run / "checkpoints" / art.key
+            _link_tree(art.path, key_dir / "state" if art.kind == "state" else key_dir)
 
     def _rotate(self) -> None:
         keys = sorted((p for p in (self.run / "checkpoints").iterdir() if p.is_dir() and not p.name.startswith(".")),
@@ -114,6 +110,15 @@ def _link_or_copy(src: str, dst: str) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
+
+
+def _link_tree(src: Path, dest: Path) -> None:
+    tmp = dest.with_name(f".tmp-{dest.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src, tmp, copy_function=_link_or_copy)
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
 
 
 def _link_file(src: Path, dest: Path) -> None:
