@@ -119,7 +119,6 @@ class Trainer:
 
         ``src`` is an existing checkout on the instance (used as is: nothing cloned or installed)
         or another git URL to clone at the pinned commit (a mirror)."""
-        py = shlex.quote(python)
         cmds: list[Command] = []
         if self.repo is not None:
             if src and not _is_url(src):
@@ -134,7 +133,6 @@ class Trainer:
         if self.install:
             cmds.append(Command("install requirements", [python, "-m", "pip", "install", "-q", *self.install],
                                 "setup", cwd=layout.src if self.repo else None))
-        del py
         return cmds
 
     # ---------------------------------------------------------------- checks
@@ -179,8 +177,8 @@ def refuse_all(trainer: Trainer, spec) -> None:
     reasons = trainer.refuse(spec)
     if reasons:
         raise TrainerRefused(f"{trainer.title} cannot run this spec:\n  - " + "\n  - ".join(reasons),
-                             hint=f"change the spec (--set key=value), or pick another --trainer; "
-                                  f"without --trainer lorapod's own engine runs it")
+                             hint="change the spec (--set key=value), or pick another --trainer; "
+                                  "without --trainer lorapod's own engine runs it")
 
 
 def image_count(spec) -> int | None:
