@@ -1,0 +1,76 @@
+"""The job wrapper run locally with the ai-toolkit STAND-IN (tests/standins/ai-toolkit): the
+loss SQLite becomes metrics.jsonl, checkpoints and samples land in the run folder, STOP ends the
+trainer at its next save, and a rerun continues from the pulled checkpoint."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+from lorapod.spec import load_spec
+from lorapod.trainers.runner import run_trainer
+
+STANDIN = Path(__file__).resolve().parent / "standins" / "ai-toolkit"
+
+
+def flux_spec(tmp: Path, steps: int, every: int) -> Path:
+    (tmp / "mug").mkdir()
+    for i in range(2):
+        (tmp / "mug" / f"{i}.jpg").write_bytes(b"")
+    raw = {"model": {"id": "black-forest-labs/FLUX.2-klein-4B", "family": "flux2", "variant": "4b"},
+           "data": {"path": "mug", "format": "images", "trigger": "zxq"},
+           "train": {"max_steps": steps}, "save": {"every_steps": every, "keep_last": 2},
+           "samples": {"prompts": ["zxq mug"], "every_steps": every}, "output": {"name": "mug"}}
+    path = tmp / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_ai_toolkit_job_fills_the_run_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("LORAPOD_STANDIN_STEP_S", "0.01")
+    spec = load_spec(flux_spec(tmp_path, steps=30, every=10))
+    lines: list[str] = []
+    state = run_trainer(spec, "ai-toolkit", tmp_path / "run", tmp_path / "work", src=str(STANDIN), poll_s=0.1,
+                        say=lines.append)
+    assert state == "done", lines
+    run = tmp_path / "run"
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == list(range(30))
+    assert recs[3]["loss"] == 0.125 and recs[3]["lr"] == 2e-4  # the spec default, through the config
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-10", "step-20"]
+    assert (run / "checkpoints" / "step-20" / "mug_000000020.safetensors").is_file()
+    assert len(list((run / "samples").glob("*__0000000[12]0_0.jpg"))) == 2
+    assert (run / "adapter" / "mug.safetensors").read_bytes() == b"final"
+
+
+def test_stop_waits_for_the_next_save_then_resume_continues(tmp_path, monkeypatch):
+    monkeypatch.setenv("LORAPOD_STANDIN_STEP_S", "0.02")
+    spec = load_spec(flux_spec(tmp_path, steps=2000, every=25))
+    run = tmp_path / "run"
+
+    def stop_soon() -> None:
+        while not (run / "metrics.jsonl").is_file() or len((run / "metrics.jsonl").read_text().splitlines()) < 30:
+            time.sleep(0.05)
+        (run / "STOP").write_text("test\n")
+
+    threading.Thread(target=stop_soon, daemon=True).start()
+    t0 = time.monotonic()
+    state = run_trainer(spec, "ai-toolkit", run, tmp_path / "work", src=str(STANDIN), poll_s=0.1, say=print)
+    assert state == "stopped" and time.monotonic() - t0 < 30
+    keys = sorted((p.name for p in (run / "checkpoints").iterdir()), key=lambda k: int(k.split("-")[1]))
+    assert int(keys[-1].split("-")[1]) >= 50  # a save that came after STOP (at step >= 30)
+    assert not (run / "adapter").exists()
+    # lorapod run --resume: the newest checkpoint is put back where ai-toolkit resumes from
+    (run / "STOP").unlink()
+    from lorapod.trainers import Layout, get
+    from lorapod.trainers.runner import newest_checkpoint
+
+    trainer = get("ai-toolkit")
+    job = trainer.build(spec, Layout(str(tmp_path / "work")))
+    trainer.resume(job, newest_checkpoint(run))
+    link = [p for p, text in job.files.items() if text.startswith("@link:")]
+    assert link == [f"{tmp_path / 'work'}/trainer/out/mug/mug_{int(keys[-1].split('-')[1]):09d}.safetensors"]
