@@ -49,7 +49,6 @@ def go(sshd, spec_path: Path, src: str, **kw):
     return summary, lines
 
 
-@pytest.mark.slow
 def test_sd_scripts_over_ssh_brings_metrics_samples_checkpoints_home(sshd, tmp_path):
     summary, lines = go(sshd, image_spec(tmp_path, epochs=3, save={"every_epochs": 1, "keep_last": 5}), str(STANDIN))
     assert summary.state == "done", summary.message + "\n" + "\n".join(lines)
