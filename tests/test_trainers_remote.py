@@ -5,6 +5,8 @@ checkpoints arrive, STOP and the $ cap work, a failing setup is reported, nothin
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,10 +16,10 @@ from lorapod.cli.trainers import trainer_job_command
 from lorapod.compute.ledger import Ledger
 from lorapod.compute.session import run_remote
 from lorapod.compute.ssh import SSHProvider
-from lorapod.errors import RemoteError
 from lorapod.spec import load_spec
 
-from .remote_helpers import fast_options
+from .remote_helpers import cli_argv, cli_env, fast_options
+from .test_remote_cli import FAST
 from .test_remote_session import assert_clean
 
 STANDIN = Path(__file__).resolve().parent / "standins" / "sd-scripts"
@@ -85,8 +87,13 @@ def test_sd_scripts_budget_cap_stops_at_its_next_save(sshd, tmp_path):
 
 
 def test_trainer_setup_failure_is_reported_and_torn_down(sshd, tmp_path):
-    with pytest.raises(RemoteError, match="exit 1"):
-        go(sshd, image_spec(tmp_path, epochs=1, save={"every_epochs": 1}), "file:///nonexistent/sd-scripts.git")
+    """Through the real CLI: `lorapod run --trainer ... --trainer-src <a repo that is not there>`."""
+    spec = image_spec(tmp_path, epochs=1, save={"every_epochs": 1})
+    proc = subprocess.run([*cli_argv(), "run", str(spec), "--trainer", "sd-scripts", "--trainer-src",
+                           "file:///nonexistent/sd-scripts.git", "--on", sshd.target, "--identity", str(sshd.client_key),
+                           "--python", sys.executable, *FAST], capture_output=True, text=True, env=cli_env(), timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "the job failed on the instance (exit 1)" in " ".join(proc.stderr.split())
     ledger = Ledger()
     assert_clean(sshd, ledger)
     (job,) = ledger.jobs()
