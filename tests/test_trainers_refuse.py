@@ -89,3 +89,21 @@ def test_train_print_shows_the_job(tmp_path):
     assert 'image_dir = "$WORK/data/0-data"' in proc.stdout
     assert "--max_train_steps 10" in proc.stdout
     assert not (tmp_path / "runs").exists()  # --print runs nothing
+
+
+def test_musubi_video_dataset_and_block_swap_from_the_planner(tmp_path):
+    from lorapod.trainers.contracts import check_dataset_toml
+
+    path = spec_with(tmp_path, "wan21", files=("a.mp4", "a.txt"), data={"frames": [1, 45], "frame_extraction": "chunk",
+                                                                         "resolution": 1280},
+                     method={"r": 128}, compute={"gpu": "RTX 4090"})
+    spec = load_spec(path)
+    spec.model.id = "Wan-AI/Wan2.1-T2V-14B"
+    _, job = prepare(spec, "musubi-tuner", Layout("/w"))
+    toml = job.files["/w/trainer/job/dataset.toml"]
+    assert 'video_directory = "' in toml and "target_frames = [1, 45]" in toml and 'frame_extraction = "chunk"' in toml
+    assert check_dataset_toml("kohya_musubi_tuner.json", toml) == []
+    train = job.commands[-1].argv
+    assert train[train.index("--blocks_to_swap") + 1] == "13"
+    assert job.notes == ["--blocks_to_swap 13: the planner says the job does not fit RTX 4090 as is; its fit: "
+                         "--set train.optimizer=adamw_8bit --set train.gradient_checkpointing=true --set train.blocks_to_swap=13"]

@@ -140,10 +140,11 @@ class MusubiTuner(KohyaOutputs, Trainer):
             a += ["--noise_offset", _num(t.noise_offset)]  # the contract check refuses it: musubi has none
         if t.min_snr_gamma:
             a += ["--min_snr_gamma", _num(t.min_snr_gamma)]
-        swap = t.blocks_to_swap or _swap_for_vram(spec)
+        swap, fix = (t.blocks_to_swap, None) if t.blocks_to_swap else _swap_for_vram(spec)
         notes = []
-        if swap and not t.blocks_to_swap:
-            notes.append(f"--blocks_to_swap {swap}: the planner says the job does not fit {spec.compute.gpu} without it")
+        if fix:
+            notes.append(f"--blocks_to_swap {swap}: the planner says the job does not fit {spec.compute.gpu} as is; "
+                         f"its fit: {fix}")
         if swap:
             a += ["--blocks_to_swap", str(swap)]
         a += ["--seed", str(t.seed), "--max_data_loader_n_workers", "2", "--persistent_data_loader_workers"]
@@ -168,23 +169,24 @@ class MusubiTuner(KohyaOutputs, Trainer):
         return TrainerJob(self.name, files, self.setup_commands(layout, py), [*prepare, train], layout.out, name, notes)
 
 
-def _swap_for_vram(spec) -> int:
-    """Blocks to swap when a pinned GPU is too small for the planner's estimate (0 otherwise)."""
+def _swap_for_vram(spec) -> tuple[int, str | None]:
+    """Blocks to swap when a pinned GPU is too small for the planner's estimate (0 otherwise),
+    and the planner's whole suggested change."""
     if not spec.compute.gpu:
-        return 0
+        return 0, None
     try:
         from lorapod.catalog.gpus import find_gpu
         from lorapod.plan.job import build_job
         from lorapod.plan.vram import make_fit
 
         gpu = find_gpu(spec.compute.gpu)
-        job = build_job(spec, images=18)
+        job = build_job(spec)
         if job.estimate.verdict(gpu) != "does-not-fit":
-            return 0
+            return 0, None
         fix = make_fit(job.model, job.settings, gpu.vram_gb)
     except LorapodError:  # the planner cannot say (unknown GPU or model): no swap
-        return 0
+        return 0, None
     for s in fix.sets if fix else ():
         if s.startswith("train.blocks_to_swap="):
-            return int(s.split("=", 1)[1])
-    return 0
+            return int(s.split("=", 1)[1]), " ".join(f"--set {x}" for x in fix.sets)
+    return 0, None
