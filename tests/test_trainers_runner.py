@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from lorapod.spec import load_spec
@@ -74,3 +75,34 @@ def test_stop_waits_for_the_next_save_then_resume_continues(tmp_path, monkeypatc
     trainer.resume(job, newest_checkpoint(run))
     link = [p for p, text in job.files.items() if text.startswith("@link:")]
     assert link == [f"{tmp_path / 'work'}/trainer/out/mug/mug_{int(keys[-1].split('-')[1]):09d}.safetensors"]
+
+
+@pytest.mark.slow
+def test_sd_scripts_stop_then_resume_gives_one_unbroken_curve(tmp_path):
+    """STOP mid-run (the stand-in saves state every 20 steps), then a rerun on the same run folder
+    continues from the newest state folder: metrics 1..N once each, the final LoRA at the end."""
+    sd = Path(__file__).resolve().parent / "standins" / "sd-scripts"
+    (tmp_path / "mug").mkdir()
+    for i in range(3):
+        (tmp_path / "mug" / f"{i}.png").write_bytes(b"")
+    raw = {"model": {"id": "stabilityai/stable-diffusion-xl-base-1.0", "family": "sdxl"},
+           "data": {"path": "mug", "format": "images", "repeats": 20}, "train": {"epochs": 2},
+           "save": {"every_steps": 20, "every_epochs": None, "keep_last": 2}, "output": {"name": "mug"}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    spec = load_spec(tmp_path / "s.yaml")
+    run, work = tmp_path / "run", tmp_path / "work"
+
+    def stop_after_a_save() -> None:
+        while not (run / "checkpoints" / "step-20").is_dir():
+            time.sleep(0.05)
+        (run / "STOP").write_text("test\n")
+
+    threading.Thread(target=stop_after_a_save, daemon=True).start()
+    assert run_trainer(spec, "sd-scripts", run, work, src=str(sd), poll_s=0.2, say=print) == "stopped"
+    stopped_at = max(int(p.name.split("-")[1]) for p in (run / "checkpoints").iterdir())
+    assert stopped_at >= 40 and not (run / "adapter").exists()  # it waited for the save after STOP
+    (run / "STOP").unlink()
+    assert run_trainer(spec, "sd-scripts", run, work, src=str(sd), poll_s=0.2, say=print) == "done"
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 121))
+    assert (run / "adapter" / "mug.safetensors").is_file()

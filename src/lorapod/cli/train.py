@@ -28,7 +28,9 @@ def train(
     from lorapod.rundir import RunDir
     from lorapod.spec import load_spec
 
-    if trainer is not None and resume is None:
+    if trainer is not None:
+        if resume is not None:  # continue a trainer's run folder from its newest checkpoint
+            spec_file, run_dir = RunDir.open(resume).spec_file, resume
         _external(spec_file, set_, run_dir, trainer, print_, trainer_src)
         return
     if print_:
@@ -89,7 +91,7 @@ def _external(spec_file, set_, run_dir, trainer: str, print_: bool, trainer_src:
     state = run_trainer(spec, trainer, run.root, work, python=sys.executable, src=trainer_src,
                         say=lambda m: console.print(m, markup=False))
     console.print(f"{state}: adapter in {run.adapter}" if state == "done" else
-                  f"stopped on request; continue with: lorapod train {spec_file} --trainer {trainer} --run-dir {run.root}")
+                  f"stopped on request; continue with: lorapod train --resume {run.root} --trainer {trainer}")
 
 
 def _record_plan(spec, run) -> None:

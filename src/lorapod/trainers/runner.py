@@ -218,6 +218,7 @@ def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: s
         layout = Layout(layout.work, python)
         job = _with_src(trainer, spec, layout, src)
     ckpt = newest_checkpoint(run_dir)
+    resume_step = int(ckpt.name.split("-")[1]) if ckpt is not None and ckpt.name.startswith("step-") else None
     if ckpt is not None:
         trainer.resume(job, ckpt.resolve())
         say(f"lorapod trainer-run: resuming {trainer.title} from {ckpt.name}")
@@ -239,7 +240,8 @@ def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: s
                 f"{trainer.title} setup failed at '{cmd.name}' (exit {p.proc.returncode}):\n{_tail(p.lines)}",
                 hint=_setup_hint(trainer, cmd))
 
-    metrics = MetricsWriter(run_dir / "metrics.jsonl")
+    # on resume, lines logged after the checkpoint go: the trainer logs those steps again
+    metrics = MetricsWriter(run_dir / "metrics.jsonl", resume_step=resume_step)
     mirror = Mirror(trainer, layout, job.output_name, run_dir, spec.save.keep_last)
     bridge = trainer.metrics_parser(job)
     lock = threading.Lock()

@@ -73,16 +73,17 @@ def main() -> int:
     out, name = Path(a["output_dir"]), a["output_name"]
     out.mkdir(parents=True, exist_ok=True)
     every_e, every_s = int(a.get("save_every_n_epochs", 0)), int(a.get("save_every_n_steps", 0))
-    step, first_epoch = 0, 0
+    step, first_epoch, skip = 0, 0, 0
     if a.get("resume"):
         st = json.loads((Path(a["resume"]) / "train_state.json").read_text())
-        first_epoch, step = st["current_epoch"], st["current_step"]
-        print(f"resumed from {a['resume']}: epoch {first_epoch}, step {step}")
+        step = st["current_step"]
+        first_epoch, skip = divmod(step, per_epoch)
+        print(f"resumed from {a['resume']}: epoch {first_epoch + 1}, step {step}")
     pace = float(os.environ.get("LORAPOD_STANDIN_STEP_S", "0.1"))
     t0 = time.time()
     for epoch in range(first_epoch, epochs):
         print(f"\nepoch {epoch + 1}/{epochs}", flush=True)
-        for _ in range(per_epoch):
+        for _ in range(per_epoch - skip):
             time.sleep(pace)
             step += 1
             loss = 0.2 / math.sqrt(step)
@@ -93,6 +94,7 @@ def main() -> int:
             if every_s and step % every_s == 0 and step < total:
                 weights(out / f"{name}-step{step:08d}.safetensors", f"s{step}")
                 state(out / f"{name}-step{step:08d}-state", epoch, step)
+        skip = 0
         if every_e and (epoch + 1) % every_e == 0 and epoch + 1 < epochs:
             weights(out / f"{name}-{epoch + 1:06d}.safetensors", f"e{epoch + 1}")
             state(out / f"{name}-{epoch + 1:06d}-state", epoch + 1, step)
