@@ -26,7 +26,8 @@ SHARED = ["method.type", "method.r", "method.alpha", "method.dropout", "train.mi
           "train.learning_rate", "train.gradient_checkpointing", "train.precision", "train.max_grad_norm"]
 ROUND_TRIP = {
     ("sdxl-object-lora", "sd-scripts"): [*SHARED, "model.id", "model.family", "method.train_text_encoder", "data.repeats", "data.resolution", "data.buckets", "data.caption_extension", "data.cache_latents", "data.cache_text_encoder_outputs", "train.epochs", "train.scheduler", "train.warmup_steps", "train.seed", "save.every_epochs", "save.keep_last", "samples.every_epochs", "output.name"],
-    ("flux2-klein-lora", "ai-toolkit"): [*SHARED, "model.id", "model.family", "model.variant", "data.trigger", "data.repeats", "data.resolution", "data.buckets", "data.cache_latents", "data.cache_text_encoder_outputs", "train.timestep_sampling", "save.every_steps", "save.keep_last", "samples.prompts", "samples.every_steps", "output.name"],
+    ("flux2-klein-lora", "ai-toolkit"): [*SHARED, "model.id", "model.family", "model.variant", "data.trigger", "data.repeats", "data.resolution", "data.buckets", "data.cache_latents", "data.cache_text_encoder_outputs", "train.timestep_sampling", "train.scheduler",
+        "train.warmup_steps", "save.every_steps", "save.keep_last", "samples.prompts", "samples.every_steps", "output.name"],
     ("llm-chat-lora", "axolotl"): [*SHARED, "model.id", "model.family", "method.target_modules", "data.val_split", "data.sequence_len", "data.packing", "data.train_on_assistant_only", "train.epochs", "train.grad_accum", "train.scheduler", "train.warmup_ratio", "train.weight_decay", "train.seed", "save.every_steps", "save.keep_last", "eval.every_steps"],
 }
 

@@ -109,8 +109,13 @@ class AiToolkit(Trainer):
                        "optimizer": OPTIMIZERS[t.optimizer], "lr": float(t.learning_rate), "dtype": dtype}
         if fam in ("flux1", "flux2"):
             train["timestep_type"] = TIMESTEPS[t.timestep_sampling]
+        warmup = t.warmup_steps or round(t.warmup_ratio * steps)
         if t.scheduler in ("cosine", "linear"):
             train["lr_scheduler"] = t.scheduler
+        elif t.scheduler == "constant_with_warmup":
+            # toolkit/scheduler.py get_lr_scheduler: diffusers' constant schedule with warmup
+            train["lr_scheduler"] = "constant_with_warmup"
+            train["lr_scheduler_params"] = {"num_warmup_steps": warmup}
         if t.weight_decay:
             train["optimizer_params"] = {"weight_decay": float(t.weight_decay)}
         if t.max_grad_norm:
@@ -138,10 +143,14 @@ class AiToolkit(Trainer):
         else:
             train["disable_sampling"] = True
         notes = []
-        if t.warmup_steps or t.warmup_ratio:
-            notes.append("train.warmup_* has no effect: ai-toolkit's schedulers take no warmup")
+        if warmup and t.scheduler != "constant_with_warmup":
+            notes.append(f"train.warmup_* has no effect with {t.scheduler}: lorapod warms up ai-toolkit's "
+                         "constant_with_warmup only")
         if spec.eval.every_steps or d.val_path:
             notes.append("eval.* and data.val_path have no effect: ai-toolkit does not validate")
+        if fam in ("flux1", "flux2") and t.timestep_sampling == "shift":
+            notes.append("train.timestep_shift has no effect: ai-toolkit's timestep_type shift uses the model "
+                         "scheduler's own (resolution-dependent) shift")
         cfg = {"job": "extension", "config": {"name": name, "process": [proc]}, "meta": {"name": "[name]", "version": "1.0"}}
         path = f"{layout.job}/config.yaml"
         env_seed = ["env", f"SEED={t.seed}"]

@@ -296,6 +296,8 @@ def _aitk_train(r: ImportResult, t: dict) -> None:
                 r.skip("train.timestep_type", f"timestep type {v!r}")
         elif k == "dtype":
             r.put("train.precision", {"bf16": "bf16", "fp16": "fp16", "float32": "fp32"}.get(v, "auto"))
+        elif k == "lr_scheduler_params" and set(v) <= {"num_warmup_steps"}:
+            r.put("train.warmup_steps", v["num_warmup_steps"])
         elif k == "optimizer_params" and set(v) <= {"weight_decay"}:
             r.put("train.weight_decay", v["weight_decay"])
         elif k not in ("train_unet", "noise_scheduler", "disable_sampling"):
