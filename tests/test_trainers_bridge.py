@@ -4,7 +4,8 @@ Where each format comes from:
 - sd-scripts / musubi-tuner: train_network.py builds ``tqdm(..., desc="steps")`` and calls
   ``progress_bar.set_postfix(**{"avr_loss": avr_loss})``; tqdm prints ``{desc}: {pct}%|{bar}|
   {n}/{total} [{elapsed}<{remaining}, {rate}, avr_loss=<.3g>]`` with carriage returns; each epoch
-  starts with ``accelerator.print(f"\\nepoch {epoch+1}/{num_train_epochs}")``.
+  starts with ``accelerator.print(f"\\nepoch {epoch+1}/{num_train_epochs}")`` (a logger line
+  ``Epoch N/M`` in some versions).
 - axolotl: transformers' ProgressCallback.on_log (transformers 5.x trainer_callback.py) writes
   ``str(logs)`` with floats pre-formatted as ``f"{v:.4g}"`` strings, under a bare tqdm bar.
 - ai-toolkit: toolkit/logging_aitk.py UILogger: ``<save_root>/loss_log.db`` with tables
@@ -29,7 +30,7 @@ KOHYA = (
     "\rsteps:   0%|          | 2/2000 [00:03<57:48,  1.74s/it, avr_loss=0.0877]"
     "\rsteps:   0%|          | 2/2000 [00:03<57:48,  1.74s/it, avr_loss=0.0877]"
     "\rsteps:  12%|█▎        | 250/2000 [06:40<46:43,  1.60s/it, avr_loss=nan]"
-    "\nepoch 2/8\n"
+    "\n2026-12-01 00:10:00 INFO     Epoch 2/8                          train_network.py:1410\n"
     "\rsteps:  13%|█▎        | 251/2000 [06:42<46:41,  1.60s/it, avr_loss=9.84e-05]\n"
 )
 

@@ -27,7 +27,8 @@ from typing import Any
 _SPLIT = re.compile(r"[\r\n]+")
 _BAR = re.compile(r"(?:^|\s)(?P<desc>[\w ]*?):?\s*\d+%\|[^|]*\|\s*(?P<n>\d+)/(?P<total>\d+)\s*\[(?P<inner>[^\]]*)\]")
 _BARE_BAR = re.compile(r"\d+%\|[^|]*\|\s*(?P<n>\d+)/(?P<total>\d+)\s*\[(?P<inner>[^\]]*)\]")
-_EPOCH = re.compile(r"^\s*epoch (\d+)/(\d+)\s*$")
+# "epoch 2/8" (accelerator.print) or a logger's "INFO  Epoch 2/8   train_network.py:1234"
+_EPOCH = re.compile(r"\bepoch (\d+)/(\d+)\b", re.I)
 _NUM = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf)"
 
 
@@ -74,12 +75,11 @@ class KohyaProgress(LineBridge):
         self.epoch: int | None = None
 
     def line(self, line: str) -> list[dict[str, Any]]:
-        m = _EPOCH.match(line)
-        if m:
-            self.epoch = int(m.group(1))
-            return []
         m = _BAR.search(line)
         if not m or m.group("desc").strip() != "steps":
+            e = _EPOCH.search(line)
+            if e and not m:
+                self.epoch = int(e.group(1))
             return []
         n = int(m.group("n"))
         if n <= self.step:
