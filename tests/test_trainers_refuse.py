@@ -63,6 +63,8 @@ def test_settings_a_trainer_cannot_honour(tmp_path):
         spec_with(tmp_path, method={"train_text_encoder": True}), "sd-scripts")
     assert "model.variant must be one of 4b, 9b" in refused(spec_with(tmp_path, "flux2"), "ai-toolkit")
     assert "lorapod's built-in test model" in refused(REPO / "examples" / "demo.yaml", "axolotl")
+    assert "set model.family (sd15, sdxl, flux1): kohya sd-scripts needs it" in refused(spec_with(tmp_path, "auto"),
+                                                                                         "sd-scripts")
 
 
 def test_ai_toolkit_needs_a_step_count(tmp_path):

@@ -140,6 +140,8 @@ class Trainer:
     def refuse(self, spec) -> list[str]:
         """Reasons this trainer cannot run the spec as written (empty: it can)."""
         fam = spec.model.family
+        if fam == "auto":
+            return [f"set model.family ({', '.join(self.families)}): {self.title} needs it to pick its script"]
         if fam not in self.families:
             return [f"{self.title} does not train model.family {fam!r} here (it takes: {', '.join(self.families)})"]
         return []
