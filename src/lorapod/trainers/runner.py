@@ -215,7 +215,6 @@ def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: s
     layout = Layout(str(Path(work).resolve()), python)
     trainer, job = prepare(spec, trainer_name, layout)
     if src and not ("://" in src or src.endswith(".git")):
-        layout = Layout(layout.work, python)
         job = _with_src(trainer, spec, layout, src)
     ckpt = newest_checkpoint(run_dir)
     resume_step = int(ckpt.name.split("-")[1]) if ckpt is not None and ckpt.name.startswith("step-") else None
@@ -234,6 +233,9 @@ def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: s
         p = TrainerProcess(cmd)
         while p.poll() is None:
             time.sleep(0.2)
+            if stop_file.exists():  # nothing to save yet: end the install and stop
+                p.end(grace_s=5.0)
+                return "stopped"
         p.wait_output()
         if p.proc.returncode != 0:
             raise TrainerSetupFailed(
@@ -257,7 +259,8 @@ def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: s
             log(bridge.feed(text))
 
     try:
-        for cmd in job.commands:
+        for i, cmd in enumerate(job.commands):
+            last = i == len(job.commands) - 1
             say(f"lorapod trainer-run: {cmd.name}")
             p = TrainerProcess(cmd, on_text if cmd.phase == "train" else None)
             stopping_since: float | None = None
@@ -280,7 +283,7 @@ def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: s
                 elif stopping_since is not None and (set(saved) - before
                                                       or time.monotonic() - stopping_since > stop_wait_s):
                     break
-            if stopping_since is not None:
+            if stopping_since is not None and (p.poll() is None or p.poll() != 0 or not last):
                 p.end()
                 with lock:
                     log(bridge.flush() + bridge.poll())
