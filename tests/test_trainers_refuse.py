@@ -109,3 +109,17 @@ def test_musubi_video_dataset_and_block_swap_from_the_planner(tmp_path):
     assert train[train.index("--blocks_to_swap") + 1] == "13"
     assert job.notes == ["--blocks_to_swap 13: the planner says the job does not fit RTX 4090 as is; its fit: "
                          "--set train.optimizer=adamw_8bit --set train.gradient_checkpointing=true --set train.blocks_to_swap=13"]
+
+
+def test_setup_is_clone_install_torch_or_nothing_with_a_checkout():
+    from lorapod.trainers import get, names
+
+    for name in names():
+        t = get(name)
+        assert t.setup_commands(Layout("/w"), "py", "/opt/checkout") == []  # used as is, nothing installed
+        cmds = t.setup_commands(Layout("/w"), "py")
+        assert [c.name.split(" ")[0] for c in cmds] == (["clone", "torch", "install"] if t.repo else ["torch", "install"])
+        if t.repo:
+            assert f"checkout --quiet {t.commit}" in cmds[0].argv[0]
+            mirror = t.setup_commands(Layout("/w"), "py", "file:///srv/mirror.git")
+            assert "git clone --quiet file:///srv/mirror.git" in mirror[0].argv[0]

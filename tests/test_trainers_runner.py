@@ -5,6 +5,7 @@ trainer at its next save, and a rerun continues from the pulled checkpoint."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -106,3 +107,34 @@ def test_sd_scripts_stop_then_resume_gives_one_unbroken_curve(tmp_path):
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 121))
     assert (run / "adapter" / "mug.safetensors").is_file()
+
+
+def test_axolotl_stop_asks_for_a_checkpoint_now(tmp_path, monkeypatch):
+    """axolotl's dynamic checkpoint: on STOP the wrapper drops the trigger file and the next
+    checkpoint is the one it was asked for (the regular cadence would be at step 1000)."""
+    standin = Path(__file__).resolve().parent / "standins" / "axolotl"
+    monkeypatch.setenv("PYTHONPATH", f"{standin}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    (tmp_path / "chat.jsonl").write_text("".join(
+        json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}) + "\n"
+        for _ in range(10)))
+    raw = {"model": {"id": "org/llm", "family": "llm"}, "data": {"path": "chat.jsonl"},
+           "train": {"max_steps": 3000}, "save": {"every_steps": 1000}, "output": {"name": "chat"}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    spec = load_spec(tmp_path / "s.yaml")
+    run = tmp_path / "run"
+
+    def stop_soon() -> None:
+        while not (run / "metrics.jsonl").is_file() or len((run / "metrics.jsonl").read_text().splitlines()) < 20:
+            time.sleep(0.05)
+        (run / "STOP").write_text("test\n")
+
+    threading.Thread(target=stop_soon, daemon=True).start()
+    state = run_trainer(spec, "axolotl", run, tmp_path / "work", src=str(standin), poll_s=0.1, say=print)
+    assert state == "stopped"
+    (ck,) = (run / "checkpoints").iterdir()
+    step = int(ck.name.split("-")[1])
+    assert 20 <= step < 1000 and (ck / "trainer_state.json").is_file()
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert recs[0] == {"time": recs[0]["time"], "step": 1, "loss": 2.0, "grad_norm": 0.5, "lr": 0.0002,
+                       "epoch": 0.001}
+    assert not (run / "adapter").exists()

@@ -117,12 +117,13 @@ class Trainer:
     def setup_commands(self, layout: Layout, python: str, src: str | None = None) -> list[Command]:
         """Clone at the pinned commit and install into the job's Python.
 
-        ``src`` is an existing checkout on the instance (used as is: nothing cloned or installed)
-        or another git URL to clone at the pinned commit (a mirror)."""
+        ``src`` is an existing checkout on the instance, its requirements already installed (used
+        as is: nothing cloned or installed, for axolotl too), or another git URL to clone at the
+        pinned commit (a mirror)."""
+        if src and not _is_url(src):
+            return []
         cmds: list[Command] = []
         if self.repo is not None:
-            if src and not _is_url(src):
-                return []
             url = src or self.repo
             d = shlex.quote(layout.src)
             cmds.append(Command(f"clone {url} at {self.commit}", [
