@@ -37,6 +37,8 @@ def plan_command(
     set_: list[str] = typer.Option([], "--set", help="Override a spec value, e.g. --set train.micro_batch_size=2."),
     images: int | None = typer.Option(None, "--images", help="Image count when data.path is not on this machine."),
     examples: int | None = typer.Option(None, "--examples", help="Chat example count when the data file is not here."),
+    trainer: str | None = typer.Option(None, "--trainer", help="Price the job as an external trainer runs it: "
+                                       "sd-scripts | ai-toolkit | musubi-tuner | axolotl (setup time, VRAM)."),
     storage: bool = typer.Option(False, "--storage", help="Advise which disk to pay for instead of planning a job."),
     model_gb: float | None = typer.Option(None, "--model-gb", help="--storage: size of the models you keep."),
     sessions_per_month: float | None = typer.Option(None, "--sessions-per-month", help="--storage: sessions a month."),
@@ -61,7 +63,8 @@ def plan_command(
 
         got = live_prices(job_spec.compute.disk_gb, [find_gpu(gpu)] if gpu else None)
         prices, notes = got.entries, got.notes
-    plan = plan_job(job_spec, gpu=gpu, provider=provider, prices=prices, images=images, examples=examples)
+    plan = plan_job(job_spec, gpu=gpu, provider=provider, prices=prices, images=images, examples=examples,
+                    trainer=trainer)
     why = _explanation(plan, gpu) if explain else None
     if json_out:
         out = plan.to_json()

@@ -46,6 +46,10 @@ def register(app: typer.Typer) -> None:
         forward_env: list[str] = typer.Option([], "--forward-env", help="Send this environment variable to the "
                                               "instance (repeatable; to any host). Default: only HF_TOKEN for a "
                                               "gated model, and only to verified/secure hosts."),
+        trainer: str | None = typer.Option(None, "--trainer", help="Run an external trainer on the instance: "
+                                           "sd-scripts | ai-toolkit | musubi-tuner | axolotl."),
+        trainer_src: str | None = typer.Option(None, "--trainer-src", help="With --trainer: a checkout already on "
+                                               "the instance (used as is), or a git mirror URL."),
         poll_s: float = typer.Option(5.0, "--poll-s", hidden=True),
         pull_every_s: float = typer.Option(30.0, "--pull-every-s", hidden=True),
         ready_deadline_s: float = typer.Option(600.0, "--ready-deadline-s", hidden=True),
@@ -118,6 +122,11 @@ def register(app: typer.Typer) -> None:
                                                           "poll_s": watchdog_poll_s, "stall_s": stall_s},
                        forward_env=tuple(forward_env) if forward_env else None,
                        destroy_deadline_s=destroy_deadline_s)
+        if trainer:
+            from lorapod.cli.trainers import print_trainer_job, trainer_job_command
+
+            print_trainer_job(spec_obj, trainer)  # refuses what the trainer cannot do, before renting
+            opts.job_command = trainer_job_command(trainer, trainer_src)
         summary = run_remote(spec_obj, provider, target, opts, ledger, spec_path,
                              say=lambda m: console.print(m, style="dim", markup=False), resume_job=resume)
         if as_json:

@@ -20,6 +20,11 @@ def train(
     device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: best available)."),
     v_pred: bool = typer.Option(False, "--v-pred", help="SD 1.5/SDXL: train on the v-prediction objective "
                                 "(kohya's --v_parameterization; same as --set model.prediction_type=v_prediction)."),
+    trainer: str | None = typer.Option(None, "--trainer", help="Train with an external trainer instead of "
+                                       "lorapod's engine: sd-scripts | ai-toolkit | musubi-tuner | axolotl."),
+    print_: bool = typer.Option(False, "--print", help="With --trainer: show its files and commands, run nothing."),
+    trainer_src: str | None = typer.Option(None, "--trainer-src", help="With --trainer: a checkout of it here "
+                                           "(used as is), or a git URL to clone at the pinned commit."),
 ) -> None:
     """Train a LoRA adapter as the spec says (LLM or image), writing checkpoints, metrics and the adapter."""
     from lorapod.rundir import RunDir
@@ -27,6 +32,14 @@ def train(
 
     if v_pred:
         set_ = [*set_, "model.prediction_type=v_prediction"]
+    if trainer is not None:
+        if resume is not None:  # continue a trainer's run folder from its newest checkpoint
+            spec_file, run_dir = RunDir.open(resume).spec_file, resume
+        _external(spec_file, set_, run_dir, trainer, print_, trainer_src)
+        return
+    if print_:
+        raise LorapodError("--print shows an external trainer's job", hint="add --trainer sd-scripts | ai-toolkit | "
+                           "musubi-tuner | axolotl")
 
     if resume is not None:
         run = RunDir.open(resume)
@@ -56,6 +69,33 @@ def train(
         console.print(f"stopped on request at step {result.state.step}; resume with: lorapod train --resume {run.root}")
     else:
         console.print(f"adapter: [bold]{run.adapter}[/]")
+
+
+def _external(spec_file, set_, run_dir, trainer: str, print_: bool, trainer_src: str | None) -> None:
+    """``--trainer X``: print its job, or run it here under the run-folder contract."""
+    from lorapod.cli.trainers import print_trainer_job
+    from lorapod.rundir import RunDir
+    from lorapod.spec import load_spec
+
+    if spec_file is None:
+        raise LorapodError("no spec given", hint="lorapod train SPEC.yaml --trainer NAME [--print]")
+    spec = load_spec(spec_file, set_)
+    if print_:
+        typer.echo(print_trainer_job(spec, trainer), nl=False)
+        return
+    from lorapod.trainers.runner import run_trainer
+
+    run = RunDir(run_dir) if run_dir is not None else RunDir.create(spec.output.dir, spec.output.name or spec_file.stem)
+    run.root.mkdir(parents=True, exist_ok=True)
+    run.write_spec(spec)
+    console.print(f"run folder: [bold]{run.root}[/]")
+    import sys
+
+    work = run.root.parent / f".{run.root.name}-trainer"
+    state = run_trainer(spec, trainer, run.root, work, python=sys.executable, src=trainer_src,
+                        say=lambda m: console.print(m, markup=False))
+    console.print(f"{state}: adapter in {run.adapter}" if state == "done" else
+                  f"stopped on request; continue with: lorapod train --resume {run.root} --trainer {trainer}")
 
 
 def _record_plan(spec, run) -> None:

@@ -156,6 +156,7 @@ def plan_job(
     images: int | None = None,
     examples: int | None = None,
     today: dt.date | None = None,
+    trainer: str | None = None,
 ) -> Plan:
     """Estimate the job on every priced GPU and rank the offers that fit by $ per job.
 
@@ -164,7 +165,13 @@ def plan_job(
     A pinned GPU is shown even when it does not fit, with the change that would make it fit.
     Raises PlanError when nothing fits, naming what would.
     """
+    if trainer:  # an external trainer: its setup time and VRAM extras (plan/trainer_profile.py)
+        from lorapod.plan.trainer_profile import add_overhead, with_trainer
+
+        spec = with_trainer(spec, trainer)
     job = build_job(spec, images=images, examples=examples)
+    if trainer:
+        job = add_overhead(job, trainer)
     snap, snapshot_prices = load_prices()
     entries = list(prices) if prices is not None else list(snapshot_prices)
     gpu = gpu or spec.compute.gpu

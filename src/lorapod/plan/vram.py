@@ -84,7 +84,8 @@ class Settings:
         elif dtype == "auto":
             dtype = model.default_dtype if isinstance(model, ImageModel) else "bf16"
         targets = spec.method.target_modules
-        frames = getattr(spec.data, "frames", None) or 1
+        # clips: the spec's 4n+1 window lengths (a mix of buckets); stills train as 1 frame
+        frames = tuple(spec.data.target_frames) if isinstance(model, ImageModel) and model.is_video else 1
         return cls(
             base_dtype=dtype,
             r=spec.method.r,

@@ -1,0 +1,89 @@
+"""``lorapod import`` (a trainer's config -> a lorapod spec) and the hidden ``lorapod trainer-run``
+(the job wrapper that runs an external trainer on the instance, :mod:`lorapod.trainers.runner`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+console = Console(stderr=True, highlight=False)
+
+
+def trainer_job_command(trainer: str, src: str | None = None):
+    """The job command ``lorapod run --trainer`` hands to the session (``Options.job_command``)."""
+
+    def cmd(python: str, spec: str, run_dir: str, resume: bool) -> list[str]:
+        return [python, "-m", "lorapod", "trainer-run", trainer, spec, "--run-dir", run_dir,
+                *(["--src", src] if src else [])]
+
+    return cmd
+
+
+def print_trainer_job(spec, trainer: str) -> str:
+    """What ``lorapod train --trainer X --print`` shows: the job as it will run on an instance,
+    with the dataset where ``lorapod run`` puts it (``$WORK/data/...``)."""
+    from lorapod.trainers import Layout, prepare
+
+    view = spec.model_copy(deep=True)
+    paths = view.data_paths()
+    remote = [f"$WORK/data/{i}-{p.name}" for i, p in enumerate(paths)]
+    view.data.path = remote if isinstance(view.data.path, list) else remote[0]
+    if view.data.val_path:
+        view.data.val_path = f"$WORK/data/{len(paths)}-{Path(view.data.val_path).name}"
+    images = None
+    if view.is_image:
+        from lorapod.trainers.base import image_count
+
+        images = image_count(spec)
+    _, job = prepare(view, trainer, Layout("$WORK"), images=images)
+    return job.render()
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("trainer-run", hidden=True)
+    def trainer_run(
+        trainer: str = typer.Argument(..., help="sd-scripts | ai-toolkit | musubi-tuner | axolotl"),
+        spec: Path = typer.Argument(..., help="The job spec (its paths point at this machine's copies)."),
+        run_dir: Path = typer.Option(..., "--run-dir", help="The run folder to fill."),
+        src: str | None = typer.Option(None, "--src", help="A checkout of the trainer on this machine (used as "
+                                       "is), or a git URL to clone at the pinned commit."),
+        work: Path | None = typer.Option(None, "--work", help="Where the trainer's checkout and outputs go "
+                                         "(default: the spec's folder)."),
+        stop_wait_s: float = typer.Option(240.0, "--stop-wait-s", help="After STOP, how long to wait for the "
+                                          "trainer's next save before ending it."),
+        poll_s: float = typer.Option(1.0, "--poll-s", hidden=True),
+    ) -> None:
+        """Run an external trainer under lorapod's run-folder contract (the job command of `run --trainer`)."""
+        from lorapod.spec import load_spec
+        from lorapod.trainers.runner import run_trainer
+
+        spec_obj = load_spec(spec)
+        state = run_trainer(spec_obj, trainer, run_dir, work or spec.resolve().parent, python=sys.executable,
+                            src=src, stop_wait_s=stop_wait_s, poll_s=poll_s,
+                            say=lambda m: print(m, flush=True))
+        print(f"lorapod trainer-run: {state}", flush=True)
+
+    @app.command("import")
+    def import_(
+        file: Path = typer.Argument(..., help="An axolotl YAML, an ai-toolkit job YAML, or an sd-scripts dataset TOML."),
+        flags: str = typer.Option("", "--flags", help="sd-scripts: the training command's options, quoted: "
+                                  "--flags \"--network_dim 16 --learning_rate 1e-4 ...\""),
+        out: Path | None = typer.Option(None, "--out", "-o", help="Write the spec here (default: stdout)."),
+    ) -> None:
+        """Turn a trainer's config into a lorapod spec; every setting without an equivalent is listed."""
+        from lorapod.trainers.importer import import_file
+
+        result = import_file(file, flags)
+        text = result.to_yaml()
+        if out:
+            out.write_text(text, encoding="utf-8")
+            console.print(f"spec written to {out} (from {result.source})")
+        else:
+            typer.echo(text, nl=False)
+        if result.unmapped:
+            console.print(f"{len(result.unmapped)} setting(s) without a lorapod equivalent:")
+            for key, why in result.unmapped:
+                console.print(f"  - {key}: {why}")

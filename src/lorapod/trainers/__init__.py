@@ -1,0 +1,55 @@
+"""External trainers lorapod drives from a spec: one adapter per trainer, one registry.
+
+``get("sd-scripts")`` returns the adapter; each turns a JobSpec into the trainer's files and
+command lines (:class:`~lorapod.trainers.base.TrainerJob`), refuses what it cannot honour before
+anything is rented, bridges the trainer's progress into ``metrics.jsonl`` and maps its samples
+and checkpoints into the run folder (:mod:`lorapod.trainers.runner`). Names are registered once,
+like compute providers and captioners; aliases are accepted on the command line.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from lorapod.errors import SpecError
+from lorapod.trainers.base import Layout, Trainer, TrainerJob, TrainerRefused, refuse_all
+
+_REGISTRY: dict[str, str] = {
+    "sd-scripts": "lorapod.trainers.sd_scripts:SdScripts",
+    "ai-toolkit": "lorapod.trainers.ai_toolkit:AiToolkit",
+    "musubi-tuner": "lorapod.trainers.musubi:MusubiTuner",
+    "axolotl": "lorapod.trainers.axolotl:Axolotl",
+}
+ALIASES = {"kohya": "sd-scripts", "sd_scripts": "sd-scripts", "ai_toolkit": "ai-toolkit", "aitk": "ai-toolkit",
+           "musubi": "musubi-tuner", "musubi_tuner": "musubi-tuner"}
+
+
+def names() -> list[str]:
+    return list(_REGISTRY)
+
+
+def register(name: str, target: str) -> None:
+    """Add an adapter (``module:Class``); a name can be registered once."""
+    if name in _REGISTRY or name in ALIASES:
+        raise ValueError(f"a trainer named {name!r} is already registered")
+    _REGISTRY[name] = target
+
+
+def get(name: str) -> Trainer:
+    key = ALIASES.get(name.strip().lower(), name.strip().lower())
+    if key not in _REGISTRY:
+        raise SpecError(f"unknown trainer {name!r}", hint=f"--trainer {' | '.join(_REGISTRY)}")
+    module, cls = _REGISTRY[key].split(":")
+    return getattr(importlib.import_module(module), cls)()
+
+
+def prepare(spec, name: str, layout: Layout, *, images: int | None = None) -> tuple[Trainer, TrainerJob]:
+    """Refuse what the trainer cannot do, build its job, check it against the contract."""
+    trainer = get(name)
+    refuse_all(trainer, spec)
+    job = trainer.build(spec, layout, images=images)
+    trainer.check(job)
+    return trainer, job
+
+
+__all__ = ["ALIASES", "Layout", "Trainer", "TrainerJob", "TrainerRefused", "get", "names", "prepare", "register"]

@@ -1,0 +1,196 @@
+"""ostris/ai-toolkit: FLUX.1 and FLUX.2 [klein] LoRAs (and SDXL / SD 1.5) with ``python run.py CONFIG``.
+
+One job YAML (``job: extension``, one ``sd_trainer`` process) with the ``model`` (``arch``),
+``network``, ``datasets``, ``train``, ``save``, ``sample`` and ``logging`` blocks. ai-toolkit
+counts steps, not epochs, so epochs become ``train.steps`` from the image count. The 24 GB profile
+(quantize the transformer and the text encoder to fp8, ``low_vram``) is used for an fp8 base, for
+FLUX.1 (12B parameters) and for a pinned GPU of 24 GB or less. ``logging.use_ui_logger`` makes
+it write ``loss_log.db``, which lorapod reads for metrics. Outputs (recorded in the contract):
+``<training_folder>/<name>/<name>_<step:09d>.safetensors``, final ``<name>.safetensors``,
+``optimizer.pt``, samples in ``samples/``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from lorapod.trainers.base import (
+    Artifact,
+    Command,
+    Layout,
+    Trainer,
+    TrainerJob,
+    TrainerRefused,
+    image_count,
+    precision,
+    prompts_of,
+    safe_name,
+    total_steps,
+)
+from lorapod.trainers.bridge import AiToolkitSqlite
+from lorapod.trainers.contracts import dump_yaml
+
+ARCH = {"flux1": "flux", "sdxl": "sdxl", "sd15": "sd1"}
+KLEIN = {"4b": "flux2_klein_4b", "9b": "flux2_klein_9b"}
+OPTIMIZERS = {"adamw": "adamw", "adamw_8bit": "adamw8bit"}
+TIMESTEPS = {"uniform": "linear", "logit_normal": "sigmoid", "shift": "shift"}
+
+
+class AiToolkit(Trainer):
+    name = "ai-toolkit"
+    title = "ostris ai-toolkit"
+    families = ("flux1", "flux2", "sdxl", "sd15")
+    contract = "ai_toolkit.json"
+    repo = "https://github.com/ostris/ai-toolkit.git"
+    commit = "27a03a91f23eb1b757d5ec2e80ee3e129cfcc350"
+    install = ("-r", "requirements.txt")
+    torch = "torch>=2.7"
+
+    def refuse(self, spec) -> list[str]:
+        r = super().refuse(spec)
+        if r:
+            return r
+        m, t = spec.method, spec.train
+        if m.type == "qlora":
+            r.append("ai-toolkit quantizes the base itself: use method.type lora with model.dtype fp8")
+        if m.target_modules != "all-linear" or m.rslora:
+            r.append("ai-toolkit's LoRA network picks its own targets and has no rslora: "
+                     "method.target_modules all-linear, method.rslora false")
+        if spec.model.family == "flux2" and (spec.model.variant or "").lower() not in KLEIN:
+            r.append(f"ai-toolkit trains FLUX.2 [klein] here: model.variant must be one of {', '.join(KLEIN)}")
+        if t.blocks_to_swap:
+            r.append("ai-toolkit offloads with model.low_vram, not a block count: train.blocks_to_swap must be 0")
+        if isinstance(spec.samples.prompts, str) and not Path(spec.samples.prompts).is_file():
+            r.append(f"samples.prompts {spec.samples.prompts!r} is not a file here: give a list of prompts")
+        return r
+
+    def build(self, spec, layout: Layout, *, images: int | None = None) -> TrainerJob:
+        name = safe_name(spec)
+        d, t, m, s = spec.data, spec.train, spec.method, spec.save
+        fam = spec.model.family
+        images = images or image_count(spec)
+        steps = total_steps(spec, images)
+        if steps is None:
+            raise TrainerRefused("ai-toolkit counts steps, and the image count is unknown here",
+                                 hint="put the images at data.path, or --set train.max_steps=N")
+        gpu_small = False
+        if spec.compute.gpu:
+            from lorapod.catalog.gpus import find_gpu
+
+            gpu_small = find_gpu(spec.compute.gpu).vram_gb <= 24
+        quantize = spec.model.dtype == "fp8" or fam == "flux1" or gpu_small
+        prec = precision(spec)
+        dtype = {"bf16": "bf16", "fp16": "fp16", "fp32": "float32"}[prec]
+        model: dict = {"name_or_path": spec.model.id,
+                       "arch": KLEIN[(spec.model.variant or "").lower()] if fam == "flux2" else ARCH[fam]}
+        if quantize:
+            model.update({"quantize": True, "quantize_te": True, "qtype": "qfloat8", "qtype_te": "qfloat8"})
+        if gpu_small or spec.model.dtype == "fp8":
+            model["low_vram"] = True
+        network: dict = {"type": "lora", "linear": m.r, "linear_alpha": float(m.alpha)}
+        if m.dropout:
+            network["dropout"] = float(m.dropout)
+        datasets = []
+        for p in spec.data_paths():
+            ds: dict = {"folder_path": str(p), "caption_ext": d.caption_extension.lstrip("."),
+                        "caption_dropout_rate": float(d.caption_dropout), "shuffle_tokens": d.shuffle_captions,
+                        "cache_latents_to_disk": d.cache_latents, "resolution": [d.resolution],
+                        "buckets": d.buckets, "num_repeats": d.repeats}
+            if d.trigger and d.shuffle_captions:
+                ds["keep_tokens"] = 1
+            if d.flip:
+                ds["flip_x"] = True
+            datasets.append(ds)
+        train: dict = {"batch_size": t.micro_batch_size, "steps": steps, "gradient_accumulation": t.grad_accum,
+                       "train_unet": True, "train_text_encoder": m.train_text_encoder,
+                       "gradient_checkpointing": t.gradient_checkpointing,
+                       "noise_scheduler": "flowmatch" if fam in ("flux1", "flux2") else "ddpm",
+                       "optimizer": OPTIMIZERS[t.optimizer], "lr": float(t.learning_rate), "dtype": dtype}
+        if fam in ("flux1", "flux2"):
+            train["timestep_type"] = TIMESTEPS[t.timestep_sampling]
+        warmup = t.warmup_steps or round(t.warmup_ratio * steps)
+        if t.scheduler in ("cosine", "linear"):
+            train["lr_scheduler"] = t.scheduler
+        elif t.scheduler == "constant_with_warmup":
+            # toolkit/scheduler.py get_lr_scheduler: diffusers' constant schedule with warmup
+            train["lr_scheduler"] = "constant_with_warmup"
+            train["lr_scheduler_params"] = {"num_warmup_steps": warmup}
+        if t.weight_decay:
+            train["optimizer_params"] = {"weight_decay": float(t.weight_decay)}
+        if t.max_grad_norm:
+            train["max_grad_norm"] = float(t.max_grad_norm)
+        if t.noise_offset:
+            train["noise_offset"] = float(t.noise_offset)
+        if t.min_snr_gamma:
+            train["min_snr_gamma"] = float(t.min_snr_gamma)
+        if d.cache_text_encoder_outputs and not m.train_text_encoder:
+            train["cache_text_embeddings"] = True
+        save_every = s.every_steps or _epoch_steps(spec, images, s.every_epochs) or steps
+        save = {"dtype": dtype if dtype != "float32" else "float16", "save_every": save_every,
+                "max_step_saves_to_keep": s.keep_last}
+        proc: dict = {"type": "sd_trainer", "training_folder": layout.out}
+        if d.trigger:
+            proc["trigger_word"] = d.trigger
+        proc.update({"network": network, "save": save, "datasets": datasets, "train": train, "model": model,
+                     "logging": {"log_every": 1, "use_ui_logger": True}})
+        prompts = prompts_of(spec)
+        if prompts:
+            every = spec.samples.every_steps or _epoch_steps(spec, images, spec.samples.every_epochs) or save_every
+            proc["sample"] = {"sampler": "flowmatch" if fam in ("flux1", "flux2") else "ddpm", "sample_every": every,
+                              "width": d.resolution, "height": d.resolution, "seed": t.seed, "walk_seed": True,
+                              "samples": [{"prompt": p} for p in prompts]}
+        else:
+            train["disable_sampling"] = True
+        notes = []
+        if warmup and t.scheduler != "constant_with_warmup":
+            notes.append(f"train.warmup_* has no effect with {t.scheduler}: lorapod warms up ai-toolkit's "
+                         "constant_with_warmup only")
+        if spec.eval.every_steps or d.val_path:
+            notes.append("eval.* and data.val_path have no effect: ai-toolkit does not validate")
+        if fam in ("flux1", "flux2") and t.timestep_sampling == "shift":
+            notes.append("train.timestep_shift has no effect: ai-toolkit's timestep_type shift uses the model "
+                         "scheduler's own (resolution-dependent) shift")
+        cfg = {"job": "extension", "config": {"name": name, "process": [proc]}, "meta": {"name": "[name]", "version": "1.0"}}
+        path = f"{layout.job}/config.yaml"
+        env_seed = ["env", f"SEED={t.seed}"]
+        cmd = Command("train", [*env_seed, layout.python, "run.py", path], "train", cwd=layout.src)
+        return TrainerJob(self.name, {path: dump_yaml(cfg)}, self.setup_commands(layout, layout.python), [cmd],
+                          f"{layout.out}/{name}", name, notes, config=cfg)
+
+    def metrics_parser(self, job: TrainerJob) -> AiToolkitSqlite:
+        return AiToolkitSqlite(Path(job.output_dir) / "loss_log.db")
+
+    def artifacts(self, layout: Layout, name: str) -> list[Artifact]:
+        root = Path(layout.out) / name
+        if not root.is_dir():
+            return []
+        found: list[Artifact] = []
+        pat = re.compile(rf"^{re.escape(name)}_(\d{{9}})\.safetensors$")
+        for p in sorted(root.iterdir()):
+            m = pat.match(p.name)
+            if m:
+                found.append(Artifact("checkpoint", f"step-{int(m.group(1))}", p))
+            elif p.name == f"{name}.safetensors":
+                found.append(Artifact("final", p.name, p))
+        samples = root / "samples"
+        if samples.is_dir():
+            found += [Artifact("sample", f.name, f) for f in sorted(samples.iterdir()) if f.is_file()]
+        return found
+
+    def resume(self, job: TrainerJob, checkpoint: Path) -> None:
+        """ai-toolkit continues from the newest ``<name>*.safetensors`` in its save root (step from
+        its metadata): the runner links the pulled checkpoint back there before it starts."""
+        files = sorted(checkpoint.glob("*.safetensors"))
+        if not files:
+            raise TrainerRefused(f"{checkpoint} holds no LoRA file to resume from", hint="start a new run")
+        job.files[f"{job.output_dir}/{files[0].name}"] = f"@link:{files[0]}"
+
+
+def _epoch_steps(spec, images: int | None, every_epochs: int | None) -> int | None:
+    if not every_epochs or not images:
+        return None
+    import math
+
+    per_epoch = math.ceil(images * spec.data.repeats / spec.train.micro_batch_size / spec.train.grad_accum)
+    return max(1, per_epoch * every_epochs)

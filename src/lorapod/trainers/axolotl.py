@@ -1,0 +1,180 @@
+"""axolotl: LLM LoRA / QLoRA fine-tunes from one YAML config, ``axolotl train CONFIG``.
+
+axolotl installs from PyPI at the pinned release (0.19.0, which caps torch at 2.13). The config
+maps the spec's method (adapter lora/qlora, lora_*), data (datasets of ``type: chat_template``
+with the field mapping of the chat format, val_set_size or test_datasets, sequence_len,
+sample_packing) and train settings; ``dynamic_checkpoint`` lets lorapod ask for a checkpoint on
+STOP (a file ``axolotl_checkpoint.save`` in output_dir). Outputs follow the Hugging Face
+Trainer: ``checkpoint-<step>/`` folders and the final adapter (``adapter_model.safetensors``,
+``adapter_config.json``) in output_dir. Merging into the base (``axolotl merge-lora``) is printed
+as the next step, not run: lorapod keeps the adapter.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from lorapod.trainers.base import Artifact, Command, Layout, Trainer, TrainerJob, TrainerRefused, safe_name
+from lorapod.trainers.bridge import HFTrainerLogs
+from lorapod.trainers.contracts import dump_yaml
+
+VERSION = "0.19.0"
+OPTIMIZERS = {"adamw": "adamw_torch", "adamw_8bit": "adamw_bnb_8bit"}
+# chat formats as axolotl's chat_template datasets read them
+FORMATS = {
+    "messages": {"field_messages": "messages", "message_property_mappings": {"role": "role", "content": "content"}},
+    "sharegpt": {"field_messages": "conversations", "message_property_mappings": {"role": "from", "content": "value"},
+                 "roles": {"user": ["human"], "assistant": ["gpt"], "system": ["system"]}},
+}
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+TRIGGER = "axolotl_checkpoint.save"
+
+
+def chat_format(spec) -> str:
+    """The spec's chat format; ``auto`` reads the first line of the first file when it is here."""
+    fmt = spec.data.format
+    if fmt != "auto":
+        return fmt
+    path = spec.data_paths()[0]
+    if path.is_file():
+        with open(path, encoding="utf-8") as fh:
+            first = fh.readline()
+        try:
+            rec = json.loads(first)
+        except ValueError:
+            return "messages"
+        if "conversations" in rec:
+            return "sharegpt"
+        if "instruction" in rec:
+            return "alpaca"
+    return "messages"
+
+
+def dataset_entry(path: str, fmt: str, assistant_only: bool) -> dict:
+    if fmt == "alpaca":
+        return {"path": path, "ds_type": "json", "type": "alpaca"}
+    entry = {"path": path, "ds_type": "json", "type": "chat_template", **FORMATS[fmt]}
+    entry["roles_to_train"] = ["assistant"] if assistant_only else ["user", "assistant"]
+    return entry
+
+
+class Axolotl(Trainer):
+    name = "axolotl"
+    title = "axolotl"
+    families = ("llm",)
+    contract = "axolotl.json"
+    repo = None
+    commit = VERSION
+    install = (f"axolotl=={VERSION}",)
+    torch = "torch>=2.11,<=2.13.0"
+
+    def refuse(self, spec) -> list[str]:
+        r = super().refuse(spec)
+        if r:
+            return r
+        if spec.model.dtype == "fp8":
+            r.append("axolotl has no fp8 base for LoRA: model.dtype auto/bf16/fp16, or method.type qlora for 4 bits")
+        if spec.model.id.startswith("lorapod:"):
+            r.append(f"{spec.model.id} is lorapod's built-in test model; axolotl needs a hub id or a model folder")
+        if spec.data.format == "images":
+            r.append("axolotl trains on chat data, not images")
+        return r
+
+    def build(self, spec, layout: Layout, *, images: int | None = None) -> TrainerJob:
+        name = safe_name(spec)
+        m, d, t, s = spec.method, spec.data, spec.train, spec.save
+        fmt = chat_format(spec)
+        cfg: dict = {"base_model": spec.model.id}
+        if spec.model.revision:
+            cfg["revision_of_model"] = spec.model.revision
+        if spec.model.trust_remote_code:
+            cfg["trust_remote_code"] = True
+        cfg["adapter"] = m.type
+        if m.type == "qlora":
+            cfg["load_in_4bit"] = True
+        cfg.update({"lora_r": m.r, "lora_alpha": _int_if_whole(m.alpha), "lora_dropout": float(m.dropout)})
+        if m.target_modules == "all-linear":
+            cfg["lora_target_linear"] = True
+        else:
+            cfg["lora_target_modules"] = [m.target_modules] if isinstance(m.target_modules, str) else list(m.target_modules)
+        if m.rslora:
+            cfg["peft_use_rslora"] = True
+        cfg["datasets"] = [dataset_entry(str(p), fmt, d.train_on_assistant_only) for p in spec.data_paths()]
+        if d.val_path:
+            cfg["test_datasets"] = [{**dataset_entry(d.val_path, fmt, d.train_on_assistant_only), "split": "train"}]
+        else:
+            cfg["val_set_size"] = float(d.val_split)
+        cfg.update({"sequence_len": d.sequence_len, "sample_packing": d.packing})
+        if fmt == "alpaca":
+            cfg["train_on_inputs"] = not d.train_on_assistant_only
+        cfg.update({"micro_batch_size": t.micro_batch_size, "gradient_accumulation_steps": t.grad_accum,
+                    "num_epochs": float(t.epochs)})
+        if t.max_steps:
+            cfg["max_steps"] = t.max_steps
+        cfg.update({"optimizer": OPTIMIZERS[t.optimizer], "lr_scheduler": t.scheduler,
+                    "learning_rate": float(t.learning_rate)})
+        if t.warmup_steps:
+            cfg["warmup_steps"] = t.warmup_steps
+        elif t.warmup_ratio:
+            cfg["warmup_ratio"] = float(t.warmup_ratio)
+        cfg["weight_decay"] = float(t.weight_decay)
+        if t.max_grad_norm:
+            cfg["max_grad_norm"] = float(t.max_grad_norm)
+        cfg["gradient_checkpointing"] = t.gradient_checkpointing
+        prec = t.precision
+        cfg["bf16"] = {"auto": "auto", "bf16": True}.get(prec, False)
+        if prec == "fp16":
+            cfg["fp16"] = True
+        cfg.update({"seed": t.seed, "output_dir": layout.out, "logging_steps": 1})
+        if s.every_steps:
+            cfg["save_steps"] = s.every_steps
+        elif s.every_epochs:
+            cfg["saves_per_epoch"] = 1
+        cfg["save_total_limit"] = s.keep_last
+        if spec.eval.every_steps:
+            cfg["eval_steps"] = spec.eval.every_steps
+        cfg["dynamic_checkpoint"] = {"enabled": True, "check_interval": 1}
+        notes = []
+        if s.every_epochs and s.every_epochs > 1 and not s.every_steps:
+            notes.append(f"save.every_epochs {s.every_epochs}: axolotl saves every epoch (saves_per_epoch 1)")
+        if spec.eval.at_start:
+            notes.append("eval.at_start has no effect: axolotl evaluates during training only")
+        if d.skip_bad_examples:
+            notes.append("data.skip_bad_examples: axolotl drops examples it cannot tokenize on its own terms")
+        path = f"{layout.job}/axolotl.yaml"
+        train = Command("train", ["env", "AXOLOTL_DO_NOT_TRACK=1", layout.python, "-m", "axolotl.cli.train", path],
+                        "train")
+        notes.append(f"to merge the adapter into the base afterwards: axolotl merge-lora {path} "
+                     f"--lora-model-dir={layout.out}")
+        return TrainerJob(self.name, {path: dump_yaml(cfg)}, self.setup_commands(layout, layout.python), [train],
+                          layout.out, name, notes, config=cfg)
+
+    def metrics_parser(self, job: TrainerJob) -> HFTrainerLogs:
+        return HFTrainerLogs()
+
+    def artifacts(self, layout: Layout, name: str) -> list[Artifact]:
+        out = Path(layout.out)
+        if not out.is_dir():
+            return []
+        found = [Artifact("checkpoint", f"step-{int(m.group(1))}", p) for p in sorted(out.iterdir())
+                 if p.is_dir() and (m := re.match(r"^checkpoint-(\d+)$", p.name))]
+        if all((out / f).is_file() for f in ADAPTER_FILES):
+            found += [Artifact("final", f, out / f) for f in ADAPTER_FILES]
+        return found
+
+    def stop_trigger(self, layout: Layout) -> Path | None:
+        return Path(layout.out) / TRIGGER
+
+    def resume(self, job: TrainerJob, checkpoint: Path) -> None:
+        if not (checkpoint / "trainer_state.json").is_file():
+            raise TrainerRefused(f"{checkpoint} is not a Trainer checkpoint (no trainer_state.json)", hint="start a new run")
+        assert job.config is not None
+        job.config["resume_from_checkpoint"] = str(checkpoint)
+        path = next(p for p in job.files if p.endswith("axolotl.yaml"))
+        job.files[path] = dump_yaml(job.config)
+
+
+def _int_if_whole(x: float) -> int | float:
+    return int(x) if float(x).is_integer() else float(x)

@@ -1,0 +1,230 @@
+"""What every trainer adapter produces, and the small pieces they share.
+
+An adapter turns a :class:`~lorapod.spec.JobSpec` into a :class:`TrainerJob`: the files to
+write (config YAML, dataset TOML, prompt files), the setup commands (clone at the pinned commit,
+install into the job's Python, the torch build), the commands that train, and the notes on spec
+settings that have no effect. Everything is plain data, so ``lorapod train --print`` shows
+exactly what ``lorapod run`` will execute, and tests can compare it with golden files and check
+every emitted option against the trainer's recorded interface (:mod:`lorapod.trainers.contracts`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from lorapod.errors import SpecError
+
+Phase = Literal["setup", "prepare", "train", "post"]
+
+
+class TrainerRefused(SpecError):
+    """The spec asks for something the chosen trainer cannot do; nothing was rented."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where things live on the machine that runs the trainer, under the job's work folder.
+
+    ``work`` is an absolute path on the instance, or the literal ``$WORK`` when printing.
+    """
+
+    work: str
+    python: str = "python3"  # the job's Python on that machine
+
+    src = property(lambda self: f"{self.work}/trainer/src")  # the trainer's checkout
+    job = property(lambda self: f"{self.work}/trainer/job")  # files lorapod writes for it
+    out = property(lambda self: f"{self.work}/trainer/out")  # its output_dir
+    logs = property(lambda self: f"{self.work}/trainer/logs")  # its TensorBoard logs
+    models = property(lambda self: f"{self.work}/trainer/models")  # files downloaded for it
+    run = property(lambda self: f"{self.work}/run")  # lorapod's run folder
+
+
+@dataclass
+class Command:
+    """One command line. ``script`` names the contract entry its options are checked against."""
+
+    name: str
+    argv: list[str]
+    phase: Phase = "train"
+    cwd: str | None = None
+    script: str | None = None
+    shell: bool = False  # argv[0] is a shell snippet (setup only: `cd x && git ...`)
+
+    def render(self) -> str:
+        cmd = self.argv[0] if self.shell else shlex.join(self.argv)
+        return f"(cd {shlex.quote(self.cwd)} && {cmd})" if self.cwd else cmd
+
+
+@dataclass
+class TrainerJob:
+    trainer: str
+    files: dict[str, str]
+    setup: list[Command]
+    commands: list[Command]
+    output_dir: str
+    output_name: str
+    notes: list[str] = field(default_factory=list)
+    config: dict[str, Any] | None = None  # the YAML config (ai-toolkit, axolotl), for checks and import
+
+    def render(self) -> str:
+        """The files and commands as a person reads them (``lorapod train --print``)."""
+        out = [f"# trainer: {self.trainer}"]
+        for path, text in self.files.items():
+            out += [f"# ---- file {path}", text.rstrip("\n")]
+        for title, cmds in (("setup", self.setup), ("run", self.commands)):
+            out.append(f"# ---- {title}")
+            out += [f"# {c.name}\n{c.render()}" for c in cmds]
+        if self.notes:
+            out.append("# ---- notes")
+            out += [f"# - {n}" for n in self.notes]
+        return "\n".join(out) + "\n"
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """Something the trainer wrote that belongs in lorapod's run folder."""
+
+    kind: Literal["checkpoint", "state", "sample", "final"]
+    key: str  # step-500 | epoch-2 | last (checkpoints), the file name (samples)
+    path: Path
+
+
+class Trainer:
+    """Base of the adapters. Subclasses set the class attributes and implement ``build``."""
+
+    name: ClassVar[str]
+    title: ClassVar[str]
+    families: ClassVar[tuple[str, ...]]
+    contract: ClassVar[str]  # file name under trainers/contracts/
+    repo: ClassVar[str | None] = None  # git URL; None when it installs from PyPI
+    commit: ClassVar[str | None] = None
+    install: ClassVar[tuple[str, ...]] = ()  # pip arguments, run in the checkout
+    torch: ClassVar[str] = "torch>=2.4"  # the torch build it needs (kept when already satisfied)
+    torch_index: ClassVar[str] = "https://download.pytorch.org/whl/cu128"
+    # what a stop waits for: the next checkpoint, or (kohya) the next state folder it resumes from
+    resume_kind: ClassVar[Literal["checkpoint", "state"]] = "checkpoint"
+
+    # ---------------------------------------------------------------- building
+
+    def build(self, spec, layout: Layout, *, images: int | None = None) -> TrainerJob:
+        raise NotImplementedError
+
+    def setup_commands(self, layout: Layout, python: str, src: str | None = None) -> list[Command]:
+        """Clone at the pinned commit and install into the job's Python.
+
+        ``src`` is an existing checkout on the instance, its requirements already installed (used
+        as is: nothing cloned or installed, for axolotl too), or another git URL to clone at the
+        pinned commit (a mirror)."""
+        if src and not _is_url(src):
+            return []
+        cmds: list[Command] = []
+        if self.repo is not None:
+            url = src or self.repo
+            d = shlex.quote(layout.src)
+            cmds.append(Command(f"clone {url} at {self.commit}", [
+                f"rm -rf {d} && git clone --quiet {shlex.quote(url)} {d} && "
+                f"git -C {d} checkout --quiet {self.commit}"], "setup", shell=True))
+        cmds.append(Command(f"torch build ({self.torch})", [python, "-m", "pip", "install", "-q", self.torch,
+                                                           "--extra-index-url", self.torch_index], "setup"))
+        if self.install:
+            cmds.append(Command("install requirements", [python, "-m", "pip", "install", "-q", *self.install],
+                                "setup", cwd=layout.src if self.repo else None))
+        return cmds
+
+    # ---------------------------------------------------------------- checks
+
+    def refuse(self, spec) -> list[str]:
+        """Reasons this trainer cannot run the spec as written (empty: it can)."""
+        fam = spec.model.family
+        if fam == "auto":
+            return [f"set model.family ({', '.join(self.families)}): {self.title} needs it to pick its script"]
+        if fam not in self.families:
+            return [f"{self.title} does not train model.family {fam!r} here (it takes: {', '.join(self.families)})"]
+        return []
+
+    def check(self, job: TrainerJob) -> None:
+        """Every emitted option against the recorded interface of the pinned version."""
+        from lorapod.trainers.contracts import check_job
+
+        check_job(self, job)
+
+    # ---------------------------------------------------------------- on the instance
+
+    def metrics_parser(self, job: TrainerJob):
+        """An object with ``feed(text) -> list[dict]`` and ``poll() -> list[dict]``."""
+        raise NotImplementedError
+
+    def artifacts(self, layout: Layout, name: str) -> list[Artifact]:
+        raise NotImplementedError
+
+    def resume(self, job: TrainerJob, checkpoint: Path) -> None:
+        """Point the job at a checkpoint pulled into the run folder (``lorapod run --resume``)."""
+        raise TrainerRefused(f"{self.title} cannot resume from {checkpoint}",
+                             hint="start a new run; its checkpoints are in the run folder")
+
+    def stop_trigger(self, layout: Layout) -> Path | None:
+        """A file that asks the trainer to save now (None: wait for its next save)."""
+        return None
+
+
+def _is_url(s: str) -> bool:
+    return "://" in s or s.startswith("git@") or s.endswith(".git")
+
+
+def refuse_all(trainer: Trainer, spec) -> None:
+    reasons = trainer.refuse(spec)
+    if reasons:
+        raise TrainerRefused(f"{trainer.title} cannot run this spec:\n  - " + "\n  - ".join(reasons),
+                             hint="change the spec (--set key=value), or pick another --trainer; "
+                                  "without --trainer lorapod's own engine runs it")
+
+
+def image_count(spec) -> int | None:
+    """Images in the spec's data folders, when they are on this machine."""
+    from lorapod.data.scan import IMAGE_EXTS
+
+    n = 0
+    for p in spec.data_paths():
+        if not p.is_dir():
+            return None
+        n += sum(1 for f in p.rglob("*") if f.suffix.lower() in IMAGE_EXTS)
+    return n or None
+
+
+def total_steps(spec, images: int | None) -> int | None:
+    """Optimizer steps of the spec: max_steps, else epochs x ceil(images x repeats / batch) / accum."""
+    t = spec.train
+    if t.max_steps:
+        return t.max_steps
+    if not images:
+        return None
+    per_epoch = math.ceil(images * spec.data.repeats / t.micro_batch_size)
+    return max(1, math.ceil(per_epoch * t.epochs / t.grad_accum))
+
+
+def safe_name(spec) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", spec.output.name or "lora").strip("-") or "lora"
+
+
+def prompts_of(spec) -> list[str]:
+    """The sample prompts as lines (a prompts file is read when it is here; else None)."""
+    p = spec.samples.prompts
+    if p is None:
+        return []
+    if isinstance(p, list):
+        return [str(x) for x in p]
+    path = Path(p)
+    if path.is_file():
+        return [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()
+                if ln.strip() and not ln.lstrip().startswith("#")]
+    return [p]
+
+
+def precision(spec) -> str:
+    """bf16 | fp16 | fp32 for the trainer (auto is bf16: every GPU these trainers target has it)."""
+    return {"auto": "bf16"}.get(spec.train.precision, spec.train.precision)

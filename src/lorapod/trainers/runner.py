@@ -1,0 +1,337 @@
+"""The job wrapper that runs an external trainer inside lorapod's run-folder contract.
+
+``python -m lorapod trainer-run TRAINER spec.yaml --run-dir run`` is the job command of a
+``lorapod run --trainer`` (and of a local ``lorapod train --trainer``). It
+
+1. builds the trainer's files and commands from the spec (refusing what it cannot honour),
+2. sets the trainer up: clone at the pinned commit, install into this Python, the torch build
+   (a failure is reported with the step, its last output lines and what to do next),
+3. runs the prepare steps (downloads, caching) and the trainer, passing its output through to
+   ``job.log`` and bridging its progress into ``run/metrics.jsonl``,
+4. mirrors its checkpoints, state folders, samples and final LoRA into ``run/checkpoints/<key>/``,
+   ``run/samples/`` and ``run/adapter/`` as they appear (hard links: no extra disk), so the
+   controller pulls them like lorapod's own,
+5. honours ``run/STOP``: asks the trainer to save (axolotl's trigger file) or waits for its next
+   save, up to ``stop_wait_s``, then ends it (SIGINT, SIGTERM, SIGKILL to its process group) and
+   exits 0, like ``lorapod train`` does.
+
+A run folder that already holds checkpoints (``lorapod run --resume``) continues from the
+newest through the trainer's own resume mechanism.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lorapod.errors import LorapodError, RemoteError
+from lorapod.trainers import prepare
+from lorapod.trainers.base import Artifact, Command, Layout, Trainer, TrainerJob
+
+LOG_TAIL_LINES = 25
+
+
+class TrainerSetupFailed(RemoteError):
+    """Cloning or installing the trainer on the instance failed."""
+
+
+class TrainerFailed(RemoteError):
+    """A prepare step or the trainer itself exited with an error."""
+
+
+@dataclass
+class Mirror:
+    """Copies what the trainer writes into the run folder once it has stopped changing."""
+
+    trainer: Trainer
+    layout: Layout
+    name: str
+    run: Path
+    keep_last: int
+    _seen: dict[Path, tuple] = field(default_factory=dict)
+    done: set[Path] = field(default_factory=set)
+
+    def sync(self, final: bool = False, settled: bool = False) -> list[tuple[str, str]]:
+        """Mirror every artifact whose size and mtime held still since the last call (all of
+        them when the trainer has ended: ``settled``; the final LoRA only when ``final``).
+        Returns the (kind, key) of the checkpoints and state folders added."""
+        added: list[tuple[str, str]] = []
+        for art in self.trainer.artifacts(self.layout, self.name):
+            if art.path in self.done or (art.kind == "final" and not final):
+                continue
+            sig = _signature(art.path)
+            if not (final or settled) and self._seen.get(art.path) != sig:
+                self._seen[art.path] = sig
+                continue
+            self._place(art)
+            self.done.add(art.path)
+            if art.kind in ("checkpoint", "state"):
+                added.append((art.kind, art.key))
+        if added:
+            self._rotate()
+        return added
+
+    def _place(self, art: Artifact) -> None:
+        if art.kind == "sample":
+            _link_file(art.path, self.run / "samples" / art.path.name)
+        elif art.kind == "final":
+            _link_file(art.path, self.run / "adapter" / art.path.name)
+        elif art.path.is_file():
+            _link_file(art.path, self.run / "checkpoints" / art.key / art.path.name)
+        else:  # a folder (a state folder, an HF checkpoint): copied whole, then renamed into place
+            key_dir = self.run / "checkpoints" / art.key
+            _link_tree(art.path, key_dir / "state" if art.kind == "state" else key_dir)
+
+    def _rotate(self) -> None:
+        keys = sorted((p for p in (self.run / "checkpoints").iterdir() if p.is_dir() and not p.name.startswith(".")),
+                      key=lambda p: p.stat().st_mtime)
+        for old in keys[: max(0, len(keys) - self.keep_last)]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _signature(path: Path) -> tuple:
+    if path.is_file():
+        st = path.stat()
+        return (st.st_size, st.st_mtime_ns)
+    return tuple(sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in path.rglob("*") if p.is_file()))
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _link_tree(src: Path, dest: Path) -> None:
+    tmp = dest.with_name(f".tmp-{dest.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src, tmp, copy_function=_link_or_copy)
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+
+
+def _link_file(src: Path, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".tmp-{dest.name}")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    _link_or_copy(str(src), str(tmp))
+    os.replace(tmp, dest)
+
+
+def newest_checkpoint(run: Path) -> Path | None:
+    ckpts = [p for p in (run / "checkpoints").glob("*") if p.is_dir() and not p.name.startswith(".")]
+    return max(ckpts, key=lambda p: p.stat().st_mtime) if ckpts else None
+
+
+def write_files(job: TrainerJob) -> None:
+    for path, text in job.files.items():
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if text.startswith("@link:"):  # a pulled checkpoint put back where the trainer resumes from
+            _link_file(Path(text[len("@link:"):]), p)
+        else:
+            p.write_text(text, encoding="utf-8")
+
+
+def _tail(lines: list[str]) -> str:
+    return "\n".join(lines[-LOG_TAIL_LINES:])
+
+
+class TrainerProcess:
+    """One command, in its own process group, its output passed through and fed to a bridge."""
+
+    def __init__(self, cmd: Command, on_text: Callable[[str], None] | None = None) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        argv = ["bash", "-c", cmd.argv[0]] if cmd.shell else cmd.argv
+        try:
+            self.proc = subprocess.Popen(argv, cwd=cmd.cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        except OSError as exc:
+            raise TrainerFailed(f"{cmd.name}: cannot start {argv[0]}: {exc}") from exc
+        self.lines: list[str] = []
+        self._on_text = on_text
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        out = sys.stdout.buffer
+        while chunk := self.proc.stdout.read1(65536):
+            out.write(chunk)
+            out.flush()
+            text = chunk.decode(errors="replace")
+            self.lines += [ln for ln in text.replace("\r", "\n").splitlines() if ln.strip()][-LOG_TAIL_LINES:]
+            self.lines = self.lines[-LOG_TAIL_LINES:]
+            if self._on_text:
+                self._on_text(text)
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def wait_output(self) -> None:
+        self._reader.join(timeout=10)
+
+    def end(self, grace_s: float = 15.0) -> int:
+        """SIGINT, then SIGTERM, then SIGKILL to the whole process group."""
+        for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+            if self.proc.poll() is not None:
+                break
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(wait)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # anything it left behind in its group
+        self.wait_output()
+        return self.proc.wait()
+
+
+def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: str = sys.executable,
+                src: str | None = None, stop_wait_s: float = 240.0, poll_s: float = 1.0,
+                say: Callable[[str], None] = print) -> str:
+    """Run the whole job; returns ``done`` or ``stopped``. Raises with the reason on failure."""
+    from lorapod.engine.metrics import MetricsWriter
+
+    # A job started in the background by a shell has SIGINT ignored, and an ignored signal stays
+    # ignored across exec: catching it here makes the trainer's own Python get the default back,
+    # so SIGINT on STOP reaches it as KeyboardInterrupt.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    run_dir = Path(run_dir)
+    for sub in ("checkpoints", "samples"):
+        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+    layout = Layout(str(Path(work).resolve()), python)
+    trainer, job = prepare(spec, trainer_name, layout)
+    if src and not ("://" in src or src.endswith(".git")):
+        job = _with_src(trainer, spec, layout, src)
+    ckpt = newest_checkpoint(run_dir)
+    resume_step = int(ckpt.name.split("-")[1]) if ckpt is not None and ckpt.name.startswith("step-") else None
+    if ckpt is not None:
+        trainer.resume(job, ckpt.resolve())
+        say(f"lorapod trainer-run: resuming {trainer.title} from {ckpt.name}")
+    write_files(job)
+    for d in (layout.out, layout.logs, layout.models):
+        Path(d).mkdir(parents=True, exist_ok=True)
+    stop_file = run_dir / "STOP"
+
+    for cmd in trainer.setup_commands(layout, python, src):
+        if stop_file.exists():
+            return "stopped"
+        say(f"lorapod trainer-run: setup: {cmd.name}")
+        p = TrainerProcess(cmd)
+        while p.poll() is None:
+            time.sleep(0.2)
+            if stop_file.exists():  # nothing to save yet: end the install and stop
+                p.end(grace_s=5.0)
+                return "stopped"
+        p.wait_output()
+        if p.proc.returncode != 0:
+            raise TrainerSetupFailed(
+                f"{trainer.title} setup failed at '{cmd.name}' (exit {p.proc.returncode}):\n{_tail(p.lines)}",
+                hint=_setup_hint(trainer, cmd))
+
+    # on resume, lines logged after the checkpoint go: the trainer logs those steps again
+    metrics = MetricsWriter(run_dir / "metrics.jsonl", resume_step=resume_step)
+    mirror = Mirror(trainer, layout, job.output_name, run_dir, spec.save.keep_last)
+    bridge = trainer.metrics_parser(job)
+    lock = threading.Lock()
+    last_step = [0]
+
+    def log(records: list[dict]) -> None:
+        for rec in records:
+            metrics.log(rec)
+            last_step[0] = max(last_step[0], int(rec.get("step", 0)))
+
+    def on_text(text: str) -> None:
+        with lock:
+            log(bridge.feed(text))
+
+    try:
+        for i, cmd in enumerate(job.commands):
+            last = i == len(job.commands) - 1
+            say(f"lorapod trainer-run: {cmd.name}")
+            p = TrainerProcess(cmd, on_text if cmd.phase == "train" else None)
+            stopping_since: float | None = None
+            before: set[str] = set()
+            while p.poll() is None:
+                time.sleep(poll_s)
+                with lock:
+                    log(bridge.poll())
+                saved = [key for kind, key in mirror.sync() if kind == trainer.resume_kind]
+                if stop_file.exists() and stopping_since is None:
+                    stopping_since = time.monotonic()
+                    before = {a.key for a in trainer.artifacts(layout, job.output_name) if a.kind == trainer.resume_kind}
+                    trigger = trainer.stop_trigger(layout)
+                    if cmd.phase != "train":
+                        break
+                    if trigger is not None:
+                        trigger.parent.mkdir(parents=True, exist_ok=True)
+                        trigger.touch()
+                    say(f"lorapod trainer-run: STOP: waiting up to {stop_wait_s:.0f} s for {trainer.title} to save")
+                elif stopping_since is not None and (set(saved) - before
+                                                      or time.monotonic() - stopping_since > stop_wait_s):
+                    break
+            if stopping_since is not None and (p.poll() is None or p.poll() != 0 or not last):
+                p.end()
+                with lock:
+                    log(bridge.flush() + bridge.poll())
+                mirror.sync(settled=True)
+                say(f"lorapod trainer-run: STOP honoured at step {last_step[0]}")
+                return "stopped"
+            p.wait_output()
+            rc = p.proc.wait()
+            with lock:
+                log(bridge.flush() + bridge.poll())
+            if rc != 0:
+                raise TrainerFailed(f"{trainer.title}: '{cmd.name}' exited with {rc}:\n{_tail(p.lines)}",
+                                    hint="the trainer's own message is above (job.log); fix the spec or the data, "
+                                         "then `lorapod run --resume JOB`")
+        mirror.sync(final=True)
+    finally:
+        metrics.close()
+    if not any((run_dir / "adapter").glob("*")):
+        raise TrainerFailed(f"{trainer.title} finished but wrote no final LoRA where lorapod expects it "
+                            f"({job.output_dir}/{job.output_name}…)", hint="see job.log")
+    say(f"lorapod trainer-run: done at step {last_step[0]}; adapter in {run_dir / 'adapter'}")
+    return "done"
+
+
+def _with_src(trainer: Trainer, spec, layout: Layout, src: str) -> TrainerJob:
+    """An existing checkout on this machine replaces the clone: commands run from there."""
+    src_path = str(Path(src).resolve())
+    job = trainer.build(spec, layout)
+    for cmd in job.commands:
+        cmd.argv = [a.replace(layout.src, src_path) for a in cmd.argv]
+        if cmd.cwd == layout.src:
+            cmd.cwd = src_path
+    trainer.check(job)
+    return job
+
+
+def _setup_hint(trainer: Trainer, cmd: Command) -> str:
+    if cmd.name.startswith("clone"):
+        return (f"the instance could not fetch {trainer.repo} at {trainer.commit}: check its network, or pass "
+                "--trainer-src with a mirror URL or a checkout already on the instance")
+    if cmd.name.startswith("torch"):
+        return f"install {trainer.torch} into the image, or pick an image with a CUDA PyTorch build"
+    return (f"the trainer's requirements did not install into {cmd.argv[0]}; use an image with a matching "
+            "PyTorch/CUDA, or --trainer-src with a checkout whose requirements are already installed")
+
+
+def main_error(exc: LorapodError) -> int:
+    print(f"lorapod trainer-run: error: {exc.message}", file=sys.stderr)
+    if exc.hint:
+        print(f"  -> {exc.hint}", file=sys.stderr)
+    return 3

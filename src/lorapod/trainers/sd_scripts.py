@@ -1,0 +1,240 @@
+"""kohya-ss/sd-scripts: SD 1.5, SDXL and FLUX.1 LoRAs the guide's way.
+
+``accelerate launch sdxl_train_network.py`` (or ``train_network.py`` / ``flux_train_network.py``)
+with a dataset TOML (buckets, repeats), networks.lora, U-Net only with cached text-encoder
+outputs, AdamW8bit, constant_with_warmup, latents cached to disk, gradient checkpointing, SDPA,
+bf16, sample prompts and saves every N epochs with ``--save_state`` so a stop can be resumed.
+Output naming (recorded in the contract, library/train_util.py): ``NAME.safetensors``,
+``NAME-000002.safetensors`` per epoch, ``NAME-step00000500.safetensors`` per step, and
+``-state`` folders beside them; samples in ``<output_dir>/sample/``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from lorapod.trainers import tomlw
+from lorapod.trainers.base import (
+    Artifact,
+    Command,
+    Layout,
+    Trainer,
+    TrainerJob,
+    precision,
+    prompts_of,
+    safe_name,
+)
+from lorapod.trainers.bridge import KohyaProgress
+
+SCRIPTS = {"sd15": "train_network.py", "sdxl": "sdxl_train_network.py", "flux1": "flux_train_network.py"}
+OPTIMIZERS = {"adamw": "AdamW", "adamw_8bit": "AdamW8bit"}
+VIDEO_EXTS = (".mp4", ".webm", ".mov", ".mkv", ".avi", ".gif")
+# FLUX.1 as sd-scripts reads it: separate files for the transformer, the autoencoder and both text
+# encoders (flux_train_network.py --clip_l --t5xxl --ae).
+FLUX_TEXT_ENCODERS = ("comfyanonymous/flux_text_encoders", "clip_l.safetensors", "t5xxl_fp16.safetensors")
+
+
+def video_files(spec) -> list[Path]:
+    out: list[Path] = []
+    for p in spec.data_paths():
+        if p.is_dir():
+            out += [f for f in p.rglob("*") if f.suffix.lower() in VIDEO_EXTS]
+    return out
+
+
+def hf_download(layout: Layout, repo: str, filename: str) -> Command:
+    """Fetch one file of a hub repo into the job's models folder (HF_TOKEN from secrets.env)."""
+    code = ("import sys; from huggingface_hub import hf_hub_download as d; "
+            "print(d(sys.argv[1], sys.argv[2], local_dir=sys.argv[3]))")
+    return Command(f"download {repo}/{filename}", [layout.python, "-c", code, repo, filename, layout.models], "prepare")
+
+
+class KohyaOutputs:
+    """The output naming sd-scripts and musubi-tuner share (NAME-000002, NAME-step00000500, -state)."""
+
+    resume_kind = "state"
+
+    def metrics_parser(self, job: TrainerJob) -> KohyaProgress:
+        return KohyaProgress()
+
+    def artifacts(self, layout: Layout, name: str) -> list[Artifact]:
+        out = Path(layout.out)
+        if not out.is_dir():
+            return []
+        found: list[Artifact] = []
+        n = re.escape(name)
+        pats = [(re.compile(rf"^{n}-(\d{{6}})(-state)?$"), "epoch"), (re.compile(rf"^{n}-step(\d{{8}})(-state)?$"), "step")]
+        for p in sorted(out.iterdir()):
+            stem = p.name[: -len(".safetensors")] if p.name.endswith(".safetensors") else p.name
+            if p.is_file() and p.name == f"{name}.safetensors":
+                found.append(Artifact("final", p.name, p))
+                continue
+            if p.is_dir() and p.name == f"{name}-state":
+                found.append(Artifact("state", "last", p))
+                continue
+            for pat, unit in pats:
+                m = pat.match(stem)
+                if m and (p.is_dir() == bool(m.group(2))):
+                    found.append(Artifact("state" if m.group(2) else "checkpoint", f"{unit}-{int(m.group(1))}", p))
+        sample = out / "sample"
+        if sample.is_dir():
+            found += [Artifact("sample", f.name, f) for f in sorted(sample.iterdir()) if f.is_file()]
+        return found
+
+    def resume(self, job: TrainerJob, checkpoint: Path) -> None:
+        state = checkpoint / "state"
+        if not state.is_dir():
+            from lorapod.trainers.base import TrainerRefused
+
+            raise TrainerRefused(f"{checkpoint} holds no trainer state to resume from",
+                                 hint="it was saved without --save_state; start a new run")
+        job.commands[-1].argv += ["--resume", str(state)]
+
+
+class SdScripts(KohyaOutputs, Trainer):
+    name = "sd-scripts"
+    title = "kohya sd-scripts"
+    families = ("sd15", "sdxl", "flux1")
+    contract = "kohya_sd_scripts.json"
+    repo = "https://github.com/kohya-ss/sd-scripts.git"
+    commit = "48d368fa557731ad0488c07304dfeba8c07910eb"
+    install = ("-r", "requirements.txt")
+    torch = "torch>=2.4"
+
+    def refuse(self, spec) -> list[str]:
+        r = super().refuse(spec)
+        if r:
+            return r
+        m, d, t = spec.method, spec.data, spec.train
+        if m.type == "qlora":
+            r.append("sd-scripts has no 4-bit base: use method.type lora (model.dtype fp8 halves the base instead)")
+        if m.target_modules != "all-linear":
+            r.append("sd-scripts picks LoRA targets by module type (networks.lora), not by name: "
+                     "method.target_modules must be all-linear")
+        if m.rslora:
+            r.append("networks.lora has no rank-stabilised scaling: method.rslora must be false")
+        if m.train_text_encoder and d.cache_text_encoder_outputs:
+            r.append("cached text-encoder outputs need U-Net-only training: set method.train_text_encoder false "
+                     "or data.cache_text_encoder_outputs false")
+        if spec.model.family != "flux1" and t.timestep_sampling != "uniform":
+            r.append(f"{SCRIPTS[spec.model.family]} samples timesteps uniformly: train.timestep_sampling must be uniform")
+        if spec.model.family != "flux1" and t.blocks_to_swap:
+            r.append(f"{SCRIPTS[spec.model.family]} has no block swap: train.blocks_to_swap must be 0")
+        videos = video_files(spec)
+        if videos:
+            r.append(f"sd-scripts trains on images; the data has {len(videos)} video file(s) such as "
+                     f"{videos[0].name}: use --trainer musubi-tuner, or remove them")
+        if isinstance(spec.samples.prompts, str) and not Path(spec.samples.prompts).is_file():
+            r.append(f"samples.prompts {spec.samples.prompts!r} is not a file here: give a list of prompts or a file")
+        return r
+
+    def build(self, spec, layout: Layout, *, images: int | None = None) -> TrainerJob:
+        fam = spec.model.family
+        name = safe_name(spec)
+        d, t, m, s = spec.data, spec.train, spec.method, spec.save
+        notes: list[str] = []
+        general: dict = {"caption_extension": d.caption_extension, "shuffle_caption": d.shuffle_captions}
+        if d.trigger:
+            general["keep_tokens"] = 1  # the trigger word stays first when captions are shuffled
+        if d.flip:
+            general["flip_aug"] = True
+        if d.caption_dropout:
+            general["caption_dropout_rate"] = float(d.caption_dropout)
+        dataset = {"resolution": d.resolution, "batch_size": t.micro_batch_size, "enable_bucket": d.buckets,
+                   "subsets": [{"image_dir": str(p), "num_repeats": d.repeats} for p in spec.data_paths()]}
+        if d.buckets:
+            dataset["bucket_no_upscale"] = True
+        files = {f"{layout.job}/dataset.toml": tomlw.dumps({"general": general, "datasets": [dataset]})}
+
+        prec = precision(spec)
+        script = SCRIPTS[fam]
+        prepare: list[Command] = []
+        model = spec.model.id
+        a = ["--pretrained_model_name_or_path", model]
+        if fam == "flux1":
+            variant = spec.model.variant or "dev"
+            if not model.endswith(".safetensors"):
+                prepare += [hf_download(layout, model, f"flux1-{variant}.safetensors"),
+                            hf_download(layout, model, "ae.safetensors")]
+                a = ["--pretrained_model_name_or_path", f"{layout.models}/flux1-{variant}.safetensors",
+                     "--ae", f"{layout.models}/ae.safetensors"]
+            else:
+                prepare.append(hf_download(layout, "black-forest-labs/FLUX.1-schnell", "ae.safetensors"))
+                a += ["--ae", f"{layout.models}/ae.safetensors"]
+            repo, clip, t5 = FLUX_TEXT_ENCODERS
+            prepare += [hf_download(layout, repo, clip), hf_download(layout, repo, t5)]
+            a += ["--clip_l", f"{layout.models}/{clip}", "--t5xxl", f"{layout.models}/{t5}"]
+        a += ["--dataset_config", f"{layout.job}/dataset.toml", "--output_dir", layout.out, "--output_name", name,
+              "--save_model_as", "safetensors",
+              "--network_module", "networks.lora_flux" if fam == "flux1" else "networks.lora",
+              "--network_dim", str(m.r), "--network_alpha", _num(m.alpha)]
+        if m.dropout:
+            a += ["--network_dropout", _num(m.dropout)]
+        if not m.train_text_encoder:
+            a.append("--network_train_unet_only")
+        if d.cache_text_encoder_outputs:
+            a += ["--cache_text_encoder_outputs", "--cache_text_encoder_outputs_to_disk"]
+        if d.cache_latents:
+            a += ["--cache_latents", "--cache_latents_to_disk"]
+        a += ["--optimizer_type", OPTIMIZERS[t.optimizer], "--learning_rate", _num(t.learning_rate),
+              "--lr_scheduler", t.scheduler]
+        if t.warmup_steps:
+            a += ["--lr_warmup_steps", str(t.warmup_steps)]
+        elif t.warmup_ratio:
+            a += ["--lr_warmup_steps", _num(t.warmup_ratio)]  # a float is a ratio of the total steps
+        if t.weight_decay:
+            a += ["--optimizer_args", f"weight_decay={_num(t.weight_decay)}"]
+        a += ["--max_train_steps", str(t.max_steps)] if t.max_steps else ["--max_train_epochs", str(t.epochs)]
+        if t.grad_accum > 1:
+            a += ["--gradient_accumulation_steps", str(t.grad_accum)]
+        a += ["--max_grad_norm", _num(t.max_grad_norm or 0.0)]  # 0 turns clipping off
+        if t.gradient_checkpointing:
+            a.append("--gradient_checkpointing")
+        a += ["--sdpa", "--mixed_precision", "no" if prec == "fp32" else prec,
+              "--save_precision", "float" if prec == "fp32" else prec, "--seed", str(t.seed)]
+        if spec.model.dtype == "fp8":
+            a.append("--fp8_base")
+        if t.noise_offset:
+            a += ["--noise_offset", _num(t.noise_offset)]
+        if t.min_snr_gamma:
+            a += ["--min_snr_gamma", _num(t.min_snr_gamma)]
+        if fam == "flux1":
+            sampling = {"uniform": "uniform", "logit_normal": "sigmoid", "shift": "shift"}[t.timestep_sampling]
+            a += ["--timestep_sampling", sampling, "--model_prediction_type", "raw", "--guidance_scale", "1.0"]
+            if sampling == "shift":
+                a += ["--discrete_flow_shift", _num(t.timestep_shift)]
+            if t.blocks_to_swap:
+                a += ["--blocks_to_swap", str(t.blocks_to_swap)]
+        if s.every_steps:
+            a += ["--save_every_n_steps", str(s.every_steps), "--save_last_n_steps", str(s.keep_last * s.every_steps),
+                  "--save_last_n_steps_state", str(s.keep_last * s.every_steps)]
+        if s.every_epochs:
+            a += ["--save_every_n_epochs", str(s.every_epochs), "--save_last_n_epochs", str(s.keep_last),
+                  "--save_last_n_epochs_state", str(s.keep_last)]
+        a += ["--save_state", "--logging_dir", layout.logs, "--log_with", "tensorboard",
+              "--max_data_loader_n_workers", "2", "--persistent_data_loader_workers"]
+        prompts = prompts_of(spec)
+        if prompts:
+            files[f"{layout.job}/prompts.txt"] = "\n".join(prompts) + "\n"
+            a += ["--sample_prompts", f"{layout.job}/prompts.txt"]
+            if spec.samples.every_steps:
+                a += ["--sample_every_n_steps", str(spec.samples.every_steps)]
+            if spec.samples.every_epochs:
+                a += ["--sample_every_n_epochs", str(spec.samples.every_epochs)]
+        if spec.eval.every_steps or d.val_path:
+            notes.append("eval.* and data.val_path have no effect: sd-scripts validates only with a validation_split")
+        if m.train_text_encoder:
+            notes.append("the text encoder trains at train.learning_rate (sd-scripts --text_encoder_lr not set)")
+        accel = [layout.python, "-m", "accelerate.commands.launch", "--num_cpu_threads_per_process", "1",
+                 "--mixed_precision", "no" if prec == "fp32" else prec]
+        train = Command("train", [*accel, f"{layout.src}/{script}", *a], "train", cwd=layout.src, script=script)
+        return TrainerJob(self.name, files, self.setup_commands(layout, layout.python), [*prepare, train],
+                          layout.out, name, notes)
+
+
+def _num(x: float) -> str:
+    """Numbers as the trainers' parsers read them: 1e-4 not 0.0001, 16 not 16.0."""
+    if float(x).is_integer() and abs(x) >= 1:
+        return str(int(x))
+    return f"{x:g}"

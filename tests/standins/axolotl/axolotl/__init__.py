@@ -1,0 +1,1 @@
+"""STAND-IN package for axolotl (tests only): see cli/train.py."""

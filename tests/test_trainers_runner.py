@@ -1,0 +1,140 @@
+"""The job wrapper run locally with the ai-toolkit STAND-IN (tests/standins/ai-toolkit): the
+loss SQLite becomes metrics.jsonl, checkpoints and samples land in the run folder, STOP ends the
+trainer at its next save, and a rerun continues from the pulled checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lorapod.spec import load_spec
+from lorapod.trainers.runner import run_trainer
+
+STANDIN = Path(__file__).resolve().parent / "standins" / "ai-toolkit"
+
+
+def flux_spec(tmp: Path, steps: int, every: int) -> Path:
+    (tmp / "mug").mkdir()
+    for i in range(2):
+        (tmp / "mug" / f"{i}.jpg").write_bytes(b"")
+    raw = {"model": {"id": "black-forest-labs/FLUX.2-klein-4B", "family": "flux2", "variant": "4b"},
+           "data": {"path": "mug", "format": "images", "trigger": "zxq"},
+           "train": {"max_steps": steps}, "save": {"every_steps": every, "keep_last": 2},
+           "samples": {"prompts": ["zxq mug"], "every_steps": every}, "output": {"name": "mug"}}
+    path = tmp / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_ai_toolkit_job_fills_the_run_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("LORAPOD_STANDIN_STEP_S", "0.01")
+    spec = load_spec(flux_spec(tmp_path, steps=30, every=10))
+    lines: list[str] = []
+    state = run_trainer(spec, "ai-toolkit", tmp_path / "run", tmp_path / "work", src=str(STANDIN), poll_s=0.1,
+                        say=lines.append)
+    assert state == "done", lines
+    run = tmp_path / "run"
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == list(range(30))
+    assert recs[3]["loss"] == 0.125 and recs[3]["lr"] == 2e-4  # the spec default, through the config
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-10", "step-20"]
+    assert (run / "checkpoints" / "step-20" / "mug_000000020.safetensors").is_file()
+    assert len(list((run / "samples").glob("*__0000000[12]0_0.jpg"))) == 2
+    assert (run / "adapter" / "mug.safetensors").read_bytes() == b"final"
+
+
+def test_stop_waits_for_the_next_save_then_resume_continues(tmp_path, monkeypatch):
+    monkeypatch.setenv("LORAPOD_STANDIN_STEP_S", "0.02")
+    spec = load_spec(flux_spec(tmp_path, steps=2000, every=25))
+    run = tmp_path / "run"
+
+    def stop_soon() -> None:
+        while not (run / "metrics.jsonl").is_file() or len((run / "metrics.jsonl").read_text().splitlines()) < 30:
+            time.sleep(0.05)
+        (run / "STOP").write_text("test\n")
+
+    threading.Thread(target=stop_soon, daemon=True).start()
+    t0 = time.monotonic()
+    state = run_trainer(spec, "ai-toolkit", run, tmp_path / "work", src=str(STANDIN), poll_s=0.1, say=print)
+    assert state == "stopped" and time.monotonic() - t0 < 30
+    keys = sorted((p.name for p in (run / "checkpoints").iterdir()), key=lambda k: int(k.split("-")[1]))
+    assert int(keys[-1].split("-")[1]) >= 50  # a save that came after STOP (at step >= 30)
+    assert not (run / "adapter").exists()
+    # lorapod run --resume: the newest checkpoint is put back where ai-toolkit resumes from
+    (run / "STOP").unlink()
+    from lorapod.trainers import Layout, get
+    from lorapod.trainers.runner import newest_checkpoint
+
+    trainer = get("ai-toolkit")
+    job = trainer.build(spec, Layout(str(tmp_path / "work")))
+    trainer.resume(job, newest_checkpoint(run))
+    link = [p for p, text in job.files.items() if text.startswith("@link:")]
+    assert link == [f"{tmp_path / 'work'}/trainer/out/mug/mug_{int(keys[-1].split('-')[1]):09d}.safetensors"]
+
+
+@pytest.mark.slow
+def test_sd_scripts_stop_then_resume_gives_one_unbroken_curve(tmp_path):
+    """STOP mid-run (the stand-in saves state every 20 steps), then a rerun on the same run folder
+    continues from the newest state folder: metrics 1..N once each, the final LoRA at the end."""
+    sd = Path(__file__).resolve().parent / "standins" / "sd-scripts"
+    (tmp_path / "mug").mkdir()
+    for i in range(3):
+        (tmp_path / "mug" / f"{i}.png").write_bytes(b"")
+    raw = {"model": {"id": "stabilityai/stable-diffusion-xl-base-1.0", "family": "sdxl"},
+           "data": {"path": "mug", "format": "images", "repeats": 20}, "train": {"epochs": 2},
+           "save": {"every_steps": 20, "every_epochs": None, "keep_last": 2}, "output": {"name": "mug"}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    spec = load_spec(tmp_path / "s.yaml")
+    run, work = tmp_path / "run", tmp_path / "work"
+
+    def stop_after_a_save() -> None:
+        while not (run / "checkpoints" / "step-20").is_dir():
+            time.sleep(0.05)
+        (run / "STOP").write_text("test\n")
+
+    threading.Thread(target=stop_after_a_save, daemon=True).start()
+    assert run_trainer(spec, "sd-scripts", run, work, src=str(sd), poll_s=0.2, say=print) == "stopped"
+    stopped_at = max(int(p.name.split("-")[1]) for p in (run / "checkpoints").iterdir())
+    assert stopped_at >= 40 and not (run / "adapter").exists()  # it waited for the save after STOP
+    (run / "STOP").unlink()
+    assert run_trainer(spec, "sd-scripts", run, work, src=str(sd), poll_s=0.2, say=print) == "done"
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 121))
+    assert (run / "adapter" / "mug.safetensors").is_file()
+
+
+def test_axolotl_stop_asks_for_a_checkpoint_now(tmp_path, monkeypatch):
+    """axolotl's dynamic checkpoint: on STOP the wrapper drops the trigger file and the next
+    checkpoint is the one it was asked for (the regular cadence would be at step 1000)."""
+    standin = Path(__file__).resolve().parent / "standins" / "axolotl"
+    monkeypatch.setenv("PYTHONPATH", f"{standin}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    (tmp_path / "chat.jsonl").write_text("".join(
+        json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}) + "\n"
+        for _ in range(10)))
+    raw = {"model": {"id": "org/llm", "family": "llm"}, "data": {"path": "chat.jsonl"},
+           "train": {"max_steps": 3000}, "save": {"every_steps": 1000}, "output": {"name": "chat"}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    spec = load_spec(tmp_path / "s.yaml")
+    run = tmp_path / "run"
+
+    def stop_soon() -> None:
+        while not (run / "metrics.jsonl").is_file() or len((run / "metrics.jsonl").read_text().splitlines()) < 20:
+            time.sleep(0.05)
+        (run / "STOP").write_text("test\n")
+
+    threading.Thread(target=stop_soon, daemon=True).start()
+    state = run_trainer(spec, "axolotl", run, tmp_path / "work", src=str(standin), poll_s=0.1, say=print)
+    assert state == "stopped"
+    (ck,) = (run / "checkpoints").iterdir()
+    step = int(ck.name.split("-")[1])
+    assert 20 <= step < 1000 and (ck / "trainer_state.json").is_file()
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert recs[0] == {"time": recs[0]["time"], "step": 1, "loss": 2.0, "grad_norm": 0.5, "lr": 0.0002,
+                       "epoch": 0.001}
+    assert not (run / "adapter").exists()
