@@ -95,21 +95,30 @@ def test_train_print_shows_the_job(tmp_path):
 
 
 def test_musubi_video_dataset_and_block_swap_from_the_planner(tmp_path):
+    from lorapod.catalog.gpus import find_gpu
+    from lorapod.plan.job import build_job
+    from lorapod.plan.vram import make_fit
     from lorapod.trainers.contracts import check_dataset_toml
 
-    path = spec_with(tmp_path, "wan21", files=("a.mp4", "a.txt"), data={"target_frames": [1, 45], "frame_extraction": "slide",
-                                                                         "resolution": 1280},
+    path = spec_with(tmp_path, "wan21", files=("a.mp4", "a.txt"),
+                     data={"target_frames": [1, 45], "frame_extraction": "slide", "resolution": 480},
                      method={"r": 128}, compute={"gpu": "RTX 4090"})
     spec = load_spec(path)
     spec.model.id = "Wan-AI/Wan2.1-T2V-14B"
     _, job = prepare(spec, "musubi-tuner", Layout("/w"))
     toml = job.files["/w/trainer/job/dataset.toml"]
-    assert 'video_directory = "' in toml and "target_frames = [1, 45]" in toml and 'frame_extraction = "slide"' in toml and "frame_stride = 10" in toml
+    assert 'video_directory = "' in toml and "target_frames = [1, 45]" in toml
+    assert 'frame_extraction = "slide"' in toml and "frame_stride = 10" in toml
     assert check_dataset_toml("kohya_musubi_tuner.json", toml) == []
+    # The swap musubi gets is the planner's own fit for this job on this card (whatever its figure).
+    planned = build_job(spec)
+    assert planned.estimate.verdict(find_gpu("RTX 4090")) == "does-not-fit"
+    fix = make_fit(planned.model, planned.settings, find_gpu("RTX 4090").vram_gb)
+    swap = next(s.split("=", 1)[1] for s in fix.sets if s.startswith("train.blocks_to_swap="))
     train = job.commands[-1].argv
-    assert train[train.index("--blocks_to_swap") + 1] == "13"
-    assert job.notes == ["--blocks_to_swap 13: the planner says the job does not fit RTX 4090 as is; its fit: "
-                         "--set train.optimizer=adamw_8bit --set train.gradient_checkpointing=true --set train.blocks_to_swap=13"]
+    assert train[train.index("--blocks_to_swap") + 1] == swap
+    assert job.notes == [f"--blocks_to_swap {swap}: the planner says the job does not fit RTX 4090 as is; its fit: "
+                         + " ".join(f"--set {x}" for x in fix.sets)]
 
 
 def test_setup_is_clone_install_torch_or_nothing_with_a_checkout():

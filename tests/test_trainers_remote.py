@@ -91,7 +91,7 @@ def test_trainer_setup_failure_is_reported_and_torn_down(sshd, tmp_path):
     spec = image_spec(tmp_path, epochs=1, save={"every_epochs": 1})
     proc = subprocess.run([*cli_argv(), "run", str(spec), "--trainer", "sd-scripts", "--trainer-src",
                            "file:///nonexistent/sd-scripts.git", "--on", sshd.target, "--identity", str(sshd.client_key),
-                           "--python", sys.executable, *FAST], capture_output=True, text=True, env=cli_env(), timeout=120)
+                           "--python", sys.executable, "--force", *FAST], capture_output=True, text=True, env=cli_env(), timeout=120)
     assert proc.returncode == 1, proc.stderr
     assert "the job failed on the instance (exit 1)" in " ".join(proc.stderr.split())
     ledger = Ledger()

@@ -111,6 +111,10 @@ def register(app: typer.Typer) -> None:
         elif target == "local":
             kwargs = {"usd_per_hour": usd_per_hour or spec_obj.compute.usd_per_hour or 0.0}
         provider = from_target(target, **kwargs)
+        if trainer:  # what the trainer cannot do is refused first, before the data check and renting
+            from lorapod.cli.trainers import print_trainer_job, trainer_job_command
+
+            print_trainer_job(spec_obj, trainer)
         from lorapod.compute.preflight import preflight
 
         for note in preflight(spec_obj, provider.name, force=force, deps=deps).notes:  # refuses before anything is rented
@@ -123,9 +127,6 @@ def register(app: typer.Typer) -> None:
                        forward_env=tuple(forward_env) if forward_env else None,
                        destroy_deadline_s=destroy_deadline_s)
         if trainer:
-            from lorapod.cli.trainers import print_trainer_job, trainer_job_command
-
-            print_trainer_job(spec_obj, trainer)  # refuses what the trainer cannot do, before renting
             opts.job_command = trainer_job_command(trainer, trainer_src)
         summary = run_remote(spec_obj, provider, target, opts, ledger, spec_path,
                              say=lambda m: console.print(m, style="dim", markup=False), resume_job=resume)

@@ -85,7 +85,10 @@ class Settings:
             dtype = model.default_dtype if isinstance(model, ImageModel) else "bf16"
         targets = spec.method.target_modules
         # clips: the spec's 4n+1 window lengths (a mix of buckets); stills train as 1 frame
-        frames = tuple(spec.data.target_frames) if isinstance(model, ImageModel) and model.is_video else 1
+        frames: int | tuple[int, ...] = 1
+        if isinstance(model, ImageModel) and model.is_video:
+            frames = tuple(spec.data.target_frames)
+            frames = frames[0] if len(frames) == 1 else frames
         return cls(
             base_dtype=dtype,
             r=spec.method.r,

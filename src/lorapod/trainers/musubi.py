@@ -28,6 +28,13 @@ VAE_FILE, T5_FILE, CLIP_FILE = "Wan2.1_VAE.pth", "models_t5_umt5-xxl-enc-bf16.pt
     "models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth"
 
 
+def wan_repo(spec) -> str:
+    """The Wan-AI repository with the original weights musubi-tuner loads (VAE .pth, umT5): a
+    ``-Diffusers`` repository, which lorapod's own engine uses, holds only the converted ones."""
+    mid = spec.model.id
+    return mid[: -len("-Diffusers")] if mid.endswith("-Diffusers") else mid
+
+
 def wan_task(spec) -> str:
     mid, variant = spec.model.id.lower(), (spec.model.variant or "").lower()
     size = "1.3B" if ("1.3b" in mid or variant == "1.3b") else "14B"
@@ -96,8 +103,8 @@ class MusubiTuner(KohyaOutputs, Trainer):
         toml = f"{layout.job}/dataset.toml"
         files = {toml: tomlw.dumps({"datasets": datasets})}
         models = layout.models
-        prepare = [hf_download(layout, DIT_REPO, DIT_FILES[task]), hf_download(layout, spec.model.id, VAE_FILE),
-                   hf_download(layout, spec.model.id, T5_FILE)]
+        prepare = [hf_download(layout, DIT_REPO, DIT_FILES[task]), hf_download(layout, wan_repo(spec), VAE_FILE),
+                   hf_download(layout, wan_repo(spec), T5_FILE)]
         dit, vae, t5 = f"{models}/{DIT_FILES[task]}", f"{models}/{VAE_FILE}", f"{models}/{T5_FILE}"
         py = layout.python
         cache_lat = [py, f"{layout.src}/{SRC}/wan_cache_latents.py", "--dataset_config", toml, "--vae", vae]
