@@ -102,6 +102,7 @@ def _settings(raw: dict[str, Any], framework: str, model: ImageModel | LLMArch) 
         frames=tuple(frames) if isinstance(frames, list) else int(frames),
         framework=framework,
         grad_accum=int(raw.get("grad_accum", 1)),
+        text_tokens=int(raw.get("text_tokens", 0)),
     )
 
 

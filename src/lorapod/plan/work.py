@@ -90,7 +90,7 @@ def _image_work(m: ImageModel, s: Settings) -> Work:
     latent_frames = m.latent_frames(frames)
     if m.kind == "dit" and m.patch_px:
         img = m.image_tokens(res, frames)
-        txt = m.text_tokens
+        txt = s.text_tokens or m.text_tokens
         self_tokens = img + (txt if m.joint_text else 0)
         linear = 2 * m.trained_params_b * 1e9 * self_tokens
         attn = 4 * self_tokens**2 * m.hidden * m.attn_blocks
