@@ -67,12 +67,14 @@ def test_leave_one_source_out_speed(residuals):
     assert sum(r.ok for r in llm) / len(llm) >= 0.75
 
 
-def test_gpu_ratios_held_out_show_why_they_are_fitted(residuals):
-    """Without the one source that has H100 and A100 side by side, Hopper is only its paper peak:
-    the held-out H100 / A100 time ratio comes out about half the published one (docs/planner.md)."""
+def test_held_out_h100_to_a100_ratios_come_from_another_sources_hopper_step(residuals):
+    """Without the one source that has H100 and A100 side by side, Hopper's factor comes from the
+    Hugging Face blog's H100 FLUX step alone (an image job, fp8 matmuls read as bf16), yet the LLM
+    H100 / A100 time ratios it predicts are within 30% of the published ones, and on the fast side
+    (that step credits Hopper with torchao's fp8 gain; docs/planner.md)."""
     ratios = [r for r in residuals if r.obs.metric == "speed_ratio"]
     assert len(ratios) == 5
-    assert all(r.error < -0.4 for r in ratios)
+    assert all(-0.3 < r.error < 0 for r in ratios)
 
 
 def test_leave_one_source_out_vram(residuals):
@@ -193,10 +195,13 @@ def test_a_gpu_architecture_without_measured_steps_gets_the_wider_range():
 
     m = find_model("meta-llama/Llama-3.1-8B")
     s = _llm(2048)
-    assert "hopper" not in measured_archs() and "ada" in measured_archs()
-    h100 = step_speed(m, s, find_gpu("H100 SXM"), learn=False)
+    # Every catalog architecture has a measured step now; a new one (a card not yet measured) does not.
+    unseen = replace(find_gpu("H100 SXM"), arch="rubin")
+    assert "rubin" not in measured_archs() and "ada" in measured_archs()
+    new = step_speed(m, s, unseen, learn=False)
     rtx = step_speed(m, s, find_gpu("RTX 4090"), learn=False)
     lo, hi = unseen_arch_spread()
-    assert h100.low == pytest.approx(min(lo, rtx.low / rtx.seconds_per_step) * h100.seconds_per_step)
-    assert h100.high == pytest.approx(max(hi, rtx.high / rtx.seconds_per_step) * h100.seconds_per_step)
-    assert h100.high / h100.low > rtx.high / rtx.low
+    assert new.low == pytest.approx(min(lo, rtx.low / rtx.seconds_per_step) * new.seconds_per_step)
+    assert new.high == pytest.approx(max(hi, rtx.high / rtx.seconds_per_step) * new.seconds_per_step)
+    # Never narrower than a measured architecture's (equal when the family's own spread is the wider).
+    assert new.high / new.low >= rtx.high / rtx.low * (1 - 1e-9)

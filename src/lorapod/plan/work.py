@@ -106,7 +106,9 @@ def _image_work(m: ImageModel, s: Settings) -> Work:
     if not s.cache_latents:
         aux += m.vae_encode_tflops_at_ref * pixels * frames
     if not s.cache_text_encoder_outputs or s.train_text_encoder:
-        aux += 2 * m.text_encoder_params_b * 1e9 * max(m.text_tokens, 77) / 1e12
+        # A trained text encoder also runs its backward (input gradients, about one forward more).
+        te_passes = 2.0 if s.train_text_encoder else 1.0
+        aux += 2 * m.text_encoder_params_b * 1e9 * max(m.text_tokens, 77) * te_passes / 1e12
     params = m.trained_params_b * 1e9
     weight_bytes = params * STREAM_BYTES[s.base_dtype] * mm
     dequant = weight_bytes if s.base_dtype in QUANTISED else 0.0
