@@ -205,3 +205,17 @@ def test_a_gpu_architecture_without_measured_steps_gets_the_wider_range():
     assert new.high == pytest.approx(max(hi, rtx.high / rtx.seconds_per_step) * new.seconds_per_step)
     # Never narrower than a measured architecture's (equal when the family's own spread is the wider).
     assert new.high / new.low >= rtx.high / rtx.low * (1 - 1e-9)
+
+
+def test_no_published_step_claims_more_than_its_gpus_paper_peak():
+    """A data check independent of the fit: a step time whose counted FLOPs exceed the GPU's paper
+    bf16 peak cannot have run as stated (Stable-Video-Infinity #49 was left out for that), and the
+    check does flag a made-up point that is too fast."""
+    from lorapod.plan.fit import peak_share
+
+    steps = [o for o in load_measurements()[1] if o.metric == "seconds_per_step" and o.gpu_name]
+    assert len(steps) >= 30
+    shares = {o.what: peak_share(o) for o in steps}
+    assert all(0.0 < s < 1.0 for s in shares.values()), shares
+    too_fast = replace(steps[0], value=steps[0].value * peak_share(steps[0]) / 1.5)
+    assert peak_share(too_fast) == pytest.approx(1.5)

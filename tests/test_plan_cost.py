@@ -138,7 +138,7 @@ def test_budget_caps_are_flagged():
 
 def test_cache_phase_scales_between_gpus_by_the_fitted_rate_not_the_guide_class():
     from lorapod.catalog.gpus import find_gpu
-    from lorapod.plan.cost import CACHE_STARTUP_MIN, CACHE_SECONDS_PER_IMAGE_4090, phase_minutes
+    from lorapod.plan.cost import CACHE_SECONDS_PER_IMAGE_4090, CACHE_STARTUP_MIN, phase_minutes
     from lorapod.plan.job import build_job
     from lorapod.plan.speed import matmul_rate, step_speed
 
