@@ -6,7 +6,9 @@
 Leave-one-source-out: for each source in catalog/data/measurements.yaml the speed model is fitted
 to the other sources and predicts this one. The memory model has no fitted part, so its errors
 are held-out as they stand. "in range" checks the printed likely range: each source's range comes
-from the other sources' held-out errors only. docs/planner.md reproduces the tables.
+from the other sources' held-out errors only. The last column is the share of the GPU's paper
+bf16 peak a published step time implies for the FLOPs the model counts: a sanity check on the
+point's stated settings, independent of the fit. docs/planner.md reproduces the tables.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import sys
 from collections import defaultdict
 from statistics import median
 
-from lorapod.plan.fit import Residual, held_out, range_holds
+from lorapod.plan.fit import Residual, held_out, peak_share, range_holds
 
 TARGETS = {"speed": 0.20, "vram": 0.25, "speed ratio": 0.20}
 
@@ -67,12 +69,14 @@ def main() -> None:
     if "--summary" in sys.argv:
         return
     print()
-    print("| source | setting | metric | published | held-out estimate | error |")
-    print("|---|---|---|---|---|---|")
+    print("| source | setting | metric | published | held-out estimate | error | share of bf16 peak it implies |")
+    print("|---|---|---|---|---|---|---|")
     for r in res:
         o = r.obs
         mark = "" if r.ok else " (miss)"
-        print(f"| {o.source.id} | {o.what} | {o.metric} | {o.value:.3g} | {r.estimate:.3g} | {r.error:+.0%}{mark} |")
+        share = peak_share(o)
+        print(f"| {o.source.id} | {o.what} | {o.metric} | {o.value:.3g} | {r.estimate:.3g} | {r.error:+.0%}{mark} | "
+              f"{f'{share:.0%}' if share else ''} |")
 
 
 if __name__ == "__main__":

@@ -81,8 +81,10 @@ def test_model_families_and_licenses():
     assert isinstance(dev, ImageModel) and dev.license.gated and not dev.license.commercial
     klein = find_model("x", "flux2", "4b")
     assert klein.license.name == "Apache-2.0" and klein.license.gated is False
-    # FLUX.2 klein 4B: about 13 GB of bf16 weights (BFL).
-    assert (klein.trained_params_b + klein.text_encoder_params_b) * 2 == pytest.approx(13, rel=0.05)
+    # FLUX.2 klein 4B: a 3.89e9 transformer (5 + 20 blocks at width 3072) and Qwen3-4B, about 16 GB of
+    # bf16 weights (flux2.c's README: "~16GB total"; BFL's "about 13 GB" was read as weights before).
+    assert (klein.trained_params_b + klein.text_encoder_params_b) * 2 == pytest.approx(16, rel=0.05)
+    assert klein.attn_blocks == 25 and klein.hidden == 3072
     assert find_model("stabilityai/stable-diffusion-xl-base-1.0").download_gb == 6.9
     assert find_model("/models/sd_xl_base_1.0.safetensors").family == "sdxl"
     assert find_model("NousResearch/Llama-3.2-1B").license.gated is False

@@ -134,3 +134,22 @@ def test_budget_caps_are_flagged():
     assert not any("over budget" in w for w in by_tier["from"].warnings)  # $0.28 on Vast.ai
     spec = load_spec(EXAMPLES / "sdxl-object-lora.yaml", ["compute.max_hours=0.5"])
     assert all(any("over time" in w for w in o.warnings) for o in plan_job(spec, images=25).options)
+
+
+def test_cache_phase_scales_between_gpus_by_the_fitted_rate_not_the_guide_class():
+    from lorapod.catalog.gpus import find_gpu
+    from lorapod.plan.cost import CACHE_SECONDS_PER_IMAGE_4090, CACHE_STARTUP_MIN, phase_minutes
+    from lorapod.plan.job import build_job
+    from lorapod.plan.speed import matmul_rate, step_speed
+
+    job = build_job(load_spec(EXAMPLES / "sdxl-object-lora.yaml"), images=25)
+    a100, ref = find_gpu("A100 80GB"), find_gpu("RTX 4090")
+
+    def cache(gpu):
+        return dict(phase_minutes(job, gpu, step_speed(job.model, job.settings, gpu)))["cache"]
+
+    assert cache(ref) == pytest.approx(CACHE_STARTUP_MIN + 25 * CACHE_SECONDS_PER_IMAGE_4090 / 60)
+    rate = matmul_rate(job.model, job.settings, ref) / matmul_rate(job.model, job.settings, a100)
+    assert (cache(a100) - CACHE_STARTUP_MIN) * 60 / 25 == pytest.approx(rate)
+    # The old guide-derived class factor (gpus.yaml class_efficiency) no longer moves it.
+    assert rate != pytest.approx(ref.effective_tflops / a100.effective_tflops, rel=1e-3)

@@ -98,10 +98,12 @@ def _settings(raw: dict[str, Any], framework: str, model: ImageModel | LLMArch) 
         resolution=tuple(res) if isinstance(res, list) else int(res),
         cache_latents=bool(raw.get("cache_latents", True)),
         cache_text_encoder_outputs=bool(raw.get("cache_te", True)),
+        train_text_encoder=bool(raw.get("train_te", False)),
         blocks_to_swap=int(raw.get("blocks_to_swap", 0)),
         frames=tuple(frames) if isinstance(frames, list) else int(frames),
         framework=framework,
         grad_accum=int(raw.get("grad_accum", 1)),
+        text_tokens=int(raw.get("text_tokens", 0)),
     )
 
 

@@ -15,7 +15,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from lorapod.catalog.gpus import GPU, find_gpu
 from lorapod.catalog.prices import PriceEntry, load_storage
 from lorapod.plan.job import DEFAULT_SAMPLE_STEPS, Job
-from lorapod.plan.speed import Speed, step_speed
+from lorapod.plan.speed import Speed, matmul_rate, step_speed
 
 # Defaults, from the guides' SDXL walk-through unless said otherwise.
 BOOT_MIN = 10.0  # start from a template and install the trainer
@@ -53,8 +53,10 @@ def phase_minutes(job: Job, gpu: GPU, speed: Speed, boot_min: float = BOOT_MIN) 
     download = job.download_gb * 1e3 / storage["host_download_mb_s"] / 60
     upload = job.upload_gb * 1e3 / storage["home_upload_mb_s"] / 60
     if job.is_image:
-        ref = find_gpu("RTX 4090").effective_tflops
-        cache = CACHE_STARTUP_MIN + job.images * CACHE_SECONDS_PER_IMAGE_4090 * ref / gpu.effective_tflops / 60
+        # Scaled from the 4090 by the fitted matmul rate of this model on each GPU (plan/fit.py).
+        ref = matmul_rate(job.model, job.settings, find_gpu("RTX 4090"))
+        per_image = CACHE_SECONDS_PER_IMAGE_4090 * ref / matmul_rate(job.model, job.settings, gpu)
+        cache = CACHE_STARTUP_MIN + job.images * per_image / 60
         sample = job.samples * DEFAULT_SAMPLE_STEPS * speed.seconds_per_step * SAMPLE_STEP_FRACTION / 60
     else:
         cache = 1.0 + job.download_gb / LLM_LOAD_GB_S / 60

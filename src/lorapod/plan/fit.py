@@ -212,6 +212,17 @@ def predict_obs(o: Observation, params: Params) -> float:
     return estimate(o.model, o.settings).peak_gb
 
 
+def peak_share(o: Observation) -> float:
+    """The share of the GPU's paper bf16 peak a published step time implies for the work the model
+    counts (plan/work.py's FLOPs). Above 1 the stated settings cannot be what ran; near it they are
+    doubtful (docs/planner.md lists such points). 0 for observations that are not step times."""
+    if o.metric != "seconds_per_step" or not o.gpu_name:
+        return 0.0
+    vs = o.settings.variants()
+    tflops = sum(step_work(o.model, v).tflops for v in vs) / len(vs)
+    return tflops / (o.gpu().bf16_tflops * o.value)
+
+
 def held_out(obs: Sequence[Observation] | None = None, exclude: frozenset[str] = frozenset()) -> list[Residual]:
     """Leave-one-source-out: every observation predicted by a model fitted without its source.
 

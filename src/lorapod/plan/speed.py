@@ -95,6 +95,15 @@ def efficiencies(feats: list[str], params: Params) -> tuple[float, float]:
     return min(MAX_EFFICIENCY, e), min(MAX_EFFICIENCY, e * math.exp(params.theta.get("attention", 0.0)))
 
 
+def matmul_rate(model: ImageModel | LLMArch, s: Settings, gpu: GPU) -> float:
+    """TFLOPs per second the GPU sustains on this model's matmuls: paper peak x fitted efficiency.
+    Work that is neither measured nor modelled term by term (the cache phase's VAE and text
+    encoders) is scaled between GPUs by this rate."""
+    from lorapod.plan.fit import fitted
+
+    return gpu.bf16_tflops * efficiencies(features(model, s, gpu), fitted())[0]
+
+
 def dequant_factor(s: Settings, params: Params) -> float:
     """How much slower than the memory bandwidth the dequantisation of the base runs (fitted)."""
     return math.exp(params.theta.get(f"dequant:{s.base_dtype}", 0.0))

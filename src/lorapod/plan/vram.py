@@ -75,6 +75,9 @@ class Settings:
     grad_accum: int = 1
     # Share of tokens that reach the LM head (lorapod's engine skips non-label positions).
     label_fraction: float = 1.0
+    # Text tokens a DiT sees per sample (0 = the model's own: 512 for FLUX). Trainers that cache
+    # shorter prompt embeddings (77 tokens in the diffusers QLoRA scripts) attend over fewer.
+    text_tokens: int = 0
 
     @classmethod
     def from_spec(cls, spec: JobSpec, model: ImageModel | LLMArch) -> Settings:
@@ -193,7 +196,7 @@ def _image_parts(m: ImageModel, s: Settings) -> dict[str, float]:
     lora = m.lora_params_per_rank_m * 1e6 * s.r * (1.2 if s.train_text_encoder else 1.0)
     parts["LoRA weights, grads, optimizer"] = lora * (LORA_BYTES + OPTIMIZER_BYTES.get(s.optimizer, 8.0)) / GiB
     if m.kind == "dit" and m.hidden and m.attn_blocks:
-        tokens = m.image_tokens(res, frames) + (m.text_tokens if m.joint_text else 0)
+        tokens = m.image_tokens(res, frames) + ((s.text_tokens or m.text_tokens) if m.joint_text else 0)
         per_block = s.batch * tokens * m.hidden * 2  # one bf16 tensor of hidden size, per block
         if s.gradient_checkpointing:
             act = per_block * m.attn_blocks + per_block * DIT_ACT_HIDDEN

@@ -90,7 +90,7 @@ def _image_work(m: ImageModel, s: Settings) -> Work:
     latent_frames = m.latent_frames(frames)
     if m.kind == "dit" and m.patch_px:
         img = m.image_tokens(res, frames)
-        txt = m.text_tokens
+        txt = s.text_tokens or m.text_tokens
         self_tokens = img + (txt if m.joint_text else 0)
         linear = 2 * m.trained_params_b * 1e9 * self_tokens
         attn = 4 * self_tokens**2 * m.hidden * m.attn_blocks
@@ -106,7 +106,9 @@ def _image_work(m: ImageModel, s: Settings) -> Work:
     if not s.cache_latents:
         aux += m.vae_encode_tflops_at_ref * pixels * frames
     if not s.cache_text_encoder_outputs or s.train_text_encoder:
-        aux += 2 * m.text_encoder_params_b * 1e9 * max(m.text_tokens, 77) / 1e12
+        # A trained text encoder also runs its backward (input gradients, about one forward more).
+        te_passes = 2.0 if s.train_text_encoder else 1.0
+        aux += 2 * m.text_encoder_params_b * 1e9 * max(m.text_tokens, 77) * te_passes / 1e12
     params = m.trained_params_b * 1e9
     weight_bytes = params * STREAM_BYTES[s.base_dtype] * mm
     dequant = weight_bytes if s.base_dtype in QUANTISED else 0.0
