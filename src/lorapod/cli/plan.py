@@ -98,7 +98,7 @@ def _print_plan(plan: Plan, notes: list[str]) -> None:
     console.print(f"[bold]{job.model_name}[/] · {size} · peak VRAM about [bold]{job.estimate.peak_gb:.1f} GB[/]")
     top = plan.best or plan.options[0]
     console.print(_likely_line(top), highlight=False)
-    table = _offers_table(plan, narrow=console.width < 120)
+    table = _offers_table(plan, narrow=console.width < 120, ranges=console.width >= 140)
     console.print(table)
     best = plan.best or plan.options[0]
     phases = Table(title=f"Phases, #1: {best.gpu} on {best.provider} ({best.tier})", title_justify="left",
@@ -146,7 +146,7 @@ def _likely_line(o) -> str:
             f"VRAM likely {o.vram_range_gb[0]:.1f}-{o.vram_range_gb[1]:.1f} GB")
 
 
-def _offers_table(plan: Plan, narrow: bool) -> Table:
+def _offers_table(plan: Plan, narrow: bool, ranges: bool = True) -> Table:
     """The ranked offers. Narrow (80 columns, or piped): the columns that carry the decision
     (provider, GPU, tier, $/h, fits or not, total time, $/job) at full width; speed, train time,
     VRAM headroom and the likely range move out (they are in --json, the phase table and the
@@ -157,8 +157,11 @@ def _offers_table(plan: Plan, narrow: bool) -> Table:
     cols = [("#", "right"), ("provider", "left"), ("GPU", "left"), ("tier", "left"), ("$/h", "right"),
             ("fit", "left"), ("speed", "right"), ("train", "right"), ("total", "right"), ("$/job", "right"),
             ("likely", "right")]
+    ranges = ranges and not narrow  # the likely range per row needs ~140 columns
     if narrow:
         cols = [c for c in cols if c[0] not in ("speed", "train", "likely")]
+    elif not ranges:
+        cols = [c for c in cols if c[0] != "likely"]
     table = Table(title="Offers ranked by $ per job", title_justify="left", box=box.SIMPLE_HEAD,
                   padding=(0, 1), pad_edge=not narrow)
     for col, just in cols:
@@ -173,7 +176,7 @@ def _offers_table(plan: Plan, narrow: bool) -> Table:
             row += [f"{o.speed.it_per_s:.2f} it/s" if job.is_image else f"{o.speed.tokens_per_s:,.0f} tok/s",
                     _fmt_min(train)]
         row += [_fmt_min(o.hours_total), f"${cents(o.usd_total)}"]
-        if not narrow:
+        if ranges:
             row.append(_fmt_range(o.hours_range))
         table.add_row(*row)
     return table

@@ -89,7 +89,7 @@ class Settings:
         targets = spec.method.target_modules
         # clips: the spec's 4n+1 window lengths (a mix of buckets); stills train as 1 frame
         frames: int | tuple[int, ...] = 1
-        if isinstance(model, ImageModel) and model.is_video:
+        if isinstance(model, ImageModel) and model.is_video and _has_clips(spec):
             frames = tuple(spec.data.target_frames)
             frames = frames[0] if len(frames) == 1 else frames
         return cls(
@@ -330,3 +330,20 @@ def _merge(a: Settings, b: Settings) -> Settings:
         base_dtype=b.base_dtype if BYTES_PER_PARAM[b.base_dtype] < BYTES_PER_PARAM[a.base_dtype] else a.base_dtype,
         seq_len=min(a.seq_len, b.seq_len),
     )
+
+
+CLIP_SUFFIXES = (".mp4", ".webm", ".mov", ".mkv", ".avi")
+
+
+def _has_clips(spec: JobSpec) -> bool:
+    """Whether a video family's data are clips (planned at the spec's window lengths) or stills
+    (one frame each, as the engine trains them): ``data.format`` says so, or, with ``auto``, the
+    data folder holds at least one clip. Without the folder (planning ahead), ``auto`` means clips."""
+    if spec.data.format in ("video", "images"):
+        return spec.data.format == "video"
+    from pathlib import Path
+
+    paths = [Path(p) for p in spec.data_paths()]
+    if not any(p.exists() for p in paths):
+        return True
+    return any(f.suffix.lower() in CLIP_SUFFIXES for p in paths if p.is_dir() for f in p.rglob("*"))
