@@ -155,6 +155,9 @@ class ComputeSpec(_Section):
     )
     disk_gb: Annotated[float, Field(gt=0)] = 50
     phases: PhaseOverrides = Field(default_factory=PhaseOverrides)
+    gpus: Annotated[int, Field(ge=1, le=64)] = Field(
+        1, description="GPUs per instance; above 1 the job trains data-parallel under torchrun (docs/scale.md)."
+    )
 
 
 class OutputSpec(_Section):

@@ -18,11 +18,20 @@ def train(
     run_dir: Path | None = typer.Option(None, "--run-dir", help="Use this run folder (created if missing)."),
     resume: Path | None = typer.Option(None, "--resume", help="Continue a run folder from its newest checkpoint."),
     device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: best available)."),
+    processes: int | None = typer.Option(None, "--processes", min=1, help="Train data-parallel in N processes "
+                                         "under torchrun (one per GPU; gloo on CPU). Default: compute.gpus when "
+                                         "this machine has that many GPUs, else 1."),
+    nodes: int = typer.Option(1, "--nodes", min=1, help="Machines taking part (each runs this command)."),
+    node_rank: int = typer.Option(0, "--node-rank", min=0, help="This machine's index among --nodes."),
+    rendezvous: str | None = typer.Option(None, "--rendezvous", help="host:port of node 0 for --nodes > 1 "
+                                          "(torchrun's c10d rendezvous)."),
 ) -> None:
     """Train a LoRA adapter as the spec says (LLM or image), writing checkpoints, metrics and the adapter."""
+    from lorapod.engine.distributed import env_world
     from lorapod.rundir import RunDir
     from lorapod.spec import load_spec
 
+    world = env_world()  # set by torchrun when this is one of N training processes
     if resume is not None:
         run = RunDir.open(resume)
         spec = load_spec(run.spec_file, set_)
@@ -30,6 +39,9 @@ def train(
         if spec_file is None:
             raise LorapodError("no spec given", hint="lorapod train SPEC.yaml (or --resume RUN_DIR)")
         spec = load_spec(spec_file, set_)
+        if world.active and run_dir is None:
+            raise LorapodError("every training process must write to the same run folder",
+                               hint="under torchrun pass --run-dir DIR (or use lorapod train SPEC --processes N)")
         if run_dir is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
             for sub in ("checkpoints", "samples"):
@@ -37,8 +49,20 @@ def train(
             run = RunDir(run_dir)
         else:
             run = RunDir.create(spec.output.dir, spec.output.name or spec_file.stem)
-        run.write_spec(spec)
-        _record_plan(spec, run)
+        if world.is_main:
+            run.write_spec(spec)
+            _record_plan(spec, run)
+    if not world.active:
+        nproc = _process_count(spec, processes, device)
+        if nproc > 1 or nodes > 1:
+            from lorapod.cli.scale import launch_processes
+
+            console.print(f"run folder: [bold]{run.root}[/] ({nproc} process(es) x {nodes} node(s))")
+            launch_processes(run, spec_file, resume is not None, set_, device, nproc, nodes, node_rank, rendezvous)
+            return
+    if not world.is_main:
+        train_spec(spec, run, resume=resume is not None or any(run.checkpoints.glob("step-*")), device=device)
+        return
     console.print(f"run folder: [bold]{run.root}[/]")
     resume_flag = resume is not None or (run_dir is not None and any(run.checkpoints.glob("step-*")))
     result = train_spec(spec, run, resume=resume_flag, device=device)
@@ -51,6 +75,23 @@ def train(
         console.print(f"stopped on request at step {result.state.step}; resume with: lorapod train --resume {run.root}")
     else:
         console.print(f"adapter: [bold]{run.adapter}[/]")
+
+
+def _process_count(spec, processes: int | None, device: str | None) -> int:
+    """--processes, else compute.gpus when this machine has that many GPUs (and --device allows)."""
+    if processes is not None:
+        return processes
+    gpus = spec.compute.gpus
+    if gpus <= 1:
+        return 1
+    import torch
+
+    have = torch.cuda.device_count() if (device is None or device.startswith("cuda")) else 0
+    if have >= gpus:
+        return gpus
+    console.print(f"compute.gpus is {gpus} but this machine has {have} GPU(s): training in one process "
+                  f"(--processes {gpus} runs {gpus} processes anyway, e.g. on CPU)")
+    return 1
 
 
 def _record_plan(spec, run) -> None:
