@@ -160,7 +160,7 @@ def fit(
         return path
 
     recipe.train()
-    if resume is None and spec.eval.at_start:
+    if loaded is None and spec.eval.at_start:
         result.first_eval = evaluate()
 
     stop_file = run.root / STOP_FILE

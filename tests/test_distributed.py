@@ -1,0 +1,167 @@
+"""Data-parallel training on torch.distributed (gloo, CPU) with the real torchrun launcher.
+
+Two processes train the tiny LLM; their loss trajectory must equal one process's with the same
+global batch (micro_batch_size x grad_accum). DDP sums the same per-micro-batch gradients in a
+different order, so the tolerance is float32 rounding: rel 1e-5.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lorapod.engine.distributed import World, check_batch, torchrun_argv
+from lorapod.engine.llm import train_llm
+from lorapod.engine.metrics import read_metrics
+from lorapod.errors import SpecError
+from lorapod.rundir import RunDir
+from lorapod.spec import load_spec
+
+from .llm_fixtures import make_model_dir, spec_dict, write_data
+
+TOL = {"rel": 1e-5, "abs": 1e-6}
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ddp")
+    model_dir = make_model_dir(root)
+    train, val = write_data(root)
+    return root, model_dir, train, val
+
+
+def _spec_file(assets, out: Path, **train) -> Path:
+    _root, model_dir, tr, va = assets
+    d = spec_dict(model_dir, tr, va, out / "runs", epochs=2, **train)
+    d["method"]["dropout"] = 0.0  # dropout masks differ between processes by design
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "spec.yaml"
+    path.write_text(yaml.safe_dump(d))
+    return path
+
+
+def _one_process(spec_file: Path, out: Path) -> list[float]:
+    spec = load_spec(spec_file)
+    run = RunDir.create(out, "single")
+    return train_llm(spec, run, device="cpu", show_progress=False, log=lambda m: None).result.losses
+
+
+def _losses(run: Path) -> list[float]:
+    return [r["loss"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r]
+
+
+def _lorapod(*args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "lorapod", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, **kw)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 240) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    text = out.decode(errors="replace")
+    assert proc.returncode == 0, text[-3000:]
+    return text
+
+
+@pytest.fixture(scope="module")
+def two_procs(assets, tmp_path_factory):
+    """One uninterrupted 2-process run and the 1-process losses of the same spec."""
+    out = tmp_path_factory.mktemp("two")
+    spec_file = _spec_file(assets, out)
+    _finish(_lorapod("train", str(spec_file), "--run-dir", str(out / "run2"), "--processes", "2", "--device", "cpu"))
+    return spec_file, out / "run2", _one_process(spec_file, out / "single")
+
+
+def test_torchrun_command_is_accepted_by_torchrun():
+    from torch.distributed.run import get_args_parser
+
+    one = torchrun_argv(4, ["train", "s.yaml"], python="py")
+    assert one == ["py", "-m", "torch.distributed.run", "--nproc-per-node", "4", "--standalone",
+                   "-m", "lorapod", "train", "s.yaml"]
+    multi = torchrun_argv(2, ["train", "s.yaml"], python="py", nnodes=2, node_rank=1,
+                          rdzv_endpoint="127.0.0.1:29400", rdzv_id="job")
+    args = get_args_parser().parse_args(multi[3:])
+    assert (args.nnodes, args.node_rank, args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id, args.module) == \
+        ("2", 1, "c10d", "127.0.0.1:29400", "job", True)
+    assert args.training_script == "lorapod" and args.training_script_args == ["train", "s.yaml"]
+
+
+def test_window_shares_and_batch_check():
+    assert World(1, 2).share([0, 1, 2]) == [1] and World(0, 2).share([0, 1, 2]) == [0, 2]
+    check_batch(World(0, 2), 2)
+    with pytest.raises(SpecError, match="grad_accum"):
+        check_batch(World(0, 4), 2)
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_and_only_rank0_writes(two_procs):
+    _spec, run, single = two_procs
+    losses = _losses(run)
+    assert len(losses) == len(single) == 16
+    assert losses == pytest.approx(single, **TOL)
+    records = read_metrics(run / "metrics.jsonl")
+    steps = [r["step"] for r in records if "loss" in r]
+    assert steps == list(range(1, 17))  # one line per step: rank 1 logs nothing
+    events = (run / "events.log").read_text().splitlines()
+    assert sum("checkpoint step-3" in e for e in events) == 1
+    assert sum("finished at step 16" in e for e in events) == 1
+    assert any("2 processes" in e for e in events)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-12", "step-15", "step-3", "step-6", "step-9"]
+    state = json.loads((run / "checkpoints" / "step-15" / "state.json").read_text())
+    assert state["extra"]["processes"] == 2
+    assert (run / "adapter" / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_resume_after_a_crash_equals_the_uninterrupted_run(two_procs, tmp_path):
+    spec_file, straight, _single = two_procs
+    run = tmp_path / "crashed"
+    proc = _lorapod("train", str(spec_file), "--run-dir", str(run), "--processes", "2", "--device", "cpu",
+                    start_new_session=True)
+    deadline = time.monotonic() + 180
+    try:
+        while time.monotonic() < deadline:  # kill every process (launcher, torchrun, ranks) past step 3
+            if (run / "checkpoints" / "step-3").is_dir():
+                break
+            assert proc.poll() is None, proc.stdout.read().decode(errors="replace")[-2000:]
+            time.sleep(0.02)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert not (run / "adapter").exists(), "the run finished before it could be killed"
+    _finish(_lorapod("train", "--resume", str(run), "--processes", "2", "--device", "cpu"))
+    events = (run / "events.log").read_text()
+    assert "resumed from step-" in events
+    assert _losses(run) == pytest.approx(_losses(straight), **TOL)
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r] == list(range(1, 17))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_nodes_on_loopback_with_uneven_windows(assets, tmp_path):
+    """Two torchrun launches meet at a c10d rendezvous on 127.0.0.1 (one process each). With
+    grad_accum 3 the two processes take 2 and 1 micro-batches, and the epoch's last window has a
+    single micro-batch, so node 1 joins with a zero-weighted pass."""
+    spec_file = _spec_file(assets, tmp_path, grad_accum=3)
+    run = tmp_path / "run"
+    rdzv = f"127.0.0.1:{_free_port()}"
+    nodes = [_lorapod("train", str(spec_file), "--run-dir", str(run), "--nodes", "2", "--node-rank", str(i),
+                      "--rendezvous", rdzv, "--processes", "1", "--device", "cpu") for i in (0, 1)]
+    for p in nodes:
+        _finish(p)
+    single = _one_process(spec_file, tmp_path / "single")
+    assert len(single) == 12  # 16 micro-batches per epoch -> 6 steps (the last of 1 micro-batch) x 2
+    assert _losses(run) == pytest.approx(single, **TOL)
