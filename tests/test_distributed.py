@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -133,10 +134,13 @@ def test_resume_after_a_crash_equals_the_uninterrupted_run(two_procs, tmp_path):
                 break
             assert proc.poll() is None, proc.stdout.read().decode(errors="replace")[-2000:]
             time.sleep(0.02)
-    finally:
+    finally:  # SIGKILL the launcher's group (lorapod, torchrun): the ranks, in sessions of their own, follow
+        ranks = psutil.Process(proc.pid).children(recursive=True)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     assert not (run / "adapter").exists(), "the run finished before it could be killed"
+    _gone, alive = psutil.wait_procs(ranks, timeout=15)
+    assert alive == [], f"training processes outlived their launcher: {alive}"
     _finish(_lorapod("train", "--resume", str(run), "--processes", "2", "--device", "cpu"))
     events = (run / "events.log").read_text()
     assert "resumed from step-" in events

@@ -37,6 +37,8 @@ def register(app: typer.Typer) -> None:
         usd_per_hour: float | None = typer.Option(None, "--usd-per-hour", help="For ssh hosts: what the "
                                                   "machine costs, so caps and `ps` show dollars."),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
+        gpus: int | None = typer.Option(None, "--gpus", min=1, help="GPUs per instance (compute.gpus); above 1 "
+                                        "the job trains data-parallel under torchrun."),
         poll_s: float = typer.Option(5.0, "--poll-s", hidden=True),
         pull_every_s: float = typer.Option(30.0, "--pull-every-s", hidden=True),
         ready_deadline_s: float = typer.Option(600.0, "--ready-deadline-s", hidden=True),
@@ -51,6 +53,7 @@ def register(app: typer.Typer) -> None:
 
         The instance is destroyed when the job ends, fails, stalls, is interrupted, or would cross
         --max-usd / --max-hours; checkpoints, samples and metrics are pulled as they appear."""
+        from lorapod.compute.launch import job_command_for
         from lorapod.compute.ledger import Ledger
         from lorapod.compute.provider import from_target
         from lorapod.compute.remote import Bootstrap
@@ -60,6 +63,7 @@ def register(app: typer.Typer) -> None:
 
         ledger = Ledger()
         target = on
+        set_ = [*set_, f"compute.gpus={gpus}"] if gpus else set_
         if resume:
             from lorapod.compute.jobs import find_job
 
@@ -92,7 +96,8 @@ def register(app: typer.Typer) -> None:
         opts = Options(identity=identity, gpu=gpu, max_usd=max_usd, max_hours=max_hours,
                        bootstrap=Bootstrap(bootstrap, python), poll_s=poll_s, pull_every_s=pull_every_s,
                        ready_deadline_s=ready_deadline_s, stop_margin_s=stop_margin_s, stop_wait_s=stop_wait_s,
-                       reconnect_s=reconnect_s, watchdog={"heartbeat_timeout_s": heartbeat_timeout_s,
+                       reconnect_s=reconnect_s, job_command=job_command_for(spec_obj.compute.gpus),
+                       watchdog={"heartbeat_timeout_s": heartbeat_timeout_s,
                                                           "poll_s": watchdog_poll_s, "stall_s": stall_s})
         summary = run_remote(spec_obj, provider, target, opts, ledger, spec_path,
                              say=lambda m: console.print(m, style="dim", markup=False), resume_job=resume)

@@ -28,7 +28,7 @@ def requirements(spec, gpu: str | None = None, max_usd: float | None = None,
     usd, hours = max_usd or c.max_usd, max_hours or c.max_hours
     if usd and hours:
         max_rate = usd / hours  # anything pricier cannot run the allowed hours within the budget
-    return Requirements(gpu=gpu or c.gpu, max_usd_per_hour=max_rate, disk_gb=c.disk_gb)
+    return Requirements(gpu=gpu or c.gpu, max_usd_per_hour=max_rate, disk_gb=c.disk_gb, gpu_count=c.gpus)
 
 
 def choose_offers(spec, provider: Provider, gpu: str | None = None, max_usd: float | None = None,
@@ -70,7 +70,9 @@ def rank_by_job_cost(spec, provider_name: str, offers: list[Offer], *, gpu_pinne
             known[o.id] = find_gpu(o.gpu_name).name
         except LorapodError:
             continue
-    entries = [PriceEntry(provider=provider_name, tier="live", gpu=known[o.id], usd_per_hour=o.usd_per_hour,
+    # the planner prices one GPU and multiplies by compute.gpus; an offer's price is the whole instance's
+    entries = [PriceEntry(provider=provider_name, tier="live", gpu=known[o.id],
+                          usd_per_hour=o.usd_per_hour / max(1, o.gpu_count),
                           source="live", offer_id=o.id) for o in offers if o.id in known]
     if not entries:
         return offers

@@ -151,8 +151,27 @@ def init(device: str | None = None) -> tuple[World, str | None]:
         torch.cuda.set_device(world.local_rank)
         device = f"cuda:{world.local_rank}"
     if not dist.is_initialized():
+        _die_with_launcher()
         dist.init_process_group("nccl" if use_cuda else "gloo", timeout=COLLECTIVE_TIMEOUT)
     return current(), device
+
+
+def _die_with_launcher(every_s: float = 1.0) -> None:
+    """Exit when torchrun goes away. torchrun starts each process in a session of its own, so
+    killing the job's process group (the watchdog, ``lorapod down``, a SIGKILLed launcher) would
+    otherwise leave the training processes running."""
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(every_s)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="lorapod-launcher-watch", daemon=True).start()
 
 
 def shutdown() -> None:
