@@ -64,3 +64,25 @@ def test_four_jobs_two_hosts_total_cap_stops_it_midway(sshd_factory, remote_root
     assert (result.winner_adapter / "adapter_model.safetensors").read_bytes() == \
         (Path(by_index[2].run_dir) / "adapter" / "adapter_model.safetensors").read_bytes()
     assert (result.root / "sweep.json").is_file()
+
+
+@pytest.mark.slow
+def test_cli_sweep_on_local_prints_ranked_json(tmp_path, monkeypatch):
+    import json
+    import subprocess
+
+    from .remote_helpers import cli_argv, cli_env, fake_command_template
+
+    spec = make_spec(tmp_path, max_steps=4, every=2)
+    env = cli_env(LORAPOD_JOB_COMMAND=fake_command_template(0.02, "--eval"))
+    out = subprocess.run([*cli_argv(), "sweep", str(spec), "--grid", "train.learning_rate=1e-3,3e-4", "--on", "local",
+                          "--parallel", "2", "--json", "--poll-s", "0.2"], env=env, capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout)
+    assert [j["overrides"]["train.learning_rate"] for j in res["ranked"]] == ["3e-4", "1e-3"]
+    assert [j["state"] for j in res["ranked"]] == ["done", "done"]
+    assert res["ranked"][0]["loss"] == fake_val_loss(3e-4, 4)
+    assert res["winner"] == res["ranked"][0]["job_id"]
+    assert Path(res["winner_adapter"], "adapter_config.json").is_file()
+    assert Ledger().instances(live_only=True) == []
