@@ -158,6 +158,8 @@ class ComputeSpec(_Section):
     gpus: Annotated[int, Field(ge=1, le=64)] = Field(
         1, description="GPUs per instance; above 1 the job trains data-parallel under torchrun (docs/scale.md)."
     )
+    nodes: Annotated[int, Field(ge=1, le=64)] = Field(1, description="Machines for one job (SkyPilot backend).")
+    cloud: str | None = Field(None, description="SkyPilot infra for --on sky, e.g. aws, gcp, k8s, runpod.")
 
 
 class OutputSpec(_Section):

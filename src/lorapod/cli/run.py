@@ -39,6 +39,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
         gpus: int | None = typer.Option(None, "--gpus", min=1, help="GPUs per instance (compute.gpus); above 1 "
                                         "the job trains data-parallel under torchrun."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="--on sky: build and write the SkyPilot task only."),
         poll_s: float = typer.Option(5.0, "--poll-s", hidden=True),
         pull_every_s: float = typer.Option(30.0, "--pull-every-s", hidden=True),
         ready_deadline_s: float = typer.Option(600.0, "--ready-deadline-s", hidden=True),
@@ -85,6 +86,12 @@ def register(app: typer.Typer) -> None:
             target = on or spec_obj.compute.provider
         if target in (None, ""):
             raise SpecError("where should it run?", hint="--on vast | runpod | ssh://user@host:port")
+        if target == "sky":  # SkyPilot runs the lifecycle itself (compute/skypilot.py)
+            from lorapod.compute.skypilot import run_on_sky
+
+            sky_run = run_on_sky(spec_obj, gpu, dry_run, say=lambda m: console.print(m, markup=False))
+            console.print(f"run folder: {sky_run.root}", markup=False)
+            return
         if bootstrap not in ("source", "wheel"):
             raise SpecError(f"--bootstrap {bootstrap!r}", hint="source | wheel")
         kwargs = {}
