@@ -196,9 +196,9 @@ class _Trainable(torch.nn.Module):
 
 def data_parallel(params: list[torch.nn.Parameter], loss: Callable[[Any], Any], device: torch.device):
     """``DistributedDataParallel`` over the trainable parameters; calling it computes the loss."""
-    from torch.nn.parallel import DistributedDataParallel
-
     import warnings
+
+    from torch.nn.parallel import DistributedDataParallel
 
     ids = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else None
     with warnings.catch_warnings():  # broadcast_buffers is deprecated in name only; there are no buffers here
