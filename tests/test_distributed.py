@@ -169,3 +169,33 @@ def test_two_nodes_on_loopback_with_uneven_windows(assets, tmp_path):
     single = _one_process(spec_file, tmp_path / "single")
     assert len(single) == 12  # 16 micro-batches per epoch -> 6 steps (the last of 1 micro-batch) x 2
     assert _losses(run) == pytest.approx(single, **TOL)
+
+
+@pytest.mark.slow
+def test_two_gpu_shaped_remote_run_on_the_local_provider(assets, tmp_path):
+    """compute.gpus 2 on a `local` "instance" (CPU, gloo): the job starts under torchrun through the
+    job-command seam; metrics, checkpoints, the adapter and teardown as for one process."""
+    from lorapod.compute.launch import job_command_for
+    from lorapod.compute.ledger import Ledger
+    from lorapod.compute.local import LocalProvider
+    from lorapod.compute.remote import default_job_command
+    from lorapod.compute.session import run_remote
+
+    from .remote_helpers import fast_options
+
+    spec_file = _spec_file(assets, tmp_path, max_steps=6)
+    spec = load_spec(spec_file, ["compute.gpus=2"])
+    opts = fast_options(job_command=job_command_for(2, default_job_command), stop_wait_s=60,
+                        watchdog={"poll_s": 0.5, "heartbeat_timeout_s": 60, "done_grace_s": 30, "stall_s": 300})
+    lines: list[str] = []
+    summary = run_remote(spec, LocalProvider(home=tmp_path / "machine"), "local", opts, Ledger(), str(spec_file),
+                         say=lines.append)
+    assert summary.state == "done", (summary.message, lines[-10:])
+    assert any("torch.distributed.run --nproc-per-node 2" in line for line in lines)
+    run = summary.run_dir
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r] == list(range(1, 7))
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-3", "step-6"]
+    assert (run / "adapter" / "adapter_model.safetensors").is_file()
+    assert "2 processes" in (run / "events.log").read_text()
+    assert Ledger().instances(live_only=True) == []
+    assert list((tmp_path / "machine" / ".lorapod-work").iterdir()) == []
