@@ -175,10 +175,9 @@ def fit(
                     t0 = time.perf_counter()
                     world.seed_step(train.seed, state.step)
                     loss_sum, units, tokens, real = _train_window(recipe, window, precision, scaler, world, ddp)
-                    stop = world.is_main and stop_file.exists()
-                    if world.active:  # the window's loss over all processes, and one STOP decision
-                        loss_sum, tokens, real, stops = world.all_sum([loss_sum, tokens, real, stop])
-                        tokens, real, stop = int(tokens), int(real), stops > 0
+                    if world.active:  # the window's loss over all processes
+                        loss_sum, tokens, real = world.all_sum([loss_sum, tokens, real])
+                        tokens, real = int(tokens), int(real)
                     loss_value = loss_sum / units if units else 0.0
                     grad_norm = _clip(params, train.max_grad_norm, optimizer, scaler)
                     if scaler is not None:
@@ -220,6 +219,9 @@ def fit(
                         result.last_eval = evaluate()
                     if spec.save.every_steps and state.step % spec.save.every_steps == 0:
                         save()
+                    stop = world.is_main and stop_file.exists()
+                    if world.active:  # rank 0's decision, so every process stops at the same step
+                        stop = world.all_sum([stop])[0] > 0
                     if stop:
                         event("STOP file found: saving and stopping")
                         save()
