@@ -156,7 +156,7 @@ def init(device: str | None = None) -> tuple[World, str | None]:
     return current(), device
 
 
-def _die_with_launcher(every_s: float = 1.0) -> None:
+def _die_with_launcher(every_s: float = 0.2) -> None:
     """Exit when torchrun goes away. torchrun starts each process in a session of its own, so
     killing the job's process group (the watchdog, ``lorapod down``, a SIGKILLed launcher) would
     otherwise leave the training processes running."""
