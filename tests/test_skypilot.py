@@ -41,7 +41,7 @@ def test_task_and_resources_pass_skypilot_validation(tmp_path):
     (res,) = again.resources
     assert again.num_nodes == 2 and res.accelerators == {"A100-80GB": 4}
     assert str(res.cloud).lower() == "aws" and res.disk_size == 200 and not res.use_spot
-    assert "lorapod-0.1.0-py3-none-any.whl[llm]" in task.setup
+    assert "python3 -m pip install -q './lorapod-0.1.0-py3-none-any.whl[llm]'" in task.setup
 
     # the run script, on node 1 of 2, starts exactly this torchrun
     bin_dir = tmp_path / "bin"

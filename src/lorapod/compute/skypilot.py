@@ -83,7 +83,7 @@ def choose_gpu(spec: JobSpec, gpu: str | None = None) -> str:
 
 def setup_script(wheel: str, extra: str | None) -> str:
     """Install the staged wheel (and its dependencies) into the image's Python."""
-    target = f"{wheel}[{extra}]" if extra else wheel
+    target = f"./{wheel}[{extra}]" if extra else f"./{wheel}"  # ./ : a path to pip, not a name
     return f"set -e\npython3 -m pip install -q {shlex.quote(target)}\n"
 
 
