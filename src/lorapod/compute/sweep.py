@@ -169,6 +169,7 @@ class Sweep:
         self._sessions: dict[int, Session] = {}
         self._busy: dict[str, int] = {t: 0 for t, _ in self.targets}
         self._stop: str | None = None
+        self._open: set[int] = set()  # jobs started and not yet collected by run()
         self._lock = threading.Lock()
 
     def say(self, msg: str) -> None:
@@ -179,7 +180,8 @@ class Sweep:
     def _left(self) -> float:
         """The cap less what ended jobs spent and what running jobs hold."""
         assert self.max_usd is not None
-        held = sum(j.usd if j.state not in ("running",) else (j.allotted_usd or 0.0) for j in self.jobs)
+        # a job counts its allotment until this thread has collected it, then what it spent
+        held = sum((j.allotted_usd or 0.0) if j.index in self._open else j.usd for j in self.jobs)
         return self.max_usd - held
 
     def _allot(self, job: SweepJob, spec: JobSpec, target: str, provider: Provider, waiting: int,
@@ -278,6 +280,7 @@ class Sweep:
                             continue
                         job.target, job.allotted_usd, job.state = target, allot, "running"
                         self._busy[target] += 1
+                        self._open.add(job.index)
                         self.say(f"[{job.index}] {job.label} on {target}"
                                  + (f" (allotted ${allot:.2f})" if allot is not None else ""))
                         running[pool.submit(self._run_one, job, spec, target, provider)] = (job, target)
@@ -288,6 +291,7 @@ class Sweep:
                         job, target = running.pop(fut)
                         self._busy[target] -= 1
                         fut.result()
+                        self._open.discard(job.index)
                         loss = f", {job.loss_key} {job.loss:.4f}" if job.loss is not None else ""
                         self.say(f"[{job.index}] {job.state}: ${job.usd:.4f}{loss}")
         finally:
