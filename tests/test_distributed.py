@@ -215,3 +215,28 @@ def test_two_gpu_shaped_remote_run_on_the_local_provider(assets, tmp_path):
     assert "2 processes" in (run / "events.log").read_text()
     assert Ledger().instances(live_only=True) == []
     assert list((tmp_path / "machine" / ".lorapod-work").iterdir()) == []
+
+
+@pytest.mark.slow
+def test_two_processes_train_the_tiny_sd_model_like_one(tmp_path):
+    """The image recipe through the same loop: 2 processes (micro_batch 1 x grad_accum 2) give the
+    one-process losses; samples and exports are rendered once, by rank 0."""
+    from lorapod.engine.diffusion import train_diffusion
+
+    from .image_fixtures import build_sd15, image_spec, write_images
+
+    raw = image_spec(build_sd15(tmp_path / "sd15"), write_images(tmp_path / "data"), tmp_path / "runs", "sd15",
+                     micro_batch_size=1, grad_accum=2, epochs=2)
+    raw["samples"] = {"prompts": ["zxq, a red square --w 64 --h 48 --s 2"], "every_epochs": 1}
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(raw))
+    one = train_diffusion(load_spec(spec_file), RunDir.create(tmp_path / "one", "sd"), device="cpu",
+                          show_progress=False, log=lambda m: None).result.losses
+    run = tmp_path / "two"
+    _finish(_lorapod("train", str(spec_file), "--run-dir", str(run), "--processes", "2", "--device", "cpu"))
+    assert len(one) == 6 and _losses(run) == pytest.approx(one, **TOL)
+    assert sorted(p.name for p in (run / "samples").iterdir()) == [
+        "epoch001-00.png", "epoch001-grid.png", "epoch002-00.png", "epoch002-grid.png"]
+    events = (run / "events.log").read_text()
+    assert events.count("samples epoch001") == 1 and events.count("checkpoint step-6") == 1
+    assert sorted(p.name for p in (run / "exports").iterdir()) == ["step-3", "step-6"]
