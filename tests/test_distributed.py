@@ -188,24 +188,26 @@ def test_two_nodes_on_loopback_with_uneven_windows(assets, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_gpu_shaped_remote_run_on_the_local_provider(assets, tmp_path):
-    """compute.gpus 2 on a `local` "instance" (CPU, gloo): the job starts under torchrun through the
-    job-command seam; metrics, checkpoints, the adapter and teardown as for one process."""
+def test_two_gpu_shaped_remote_run_over_loopback_ssh(assets, sshd, remote_root, tmp_path):
+    """compute.gpus 2 on an ssh:// "instance" (the loopback sshd; CPU, gloo): the job starts under
+    torchrun through the job-command seam; metrics, checkpoints, the adapter and teardown as for
+    one process."""
     from lorapod.compute.launch import job_command_for
     from lorapod.compute.ledger import Ledger
-    from lorapod.compute.local import LocalProvider
     from lorapod.compute.remote import default_job_command
     from lorapod.compute.session import run_remote
+    from lorapod.compute.ssh import SSHProvider
 
     from .remote_helpers import fast_options
 
     spec_file = _spec_file(assets, tmp_path, max_steps=6)
     spec = load_spec(spec_file, ["compute.gpus=2"])
-    opts = fast_options(job_command=job_command_for(2, default_job_command), stop_wait_s=60,
-                        watchdog={"poll_s": 0.5, "heartbeat_timeout_s": 60, "done_grace_s": 30, "stall_s": 300})
+    opts = fast_options(identity=sshd.client_key, job_command=job_command_for(2, default_job_command),
+                        stop_wait_s=60, ready_deadline_s=60, reconnect_s=60, watchdog={"poll_s": 0.5, "heartbeat_timeout_s": 60, "done_grace_s": 30,
+                                                  "stall_s": 300})
     lines: list[str] = []
-    summary = run_remote(spec, LocalProvider(home=tmp_path / "machine"), "local", opts, Ledger(), str(spec_file),
-                         say=lines.append)
+    summary = run_remote(spec, SSHProvider(sshd.target, identity=sshd.client_key), sshd.target, opts, Ledger(),
+                         str(spec_file), say=lines.append)
     assert summary.state == "done", (summary.message, lines[-10:])
     assert any("torch.distributed.run --nproc-per-node 2" in line for line in lines)
     run = summary.run_dir
@@ -214,7 +216,7 @@ def test_two_gpu_shaped_remote_run_on_the_local_provider(assets, tmp_path):
     assert (run / "adapter" / "adapter_model.safetensors").is_file()
     assert "2 processes" in (run / "events.log").read_text()
     assert Ledger().instances(live_only=True) == []
-    assert list((tmp_path / "machine" / ".lorapod-work").iterdir()) == []
+    assert list(remote_root.iterdir()) == []
 
 
 @pytest.mark.slow
