@@ -27,11 +27,12 @@ def train(
                                           "(torchrun's c10d rendezvous)."),
 ) -> None:
     """Train a LoRA adapter as the spec says (LLM or image), writing checkpoints, metrics and the adapter."""
-    from lorapod.engine.distributed import env_world
+    from lorapod.engine.distributed import World, check_batch, env_world
     from lorapod.rundir import RunDir
     from lorapod.spec import load_spec
 
     world = env_world()  # set by torchrun when this is one of N training processes
+    nproc: int | None = None
     if resume is not None:
         run = RunDir.open(resume)
         spec = load_spec(run.spec_file, set_)
@@ -39,6 +40,9 @@ def train(
         if spec_file is None:
             raise LorapodError("no spec given", hint="lorapod train SPEC.yaml (or --resume RUN_DIR)")
         spec = load_spec(spec_file, set_)
+        if not world.active:
+            nproc = _process_count(spec, processes, device)
+            check_batch(World(0, nproc * nodes), spec.train.grad_accum)  # before anything is created
         if world.active and run_dir is None:
             raise LorapodError("every training process must write to the same run folder",
                                hint="under torchrun pass --run-dir DIR (or use lorapod train SPEC --processes N)")
@@ -53,7 +57,9 @@ def train(
             run.write_spec(spec)
             _record_plan(spec, run)
     if not world.active:
-        nproc = _process_count(spec, processes, device)
+        if nproc is None:  # --resume: the spec comes from the run folder
+            nproc = _process_count(spec, processes, device)
+            check_batch(World(0, nproc * nodes), spec.train.grad_accum)
         if nproc > 1 or nodes > 1:
             from lorapod.cli.scale import launch_processes
 
