@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import sys
 import time
@@ -29,6 +30,11 @@ def save(dirpath: Path, step: int) -> None:
     os.replace(tmp, dirpath)
 
 
+def fake_val_loss(lr: float, step: int) -> float:
+    """A made-up validation loss: best near lr 3e-4, falling with steps (for sweep rankings)."""
+    return round(abs(math.log10(lr) - math.log10(3e-4)) + 1.0 / step, 6)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("spec")
@@ -37,6 +43,7 @@ def main() -> int:
     ap.add_argument("--step-s", type=float, default=0.1)
     ap.add_argument("--fail-at", type=int, default=None)
     ap.add_argument("--hang-at", type=int, default=None)
+    ap.add_argument("--eval", action="store_true", help="log a val_loss at every checkpoint (see fake_val_loss)")
     a = ap.parse_args()
     spec = yaml.safe_load(Path(a.spec).read_text())
     run = Path(a.run_dir)
@@ -63,6 +70,10 @@ def main() -> int:
                 return 3
             metrics.write(json.dumps({"step": step, "loss": round(2.0 / step, 4), "examples": n_examples}) + "\n")
             metrics.flush()
+            if a.eval and ((run / "STOP").exists() or step % every == 0 or step == max_steps):
+                lr = float(spec["train"].get("learning_rate", 2e-4))
+                metrics.write(json.dumps({"step": step, "event": "eval", "val_loss": fake_val_loss(lr, step)}) + "\n")
+                metrics.flush()
             if (run / "STOP").exists():
                 save(run / "checkpoints" / f"step-{step}", step)
                 print(f"STOP honoured at step {step}")

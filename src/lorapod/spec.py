@@ -194,6 +194,11 @@ class ComputeSpec(_Section):
     phases: PhaseOverrides = Field(default_factory=PhaseOverrides)
     image: str | None = Field(None, description="Container image for runpod/vast instances (default: lorapod's "
                               "per provider, see lorapod.catalog.images); the bootstrap installs only what it lacks.")
+    gpus: Annotated[int, Field(ge=1, le=64)] = Field(
+        1, description="GPUs per instance; above 1 the job trains data-parallel under torchrun (docs/scale.md)."
+    )
+    nodes: Annotated[int, Field(ge=1, le=64)] = Field(1, description="Machines for one job (SkyPilot backend).")
+    cloud: str | None = Field(None, description="SkyPilot infra for --on sky, e.g. aws, gcp, k8s, runpod.")
 
 
 class OutputSpec(_Section):

@@ -35,6 +35,7 @@ def plan_command(
     provider: str | None = typer.Option(None, "--provider", help="Only this provider: runpod | vast."),
     live: bool = typer.Option(False, "--live", help="Refresh prices from RunPod/Vast.ai (RUNPOD_API_KEY, VAST_API_KEY)."),
     set_: list[str] = typer.Option([], "--set", help="Override a spec value, e.g. --set train.micro_batch_size=2."),
+    gpus: int | None = typer.Option(None, "--gpus", min=1, help="GPUs per instance (compute.gpus), data-parallel."),
     images: int | None = typer.Option(None, "--images", help="Image count when data.path is not on this machine."),
     examples: int | None = typer.Option(None, "--examples", help="Chat example count when the data file is not here."),
     trainer: str | None = typer.Option(None, "--trainer", help="Price the job as an external trainer runs it: "
@@ -55,7 +56,7 @@ def plan_command(
     from lorapod.plan.choose import plan_job
     from lorapod.spec import load_spec
 
-    job_spec = load_spec(spec, set_)
+    job_spec = load_spec(spec, [*set_, f"compute.gpus={gpus}"] if gpus else set_)
     prices, notes = None, []
     if live:
         from lorapod.catalog.gpus import find_gpu

@@ -50,6 +50,9 @@ def register(app: typer.Typer) -> None:
                                            "sd-scripts | ai-toolkit | musubi-tuner | axolotl."),
         trainer_src: str | None = typer.Option(None, "--trainer-src", help="With --trainer: a checkout already on "
                                                "the instance (used as is), or a git mirror URL."),
+        gpus: int | None = typer.Option(None, "--gpus", min=1, help="GPUs per instance (compute.gpus); above 1 "
+                                        "the job trains data-parallel under torchrun."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="--on sky: build and write the SkyPilot task only."),
         poll_s: float = typer.Option(5.0, "--poll-s", hidden=True),
         pull_every_s: float = typer.Option(30.0, "--pull-every-s", hidden=True),
         ready_deadline_s: float = typer.Option(600.0, "--ready-deadline-s", hidden=True),
@@ -65,6 +68,7 @@ def register(app: typer.Typer) -> None:
 
         The instance is destroyed when the job ends, fails, stalls, is interrupted, or would cross
         --max-usd / --max-hours; checkpoints, samples and metrics are pulled as they appear."""
+        from lorapod.compute.launch import job_command_for
         from lorapod.compute.ledger import Ledger
         from lorapod.compute.provider import from_target
         from lorapod.compute.remote import Bootstrap
@@ -74,6 +78,7 @@ def register(app: typer.Typer) -> None:
 
         ledger = Ledger()
         target = on
+        set_ = [*set_, f"compute.gpus={gpus}"] if gpus else set_
         if resume:
             from lorapod.compute.jobs import find_job
 
@@ -99,6 +104,12 @@ def register(app: typer.Typer) -> None:
             from lorapod.engine.diffusion.video_preflight import preflight
 
             preflight(spec_obj, gpu or spec_obj.compute.gpu, say=lambda m: console.print(m, style="dim", markup=False))
+        if target == "sky":  # SkyPilot runs the lifecycle itself (compute/skypilot.py)
+            from lorapod.compute.skypilot import run_on_sky
+
+            sky_run = run_on_sky(spec_obj, gpu, dry_run, say=lambda m: console.print(m, markup=False))
+            console.print(f"run folder: {sky_run.root}", markup=False)
+            return
         if bootstrap not in ("source", "wheel"):
             raise SpecError(f"--bootstrap {bootstrap!r}", hint="source | wheel")
         if deps not in ("auto", "none"):
@@ -122,11 +133,12 @@ def register(app: typer.Typer) -> None:
         opts = Options(identity=identity, gpu=gpu, max_usd=max_usd, max_hours=max_hours,
                        bootstrap=Bootstrap(bootstrap, python, deps), poll_s=poll_s, pull_every_s=pull_every_s,
                        ready_deadline_s=ready_deadline_s, stop_margin_s=stop_margin_s, stop_wait_s=stop_wait_s,
-                       reconnect_s=reconnect_s, watchdog={"heartbeat_timeout_s": heartbeat_timeout_s,
-                                                          "poll_s": watchdog_poll_s, "stall_s": stall_s},
+                       reconnect_s=reconnect_s, job_command=job_command_for(spec_obj.compute.gpus),
+                       watchdog={"heartbeat_timeout_s": heartbeat_timeout_s,
+                                 "poll_s": watchdog_poll_s, "stall_s": stall_s},
                        forward_env=tuple(forward_env) if forward_env else None,
                        destroy_deadline_s=destroy_deadline_s)
-        if trainer:
+        if trainer:  # the trainer's wrapper replaces lorapod's engine on the instance
             opts.job_command = trainer_job_command(trainer, trainer_src)
         summary = run_remote(spec_obj, provider, target, opts, ledger, spec_path,
                              say=lambda m: console.print(m, style="dim", markup=False), resume_job=resume)

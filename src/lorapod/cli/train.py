@@ -25,8 +25,16 @@ def train(
     print_: bool = typer.Option(False, "--print", help="With --trainer: show its files and commands, run nothing."),
     trainer_src: str | None = typer.Option(None, "--trainer-src", help="With --trainer: a checkout of it here "
                                            "(used as is), or a git URL to clone at the pinned commit."),
+    processes: int | None = typer.Option(None, "--processes", min=1, help="Train data-parallel in N processes "
+                                         "under torchrun (one per GPU; gloo on CPU). Default: compute.gpus when "
+                                         "this machine has that many GPUs, else 1."),
+    nodes: int = typer.Option(1, "--nodes", min=1, help="Machines taking part (each runs this command)."),
+    node_rank: int = typer.Option(0, "--node-rank", min=0, help="This machine's index among --nodes."),
+    rendezvous: str | None = typer.Option(None, "--rendezvous", help="host:port of node 0 for --nodes > 1 "
+                                          "(torchrun's c10d rendezvous)."),
 ) -> None:
     """Train a LoRA adapter as the spec says (LLM or image), writing checkpoints, metrics and the adapter."""
+    from lorapod.engine.distributed import World, check_batch, env_world
     from lorapod.rundir import RunDir
     from lorapod.spec import load_spec
 
@@ -41,6 +49,8 @@ def train(
         raise LorapodError("--print shows an external trainer's job", hint="add --trainer sd-scripts | ai-toolkit | "
                            "musubi-tuner | axolotl")
 
+    world = env_world()  # set by torchrun when this is one of N training processes
+    nproc: int | None = None
     if resume is not None:
         run = RunDir.open(resume)
         spec = load_spec(run.spec_file, set_)
@@ -48,6 +58,12 @@ def train(
         if spec_file is None:
             raise LorapodError("no spec given", hint="lorapod train SPEC.yaml (or --resume RUN_DIR)")
         spec = load_spec(spec_file, set_)
+        if not world.active:
+            nproc = _process_count(spec, processes, device)
+            check_batch(World(0, nproc * nodes), spec.train.grad_accum)  # before anything is created
+        if world.active and run_dir is None:
+            raise LorapodError("every training process must write to the same run folder",
+                               hint="under torchrun pass --run-dir DIR (or use lorapod train SPEC --processes N)")
         if run_dir is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
             for sub in ("checkpoints", "samples"):
@@ -55,8 +71,22 @@ def train(
             run = RunDir(run_dir)
         else:
             run = RunDir.create(spec.output.dir, spec.output.name or spec_file.stem)
-        run.write_spec(spec)
-        _record_plan(spec, run)
+        if world.is_main:
+            run.write_spec(spec)
+            _record_plan(spec, run)
+    if not world.active:
+        if nproc is None:  # --resume: the spec comes from the run folder
+            nproc = _process_count(spec, processes, device)
+            check_batch(World(0, nproc * nodes), spec.train.grad_accum)
+        if nproc > 1 or nodes > 1:
+            from lorapod.cli.scale import launch_processes
+
+            console.print(f"run folder: [bold]{run.root}[/] ({nproc} process(es) x {nodes} node(s))")
+            launch_processes(run, spec_file, resume is not None, set_, device, nproc, nodes, node_rank, rendezvous)
+            return
+    if not world.is_main:
+        train_spec(spec, run, resume=resume is not None or any(run.checkpoints.glob("step-*")), device=device)
+        return
     console.print(f"run folder: [bold]{run.root}[/]")
     resume_flag = resume is not None or (run_dir is not None and any(run.checkpoints.glob("step-*")))
     result = train_spec(spec, run, resume=resume_flag, device=device)
@@ -96,6 +126,23 @@ def _external(spec_file, set_, run_dir, trainer: str, print_: bool, trainer_src:
                         say=lambda m: console.print(m, markup=False))
     console.print(f"{state}: adapter in {run.adapter}" if state == "done" else
                   f"stopped on request; continue with: lorapod train --resume {run.root} --trainer {trainer}")
+
+
+def _process_count(spec, processes: int | None, device: str | None) -> int:
+    """--processes, else compute.gpus when this machine has that many GPUs (and --device allows)."""
+    if processes is not None:
+        return processes
+    gpus = spec.compute.gpus
+    if gpus <= 1:
+        return 1
+    import torch
+
+    have = torch.cuda.device_count() if (device is None or device.startswith("cuda")) else 0
+    if have >= gpus:
+        return gpus
+    console.print(f"compute.gpus is {gpus} but this machine has {have} GPU(s): training in one process "
+                  f"(--processes {gpus} runs {gpus} processes anyway, e.g. on CPU)")
+    return 1
 
 
 def _record_plan(spec, run) -> None:

@@ -33,7 +33,7 @@ def requirements(spec, gpu: str | None = None, max_usd: float | None = None,
     # The planner's peak VRAM, so providers drop cards that cannot hold the job before ranking.
     # A pinned GPU is the user's call (the planner then says what would make it fit).
     return Requirements(gpu=pinned, max_usd_per_hour=max_rate, disk_gb=c.disk_gb,
-                        min_vram_gb=0.0 if pinned else vram_needed_gb(spec))
+                        min_vram_gb=0.0 if pinned else vram_needed_gb(spec), gpu_count=c.gpus)
 
 
 def vram_needed_gb(spec) -> float:
@@ -85,7 +85,9 @@ def rank_by_job_cost(spec, provider_name: str, offers: list[Offer], *, gpu_pinne
             known[o.id] = find_gpu(o.gpu_name).name
         except LorapodError:
             continue
-    entries = [PriceEntry(provider=provider_name, tier="live", gpu=known[o.id], usd_per_hour=o.usd_per_hour,
+    # the planner prices one GPU and multiplies by compute.gpus; an offer's price is the whole instance's
+    entries = [PriceEntry(provider=provider_name, tier="live", gpu=known[o.id],
+                          usd_per_hour=o.usd_per_hour / max(1, o.gpu_count),
                           source="live", offer_id=o.id) for o in offers if o.id in known]
     if not entries:
         return offers

@@ -71,7 +71,9 @@ class HostProvider:
 
     def offers(self, req: Requirements) -> list[Offer]:
         host, port, user = self._address()
-        return [Offer(self.name, f"{user}@{host}:{port}", req.gpu or "this host", self.usd_per_hour)]
+        # the host has the GPUs it has: compute.gpus is taken at its word (torchrun fails clearly if short)
+        return [Offer(self.name, f"{user}@{host}:{port}", req.gpu or "this host", self.usd_per_hour,
+                      gpu_count=req.gpu_count)]
 
     def create(self, offer: Offer, spec: InstanceSpec) -> Instance:
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", spec.label):

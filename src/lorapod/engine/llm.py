@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from lorapod.engine import llm_data
+from lorapod.engine import distributed, llm_data
 from lorapod.engine.checkpoint import TrainState, resume_point
 from lorapod.engine.device import Precision, pick_device, resolve_precision
 from lorapod.engine.llm_data import IGNORE, Batch, Example, Row
@@ -158,15 +158,15 @@ class LLMRecipe:
         total, count = 0.0, 0
         rows = self.val_rows
         bs = max(1, self.spec.train.micro_batch_size)
-        max_batches = self.spec.eval.max_batches
-        for i, s in enumerate(range(0, len(rows), bs)):
-            if max_batches and i >= max_batches:
-                break
+        starts = list(range(0, len(rows), bs))[: self.spec.eval.max_batches or None]
+        world = distributed.current()
+        for s in world.share(starts):  # each process evaluates its share; the sums are added up
             batch = llm_data.collate(rows[s : s + bs], self.val_examples, self.pad_id, self.pad_multiple)
             with self.precision.autocast():
                 nll, _ = self.token_losses(batch)
             total += float(nll.sum())
             count += nll.numel()
+        total, count = world.all_sum([total, count])
         loss = total / max(count, 1)
         return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0))}
 
@@ -274,6 +274,8 @@ def prepare(spec: JobSpec, device: str | None = None, log=print) -> tuple[LLMRec
 
 def train_llm(spec: JobSpec, run: RunDir, *, resume: bool = False, device: str | None = None,
               on_step=None, show_progress: bool | None = None, log=print) -> LLMRun:
+    world, device = distributed.init(device)
+    log, event = world.only_main(log), world.only_main(run.event)
     recipe, stats, fallback = prepare(spec, device, log)
     trainable, total = count_parameters(recipe.model)
     log(f"model {spec.model.id}: {total:,} parameters, {trainable:,} trainable ({100 * trainable / total:.2f}%)")
@@ -282,7 +284,8 @@ def train_llm(spec: JobSpec, run: RunDir, *, resume: bool = False, device: str |
         f"{stats.truncated} truncated to {spec.data.sequence_len} tokens, {stats.dropped_no_labels} without an assistant reply dropped")
     if fallback:
         log("the tokenizer has no chat template: using lorapod's ChatML fallback (see docs/llm.md)")
-    run.event(f"training {spec.model.id} on {recipe.precision.device} ({recipe.precision.compute})")
-    checkpoint = resume_point(run.checkpoints, run.event, log) if resume else None
+    event(f"training {spec.model.id} on {recipe.precision.device} ({recipe.precision.compute})"
+          + (f", {world.size} processes" if world.active else ""))
+    checkpoint = resume_point(run.checkpoints, event, log) if resume and world.is_main else None
     result = fit(recipe, spec, run, recipe.precision, resume=checkpoint, on_step=on_step, show_progress=show_progress)
     return LLMRun(run, result, recipe, stats, fallback)

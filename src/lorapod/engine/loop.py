@@ -10,10 +10,15 @@ Exact resume rests on three rules:
 2. checkpoints are taken at optimizer-step boundaries, with every RNG state captured;
 3. the loss of an accumulation window is normalised by the units (label tokens, samples) of the
    whole window, known before the forward pass, so splitting a window never changes the gradient.
+
+The same rules make it data-parallel (:mod:`lorapod.engine.distributed`): under torchrun each
+process takes its share of every window, DDP sums the gradients, and only rank 0 writes metrics,
+events, checkpoints, samples and the adapter.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
+from lorapod.engine import distributed
 from lorapod.engine.checkpoint import Checkpoint, CheckpointManager, TrainState, restore_rng
 from lorapod.engine.device import Precision, memory_stats
 from lorapod.engine.metrics import MetricsWriter
@@ -87,12 +93,16 @@ def fit(
     """Train ``recipe`` as ``spec`` says, writing checkpoints and metrics into ``run``."""
     train = spec.train
     device = precision.device
+    world = distributed.current()
+    distributed.check_batch(world, train.grad_accum)
+    event = world.only_main(run.event)
     n_micro = len(recipe.epoch_batches(0))
     per_epoch = steps_per_epoch(n_micro, train.grad_accum)
     total_steps = train.max_steps or train.epochs * per_epoch
     n_epochs = math.ceil(total_steps / per_epoch)
 
     params = recipe.trainable_parameters()
+    ddp = distributed.data_parallel(params, recipe.loss, device) if world.active else None
     optimizer = build_optimizer(params, train, device)
     scheduler = build_scheduler(optimizer, train, total_steps)
     scaler = torch.amp.GradScaler("cuda") if precision.needs_grad_scaler else None
@@ -100,18 +110,30 @@ def fit(
 
     state = TrainState()
     result = FitResult(state=state, stopped="done")
-    if resume is not None:
-        recipe.load_adapter_state(resume.adapter())
-        opt_state = resume.optimizer()
+    # rank 0 reads the checkpoint and sends it to the others (nodes need not share a disk)
+    loaded = None
+    if resume is not None and world.is_main:
+        loaded = (resume.adapter(), resume.optimizer(), resume.rng(), resume.state, resume.path.name)
+    loaded = world.broadcast(loaded)
+    if loaded is not None:
+        adapter, opt_state, rng, resumed_state, name = loaded
+        recipe.load_adapter_state(adapter)
         optimizer.load_state_dict(opt_state["optimizer"])
         scheduler.load_state_dict(opt_state["scheduler"])
         if scaler is not None and "scaler" in opt_state:
             scaler.load_state_dict(opt_state["scaler"])
-        restore_rng(resume.rng())
-        state = result.state = resume.state
-        run.event(f"resumed from {resume.path.name} (step {state.step}, epoch {state.epoch})")
+        restore_rng(rng)
+        state = result.state = resumed_state
+        before = state.extra.get("processes", 1)
+        event(f"resumed from {name} (step {state.step}, epoch {state.epoch})"
+              + (f" with {world.size} process(es); saved with {before}" if before != world.size else ""))
+    state.extra["processes"] = world.size
 
-    metrics = MetricsWriter(run.metrics_file, run.tensorboard, resume_step=state.step if resume else None)
+    if world.is_main:
+        metrics: MetricsWriter | _NoMetrics = MetricsWriter(run.metrics_file, run.tensorboard,
+                                                            resume_step=state.step if loaded else None)
+    else:
+        metrics = _NoMetrics()
 
     eval_step = -1
 
@@ -124,7 +146,9 @@ def fit(
             metrics.log({"step": state.step, "epoch": state.epoch, "event": "eval", **ev})
         return ev
 
-    def save() -> Path:
+    def save() -> Path | None:
+        if not world.is_main:  # the others hold the same weights and optimizer state
+            return None
         opt_state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
         if scaler is not None:
             opt_state["scaler"] = scaler.state_dict()
@@ -136,11 +160,12 @@ def fit(
         return path
 
     recipe.train()
-    if resume is None and spec.eval.at_start:
+    if loaded is None and spec.eval.at_start:
         result.first_eval = evaluate()
 
     stop_file = run.root / STOP_FILE
-    progress = TrainProgress(total_steps, state.step, spec.compute.usd_per_hour, recipe.unit, enabled=show_progress)
+    progress = TrainProgress(total_steps, state.step, spec.compute.usd_per_hour, recipe.unit,
+                             enabled=show_progress if world.is_main else False)
     try:
         with progress:
             while state.step < total_steps and state.epoch < n_epochs:
@@ -148,7 +173,12 @@ def fit(
                 while state.batch_in_epoch < len(batches) and state.step < total_steps:
                     window = batches[state.batch_in_epoch : state.batch_in_epoch + train.grad_accum]
                     t0 = time.perf_counter()
-                    loss_value, tokens, real = _train_window(recipe, window, precision, scaler)
+                    world.seed_step(train.seed, state.step)
+                    loss_sum, units, tokens, real = _train_window(recipe, window, precision, scaler, world, ddp)
+                    if world.active:  # the window's loss over all processes
+                        loss_sum, tokens, real = world.all_sum([loss_sum, tokens, real])
+                        tokens, real = int(tokens), int(real)
+                    loss_value = loss_sum / units if units else 0.0
                     grad_norm = _clip(params, train.max_grad_norm, optimizer, scaler)
                     if scaler is not None:
                         scaler.step(optimizer)
@@ -182,15 +212,18 @@ def fit(
                         record["usd"] = usd
                     metrics.log(record)
                     progress.update(state.step, loss_value, (real / dt) if tokens else 1 / dt)
-                    if on_step is not None:
+                    if on_step is not None and world.is_main:
                         on_step(state, loss_value)
 
                     if spec.eval.every_steps and state.step % spec.eval.every_steps == 0:
                         result.last_eval = evaluate()
                     if spec.save.every_steps and state.step % spec.save.every_steps == 0:
                         save()
-                    if stop_file.exists():
-                        run.event("STOP file found: saving and stopping")
+                    stop = world.is_main and stop_file.exists()
+                    if world.active:  # rank 0's decision, so every process stops at the same step
+                        stop = world.all_sum([stop])[0] > 0
+                    if stop:
+                        event("STOP file found: saving and stopping")
                         save()
                         result.stopped = "stop_file"
                         return result
@@ -203,19 +236,21 @@ def fit(
                     if spec.save.every_epochs and state.epoch % spec.save.every_epochs == 0:
                         save()
                     on_epoch_end = getattr(recipe, "on_epoch_end", None)  # optional hook (image samples)
-                    if on_epoch_end is not None:
+                    if on_epoch_end is not None and world.is_main:
                         on_epoch_end(state)
         if train.max_steps and state.step >= train.max_steps:
             result.stopped = "max_steps"
         if eval_step != state.step:
             result.last_eval = evaluate()
-        recipe.save_final(run.adapter)
-        run.event(f"finished at step {state.step}; adapter saved to {run.adapter}")
-        metrics.close()
-        plot_metrics(run.metrics_file, run.root / "loss.png")
+        if world.is_main:
+            recipe.save_final(run.adapter)
+            run.event(f"finished at step {state.step}; adapter saved to {run.adapter}")
+            metrics.close()
+            plot_metrics(run.metrics_file, run.root / "loss.png")
+        world.barrier()
         return result
     except KeyboardInterrupt:
-        run.event(f"interrupted at step {state.step}: saving a checkpoint")
+        event(f"interrupted at step {state.step}: saving a checkpoint")
         save()
         result.stopped = "interrupted"
         raise
@@ -223,22 +258,46 @@ def fit(
         metrics.close()
 
 
-def _train_window(recipe: Recipe, window: Sequence[Any], precision: Precision, scaler) -> tuple[float, int, int]:
-    """Forward/backward over one accumulation window; returns (mean loss, tokens, real tokens)."""
+class _NoMetrics:
+    """What processes other than rank 0 log to."""
+
+    def log(self, record: dict[str, Any]) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def _train_window(recipe: Recipe, window: Sequence[Any], precision: Precision, scaler,
+                  world: distributed.World, ddp=None) -> tuple[float, int, int, int]:
+    """Forward/backward over this process's share of one accumulation window.
+
+    Returns (summed loss, units of the whole window, tokens, real tokens) of this process's share.
+    With N processes the loss is multiplied by N because DDP averages the N gradients.
+    """
     units = sum(recipe.batch_units(b) for b in window)
     if units == 0:
-        return 0.0, 0, 0
+        return 0.0, 0, 0, 0
+    mine = world.share(window)
+    # a process with no micro-batch in a short (end-of-epoch) window still joins the gradient
+    # all-reduce, with a zero-weighted pass
+    work, weight = (mine, world.size) if mine else ([window[0]], 0)
     total = 0.0
     tokens = real = 0
-    for batch in window:
-        with precision.autocast():
-            out = recipe.loss(batch)
-        scaled = out.loss_sum.float() / units
-        (scaler.scale(scaled) if scaler is not None else scaled).backward()
-        total += float(out.loss_sum.detach())
-        tokens += out.tokens
-        real += out.real_tokens
-    return total / units, tokens, real
+    for i, batch in enumerate(work):
+        last = i == len(work) - 1
+        with ddp.no_sync() if ddp is not None and not last else contextlib.nullcontext():
+            with precision.autocast():
+                out = ddp(batch) if ddp is not None else recipe.loss(batch)
+            scaled = out.loss_sum.float() / units
+            if weight != 1:
+                scaled = scaled * weight
+            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        if mine:
+            total += float(out.loss_sum.detach())
+            tokens += out.tokens
+            real += out.real_tokens
+    return total, units, tokens, real
 
 
 def _clip(params: list[torch.nn.Parameter], max_norm: float | None, optimizer, scaler) -> float:

@@ -17,6 +17,7 @@ from lorapod.errors import PlanError
 from lorapod.plan.cost import Phase, cents, left_running_usd, price_job
 from lorapod.plan.fit import spread
 from lorapod.plan.job import Job, build_job
+from lorapod.plan.scale import multi_gpu
 from lorapod.plan.speed import Speed, family_of, step_speed
 from lorapod.plan.vram import Suggestion, make_fit
 from lorapod.spec import JobSpec
@@ -204,8 +205,9 @@ def plan_job(
         if g.name not in speeds:
             speeds[g.name] = step_speed(job.model, job.settings, g, est)
         speed = speeds[g.name]
+        speed, e, scale_warns = multi_gpu(speed, e, spec.compute.gpus)
         phases, warns = price_job(job, e, speed)
-        warns = _gpu_warnings(g, verdict, est.headroom_gb(g), speed) + warns
+        warns = _gpu_warnings(g, verdict, est.headroom_gb(g), speed) + scale_warns + warns
         if verdict == "does-not-fit":
             fix = plan.fixes.setdefault(g.name, make_fit(job.model, job.settings, g.vram_gb))
             warns.append(f"needs {est.peak_gb:.1f} GB of {g.vram_gb:g}: " + (f"fits with {fix.describe()}" if fix else "no setting change makes it fit"))

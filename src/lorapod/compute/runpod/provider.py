@@ -57,9 +57,12 @@ class RunPodProvider:
                 price = prices.get(cloud)
                 if not price or price <= 0:
                     continue
-                out.append(Offer(self.name, f"{g['id']}|{cloud}", g.get("displayName") or g["id"], float(price),
-                                 vram_gb=float(g.get("memoryInGb") or 0), region=cloud.lower(),
-                                 extra={"gpu_type_id": g["id"], "cloud_type": cloud}, secure=cloud == "SECURE"))
+                # RunPod prices one GPU; a pod with gpuCount N bills N times that
+                out.append(Offer(self.name, f"{g['id']}|{cloud}", g.get("displayName") or g["id"],
+                                 float(price) * req.gpu_count, vram_gb=float(g.get("memoryInGb") or 0),
+                                 gpu_count=req.gpu_count, region=cloud.lower(),
+                                 extra={"gpu_type_id": g["id"], "cloud_type": cloud},
+                                 secure=cloud == "SECURE"))
         return out
 
     def create(self, offer: Offer, spec: InstanceSpec) -> Instance:

@@ -15,8 +15,10 @@ from pathlib import Path
 import torch
 
 from lorapod.data.findings import Finding
+from lorapod.engine import distributed
 from lorapod.engine.checkpoint import resume_point
 from lorapod.engine.device import Precision, pick_device, resolve_precision
+from lorapod.errors import LorapodError
 from lorapod.engine.diffusion import cache as dcache
 from lorapod.engine.diffusion import dataset
 from lorapod.engine.diffusion import samples as smp
@@ -252,18 +254,33 @@ def is_video(spec: JobSpec) -> bool:
     return detect(spec.model.id, spec.model.revision)[0] in _wan.FAMILIES
 
 
+class _Quiet(RunDir):
+    """The run folder as processes other than rank 0 see it: events go nowhere."""
+
+    def event(self, message: str) -> None:
+        return None
+
+
 def train_diffusion(spec: JobSpec, run: RunDir, *, resume: bool = False, device: str | None = None,
                     on_step=None, show_progress: bool | None = None, log=print,
                     cache_root: Path | None = None) -> DiffusionRun:
+    world, device = distributed.init(device)
+    log = world.only_main(log)
     prep = prepare
     if is_video(spec):  # Wan: clips and images as windows of frames (engine/diffusion/video.py)
+        if world.active:
+            raise LorapodError("video (Wan) training runs in one process for now",
+                               hint="drop --processes / set compute.gpus: 1; block swap fits 14B on one card")
         from lorapod.engine.diffusion.video import prepare_video as prep
-    recipe, findings, disk = prep(spec, run, device, log, cache_root)
+    with world.main_first():  # rank 0 fills the latent / text caches; the others then read them
+        recipe, findings, disk = prep(spec, run if world.is_main else _Quiet(run.root), device, log, cache_root)
     trainable = sum(p.numel() for p in recipe.trainable_parameters())
     log(f"model {spec.model.id} ({recipe.family.name}, {recipe.prediction}): {trainable:,} LoRA parameters "
         f"on {recipe.precision.device} ({recipe.precision.compute})")
-    run.event(f"training {spec.model.id} ({recipe.family.name}) on {recipe.precision.device}")
-    checkpoint = resume_point(run.checkpoints, run.event, log) if resume else None
+    event = world.only_main(run.event)
+    event(f"training {spec.model.id} ({recipe.family.name}) on {recipe.precision.device}"
+          + (f", {world.size} processes" if world.active else ""))
+    checkpoint = resume_point(run.checkpoints, event, log) if resume and world.is_main else None
 
     def step_hook(state, loss):
         recipe.on_step(state)

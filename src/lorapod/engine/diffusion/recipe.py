@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from lorapod.engine import distributed
 from lorapod.engine.checkpoint import TrainState
 from lorapod.engine.device import Precision
 from lorapod.engine.diffusion import dataset, export
@@ -181,10 +182,11 @@ class DiffusionRecipe:
         levels = [0.25, 0.5, 0.75] if self.family.flow else [250, 500, 750]
         t = torch.tensor(levels, dtype=torch.float32 if self.family.flow else torch.long)
         total = 0.0
-        for i in range(n):  # one forward per image, its three noise levels as a batch
+        for i in distributed.current().share(range(n)):  # one forward per image, its noise levels as a batch
             b = Batch((i,) * len(levels), (False,) * len(levels), (self.items[i].caption,) * len(levels), 0)
             with self.precision.autocast():
                 total += float(self.per_sample_loss(b, 1000 + i, fixed_t=t).sum())
+        (total,) = distributed.current().all_sum([total])
         return {"fixed_noise_loss": total / (n * len(levels))}
 
     # -- adapter

@@ -1,0 +1,78 @@
+"""N GPUs per instance: the planner's price and time, the offers asked for, the job command."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from lorapod.compute.launch import job_command_for
+from lorapod.compute.offers import requirements
+from lorapod.compute.provider import InstanceSpec
+from lorapod.compute.remote import default_job_command
+from lorapod.compute.runpod.provider import RunPodProvider
+from lorapod.plan.choose import plan_job
+from lorapod.plan.scale import SCALING_EFFICIENCY
+from lorapod.spec import load_spec
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _train_hours(option) -> float:
+    return next(p.hours for p in option.phases if p.name == "train")
+
+
+def test_planner_prices_n_gpus_with_its_stated_efficiency():
+    one = plan_job(load_spec(EXAMPLES / "llm-chat-lora.yaml"), examples=2000, gpu="A100 80GB", provider="runpod")
+    two = plan_job(load_spec(EXAMPLES / "llm-chat-lora.yaml", ["compute.gpus=2"]), examples=2000,
+                   gpu="A100 80GB", provider="runpod")
+    by_tier = {o.tier: o for o in one.options}
+    for o in two.options:
+        single = by_tier[o.tier]
+        assert o.usd_per_hour == pytest.approx(2 * single.usd_per_hour)
+        assert _train_hours(o) == pytest.approx(_train_hours(single) / (2 * SCALING_EFFICIENCY))
+        assert any(f"2 x A100 80GB at ${single.usd_per_hour:.3f}/h each" in w and "90%" in w for w in o.warnings)
+
+
+class _Api:
+    """RunPod's API client, answering gpu_types and recording the create body."""
+
+    base_url = "http://runpod.invalid"
+
+    def __init__(self) -> None:
+        self.bodies: list[dict] = []
+
+    def gpu_types(self):
+        return [{"id": "NVIDIA A100 80GB PCIe", "displayName": "A100 80GB", "memoryInGb": 80,
+                 "securePrice": 1.5, "communityPrice": 1.2}]
+
+    def create_pod(self, body):
+        self.bodies.append(body)
+        return {"id": "p1", "desiredStatus": "RUNNING"}
+
+
+def test_runpod_rents_n_gpus_at_n_times_the_price():
+    api = _Api()
+    prov = RunPodProvider(api)  # type: ignore[arg-type]
+    spec = load_spec(EXAMPLES / "llm-chat-lora.yaml", ["compute.gpus=4"])
+    req = requirements(spec, gpu="A100")
+    assert req.gpu_count == 4
+    offers = prov.offers(req)
+    assert sorted((o.usd_per_hour, o.gpu_count) for o in offers) == [(4.8, 4), (6.0, 4)]
+    prov.create(offers[0], InstanceSpec(label="j", ssh_public_key="ssh-ed25519 AAAA"))
+    assert api.bodies[0]["gpuCount"] == 4
+
+
+def test_job_command_runs_under_torchrun_for_n_gpus(monkeypatch):
+    from torch.distributed.run import get_args_parser
+
+    monkeypatch.delenv("LORAPOD_JOB_COMMAND", raising=False)
+    assert job_command_for(1)("python3", "spec.yaml", "run", False) == default_job_command("python3", "spec.yaml", "run", False)
+    argv = job_command_for(2)("python3", "spec.yaml", "run", False)
+    assert argv[:3] == ["python3", "-m", "torch.distributed.run"]
+    args = get_args_parser().parse_args(argv[3:])
+    assert (args.nproc_per_node, args.standalone, args.module, args.training_script) == ("2", True, True, "lorapod")
+    assert args.training_script_args == ["train", "spec.yaml", "--run-dir", "run"]
+    own = [sys.executable, "my_trainer.py", "spec.yaml"]
+    assert job_command_for(2, lambda *a: own)("python3", "spec.yaml", "run", False) == own
