@@ -18,7 +18,6 @@ from lorapod.data.findings import Finding
 from lorapod.engine import distributed
 from lorapod.engine.checkpoint import resume_point
 from lorapod.engine.device import Precision, pick_device, resolve_precision
-from lorapod.errors import LorapodError
 from lorapod.engine.diffusion import cache as dcache
 from lorapod.engine.diffusion import dataset
 from lorapod.engine.diffusion import samples as smp
@@ -26,7 +25,7 @@ from lorapod.engine.diffusion import wan as _wan
 from lorapod.engine.diffusion.families import FAMILIES, Components, resolve_family
 from lorapod.engine.diffusion.recipe import DiffusionRecipe, describe
 from lorapod.engine.loop import FitResult, fit
-from lorapod.errors import SpecError
+from lorapod.errors import LorapodError, SpecError
 from lorapod.rundir import RunDir
 from lorapod.spec import JobSpec
 
