@@ -101,7 +101,8 @@ def test_musubi_video_dataset_and_block_swap_from_the_planner(tmp_path):
     from lorapod.trainers.contracts import check_dataset_toml
 
     path = spec_with(tmp_path, "wan21", files=("a.mp4", "a.txt"),
-                     data={"target_frames": [1, 45], "frame_extraction": "slide", "resolution": 480},
+                     data={"format": "video", "target_frames": [1, 45], "frame_extraction": "slide",
+                           "resolution": 480},
                      method={"r": 128}, compute={"gpu": "RTX 4090"})
     spec = load_spec(path)
     spec.model.id = "Wan-AI/Wan2.1-T2V-14B"
