@@ -109,6 +109,20 @@ class LLMRecipe:
         self.decoder = base.get_decoder()
         self.head = base.get_output_embeddings()
         self.softcap = getattr(base.config, "final_logit_softcapping", None)
+        self.losses = _TokenLosses(self.decoder, self.head, self.softcap)
+        self.sharded = False  # FSDP2 (engine/fsdp.py): every process must run the same passes
+
+    def shard(self, world: distributed.World) -> None:
+        """FSDP2 over the frozen base: each decoder block and the loss module's root."""
+        from lorapod.engine import fsdp
+        from lorapod.errors import SpecError
+
+        blocks = getattr(self.decoder, "layers", None)
+        if not isinstance(blocks, torch.nn.ModuleList):
+            raise SpecError(f"{self.spec.model.id}: no decoder.layers to shard with FSDP2",
+                            hint="set train.parallel ddp for this architecture")
+        fsdp.shard(blocks, self.losses, self.trainable_parameters(), self.precision.device, world)
+        self.sharded = True
 
     # -- data
     def epoch_batches(self, epoch: int) -> list[Batch]:
@@ -130,21 +144,7 @@ class LLMRecipe:
 
     def token_losses(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-target NLL and the (row, position) index of each target, on the device."""
-        b = batch.to(self.precision.device)
-        out = self.decoder(
-            input_ids=b.input_ids,
-            position_ids=b.position_ids,
-            attention_mask=b.attention_mask(),
-            use_cache=False,
-        )
-        hidden = out.last_hidden_state[:, :-1]
-        targets = b.labels[:, 1:]
-        where = targets != IGNORE
-        logits = self.head(hidden[where])
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        nll = F.cross_entropy(logits.float(), targets[where], reduction="none")
-        return nll, where.nonzero()
+        return self.losses(batch.to(self.precision.device))
 
     def loss(self, batch: Batch) -> LossOut:
         nll, _ = self.token_losses(batch)
@@ -160,12 +160,17 @@ class LLMRecipe:
         bs = max(1, self.spec.train.micro_batch_size)
         starts = list(range(0, len(rows), bs))[: self.spec.eval.max_batches or None]
         world = distributed.current()
-        for s in world.share(starts):  # each process evaluates its share; the sums are added up
+        mine = world.share(starts)  # each process evaluates its share; the sums are added up
+        # under FSDP every process runs as many passes as the busiest one (the extra ones uncounted)
+        passes = -(-len(starts) // world.size) if self.sharded else len(mine)
+        for i in range(passes):
+            s = mine[i] if i < len(mine) else starts[0]
             batch = llm_data.collate(rows[s : s + bs], self.val_examples, self.pad_id, self.pad_multiple)
             with self.precision.autocast():
                 nll, _ = self.token_losses(batch)
-            total += float(nll.sum())
-            count += nll.numel()
+            if i < len(mine):
+                total += float(nll.sum())
+                count += nll.numel()
         total, count = world.all_sum([total, count])
         loss = total / max(count, 1)
         return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0))}
@@ -207,6 +212,33 @@ def generate(model, tokenizer, messages: list[dict], max_new_tokens: int = 48, u
     if was_training:
         model.train()
     return tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+
+
+class _TokenLosses(torch.nn.Module):
+    """Decoder + LM head on label positions, as one module: FSDP2's root unit (embeddings, final
+    norm, head) gathers its shards in this module's forward, which the loss calls."""
+
+    def __init__(self, decoder: torch.nn.Module, head: torch.nn.Module, softcap: float | None) -> None:
+        super().__init__()
+        self.decoder = decoder
+        self.head = head
+        self.softcap = softcap
+
+    def forward(self, b: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.decoder(
+            input_ids=b.input_ids,
+            position_ids=b.position_ids,
+            attention_mask=b.attention_mask(),
+            use_cache=False,
+        )
+        hidden = out.last_hidden_state[:, :-1]
+        targets = b.labels[:, 1:]
+        where = targets != IGNORE
+        logits = self.head(hidden[where])
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        nll = F.cross_entropy(logits.float(), targets[where], reduction="none")
+        return nll, where.nonzero()
 
 
 @dataclass
@@ -286,6 +318,17 @@ def train_llm(spec: JobSpec, run: RunDir, *, resume: bool = False, device: str |
         log("the tokenizer has no chat template: using lorapod's ChatML fallback (see docs/llm.md)")
     event(f"training {spec.model.id} on {recipe.precision.device} ({recipe.precision.compute})"
           + (f", {world.size} processes" if world.active else ""))
+    if world.active:
+        from lorapod.engine.fsdp import parallel_mode
+
+        mode, why = parallel_mode(spec, world, recipe.precision.device)
+        event(why)
+        if mode == "fsdp":
+            from lorapod.engine.fsdp import local_share
+
+            recipe.shard(world)
+            held, whole = local_share(recipe.model)
+            event(f"FSDP2: rank 0 holds {held:,} of the {whole:,} sharded base parameters")
     checkpoint = resume_point(run.checkpoints, event, log) if resume and world.is_main else None
     result = fit(recipe, spec, run, recipe.precision, resume=checkpoint, on_step=on_step, show_progress=show_progress)
     return LLMRun(run, result, recipe, stats, fallback)
