@@ -3,7 +3,9 @@
 With ``train.parallel: fsdp`` (or ``auto`` when the planner says the base does not fit one GPU
 but fits in N shards) each transformer block, and the root (embeddings, final norm, LM head),
 becomes a ``torch.distributed.fsdp.fully_shard`` unit: a process keeps 1/N of the frozen base
-and gathers one block at a time for its forward and backward.
+and gathers one block at a time for its forward and backward. The base is loaded into CPU
+memory first and each block moves to the GPU as it is sharded, so the whole base is never on
+one GPU (the point of sharding it).
 
 The LoRA parameters are left out of the shards (``ignored_params``): they are megabytes, so every
 process keeps them whole and the same ``DistributedDataParallel`` as without FSDP averages their
@@ -62,6 +64,16 @@ def shard(blocks: Iterable[torch.nn.Module], root: torch.nn.Module, trainable: l
     for block in blocks:
         fully_shard(block, mesh=mesh, ignored_params=keep & set(block.parameters()))
     fully_shard(root, mesh=mesh, ignored_params=keep & set(root.parameters()))
+
+
+def move_unsharded(module: torch.nn.Module, device: torch.device) -> None:
+    """Move what ``fully_shard`` left where it was loaded (the LoRA parameters it ignores, any
+    buffer outside the units) to ``device``; the shards are already there."""
+    from torch.distributed.tensor import DTensor
+
+    for t in [*module.parameters(), *module.buffers()]:
+        if not isinstance(t, DTensor) and t.device != device:
+            t.data = t.data.to(device)
 
 
 def local_share(module: torch.nn.Module) -> tuple[int, int]:

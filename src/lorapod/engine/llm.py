@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -122,6 +122,7 @@ class LLMRecipe:
             raise SpecError(f"{self.spec.model.id}: no decoder.layers to shard with FSDP2",
                             hint="set train.parallel ddp for this architecture")
         fsdp.shard(blocks, self.losses, self.trainable_parameters(), self.precision.device, world)
+        fsdp.move_unsharded(self.model, self.precision.device)
         self.sharded = True
 
     # -- data
@@ -261,8 +262,13 @@ def quiet_hf() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
 
 
-def prepare(spec: JobSpec, device: str | None = None, log=print) -> tuple[LLMRecipe, llm_data.TokenizeStats, bool]:
-    """Load data, tokenizer and model; attach LoRA; build the recipe. No training yet."""
+def prepare(spec: JobSpec, device: str | None = None, log=print, *,
+            stage_on_cpu: bool = False) -> tuple[LLMRecipe, llm_data.TokenizeStats, bool]:
+    """Load data, tokenizer and model; attach LoRA; build the recipe. No training yet.
+
+    ``stage_on_cpu`` (FSDP2) loads the base into CPU memory: :meth:`LLMRecipe.shard` then moves
+    one block at a time to the GPU as it shards it, so the whole base is never on one GPU.
+    """
     quiet_hf()
     if spec.model.dtype == "fp8":
         from lorapod.errors import SpecError
@@ -297,7 +303,7 @@ def prepare(spec: JobSpec, device: str | None = None, log=print) -> tuple[LLMRec
             "no training example has an assistant reply left after tokenisation",
             hint="check the data with `lorapod data check`, or raise data.sequence_len",
         )
-    model = load_model(spec, precision)
+    model = load_model(spec, replace(precision, device=torch.device("cpu")) if stage_on_cpu else precision)
     model = add_lora(model, spec)
     # peft keeps adapter weights in fp32 while the base may be bf16; the seed fixes their init
     recipe = LLMRecipe(spec, precision, model, tokenizer, train_ex, val_ex)
@@ -308,7 +314,19 @@ def train_llm(spec: JobSpec, run: RunDir, *, resume: bool = False, device: str |
               on_step=None, show_progress: bool | None = None, log=print) -> LLMRun:
     world, device = distributed.init(device)
     log, event = world.only_main(log), world.only_main(run.event)
-    recipe, stats, fallback = prepare(spec, device, log)
+    mode = "ddp"
+    if world.active:
+        from lorapod.engine.fsdp import parallel_mode
+
+        mode, why = parallel_mode(spec, world, pick_device(device))
+        event(why)
+    recipe, stats, fallback = prepare(spec, device, log, stage_on_cpu=mode == "fsdp")
+    if mode == "fsdp":
+        from lorapod.engine.fsdp import local_share
+
+        recipe.shard(world)
+        held, whole = local_share(recipe.model)
+        event(f"FSDP2: rank 0 holds {held:,} of the {whole:,} sharded base parameters")
     trainable, total = count_parameters(recipe.model)
     log(f"model {spec.model.id}: {total:,} parameters, {trainable:,} trainable ({100 * trainable / total:.2f}%)")
     log(f"data: {stats.examples} training examples ({len(recipe.rows)} rows"
@@ -318,17 +336,6 @@ def train_llm(spec: JobSpec, run: RunDir, *, resume: bool = False, device: str |
         log("the tokenizer has no chat template: using lorapod's ChatML fallback (see docs/llm.md)")
     event(f"training {spec.model.id} on {recipe.precision.device} ({recipe.precision.compute})"
           + (f", {world.size} processes" if world.active else ""))
-    if world.active:
-        from lorapod.engine.fsdp import parallel_mode
-
-        mode, why = parallel_mode(spec, world, recipe.precision.device)
-        event(why)
-        if mode == "fsdp":
-            from lorapod.engine.fsdp import local_share
-
-            recipe.shard(world)
-            held, whole = local_share(recipe.model)
-            event(f"FSDP2: rank 0 holds {held:,} of the {whole:,} sharded base parameters")
     checkpoint = resume_point(run.checkpoints, event, log) if resume and world.is_main else None
     result = fit(recipe, spec, run, recipe.precision, resume=checkpoint, on_step=on_step, show_progress=show_progress)
     return LLMRun(run, result, recipe, stats, fallback)
