@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -242,3 +244,37 @@ def test_two_processes_train_the_tiny_sd_model_like_one(tmp_path):
     events = (run / "events.log").read_text()
     assert events.count("samples epoch001") == 1 and events.count("checkpoint step-6") == 1
     assert sorted(p.name for p in (run / "exports").iterdir()) == ["step-3", "step-6"]
+
+
+@pytest.mark.slow
+def test_fsdp_two_processes_follow_one_process_and_resume_exactly(assets, tmp_path):
+    """FSDP2 (train.parallel fsdp): the tiny LLM's base sharded over 2 gloo processes. With
+    grad_accum 3 the processes take 2 and 1 micro-batches (the other pads with a zero-weighted
+    pass, as FSDP needs equal passes; the last window's single micro-batch leaves one with none), and 3 validation batches split 2 + 1. The losses and
+    validation losses equal one process's with the same global batch (TOL: rel 1e-5), and a
+    resume from the step-3 checkpoint of the 2-process run continues on the same trajectory."""
+    _root, model_dir, tr, va = assets
+    d = spec_dict(model_dir, tr, va, tmp_path / "runs", epochs=1, grad_accum=3)
+    d["method"]["dropout"] = 0.0
+    d["eval"]["max_batches"] = 3
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(d))
+    single = tmp_path / "single"
+    reference = _one_process(spec_file, single)
+    run = tmp_path / "fsdp"
+    _finish(_lorapod("train", str(spec_file), "--set", "train.parallel=fsdp", "--run-dir", str(run),
+                     "--processes", "2", "--device", "cpu"))
+    events = (run / "events.log").read_text()
+    assert "FSDP2 (train.parallel fsdp): base sharded over 2 processes" in events
+    held, whole = (int(x.replace(",", "")) for x in re.search(r"rank 0 holds ([\d,]+) of the ([\d,]+) sharded", events).groups())
+    assert whole > 0 and whole / 2 <= held < 0.51 * whole  # half the base (odd dim-0 shards round up on rank 0)
+    assert len(reference) == 6 and _losses(run) == pytest.approx(reference, **TOL)
+    val = [r["val_loss"] for r in read_metrics(next(single.glob("*/metrics.jsonl"))) if "val_loss" in r]
+    assert [r["val_loss"] for r in read_metrics(run / "metrics.jsonl") if "val_loss" in r] == pytest.approx(val, **TOL)
+    assert (run / "adapter" / "adapter_model.safetensors").is_file()
+
+    resumed = tmp_path / "resumed"  # the run as it stood at step 3, resumed with 2 FSDP processes
+    shutil.copytree(run, resumed, ignore=shutil.ignore_patterns("step-6", "adapter"))
+    _finish(_lorapod("train", "--resume", str(resumed), "--processes", "2", "--device", "cpu"))
+    assert _losses(resumed) == pytest.approx(reference, **TOL)
+    assert "resumed from step-3" in (resumed / "events.log").read_text()

@@ -76,3 +76,49 @@ def test_job_command_runs_under_torchrun_for_n_gpus(monkeypatch):
     assert args.training_script_args == ["train", "spec.yaml", "--run-dir", "run"]
     own = [sys.executable, "my_trainer.py", "spec.yaml"]
     assert job_command_for(2, lambda *a: own)("python3", "spec.yaml", "run", False) == own
+
+
+def test_planner_shards_the_base_with_fsdp_when_it_does_not_fit_one_gpu():
+    """Llama-3.1-8B LoRA in bf16 (~25.7 GB by the planner) does not fit a 24 GB RTX 4090; with 2
+    GPUs, train.parallel auto plans FSDP2: per GPU, half the base weights less (docs/scale.md)."""
+    sets = ["model.id=meta-llama/Llama-3.1-8B", "method.type=lora"]
+    one = plan_job(load_spec(EXAMPLES / "llm-chat-lora.yaml", sets), examples=2000, gpu="RTX 4090")
+    whole = one.job.estimate
+    assert whole.peak_gb > 24 and {o.verdict for o in one.options} == {"does-not-fit"}
+    two = plan_job(load_spec(EXAMPLES / "llm-chat-lora.yaml", [*sets, "compute.gpus=2"]), examples=2000, gpu="RTX 4090")
+    base = whole.parts["base weights (bf16)"]
+    assert two.options and all(o.verdict != "does-not-fit" for o in two.options)
+    for o in two.options:
+        assert o.vram_peak_gb == pytest.approx(whole.peak_gb - base / 2, abs=0.01)
+        assert any(w.startswith("FSDP2 (train.parallel auto): the planner's 25.7 GB does not fit one 24 GB GPU; "
+                                "sharded over 2") for w in o.warnings)
+    ddp = plan_job(load_spec(EXAMPLES / "llm-chat-lora.yaml", [*sets, "compute.gpus=2", "train.parallel=ddp"]),
+                   examples=2000, gpu="RTX 4090")
+    assert {o.verdict for o in ddp.options} == {"does-not-fit"}
+    qlora = plan_job(load_spec(EXAMPLES / "llm-chat-lora.yaml", ["compute.gpus=2"]), examples=2000, gpu="RTX 4090")
+    assert not any("FSDP2" in w for o in qlora.options for w in o.warnings)  # a 4-bit base is not sharded
+
+
+def test_training_processes_pick_fsdp_when_the_planner_says_one_gpu_is_too_small(monkeypatch):
+    """The run-time choice (engine/fsdp.py) reads this GPU's memory and the planner's estimate."""
+    import torch
+
+    from lorapod.engine.distributed import World
+    from lorapod.engine.fsdp import parallel_mode
+    from lorapod.errors import SpecError
+
+    gib = {"n": 24}
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda _d: type("P", (), {"total_memory": gib["n"] * 1024**3})())
+    spec = load_spec(EXAMPLES / "llm-chat-lora.yaml", ["model.id=meta-llama/Llama-3.1-8B", "method.type=lora"])
+    cuda = torch.device("cuda", 0)
+    mode, why = parallel_mode(spec, World(0, 2), cuda)
+    assert mode == "fsdp" and why.startswith("FSDP2 (train.parallel auto): the planner's 25.7 GB does not fit one 24 GB GPU")
+    gib["n"] = 80
+    assert parallel_mode(spec, World(0, 2), cuda)[0] == "ddp"
+    assert parallel_mode(spec, World(0, 2), torch.device("cpu"))[0] == "ddp"  # no GPU memory to compare with
+    gib["n"] = 16  # 2 shards need ~18.2 GB each, 4 shards ~14.5 GB
+    assert parallel_mode(spec, World(0, 2), cuda)[0] == "ddp"
+    assert parallel_mode(spec, World(0, 4), cuda)[0] == "fsdp"
+    with pytest.raises(SpecError, match="QLoRA"):
+        parallel_mode(load_spec(EXAMPLES / "llm-chat-lora.yaml", ["train.parallel=fsdp"]), World(0, 2), cuda)

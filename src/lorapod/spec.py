@@ -144,6 +144,11 @@ class TrainSpec(_Section):
     experts: Literal["both", "high_noise", "low_noise"] = Field(
         "both", description="Wan2.2: train both experts (each on its own timestep range) or one of them."
     )
+    parallel: Literal["auto", "ddp", "fsdp"] = Field(
+        "auto", description="Several processes, LLM recipe: ddp keeps the whole base on every GPU; fsdp shards "
+        "the frozen base over them (FSDP2); auto picks fsdp when the planner's estimate does not fit one GPU "
+        "but fits in N shards (docs/scale.md)."
+    )
 
 
 class EvalSpec(_Section):

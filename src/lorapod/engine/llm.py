@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -109,6 +109,21 @@ class LLMRecipe:
         self.decoder = base.get_decoder()
         self.head = base.get_output_embeddings()
         self.softcap = getattr(base.config, "final_logit_softcapping", None)
+        self.losses = _TokenLosses(self.decoder, self.head, self.softcap)
+        self.sharded = False  # FSDP2 (engine/fsdp.py): every process must run the same passes
+
+    def shard(self, world: distributed.World) -> None:
+        """FSDP2 over the frozen base: each decoder block and the loss module's root."""
+        from lorapod.engine import fsdp
+        from lorapod.errors import SpecError
+
+        blocks = getattr(self.decoder, "layers", None)
+        if not isinstance(blocks, torch.nn.ModuleList):
+            raise SpecError(f"{self.spec.model.id}: no decoder.layers to shard with FSDP2",
+                            hint="set train.parallel ddp for this architecture")
+        fsdp.shard(blocks, self.losses, self.trainable_parameters(), self.precision.device, world)
+        fsdp.move_unsharded(self.model, self.precision.device)
+        self.sharded = True
 
     # -- data
     def epoch_batches(self, epoch: int) -> list[Batch]:
@@ -130,21 +145,7 @@ class LLMRecipe:
 
     def token_losses(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-target NLL and the (row, position) index of each target, on the device."""
-        b = batch.to(self.precision.device)
-        out = self.decoder(
-            input_ids=b.input_ids,
-            position_ids=b.position_ids,
-            attention_mask=b.attention_mask(),
-            use_cache=False,
-        )
-        hidden = out.last_hidden_state[:, :-1]
-        targets = b.labels[:, 1:]
-        where = targets != IGNORE
-        logits = self.head(hidden[where])
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        nll = F.cross_entropy(logits.float(), targets[where], reduction="none")
-        return nll, where.nonzero()
+        return self.losses(batch.to(self.precision.device))
 
     def loss(self, batch: Batch) -> LossOut:
         nll, _ = self.token_losses(batch)
@@ -160,12 +161,17 @@ class LLMRecipe:
         bs = max(1, self.spec.train.micro_batch_size)
         starts = list(range(0, len(rows), bs))[: self.spec.eval.max_batches or None]
         world = distributed.current()
-        for s in world.share(starts):  # each process evaluates its share; the sums are added up
+        mine = world.share(starts)  # each process evaluates its share; the sums are added up
+        # under FSDP every process runs as many passes as the busiest one (the extra ones uncounted)
+        passes = -(-len(starts) // world.size) if self.sharded else len(mine)
+        for i in range(passes):
+            s = mine[i] if i < len(mine) else starts[0]
             batch = llm_data.collate(rows[s : s + bs], self.val_examples, self.pad_id, self.pad_multiple)
             with self.precision.autocast():
                 nll, _ = self.token_losses(batch)
-            total += float(nll.sum())
-            count += nll.numel()
+            if i < len(mine):
+                total += float(nll.sum())
+                count += nll.numel()
         total, count = world.all_sum([total, count])
         loss = total / max(count, 1)
         return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0))}
@@ -209,6 +215,33 @@ def generate(model, tokenizer, messages: list[dict], max_new_tokens: int = 48, u
     return tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True).strip()
 
 
+class _TokenLosses(torch.nn.Module):
+    """Decoder + LM head on label positions, as one module: FSDP2's root unit (embeddings, final
+    norm, head) gathers its shards in this module's forward, which the loss calls."""
+
+    def __init__(self, decoder: torch.nn.Module, head: torch.nn.Module, softcap: float | None) -> None:
+        super().__init__()
+        self.decoder = decoder
+        self.head = head
+        self.softcap = softcap
+
+    def forward(self, b: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.decoder(
+            input_ids=b.input_ids,
+            position_ids=b.position_ids,
+            attention_mask=b.attention_mask(),
+            use_cache=False,
+        )
+        hidden = out.last_hidden_state[:, :-1]
+        targets = b.labels[:, 1:]
+        where = targets != IGNORE
+        logits = self.head(hidden[where])
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        nll = F.cross_entropy(logits.float(), targets[where], reduction="none")
+        return nll, where.nonzero()
+
+
 @dataclass
 class LLMRun:
     run: RunDir
@@ -229,8 +262,13 @@ def quiet_hf() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
 
 
-def prepare(spec: JobSpec, device: str | None = None, log=print) -> tuple[LLMRecipe, llm_data.TokenizeStats, bool]:
-    """Load data, tokenizer and model; attach LoRA; build the recipe. No training yet."""
+def prepare(spec: JobSpec, device: str | None = None, log=print, *,
+            stage_on_cpu: bool = False) -> tuple[LLMRecipe, llm_data.TokenizeStats, bool]:
+    """Load data, tokenizer and model; attach LoRA; build the recipe. No training yet.
+
+    ``stage_on_cpu`` (FSDP2) loads the base into CPU memory: :meth:`LLMRecipe.shard` then moves
+    one block at a time to the GPU as it shards it, so the whole base is never on one GPU.
+    """
     quiet_hf()
     if spec.model.dtype == "fp8":
         from lorapod.errors import SpecError
@@ -265,7 +303,7 @@ def prepare(spec: JobSpec, device: str | None = None, log=print) -> tuple[LLMRec
             "no training example has an assistant reply left after tokenisation",
             hint="check the data with `lorapod data check`, or raise data.sequence_len",
         )
-    model = load_model(spec, precision)
+    model = load_model(spec, replace(precision, device=torch.device("cpu")) if stage_on_cpu else precision)
     model = add_lora(model, spec)
     # peft keeps adapter weights in fp32 while the base may be bf16; the seed fixes their init
     recipe = LLMRecipe(spec, precision, model, tokenizer, train_ex, val_ex)
@@ -276,7 +314,19 @@ def train_llm(spec: JobSpec, run: RunDir, *, resume: bool = False, device: str |
               on_step=None, show_progress: bool | None = None, log=print) -> LLMRun:
     world, device = distributed.init(device)
     log, event = world.only_main(log), world.only_main(run.event)
-    recipe, stats, fallback = prepare(spec, device, log)
+    mode = "ddp"
+    if world.active:
+        from lorapod.engine.fsdp import parallel_mode
+
+        mode, why = parallel_mode(spec, world, pick_device(device))
+        event(why)
+    recipe, stats, fallback = prepare(spec, device, log, stage_on_cpu=mode == "fsdp")
+    if mode == "fsdp":
+        from lorapod.engine.fsdp import local_share
+
+        recipe.shard(world)
+        held, whole = local_share(recipe.model)
+        event(f"FSDP2: rank 0 holds {held:,} of the {whole:,} sharded base parameters")
     trainable, total = count_parameters(recipe.model)
     log(f"model {spec.model.id}: {total:,} parameters, {trainable:,} trainable ({100 * trainable / total:.2f}%)")
     log(f"data: {stats.examples} training examples ({len(recipe.rows)} rows"

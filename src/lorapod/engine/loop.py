@@ -174,7 +174,8 @@ def fit(
                     window = batches[state.batch_in_epoch : state.batch_in_epoch + train.grad_accum]
                     t0 = time.perf_counter()
                     world.seed_step(train.seed, state.step)
-                    loss_sum, units, tokens, real = _train_window(recipe, window, precision, scaler, world, ddp)
+                    loss_sum, units, tokens, real = _train_window(recipe, window, precision, scaler, world, ddp,
+                                                                  same_passes=getattr(recipe, "sharded", False))
                     if world.active:  # the window's loss over all processes
                         loss_sum, tokens, real = world.all_sum([loss_sum, tokens, real])
                         tokens, real = int(tokens), int(real)
@@ -269,11 +270,13 @@ class _NoMetrics:
 
 
 def _train_window(recipe: Recipe, window: Sequence[Any], precision: Precision, scaler,
-                  world: distributed.World, ddp=None) -> tuple[float, int, int, int]:
+                  world: distributed.World, ddp=None, same_passes: bool = False) -> tuple[float, int, int, int]:
     """Forward/backward over this process's share of one accumulation window.
 
     Returns (summed loss, units of the whole window, tokens, real tokens) of this process's share.
     With N processes the loss is multiplied by N because DDP averages the N gradients.
+    ``same_passes`` (FSDP: each forward gathers shards with all processes) pads every process's
+    share to the busiest one's with zero-weighted passes.
     """
     units = sum(recipe.batch_units(b) for b in window)
     if units == 0:
@@ -281,11 +284,13 @@ def _train_window(recipe: Recipe, window: Sequence[Any], precision: Precision, s
     mine = world.share(window)
     # a process with no micro-batch in a short (end-of-epoch) window still joins the gradient
     # all-reduce, with a zero-weighted pass
-    work, weight = (mine, world.size) if mine else ([window[0]], 0)
+    passes = -(-len(window) // world.size) if same_passes else max(len(mine), 1)
+    work = mine + [window[0]] * (passes - len(mine))
     total = 0.0
     tokens = real = 0
     for i, batch in enumerate(work):
         last = i == len(work) - 1
+        weight = world.size if i < len(mine) else 0
         with ddp.no_sync() if ddp is not None and not last else contextlib.nullcontext():
             with precision.autocast():
                 out = ddp(batch) if ddp is not None else recipe.loss(batch)
@@ -293,7 +298,7 @@ def _train_window(recipe: Recipe, window: Sequence[Any], precision: Precision, s
             if weight != 1:
                 scaled = scaled * weight
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
-        if mine:
+        if i < len(mine):
             total += float(out.loss_sum.detach())
             tokens += out.tokens
             real += out.real_tokens

@@ -17,7 +17,7 @@ from lorapod.errors import PlanError
 from lorapod.plan.cost import Phase, cents, left_running_usd, price_job
 from lorapod.plan.fit import spread
 from lorapod.plan.job import Job, build_job
-from lorapod.plan.scale import multi_gpu
+from lorapod.plan.scale import choose_parallel, multi_gpu, shardable, sharded
 from lorapod.plan.speed import Speed, family_of, step_speed
 from lorapod.plan.vram import Suggestion, make_fit
 from lorapod.spec import JobSpec
@@ -199,6 +199,9 @@ def plan_job(
     speeds: dict[str, Speed] = {}
     for e in entries:
         g = find_gpu(e.gpu)
+        mode, why = choose_parallel(spec.train.parallel, job.estimate, spec.compute.gpus, g.vram_gb,
+                                    shardable=shardable(spec, job.model) and not trainer)
+        est = sharded(job.estimate, spec.compute.gpus) if mode == "fsdp" else job.estimate  # per-GPU peak
         verdict = est.verdict(g)
         if verdict == "does-not-fit" and not pinned:
             continue
@@ -206,6 +209,7 @@ def plan_job(
             speeds[g.name] = step_speed(job.model, job.settings, g, est)
         speed = speeds[g.name]
         speed, e, scale_warns = multi_gpu(speed, e, spec.compute.gpus)
+        scale_warns += [why] if mode == "fsdp" else []
         phases, warns = price_job(job, e, speed)
         warns = _gpu_warnings(g, verdict, est.headroom_gb(g), speed) + scale_warns + warns
         if verdict == "does-not-fit":

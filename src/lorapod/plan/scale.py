@@ -17,6 +17,8 @@ from dataclasses import replace
 
 from lorapod.catalog.prices import PriceEntry
 from lorapod.plan.speed import Speed
+from lorapod.plan.vram import Estimate
+from lorapod.spec import JobSpec
 
 SCALING_EFFICIENCY = 0.9
 
@@ -31,3 +33,51 @@ def multi_gpu(speed: Speed, price: PriceEntry, gpus: int) -> tuple[Speed, PriceE
     note = (f"{gpus} x {price.gpu} at ${price.usd_per_hour:.3f}/h each; data-parallel at an assumed "
             f"{SCALING_EFFICIENCY:.0%} scaling efficiency (docs/scale.md)")
     return faster, whole, [note]
+
+
+# -- FSDP2 (LLM recipe): the frozen base sharded over the N GPUs
+
+def sharded(est: Estimate, gpus: int) -> Estimate:
+    """Per-GPU peak with the base weights split in ``gpus`` shards (FSDP2).
+
+    A small, stated model: each GPU holds 1/N of the base, plus everything else whole (LoRA,
+    optimizer, the activations of its own micro-batch, logits). The one or two blocks FSDP gathers
+    at a time are left inside the estimate's framework-overhead term.
+    """
+    base = next((k for k in est.parts if k.startswith("base weights")), None)
+    if base is None or gpus <= 1:
+        return est
+    parts = dict(est.parts)
+    saved = parts[base] * (1 - 1 / gpus)
+    parts[base] = round(parts[base] / gpus, 3)
+    return replace(est, peak_gb=round(est.peak_gb - saved, 2), parts=parts)
+
+
+def choose_parallel(requested: str, whole: Estimate, gpus: int, vram_gb: float | None,
+                    *, shardable: bool = True) -> tuple[str, str]:
+    """``ddp`` or ``fsdp`` for ``train.parallel`` = ``requested``, and the sentence that says why.
+
+    ``auto`` picks FSDP2 only when the planner's estimate does not fit one GPU of ``vram_gb`` but
+    its N-shard estimate does; ``shardable`` is False where FSDP2 is not offered (QLoRA, images).
+    """
+    if requested == "ddp" or gpus <= 1 or not shardable:
+        return "ddp", "DDP: every process holds the whole base"
+    split = sharded(whole, gpus)
+    if requested == "fsdp":
+        return "fsdp", f"FSDP2 (train.parallel fsdp): base sharded over {gpus} processes, ~{split.peak_gb:.1f} GB per GPU"
+    if vram_gb is None:
+        return "ddp", "DDP (train.parallel auto): no GPU memory to compare the estimate with"
+    if whole.peak_gb <= vram_gb:
+        return "ddp", f"DDP (train.parallel auto): the planner's {whole.peak_gb:.1f} GB fits one {vram_gb:g} GB GPU"
+    if split.peak_gb <= vram_gb:
+        return "fsdp", (f"FSDP2 (train.parallel auto): the planner's {whole.peak_gb:.1f} GB does not fit one "
+                        f"{vram_gb:g} GB GPU; sharded over {gpus}: ~{split.peak_gb:.1f} GB per GPU")
+    return "ddp", (f"DDP (train.parallel auto): {whole.peak_gb:.1f} GB does not fit one {vram_gb:g} GB GPU, "
+                   f"nor {split.peak_gb:.1f} GB per GPU in {gpus} shards")
+
+
+def shardable(spec: JobSpec, model: object) -> bool:
+    """FSDP2 is offered for the LLM recipe with a full-precision base (not QLoRA's 4-bit one)."""
+    from lorapod.catalog.models import LLMArch
+
+    return isinstance(model, LLMArch) and spec.method.type != "qlora"
