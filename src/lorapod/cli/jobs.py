@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 import typer
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
+from rich.text import Text
 
 console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -29,14 +30,7 @@ def register(app: typer.Typer) -> None:
         if not rows:
             console.print("no jobs yet (lorapod run SPEC --on ...)")
             return
-        t = Table("job", "state", "where", "instance", "GPU", "$/h", "$ so far", "step")
-        for r in rows:
-            inst = f"{r['instance'] or '-'} ({r['instance_state'] or '-'})"
-            rate = f"{r['usd_per_hour']:.3f}" if r["usd_per_hour"] is not None else "-"
-            t.add_row(r["job"], r["state"], r["target"], inst, r["gpu"] or "-", rate, f"{r['usd']:.4f}",
-                      str(r["last_step"] if r["last_step"] is not None else "-"),
-                      style="bold red" if r.get("unconfirmed") else None)
-        console.print(t)
+        console.print(_jobs_narrow(rows, console.width) if console.width < 120 else _jobs_table(rows))
         for r in rows:
             if r.get("unconfirmed"):
                 console.print(f"[bold red]job {r['job']}: instance {', '.join(r['unconfirmed'])} not confirmed "
@@ -118,3 +112,44 @@ def register(app: typer.Typer) -> None:
         if live and all_:
             raise LorapodError(f"{len(live)} instance(s) still live in the ledger",
                                hint="check the provider's console; `lorapod ps` lists them")
+
+
+def _cells(r: dict) -> dict[str, str]:
+    """A ``ps_rows`` row as the strings both layouts print."""
+    return {"instance": f"{r['instance'] or '-'} ({r['instance_state'] or '-'})",
+            "rate": f"{r['usd_per_hour']:.3f}" if r["usd_per_hour"] is not None else "-",
+            "usd": f"{r['usd']:.4f}", "step": str(r["last_step"] if r["last_step"] is not None else "-")}
+
+
+def _jobs_table(rows: list[dict]) -> Table:
+    """Wide terminals (120 columns or more): one table row per job, as before."""
+    t = Table("job", "state", "where", "instance", "GPU", "$/h", "$ so far", "step")
+    for r in rows:
+        c = _cells(r)
+        t.add_row(r["job"], r["state"], r["target"], c["instance"], r["gpu"] or "-", c["rate"], c["usd"], c["step"],
+                  style="bold red" if r.get("unconfirmed") else None)
+    return t
+
+
+def _jobs_narrow(rows: list[dict], width: int) -> Group:
+    """80 columns, or piped: a table would cut the job id people copy into `down`/`logs`/`pull`
+    to "demo-202…". So each job is a block: the id alone on its line; state, $ so far, step and
+    the instance (provider id and state), the instance on a line of its own when both do not
+    fit; then a dim line with where, GPU and $/h. Nothing is cut: a provider id longer than the
+    line (an SSH host's, which holds the job id) starts its own line and is folded, never "…"."""
+    blocks: list[Text] = []
+    for r in rows:
+        c = _cells(r)
+        red = "bold red" if r.get("unconfirmed") else ""
+        head = f"  {r['state']}  ${c['usd']}  step {c['step']}"
+        inst = f"instance {c['instance']}"
+        blocks.append(Text(r["job"], style=red or "bold"))
+        if len(head) + 2 + len(inst) <= width:
+            blocks.append(Text(f"{head}  {inst}", style=red))
+        elif len(inst) + 2 <= width:
+            blocks += [Text(head, style=red), Text(f"  {inst}", style=red)]
+        else:  # the id from the line's start, folded: what a terminal copies back whole
+            blocks += [Text(head, style=red), Text(f"  instance ({r['instance_state'] or '-'}):", style=red),
+                       Text(r["instance"] or "-", style=red)]
+        blocks.append(Text(f"  {r['target']}  {r['gpu'] or '-'}  ${c['rate']}/h", style="dim"))
+    return Group(*blocks)
