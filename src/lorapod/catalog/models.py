@@ -59,6 +59,9 @@ class ImageModel:
     attn_blocks: int = 0
     joint_text: bool = True
     frames_per_latent: int = 0  # video VAEs: frames folded into one latent frame (0: images only)
+    # Wan2.2 A14B: two denoisers of ``trained_params_b`` each (high- and low-noise experts); one runs per step
+    experts: int = 1
+    image_encoder_params_b: float = 0.0  # I2V: the CLIP image encoder, run (like the text encoder) before the DiT
     aliases: tuple[str, ...] = ()
 
     @property
@@ -174,6 +177,8 @@ def load_models() -> tuple[Snapshot, tuple[ImageModel, ...], tuple[tuple[str, tu
                 attn_blocks=int(m.get("attn_blocks", 0)),
                 joint_text=bool(m.get("joint_text", True)),
                 frames_per_latent=int(m.get("frames_per_latent", 0)),
+                experts=int(m.get("experts", 1)),
+                image_encoder_params_b=float((m.get("image_encoder") or {}).get("params_b", 0.0)),
                 aliases=tuple(str(a) for a in m.get("aliases", [])),
             )
         )
@@ -248,9 +253,22 @@ def _diffusers_family(model_id: str) -> str | None:
     if not index.is_file():
         return None
     try:
-        return DIFFUSERS_FAMILIES.get(json.loads(index.read_text(encoding="utf-8")).get("_class_name", ""))
+        raw = json.loads(index.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    return wan_family_of_index(raw) or DIFFUSERS_FAMILIES.get(raw.get("_class_name", ""))
+
+
+def wan_family_of_index(raw: dict[str, Any]) -> str | None:
+    """wan21 / wan22 from a Wan pipeline's model_index.json (a second transformer or a boundary means 2.2).
+
+    Wan2.2 saves the same pipeline classes as 2.1; the planner and the engine both read it from here.
+    """
+    if raw.get("_class_name") not in ("WanPipeline", "WanImageToVideoPipeline"):  # T2V, I2V
+        return None
+    t2 = raw.get("transformer_2")
+    has_t2 = isinstance(t2, list) and t2[0] is not None
+    return "wan22" if has_t2 or raw.get("boundary_ratio") is not None or raw.get("expand_timesteps") else "wan21"
 
 
 def find_model(model_id: str, family: str = "auto", variant: str | None = None) -> ImageModel | LLMArch:

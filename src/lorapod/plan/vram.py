@@ -78,6 +78,9 @@ class Settings:
     # Text tokens a DiT sees per sample (0 = the model's own: 512 for FLUX). Trainers that cache
     # shorter prompt embeddings (77 tokens in the diffusers QLoRA scripts) attend over fewer.
     text_tokens: int = 0
+    # Wan2.2 A14B (train.experts): "both" keeps both experts and their LoRAs on the GPU, as lorapod's
+    # engine places every trained expert; one expert alone leaves the other in CPU RAM.
+    experts: str = "both"
 
     @classmethod
     def from_spec(cls, spec: JobSpec, model: ImageModel | LLMArch) -> Settings:
@@ -109,6 +112,7 @@ class Settings:
             framework=_default_framework(model),
             grad_accum=spec.train.grad_accum,
             label_fraction=ASSISTANT_LABEL_FRACTION if spec.data.train_on_assistant_only else 1.0,
+            experts=spec.train.experts,
         )
 
     def variants(self) -> list[Settings]:
@@ -178,22 +182,29 @@ def _image_weights_gb(m: ImageModel, dtype: str) -> float:
     return m.trained_params_b * 1e9 * BYTES_PER_PARAM[dtype] / GiB
 
 
+def resident_experts(m: ImageModel, s: Settings) -> int:
+    """Denoisers on the GPU: both Wan2.2 A14B experts when both are trained, else one."""
+    return m.experts if s.experts == "both" else 1
+
+
 def _image_parts(m: ImageModel, s: Settings) -> dict[str, float]:
     bpp = BYTES_PER_PARAM[s.base_dtype]
     res = int(s.resolution)  # type: ignore[arg-type]
     frames = int(s.frames)  # type: ignore[arg-type]
     pixels = (res / m.ref_resolution) ** 2
-    weights = _image_weights_gb(m, s.base_dtype)
-    parts: dict[str, float] = {f"base weights ({m.kind}, {s.base_dtype})": weights}
+    n_exp = resident_experts(m, s)
+    weights = _image_weights_gb(m, s.base_dtype) * n_exp
+    label = f"{m.kind}, {s.base_dtype}" + (f", {n_exp} experts" if n_exp > 1 else "")
+    parts: dict[str, float] = {f"base weights ({label})": weights}
     if m.blocks and s.blocks_to_swap:
         swapped = min(s.blocks_to_swap, m.blocks - 1) / m.blocks
         parts["block swap (kept in CPU RAM)"] = -weights * swapped
     if not s.cache_text_encoder_outputs or s.train_text_encoder:
         te_bpp = min(bpp, 2.0) if s.base_dtype != "fp32" else 4.0
-        parts["text encoder(s)"] = m.text_encoder_params_b * 1e9 * te_bpp / GiB
+        parts["text encoder(s)"] = (m.text_encoder_params_b + m.image_encoder_params_b) * 1e9 * te_bpp / GiB
     if not s.cache_latents:
         parts["VAE + encoding"] = m.vae_params_b * 1e9 * 2 / GiB + m.vae_encode_gb * pixels * s.batch * frames
-    lora = m.lora_params_per_rank_m * 1e6 * s.r * (1.2 if s.train_text_encoder else 1.0)
+    lora = m.lora_params_per_rank_m * 1e6 * s.r * (1.2 if s.train_text_encoder else 1.0) * n_exp
     parts["LoRA weights, grads, optimizer"] = lora * (LORA_BYTES + OPTIMIZER_BYTES.get(s.optimizer, 8.0)) / GiB
     if m.kind == "dit" and m.hidden and m.attn_blocks:
         tokens = m.image_tokens(res, frames) + ((s.text_tokens or m.text_tokens) if m.joint_text else 0)
@@ -251,6 +262,9 @@ def suggestions(model: ImageModel | LLMArch, s: Settings) -> list[tuple[Suggesti
         out.append(("batch 1 with gradient accumulation", ("train.micro_batch_size=1", f"train.grad_accum={s.batch}"),
                     "slower per example", replace(s, batch=1)))
     if isinstance(model, ImageModel):
+        if resident_experts(model, s) > 1:
+            out.append(("one Wan2.2 expert per run", ("train.experts=low_noise",),
+                        "a second run (train.experts=high_noise) trains the other", replace(s, experts="low_noise")))
         if s.base_dtype in ("bf16", "fp16", "fp32"):
             out.append(("fp8 base weights", ("model.dtype=fp8",), "slight quality cost", replace(s, base_dtype="fp8")))
     elif s.base_dtype != "nf4":
@@ -329,6 +343,7 @@ def _merge(a: Settings, b: Settings) -> Settings:
         batch=min(a.batch, b.batch),
         base_dtype=b.base_dtype if BYTES_PER_PARAM[b.base_dtype] < BYTES_PER_PARAM[a.base_dtype] else a.base_dtype,
         seq_len=min(a.seq_len, b.seq_len),
+        experts=b.experts if b.experts != "both" else a.experts,
     )
 
 

@@ -160,12 +160,10 @@ export.ARCH.update({"wan21": "wan2.1-t2v/lora", "wan22": "wan2.2-t2v/lora"})
 
 
 def family_of_index(raw: dict) -> str | None:
-    """wan21 / wan22 from a Wan pipeline's model_index.json (a second transformer or a boundary means 2.2)."""
-    if raw.get("_class_name") not in ("WanPipeline", "WanImageToVideoPipeline"):  # T2V, I2V
-        return None
-    t2 = raw.get("transformer_2")
-    has_t2 = isinstance(t2, list) and t2[0] is not None
-    return "wan22" if has_t2 or raw.get("boundary_ratio") is not None or raw.get("expand_timesteps") else "wan21"
+    """wan21 / wan22 from a Wan pipeline's model_index.json (the catalog's reading, shared with the planner)."""
+    from lorapod.catalog.models import wan_family_of_index
+
+    return wan_family_of_index(raw)
 
 
 # ----------------------------------------------------------------------------- memory
