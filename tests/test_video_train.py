@@ -246,6 +246,30 @@ def test_a_14b_job_that_cannot_fit_even_with_block_swap_is_refused():
     wanmod.check_fits(WAN14B, 80.0, fp8=True, blocks_to_swap=0, tokens=still, rank=32)  # an H100 without swap
 
 
+def test_wan22_with_both_experts_resident_needs_room_for_two(tmp_path):
+    """Wan2.2 A14B keeps both experts on the GPU when it trains both: the fit check counts two sets of
+    resident weights and LoRA state, and one set of activations (one expert runs per step)."""
+    still = wanmod.latent_tokens(1, 960, 960, WAN14B)
+    one = wanmod.vram_need_gb(WAN14B, fp8=True, blocks_to_swap=0, tokens=still, rank=32)
+    two = wanmod.vram_need_gb(WAN14B, fp8=True, blocks_to_swap=0, tokens=still, rank=32, experts=2)
+    bare = wanmod.vram_need_gb(WAN14B, fp8=True, blocks_to_swap=0, tokens=0, rank=0)  # weights + context
+    lora = wanmod.vram_need_gb(WAN14B, fp8=True, blocks_to_swap=0, tokens=0, rank=32) - bare
+    assert two - one == pytest.approx(bare - 1.5 + lora)
+    card = (one + two) / 2  # room for one expert, not for two
+    wanmod.check_fits(WAN14B, card, fp8=True, blocks_to_swap=0, tokens=still, rank=32)
+    with pytest.raises(HardwareError, match="blocks_to_swap: 0"):
+        wanmod.check_fits(WAN14B, card, fp8=True, blocks_to_swap=0, tokens=still, rank=32, experts=2)
+    # which experts are resident: read from the model's own folder (a transformer_2 is Wan2.2 A14B)
+    folder = tmp_path / "wan22"
+    (folder / "transformer").mkdir(parents=True)
+    (folder / "transformer" / "config.json").write_text(json.dumps(WAN14B))
+    assert wanmod.resident_experts(str(folder), None, "both") == 1
+    (folder / "transformer_2").mkdir()
+    (folder / "transformer_2" / "config.json").write_text(json.dumps(WAN14B))
+    assert wanmod.resident_experts(str(folder), None, "both") == 2
+    assert wanmod.resident_experts(str(folder), None, "low_noise") == 1
+
+
 def test_fp8_storage_covers_the_wan_blocks_and_keeps_the_output_close(assets):
     """model.dtype fp8 (on Ada/Hopper): the Linear layers inside ``blocks.N`` are stored in float8 and
     upcast per call; checked on CPU, where float8 storage and casts work too."""

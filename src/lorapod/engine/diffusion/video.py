@@ -160,7 +160,8 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
     if dev.type == "cuda":  # before any weight loads (and before the run is billed for loading them)
         gpu_gb = torch.cuda.get_device_properties(dev).total_memory / 1e9
         wan.check_fits(cfg, gpu_gb, fp8=fp8, blocks_to_swap=t.blocks_to_swap, tokens=tokens, rank=m.r,
-                       what=f"{spec.model.id} at {tokens} latent tokens")
+                       what=f"{spec.model.id} at {tokens} latent tokens",
+                       experts=wan.resident_experts(spec.model.id, spec.model.revision, t.experts))
     if t.blocks_to_swap and t.blocks_to_swap >= cfg.get("num_layers", 40):
         raise SpecError(f"train.blocks_to_swap {t.blocks_to_swap} >= the model's {cfg.get('num_layers')} blocks",
                         hint=f"at most {cfg.get('num_layers', 40) - 1}")

@@ -42,6 +42,7 @@ def preflight(spec, gpu: str | None = None, say=print) -> list[Finding]:
         return findings
     tokens = max(wan.latent_tokens(f, w, h, cfg, spatial) for f, w, h in (it.bucket for it in items))
     wan.check_fits(cfg, card.vram_gb, fp8=spec.model.dtype == "fp8", blocks_to_swap=t.blocks_to_swap, tokens=tokens,
-                   rank=spec.method.r, what=f"{spec.model.id} on {card.name} at {tokens} latent tokens")
+                   rank=spec.method.r, what=f"{spec.model.id} on {card.name} at {tokens} latent tokens",
+                   experts=wan.resident_experts(spec.model.id, spec.model.revision, t.experts))
     say(f"fits {card.name} ({card.vram_gb:g} GB) with train.blocks_to_swap: {t.blocks_to_swap}")
     return findings

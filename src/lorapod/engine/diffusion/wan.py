@@ -258,11 +258,14 @@ def block_params(cfg: dict) -> tuple[int, int]:
     return per_block, outside
 
 
-def vram_need_gb(cfg: dict, *, fp8: bool, blocks_to_swap: int, tokens: int, rank: int) -> float:
+def vram_need_gb(cfg: dict, *, fp8: bool, blocks_to_swap: int, tokens: int, rank: int, experts: int = 1) -> float:
     """A floor on the GPU memory a Wan LoRA step needs: resident base weights (blocks not swapped,
     plus one block in flight), LoRA weights with AdamW state, the checkpointed block inputs, one
     block's recomputed activations and ~1.5 GB of CUDA context and workspace. Floors, not the
-    planner's estimate (``lorapod plan``): if even this does not fit, nothing will."""
+    planner's estimate (``lorapod plan``): if even this does not fit, nothing will.
+
+    ``experts``: transformers kept on the GPU (Wan2.2 trains both of its experts resident; one runs
+    per step, so activations count once)."""
     per_block, outside = block_params(cfg)
     n_blocks = cfg.get("num_layers", 40)
     d = cfg.get("num_attention_heads", 40) * cfg.get("attention_head_dim", 128)
@@ -272,7 +275,19 @@ def vram_need_gb(cfg: dict, *, fp8: bool, blocks_to_swap: int, tokens: int, rank
     lora = n_blocks * rank * (8 * 2 * d + 2 * (d + ffn)) * 16  # fp32 weight + grad + two Adam moments
     ckpt = n_blocks * tokens * d * 2
     working = tokens * (10 * d + 2 * ffn) * 2
-    return (resident + lora + ckpt + working) / 1e9 + 1.5
+    return (experts * (resident + lora) + ckpt + working) / 1e9 + 1.5
+
+
+def resident_experts(model_id: str, revision: str | None, which: str) -> int:
+    """How many transformers the engine keeps on the GPU: 2 when a Wan2.2 A14B model (it has a
+    ``transformer_2``) trains both experts, else 1. An unreadable index counts as 1."""
+    if which != "both":
+        return 1
+    try:
+        component_config(model_id, revision, "transformer_2")
+    except ModelLoadError:
+        return 1
+    return 2
 
 
 def latent_tokens(frames: int, width: int, height: int, cfg: dict, spatial: int = 8) -> int:
@@ -282,22 +297,23 @@ def latent_tokens(frames: int, width: int, height: int, cfg: dict, spatial: int 
 
 
 def check_fits(cfg: dict, gpu_gb: float, *, fp8: bool, blocks_to_swap: int, tokens: int, rank: int,
-               what: str = "this job") -> None:
+               what: str = "this job", experts: int = 1) -> None:
     """HardwareError when the job cannot fit even with every block but one swapped; the hint gives
     the settings that would help."""
     n_blocks = cfg.get("num_layers", 40)
     most = n_blocks - 1
-    floor = vram_need_gb(cfg, fp8=fp8, blocks_to_swap=most, tokens=tokens, rank=rank)
+    floor = vram_need_gb(cfg, fp8=fp8, blocks_to_swap=most, tokens=tokens, rank=rank, experts=experts)
     if floor > gpu_gb:
         raise HardwareError(
             f"{what} needs at least {floor:.1f} GB of GPU memory even with {most} of {n_blocks} blocks swapped to "
             f"CPU ({tokens} latent tokens per sample); this GPU has {gpu_gb:.1f} GB",
-            hint="use fewer/shorter data.target_frames or a lower data.resolution"
+            hint=("train.experts: high_noise or low_noise (one expert per run), " if experts > 1 else "")
+                 + "use fewer/shorter data.target_frames or a lower data.resolution"
                  + ("" if fp8 else ", model.dtype: fp8 on an Ada/Hopper GPU") + ", or a larger GPU (lorapod plan lists them)")
-    need = vram_need_gb(cfg, fp8=fp8, blocks_to_swap=blocks_to_swap, tokens=tokens, rank=rank)
+    need = vram_need_gb(cfg, fp8=fp8, blocks_to_swap=blocks_to_swap, tokens=tokens, rank=rank, experts=experts)
     if need > gpu_gb:
         k = next(k for k in range(blocks_to_swap, n_blocks) if
-                 vram_need_gb(cfg, fp8=fp8, blocks_to_swap=k, tokens=tokens, rank=rank) <= gpu_gb)
+                 vram_need_gb(cfg, fp8=fp8, blocks_to_swap=k, tokens=tokens, rank=rank, experts=experts) <= gpu_gb)
         raise HardwareError(f"{what} needs about {need:.1f} GB with train.blocks_to_swap: {blocks_to_swap}; "
                             f"this GPU has {gpu_gb:.1f} GB",
                             hint=f"set train.blocks_to_swap: {k} (or more) and train.gradient_checkpointing: true")
