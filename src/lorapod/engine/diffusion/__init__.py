@@ -212,11 +212,7 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
     text = None
     sample_text: dict[str, dict[str, torch.Tensor]] = {}
     if cache_te:
-        caps = sorted({it.caption for it in items})
-        tkeys = {c: disk.text_path(c) for c in caps}
-        cap_of = {v: k for k, v in tkeys.items()}
-        got = disk.get_many(tkeys.values(), lambda ps: encode_captions([cap_of[p] for p in ps]), batch=8)
-        text = {c: got[p] for c, p in tkeys.items()}
+        text = disk.texts((it.caption for it in items), encode_captions)
         wanted = sorted({p.prompt for p in prompts} | {p.negative for p in prompts})
         if wanted:
             sample_text = dict(zip(wanted, encode_captions(wanted), strict=True))

@@ -52,6 +52,14 @@ class DiskCache:
         h = hashlib.sha256(caption.encode("utf-8")).hexdigest()[:32]
         return self.root / "text" / f"{h}.safetensors"
 
+    def texts(self, captions: Iterable[str], encode: Callable[[list[str]], list[dict[str, torch.Tensor]]],
+              batch: int = 8) -> dict[str, dict[str, torch.Tensor]]:
+        """Text-encoder outputs per caption: read from ``text/`` or encoded (in batches) and stored."""
+        keys = {c: self.text_path(c) for c in sorted(set(captions))}
+        caption_of = {v: k for k, v in keys.items()}
+        got = self.get_many(keys.values(), lambda ps: encode([caption_of[p] for p in ps]), batch=batch)
+        return {c: got[p] for c, p in keys.items()}
+
     def get_many(self, keys: Iterable[Path], encode: Callable[[list[Path]], list[dict[str, torch.Tensor]]],
                  batch: int = 4) -> dict[Path, dict[str, torch.Tensor]]:
         """Read what exists; call ``encode`` on the rest (in batches) and store it."""

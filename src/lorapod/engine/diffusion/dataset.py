@@ -82,6 +82,25 @@ def read_caption(path: Path) -> tuple[str | None, list[Finding]]:
     return (lines[0].strip() if lines else ""), found
 
 
+def item_caption(p: Path, ext: str, trigger: str | None, findings: list[Finding]) -> str | None:
+    """The caption a training item (image or clip) trains with: its caption file, trigger first;
+    a missing file is a warning and trains with the trigger alone; ``None`` (with the finding) when
+    the caption file is unusable and the item is skipped."""
+    cap_path = p.with_suffix(ext)
+    if cap_path.is_file():
+        caption, found = read_caption(cap_path)
+        findings.extend(found)
+        if caption is None:
+            return None
+    else:
+        caption = ""
+        findings.append(finding("warning", "caption-missing", p, f"no {ext} caption; training it with "
+                                f"{'the trigger only' if trigger else 'an empty caption'}"))
+    if trigger and not caption.startswith(trigger):
+        caption = f"{trigger}, {caption}" if caption else trigger
+    return caption
+
+
 def scan(folders: list[Path], resolution: int, use_buckets: bool, caption_ext: str, default_repeats: int,
          trigger: str | None = None) -> tuple[list[ImageItem], list[Finding]]:
     from PIL import Image, ImageOps, UnidentifiedImageError
@@ -108,18 +127,9 @@ def scan(folders: list[Path], resolution: int, use_buckets: bool, caption_ext: s
             except (OSError, UnidentifiedImageError, ValueError) as exc:
                 findings.append(finding("warning", "image-unreadable", p, f"cannot read this image ({exc}); skipped"))
                 continue
-            cap_path = p.with_suffix(ext)
-            if cap_path.is_file():
-                caption, found = read_caption(cap_path)
-                findings.extend(found)
-                if caption is None:
-                    continue
-            else:
-                caption = ""
-                findings.append(finding("warning", "caption-missing", p, f"no {ext} caption; training it with "
-                                        f"{'the trigger only' if trigger else 'an empty caption'}"))
-            if trigger and not caption.startswith(trigger):
-                caption = f"{trigger}, {caption}" if caption else trigger
+            caption = item_caption(p, ext, trigger, findings)
+            if caption is None:
+                continue
             digest = hashlib.sha256(p.read_bytes()).hexdigest()
             items.append(ImageItem(p, caption, digest, fit_image(size, table), repeats))
     if not items:

@@ -227,11 +227,7 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
     text = None
     sample_text: dict[str, dict[str, torch.Tensor]] = {}
     if cache_te:
-        caps = sorted({it.caption for it in items})
-        tkeys = {c: disk.text_path(c) for c in caps}
-        cap_of = {v: k for k, v in tkeys.items()}
-        got = disk.get_many(tkeys.values(), lambda ps: encode_captions([cap_of[p] for p in ps]), batch=8)
-        text = {c: got[p] for c, p in tkeys.items()}
+        text = disk.texts((it.caption for it in items), encode_captions)
         log(f"text: {len(text)} captions ({disk.hits - hits0} from the cache, {disk.misses - misses0} encoded)")
     wanted = sorted({vp.prompt.prompt for vp in prompts} | {vp.prompt.negative for vp in prompts})
     if wanted:

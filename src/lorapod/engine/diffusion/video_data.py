@@ -25,7 +25,7 @@ from lorapod.engine.diffusion.dataset import (
     Fit,
     bucket_table,
     fit_image,
-    read_caption,
+    item_caption,
 )
 from lorapod.errors import DataError
 
@@ -59,22 +59,6 @@ class FrameRule:
     sample: int
     stride: int
     fps: float | None
-
-
-def _caption(p: Path, ext: str, trigger: str | None, findings: list[Finding]) -> str | None:
-    cap_path = p.with_suffix(ext)
-    if cap_path.is_file():
-        caption, found = read_caption(cap_path)
-        findings.extend(found)
-        if caption is None:
-            return None
-    else:
-        caption = ""
-        findings.append(finding("warning", "caption-missing", p, f"no {ext} caption; training it with "
-                                f"{'the trigger only' if trigger else 'an empty caption'}"))
-    if trigger and not caption.startswith(trigger):
-        caption = f"{trigger}, {caption}" if caption else trigger
-    return caption
 
 
 def scan(folders: list[Path], resolution: int, caption_ext: str, default_repeats: int, rule: FrameRule,
@@ -124,7 +108,7 @@ def scan(folders: list[Path], resolution: int, caption_ext: str, default_repeats
                     continue
                 spans = [tuple(src[s : s + t]) for t, s in cuts]
                 size = (info.width, info.height)
-            caption = _caption(p, ext, trigger, findings)
+            caption = item_caption(p, ext, trigger, findings)
             if caption is None:
                 continue
             digest = hashlib.sha256(p.read_bytes()).hexdigest()
