@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from lorapod.catalog.measurements import Observation, load_measurements
-from lorapod.plan.speed import PCIE_GB_S, Params, family_of, features, kind_of, predict
+from lorapod.plan.speed import PCIE_GB_S, Params, dequant_terms, family_of, features, kind_of, predict
 from lorapod.plan.vram import estimate
 from lorapod.plan.work import step_work
 
@@ -109,7 +109,7 @@ class _Row:
     attention_s: float
     aux_s: float
     launches: float  # kernel launches
-    dequant: str
+    dequant: tuple[str, ...]
     dequant_s: float  # dequantisation at the memory bandwidth
     fixed_s: float  # memory terms (no fitted part)
     swap_s: float
@@ -127,12 +127,12 @@ def _row(o: Observation) -> _Row:
     acc /= len(vs)
     peak = gpu.bf16_tflops
     return _Row(features(o.model, o.settings, gpu), f"launch:{kind_of(o.model)}", acc[0] / peak, acc[1] / peak,
-                acc[2] / peak, acc[3], f"dequant:{o.settings.base_dtype}", acc[4], acc[5], acc[6], o.value)
+                acc[2] / peak, acc[3], tuple(dequant_terms(o.settings.base_dtype)), acc[4], acc[5], acc[6], o.value)
 
 
 def _names(rows: list[_Row]) -> list[str]:
     return sorted({f for r in rows for f in r.feats} | {"attention"} | {r.launch for r in rows}
-                  | {r.dequant for r in rows if r.dequant_s > 0})
+                  | {n for r in rows if r.dequant_s > 0 for n in r.dequant})
 
 
 def _prior(name: str) -> tuple[float, float]:
@@ -152,7 +152,7 @@ def _model_and_grad(r: _Row, th: dict[str, float], idx: dict[str, int]) -> tuple
     mm = (r.matmul_s + r.aux_s) * math.exp(-log_e)
     att = r.attention_s * math.exp(-(log_e + th["attention"]))
     launch = r.launches * math.exp(th[r.launch]) * 1e-6
-    dq = r.dequant_s * math.exp(th[r.dequant]) if r.dequant_s else 0.0
+    dq = r.dequant_s * math.exp(sum(th[n] for n in r.dequant)) if r.dequant_s else 0.0
     core = mm + att + launch + dq + r.fixed_s
     g = np.zeros(len(idx))
     if r.swap_s > core:  # transfer-bound: nothing fitted moves it
@@ -162,7 +162,8 @@ def _model_and_grad(r: _Row, th: dict[str, float], idx: dict[str, int]) -> tuple
     g[idx["attention"]] -= att
     g[idx[r.launch]] += launch
     if dq:
-        g[idx[r.dequant]] += dq
+        for n in r.dequant:
+            g[idx[n]] += dq
     return math.log(core), g / core
 
 

@@ -104,9 +104,16 @@ def matmul_rate(model: ImageModel | LLMArch, s: Settings, gpu: GPU) -> float:
     return gpu.bf16_tflops * efficiencies(features(model, s, gpu), fitted())[0]
 
 
+def dequant_terms(dtype: str) -> list[str]:
+    """The fitted terms of a quantised base's dequantisation. GPTQ's is nf4's (both 4-bit weights
+    unpacked to bf16 every pass) times its own kernels' factor, so a GPTQ estimate with no GPTQ
+    point to fit falls back to nf4's measured cost, not to the memory bandwidth."""
+    return ["dequant:nf4", "dequant:gptq"] if dtype == "gptq" else [f"dequant:{dtype}"]
+
+
 def dequant_factor(s: Settings, params: Params) -> float:
     """How much slower than the memory bandwidth the dequantisation of the base runs (fitted)."""
-    return math.exp(params.theta.get(f"dequant:{s.base_dtype}", 0.0))
+    return math.exp(sum(params.theta.get(n, 0.0) for n in dequant_terms(s.base_dtype)))
 
 
 def terms(work: Work, gpu: GPU, effs: tuple[float, float], launch_us: float, dequant: float = 1.0) -> dict[str, float]:
