@@ -104,11 +104,18 @@ def matmul_rate(model: ImageModel | LLMArch, s: Settings, gpu: GPU) -> float:
     return gpu.bf16_tflops * efficiencies(features(model, s, gpu), fitted())[0]
 
 
+# A quantiser whose kernels differ from its width's first one: its dequantisation cost is that
+# one's times a factor of its own. GPTQ and nf4 both unpack 4-bit weights to bf16 every pass;
+# integer 8-bit bases (quanto / SDNQ int8, 8-bit GPTQ) and fp8 ones both hold one byte a weight.
+DEQUANT_PARENT = {"gptq": "nf4", "int8": "fp8"}
+
+
 def dequant_terms(dtype: str) -> list[str]:
-    """The fitted terms of a quantised base's dequantisation. GPTQ's is nf4's (both 4-bit weights
-    unpacked to bf16 every pass) times its own kernels' factor, so a GPTQ estimate with no GPTQ
-    point to fit falls back to nf4's measured cost, not to the memory bandwidth."""
-    return ["dequant:nf4", "dequant:gptq"] if dtype == "gptq" else [f"dequant:{dtype}"]
+    """The fitted terms of a quantised base's dequantisation: its parent's and its own, so an
+    estimate for a quantiser no point was fitted on falls back to its parent's measured cost,
+    not to the memory bandwidth."""
+    parent = DEQUANT_PARENT.get(dtype)
+    return [f"dequant:{parent}", f"dequant:{dtype}"] if parent else [f"dequant:{dtype}"]
 
 
 def dequant_factor(s: Settings, params: Params) -> float:

@@ -24,7 +24,7 @@ GiB = 1024**3
 # Bytes per parameter of the frozen base. nf4: 4 bits plus bitsandbytes' double-quantised block
 # constants (~0.127 bit/param, QLoRA paper), i.e. 0.516 bytes; gptq: 4 bits plus a 16-bit scale
 # and zero per group of 128 (published GPTQ int4 checkpoints, e.g. Qwen's Q-LoRA).
-BYTES_PER_PARAM = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "nf4": 0.516, "gptq": 0.53}
+BYTES_PER_PARAM = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "nf4": 0.516, "gptq": 0.53}
 # LoRA weights and gradients are fp32 (PEFT upcasts adapters); AdamW keeps two fp32 moments,
 # 8-bit AdamW two 8-bit moments; Adafactor factored second moments (a fraction of a byte).
 OPTIMIZER_BYTES = {"adamw": 8.0, "adamw_8bit": 2.0, "adafactor": 0.5}
@@ -56,7 +56,7 @@ Verdict = Literal["fits", "tight", "does-not-fit"]
 class Settings:
     """The knobs the estimate depends on, taken from a spec; suggestions change them."""
 
-    base_dtype: str  # fp32 | bf16 | fp16 | fp8 | nf4
+    base_dtype: str  # fp32 | bf16 | fp16 | fp8 | int8 | nf4 | gptq
     r: int
     targets: str | tuple[str, ...]
     optimizer: str

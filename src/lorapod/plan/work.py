@@ -23,8 +23,9 @@ ATTN_BWD = 2.5
 # Bytes moved per base parameter per pass: a 16-bit weight is read once; a 4-bit or 8-bit one is
 # read, dequantised to bf16 (written) and read again by the matmul. Dequantisation kernels do not
 # reach the memory bandwidth, so their time gets a fitted factor (plan/speed.py).
-STREAM_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0 + 4.0, "nf4": 0.516 + 4.0, "gptq": 0.53 + 4.0}
-QUANTISED = ("fp8", "nf4", "gptq")
+STREAM_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0 + 4.0, "int8": 1.0 + 4.0, "nf4": 0.516 + 4.0,
+                "gptq": 0.53 + 4.0}
+QUANTISED = ("fp8", "int8", "nf4", "gptq")
 # LLM kernels per layer per forward: ~15 for the block, ~4 more for every LoRA-wrapped linear.
 LLM_KERNELS_PER_LAYER = 15
 LORA_KERNELS = 4
