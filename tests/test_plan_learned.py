@@ -174,7 +174,8 @@ def test_a_local_cpu_run_is_not_recorded_and_says_why(tmp_path, caplog):
     spec_file = _tiny_llm_spec(tmp_path)
     with caplog.at_level("DEBUG", logger="lorapod.plan.learned"):
         run = _train(spec_file)
-    assert json.loads((run / "device.json").read_text()) == {"type": "cpu", "name": None, "processes": 1}
+    assert json.loads((run / "device.json").read_text()) == {"type": "cpu", "name": None, "processes": 1,
+                                                                "from_step": 0}
     assert [r.getMessage() for r in caplog.records if r.name == "lorapod.plan.learned"] == [
         f"run {run.name} not recorded for the planner: trained on cpu, not a GPU"]
     assert "planner: not learned from this run: trained on cpu, not a GPU" in (run / "events.log").read_text()
@@ -250,3 +251,17 @@ def test_the_inner_train_of_a_remote_job_leaves_it_to_the_controller(tmp_path, m
     assert record_local(run)[0] is None
     monkeypatch.delenv(IN_REMOTE_JOB)
     assert record_local(run)[0].gpu == "RTX 4090"
+
+
+def test_a_resumed_run_counts_only_the_steps_timed_on_its_device(tmp_path):
+    from lorapod.plan.learned import measure_run
+
+    # steps 1-6 ran elsewhere (slow), the run resumed at step 6 here: 7-9 warm up again, 10-12 count
+    run = _finished_job(tmp_path, "resumed", "RTX 4090", [5.0] * 6 + [2.0] * 3 + [0.4, 0.5, 0.6], 9.0)
+    device = {"type": "cuda", "name": "NVIDIA GeForce RTX 4090", "processes": 1, "from_step": 6}
+    (run / "device.json").write_text(json.dumps(device))
+    m, _ = measure_run(run)
+    assert (m.gpu, m.seconds_per_step, m.steps) == ("RTX 4090", 0.5, 3)
+    assert m.peak_gb == pytest.approx(9.0 + 12 * 0.01)
+    (run / "device.json").write_text(json.dumps({**device, "from_step": 0, "processes": 2}))
+    assert measure_run(run) == (None, "data-parallel over 2 processes: not one GPU's step time")

@@ -91,6 +91,7 @@ def device_name(device: torch.device) -> str | None:
     return torch.cuda.get_device_name(device)
 
 
-def describe_device(device: torch.device, processes: int = 1) -> dict[str, object]:
-    """What a run folder's ``device.json`` holds: where the steps in metrics.jsonl were timed."""
-    return {"type": device.type, "name": device_name(device), "processes": processes}
+def describe_device(device: torch.device, processes: int = 1, from_step: int = 0) -> dict[str, object]:
+    """What a run folder's ``device.json`` holds: where the steps in metrics.jsonl after
+    ``from_step`` (where this process started or resumed) were timed."""
+    return {"type": device.type, "name": device_name(device), "processes": processes, "from_step": from_step}

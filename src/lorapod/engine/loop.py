@@ -130,7 +130,7 @@ def fit(
     state.extra["processes"] = world.size
 
     if world.is_main:
-        run.write_device(describe_device(device, world.size))
+        run.write_device(describe_device(device, world.size, state.step))
         metrics: MetricsWriter | _NoMetrics = MetricsWriter(run.metrics_file, run.tensorboard,
                                                             resume_step=state.step if loaded else None)
     else:

@@ -77,13 +77,16 @@ def read_run(run_dir: str | Path) -> tuple[str, Settings, float | None, float | 
         model = find_model(spec.model.id, spec.model.family, spec.model.variant)
     except LorapodError:
         return None
+    first = _device_info(root).get("from_step") or 0  # a resumed run: only the steps timed on this device
     times, peaks = [], []
     for line in metrics_path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             rec = json.loads(line)
         except ValueError:
             continue
-        if "step_time_s" in rec and rec.get("step", 0) > WARMUP_STEPS:
+        if rec.get("step", 0) <= first:
+            continue
+        if "step_time_s" in rec and rec.get("step", 0) > first + WARMUP_STEPS:
             times.append(float(rec["step_time_s"]) / max(1, spec.train.grad_accum))
         if "mem_gb" in rec:
             peaks.append(float(rec["mem_gb"]))
@@ -119,11 +122,8 @@ def measure_run(run_dir: str | Path, instance_gpu: str | None = None) -> tuple[M
 
 def _run_gpu(root: Path, instance_gpu: str | None) -> tuple[str | None, str]:
     """The catalog name of the GPU the run's steps were timed on: the engine's word, else the instance's."""
-    try:
-        info = json.loads((root / "device.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        info = None
-    if isinstance(info, dict):
+    info = _device_info(root)
+    if info:
         name = info.get("name")
         if not name:
             return None, f"trained on {info.get('type') or 'an unknown device'}, not a GPU"
@@ -139,6 +139,15 @@ def _run_gpu(root: Path, instance_gpu: str | None) -> tuple[str | None, str]:
         return find_gpu(instance_gpu).name, ""
     except LorapodError:
         return None, f"GPU {instance_gpu!r} is not in the catalog"
+
+
+def _device_info(root: Path) -> dict[str, Any]:
+    """The run folder's ``device.json`` (written by the engine), {} when absent or unreadable."""
+    try:
+        info = json.loads((root / "device.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
 
 
 def record_run(ledger: Any, job_id: str, run_dir: str | Path, instance_gpu: str | None = None) -> Measured | None:
