@@ -1,11 +1,13 @@
 """A stand-in for `lorapod train` on the instance: same run-folder contract, seconds not minutes.
 
     python fake_trainer.py SPEC --run-dir DIR [--resume] [--step-s 0.1] [--fail-at N] [--hang-at N]
+                           [--device-name "NVIDIA GeForce RTX 4090"]
 
 Reads train.max_steps and save.every_steps from the spec, checks the data file arrived, writes
 one metrics.jsonl line per step, checkpoints/step-N/ atomically (tmp folder, then rename), and at
 the end adapter/. Honours <run_dir>/STOP: saves a checkpoint and exits 0. With --resume it
-continues after the newest checkpoint.
+continues after the newest checkpoint. With --device-name it says, as the engine does, which GPU
+timed its steps (device.json) and logs each step's time and memory.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def main() -> int:
     ap.add_argument("--fail-at", type=int, default=None)
     ap.add_argument("--hang-at", type=int, default=None)
     ap.add_argument("--eval", action="store_true", help="log a val_loss at every checkpoint (see fake_val_loss)")
+    ap.add_argument("--device-name", default=None, help="write device.json naming this GPU; log step_time_s, mem_gb")
     a = ap.parse_args()
     spec = yaml.safe_load(Path(a.spec).read_text())
     run = Path(a.run_dir)
@@ -57,6 +60,8 @@ def main() -> int:
     if a.resume:
         done = sorted(int(p.name.split("-")[1]) for p in (run / "checkpoints").glob("step-*"))
         start = (done[-1] + 1) if done else 1
+    if a.device_name:
+        (run / "device.json").write_text(json.dumps({"type": "cuda", "name": a.device_name, "processes": 1}))
     with open(run / "events.log", "a") as ev:
         ev.write(f"fake trainer: {n_examples} examples, steps {start}..{max_steps}\n")
         ev.write(f"HF_TOKEN {'present' if os.environ.get('HF_TOKEN') else 'absent'}\n")
@@ -68,7 +73,10 @@ def main() -> int:
             if a.fail_at is not None and step == a.fail_at:
                 print(f"boom at step {step}", file=sys.stderr)
                 return 3
-            metrics.write(json.dumps({"step": step, "loss": round(2.0 / step, 4), "examples": n_examples}) + "\n")
+            rec = {"step": step, "loss": round(2.0 / step, 4), "examples": n_examples}
+            if a.device_name:
+                rec.update(step_time_s=a.step_s, mem_gb=round(5.0 + step / 100, 3))
+            metrics.write(json.dumps(rec) + "\n")
             metrics.flush()
             if a.eval and ((run / "STOP").exists() or step % every == 0 or step == max_steps):
                 lr = float(spec["train"].get("learning_rate", 2e-4))

@@ -18,7 +18,8 @@ REPO = HERE.parent
 FAKE_TRAINER = HERE / "fake_trainer.py"
 
 
-def make_spec(tmp: Path, max_steps: int = 8, every: int = 4, n_examples: int = 20, **compute) -> Path:
+def make_spec(tmp: Path, max_steps: int = 8, every: int = 4, n_examples: int = 20, model: str = "tiny-test-model",
+              **compute) -> Path:
     data = tmp / "data"
     data.mkdir(parents=True, exist_ok=True)
     with open(data / "train.jsonl", "w") as fh:
@@ -26,7 +27,7 @@ def make_spec(tmp: Path, max_steps: int = 8, every: int = 4, n_examples: int = 2
             fh.write(json.dumps({"messages": [{"role": "user", "content": f"q{i}"},
                                               {"role": "assistant", "content": f"a{i}"}]}) + "\n")
     spec = {
-        "model": {"id": "tiny-test-model", "family": "llm"},
+        "model": {"id": model, "family": "llm"},
         "data": {"path": "data/train.jsonl"},
         "train": {"max_steps": max_steps},
         "save": {"every_steps": every},

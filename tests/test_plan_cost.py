@@ -151,5 +151,3 @@ def test_cache_phase_scales_between_gpus_by_the_fitted_rate_not_the_guide_class(
     assert cache(ref) == pytest.approx(CACHE_STARTUP_MIN + 25 * CACHE_SECONDS_PER_IMAGE_4090 / 60)
     rate = matmul_rate(job.model, job.settings, ref) / matmul_rate(job.model, job.settings, a100)
     assert (cache(a100) - CACHE_STARTUP_MIN) * 60 / 25 == pytest.approx(rate)
-    # The old guide-derived class factor (gpus.yaml class_efficiency) no longer moves it.
-    assert rate != pytest.approx(ref.effective_tflops / a100.effective_tflops, rel=1e-3)

@@ -102,3 +102,166 @@ def test_every_estimate_prints_a_likely_range():
     assert r.exit_code == 0, r.output
     line = next(x for x in r.output.splitlines() if x.startswith("#1 RTX 4090:"))
     assert "likely" in line and "(model)" in line and "VRAM likely" in line
+
+
+# ---------------------------------------------------------------- local runs, and where the GPU comes from
+
+# Real torch.cuda.get_device_name() strings (the driver's, as nvidia-smi prints them) and what each is
+# in the catalog; a variant the catalog does not hold is None, never its nearest neighbour.
+DEVICE_NAMES = [
+    ("NVIDIA GeForce RTX 3090", "RTX 3090"),
+    ("NVIDIA GeForce RTX 4090", "RTX 4090"),
+    ("NVIDIA GeForce RTX 5090", "RTX 5090"),
+    ("NVIDIA RTX A6000", "RTX A6000"),
+    ("NVIDIA A40", "A40"),
+    ("NVIDIA L4", "L4"),
+    ("NVIDIA L40S", "L40S"),
+    ("NVIDIA A100-SXM4-40GB", "A100 40GB"),
+    ("NVIDIA A100-PCIE-40GB", "A100 40GB"),
+    ("NVIDIA A100-SXM4-80GB", "A100 80GB"),
+    ("NVIDIA A100 80GB PCIe", "A100 80GB"),
+    ("NVIDIA H100 PCIe", "H100 PCIe"),
+    ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+    ("NVIDIA H200", "H200"),
+    ("NVIDIA GeForce RTX 3090 Ti", None),
+    ("NVIDIA GeForce RTX 4090 D", None),
+    ("NVIDIA GeForce RTX 4090 Laptop GPU", None),
+    ("NVIDIA GeForce RTX 4080 SUPER", None),
+    ("NVIDIA RTX 6000 Ada Generation", None),
+    ("NVIDIA L40", None),
+    ("NVIDIA H100 NVL", None),
+    ("NVIDIA H200 NVL", None),
+    ("NVIDIA GH200 480GB", None),
+    ("NVIDIA A10G", None),
+    ("Tesla T4", None),
+    ("Tesla V100-SXM2-16GB", None),
+]
+
+
+def test_the_drivers_gpu_names_map_exactly_onto_the_catalog():
+    from lorapod.catalog.gpus import gpu_from_device_name
+
+    got = [(raw, (g.name if (g := gpu_from_device_name(raw)) else None)) for raw, _ in DEVICE_NAMES]
+    assert got == DEVICE_NAMES
+    # spelling aside (case, '-', '_', spaces), nothing fuzzy
+    assert gpu_from_device_name("nvidia a100_sxm4_80gb").name == "A100 80GB"
+    assert gpu_from_device_name("RTX 4090") is None  # a provider's spelling is find_gpu's job
+
+
+def _tiny_llm_spec(tmp_path: Path) -> Path:
+    import yaml
+
+    from .llm_fixtures import make_model_dir, spec_dict, write_data
+
+    model_dir = make_model_dir(tmp_path, hidden=32, layers=1)
+    tr, va = write_data(tmp_path)
+    d = spec_dict(model_dir, tr, va, tmp_path / "runs", max_steps=6)
+    d["eval"] = {"every_steps": None, "max_batches": 1, "at_start": False}
+    d["save"] = {"every_steps": None, "every_epochs": None, "keep_last": 1}
+    spec_file = tmp_path / "job.yaml"
+    spec_file.write_text(yaml.safe_dump(d))
+    return spec_file
+
+
+def _train(spec_file: Path) -> Path:
+    r = CliRunner().invoke(build_app(), ["train", str(spec_file), "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    (run,) = (spec_file.parent / "runs").iterdir()
+    return run
+
+
+def test_a_local_cpu_run_is_not_recorded_and_says_why(tmp_path, caplog):
+    spec_file = _tiny_llm_spec(tmp_path)
+    with caplog.at_level("DEBUG", logger="lorapod.plan.learned"):
+        run = _train(spec_file)
+    assert json.loads((run / "device.json").read_text()) == {"type": "cpu", "name": None, "processes": 1,
+                                                                "from_step": 0}
+    assert [r.getMessage() for r in caplog.records if r.name == "lorapod.plan.learned"] == [
+        f"run {run.name} not recorded for the planner: trained on cpu, not a GPU"]
+    assert "planner: not learned from this run: trained on cpu, not a GPU" in (run / "events.log").read_text()
+    assert not (tmp_path / "home" / "ledger.db").exists()  # nothing to keep: no ledger made for it
+
+
+def test_a_finished_local_gpu_run_is_recorded_once_and_planned_from(tmp_path, monkeypatch):
+    import lorapod.engine.device as device
+
+    monkeypatch.setattr(device, "device_name", lambda dev: "NVIDIA GeForce RTX 4090")
+    spec_file = _tiny_llm_spec(tmp_path)
+    run = _train(spec_file)
+    assert json.loads((run / "device.json").read_text())["name"] == "NVIDIA GeForce RTX 4090"
+    times = [json.loads(x)["step_time_s"] for x in (run / "metrics.jsonl").read_text().splitlines()
+             if "step_time_s" in x]
+    assert len(times) == 6
+    (m,) = Ledger().measurements()
+    assert (m["job_id"], m["gpu_name"], m["model"], m["steps"]) == (run.name, "RTX 4090", str(tmp_path / "base"), 3)
+    assert m["seconds_per_step"] == pytest.approx(statistics.median(times[3:]) / 2)  # grad_accum 2
+    assert m["peak_gb"] is None  # a CPU step logs rss_gb, not GPU memory
+    assert "planner: learned from this run" in (run / "events.log").read_text()
+
+    r = CliRunner().invoke(build_app(), ["plan", str(spec_file), "--gpu", "RTX 4090", "--json"])
+    assert r.exit_code == 0, r.output
+    options = json.loads(r.stdout)["options"]
+    assert {x["gpu"] for x in options} == {"RTX 4090"}
+    assert all(x["speed"]["basis"] == "your runs" and x["speed"]["runs"] == [run.name] for x in options)
+    o = options[0]
+    assert o["speed"]["seconds_per_step"] == pytest.approx(m["seconds_per_step"], rel=1e-3, abs=1e-4)
+    assert [x["job_id"] for x in Ledger().measurements()] == [run.name]  # the lazy reader did not add it again
+    # other settings do not match it
+    r = CliRunner().invoke(build_app(), ["plan", str(spec_file), "--gpu", "RTX 4090", "--json", "--set", "method.r=16"])
+    assert json.loads(r.stdout)["options"][0]["speed"]["basis"] == "model"
+
+
+def test_a_run_on_a_gpu_the_catalog_lacks_is_not_recorded(tmp_path, caplog):
+    from lorapod.plan.learned import record_local
+
+    run = _finished_job(tmp_path, "laptop", "RTX 4090", [0.5] * 8, 9.0)
+    (run / "device.json").write_text(json.dumps({"type": "cuda", "name": "NVIDIA GeForce RTX 4090 Laptop GPU",
+                                                 "processes": 1}))
+    with caplog.at_level("DEBUG", logger="lorapod.plan.learned"):
+        assert record_local(run) == (None, "GPU 'NVIDIA GeForce RTX 4090 Laptop GPU' is not in the catalog "
+                                           "(catalog/data/gpus.yaml device_names)")
+    assert "not recorded for the planner" in caplog.text
+    # the engine's word beats the instance's ("NVIDIA GeForce RTX 4090" in the ledger) for a job too
+    plan = plan_job(load_spec(SDXL), images=25, gpu="RTX 4090")
+    assert plan.options[0].speed.basis == "model" and Ledger().measurements() == []
+
+
+def test_a_job_recorded_when_it_ends_is_not_measured_again(tmp_path, monkeypatch):
+    from lorapod.plan import learned
+
+    _finished_job(tmp_path, "ended", "RTX 4090", [0.9] * 3 + [0.6] * 5, 9.0)
+    ledger = Ledger()
+    assert learned.record_job(ledger, "ended").gpu == "RTX 4090"
+    (first,) = ledger.measurements()
+    ledger.close()
+    calls = []
+    monkeypatch.setattr(learned, "record_job", lambda *a: calls.append(a))
+    assert plan_job(load_spec(SDXL), images=25, gpu="RTX 4090").options[0].speed.basis == "your runs"
+    assert calls == [] and Ledger().measurements() == [first]
+
+
+def test_the_inner_train_of_a_remote_job_leaves_it_to_the_controller(tmp_path, monkeypatch):
+    from lorapod.compute.remote import JOB_SH
+    from lorapod.plan.learned import IN_REMOTE_JOB, record_local
+
+    assert f"export {IN_REMOTE_JOB}=1" in JOB_SH
+    run = _finished_job(tmp_path, "inner", "RTX 4090", [0.5] * 8, 9.0)
+    (run / "device.json").write_text(json.dumps({"type": "cuda", "name": "NVIDIA GeForce RTX 4090", "processes": 1}))
+    monkeypatch.setenv(IN_REMOTE_JOB, "1")
+    assert record_local(run)[0] is None
+    monkeypatch.delenv(IN_REMOTE_JOB)
+    assert record_local(run)[0].gpu == "RTX 4090"
+
+
+def test_a_resumed_run_counts_only_the_steps_timed_on_its_device(tmp_path):
+    from lorapod.plan.learned import measure_run
+
+    # steps 1-6 ran elsewhere (slow), the run resumed at step 6 here: 7-9 warm up again, 10-12 count
+    run = _finished_job(tmp_path, "resumed", "RTX 4090", [5.0] * 6 + [2.0] * 3 + [0.4, 0.5, 0.6], 9.0)
+    device = {"type": "cuda", "name": "NVIDIA GeForce RTX 4090", "processes": 1, "from_step": 6}
+    (run / "device.json").write_text(json.dumps(device))
+    m, _ = measure_run(run)
+    assert (m.gpu, m.seconds_per_step, m.steps) == ("RTX 4090", 0.5, 3)
+    assert m.peak_gb == pytest.approx(9.0 + 12 * 0.01)
+    (run / "device.json").write_text(json.dumps({**device, "from_step": 0, "processes": 2}))
+    assert measure_run(run) == (None, "data-parallel over 2 processes: not one GPU's step time")

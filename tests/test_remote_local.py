@@ -99,3 +99,21 @@ def test_heartbeat_thread_keeps_a_slow_controller_alive_for_the_watchdog(tmp_pat
                                                 "stall_s": 60})
     assert summary.state == "done" and (summary.run_dir / "adapter").is_dir()
     assert list(work.iterdir()) == [] and ledger.instances(live_only=True) == []
+
+
+def test_an_ended_job_is_measured_for_the_planner_at_once(tmp_path):
+    # The job's GPU comes from the run folder's device.json (the local provider's instance only knows
+    # "this host"); the controller records it when the job ends, and planning reads it, not again.
+    from lorapod.plan.choose import plan_job
+
+    summary, ledger, _ = run_local(tmp_path, job_command=fake_command(0.02, ("--device-name", "NVIDIA GeForce RTX 4090")),
+                                   spec_kw={"model": "Qwen/Qwen2.5-0.5B"})
+    assert summary.state == "done" and ledger.job_instances(summary.job_id)[0].gpu_name == "this host"
+    (m,) = ledger.measurements()
+    spec = load_spec(summary.run_dir / "spec.yaml")
+    assert (m["job_id"], m["gpu_name"], m["model"], m["steps"]) == (summary.job_id, "RTX 4090", "Qwen2.5 0.5B", 5)
+    assert m["seconds_per_step"] == pytest.approx(0.02 / spec.train.grad_accum)
+    assert m["peak_gb"] == pytest.approx(5.08)
+    speed = plan_job(spec, gpu="RTX 4090").options[0].speed
+    assert speed.basis == "your runs" and [r.job_id for r in speed.runs] == [summary.job_id]
+    assert ledger.measurements() == [m]

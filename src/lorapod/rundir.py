@@ -5,6 +5,7 @@ runs/<job-id>/
   spec.yaml       the resolved spec (no secrets)
   plan.json       what the planner predicted (when planned)
   metrics.jsonl   one JSON object per step / eval
+  device.json     where the steps were timed: device type, GPU name, processes (engine runs)
   checkpoints/    step-N/ (atomic: written to a tmp folder, then renamed)
   samples/        generations or images per checkpoint
   adapter/        the final adapter in PEFT format (exports beside it)
@@ -67,6 +68,7 @@ class RunDir:
     samples = property(lambda self: self.root / "samples")
     adapter = property(lambda self: self.root / "adapter")
     events_file = property(lambda self: self.root / "events.log")
+    device_file = property(lambda self: self.root / "device.json")
     tensorboard = property(lambda self: self.root / "tensorboard")
 
     def write_spec(self, spec) -> None:
@@ -74,6 +76,9 @@ class RunDir:
 
     def write_plan(self, plan: dict) -> None:
         atomic_write_text(self.plan_file, json.dumps(plan, indent=2, default=str))
+
+    def write_device(self, info: dict) -> None:
+        atomic_write_text(self.device_file, json.dumps(info, indent=2))
 
     def event(self, message: str) -> None:
         """Append one line to events.log (flushed, so a crash keeps everything before it)."""

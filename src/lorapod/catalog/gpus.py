@@ -18,20 +18,14 @@ class GPU:
     arch: str
     compute_capability: str
     gpu_class: str
-    efficiency: float
     aliases: tuple[str, ...] = ()
     requires: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def effective_tflops(self) -> float:
-        """Paper peak times the class efficiency: what small-batch LoRA training sustains."""
-        return self.bf16_tflops * self.efficiency
+    device_names: tuple[str, ...] = ()  # what the driver calls it: torch.cuda.get_device_name()
 
 
 @cache
 def load_gpus() -> tuple[Snapshot, tuple[GPU, ...]]:
     snap, raw = load_data("gpus")
-    eff = raw["class_efficiency"]
     gpus = []
     for g in raw["gpus"]:
         gpus.append(
@@ -43,9 +37,9 @@ def load_gpus() -> tuple[Snapshot, tuple[GPU, ...]]:
                 arch=g["arch"],
                 compute_capability=str(g["compute_capability"]),
                 gpu_class=g["class"],
-                efficiency=float(eff[g["class"]]),
                 aliases=tuple(str(a) for a in g.get("aliases", [])),
                 requires={k: str(v) for k, v in (g.get("requires") or {}).items()},
+                device_names=tuple(str(d) for d in g.get("device_names", [])),
             )
         )
     return snap, tuple(gpus)
@@ -68,3 +62,14 @@ def find_gpu(name: str) -> GPU:
     near = closest_canonical(name, {a: g.name for g in gpus for a in (g.name, *g.aliases)})
     hint = f"did you mean {', '.join(repr(n) for n in near)}?" if near else f"known GPUs: {', '.join(known)}"
     raise PlanError(f"unknown GPU {name!r}", hint=hint)
+
+
+def gpu_from_device_name(device_name: str) -> GPU | None:
+    """The catalog GPU the driver's name stands for ('NVIDIA H100 80GB HBM3' -> H100 SXM), else None.
+
+    Exact, unlike :func:`find_gpu`'s reading of a provider's spelling: a measured step on an
+    'RTX 4090 D' or an 'H100 NVL' must not teach the planner about an RTX 4090 or an H100 SXM.
+    """
+    key = normalise(device_name)
+    _, gpus = load_gpus()
+    return next((g for g in gpus if key in (normalise(d) for d in g.device_names)), None)

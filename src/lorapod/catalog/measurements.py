@@ -63,7 +63,7 @@ def _extra_gpus() -> dict[str, GPU]:
     out = {}
     for g in raw.get("gpus", []):
         out[g["name"]] = GPU(g["name"], float(g["vram_gb"]), float(g["bf16_tflops"]), float(g["mem_bw_gbs"]),
-                             g["arch"], "", g["class"], 1.0)
+                             g["arch"], "", g["class"])
     return out
 
 

@@ -90,6 +90,7 @@ def train(
     console.print(f"run folder: [bold]{run.root}[/]")
     resume_flag = resume is not None or (run_dir is not None and any(run.checkpoints.glob("step-*")))
     result = train_spec(spec, run, resume=resume_flag, device=device)
+    _learn(run)
     for key, label in (("val_loss", "validation loss"), ("fixed_noise_loss", "fixed-noise loss")):  # LLM, image
         first = (result.first_eval or {}).get(key)
         last = (result.last_eval or {}).get(key)
@@ -143,6 +144,19 @@ def _process_count(spec, processes: int | None, device: str | None) -> int:
     console.print(f"compute.gpus is {gpus} but this machine has {have} GPU(s): training in one process "
                   f"(--processes {gpus} runs {gpus} processes anyway, e.g. on CPU)")
     return 1
+
+
+def _learn(run) -> None:
+    """Keep this run's measured speed for the planner (plan/learned.py); say in events.log why not."""
+    import sqlite3
+
+    from lorapod.plan.learned import record_local
+
+    try:
+        measured, why = record_local(run.root)
+    except (LorapodError, OSError, sqlite3.Error) as exc:
+        measured, why = None, str(exc)
+    run.event(f"planner: learned from this run ({why})" if measured else f"planner: not learned from this run: {why}")
 
 
 def _record_plan(spec, run) -> None:

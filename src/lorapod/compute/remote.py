@@ -58,6 +58,7 @@ cd "$(dirname "$0")" || exit 1
 echo $$ > job.pid.tmp && mv job.pid.tmp job.pid
 export PYTHONPATH="$PWD/pkg${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
+export LORAPOD_REMOTE_JOB=1  # the controller measures the run for the planner (plan/learned.py)
 if [ -f secrets.env ]; then set -a; . ./secrets.env; set +a; fi
 "$@" >> job.log 2>&1
 rc=$?

@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import signal
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -246,7 +247,18 @@ class Session:
                                        self.first_step_at - self.t0 if self.first_step_at else None,
                                        self._billed_after_pull, self.unconfirmed,
                                        self.console_link() if self.unconfirmed else None)
+                self._learn()
         return self.summary
+
+    def _learn(self) -> None:
+        """Measure the ended job for the planner now (plan/learned.py), not at the next plan; never
+        in the way of the summary: a run it cannot read is only logged."""
+        from lorapod.plan.learned import record_job
+
+        try:
+            record_job(self.ledger, self.job_id)
+        except (LorapodError, OSError, sqlite3.Error) as exc:
+            self.ledger.event("job", f"not measured for the planner: {exc}", job_id=self.job_id)
 
     _billed_after_pull: float | None = None
     base_boot: Bootstrap | None = None  # the bootstrap this job used (the provider may change --python)

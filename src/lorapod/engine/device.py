@@ -79,3 +79,19 @@ def memory_stats(device: torch.device) -> dict[str, float]:
         return {"rss_gb": round(psutil.Process().memory_info().rss / 1e9, 3)}
     except ImportError:
         return {}
+
+
+def device_name(device: torch.device) -> str | None:
+    """What the driver calls the accelerator ('NVIDIA GeForce RTX 4090'); None on CPU.
+
+    The one place that asks torch for it: the planner learns a run's speed for this GPU
+    (``device.json`` in the run folder, read by :mod:`lorapod.plan.learned`)."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_name(device)
+
+
+def describe_device(device: torch.device, processes: int = 1, from_step: int = 0) -> dict[str, object]:
+    """What a run folder's ``device.json`` holds: where the steps in metrics.jsonl after
+    ``from_step`` (where this process started or resumed) were timed."""
+    return {"type": device.type, "name": device_name(device), "processes": processes, "from_step": from_step}

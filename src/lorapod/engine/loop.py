@@ -30,7 +30,7 @@ import torch
 
 from lorapod.engine import distributed
 from lorapod.engine.checkpoint import Checkpoint, CheckpointManager, TrainState, restore_rng
-from lorapod.engine.device import Precision, memory_stats
+from lorapod.engine.device import Precision, describe_device, memory_stats
 from lorapod.engine.metrics import MetricsWriter
 from lorapod.engine.optim import build_optimizer, build_scheduler
 from lorapod.engine.plots import plot_metrics
@@ -130,6 +130,7 @@ def fit(
     state.extra["processes"] = world.size
 
     if world.is_main:
+        run.write_device(describe_device(device, world.size, state.step))
         metrics: MetricsWriter | _NoMetrics = MetricsWriter(run.metrics_file, run.tensorboard,
                                                             resume_step=state.step if loaded else None)
     else:

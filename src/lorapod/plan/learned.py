@@ -1,10 +1,18 @@
 """Learning from the user's own runs: a measured step beats any model.
 
-The ledger knows every job lorapod ran on a rented GPU (its run folder and the instance's GPU);
-the run folder has the resolved spec and ``metrics.jsonl`` with each optimizer step's time and
-peak memory. When the planner is asked about a job, finished jobs not yet read are measured
-once (median seconds per micro-batch, highest memory) and kept in the ledger's
-``measured_runs`` table, so a run folder deleted later is still remembered.
+A finished run is measured once (median seconds per micro-batch after warm-up, highest memory)
+and kept in the ledger's ``measured_runs`` table, so a run folder deleted later is still
+remembered. One path, :func:`record_run`, does it for every kind of run:
+
+* a local ``lorapod train`` records itself when it ends (:func:`record_local`);
+* a ``lorapod run`` job is recorded by its controller when the job ends (:func:`record_job`),
+  and any finished job not yet measured (an older lorapod, a controller that died) is measured
+  when the planner is next asked (:func:`sync`).
+
+The GPU is the one the engine saw (``device.json`` in the run folder, the driver's name mapped
+exactly onto the catalog by :func:`lorapod.catalog.gpus.gpu_from_device_name`), else the rented
+instance's. A CPU run, a GPU the catalog does not know, or a data-parallel run teaches nothing
+about one catalog GPU and is not recorded (the reason goes to the debug log and events.log).
 
 A past run *matches* a job when the model and every setting that changes the work are the same
 (precision, rank, targets, optimizer, checkpointing, batch, sequence length or resolution,
@@ -16,12 +24,14 @@ the model's ratio between the two GPUs carries it over. Either way the plan says
 from __future__ import annotations
 
 import json
+import logging
+import os
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from lorapod.catalog.gpus import GPU, find_gpu
+from lorapod.catalog.gpus import GPU, find_gpu, gpu_from_device_name
 from lorapod.catalog.models import ImageModel, LLMArch, find_model
 from lorapod.errors import LorapodError
 from lorapod.plan.vram import Settings
@@ -31,6 +41,9 @@ WARMUP_STEPS = 3
 # Range printed around a measured figure: the spread of the matching runs, at least this much.
 MEASURED_SPREAD = 0.10
 FINISHED = ("done", "stopped", "failed", "interrupted")
+# Set by the remote job script (compute/remote.py JOB_SH): the controller records that run.
+IN_REMOTE_JOB = "LORAPOD_REMOTE_JOB"
+log = logging.getLogger(__name__)
 KEYS = ("base_dtype", "r", "targets", "optimizer", "gradient_checkpointing", "batch", "seq_len", "resolution",
         "cache_latents", "cache_text_encoder_outputs", "train_text_encoder", "blocks_to_swap", "frames")
 
@@ -64,13 +77,16 @@ def read_run(run_dir: str | Path) -> tuple[str, Settings, float | None, float | 
         model = find_model(spec.model.id, spec.model.family, spec.model.variant)
     except LorapodError:
         return None
+    first = _device_info(root).get("from_step") or 0  # a resumed run: only the steps timed on this device
     times, peaks = [], []
     for line in metrics_path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             rec = json.loads(line)
         except ValueError:
             continue
-        if "step_time_s" in rec and rec.get("step", 0) > WARMUP_STEPS:
+        if rec.get("step", 0) <= first:
+            continue
+        if "step_time_s" in rec and rec.get("step", 0) > first + WARMUP_STEPS:
             times.append(float(rec["step_time_s"]) / max(1, spec.train.grad_accum))
         if "mem_gb" in rec:
             peaks.append(float(rec["mem_gb"]))
@@ -80,25 +96,108 @@ def read_run(run_dir: str | Path) -> tuple[str, Settings, float | None, float | 
     return model.name, Settings.from_spec(spec, model), seconds, (max(peaks) if peaks else None), len(times)
 
 
+@dataclass(frozen=True)
+class Measured:
+    """What one finished run measured, as the ledger keeps it."""
+
+    model: str
+    settings: Settings
+    gpu: str
+    seconds_per_step: float | None
+    peak_gb: float | None
+    steps: int
+
+
+def measure_run(run_dir: str | Path, instance_gpu: str | None = None) -> tuple[Measured | None, str]:
+    """The run's measurement, or None and why it teaches the planner nothing."""
+    gpu, why = _run_gpu(Path(run_dir), instance_gpu)
+    if gpu is None:
+        return None, why
+    got = read_run(run_dir)
+    if got is None:
+        return None, "no readable spec.yaml and metrics.jsonl with step times, or a model the catalog does not know"
+    name, s, seconds, peak, steps = got
+    return Measured(name, s, gpu, seconds, peak, steps), f"{name} on {gpu}"
+
+
+def _run_gpu(root: Path, instance_gpu: str | None) -> tuple[str | None, str]:
+    """The catalog name of the GPU the run's steps were timed on: the engine's word, else the instance's."""
+    info = _device_info(root)
+    if info:
+        name = info.get("name")
+        if not name:
+            return None, f"trained on {info.get('type') or 'an unknown device'}, not a GPU"
+        if int(info.get("processes") or 1) > 1:
+            return None, f"data-parallel over {info['processes']} processes: not one GPU's step time"
+        gpu = gpu_from_device_name(str(name))
+        if gpu is None:
+            return None, f"GPU {name!r} is not in the catalog (catalog/data/gpus.yaml device_names)"
+        return gpu.name, ""
+    if not instance_gpu:
+        return None, "no device.json in the run folder and no GPU in the ledger"
+    try:
+        return find_gpu(instance_gpu).name, ""
+    except LorapodError:
+        return None, f"GPU {instance_gpu!r} is not in the catalog"
+
+
+def _device_info(root: Path) -> dict[str, Any]:
+    """The run folder's ``device.json`` (written by the engine), {} when absent or unreadable."""
+    try:
+        info = json.loads((root / "device.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def record_run(ledger: Any, job_id: str, run_dir: str | Path, instance_gpu: str | None = None) -> Measured | None:
+    """Measure one finished run into the ledger (again under the same id: replaced, never doubled)."""
+    return _store(ledger, job_id, *measure_run(run_dir, instance_gpu))
+
+
+def _store(ledger: Any, job_id: str, m: Measured | None, why: str) -> Measured | None:
+    if m is None:
+        log.debug("run %s not recorded for the planner: %s", job_id, why)
+        return None
+    ledger.record_measurement(job_id, m.gpu, m.model, asdict(m.settings), m.seconds_per_step, m.peak_gb, m.steps)
+    log.debug("run %s recorded for the planner: %s", job_id, why)
+    return m
+
+
+def record_job(ledger: Any, job_id: str) -> Measured | None:
+    """A ``lorapod run`` job, when it ends: its pulled run folder and its instance's GPU."""
+    job = ledger.job(job_id)
+    if job is None or job.state not in FINISHED:
+        return None
+    gpus = [i.gpu_name for i in ledger.job_instances(job.id) if i.gpu_name]
+    return record_run(ledger, job.id, job.run_dir, gpus[-1] if gpus else None)
+
+
+def record_local(run_dir: str | Path) -> tuple[Measured | None, str]:
+    """A local ``lorapod train`` that ended, into this machine's ledger (``$LORAPOD_HOME/ledger.db``,
+    made if need be); returns the measurement (None when not recorded) and what was or why not."""
+    from lorapod.compute.ledger import Ledger
+
+    root = Path(run_dir)
+    if os.environ.get(IN_REMOTE_JOB):
+        m, why = None, "part of a `lorapod run` job: its controller records it"
+    else:
+        m, why = measure_run(root)
+    if m is None:
+        return _store(None, root.name, None, why), why
+    ledger = Ledger()
+    try:
+        return _store(ledger, root.name, m, why), why
+    finally:
+        ledger.close()
+
+
 def sync(ledger: Any) -> None:
-    """Measure finished jobs the ledger has not measured yet."""
+    """Measure finished jobs the ledger has not measured yet (recorded at job end since; older ones here)."""
     known = {m["job_id"] for m in ledger.measurements()}
     for job in ledger.jobs():
-        if job.id in known or job.state not in FINISHED:
-            continue
-        gpus = [i.gpu_name for i in ledger.job_instances(job.id) if i.gpu_name]
-        got = read_run(job.run_dir)
-        if got is None or not gpus:
-            continue
-        name, s, seconds, peak, steps = got
-        ledger.record_measurement(job.id, _gpu_name(gpus[-1]), name, asdict(s), seconds, peak, steps)
-
-
-def _gpu_name(raw: str) -> str:
-    try:
-        return find_gpu(raw).name
-    except LorapodError:
-        return raw
+        if job.id not in known and job.state in FINISHED:
+            record_job(ledger, job.id)
 
 
 def _ledger():
