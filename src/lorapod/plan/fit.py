@@ -16,15 +16,21 @@ estimate. The memory model has no fitted part, so its errors are held-out errors
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from lorapod.catalog.measurements import Observation, load_measurements
+from lorapod.fsutil import atomic_write_text
+from lorapod.home import lorapod_home
 from lorapod.plan.speed import PCIE_GB_S, Params, dequant_terms, family_of, features, kind_of, predict
 from lorapod.plan.vram import estimate
 from lorapod.plan.work import step_work
@@ -200,10 +206,9 @@ def fit(points: Sequence[Observation], pairs: Sequence[tuple[Observation, Observ
     return Params(dict(zip(names, (float(v) for v in x), strict=True)))
 
 
-@cache
 def fitted() -> Params:
     """The speed model fitted to every published point (what ``lorapod plan`` uses)."""
-    return fit(speed_points(), ratio_pairs())
+    return Params(dict(_calibration()["theta"]))
 
 
 def predict_obs(o: Observation, params: Params) -> float:
@@ -237,7 +242,7 @@ def held_out(obs: Sequence[Observation] | None = None, exclude: frozenset[str] =
     def params(sid: str) -> Params:
         if sid not in cache_:
             rest = [p for p in train if p.source.id != sid]
-            cache_[sid] = fit(rest, [p for p in pairs if p[0].source.id != sid]) if rest else fitted()
+            cache_[sid] = fit(rest, [p for p in pairs if p[0].source.id != sid]) if rest else fit(train, pairs)
         return cache_[sid]
 
     for o in pool:
@@ -284,27 +289,74 @@ def spread_from(residuals: Sequence[Residual], family: str, metric: str) -> tupl
     return quantile_spread(same)
 
 
-@cache
-def _all_held_out() -> tuple[Residual, ...]:
-    return tuple(held_out())
-
-
 def spread(family: str, metric: str) -> tuple[float, float]:
     """The likely-range multipliers printed with an estimate of this family and metric."""
-    return spread_from(_all_held_out(), family, metric)
+    lo, hi = _calibration()["spreads"][f"{family}/{metric}"]
+    return lo, hi
 
 
-@cache
 def measured_archs() -> frozenset[str]:
     """GPU architectures with at least one measured step (not only ratios) in the dataset."""
-    return frozenset(o.gpu().arch for o in speed_points())
+    return frozenset(_calibration()["archs"])
 
 
 def unseen_arch_spread() -> tuple[float, float]:
     """The range for a GPU architecture no step was measured on: the held-out error of the GPU
     ratios (the model's guess for an architecture it was not fitted to), at least the usual one."""
-    ratios = [r for r in _all_held_out() if r.obs.metric == "speed_ratio"]
-    return quantile_spread(ratios) if ratios else (0.5, 2.0)
+    lo, hi = _calibration()["unseen"]
+    return lo, hi
+
+
+def _calibrate() -> dict[str, Any]:
+    """Everything a plan needs from the published points: the fitted terms, the likely-range
+    multipliers per family and metric (leave-one-source-out), the range for an unseen GPU
+    architecture, and the architectures with a measured step."""
+    points, pairs = speed_points(), ratio_pairs()
+    residuals = held_out()
+    ratios = [r for r in residuals if r.obs.metric == "speed_ratio"]
+    return {
+        "theta": fit(points, pairs).theta,
+        "spreads": {f"{fam}/{metric}": spread_from(residuals, fam, metric)
+                    for fam in ("llm", "image", "video") for metric in ("speed", "vram")},
+        "unseen": quantile_spread(ratios) if ratios else (0.5, 2.0),
+        "archs": sorted({o.gpu().arch for o in points}),
+    }
+
+
+# What the calibration is computed from: the catalog's data and the model's code. A change to any
+# of them makes a new cache key, so a stale calibration is never read.
+_CALIBRATION_INPUTS = ("catalog/data/measurements.yaml", "catalog/data/models.yaml", "catalog/data/gpus.yaml",
+                       "catalog/measurements.py", "catalog/models.py", "catalog/gpus.py", "plan/fit.py",
+                       "plan/speed.py", "plan/work.py", "plan/vram.py", "plan/frameworks.py")
+
+
+def _calibration_key() -> str:
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for rel in _CALIBRATION_INPUTS:
+        h.update(rel.encode() + b"\0" + (root / rel).read_bytes() + b"\0")
+    return h.hexdigest()[:24]
+
+
+@cache
+def _calibration() -> dict[str, Any]:
+    """The calibration, from ``$LORAPOD_HOME/cache/`` when its inputs are unchanged.
+
+    Fitting takes about a second and the leave-one-source-out ranges about a second more, on
+    every ``lorapod plan``; both depend only on files that change with a lorapod upgrade. A cache
+    that cannot be read or written is recomputed (and the plan goes on without it)."""
+    path = lorapod_home() / "cache" / f"planner-calibration-{_calibration_key()}.json"
+    try:
+        cal = json.loads(path.read_text())
+        if {"theta", "spreads", "unseen", "archs"} <= cal.keys():
+            return cal
+    except (OSError, ValueError, AttributeError):
+        pass
+    cal = _calibrate()
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(cal, sort_keys=True))
+    return cal
 
 
 def range_holds(residuals_by_source: dict[str, list[Residual]]) -> list[tuple[Residual, bool]]:
