@@ -71,9 +71,9 @@ def test_leave_one_source_out_speed(residuals):
     assert len({r.obs.source.id for r in speed}) >= 20
     within = sum(r.ok for r in speed) / len(speed)
     assert within >= 0.43  # achieved 52/119
-    assert sorted(abs(r.error) for r in speed)[len(speed) // 2] <= 0.25  # achieved 23%
+    assert sorted(abs(r.error) for r in speed)[len(speed) // 2] <= 0.25  # achieved 24%
     llm = [r for r in speed if r.family == "llm"]
-    assert sum(r.ok for r in llm) / len(llm) >= 0.48  # achieved 35/71
+    assert sum(r.ok for r in llm) / len(llm) >= 0.50  # achieved 37/71
 
 
 def test_held_out_h100_to_a100_ratios_come_from_another_sources_hopper_steps(residuals):
