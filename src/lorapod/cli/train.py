@@ -34,7 +34,7 @@ def train(
                                           "(torchrun's c10d rendezvous)."),
 ) -> None:
     """Train a LoRA adapter as the spec says (LLM or image), writing checkpoints, metrics and the adapter."""
-    from lorapod.engine.distributed import World, check_batch, env_world
+    from lorapod.engine.distributed import World, check_batch, env_world, leave
     from lorapod.rundir import RunDir
     from lorapod.spec import load_spec
 
@@ -86,10 +86,12 @@ def train(
             return
     if not world.is_main:
         train_spec(spec, run, resume=resume is not None or any(run.checkpoints.glob("step-*")), device=device)
+        leave()
         return
     console.print(f"run folder: [bold]{run.root}[/]")
     resume_flag = resume is not None or (run_dir is not None and any(run.checkpoints.glob("step-*")))
     result = train_spec(spec, run, resume=resume_flag, device=device)
+    leave()  # every process of a data-parallel run, before rank 0's own work below
     _learn(run)
     for key, label in (("val_loss", "validation loss"), ("fixed_noise_loss", "fixed-noise loss")):  # LLM, image
         first = (result.first_eval or {}).get(key)

@@ -174,10 +174,18 @@ def _die_with_launcher(every_s: float = 0.2) -> None:
     threading.Thread(target=watch, name="lorapod-launcher-watch", daemon=True).start()
 
 
-def shutdown() -> None:
+def leave() -> None:
+    """Leave the process group once every process has finished: a barrier, then destroy it.
+
+    A process that exits with its gloo or NCCL group still up can abort in the group's destructor
+    ("terminate called without an active exception", SIGABRT), which turns a finished run into
+    a failed one. The barrier keeps a fast rank from closing its connections while a slower one is
+    still reading the last collective's data.
+    """
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        current().barrier()
         dist.destroy_process_group()
 
 
