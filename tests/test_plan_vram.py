@@ -26,11 +26,19 @@ def _s(dtype="bf16", optimizer="adamw_8bit", gc=True, batch=1, **kw):
     return Settings(dtype, kw.pop("r", 16), "all-linear", optimizer, gc, batch, **kw)
 
 
-def test_sdxl_recipe_lands_in_sd_scripts_8_to_10_gb():
-    est = estimate(find_model("sdxl"), _s())
-    assert 8.0 <= est.peak_gb <= 10.0
-    assert set(est.parts) >= {"activations", "framework overhead", "LoRA weights, grads, optimizer"}
+def test_sdxl_recipe_fits_the_8_gb_card_sd_scripts_names():
+    """sd-scripts' SDXL docs: LoRA "can be done with 8GB GPU memory" with the U-Net only,
+    checkpointing, cached latents and text-encoder outputs, an 8-bit optimizer and dim 4-8."""
+    est = estimate(find_model("sdxl"), _s(r=8))
+    assert est.peak_gb <= 8.0
+    assert set(est.parts) >= {"activations", "CUDA context, workspaces", "allocator slack",
+                              "LoRA weights, grads, optimizer"}
     assert sum(est.parts.values()) == pytest.approx(est.peak_gb, abs=0.01)
+    # torch's counters leave out what they do not see: the context, then the allocator's slack
+    assert est.read_as("device") == est.peak_gb
+    assert est.read_as("reserved") == pytest.approx(est.peak_gb - est.parts["CUDA context, workspaces"], abs=0.01)
+    assert est.read_as("allocated") == pytest.approx(
+        est.peak_gb - est.parts["CUDA context, workspaces"] - est.parts["allocator slack"], abs=0.01)
 
 
 def test_each_saving_lowers_the_peak():

@@ -16,7 +16,7 @@ from lorapod.catalog.gpus import GPU, find_gpu
 from lorapod.catalog.models import ImageModel, LLMArch, find_model, llm_from_config
 from lorapod.catalog.snapshot import Snapshot, load_data
 from lorapod.errors import PlanError
-from lorapod.plan.vram import Settings
+from lorapod.plan.vram import NOT_COUNTED_BY, Settings
 
 # Metric names in the file -> (what is compared, kind of comparison).
 # relative_seconds_per_step: a step time only comparable with the same source's other GPUs (the fit
@@ -33,6 +33,7 @@ class Source:
     title: str
     read: str
     framework: str
+    peak_reads: str = "device"  # how its peaks were read: device (nvidia-smi, or unsaid) | reserved | allocated
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,11 @@ def load_measurements() -> tuple[Snapshot, tuple[Observation, ...]]:
         src = sources.get(p["source"])
         if src is None:
             raise PlanError(f"measurements.yaml point {i}: unknown source {p['source']!r}")
-        source = Source(src["id"], src["url"], src["title"], src["read"], src["framework"])
+        source = Source(src["id"], src["url"], src["title"], src["read"], src["framework"],
+                        src.get("peak_reads", "device"))
+        if source.peak_reads not in NOT_COUNTED_BY:
+            raise PlanError(f"measurements.yaml source {source.id}: peak_reads {source.peak_reads!r} is not one of "
+                            f"{', '.join(NOT_COUNTED_BY)}")
         merged = {**src.get("defaults", {}), **p.get("settings", {})}
         gpu_name = p.get("gpu") or merged.pop("gpu", "")
         merged.pop("gpu", None)
@@ -132,5 +137,7 @@ def load_measurements() -> tuple[Snapshot, tuple[Observation, ...]]:
                 raise PlanError(f"measurements.yaml point {i}: unknown metric {metric!r}")
             if metric == "tokens_per_s":
                 metric, value = "seconds_per_step", s.batch * s.seq_len / float(value)
+            if metric == "peak_gb" and src.get("peak_unit", "GiB") == "GB":  # printed as bytes / 1e9
+                value = float(value) * 1e9 / 2**30
             out.append(Observation(source, what, model, gpu_name, s, metric, float(value), str(p.get("note", ""))))
     return snap, tuple(out)

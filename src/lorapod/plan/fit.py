@@ -2,9 +2,9 @@
 
 The model's time is physics work divided by fitted efficiencies, plus kernel launches times a
 fitted latency, plus memory terms (plan/speed.py). Its log efficiency is a sum of terms (kind +
-GPU architecture + GPU class + trainer), attention has one more factor, dequantisation of a
-4-bit or 8-bit base one more, and each kind its launch latency; all are fitted by least squares
-on log time (Gauss-Newton). Every term
+GPU architecture + GPU class + trainer); fused attention has its own (a base + the GPU
+architecture), dequantisation of a 4-bit or 8-bit base one more factor, and each kind its
+launch latency; all are fitted by least squares on log time (Gauss-Newton). Every term
 but the kind's baseline is pulled towards zero (ridge), so a combination the data never saw
 falls back to the kind's baseline instead of an extrapolation.
 
@@ -31,7 +31,17 @@ import numpy as np
 from lorapod.catalog.measurements import Observation, load_measurements
 from lorapod.fsutil import atomic_write_text
 from lorapod.home import lorapod_home
-from lorapod.plan.speed import PCIE_GB_S, Params, dequant_terms, family_of, features, kind_of, predict
+from lorapod.plan.speed import (
+    ATTENTION_PRIOR,
+    PCIE_GB_S,
+    Params,
+    attention_arch,
+    dequant_terms,
+    family_of,
+    features,
+    kind_of,
+    predict,
+)
 from lorapod.plan.vram import estimate
 from lorapod.plan.work import step_work
 
@@ -43,7 +53,7 @@ LAUNCH_RIDGE = 0.2
 DEQUANT_RIDGE = 0.1
 ITERATIONS = 40
 # The likely range: this quantile of the family's held-out errors (in log space, both ways).
-RANGE_QUANTILE = 0.85
+RANGE_QUANTILE = 0.9
 # A family with too few held-out points borrows the spread of all points.
 MIN_POINTS_FOR_SPREAD = 5
 
@@ -138,6 +148,7 @@ def _row(o: Observation) -> _Row:
 
 def _names(rows: list[_Row]) -> list[str]:
     return sorted({f for r in rows for f in r.feats} | {"attention"} | {r.launch for r in rows}
+                  | {attention_arch(r.feats) for r in rows}
                   | {n for r in rows if r.dequant_s > 0 for n in r.dequant})
 
 
@@ -149,6 +160,8 @@ def _prior(name: str) -> tuple[float, float]:
         return 0.0, DEQUANT_RIDGE
     if name.startswith("kind:"):
         return math.log(0.3), 1e-3
+    if name == "attention":
+        return ATTENTION_PRIOR, 1e-3
     return 0.0, RIDGE
 
 
@@ -156,7 +169,8 @@ def _model_and_grad(r: _Row, th: dict[str, float], idx: dict[str, int]) -> tuple
     """log predicted seconds and its gradient by the parameters."""
     log_e = sum(th[f] for f in r.feats)
     mm = (r.matmul_s + r.aux_s) * math.exp(-log_e)
-    att = r.attention_s * math.exp(-(log_e + th["attention"]))
+    aa = attention_arch(r.feats)
+    att = r.attention_s * math.exp(-(th["attention"] + th[aa]))
     launch = r.launches * math.exp(th[r.launch]) * 1e-6
     dq = r.dequant_s * math.exp(sum(th[n] for n in r.dequant)) if r.dequant_s else 0.0
     core = mm + att + launch + dq + r.fixed_s
@@ -164,8 +178,9 @@ def _model_and_grad(r: _Row, th: dict[str, float], idx: dict[str, int]) -> tuple
     if r.swap_s > core:  # transfer-bound: nothing fitted moves it
         return math.log(r.swap_s), g
     for f in r.feats:
-        g[idx[f]] -= mm + att
+        g[idx[f]] -= mm
     g[idx["attention"]] -= att
+    g[idx[aa]] -= att
     g[idx[r.launch]] += launch
     if dq:
         for n in r.dequant:
@@ -215,7 +230,7 @@ def predict_obs(o: Observation, params: Params) -> float:
     """The model's figure for an observation, in the observation's unit."""
     if o.is_speed:
         return predict(o.model, o.settings, o.gpu(), params)[0]
-    return estimate(o.model, o.settings).peak_gb
+    return estimate(o.model, o.settings).read_as(o.source.peak_reads)
 
 
 def peak_share(o: Observation) -> float:

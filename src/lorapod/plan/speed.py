@@ -8,9 +8,12 @@
 
 The work terms are plan/work.py's physics. The efficiency is not assumed: it is
 exp(kind + GPU architecture + GPU class + trainer), each term fitted to the published
-measurements in catalog/data/measurements.yaml (plan/fit.py); attention has its own fitted factor
-on top, the dequantisation of a 4-bit or 8-bit base its own (how far below the memory bandwidth
-those kernels run), and each kind (LLM, U-Net, DiT) its kernel launch latency.
+measurements in catalog/data/measurements.yaml (plan/fit.py). Attention's quadratic part runs in
+the fused kernel every trainer calls (FlashAttention / SDPA), so its efficiency is that kernel's:
+a fitted base times a fitted factor per GPU architecture, whatever the trainer or model kind
+(which mostly decide how fast everything around the kernel runs). The dequantisation of a 4-bit
+or 8-bit base has its own fitted factor (how far below the memory bandwidth those kernels run),
+and each kind (LLM, U-Net, DiT) its kernel launch latency.
 Every estimate carries a likely range: the spread of the model's errors on sources it was not
 fitted to (leave-one-source-out), for its family (LLM, image, video).
 """
@@ -35,6 +38,8 @@ PCIE_GB_S = 25.0
 # 50+ s per step (kohya_ss issue #1288, quoted by the guide). On Linux hosts it is an OOM.
 SPILL_SECONDS_PER_STEP = 50.0
 MAX_EFFICIENCY = 0.95
+# Fused attention's share of the paper peak before any fit (log): a weak prior.
+ATTENTION_PRIOR = math.log(0.3)
 # Launch latency of a kind the fit has not seen (microseconds).
 DEFAULT_LAUNCH_US = 10.0
 
@@ -42,8 +47,8 @@ DEFAULT_LAUNCH_US = 10.0
 @dataclass(frozen=True)
 class Params:
     """The fitted part of the speed model, as log terms: efficiency terms by name, ``attention``
-    (FlashAttention's efficiency relative to the matmuls'), ``dequant:<dtype>`` (how much slower
-    than the memory bandwidth dequantisation runs) and ``launch:<kind>`` (log of the kernel launch
+    and ``attention:<arch>`` (the fused attention kernel's efficiency), ``dequant:<dtype>`` (how
+    much slower than the memory bandwidth dequantisation runs) and ``launch:<kind>`` (log of the kernel launch
     latency in microseconds). A term the fit never saw counts as 0 (the kind's baseline)."""
 
     theta: dict[str, float]
@@ -90,9 +95,16 @@ def features(model: ImageModel | LLMArch, s: Settings, gpu: GPU) -> list[str]:
 
 
 def efficiencies(feats: list[str], params: Params) -> tuple[float, float]:
-    """(matmul, attention) efficiencies; attention has its own factor on top."""
+    """(matmul, attention) efficiencies: the matmuls' by all the terms, attention's by its own
+    base and the GPU architecture only (see the module)."""
     e = math.exp(sum(params.theta.get(f, 0.0) for f in feats))
-    return min(MAX_EFFICIENCY, e), min(MAX_EFFICIENCY, e * math.exp(params.theta.get("attention", 0.0)))
+    att = math.exp(params.theta.get("attention", ATTENTION_PRIOR) + params.theta.get(attention_arch(feats), 0.0))
+    return min(MAX_EFFICIENCY, e), min(MAX_EFFICIENCY, att)
+
+
+def attention_arch(feats: list[str]) -> str:
+    """The attention kernel's architecture term, from the features' ``arch:`` one."""
+    return "attention:" + feats[1].removeprefix("arch:")
 
 
 def matmul_rate(model: ImageModel | LLMArch, s: Settings, gpu: GPU) -> float:

@@ -3,7 +3,7 @@
 The model is additive: frozen base weights at their precision, the LoRA parameters with their
 gradients and optimizer states, activations (by batch and sequence length or resolution,
 with or without gradient checkpointing), whatever is not cached (text encoders, VAE), minus
-what block swap keeps in CPU RAM, plus framework overhead. Each term and its assumption is in
+what block swap keeps in CPU RAM, plus the CUDA context and the allocator's slack. Each term and its assumption is in
 docs/planner.md, next to the published figures it was checked against. Sizes are GiB (what
 nvidia-smi shows, and what a "24 GB" card holds).
 """
@@ -29,9 +29,16 @@ BYTES_PER_PARAM = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.
 # 8-bit AdamW two 8-bit moments; Adafactor factored second moments (a fraction of a byte).
 OPTIMIZER_BYTES = {"adamw": 8.0, "adamw_8bit": 2.0, "adafactor": 0.5}
 LORA_BYTES = 4.0 + 4.0
-# CUDA context, cuBLAS/cuDNN workspaces, and the caching allocator's fragmentation.
+# Memory a card holds beyond the tensors: the CUDA context and the libraries' handles and
+# workspaces (fixed), and what PyTorch's caching allocator keeps reserved but not allocated
+# (fragmentation; a share of the rest). Assumptions, named by the parts of `lorapod plan --explain`.
 OVERHEAD_FIXED_GB = 0.75
 OVERHEAD_FRACTION = 0.05
+CONTEXT_PART = "CUDA context, workspaces"
+SLACK_PART = "allocator slack"
+# What each way of reading a peak leaves out: nvidia-smi ("device") sees everything;
+# torch.cuda.max_memory_reserved() no context; max_memory_allocated() no slack either.
+NOT_COUNTED_BY = {"device": (), "reserved": (CONTEXT_PART,), "allocated": (CONTEXT_PART, SLACK_PART)}
 # A card is "tight" when less than this share of it is left free.
 TIGHT_FRACTION = 0.10
 # LLM activations per token per layer without checkpointing, in elements: about 10 x hidden
@@ -149,6 +156,13 @@ class Estimate:
     def headroom_gb(self, gpu: GPU) -> float:
         return gpu.vram_gb - self.peak_gb
 
+    def read_as(self, counter: str) -> float:
+        """The peak as ``counter`` reports it: "device" (nvidia-smi; what the card must hold),
+        "reserved" (torch.cuda.max_memory_reserved) or "allocated" (max_memory_allocated).
+        Published peaks are read all three ways; comparing them to the device figure would count
+        the context and the allocator's slack against the model."""
+        return round(self.peak_gb - sum(self.parts.get(p, 0.0) for p in NOT_COUNTED_BY[counter]), 2)
+
 
 @dataclass(frozen=True)
 class Suggestion:
@@ -173,7 +187,8 @@ def estimate(model: ImageModel | LLMArch, s: Settings) -> Estimate:
         return Estimate(worst.peak_gb, worst.parts, s)
     parts = _image_parts(model, s) if isinstance(model, ImageModel) else _llm_parts(model, s)
     subtotal = sum(parts.values())
-    parts["framework overhead"] = OVERHEAD_FIXED_GB + OVERHEAD_FRACTION * subtotal
+    parts[CONTEXT_PART] = OVERHEAD_FIXED_GB
+    parts[SLACK_PART] = OVERHEAD_FRACTION * subtotal
     parts = {k: round(v, 3) for k, v in parts.items()}
     return Estimate(round(sum(parts.values()), 2), parts, s)
 

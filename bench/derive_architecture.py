@@ -1,0 +1,43 @@
+"""Count the U-Net figures of catalog/data/models.yaml on the architectures themselves.
+
+    PYTHONPATH=src python bench/derive_architecture.py
+
+Builds SD 1.5's and SDXL's U-Net and VAE from their published configs on torch's meta device (no
+weights, no GPU; about 30 s on a laptop CPU), with rank-16 LoRA on the attention projections, and
+prints, next to what the catalog holds:
+- forward TFLOPs at the reference resolution (attention's matmuls apart), VAE-encode TFLOPs;
+- operators per forward (the planner's kernel-launch term);
+- activation GiB at the reference resolution, batch 1, bf16, with and without gradient
+  checkpointing (fused attention, cached latents and text embeddings).
+A test (tests/test_step_count.py) re-derives the same figures, so the catalog cannot drift from
+the architectures. See plan/step_count.py for what is counted and how.
+"""
+
+from __future__ import annotations
+
+from lorapod.catalog.models import find_model
+from lorapod.plan.step_count import FLUX1_VAE_CONFIG, unet_figures, vae_encode
+
+
+def main() -> None:
+    rows = []
+    for family, name in (("sd15", "SD 1.5"), ("sdxl", "SDXL base 1.0")):
+        m = find_model(family)
+        counted = unet_figures(family, m.ref_resolution)
+        catalog = {
+            "fwd_tflops_at_ref": m.fwd_tflops_at_ref, "attn_tflops_at_ref": m.attn_tflops_at_ref,
+            "kernels_per_fwd": m.kernels_per_fwd, "vae_encode_tflops_at_ref": m.vae_encode_tflops_at_ref,
+            "activations_gb_at_ref.checkpointing": m.activations_gc_gb,
+            "activations_gb_at_ref.no_checkpointing": m.activations_full_gb,
+        }
+        rows += [(name, key, catalog[key], value) for key, value in counted.items()]
+    flux = find_model("flux1-dev")
+    rows.append(("FLUX.1 (VAE only)", "vae_encode_tflops_at_ref", flux.vae_encode_tflops_at_ref,
+                 round(vae_encode(flux.ref_resolution, FLUX1_VAE_CONFIG).tflops, 2)))
+    print("| model | figure | catalog | counted |\n|---|---|---|---|")
+    for name, key, have, counted in rows:
+        print(f"| {name} | {key} | {have} | {counted} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""plan/step_count.py: the counters behind the catalog's U-Net figures, and the catalog against them.
+
+The first tests pin the counters on steps whose memory is known by hand. The last ones rebuild
+SD 1.5 and SDXL from their published configs on the meta device and require models.yaml to hold
+what the architecture gives: the figures were never fitted to the published measurements, and
+this keeps anyone from tuning them by hand.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lorapod.catalog.models import find_model
+from lorapod.plan.step_count import count_forward, count_step, unet_figures
+
+
+class _Weights(torch.nn.Module):
+    def __init__(self, *shape: int) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(*shape))
+
+
+def test_saved_bytes_of_a_matmul_and_relu_are_counted_exactly():
+    """x @ W saves x (made before the count: not counted) and relu saves its output; the matmul's
+    own output dies once relu has read it. What the forward leaves: relu's output and the loss."""
+    m, k, n = 64, 32, 48
+    mod, x = _Weights(k, n), torch.zeros(m, k)
+    step = count_step(mod, lambda: (x @ mod.w).relu().sum())
+    assert step.saved_after_forward == m * n * 4 + 4
+    assert 2 * m * n * 4 <= step.peak < 2 * m * n * 4 + k * n * 4  # relu's gradient beside its output
+
+
+def test_attention_keeps_what_a_fused_kernel_keeps_not_the_score_matrix():
+    heads, length, dim = 4, 256, 16
+    mod = _Weights(1, heads, length, dim)
+    step = count_step(mod, lambda: F.scaled_dot_product_attention(mod.w * 2, mod.w * 3, mod.w * 4).sum())
+    qkv_out = 4 * heads * length * dim * 4
+    lse = heads * length * 4
+    assert step.saved_after_forward == qkv_out + lse + 4
+    assert step.peak < qkv_out + heads * length * length * 4  # never a (length x length) matrix
+
+
+def test_forward_count_of_a_linear_layer():
+    lin = torch.nn.Linear(128, 64, bias=False)
+    x = torch.zeros(32, 128)
+    count = count_forward(lambda: lin(x).relu())
+    assert count.tflops * 1e12 == 2 * 32 * 128 * 64 and count.attention_tflops == 0
+    assert count.kernels == 2  # the matmul and the relu; the weight's transpose is a view
+
+
+@pytest.mark.parametrize("family", ["sd15", "sdxl"])
+def test_catalog_unet_figures_are_the_counted_ones(family):
+    m = find_model(family)
+    counted = unet_figures(family, m.ref_resolution)
+    assert {
+        "fwd_tflops_at_ref": m.fwd_tflops_at_ref, "attn_tflops_at_ref": m.attn_tflops_at_ref,
+        "kernels_per_fwd": m.kernels_per_fwd, "vae_encode_tflops_at_ref": m.vae_encode_tflops_at_ref,
+        "activations_gb_at_ref.checkpointing": m.activations_gc_gb,
+        "activations_gb_at_ref.no_checkpointing": m.activations_full_gb,
+    } == counted
+
+
+def test_unet_activations_scale_with_pixels_and_checkpointing_saves_most():
+    """Fused attention makes activation memory linear in the pixels, which is how the planner
+    scales the reference figure to other resolutions."""
+    from lorapod.plan.step_count import unet_step
+
+    at512 = unet_step("sd15", 512, checkpointing=False).peak
+    at768 = unet_step("sd15", 768, checkpointing=False).peak
+    assert at768 / at512 == pytest.approx((768 / 512) ** 2, rel=0.02)
+    assert unet_step("sd15", 512, checkpointing=True).peak < 0.3 * at512
