@@ -10,10 +10,11 @@ from typing import Any
 from lorapod.catalog.gpus import GPU
 from lorapod.catalog.measurements import Observation, load_measurements
 from lorapod.catalog.models import ImageModel, LLMArch
-from lorapod.plan.fit import Residual, fitted, predict_obs, spread
+from lorapod.plan.fit import RANGE_QUANTILE, Residual, fitted, predict_obs, spread
 from lorapod.plan.job import Job
-from lorapod.plan.speed import Speed, family_of, features, kind_of
+from lorapod.plan.speed import Speed, attention_arch, dequant_terms, family_of, features, kind_of
 from lorapod.plan.vram import Settings
+from lorapod.plan.work import QUANTISED
 
 NEAREST = 6
 
@@ -69,8 +70,9 @@ def explain(job: Job, gpu: GPU, speed: Speed) -> Explanation:
     params = fitted()
     feats = features(job.model, job.settings, gpu)
     factors = {f: params.theta.get(f, 0.0) for f in feats}
-    factors["attention"] = params.theta.get("attention", 0.0)
-    factors[f"dequant:{job.settings.base_dtype}"] = params.theta.get(f"dequant:{job.settings.base_dtype}", 0.0)
+    quantised = job.settings.base_dtype in QUANTISED
+    for name in ("attention", attention_arch(feats), *(dequant_terms(job.settings.base_dtype) if quantised else ())):
+        factors[name] = params.theta.get(name, 0.0)
     fam = family_of(job.model)
 
     def residuals(speed_side: bool) -> list[Residual]:
@@ -90,7 +92,8 @@ def lines(e: Explanation) -> list[str]:
         out.append(f"  {k:<28} {v:8.4f} s")
     out.append("  efficiency factors (fitted, log): " + ", ".join(f"{k} {v:+.2f}" for k, v in e.factors.items())
                + f"; kernel launch {e.launch_us:.1f} us")
-    out.append(f"  on sources it was not fitted to, 80% of this family's published figures fell between "
+    out.append(f"  on sources it was not fitted to, {RANGE_QUANTILE:.0%} of this family's published figures "
+               f"(each source weighing the same) fell between "
                f"x{e.speed_range[0]:.2f} and x{e.speed_range[1]:.2f} of the estimate: that is the likely range")
     if s.runs:
         out.append("Your runs it rests on:")
