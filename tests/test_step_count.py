@@ -71,3 +71,13 @@ def test_unet_activations_scale_with_pixels_and_checkpointing_saves_most():
     at768 = unet_step("sd15", 768, checkpointing=False).peak
     assert at768 / at512 == pytest.approx((768 / 512) ** 2, rel=0.02)
     assert unet_step("sd15", 512, checkpointing=True).peak < 0.3 * at512
+
+
+def test_llm_kernel_counts_are_the_counted_ones():
+    from lorapod.plan.step_count import LLAMA_LINEARS, llama_layer_kernels
+    from lorapod.plan.work import LLM_KERNELS_PER_LAYER, LORA_KERNELS
+
+    bare = llama_layer_kernels()
+    assert bare == LLM_KERNELS_PER_LAYER
+    assert llama_layer_kernels(("q_proj", "v_proj")) == bare + 2 * LORA_KERNELS
+    assert llama_layer_kernels(LLAMA_LINEARS) == bare + len(LLAMA_LINEARS) * LORA_KERNELS

@@ -286,3 +286,26 @@ def unet_figures(family: str, resolution: int) -> dict[str, float]:
         "activations_gb_at_ref.checkpointing": round(unet_step(family, resolution, checkpointing=True).peak_gib, 2),
         "activations_gb_at_ref.no_checkpointing": round(unet_step(family, resolution, checkpointing=False).peak_gib, 2),
     }
+
+
+# ----------------------------------------------------------------------------- LLM layers
+
+LLAMA_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def llama_layer_kernels(targets: tuple[str, ...] = ()) -> int:
+    """Operators one forward of a transformers Llama decoder layer dispatches (SDPA attention),
+    with LoRA (peft) on ``targets``: the planner's kernels per LLM layer and per LoRA linear."""
+    from peft import LoraConfig, inject_adapter_in_model
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+    config = LlamaConfig(hidden_size=512, intermediate_size=1024, num_attention_heads=4, num_key_value_heads=4,
+                         num_hidden_layers=1, attn_implementation="sdpa")
+    with torch.device("meta"):
+        layer = LlamaDecoderLayer(config, 0)
+        if targets:
+            layer = inject_adapter_in_model(LoraConfig(r=8, target_modules=list(targets)), layer)
+        hidden = torch.empty(1, 128, config.hidden_size)
+        rope = LlamaRotaryEmbedding(config)(hidden, torch.arange(128)[None])
+    return count_forward(lambda: layer(hidden, attention_mask=None, position_embeddings=rope)).kernels
