@@ -53,6 +53,9 @@ class ImageModel:
     vae_encode_tflops_at_ref: float = 0.0
     kernels_per_fwd: int = 1000
     patch_px: int | None = None
+    # DiTs: parameters each token's matmuls pass through, counted (plan/step_count.py); below the
+    # parameter count where weights serve only some tokens or run once a sample.
+    token_params_b: float | None = None
     text_tokens: int = 0
     blocks: int | None = None
     hidden: int = 0
@@ -171,6 +174,7 @@ def load_models() -> tuple[Snapshot, tuple[ImageModel, ...], tuple[tuple[str, tu
                 vae_encode_tflops_at_ref=float(m.get("vae_encode_tflops_at_ref", 0.0)),
                 kernels_per_fwd=int(m.get("kernels_per_fwd", 1000)),
                 patch_px=m.get("patch_px"),
+                token_params_b=m.get("token_params_b"),
                 text_tokens=int(m.get("text_tokens", 0)),
                 blocks=m.get("blocks"),
                 hidden=int(m.get("hidden", 0)),

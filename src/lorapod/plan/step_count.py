@@ -309,3 +309,75 @@ def llama_layer_kernels(targets: tuple[str, ...] = ()) -> int:
         hidden = torch.empty(1, 128, config.hidden_size)
         rope = LlamaRotaryEmbedding(config)(hidden, torch.arange(128)[None])
     return count_forward(lambda: layer(hidden, attention_mask=None, position_embeddings=rope)).kernels
+
+
+# ----------------------------------------------------------------------------- diffusion transformers
+
+# diffusers configs of the catalog's DiTs (the keys left out are the classes' defaults, which are
+# FLUX.1's and Wan2.1's): FLUX.2 klein from its published transformer config (as models.yaml
+# notes), Wan from each model's config.json. Wan2.1 I2V 14B and Wan2.2 A14B's experts have the
+# T2V 14B transformer's shape.
+DIT_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "flux1": ("flux1", {"num_layers": 19, "num_single_layers": 38, "guidance_embeds": True}),
+    "flux2-klein-4b": ("flux2", {"num_layers": 5, "num_single_layers": 20, "num_attention_heads": 24,
+                                 "joint_attention_dim": 7680}),
+    "flux2-klein-9b": ("flux2", {"num_layers": 8, "num_single_layers": 24, "num_attention_heads": 32,
+                                 "joint_attention_dim": 12288}),
+    "wan21-1.3b": ("wan", {"num_layers": 30, "num_attention_heads": 12, "ffn_dim": 8960}),
+    "wan21-14b": ("wan", {"num_layers": 40, "num_attention_heads": 40, "ffn_dim": 13824}),
+    "wan22-ti2v-5b": ("wan", {"num_layers": 30, "num_attention_heads": 24, "ffn_dim": 14336, "in_channels": 48,
+                              "out_channels": 48}),
+}
+# LoRA on the attention projections (present in every block of all three families).
+DIT_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
+TEXT_TOKENS = 512
+FLUX_IMAGE_TOKENS = 4096  # 1024 px
+WAN_LATENT = (21, 30, 52)  # 81 frames at 832x480
+
+
+def _dit(key: str):
+    """The DiT on ``meta`` with LoRA, its forward, and the tokens that pass through its linears."""
+    family, config = DIT_CONFIGS[key]
+    with torch.device("meta"):
+        if family == "flux1":
+            from diffusers import FluxTransformer2DModel
+
+            model = FluxTransformer2DModel(**config)
+            img = torch.empty(1, FLUX_IMAGE_TOKENS, 64)
+            kwargs = {"encoder_hidden_states": torch.empty(1, TEXT_TOKENS, 4096),
+                      "pooled_projections": torch.empty(1, 768), "guidance": torch.full((1,), 3.5),
+                      "img_ids": torch.zeros(FLUX_IMAGE_TOKENS, 3), "txt_ids": torch.zeros(TEXT_TOKENS, 3)}
+            tokens = FLUX_IMAGE_TOKENS + TEXT_TOKENS  # joint attention: text tokens run the blocks too
+        elif family == "flux2":
+            from diffusers import Flux2Transformer2DModel
+
+            model = Flux2Transformer2DModel(patch_size=1, in_channels=128, attention_head_dim=128, mlp_ratio=3.0,
+                                            timestep_guidance_channels=256, axes_dims_rope=(32, 32, 32, 32),
+                                            guidance_embeds=False, **config)
+            img = torch.empty(1, FLUX_IMAGE_TOKENS, 128)
+            kwargs = {"encoder_hidden_states": torch.empty(1, TEXT_TOKENS, config["joint_attention_dim"]),
+                      "img_ids": torch.zeros(1, FLUX_IMAGE_TOKENS, 4), "txt_ids": torch.zeros(1, TEXT_TOKENS, 4)}
+            tokens = FLUX_IMAGE_TOKENS + TEXT_TOKENS
+        else:
+            from diffusers import WanTransformer3DModel
+
+            model = WanTransformer3DModel(attention_head_dim=128, text_dim=4096, freq_dim=256, cross_attn_norm=True,
+                                          qk_norm="rms_norm_across_heads", **config)
+            frames, h, w = WAN_LATENT
+            img = torch.empty(1, model.config.in_channels, frames, h * 2, w * 2)  # 2x2 patches
+            kwargs = {"encoder_hidden_states": torch.empty(1, TEXT_TOKENS, 4096)}
+            tokens = frames * h * w  # the text only meets the image in cross-attention
+        model.add_adapter(__import__("peft").LoraConfig(r=16, lora_alpha=16, target_modules=DIT_LORA_TARGETS))
+        timestep = torch.full((1,), 500.0)
+    return model, (lambda: model(hidden_states=img, timestep=timestep, **kwargs)), tokens
+
+
+def dit_figures(key: str) -> dict[str, float]:
+    """The catalog's DiT figures, counted: parameters each token's matmuls pass through (a
+    double-stream block gives image and text tokens weights of their own, and adaLN modulation
+    runs once a sample, not a token, so this is well below the parameter count for FLUX) and
+    operators per forward."""
+    _model, forward, tokens = _dit(key)
+    count = count_forward(forward)
+    linear = (count.tflops - count.attention_tflops) * 1e12
+    return {"token_params_b": round(linear / (2 * tokens) / 1e9, 2), "kernels_per_fwd": count.kernels}

@@ -96,7 +96,7 @@ def _image_work(m: ImageModel, s: Settings) -> Work:
         img = m.image_tokens(res, frames)
         txt = s.text_tokens or m.text_tokens
         self_tokens = img + (txt if m.joint_text else 0)
-        linear = 2 * m.trained_params_b * 1e9 * self_tokens
+        linear = 2 * (m.token_params_b or m.trained_params_b) * 1e9 * self_tokens
         attn = 4 * self_tokens**2 * m.hidden * m.attn_blocks
         if not m.joint_text:  # cross-attention to the text tokens
             attn += 4 * img * txt * m.hidden * m.attn_blocks
