@@ -2,13 +2,16 @@
 
     PYTHONPATH=src python bench/derive_architecture.py
 
-Builds SD 1.5's and SDXL's U-Net and VAE from their published configs on torch's meta device (no
-weights, no GPU; about 30 s on a laptop CPU), with rank-16 LoRA on the attention projections, and
-prints, next to what the catalog holds:
+Builds SD 1.5's and SDXL's U-Net and VAE, and the diffusion transformers (FLUX.1, FLUX.2 klein,
+Wan), from their published configs on torch's meta device (no weights, no GPU; about 45 s on a
+laptop CPU), with rank-16 LoRA on the attention projections, and prints, next to what the catalog
+holds:
 - forward TFLOPs at the reference resolution (attention's matmuls apart), VAE-encode TFLOPs;
 - operators per forward (the planner's kernel-launch term);
 - activation GiB at the reference resolution, batch 1, bf16, with and without gradient
-  checkpointing (fused attention, cached latents and text embeddings).
+  checkpointing (fused attention, cached latents and text embeddings);
+- for the DiTs, the parameters each token's matmuls pass through (their work is 2 x that x the
+  tokens; FLUX.1's 11.9e9 parameters give 6.48e9 a token) and operators per forward.
 A test (tests/test_step_count.py) re-derives the same figures, so the catalog cannot drift from
 the architectures. See plan/step_count.py for what is counted and how.
 """
@@ -16,7 +19,7 @@ the architectures. See plan/step_count.py for what is counted and how.
 from __future__ import annotations
 
 from lorapod.catalog.models import find_model
-from lorapod.plan.step_count import FLUX1_VAE_CONFIG, unet_figures, vae_encode
+from lorapod.plan.step_count import DIT_CONFIGS, FLUX1_VAE_CONFIG, dit_figures, unet_figures, vae_encode
 
 
 def main() -> None:
@@ -31,6 +34,12 @@ def main() -> None:
             "activations_gb_at_ref.no_checkpointing": m.activations_full_gb,
         }
         rows += [(name, key, catalog[key], value) for key, value in counted.items()]
+    for key in DIT_CONFIGS:
+        name = {"flux1": "flux1-dev"}.get(key, key)
+        m = find_model(name)
+        counted = dit_figures(key)
+        rows += [(m.name, "token_params_b", m.token_params_b, counted["token_params_b"]),
+                 (m.name, "kernels_per_fwd", m.kernels_per_fwd, counted["kernels_per_fwd"])]
     flux = find_model("flux1-dev")
     rows.append(("FLUX.1 (VAE only)", "vae_encode_tflops_at_ref", flux.vae_encode_tflops_at_ref,
                  round(vae_encode(flux.ref_resolution, FLUX1_VAE_CONFIG).tflops, 2)))

@@ -81,3 +81,22 @@ def test_llm_kernel_counts_are_the_counted_ones():
     assert bare == LLM_KERNELS_PER_LAYER
     assert llama_layer_kernels(("q_proj", "v_proj")) == bare + 2 * LORA_KERNELS
     assert llama_layer_kernels(LLAMA_LINEARS) == bare + len(LLAMA_LINEARS) * LORA_KERNELS
+
+
+@pytest.mark.parametrize("key", ["flux1", "flux2-klein-4b", "flux2-klein-9b", "wan21-1.3b", "wan21-14b", "wan22-ti2v-5b"])
+def test_catalog_dit_figures_are_the_counted_ones(key):
+    from lorapod.plan.step_count import dit_figures
+
+    counted = dit_figures(key)
+    names = {"flux1": ["flux1-dev", "flux1-schnell"], "wan21-14b": ["wan21-14b", "wan21-i2v-14b", "wan22-t2v-a14b",
+                                                                        "wan22-i2v-a14b"]}.get(key, [key])
+    for name in names:
+        m = find_model(name)
+        assert {"token_params_b": m.token_params_b, "kernels_per_fwd": m.kernels_per_fwd} == counted, name
+
+
+def test_flux_double_stream_and_modulation_weights_do_not_touch_every_token():
+    """2 x parameters x tokens would count FLUX.1's adaLN modulation (run once a sample) and both
+    streams of a double block (each token meets one) for every token: 84% too much work."""
+    m = find_model("flux1-dev")
+    assert m.token_params_b < 0.6 * m.trained_params_b
