@@ -90,7 +90,11 @@ class _FusedAttention(torch.autograd.Function):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
+_fused_calls = [0]  # one GPU kernel each; the stand-in above dispatches no operator that counts
+
+
 def _fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **_kw):
+    _fused_calls[0] += 1
     return _FusedAttention.apply(query, key, value)
 
 
@@ -127,8 +131,9 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+# Operators that launch no kernel: allocation, views torch does not mark as views, detaching.
 _NO_KERNEL = {"detach.default", "empty.memory_format", "empty_strided.default", "new_empty.default",
-              "lift_fresh.default"}
+              "empty_like.default", "lift_fresh.default", "_unsafe_view.default"}
 
 
 def count_forward(forward: Callable[[], Any]) -> ForwardCount:
@@ -140,11 +145,13 @@ def count_forward(forward: Callable[[], Any]) -> ForwardCount:
     with torch.no_grad(), flops:
         forward()
     ops = _Ops()
+    before = _fused_calls[0]
     with torch.no_grad(), fused_attention(), ops:
         forward()
+    attention_kernels = _fused_calls[0] - before
     by_op = flops.get_flop_counts()["Global"]
     attention = sum(v for k, v in by_op.items() if "bmm" in str(k) or "attention" in str(k))
-    return ForwardCount(flops.get_total_flops() / 1e12, attention / 1e12, ops.count)
+    return ForwardCount(flops.get_total_flops() / 1e12, attention / 1e12, ops.count + attention_kernels)
 
 
 @dataclass(frozen=True)
@@ -296,19 +303,31 @@ LLAMA_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
 def llama_layer_kernels(targets: tuple[str, ...] = ()) -> int:
     """Operators one forward of a transformers Llama decoder layer dispatches (SDPA attention),
     with LoRA (peft) on ``targets``: the planner's kernels per LLM layer and per LoRA linear."""
+    return llama_layer(targets).kernels
+
+
+def llama_layer(targets: tuple[str, ...] = (), hidden: int = 512, intermediate: int = 1024,
+                tokens: int = 128) -> ForwardCount:
+    """One forward of a transformers Llama decoder layer (bf16, SDPA) with LoRA on ``targets``."""
     from peft import LoraConfig, inject_adapter_in_model
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-    config = LlamaConfig(hidden_size=512, intermediate_size=1024, num_attention_heads=4, num_key_value_heads=4,
-                         num_hidden_layers=1, attn_implementation="sdpa")
-    with torch.device("meta"):
-        layer = LlamaDecoderLayer(config, 0)
-        if targets:
-            layer = inject_adapter_in_model(LoraConfig(r=8, target_modules=list(targets)), layer)
-        hidden = torch.empty(1, 128, config.hidden_size)
-        rope = LlamaRotaryEmbedding(config)(hidden, torch.arange(128)[None])
-    return count_forward(lambda: layer(hidden, attention_mask=None, position_embeddings=rope)).kernels
+    config = LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_attention_heads=hidden // 128,
+                         num_key_value_heads=hidden // 128, num_hidden_layers=1, attn_implementation="sdpa")
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("meta"):
+            layer = LlamaDecoderLayer(config, 0)
+            if targets:
+                layer = inject_adapter_in_model(LoraConfig(r=8, target_modules=list(targets)), layer)
+            states = torch.empty(1, tokens, config.hidden_size)
+            rope = LlamaRotaryEmbedding(config)(states, torch.arange(tokens)[None])
+    finally:
+        torch.set_default_dtype(default)
+    return count_forward(lambda: layer(states, attention_mask=None, position_embeddings=rope))
+
 
 
 # ----------------------------------------------------------------------------- diffusion transformers
@@ -338,6 +357,17 @@ WAN_LATENT = (21, 30, 52)  # 81 frames at 832x480
 def _dit(key: str):
     """The DiT on ``meta`` with LoRA, its forward, and the tokens that pass through its linears."""
     family, config = DIT_CONFIGS[key]
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # the weights and inputs a bf16 step moves
+    try:
+        return _build_dit(family, config)
+    finally:
+        torch.set_default_dtype(default)
+
+
+def _build_dit(family: str, config: dict[str, Any]):
+    from peft import LoraConfig
+
     with torch.device("meta"):
         if family == "flux1":
             from diffusers import FluxTransformer2DModel
@@ -367,7 +397,7 @@ def _dit(key: str):
             img = torch.empty(1, model.config.in_channels, frames, h * 2, w * 2)  # 2x2 patches
             kwargs = {"encoder_hidden_states": torch.empty(1, TEXT_TOKENS, 4096)}
             tokens = frames * h * w  # the text only meets the image in cross-attention
-        model.add_adapter(__import__("peft").LoraConfig(r=16, lora_alpha=16, target_modules=DIT_LORA_TARGETS))
+        model.add_adapter(LoraConfig(r=16, lora_alpha=16, target_modules=DIT_LORA_TARGETS))
         timestep = torch.full((1,), 500.0)
     return model, (lambda: model(hidden_states=img, timestep=timestep, **kwargs)), tokens
 
