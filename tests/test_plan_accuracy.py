@@ -58,7 +58,7 @@ def test_a_source_held_out_is_predicted_by_the_others():
 
 # The issue's targets (75% of held-out speed points within 20%, 80% of VRAM points within 25%)
 # are NOT met. The floors below are the level the model reaches on the dataset as it stands
-# (2026-12-01: 24 speed sources / 119 points, 17 VRAM sources / 240 points; docs/planner.md,
+# (2026-12-01: 28 speed sources / 125 points, 18 VRAM sources / 247 points; docs/planner.md,
 # "Accuracy" and "Where it misses"): they catch a change that makes held-out accuracy worse; they
 # are not a claim of accuracy. When the dataset grew from 12 to 24 speed sources (collected by a
 # rule fixed before any estimate was looked at), held-out speed fell from 64% to 44% within 20%
@@ -70,29 +70,34 @@ def test_leave_one_source_out_speed(residuals):
     assert len(speed) >= 100
     assert len({r.obs.source.id for r in speed}) >= 20
     within = sum(r.ok for r in speed) / len(speed)
-    assert within >= 0.48  # achieved 58/119
+    assert within >= 0.47  # achieved 59/125
     assert sorted(abs(r.error) for r in speed)[len(speed) // 2] <= 0.22  # achieved 21%
     llm = [r for r in speed if r.family == "llm"]
-    assert sum(r.ok for r in llm) / len(llm) >= 0.60  # achieved 44/71
+    assert sum(r.ok for r in llm) / len(llm) >= 0.57  # achieved 44/76
     video = [r for r in speed if r.family == "video"]
-    assert sum(r.ok for r in video) / len(video) >= 0.20  # achieved 3/14 (1/14 before attention had its own efficiency)
+    assert sum(r.ok for r in video) / len(video) >= 0.20  # achieved 3/15 (1/14 before attention had its own efficiency)
 
 
-def test_held_out_h100_to_a100_ratios_come_from_another_sources_hopper_steps(residuals):
-    """Without the one source that has H100 and A100 side by side, Hopper's factor comes from the
-    other sources' H100 steps (NeMo AutoModel's LLM LoRA, SimpleTuner's sweep, the Hugging Face
-    FLUX blog). They make the H100 about 2.8x an A100 where that source measured 1.5-1.8x
-    (its loop is 3-5x slower per FLOP than anyone else's): within 45%, not 20%."""
+def test_held_out_gpu_ratios_come_from_other_sources_steps(residuals):
+    """Without the source that has two GPUs side by side, their factors come from the other
+    sources' steps. Hopper's come from NeMo's, NeMo AutoModel's, SimpleTuner's and the Hugging
+    Face FLUX blog's H100 steps: they make the H100 about 3x an A100 where Universal LLM Trainer
+    measured 1.5-1.8x (its loop is 3-5x slower per FLOP than anyone else's): within 55%, not 20%.
+    H2O LLM Studio's A10G / A100 ratios are the A10G's only evidence, within 35% held out."""
     ratios = [r for r in residuals if r.obs.metric == "speed_ratio"]
-    assert len(ratios) == 5
-    assert all(r.estimate < r.obs.value for r in ratios)  # the H100 always comes out the faster card
-    assert all(abs(r.error) < 0.45 for r in ratios)
+    hopper = [r for r in ratios if r.obs.source.id == "universal-llm-trainer"]
+    assert len(hopper) == 5
+    assert all(r.estimate < r.obs.value for r in hopper)  # the H100 always comes out the faster card
+    assert all(abs(r.error) < 0.55 for r in hopper)
+    a10g = [r for r in ratios if r.obs.source.id == "h2o-llmstudio-performance"]
+    assert len(a10g) == 3 and all(r.estimate > 1.5 for r in a10g)  # the A10G always the slower card
+    assert all(abs(r.error) < 0.35 for r in a10g)
 
 
 def test_leave_one_source_out_vram(residuals):
     vram = [r for r in residuals if r.metric == "vram" and not r.obs.is_bound]
     assert len(vram) >= 200
-    assert sum(r.ok for r in vram) / len(vram) >= 0.68  # achieved 165/240
+    assert sum(r.ok for r in vram) / len(vram) >= 0.68  # achieved 168/247
     image = [r for r in vram if r.family == "image"]
     assert sum(r.ok for r in image) / len(image) >= 0.75  # achieved 19/25 (13/29 before the U-Nets were counted)
     assert all(r.ok for r in residuals if r.metric == "vram" and r.obs.is_bound)
@@ -104,7 +109,7 @@ def test_printed_ranges_hold_held_out_figures(residuals):
     for r in residuals:
         by_source[r.obs.source.id].append(r)
     holds = range_holds(by_source)
-    floors = {"speed": 0.80, "vram": 0.78}  # achieved 100/119 and 188/240
+    floors = {"speed": 0.80, "vram": 0.78}  # achieved 102/125 and 195/247
     for metric, floor in floors.items():
         mine = [ok for r, ok in holds if r.metric == metric]
         assert sum(mine) / len(mine) >= floor, metric
@@ -235,3 +240,25 @@ def test_no_published_step_claims_more_than_its_gpus_paper_peak():
     assert all(0.0 < s < 1.0 for s in shares.values()), shares
     too_fast = replace(steps[0], value=steps[0].value * peak_share(steps[0]) / 1.5)
     assert peak_share(too_fast) == pytest.approx(1.5)
+
+
+def test_fp8_matmuls_run_at_the_fp8_peak_only_where_there_are_fp8_tensor_cores():
+    from dataclasses import replace
+
+    from lorapod.catalog.gpus import find_gpu
+    from lorapod.plan.fit import fitted
+    from lorapod.plan.speed import features, predict
+
+    m = find_model("meta-llama/Llama-3.1-8B")
+    bf16 = _llm(4096, gc=False)
+    fp8 = replace(bf16, fp8_matmuls=True)
+    h100, a100 = find_gpu("H100 SXM"), find_gpu("A100 80GB")
+    params = fitted()
+    t_bf16, parts_bf16, _ = predict(m, bf16, h100, params)
+    t_fp8, parts_fp8, _ = predict(m, fp8, h100, params)
+    assert "compute:fp8" in features(m, fp8, h100) and "compute:fp8" not in features(m, fp8, a100)
+    ratio = parts_fp8["matmul compute"] / parts_bf16["matmul compute"]
+    assert ratio == pytest.approx(0.5 / math.exp(params.theta["compute:fp8"]))
+    assert parts_fp8["attention compute"] == parts_bf16["attention compute"]  # attention stays bf16
+    assert predict(m, fp8, a100, params)[0] == predict(m, bf16, a100, params)[0]  # Ampere has no fp8 cores
+    assert t_fp8 < t_bf16

@@ -105,6 +105,7 @@ def _settings(raw: dict[str, Any], framework: str, model: ImageModel | LLMArch) 
         framework=framework,
         grad_accum=int(raw.get("grad_accum", 1)),
         text_tokens=int(raw.get("text_tokens", 0)),
+        fp8_matmuls=bool(raw.get("fp8_matmuls", False)),
     )
 
 
@@ -130,7 +131,7 @@ def load_measurements() -> tuple[Snapshot, tuple[Observation, ...]]:
         fw = p.get("framework") or src["framework"]
         model = _model(p["model"], archs)
         s = _settings(merged, fw, model)
-        what = f"{p['model']} {s.base_dtype} on {gpu_name}" + (
+        what = f"{p['model']} {s.base_dtype}{' (fp8 matmuls)' if s.fp8_matmuls else ''} on {gpu_name}" + (
             f", {s.seq_len} tokens x {s.batch}" if isinstance(model, LLMArch) else f", {s.resolution} px x {s.batch}")
         for metric, value in p["measured"].items():
             if metric not in SPEED_METRICS | VRAM_METRICS:

@@ -39,6 +39,7 @@ from lorapod.plan.speed import (
     dequant_terms,
     family_of,
     features,
+    fp8_peak_factor,
     kind_of,
     predict,
 )
@@ -138,7 +139,8 @@ def _row(o: Observation) -> _Row:
     acc = np.zeros(7)
     for v in vs:
         w = step_work(o.model, v)
-        acc += np.array([w.matmul_tflops, w.attention_tflops, w.aux_tflops, w.kernels, w.dequant_gb / gpu.mem_bw_gbs,
+        acc += np.array([w.matmul_tflops / fp8_peak_factor(v, gpu), w.attention_tflops, w.aux_tflops, w.kernels,
+                         w.dequant_gb / gpu.mem_bw_gbs,
                          (w.stream_gb + w.optimizer_gb) / gpu.mem_bw_gbs, w.swap_gb / PCIE_GB_S])
     acc /= len(vs)
     peak = gpu.bf16_tflops

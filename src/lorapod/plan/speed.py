@@ -91,7 +91,18 @@ def family_of(model: ImageModel | LLMArch) -> str:
 
 def features(model: ImageModel | LLMArch, s: Settings, gpu: GPU) -> list[str]:
     """The names of the efficiency terms that apply; the first is the kind's baseline."""
-    return [f"kind:{kind_of(model)}", f"arch:{gpu.arch}", f"class:{gpu.gpu_class}", f"framework:{s.framework}"]
+    feats = [f"kind:{kind_of(model)}", f"arch:{gpu.arch}", f"class:{gpu.gpu_class}", f"framework:{s.framework}"]
+    return [*feats, "compute:fp8"] if fp8_peak_factor(s, gpu) > 1 else feats
+
+
+# Architectures with fp8 tensor cores, whose dense fp8 peak is twice the bf16 one.
+FP8_ARCHS = ("ada", "hopper", "blackwell")
+
+
+def fp8_peak_factor(s: Settings, gpu: GPU) -> float:
+    """How much higher than the bf16 peak the matmuls' paper peak is: 2 for fp8 matmuls on fp8
+    tensor cores (they run at their own fitted efficiency, ``compute:fp8``), else 1."""
+    return 2.0 if s.fp8_matmuls and gpu.arch in FP8_ARCHS else 1.0
 
 
 def efficiencies(feats: list[str], params: Params) -> tuple[float, float]:
@@ -135,11 +146,13 @@ def dequant_factor(s: Settings, params: Params) -> float:
     return math.exp(sum(params.theta.get(n, 0.0) for n in dequant_terms(s.base_dtype)))
 
 
-def terms(work: Work, gpu: GPU, effs: tuple[float, float], launch_us: float, dequant: float = 1.0) -> dict[str, float]:
-    """Seconds per step, term by term (before block swap's overlap)."""
+def terms(work: Work, gpu: GPU, effs: tuple[float, float], launch_us: float, dequant: float = 1.0,
+          mm_peak: float = 1.0) -> dict[str, float]:
+    """Seconds per step, term by term (before block swap's overlap); ``mm_peak``: the matmuls'
+    paper peak over the bf16 one (fp8_peak_factor)."""
     e_mm, e_att = effs
     return {
-        "matmul compute": work.matmul_tflops / (gpu.bf16_tflops * e_mm),
+        "matmul compute": work.matmul_tflops / (gpu.bf16_tflops * mm_peak * e_mm),
         "attention compute": work.attention_tflops / (gpu.bf16_tflops * e_att),
         "uncached encoders": work.aux_tflops / (gpu.bf16_tflops * e_mm),
         "kernel launches": work.kernels * launch_us * 1e-6,
@@ -158,7 +171,7 @@ def predict(model: ImageModel | LLMArch, s: Settings, gpu: GPU, params: Params) 
         work = step_work(model, v)
         effs = efficiencies(features(model, v, gpu), params)
         eff = effs[0]
-        t = terms(work, gpu, effs, launch, dequant_factor(v, params))
+        t = terms(work, gpu, effs, launch, dequant_factor(v, params), fp8_peak_factor(v, gpu))
         core = sum(t.values())
         swap = work.swap_gb / PCIE_GB_S
         if swap:

@@ -85,6 +85,9 @@ class Settings:
     # Text tokens a DiT sees per sample (0 = the model's own: 512 for FLUX). Trainers that cache
     # shorter prompt embeddings (77 tokens in the diffusers QLoRA scripts) attend over fewer.
     text_tokens: int = 0
+    # Matmuls in fp8 on fp8 tensor cores (Transformer Engine, torchao float8 training), whatever the
+    # base's storage: a published run's setting; lorapod's own jobs run bf16 matmuls.
+    fp8_matmuls: bool = False
     # Wan2.2 A14B (train.experts): "both" keeps both experts and their LoRAs on the GPU, as lorapod's
     # engine places every trained expert; one expert alone leaves the other in CPU RAM.
     experts: str = "both"
