@@ -84,6 +84,49 @@ def test_choose_offers_explains_empty_results(tmp_path):
 # ----------------------------------------------------------------------------- ledger
 
 
+def test_ledger_retries_sqlite_busy_answers_until_its_deadline():
+    """Two processes opening a new ledger at once can deadlock switching it to WAL: SQLite answers
+    "database is locked" at once (no busy wait), which failed a parallel sweep in CI."""
+    import sqlite3
+
+    from lorapod.compute.ledger import retry_busy
+
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise sqlite3.OperationalError("database is locked")
+        return "ok"
+
+    assert retry_busy(flaky, deadline_s=5, pause_s=0.001) == "ok" and len(calls) == 3
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        retry_busy(lambda: (_ for _ in ()).throw(sqlite3.OperationalError("database is locked")), deadline_s=0.05,
+                   pause_s=0.01)
+    with pytest.raises(sqlite3.OperationalError, match="no such table"):  # not transient: at once
+        retry_busy(lambda: (_ for _ in ()).throw(sqlite3.OperationalError("no such table: x")), deadline_s=5)
+
+
+def test_many_processes_open_a_new_ledger_at_once(tmp_path):
+    import subprocess
+    import sys
+
+    code = "import sys; from lorapod.compute.ledger import Ledger; l = Ledger(sys.argv[1]); l.instances(); l.close()"
+    path = tmp_path / "ledger.db"
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(path)], stderr=subprocess.PIPE) for _ in range(6)]
+    for p in procs:
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err.decode()[-1000:]
+    assert _journal_mode(path) == "wal"
+
+
+def _journal_mode(path):
+    import sqlite3
+
+    with sqlite3.connect(path) as db:
+        return db.execute("PRAGMA journal_mode").fetchone()[0]
+
+
 class RecordingProvider:
     """create() looks at the ledger while it runs: the row must already be there."""
 

@@ -28,11 +28,11 @@ import socket
 import sqlite3
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS instances (
@@ -152,19 +152,43 @@ class JobRow:
     summary: str | None
 
 
+BUSY_TIMEOUT_S = 30.0
+T = TypeVar("T")
+
+
+def retry_busy(fn: Callable[[], T], deadline_s: float = BUSY_TIMEOUT_S, pause_s: float = 0.05) -> T:
+    """Run ``fn`` again while SQLite says the database is locked or busy, until ``deadline_s``."""
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            return fn()
+        except sqlite3.OperationalError as exc:
+            transient = "locked" in str(exc) or "busy" in str(exc)
+            if not transient or time.monotonic() >= end:
+                raise
+            time.sleep(pause_s)
+
+
 class Ledger:
     """One connection per process; every write is its own short transaction."""
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path else lorapod_home() / "ledger.db"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
         self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
+        retry_busy(self._prepare)
         with suppress(OSError):
             os.chmod(self.path, 0o600)
+
+    def _prepare(self) -> None:
+        """WAL mode (kept by the file once set) and the tables. Two processes opening a new ledger
+        at once can deadlock switching it to WAL; SQLite then answers "database is locked" at
+        once, without waiting, so the caller retries."""
+        if self._db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+            self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
 
     def close(self) -> None:
         self._db.close()
