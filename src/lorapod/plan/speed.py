@@ -48,8 +48,9 @@ DEFAULT_LAUNCH_US = 10.0
 class Params:
     """The fitted part of the speed model, as log terms: efficiency terms by name, ``attention``
     and ``attention:<arch>`` (the fused attention kernel's efficiency), ``dequant:<dtype>`` (how
-    much slower than the memory bandwidth dequantisation runs) and ``launch:<kind>`` (log of the kernel launch
-    latency in microseconds). A term the fit never saw counts as 0 (the kind's baseline)."""
+    much slower than the memory bandwidth dequantisation runs), ``compute:fp8`` and
+    ``launch:<kind>`` (log of the kernel launch latency in microseconds). A term the fit never
+    saw counts as 0 (the kind's baseline)."""
 
     theta: dict[str, float]
 
@@ -115,7 +116,8 @@ def efficiencies(feats: list[str], params: Params) -> tuple[float, float]:
 
 def attention_arch(feats: list[str]) -> str:
     """The attention kernel's architecture term, from the features' ``arch:`` one."""
-    return "attention:" + feats[1].removeprefix("arch:")
+    arch = next(f for f in feats if f.startswith("arch:"))
+    return "attention:" + arch.removeprefix("arch:")
 
 
 def matmul_rate(model: ImageModel | LLMArch, s: Settings, gpu: GPU) -> float:
