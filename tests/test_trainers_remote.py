@@ -45,7 +45,8 @@ def image_spec(tmp: Path, epochs: int, save: dict, images: int = 3, repeats: int
 def go(sshd, spec_path: Path, src: str, **kw):
     spec = load_spec(spec_path)
     provider = SSHProvider(sshd.target, identity=sshd.client_key, usd_per_hour=kw.pop("usd_per_hour", 0.0))
-    opts = fast_options(identity=sshd.client_key, job_command=trainer_job_command("sd-scripts", src), **kw)
+    opts = fast_options(identity=sshd.client_key, job_command=trainer_job_command("sd-scripts", src),
+                        trainer="sd-scripts", **kw)
     lines: list[str] = []
     summary = run_remote(spec, provider, sshd.target, opts, Ledger(), str(spec_path), say=lines.append)
     return summary, lines
@@ -65,6 +66,7 @@ def test_sd_scripts_over_ssh_brings_metrics_samples_checkpoints_home(sshd, tmp_p
         "mug_e000001_00_20261201000000.png", "mug_e000002_00_20261201000000.png"]
     assert (run / "adapter" / "mug.safetensors").read_bytes() == b"final" * 2048
     assert "lorapod trainer-run: done at step 18" in (run / "job.log").read_text()
+    assert json.loads((run / "trainer.json").read_text()) == {"trainer": "sd-scripts"}  # what --resume continues with
     assert_clean(sshd, Ledger())
 
 

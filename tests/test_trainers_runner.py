@@ -138,3 +138,44 @@ def test_axolotl_stop_asks_for_a_checkpoint_now(tmp_path, monkeypatch):
     assert recs[0] == {"time": recs[0]["time"], "step": 1, "loss": 2.0, "grad_norm": 0.5, "lr": 0.0002,
                        "epoch": 0.001}
     assert not (run / "adapter").exists()
+
+
+def test_resume_continues_with_the_trainer_the_run_was_started_with(tmp_path, monkeypatch, capsys):
+    """`lorapod train --resume RUN` alone must not hand ai-toolkit's checkpoints to lorapod's
+    engine: the run folder says which trainer it was started with (trainer.json)."""
+    from lorapod.cli.main import main
+    from lorapod.rundir import RunDir
+
+    monkeypatch.setenv("LORAPOD_HOME", str(tmp_path / "home"))
+    run = RunDir.create(tmp_path / "runs", "mug")
+    run.write_spec(load_spec(flux_spec(tmp_path, steps=30, every=10)))
+    run.write_trainer("ai-toolkit")
+
+    def cli(*args: str) -> tuple[int, str, str]:
+        try:
+            main(["train", "--resume", str(run.root), *args])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    code, out, err = cli("--print")
+    assert code == 0 and out.startswith("# trainer: ai-toolkit\n") and "continuing with ai-toolkit" in err
+    assert cli("--print", "--trainer", "aitk")[1].startswith("# trainer: ai-toolkit\n")  # an alias of the same one
+    code, out, err = cli("--trainer", "kohya")
+    assert code != 0 and "was started with --trainer ai-toolkit, not kohya" in err and "Traceback" not in err
+    run.trainer_file.write_text("{not json")
+    code, out, err = cli("--print")
+    assert code != 0 and "trainer.json cannot be read" in err and "Traceback" not in err
+
+
+def test_for_resume_keeps_lorapods_engine_for_runs_without_a_trainer():
+    from lorapod.errors import SpecError
+    from lorapod.trainers import for_resume
+
+    assert for_resume(None, None, "run") is None  # lorapod's engine, as before
+    assert for_resume(None, "kohya", "run") == "sd-scripts"  # a folder from before trainer.json: the user's word
+    assert for_resume("sd-scripts", None, "run") == "sd-scripts"
+    with pytest.raises(SpecError, match="not musubi"):
+        for_resume("sd-scripts", "musubi", "run")

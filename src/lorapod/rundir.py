@@ -70,9 +70,28 @@ class RunDir:
     events_file = property(lambda self: self.root / "events.log")
     device_file = property(lambda self: self.root / "device.json")
     tensorboard = property(lambda self: self.root / "tensorboard")
+    trainer_file = property(lambda self: self.root / "trainer.json")
 
     def write_spec(self, spec) -> None:
         atomic_write_text(self.spec_file, spec.to_yaml())
+
+    def write_trainer(self, name: str) -> None:
+        """Which external trainer fills this folder, so that ``--resume`` continues with it."""
+        atomic_write_text(self.trainer_file, json.dumps({"trainer": name}) + "\n")
+
+    def recorded_trainer(self) -> str | None:
+        """The external trainer this run was started with; None for lorapod's own engine."""
+        if not self.trainer_file.is_file():
+            return None
+        try:
+            name = json.loads(self.trainer_file.read_text())["trainer"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise LorapodError(f"{self.trainer_file} cannot be read ({exc})",
+                               hint='it holds {"trainer": "sd-scripts"} (or another trainer); fix or remove it') from exc
+        if not isinstance(name, str):
+            raise LorapodError(f"{self.trainer_file}: 'trainer' is not a name",
+                               hint='it holds {"trainer": "sd-scripts"} (or another trainer); fix or remove it')
+        return name
 
     def write_plan(self, plan: dict) -> None:
         atomic_write_text(self.plan_file, json.dumps(plan, indent=2, default=str))

@@ -92,6 +92,13 @@ def register(app: typer.Typer) -> None:
             spec_obj = load_spec(Path(job.run_dir) / "spec.yaml", set_)
             target = on or job.target or job.provider
             spec_path = job.spec_path
+            from lorapod.rundir import RunDir
+            from lorapod.trainers import for_resume
+
+            started_with = RunDir(Path(job.run_dir)).recorded_trainer()
+            trainer = for_resume(started_with, trainer, f"job {job.id}")
+            if started_with is not None:
+                console.print(f"continuing with {trainer}, the trainer job {job.id} was started with", markup=False)
         else:
             if spec is None:
                 raise SpecError("no spec given", hint="lorapod run SPEC --on ..., or lorapod run --resume JOB")
@@ -140,6 +147,9 @@ def register(app: typer.Typer) -> None:
                        destroy_deadline_s=destroy_deadline_s)
         if trainer:  # the trainer's wrapper replaces lorapod's engine on the instance
             opts.job_command = trainer_job_command(trainer, trainer_src)
+            from lorapod.trainers import canonical
+
+            opts.trainer = canonical(trainer)
         summary = run_remote(spec_obj, provider, target, opts, ledger, spec_path,
                              say=lambda m: console.print(m, style="dim", markup=False), resume_job=resume)
         if as_json:

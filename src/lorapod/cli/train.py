@@ -40,6 +40,13 @@ def train(
 
     if v_pred:
         set_ = [*set_, "model.prediction_type=v_prediction"]
+    if resume is not None:  # continue with the trainer the run folder was started with
+        from lorapod.trainers import for_resume
+
+        started_with = RunDir.open(resume).recorded_trainer()
+        trainer = for_resume(started_with, trainer, str(resume))
+        if started_with is not None:
+            console.print(f"continuing with {trainer}, the trainer {resume} was started with", markup=False)
     if trainer is not None:
         if resume is not None:  # continue a trainer's run folder from its newest checkpoint
             spec_file, run_dir = RunDir.open(resume).spec_file, resume
@@ -121,6 +128,9 @@ def _external(spec_file, set_, run_dir, trainer: str, print_: bool, trainer_src:
     run = RunDir(run_dir) if run_dir is not None else RunDir.create(spec.output.dir, spec.output.name or spec_file.stem)
     run.root.mkdir(parents=True, exist_ok=True)
     run.write_spec(spec)
+    from lorapod.trainers import canonical
+
+    run.write_trainer(canonical(trainer))
     console.print(f"run folder: [bold]{run.root}[/]")
     import sys
 

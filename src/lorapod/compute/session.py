@@ -84,6 +84,7 @@ class Options:
     create_attempts: int = 3  # create calls per offer when the provider's answer is uncertain
     create_settle_s: float = 30.0  # how long to look for an instance whose create did not answer
     default_cap_hours: float = 24.0  # the watchdog's hour cap when no cap is set and no estimate exists
+    trainer: str | None = None  # the external trainer the job runs (recorded in the run folder for --resume)
 
 
 @dataclass
@@ -165,6 +166,8 @@ class Session:
             self.run = RunDir.create(spec.output.dir, spec.output.name or "job")
             self.job_id = self.run.job_id
             self.run.write_spec(spec)
+            if self.opts.trainer:
+                self.run.write_trainer(self.opts.trainer)
 
     # ------------------------------------------------------------------ small helpers
 

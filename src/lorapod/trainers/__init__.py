@@ -35,6 +35,26 @@ def register(name: str, target: str) -> None:
     _REGISTRY[name] = target
 
 
+def canonical(name: str) -> str:
+    """The registered name of ``name`` or one of its aliases (``kohya`` -> ``sd-scripts``)."""
+    key = ALIASES.get(name.strip().lower(), name.strip().lower())
+    if key not in _REGISTRY:
+        raise SpecError(f"unknown trainer {name!r}", hint=f"--trainer {' | '.join(_REGISTRY)}")
+    return key
+
+
+def for_resume(recorded: str | None, given: str | None, where: str) -> str | None:
+    """The trainer a resumed run continues with: the one it was started with (its run folder's
+    ``trainer.json``), so ``--resume`` alone never hands another trainer's checkpoints to
+    lorapod's engine; a different ``--trainer`` is refused."""
+    if given is None or recorded is None:
+        return recorded if given is None else canonical(given)
+    if canonical(given) != canonical(recorded):
+        raise SpecError(f"{where} was started with --trainer {recorded}, not {given}",
+                        hint=f"resume it with --trainer {recorded} (or without --trainer), or start a new run")
+    return canonical(recorded)
+
+
 def get(name: str) -> Trainer:
     key = ALIASES.get(name.strip().lower(), name.strip().lower())
     if key not in _REGISTRY:
