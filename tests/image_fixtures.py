@@ -101,3 +101,15 @@ def build_flux2_klein(out: Path, seed: int = 0) -> Path:
     pipe = Flux2KleinPipeline(scheduler=_scheduler_flow(), vae=vae, text_encoder=te, tokenizer=tok, transformer=tr)
     pipe.save_pretrained(out)
     return out
+
+
+def train_cpu(spec, run, tmp_path, **kw):
+    """lorapod's diffusion engine on CPU, quietly, with its latent cache under ``tmp_path``."""
+    from lorapod.engine.diffusion import train_diffusion
+
+    return train_diffusion(spec, run, device="cpu", show_progress=False, log=lambda m: None,
+                           cache_root=tmp_path / "cache", **kw)
+
+
+class Crash(Exception):
+    """Raised from a step hook to stand for a machine that dies mid-run."""

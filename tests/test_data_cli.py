@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import lorapod.cli.main as cli_main
-
+from .cli_helpers import run_cli as run
 from .datasets_util import good_folder, tree_digest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -20,16 +19,6 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 @pytest.fixture(autouse=True)
 def _home(tmp_path, monkeypatch):
     monkeypatch.setenv("LORAPOD_HOME", str(tmp_path / "home"))
-
-
-def run(args: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        cli_main.main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_data_is_listed_in_commands():

@@ -17,7 +17,8 @@ from lorapod.errors import ModelLoadError
 from lorapod.rundir import RunDir
 from lorapod.spec import load_spec
 
-from .image_fixtures import build_sd15, build_sdxl, image_spec, write_images
+from .image_fixtures import Crash, build_sd15, build_sdxl, image_spec, write_images
+from .image_fixtures import train_cpu as _train
 
 torch.set_num_threads(1)  # tiny models: threads only contend on a shared machine
 
@@ -42,15 +43,6 @@ def _run(assets, tmp_path, family="sd15", model=None, spec_edit=None, **train):
     run = RunDir.create(spec.output.dir, "t")
     run.write_spec(spec)
     return spec, run
-
-
-def _train(spec, run, tmp_path, **kw):
-    return train_diffusion(spec, run, device="cpu", show_progress=False, log=lambda m: None,
-                           cache_root=tmp_path / "cache", **kw)
-
-
-class Crash(Exception):
-    pass
 
 
 def test_sd15_learns_and_writes_run_folder_samples_and_both_formats(assets, tmp_path):

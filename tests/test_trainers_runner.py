@@ -143,8 +143,9 @@ def test_axolotl_stop_asks_for_a_checkpoint_now(tmp_path, monkeypatch):
 def test_resume_continues_with_the_trainer_the_run_was_started_with(tmp_path, monkeypatch, capsys):
     """`lorapod train --resume RUN` alone must not hand ai-toolkit's checkpoints to lorapod's
     engine: the run folder says which trainer it was started with (trainer.json)."""
-    from lorapod.cli.main import main
     from lorapod.rundir import RunDir
+
+    from .cli_helpers import run_cli
 
     monkeypatch.setenv("LORAPOD_HOME", str(tmp_path / "home"))
     run = RunDir.create(tmp_path / "runs", "mug")
@@ -152,13 +153,7 @@ def test_resume_continues_with_the_trainer_the_run_was_started_with(tmp_path, mo
     run.write_trainer("ai-toolkit")
 
     def cli(*args: str) -> tuple[int, str, str]:
-        try:
-            main(["train", "--resume", str(run.root), *args])
-            code = 0
-        except SystemExit as exc:
-            code = exc.code
-        out = capsys.readouterr()
-        return code, out.out, out.err
+        return run_cli(["train", "--resume", str(run.root), *args], capsys)
 
     code, out, err = cli("--print")
     assert code == 0 and out.startswith("# trainer: ai-toolkit\n") and "continuing with ai-toolkit" in err

@@ -10,13 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import lorapod.cli.main as cli_main
 from lorapod.data.clips import probe, read_frames, resample, windows, write_clip
 from lorapod.data.video import check_video
 from lorapod.demo_video import moving_square, write_clips
 from lorapod.engine.diffusion import video_data as vd
 from lorapod.errors import DataError, SpecError
 from lorapod.spec import load_spec
+
+from .cli_helpers import run_cli
 
 av = pytest.importorskip("av")
 
@@ -115,16 +116,6 @@ def test_target_frames_must_be_4n_plus_1():
         load_spec(raw=raw)
 
 
-def _cli(args: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        cli_main.main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_data_check_flags_each_planted_video_defect(tmp_path, capsys):
     data = write_clips(tmp_path / "d", n=2, frames=40, images=1)
     write_clip(data / "five.mp4", moving_square(5, (48, 48), (0, 0, 255), (255, 255, 255)), 16)
@@ -157,19 +148,19 @@ def test_data_check_flags_each_planted_video_defect(tmp_path, capsys):
     short = check_video(data, family="wan21", target_frames=(9,), fps=16.0)
     assert ("five.mp4", "video-too-short", "error") in {(f.path, f.code, f.severity) for f in short.findings}
 
-    code, stdout, _ = _cli(["data", "check", str(data), "--family", "wan21", "--json", "--frames", "1,17,33"], capsys)
+    code, stdout, _ = run_cli(["data", "check", str(data), "--family", "wan21", "--json", "--frames", "1,17,33"], capsys)
     assert code == 1
     out = json.loads(stdout)
     assert {f["code"] for f in out["findings"]} >= {"video-unreadable", "video-variable-fps", "video-short",
                                                     "caption-missing", "video-audio-only"}
-    code, _, err = _cli(["data", "check", str(data), "--family", "wan21", "--frames", "1,16"], capsys)
+    code, _, err = run_cli(["data", "check", str(data), "--family", "wan21", "--frames", "1,16"], capsys)
     assert code == 2 and "4n+1" in err
     # the HTML report lists the clips with their facts and flags
-    code, _, _ = _cli(["data", "report", str(data), "--family", "wan21", "--out", str(tmp_path / "r.html")], capsys)
+    code, _, _ = run_cli(["data", "report", str(data), "--family", "wan21", "--out", str(tmp_path / "r.html")], capsys)
     page = (tmp_path / "r.html").read_text(encoding="utf-8")
     assert code == 0 and "<h2>Clips</h2>" in page and "video-variable-fps" in page and "33x1088x832" in page
     # the image check (default family) says where the clips went
-    code, stdout, _ = _cli(["data", "check", str(data), "--json"], capsys)
+    code, stdout, _ = run_cli(["data", "check", str(data), "--json"], capsys)
     assert any(f["code"] == "video-files" and "--family wan21" in f["message"] for f in json.loads(stdout)["findings"])
 
 
@@ -203,7 +194,7 @@ def test_lorapod_run_refuses_a_video_job_before_renting(tmp_path, capsys, monkey
                 "data": {"path": str(data), "resolution": 960, "target_frames": [frames]},
                 "train": {"blocks_to_swap": swap, "gradient_checkpointing": True}}
         path.write_text(yaml.safe_dump(spec))
-        code, _, err = _cli(["run", str(path), "--on", "vast", "--gpu", "RTX 4090"], capsys)
+        code, _, err = run_cli(["run", str(path), "--on", "vast", "--gpu", "RTX 4090"], capsys)
         return code, " ".join(err.split())
 
     # 81 frames at 1088x832 in bf16: no number of swapped blocks makes it fit 24 GB

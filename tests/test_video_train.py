@@ -12,11 +12,13 @@ from safetensors import safe_open
 
 from lorapod.demo_video import build_wan, write_clips
 from lorapod.engine.checkpoint import CheckpointManager
-from lorapod.engine.diffusion import train_diffusion
 from lorapod.engine.diffusion import wan as wanmod
 from lorapod.errors import HardwareError
 from lorapod.rundir import RunDir
 from lorapod.spec import load_spec
+
+from .image_fixtures import Crash
+from .image_fixtures import train_cpu as _train
 
 pytest.importorskip("av")
 torch.set_num_threads(1)
@@ -55,15 +57,6 @@ def _spec(assets, tmp_path, family="wan21", data=None, data_opts=None, **train):
     run = RunDir.create(spec.output.dir, "t")
     run.write_spec(spec)
     return spec, run
-
-
-def _train(spec, run, tmp_path, **kw):
-    return train_diffusion(spec, run, device="cpu", show_progress=False, log=lambda m: None,
-                           cache_root=tmp_path / "cache", **kw)
-
-
-class Crash(Exception):
-    pass
 
 
 def test_wan21_learns_samples_a_clip_and_writes_both_files(assets, tmp_path):
