@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -82,3 +84,44 @@ def test_examples_load():
     for name in ("demo.yaml", "llm-chat-lora.yaml"):
         spec = load_spec(root / name)
         assert spec.model.family == "llm"
+
+
+def test_relocated_points_at_copies_of_every_local_input(tmp_path):
+    """What `lorapod run` uploads and the SkyPilot workdir stages: every data file, the
+    validation file, a base model on this disk and a prompts file, each under its own index."""
+    for name in ("a.jsonl", "b.jsonl", "val.jsonl", "prompts.txt"):
+        (tmp_path / name).write_text("x\n")
+    (tmp_path / "base").mkdir()
+    spec = load_spec(raw={"model": {"id": str(tmp_path / "base"), "family": "llm"},
+                          "data": {"path": [str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")],
+                                   "val_path": str(tmp_path / "val.jsonl")},
+                          "samples": {"prompts": str(tmp_path / "prompts.txt")}})
+    seen = []
+
+    def put(path, i):
+        seen.append((Path(path).name, i))
+        return f"data/{i}-{Path(path).name}"
+
+    out = spec.relocated(put)
+    assert seen == [("a.jsonl", 0), ("b.jsonl", 1), ("val.jsonl", 2), ("base", 3), ("prompts.txt", 4)]
+    assert out.data.path == ["data/0-a.jsonl", "data/1-b.jsonl"] and out.data.val_path == "data/2-val.jsonl"
+    assert out.model.id == "data/3-base" and out.samples.prompts == "data/4-prompts.txt"
+    assert spec.data.path == [str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]  # the original is untouched
+    hub = load_spec(raw={"model": {"id": "meta-llama/Llama-3.1-8B"}, "data": {"path": str(tmp_path / "a.jsonl")},
+                         "samples": {"prompts": ["a prompt"]}})
+    assert hub.relocated(put).model.id == "meta-llama/Llama-3.1-8B"  # a hub id and inline prompts stay
+
+
+def test_skypilot_workdir_holds_copies_of_the_inputs(tmp_path):
+    from lorapod.compute.skypilot import stage
+
+    (tmp_path / "train.jsonl").write_text("{}\n")
+    (tmp_path / "prompts.txt").write_text("a prompt\n")
+    spec = load_spec(raw={"model": {"id": "meta-llama/Llama-3.1-8B"}, "data": {"path": str(tmp_path / "train.jsonl")},
+                          "samples": {"prompts": str(tmp_path / "prompts.txt")}})
+    wheel = tmp_path / "lorapod-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"PK")
+    staged = stage(spec, tmp_path / "work", wheel)
+    assert staged.data.path == "data/0-train.jsonl" and staged.samples.prompts == "data/3-prompts.txt"
+    assert (tmp_path / "work" / "data/3-prompts.txt").read_text() == "a prompt\n"
+    assert (tmp_path / "work" / wheel.name).is_file() and (tmp_path / "work" / "spec.yaml").is_file()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -243,6 +244,23 @@ class JobSpec(_Section):
     def data_paths(self, base: Path | None = None) -> list[Path]:
         paths = self.data.path if isinstance(self.data.path, list) else [self.data.path]
         return [_resolve(p, base) for p in paths]
+
+    def relocated(self, put: Callable[[str, int], str]) -> JobSpec:
+        """A copy of the spec that points at copies of its local inputs, for a machine that is
+        not this one. ``put(path, index)`` copies one input (or names where it will be) and
+        returns the new path; the indexes keep names apart: the data paths 0..n-1, the validation
+        file n, a base model on this disk n+1, a prompts file n+2."""
+        out = self.model_copy(deep=True)
+        paths = out.data.path if isinstance(out.data.path, list) else [out.data.path]
+        new = [put(p, i) for i, p in enumerate(paths)]
+        out.data.path = new if isinstance(out.data.path, list) else new[0]
+        if out.data.val_path:
+            out.data.val_path = put(out.data.val_path, len(paths))
+        if Path(out.model.id).exists():
+            out.model.id = put(out.model.id, len(paths) + 1)
+        if isinstance(out.samples.prompts, str) and Path(out.samples.prompts).is_file():
+            out.samples.prompts = put(out.samples.prompts, len(paths) + 2)
+        return out
 
     def to_yaml(self) -> str:
         """The resolved spec as YAML. The spec holds no secrets by design (keys come from the

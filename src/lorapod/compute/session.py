@@ -511,7 +511,6 @@ class Session:
     def _sync_inputs(self):
         """Upload data (and a local base model or prompt file); the spec points at the copies."""
         assert self.work is not None
-        spec = self.spec.model_copy(deep=True)
         work = self.work
         self.sync_stats = []
 
@@ -525,16 +524,7 @@ class Session:
             self.say(f"synced {local.name}: {st.files_transferred} files, {st.literal_bytes} bytes sent")
             return dest
 
-        paths = spec.data.path if isinstance(spec.data.path, list) else [spec.data.path]
-        new = [up(p, i) for i, p in enumerate(paths)]
-        spec.data.path = new if isinstance(spec.data.path, list) else new[0]
-        if spec.data.val_path:
-            spec.data.val_path = up(spec.data.val_path, len(paths))
-        if Path(spec.model.id).exists():
-            spec.model.id = up(spec.model.id, len(paths) + 1)
-        if isinstance(spec.samples.prompts, str) and Path(spec.samples.prompts).is_file():
-            spec.samples.prompts = up(spec.samples.prompts, len(paths) + 2)
-        return spec
+        return self.spec.relocated(up)
 
     def _watchdog_config(self) -> dict[str, Any]:
         assert self.inst is not None and self.iid is not None

@@ -122,10 +122,9 @@ def build_task(spec: JobSpec, job_id: str, workdir: Path, wheel: str, gpu: str,
 
 
 def stage(spec: JobSpec, workdir: Path, wheel: Path) -> JobSpec:
-    """Copy the data (and a local base model) and the wheel into ``workdir``; write spec.yaml
-    pointing at the copies, relative to the workdir SkyPilot syncs to each node."""
+    """Copy the data (and a local base model or prompts file) and the wheel into ``workdir``;
+    write spec.yaml pointing at the copies, relative to the workdir SkyPilot syncs to each node."""
     workdir.mkdir(parents=True, exist_ok=True)
-    out = spec.model_copy(deep=True)
 
     def put(path: str, idx: int) -> str:
         src = Path(path)
@@ -136,13 +135,7 @@ def stage(spec: JobSpec, workdir: Path, wheel: Path) -> JobSpec:
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, dest)
         return str(dest.relative_to(workdir))
 
-    paths = out.data.path if isinstance(out.data.path, list) else [out.data.path]
-    new = [put(p, i) for i, p in enumerate(paths)]
-    out.data.path = new if isinstance(out.data.path, list) else new[0]
-    if out.data.val_path:
-        out.data.val_path = put(out.data.val_path, len(paths))
-    if Path(out.model.id).exists():
-        out.model.id = put(out.model.id, len(paths) + 1)
+    out = spec.relocated(put)
     shutil.copy2(wheel, workdir / wheel.name)
     (workdir / "spec.yaml").write_text(out.to_yaml(), encoding="utf-8")
     return out
