@@ -13,13 +13,13 @@ holds:
 - for the DiTs, the parameters each token's matmuls pass through (their work is 2 x that x the
   tokens; FLUX.1's 11.9e9 parameters give 6.48e9 a token) and operators per forward.
 A test (tests/test_step_count.py) re-derives the same figures, so the catalog cannot drift from
-the architectures. See plan/step_count.py for what is counted and how.
+the architectures. See plan/step_count.py (the counters) and plan/counted_models.py.
 """
 
 from __future__ import annotations
 
 from lorapod.catalog.models import find_model
-from lorapod.plan.step_count import DIT_CONFIGS, FLUX1_VAE_CONFIG, dit_figures, unet_figures, vae_encode
+from lorapod.plan.counted_models import DIT_CONFIGS, FLUX1_VAE_CONFIG, dit_figures, unet_figures, vae_encode
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""plan/step_count.py: the counters behind the catalog's U-Net figures, and the catalog against them.
+"""plan/step_count.py's counters, and the catalog against what they count on the architectures
+(plan/counted_models.py).
 
 The first tests pin the counters on steps whose memory is known by hand. The last ones rebuild
 SD 1.5 and SDXL from their published configs on the meta device and require models.yaml to hold
@@ -13,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from lorapod.catalog.models import find_model
-from lorapod.plan.step_count import count_forward, count_step, unet_figures
+from lorapod.plan.counted_models import unet_figures
+from lorapod.plan.step_count import count_forward, count_step
 
 
 class _Weights(torch.nn.Module):
@@ -65,7 +67,7 @@ def test_catalog_unet_figures_are_the_counted_ones(family):
 def test_unet_activations_scale_with_pixels_and_checkpointing_saves_most():
     """Fused attention makes activation memory linear in the pixels, which is how the planner
     scales the reference figure to other resolutions."""
-    from lorapod.plan.step_count import unet_step
+    from lorapod.plan.counted_models import unet_step
 
     at512 = unet_step("sd15", 512, checkpointing=False).peak
     at768 = unet_step("sd15", 768, checkpointing=False).peak
@@ -74,7 +76,7 @@ def test_unet_activations_scale_with_pixels_and_checkpointing_saves_most():
 
 
 def test_llm_kernel_counts_are_the_counted_ones():
-    from lorapod.plan.step_count import LLAMA_LINEARS, llama_layer_kernels
+    from lorapod.plan.counted_models import LLAMA_LINEARS, llama_layer_kernels
     from lorapod.plan.work import LLM_KERNELS_PER_LAYER, LORA_KERNELS
 
     bare = llama_layer_kernels()
@@ -85,7 +87,7 @@ def test_llm_kernel_counts_are_the_counted_ones():
 
 @pytest.mark.parametrize("key", ["flux1", "flux2-klein-4b", "flux2-klein-9b", "wan21-1.3b", "wan21-14b", "wan22-ti2v-5b"])
 def test_catalog_dit_figures_are_the_counted_ones(key):
-    from lorapod.plan.step_count import dit_figures
+    from lorapod.plan.counted_models import dit_figures
 
     counted = dit_figures(key)
     names = {"flux1": ["flux1-dev", "flux1-schnell"], "wan21-14b": ["wan21-14b", "wan21-i2v-14b", "wan22-t2v-a14b",

@@ -53,7 +53,7 @@ class ImageModel:
     vae_encode_tflops_at_ref: float = 0.0
     kernels_per_fwd: int = 1000
     patch_px: int | None = None
-    # DiTs: parameters each token's matmuls pass through, counted (plan/step_count.py); below the
+    # DiTs: parameters each token's matmuls pass through, counted (plan/counted_models.py); below the
     # parameter count where weights serve only some tokens or run once a sample.
     token_params_b: float | None = None
     text_tokens: int = 0

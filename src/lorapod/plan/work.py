@@ -27,7 +27,7 @@ STREAM_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0 + 4.0, "int8":
                 "gptq": 0.53 + 4.0}
 QUANTISED = ("fp8", "int8", "nf4", "gptq")
 # LLM operators per layer per forward, counted on transformers' Llama decoder layer in bf16 with
-# SDPA (plan/step_count.py, tests/test_step_count.py): 39 for the block (norms with their float32
+# SDPA (plan/counted_models.py, tests/test_step_count.py): 39 for the block (norms with their float32
 # casts, rotary embedding and residuals run as separate kernels without torch.compile), 4 more
 # for every LoRA-wrapped linear (two matmuls, the scale, the add).
 LLM_KERNELS_PER_LAYER = 39
