@@ -165,12 +165,18 @@ def test_resume_continues_with_the_trainer_the_run_was_started_with(tmp_path, mo
     assert code != 0 and "trainer.json cannot be read" in err and "Traceback" not in err
 
 
-def test_for_resume_keeps_lorapods_engine_for_runs_without_a_trainer():
+def test_for_resume_keeps_lorapods_engine_for_runs_without_a_trainer(tmp_path):
     from lorapod.errors import SpecError
+    from lorapod.rundir import RunDir
     from lorapod.trainers import for_resume
 
-    assert for_resume(None, None, "run") is None  # lorapod's engine, as before
-    assert for_resume(None, "kohya", "run") == "sd-scripts"  # a folder from before trainer.json: the user's word
-    assert for_resume("sd-scripts", None, "run") == "sd-scripts"
+    run = RunDir(tmp_path)
+    said: list[str] = []
+    assert for_resume(run, None, "run", said.append) is None  # lorapod's engine, as before
+    assert for_resume(run, "kohya", "run", said.append) == "sd-scripts"  # a folder from before trainer.json
+    assert said == []
+    run.write_trainer("sd-scripts")
+    assert for_resume(run, None, "run", said.append) == "sd-scripts"
+    assert said == ["continuing with sd-scripts, the trainer run was started with"]
     with pytest.raises(SpecError, match="not musubi"):
-        for_resume("sd-scripts", "musubi", "run")
+        for_resume(run, "musubi", "run", said.append)

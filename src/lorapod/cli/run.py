@@ -95,10 +95,8 @@ def register(app: typer.Typer) -> None:
             from lorapod.rundir import RunDir
             from lorapod.trainers import for_resume
 
-            started_with = RunDir(Path(job.run_dir)).recorded_trainer()
-            trainer = for_resume(started_with, trainer, f"job {job.id}")
-            if started_with is not None:
-                console.print(f"continuing with {trainer}, the trainer job {job.id} was started with", markup=False)
+            trainer = for_resume(RunDir(Path(job.run_dir)), trainer, f"job {job.id}",
+                                 lambda m: console.print(m, markup=False))
         else:
             if spec is None:
                 raise SpecError("no spec given", hint="lorapod run SPEC --on ..., or lorapod run --resume JOB")

@@ -43,10 +43,7 @@ def train(
     if resume is not None:  # continue with the trainer the run folder was started with
         from lorapod.trainers import for_resume
 
-        started_with = RunDir.open(resume).recorded_trainer()
-        trainer = for_resume(started_with, trainer, str(resume))
-        if started_with is not None:
-            console.print(f"continuing with {trainer}, the trainer {resume} was started with", markup=False)
+        trainer = for_resume(RunDir.open(resume), trainer, str(resume), lambda m: console.print(m, markup=False))
     if trainer is not None:
         if resume is not None:  # continue a trainer's run folder from its newest checkpoint
             spec_file, run_dir = RunDir.open(resume).spec_file, resume

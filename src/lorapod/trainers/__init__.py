@@ -10,9 +10,14 @@ like compute providers and captioners; aliases are accepted on the command line.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from lorapod.errors import SpecError
 from lorapod.trainers.base import Layout, Trainer, TrainerJob, TrainerRefused, refuse_all
+
+if TYPE_CHECKING:
+    from lorapod.rundir import RunDir
 
 _REGISTRY: dict[str, str] = {
     "sd-scripts": "lorapod.trainers.sd_scripts:SdScripts",
@@ -43,10 +48,13 @@ def canonical(name: str) -> str:
     return key
 
 
-def for_resume(recorded: str | None, given: str | None, where: str) -> str | None:
+def for_resume(run: RunDir, given: str | None, where: str, say: Callable[[str], None]) -> str | None:
     """The trainer a resumed run continues with: the one it was started with (its run folder's
     ``trainer.json``), so ``--resume`` alone never hands another trainer's checkpoints to
     lorapod's engine; a different ``--trainer`` is refused."""
+    recorded = run.recorded_trainer()
+    if recorded is not None and given is None:
+        say(f"continuing with {recorded}, the trainer {where} was started with")
     if given is None or recorded is None:
         return recorded if given is None else canonical(given)
     if canonical(given) != canonical(recorded):
