@@ -17,7 +17,14 @@ from typing import Any
 
 import torch
 
-from lorapod.plan.step_count import ForwardCount, StepMemory, count_forward, count_step
+from lorapod.plan.step_count import (
+    ForwardCount,
+    StepMemory,
+    Traffic,
+    count_forward,
+    count_step,
+    count_traffic,
+)
 
 # LoRA on the attention projections, as diffusers' and SimpleTuner's LoRA scripts attach it
 # (present in every U-Net transformer block and every DiT block of the three families).
@@ -162,6 +169,43 @@ def llama_layer_kernels(targets: tuple[str, ...] = ()) -> int:
         rope = LlamaRotaryEmbedding(config)(states, torch.arange(128)[None])
     return count_forward(lambda: layer(states, attention_mask=None, position_embeddings=rope)).kernels
 
+
+
+# ----------------------------------------------------------------------------- GPTQ bases
+
+GPTQ_GROUP = 128
+
+
+def gptq_dequant(bits: int = 4, in_features: int = 4096, out_features: int = 4096) -> Traffic:
+    """One dequantisation of a GPTQ linear layer, the operators AutoGPTQ's ``QuantLinear``
+    (qlinear_cuda_old, the one transformers' GPTQ integration loads for training, with exllama
+    disabled) runs for inputs of 128 tokens or more, before its fp16 matmul reads the result:
+
+        zeros  = ((qzeros[:, :, None] >> shifts) as int8) & mask, + 1         (per group: small)
+        weight = ((qweight[:, None, :] >> shifts) as int8) & mask              (per weight)
+        weight = scales * (weight - zeros)                                      (fp16, per weight)
+
+    Counted on ``meta`` (plan/step_count.py's Traffic); divide by the weights for bytes per
+    weight. 8-bit GPTQ unpacks to int16."""
+    per_word = 32 // bits
+    unpacked = torch.int16 if bits == 8 else torch.int8
+    mask = 2**bits - 1
+    groups = in_features // GPTQ_GROUP
+    with torch.device("meta"):
+        qweight = torch.empty(in_features // per_word, out_features, dtype=torch.int32)
+        qzeros = torch.empty(groups, out_features // per_word, dtype=torch.int32)
+        scales = torch.empty(groups, out_features, dtype=torch.float16)
+        shifts = torch.arange(0, 32, bits, dtype=torch.int32)[None]
+
+    def dequantise() -> torch.Tensor:
+        zeros = torch.bitwise_right_shift(qzeros[:, :, None].expand(-1, -1, per_word), shifts[None]).to(unpacked)
+        torch.bitwise_and(zeros, mask, out=zeros)
+        zeros = (zeros + 1).reshape(groups, 1, -1)
+        weight = torch.bitwise_right_shift(qweight[:, None, :].expand(-1, per_word, -1), shifts[..., None]).to(unpacked)
+        torch.bitwise_and(weight, mask, out=weight)
+        return (scales[:, None, :] * (weight.reshape(groups, GPTQ_GROUP, -1) - zeros)).reshape(in_features, -1)
+
+    return count_traffic(dequantise)
 
 
 # ----------------------------------------------------------------------------- diffusion transformers

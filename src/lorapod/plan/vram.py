@@ -253,12 +253,18 @@ def _llm_parts(m: LLMArch, s: Settings) -> dict[str, float]:
         act = kept + per_layer
     else:
         act = m.layers * per_layer
-    return {
+    parts = {
         f"base weights ({s.base_dtype})": weights,
         "LoRA weights, grads, optimizer": lora * (LORA_BYTES + OPTIMIZER_BYTES.get(s.optimizer, 8.0)) / GiB,
         "activations": act / GiB,
         f"logits + loss ({fw.name})": tokens * s.label_fraction * m.vocab * fw.logit_bytes / GiB,
     }
+    if s.base_dtype == "gptq":
+        # AutoGPTQ's matmul keeps each layer's dequantised fp16 weights for its backward
+        # (plan/work.py): one layer's with checkpointing (the one being recomputed), else all.
+        layers = 1 if s.gradient_checkpointing else m.layers
+        parts["dequantised weights kept for the backward"] = m.linear_params / m.layers * layers * 2 / GiB
+    return parts
 
 
 def suggestions(model: ImageModel | LLMArch, s: Settings) -> list[tuple[Suggestion, Settings]]:

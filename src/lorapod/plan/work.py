@@ -26,6 +26,14 @@ ATTN_BWD = 2.5
 STREAM_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0 + 4.0, "int8": 1.0 + 4.0, "nf4": 0.516 + 4.0,
                 "gptq": 0.53 + 4.0}
 QUANTISED = ("fp8", "int8", "nf4", "gptq")
+# GPTQ as AutoGPTQ trains it (exllama disabled, inputs of 128 tokens or more): the 4-bit weights are
+# unpacked by eager elementwise operators, not one fused kernel. Counted on the operators
+# (plan/counted_models.py: gptq_dequant, tests/test_step_count.py): 16.63 bytes moved and 9
+# kernels per weight before the fp16 matmul reads the result (2 bytes). The matmul saves that
+# dequantised weight for its backward, so GPTQ dequantises once a forward (with checkpointing, the
+# recompute once more), where bitsandbytes' nf4 dequantises again in the backward.
+GPTQ_DEQUANT_BYTES = 16.63
+GPTQ_DEQUANT_KERNELS = 9
 # LLM operators per layer per forward, counted on transformers' Llama decoder layer in bf16 with
 # SDPA (plan/counted_models.py, tests/test_step_count.py): 39 for the block (norms with their float32
 # casts, rotary embedding and residuals run as separate kernels without torch.compile), 4 more
@@ -83,6 +91,11 @@ def _llm_work(m: LLMArch, s: Settings) -> Work:
     stream = m.embedding_params * 2 * mm + (0.0 if dequant else linear_bytes)
     n_lora = _lora_targets(s, len(m.linear_shapes()))
     kernels = int(m.layers * (LLM_KERNELS_PER_LAYER + LORA_KERNELS * n_lora) * (1 + 2 + (mm - 2)))
+    if s.base_dtype == "gptq":  # dequantised each forward, read by the matmul every pass
+        forwards = mm - 1
+        dequant = m.linear_params * ((GPTQ_DEQUANT_BYTES + BYTES_PER_PARAM["bf16"]) * forwards
+                                     + BYTES_PER_PARAM["bf16"])
+        kernels += int(m.layers * len(m.linear_shapes()) * GPTQ_DEQUANT_KERNELS * forwards)
     opt = lora * (LORA_BYTES + OPTIMIZER_BYTES.get(s.optimizer, 8.0)) * 2 / max(1, s.grad_accum)
     return Work((linear + head) / 1e12, attn / 1e12, 0.0, stream / 1e9, dequant / 1e9, opt / 1e9, kernels, 0.0, tokens)
 
