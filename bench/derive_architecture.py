@@ -12,6 +12,8 @@ holds:
   checkpointing (fused attention, cached latents and text embeddings);
 - for the DiTs, the parameters each token's matmuls pass through (their work is 2 x that x the
   tokens; FLUX.1's 11.9e9 parameters give 6.48e9 a token) and operators per forward;
+- for transformers' Llama layer, the bytes its memory-bound operators (everything but the
+  matmuls and attention) move per token, forward and backward;
 - for a GPTQ base, the bytes AutoGPTQ's unpacking moves per weight and its kernels per layer
   (plan/work.py holds them).
 A test (tests/test_step_count.py) re-derives the same figures, so the catalog cannot drift from
@@ -26,10 +28,12 @@ from lorapod.plan.counted_models import (
     FLUX1_VAE_CONFIG,
     dit_figures,
     gptq_dequant,
+    llama_layer_traffic,
     unet_figures,
     vae_encode,
 )
-from lorapod.plan.work import GPTQ_DEQUANT_BYTES, GPTQ_DEQUANT_KERNELS
+from lorapod.plan.vram import Settings
+from lorapod.plan.work import GPTQ_DEQUANT_BYTES, GPTQ_DEQUANT_KERNELS, layer_traffic
 
 
 def main() -> None:
@@ -53,6 +57,12 @@ def main() -> None:
     flux = find_model("flux1-dev")
     rows.append(("FLUX.1 (VAE only)", "vae_encode_tflops_at_ref", flux.vae_encode_tflops_at_ref,
                  round(vae_encode(flux.ref_resolution, FLUX1_VAE_CONFIG).tflops, 2)))
+    llama = find_model("meta-llama/Llama-3.1-8B")
+    fwd, bwd = llama_layer_traffic(llama.hidden, llama.intermediate, llama.heads, llama.kv_heads, llama.head_dim,
+                                   tokens=1024)
+    plain = Settings(base_dtype="bf16", r=8, targets=(), optimizer="adamw", gradient_checkpointing=False, batch=1)
+    rows.append((llama.name, "memory-bound bytes per token per layer (forward + backward)",
+                 round(layer_traffic(llama, plain, 1)), round(fwd + bwd)))
     gptq = gptq_dequant(4, 4096, 4096)
     rows += [("GPTQ 4-bit (AutoGPTQ)", "dequant bytes per weight", GPTQ_DEQUANT_BYTES, round(gptq.bytes / 4096**2, 2)),
              ("GPTQ 4-bit (AutoGPTQ)", "dequant kernels per linear", GPTQ_DEQUANT_KERNELS, gptq.kernels)]

@@ -200,14 +200,16 @@ def test_fit_recovers_known_efficiencies_from_synthetic_points():
 
     truth = Params({"kind:llm": math.log(0.4), "arch:ada": 0.2, "arch:ampere": -0.1, "class:geforce": 0.0,
                     "class:a100": 0.0, "dequant:nf4": 1.2, "framework:hf": 0.0,
-                    "attention": -0.2, "launch:llm": math.log(10.0)})
+                    "attention": -0.2, "launch:llm": math.log(10.0), "elementwise": -0.3})
     obs = [o for o in speed_points() if o.source.id in ("qwen-readme", "llamafactory-wiki", "torchtune-readme")]
     synthetic = [replace(o, value=predict(o.model, replace(o.settings, framework="hf"), o.gpu(), truth)[0],
                          settings=replace(o.settings, framework="hf")) for o in obs]
     got = fit(synthetic)
     errors = sorted(abs(predict(o.model, o.settings, o.gpu(), got)[0] / o.value - 1) for o in synthetic)
     assert errors[-1] < 0.10 and errors[len(errors) // 2] < 0.03  # ridge pulls terms a little towards 0
-    assert got.theta["dequant:nf4"] > 0.8  # dequantisation found well below the memory bandwidth
+    # dequantisation found well below the memory bandwidth (the truth is 1.2; the ridge and GPTQ's
+    # own term, which shares nf4's, take some of it: these three sources hold few nf4 steps)
+    assert got.theta["dequant:nf4"] > 0.6
 
 
 def test_a_gpu_architecture_without_measured_steps_gets_the_wider_range():
@@ -247,7 +249,7 @@ def test_fp8_matmuls_run_at_the_fp8_peak_only_where_there_are_fp8_tensor_cores()
 
     from lorapod.catalog.gpus import find_gpu
     from lorapod.plan.fit import fitted
-    from lorapod.plan.speed import features, predict
+    from lorapod.plan.speed import MAX_EFFICIENCY, efficiencies, features, predict
 
     m = find_model("meta-llama/Llama-3.1-8B")
     bf16 = _llm(4096, gc=False)
@@ -258,7 +260,9 @@ def test_fp8_matmuls_run_at_the_fp8_peak_only_where_there_are_fp8_tensor_cores()
     t_fp8, parts_fp8, _ = predict(m, fp8, h100, params)
     assert "compute:fp8" in features(m, fp8, h100) and "compute:fp8" not in features(m, fp8, a100)
     ratio = parts_fp8["matmul compute"] / parts_bf16["matmul compute"]
-    assert ratio == pytest.approx(0.5 / math.exp(params.theta["compute:fp8"]))
+    e_bf16, e_fp8 = (efficiencies(features(m, s, h100), params)[0] for s in (bf16, fp8))
+    assert e_fp8 == pytest.approx(min(MAX_EFFICIENCY, e_bf16 * math.exp(params.theta["compute:fp8"])))
+    assert ratio == pytest.approx(0.5 * e_bf16 / e_fp8)  # twice the peak, at fp8's own efficiency
     assert parts_fp8["attention compute"] == parts_bf16["attention compute"]  # attention stays bf16
     assert predict(m, fp8, a100, params)[0] == predict(m, bf16, a100, params)[0]  # Ampere has no fp8 cores
     assert t_fp8 < t_bf16

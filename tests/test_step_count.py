@@ -78,6 +78,31 @@ def test_gptq_dequantisation_figures_are_the_counted_ones():
     assert 16.5 < GPTQ_DEQUANT_BYTES < 16.7
 
 
+@pytest.mark.parametrize(("shape", "targets"), [
+    ((4096, 11008, 32, 8, 128), ()),
+    ((2048, 5632, 16, 16, 128), ("q_proj", "v_proj")),
+    ((3072, 8192, 24, 8, 64), ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")),
+])
+def test_llm_memory_bound_traffic_is_the_counted_one(shape, targets):
+    """plan/work.py's coefficients give what the Llama layer's non-matmul operators move, for
+    widths, grouped key/value heads, head sizes and LoRA targets they were not read from."""
+    from dataclasses import replace
+
+    from lorapod.catalog.models import find_model
+    from lorapod.plan.counted_models import llama_layer_traffic
+    from lorapod.plan.vram import Settings
+    from lorapod.plan.work import layer_traffic
+
+    hidden, inter, heads, kv, head_dim = shape
+    arch = replace(find_model("meta-llama/Llama-3.2-1B"), hidden=hidden, intermediate=inter, heads=heads, kv_heads=kv,
+                   head_dim=head_dim)
+    settings = Settings(base_dtype="bf16", r=8, targets=targets, optimizer="adamw", gradient_checkpointing=False, batch=1)
+    fwd, bwd = llama_layer_traffic(hidden, inter, heads, kv, head_dim, targets, tokens=1024)
+    # one forward and one backward; the norms' weights (read once a step) spread over the tokens
+    assert layer_traffic(arch, settings, 1) == pytest.approx(fwd + bwd, rel=1e-4)
+    assert layer_traffic(arch, settings, 2) == pytest.approx(2 * fwd + bwd, rel=1e-4)
+
+
 @pytest.mark.parametrize("family", ["sd15", "sdxl"])
 def test_catalog_unet_figures_are_the_counted_ones(family):
     m = find_model(family)

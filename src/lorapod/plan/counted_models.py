@@ -18,12 +18,14 @@ from typing import Any
 import torch
 
 from lorapod.plan.step_count import (
+    MATMULS,
     ForwardCount,
     StepMemory,
     Traffic,
     count_forward,
     count_step,
     count_traffic,
+    fused_attention,
 )
 
 # LoRA on the attention projections, as diffusers' and SimpleTuner's LoRA scripts attach it
@@ -169,6 +171,34 @@ def llama_layer_kernels(targets: tuple[str, ...] = ()) -> int:
         rope = LlamaRotaryEmbedding(config)(states, torch.arange(128)[None])
     return count_forward(lambda: layer(states, attention_mask=None, position_embeddings=rope)).kernels
 
+
+
+def llama_layer_traffic(hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int,
+                        targets: tuple[str, ...] = (), tokens: int = 256) -> tuple[float, float]:
+    """Bytes per token the memory-bound operators of a transformers Llama decoder layer move in
+    one forward and in its backward (bf16, fused attention, the base frozen, LoRA from peft on
+    ``targets``): everything but the matmuls (timed by their FLOPs) and attention (its own
+    kernel). The planner's elementwise term (plan/work.py) holds these as coefficients."""
+    from peft import LoraConfig, inject_adapter_in_model
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+    config = LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_attention_heads=heads,
+                         num_key_value_heads=kv_heads, head_dim=head_dim, num_hidden_layers=1,
+                         attn_implementation="sdpa")
+    with bf16_on_meta():
+        layer = LlamaDecoderLayer(config, 0).requires_grad_(False)
+        if targets:
+            layer = inject_adapter_in_model(LoraConfig(r=8, target_modules=list(targets)), layer)
+        states = torch.empty(1, tokens, hidden, requires_grad=True)  # a middle layer's input
+        rope = LlamaRotaryEmbedding(config)(states, torch.arange(tokens)[None])
+    moved = Traffic(skip=MATMULS)
+    with fused_attention(), moved:
+        out = layer(states, attention_mask=None, position_embeddings=rope)
+        out = out[0] if isinstance(out, tuple) else out
+        forward = moved.bytes
+        out.backward(torch.empty_like(out))
+    return forward / tokens, (moved.bytes - forward) / tokens
 
 
 # ----------------------------------------------------------------------------- GPTQ bases

@@ -130,6 +130,8 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+# Matmuls: compute-bound, timed by their FLOPs; what Traffic leaves out to see the rest.
+MATMULS = ("mm.default", "addmm.default", "bmm.default")
 # Operators that launch no kernel: allocation, views torch does not mark as views, detaching.
 _NO_KERNEL = {"detach.default", "empty.memory_format", "empty_strided.default", "new_empty.default",
               "empty_like.default", "lift_fresh.default", "_unsafe_view.default"}
@@ -138,16 +140,18 @@ _NO_KERNEL = {"detach.default", "empty.memory_format", "empty_strided.default", 
 class Traffic(TorchDispatchMode):
     """Bytes each working operator reads (its tensor inputs' storages, once each: a broadcast
     input is read once, not once per element it feeds) and writes (its outputs' storages; an
-    in-place operator reads and writes the same one), and the number of such operators."""
+    in-place operator reads and writes the same one), and the number of such operators.
+    ``skip``: operators left out (by name, e.g. the matmuls, whose time the FLOPs give)."""
 
-    def __init__(self) -> None:
+    def __init__(self, skip: Iterable[str] = ()) -> None:
         super().__init__()
         self.bytes = 0
         self.kernels = 0
+        self._skip = set(skip)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if func.is_view or func.__name__ in _NO_KERNEL:
+        if func.is_view or func.__name__ in _NO_KERNEL or func.__name__ in self._skip:
             return out
         self.kernels += 1
         inputs = (args, {k: v for k, v in (kwargs or {}).items() if k != "out"})

@@ -244,7 +244,7 @@ def _llm_parts(m: LLMArch, s: Settings) -> dict[str, float]:
         weights = (m.linear_params * BYTES_PER_PARAM[s.base_dtype] + (m.params - m.linear_params) * 2) / GiB
     else:
         weights = m.params * BYTES_PER_PARAM[s.base_dtype] / GiB
-    lora = m.lora_params(s.r, s.targets if isinstance(s.targets, str) else list(s.targets))
+    lora = m.lora_params(s.r, s.targets)
     tokens = s.batch * s.seq_len
     act_bytes = 2 if s.base_dtype != "fp32" else 4
     per_layer = tokens * (LLM_ACT_HIDDEN * m.hidden + LLM_ACT_INTER * m.intermediate) * act_bytes
