@@ -160,11 +160,12 @@ def test_logits_are_counted_as_each_trainer_builds_them():
     m = find_model("meta-llama/Llama-3.1-8B")
     tokens, vocab = 4096, 128256
     parts = {fw: estimate(m, _llm(tokens, framework=fw)).parts for fw in ("hf", "torchtune", "unsloth", "lorapod")}
-    assert parts["hf"]["logits + loss (hf)"] == pytest.approx(tokens * vocab * 16 / GiB, rel=1e-3)
+    # eager losses at the peak counted on their code (tests/test_step_count.py), chunked ones as read
+    assert parts["hf"]["logits + loss (hf)"] == pytest.approx(tokens * vocab * 12 / GiB, rel=1e-3)
     assert parts["torchtune"]["logits + loss (torchtune)"] == pytest.approx(tokens * vocab * 3 / GiB, rel=1e-3)
     assert parts["unsloth"]["logits + loss (unsloth)"] == 0
     half = estimate(m, _llm(tokens, framework="lorapod", label_fraction=0.5)).parts["logits + loss (lorapod)"]
-    assert half == pytest.approx(tokens * vocab * 10 * 0.5 / GiB, rel=1e-3)
+    assert half == pytest.approx(tokens * vocab * 12 * 0.5 / GiB, rel=1e-3)
     # unsloth keeps the checkpoints in CPU RAM
     assert parts["unsloth"]["activations"] < parts["hf"]["activations"]
 

@@ -103,6 +103,15 @@ def test_llm_memory_bound_traffic_is_the_counted_one(shape, targets):
     assert layer_traffic(arch, settings, 2) == pytest.approx(2 * fwd + bwd, rel=1e-4)
 
 
+@pytest.mark.parametrize("name", ["hf", "transformers-4.46", "qwen-remote-code", "lorapod"])
+def test_logit_bytes_of_eager_losses_are_the_counted_ones(name):
+    from lorapod.plan.counted_models import loss_bytes_per_logit
+    from lorapod.plan.frameworks import framework
+
+    assert round(loss_bytes_per_logit(name), 1) == framework(name).logit_bytes
+    assert round(loss_bytes_per_logit(name, tokens=1024, vocab=8192), 1) == framework(name).logit_bytes
+
+
 @pytest.mark.parametrize("family", ["sd15", "sdxl"])
 def test_catalog_unet_figures_are_the_counted_ones(family):
     m = find_model(family)

@@ -201,6 +201,48 @@ def llama_layer_traffic(hidden: int, intermediate: int, heads: int, kv_heads: in
     return forward / tokens, (moved.bytes - forward) / tokens
 
 
+# ----------------------------------------------------------------------------- LLM losses
+
+def loss_bytes_per_logit(framework: str, tokens: int = 512, vocab: int = 4096) -> float:
+    """Peak bytes per (token x vocabulary) element of the LM head's output and the loss, forward
+    and backward, as each trainer's code builds them (bf16 model): the planner's ``logit_bytes``
+    (plan/frameworks.py) for the trainers whose loss runs eagerly.
+
+    - ``hf``: transformers < 4.46 (LlamaForCausalLM): the model upcasts its logits to float32,
+      shifts them with a contiguous copy, then cross-entropy.
+    - ``transformers-4.46``: bf16 logits returned; the loss upcasts them and shifts the labels.
+    - ``qwen-remote-code``: Qwen (v1)'s model code shifts the bf16 logits; the Trainer's bf16
+      autocast runs the cross-entropy's log-softmax in float32 (an explicit upcast stands in).
+    - ``lorapod``: lorapod's engine, logits at the label positions only, upcast, per-token loss.
+    """
+    import torch.nn.functional as F
+
+    with bf16_on_meta():
+        head = torch.nn.Linear(64, vocab, bias=False).requires_grad_(False)
+        hidden = torch.empty(1, tokens, 64, requires_grad=True)
+        labels = torch.zeros(1, tokens, dtype=torch.long)
+
+    def hf() -> torch.Tensor:
+        logits = head(hidden).float()
+        return F.cross_entropy(logits[:, :-1].contiguous().view(-1, vocab), labels[:, 1:].reshape(-1))
+
+    def transformers_446() -> torch.Tensor:
+        logits = head(hidden)  # kept by the model's output until the loss returns
+        return F.cross_entropy(logits.float().view(-1, vocab), labels.view(-1))
+
+    def qwen_remote_code() -> torch.Tensor:
+        shifted = head(hidden)[:, :-1].contiguous()
+        return F.cross_entropy(shifted.view(-1, vocab).float(), labels[:, 1:].reshape(-1))
+
+    def lorapod() -> torch.Tensor:
+        logits = head(hidden[0])  # every position a label here
+        return F.cross_entropy(logits.float(), labels[0], reduction="none").sum()
+
+    forward = {"hf": hf, "transformers-4.46": transformers_446, "qwen-remote-code": qwen_remote_code,
+               "lorapod": lorapod}[framework]
+    return count_step(head, forward).peak / (tokens * vocab)
+
+
 # ----------------------------------------------------------------------------- GPTQ bases
 
 GPTQ_GROUP = 128
