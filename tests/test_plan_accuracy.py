@@ -70,12 +70,12 @@ def test_leave_one_source_out_speed(residuals):
     assert len(speed) >= 100
     assert len({r.obs.source.id for r in speed}) >= 20
     within = sum(r.ok for r in speed) / len(speed)
-    assert within >= 0.47  # achieved 59/125
-    assert sorted(abs(r.error) for r in speed)[len(speed) // 2] <= 0.22  # achieved 21%
+    assert within >= 0.60  # achieved 76/125 (59 before GPTQ and the LLM memory-bound operators were counted)
+    assert sorted(abs(r.error) for r in speed)[len(speed) // 2] <= 0.18  # achieved 17%
     llm = [r for r in speed if r.family == "llm"]
-    assert sum(r.ok for r in llm) / len(llm) >= 0.57  # achieved 44/76
+    assert sum(r.ok for r in llm) / len(llm) >= 0.74  # achieved 57/76 (44 before)
     video = [r for r in speed if r.family == "video"]
-    assert sum(r.ok for r in video) / len(video) >= 0.20  # achieved 3/15 (1/14 before attention had its own efficiency)
+    assert sum(r.ok for r in video) / len(video) >= 0.46  # achieved 7/15 (3/15 before; 1/14 before attention had its own efficiency)
 
 
 def test_held_out_gpu_ratios_come_from_other_sources_steps(residuals):
@@ -97,7 +97,7 @@ def test_held_out_gpu_ratios_come_from_other_sources_steps(residuals):
 def test_leave_one_source_out_vram(residuals):
     vram = [r for r in residuals if r.metric == "vram" and not r.obs.is_bound]
     assert len(vram) >= 200
-    assert sum(r.ok for r in vram) / len(vram) >= 0.68  # achieved 168/247
+    assert sum(r.ok for r in vram) / len(vram) >= 0.68  # achieved 169/247
     image = [r for r in vram if r.family == "image"]
     assert sum(r.ok for r in image) / len(image) >= 0.75  # achieved 19/25 (13/29 before the U-Nets were counted)
     assert all(r.ok for r in residuals if r.metric == "vram" and r.obs.is_bound)
@@ -109,7 +109,7 @@ def test_printed_ranges_hold_held_out_figures(residuals):
     for r in residuals:
         by_source[r.obs.source.id].append(r)
     holds = range_holds(by_source)
-    floors = {"speed": 0.80, "vram": 0.78}  # achieved 102/125 and 195/247
+    floors = {"speed": 0.90, "vram": 0.82}  # achieved 114/125 and 203/247
     for metric, floor in floors.items():
         mine = [ok for r, ok in holds if r.metric == metric]
         assert sum(mine) / len(mine) >= floor, metric
