@@ -11,7 +11,11 @@ holds:
 - activation GiB at the reference resolution, batch 1, bf16, with and without gradient
   checkpointing (fused attention, cached latents and text embeddings);
 - for the DiTs, the parameters each token's matmuls pass through (their work is 2 x that x the
-  tokens; FLUX.1's 11.9e9 parameters give 6.48e9 a token) and operators per forward.
+  tokens; FLUX.1's 11.9e9 parameters give 6.48e9 a token) and operators per forward;
+- for transformers' Llama layer, the bytes its memory-bound operators (everything but the
+  matmuls and attention) move per token, forward and backward;
+- for a GPTQ base, the bytes AutoGPTQ's unpacking moves per weight and its kernels per layer
+  (plan/work.py holds them).
 A test (tests/test_step_count.py) re-derives the same figures, so the catalog cannot drift from
 the architectures. See plan/step_count.py (the counters) and plan/counted_models.py.
 """
@@ -19,7 +23,17 @@ the architectures. See plan/step_count.py (the counters) and plan/counted_models
 from __future__ import annotations
 
 from lorapod.catalog.models import find_model
-from lorapod.plan.counted_models import DIT_CONFIGS, FLUX1_VAE_CONFIG, dit_figures, unet_figures, vae_encode
+from lorapod.plan.counted_models import (
+    DIT_CONFIGS,
+    FLUX1_VAE_CONFIG,
+    dit_figures,
+    gptq_dequant,
+    llama_layer_traffic,
+    unet_figures,
+    vae_encode,
+)
+from lorapod.plan.vram import Settings
+from lorapod.plan.work import GPTQ_DEQUANT_BYTES, GPTQ_DEQUANT_KERNELS, layer_traffic
 
 
 def main() -> None:
@@ -43,6 +57,15 @@ def main() -> None:
     flux = find_model("flux1-dev")
     rows.append(("FLUX.1 (VAE only)", "vae_encode_tflops_at_ref", flux.vae_encode_tflops_at_ref,
                  round(vae_encode(flux.ref_resolution, FLUX1_VAE_CONFIG).tflops, 2)))
+    llama = find_model("meta-llama/Llama-3.1-8B")
+    fwd, bwd = llama_layer_traffic(llama.hidden, llama.intermediate, llama.heads, llama.kv_heads, llama.head_dim,
+                                   tokens=1024)
+    plain = Settings(base_dtype="bf16", r=8, targets=(), optimizer="adamw", gradient_checkpointing=False, batch=1)
+    rows.append((llama.name, "memory-bound bytes per token per layer (forward + backward)",
+                 round(layer_traffic(llama, plain, 1)), round(fwd + bwd)))
+    gptq = gptq_dequant(4, 4096, 4096)
+    rows += [("GPTQ 4-bit (AutoGPTQ)", "dequant bytes per weight", GPTQ_DEQUANT_BYTES, round(gptq.bytes / 4096**2, 2)),
+             ("GPTQ 4-bit (AutoGPTQ)", "dequant kernels per linear", GPTQ_DEQUANT_KERNELS, gptq.kernels)]
     print("| model | figure | catalog | counted |\n|---|---|---|---|")
     for name, key, have, counted in rows:
         print(f"| {name} | {key} | {have} | {counted} |")

@@ -70,12 +70,12 @@ def test_leave_one_source_out_speed(residuals):
     assert len(speed) >= 100
     assert len({r.obs.source.id for r in speed}) >= 20
     within = sum(r.ok for r in speed) / len(speed)
-    assert within >= 0.47  # achieved 59/125
-    assert sorted(abs(r.error) for r in speed)[len(speed) // 2] <= 0.22  # achieved 21%
+    assert within >= 0.60  # achieved 76/125 (59 before GPTQ and the LLM memory-bound operators were counted)
+    assert sorted(abs(r.error) for r in speed)[len(speed) // 2] <= 0.18  # achieved 17%
     llm = [r for r in speed if r.family == "llm"]
-    assert sum(r.ok for r in llm) / len(llm) >= 0.57  # achieved 44/76
+    assert sum(r.ok for r in llm) / len(llm) >= 0.74  # achieved 57/76 (44 before)
     video = [r for r in speed if r.family == "video"]
-    assert sum(r.ok for r in video) / len(video) >= 0.20  # achieved 3/15 (1/14 before attention had its own efficiency)
+    assert sum(r.ok for r in video) / len(video) >= 0.46  # achieved 7/15 (3/15 before; 1/14 before attention had its own efficiency)
 
 
 def test_held_out_gpu_ratios_come_from_other_sources_steps(residuals):
@@ -97,7 +97,7 @@ def test_held_out_gpu_ratios_come_from_other_sources_steps(residuals):
 def test_leave_one_source_out_vram(residuals):
     vram = [r for r in residuals if r.metric == "vram" and not r.obs.is_bound]
     assert len(vram) >= 200
-    assert sum(r.ok for r in vram) / len(vram) >= 0.68  # achieved 168/247
+    assert sum(r.ok for r in vram) / len(vram) >= 0.68  # achieved 169/247
     image = [r for r in vram if r.family == "image"]
     assert sum(r.ok for r in image) / len(image) >= 0.75  # achieved 19/25 (13/29 before the U-Nets were counted)
     assert all(r.ok for r in residuals if r.metric == "vram" and r.obs.is_bound)
@@ -109,7 +109,7 @@ def test_printed_ranges_hold_held_out_figures(residuals):
     for r in residuals:
         by_source[r.obs.source.id].append(r)
     holds = range_holds(by_source)
-    floors = {"speed": 0.80, "vram": 0.78}  # achieved 102/125 and 195/247
+    floors = {"speed": 0.90, "vram": 0.82}  # achieved 114/125 and 203/247
     for metric, floor in floors.items():
         mine = [ok for r, ok in holds if r.metric == metric]
         assert sum(mine) / len(mine) >= floor, metric
@@ -160,11 +160,12 @@ def test_logits_are_counted_as_each_trainer_builds_them():
     m = find_model("meta-llama/Llama-3.1-8B")
     tokens, vocab = 4096, 128256
     parts = {fw: estimate(m, _llm(tokens, framework=fw)).parts for fw in ("hf", "torchtune", "unsloth", "lorapod")}
-    assert parts["hf"]["logits + loss (hf)"] == pytest.approx(tokens * vocab * 16 / GiB, rel=1e-3)
+    # eager losses at the peak counted on their code (tests/test_step_count.py), chunked ones as read
+    assert parts["hf"]["logits + loss (hf)"] == pytest.approx(tokens * vocab * 12 / GiB, rel=1e-3)
     assert parts["torchtune"]["logits + loss (torchtune)"] == pytest.approx(tokens * vocab * 3 / GiB, rel=1e-3)
     assert parts["unsloth"]["logits + loss (unsloth)"] == 0
     half = estimate(m, _llm(tokens, framework="lorapod", label_fraction=0.5)).parts["logits + loss (lorapod)"]
-    assert half == pytest.approx(tokens * vocab * 10 * 0.5 / GiB, rel=1e-3)
+    assert half == pytest.approx(tokens * vocab * 12 * 0.5 / GiB, rel=1e-3)
     # unsloth keeps the checkpoints in CPU RAM
     assert parts["unsloth"]["activations"] < parts["hf"]["activations"]
 
@@ -200,14 +201,16 @@ def test_fit_recovers_known_efficiencies_from_synthetic_points():
 
     truth = Params({"kind:llm": math.log(0.4), "arch:ada": 0.2, "arch:ampere": -0.1, "class:geforce": 0.0,
                     "class:a100": 0.0, "dequant:nf4": 1.2, "framework:hf": 0.0,
-                    "attention": -0.2, "launch:llm": math.log(10.0)})
+                    "attention": -0.2, "launch:llm": math.log(10.0), "elementwise": -0.3})
     obs = [o for o in speed_points() if o.source.id in ("qwen-readme", "llamafactory-wiki", "torchtune-readme")]
     synthetic = [replace(o, value=predict(o.model, replace(o.settings, framework="hf"), o.gpu(), truth)[0],
                          settings=replace(o.settings, framework="hf")) for o in obs]
     got = fit(synthetic)
     errors = sorted(abs(predict(o.model, o.settings, o.gpu(), got)[0] / o.value - 1) for o in synthetic)
     assert errors[-1] < 0.10 and errors[len(errors) // 2] < 0.03  # ridge pulls terms a little towards 0
-    assert got.theta["dequant:nf4"] > 0.8  # dequantisation found well below the memory bandwidth
+    # dequantisation found well below the memory bandwidth (the truth is 1.2; the ridge and GPTQ's
+    # own term, which shares nf4's, take some of it: these three sources hold few nf4 steps)
+    assert got.theta["dequant:nf4"] > 0.6
 
 
 def test_a_gpu_architecture_without_measured_steps_gets_the_wider_range():
@@ -247,7 +250,7 @@ def test_fp8_matmuls_run_at_the_fp8_peak_only_where_there_are_fp8_tensor_cores()
 
     from lorapod.catalog.gpus import find_gpu
     from lorapod.plan.fit import fitted
-    from lorapod.plan.speed import features, predict
+    from lorapod.plan.speed import MAX_EFFICIENCY, efficiencies, features, predict
 
     m = find_model("meta-llama/Llama-3.1-8B")
     bf16 = _llm(4096, gc=False)
@@ -258,7 +261,9 @@ def test_fp8_matmuls_run_at_the_fp8_peak_only_where_there_are_fp8_tensor_cores()
     t_fp8, parts_fp8, _ = predict(m, fp8, h100, params)
     assert "compute:fp8" in features(m, fp8, h100) and "compute:fp8" not in features(m, fp8, a100)
     ratio = parts_fp8["matmul compute"] / parts_bf16["matmul compute"]
-    assert ratio == pytest.approx(0.5 / math.exp(params.theta["compute:fp8"]))
+    e_bf16, e_fp8 = (efficiencies(features(m, s, h100), params)[0] for s in (bf16, fp8))
+    assert e_fp8 == pytest.approx(min(MAX_EFFICIENCY, e_bf16 * math.exp(params.theta["compute:fp8"])))
+    assert ratio == pytest.approx(0.5 * e_bf16 / e_fp8)  # twice the peak, at fp8's own efficiency
     assert parts_fp8["attention compute"] == parts_bf16["attention compute"]  # attention stays bf16
     assert predict(m, fp8, a100, params)[0] == predict(m, bf16, a100, params)[0]  # Ampere has no fp8 cores
     assert t_fp8 < t_bf16

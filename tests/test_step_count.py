@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from lorapod.catalog.models import find_model
 from lorapod.plan.counted_models import unet_figures
-from lorapod.plan.step_count import count_forward, count_step
+from lorapod.plan.step_count import count_forward, count_step, count_traffic
 
 
 class _Weights(torch.nn.Module):
@@ -50,6 +50,66 @@ def test_forward_count_of_a_linear_layer():
     count = count_forward(lambda: lin(x).relu())
     assert count.tflops * 1e12 == 2 * 32 * 128 * 64 and count.attention_tflops == 0
     assert count.kernels == 2  # the matmul and the relu; the weight's transpose is a view
+
+
+def test_traffic_reads_a_broadcast_input_once_and_an_in_place_op_both_ways():
+    rows, cols = 64, 32
+    with torch.device("meta"):
+        a, b = torch.empty(rows, cols), torch.empty(1, cols)
+    moved = count_traffic(lambda: (a + b).mul_(2))
+    # add: reads a (rows x cols) and b (one row, broadcast), writes rows x cols; mul_: reads and
+    # writes its input. float32 throughout.
+    assert moved.bytes == 4 * (rows * cols + cols + rows * cols) + 4 * 2 * rows * cols
+    assert moved.kernels == 2
+
+
+def test_gptq_dequantisation_figures_are_the_counted_ones():
+    """GPTQ's speed term moves what AutoGPTQ's eager unpacking moves (plan/counted_models.py)."""
+    from lorapod.plan.counted_models import gptq_dequant
+    from lorapod.plan.work import GPTQ_DEQUANT_BYTES, GPTQ_DEQUANT_KERNELS
+
+    for shape in ((4096, 4096), (5120, 13696)):
+        moved = gptq_dequant(4, *shape)
+        assert round(moved.bytes / (shape[0] * shape[1]), 2) == GPTQ_DEQUANT_BYTES
+        assert moved.kernels == GPTQ_DEQUANT_KERNELS
+    # by hand, per weight: the int32 shift writes 4 bytes (reading the packed 0.5), the int8 cast
+    # reads 4 and writes 1, the in-place mask 1 + 1, the zero-point subtraction 1 + 1, the fp16
+    # scale multiply 1 + 2; the per-group zero points and scales add about 0.13
+    assert 16.5 < GPTQ_DEQUANT_BYTES < 16.7
+
+
+@pytest.mark.parametrize(("shape", "targets"), [
+    ((4096, 11008, 32, 8, 128), ()),
+    ((2048, 5632, 16, 16, 128), ("q_proj", "v_proj")),
+    ((3072, 8192, 24, 8, 64), ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")),
+])
+def test_llm_memory_bound_traffic_is_the_counted_one(shape, targets):
+    """plan/work.py's coefficients give what the Llama layer's non-matmul operators move, for
+    widths, grouped key/value heads, head sizes and LoRA targets they were not read from."""
+    from dataclasses import replace
+
+    from lorapod.catalog.models import find_model
+    from lorapod.plan.counted_models import llama_layer_traffic
+    from lorapod.plan.vram import Settings
+    from lorapod.plan.work import layer_traffic
+
+    hidden, inter, heads, kv, head_dim = shape
+    arch = replace(find_model("meta-llama/Llama-3.2-1B"), hidden=hidden, intermediate=inter, heads=heads, kv_heads=kv,
+                   head_dim=head_dim)
+    settings = Settings(base_dtype="bf16", r=8, targets=targets, optimizer="adamw", gradient_checkpointing=False, batch=1)
+    fwd, bwd = llama_layer_traffic(hidden, inter, heads, kv, head_dim, targets, tokens=1024)
+    # one forward and one backward; the norms' weights (read once a step) spread over the tokens
+    assert layer_traffic(arch, settings, 1) == pytest.approx(fwd + bwd, rel=1e-4)
+    assert layer_traffic(arch, settings, 2) == pytest.approx(2 * fwd + bwd, rel=1e-4)
+
+
+@pytest.mark.parametrize("name", ["hf", "transformers-4.46", "qwen-remote-code", "lorapod"])
+def test_logit_bytes_of_eager_losses_are_the_counted_ones(name):
+    from lorapod.plan.counted_models import loss_bytes_per_logit
+    from lorapod.plan.frameworks import framework
+
+    assert round(loss_bytes_per_logit(name), 1) == framework(name).logit_bytes
+    assert round(loss_bytes_per_logit(name, tokens=1024, vocab=8192), 1) == framework(name).logit_bytes
 
 
 @pytest.mark.parametrize("family", ["sd15", "sdxl"])

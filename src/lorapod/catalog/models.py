@@ -129,13 +129,18 @@ class LLMArch:
         norms = self.layers * 2 * self.hidden + self.hidden
         return self.linear_params + self.embedding_params + norms
 
-    def lora_params(self, r: int, targets: str | list[str]) -> float:
+    def lora_shapes(self, targets: str | list[str] | tuple[str, ...]) -> list[tuple[int, int]]:
+        """(in, out) of each linear a layer wraps in LoRA."""
         shapes = self.linear_shapes()
-        names = list(shapes) if targets == "all-linear" else [t for t in targets if t in shapes]
-        if not names and targets != "all-linear":
-            # Unknown names (e.g. 'query_key_value' on BLOOM): count them as attention projections.
-            names = ["q_proj"] * len(targets)
-        return self.layers * sum(r * (shapes[n][0] + shapes[n][1]) for n in names)
+        if targets == "all-linear":
+            return list(shapes.values())
+        names = [targets] if isinstance(targets, str) else list(targets)
+        known = [shapes[n] for n in names if n in shapes]
+        # Unknown names (e.g. 'query_key_value' on BLOOM): count them as attention projections.
+        return known or [shapes["q_proj"]] * len(names)
+
+    def lora_params(self, r: int, targets: str | list[str] | tuple[str, ...]) -> float:
+        return self.layers * sum(r * (i + o) for i, o in self.lora_shapes(targets))
 
 
 # ----------------------------------------------------------------------------- loading

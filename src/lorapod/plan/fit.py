@@ -33,6 +33,7 @@ from lorapod.fsutil import atomic_write_text
 from lorapod.home import lorapod_home
 from lorapod.plan.speed import (
     ATTENTION_PRIOR,
+    ELEMENTWISE,
     PCIE_GB_S,
     Params,
     attention_arch,
@@ -131,25 +132,29 @@ class _Row:
     fixed_s: float  # memory terms (no fitted part)
     swap_s: float
     measured: float
+    elementwise_s: float = 0.0  # memory-bound operators at the bandwidth
 
 
 def _row(o: Observation) -> _Row:
     gpu = o.gpu()
     vs = o.settings.variants()
-    acc = np.zeros(7)
+    acc = np.zeros(8)
     for v in vs:
         w = step_work(o.model, v)
         acc += np.array([w.matmul_tflops / fp8_peak_factor(v, gpu), w.attention_tflops, w.aux_tflops, w.kernels,
                          w.dequant_gb / gpu.mem_bw_gbs,
-                         (w.stream_gb + w.optimizer_gb) / gpu.mem_bw_gbs, w.swap_gb / PCIE_GB_S])
+                         (w.stream_gb + w.optimizer_gb) / gpu.mem_bw_gbs, w.swap_gb / PCIE_GB_S,
+                         w.elementwise_gb / gpu.mem_bw_gbs])
     acc /= len(vs)
     peak = gpu.bf16_tflops
     return _Row(features(o.model, o.settings, gpu), f"launch:{kind_of(o.model)}", acc[0] / peak, acc[1] / peak,
-                acc[2] / peak, acc[3], tuple(dequant_terms(o.settings.base_dtype)), acc[4], acc[5], acc[6], o.value)
+                acc[2] / peak, acc[3], tuple(dequant_terms(o.settings.base_dtype)), acc[4], acc[5], acc[6], o.value,
+                acc[7])
 
 
 def _names(rows: list[_Row]) -> list[str]:
-    return sorted({f for r in rows for f in r.feats} | {"attention"} | {r.launch for r in rows}
+    ew = {ELEMENTWISE} if any(r.elementwise_s for r in rows) else set()
+    return sorted(ew | {f for r in rows for f in r.feats} | {"attention"} | {r.launch for r in rows}
                   | {attention_arch(r.feats) for r in rows}
                   | {n for r in rows if r.dequant_s > 0 for n in r.dequant})
 
@@ -158,7 +163,7 @@ def _prior(name: str) -> tuple[float, float]:
     """(prior value, ridge weight) of a parameter."""
     if name.startswith("launch:"):
         return math.log(LAUNCH_PRIOR_US), LAUNCH_RIDGE
-    if name.startswith("dequant:"):
+    if name.startswith("dequant:") or name == ELEMENTWISE:
         return 0.0, DEQUANT_RIDGE
     if name.startswith("kind:"):
         return math.log(0.3), 1e-3
@@ -175,7 +180,8 @@ def _model_and_grad(r: _Row, th: dict[str, float], idx: dict[str, int]) -> tuple
     att = r.attention_s * math.exp(-(th["attention"] + th[aa]))
     launch = r.launches * math.exp(th[r.launch]) * 1e-6
     dq = r.dequant_s * math.exp(sum(th[n] for n in r.dequant)) if r.dequant_s else 0.0
-    core = mm + att + launch + dq + r.fixed_s
+    ew = r.elementwise_s * math.exp(th[ELEMENTWISE]) if r.elementwise_s else 0.0
+    core = mm + att + launch + dq + r.fixed_s + ew
     g = np.zeros(len(idx))
     if r.swap_s > core:  # transfer-bound: nothing fitted moves it
         return math.log(r.swap_s), g
@@ -187,6 +193,8 @@ def _model_and_grad(r: _Row, th: dict[str, float], idx: dict[str, int]) -> tuple
     if dq:
         for n in r.dequant:
             g[idx[n]] += dq
+    if ew:
+        g[idx[ELEMENTWISE]] += ew
     return math.log(core), g / core
 
 

@@ -2,8 +2,11 @@
 
 The same job needs very different memory in different trainers, mostly because of two things:
 how the (tokens x vocabulary) logits are built for the loss, and where gradient checkpoints
-live. Each profile below says it as the trainer's code does it (bytes per logit element, summed
-over the tensors alive at the loss's peak), so the memory model can count it instead of guessing.
+live. Each profile below says it as the trainer's code does it (bytes per logit element alive at
+the worst moment of the loss's forward and backward), so the memory model can count it instead
+of guessing. The eager ones (hf, transformers-4.46, qwen-remote-code, lorapod) are counted by
+running that code on torch's meta device (plan/counted_models.py: loss_bytes_per_logit;
+tests/test_step_count.py holds them equal); the chunked and fused ones are read from their code.
 Speed differences between trainers are not written here: they are fitted (plan/fit.py).
 """
 
@@ -24,22 +27,24 @@ class Framework:
 
 FRAMEWORKS: dict[str, Framework] = {
     "hf": Framework(
-        "hf", 16.0,
-        why="transformers < 4.46 (LlamaForCausalLM): logits upcast to fp32 in the model (4), a shifted "
-        "contiguous copy (4), log-softmax saved for backward (4), its gradient (4)",
+        "hf", 12.0,
+        why="transformers < 4.46 (LlamaForCausalLM): logits upcast to fp32 in the model and a shifted contiguous "
+        "copy (4 + 4), log-softmax saved for the backward (4); the backward's peak is that and two gradients",
     ),
     "transformers-4.46": Framework(
-        "transformers-4.46", 10.0,
+        "transformers-4.46", 12.0,
         why="transformers >= 4.46 (ForCausalLMLoss): bf16 logits (2), their fp32 upcast (4), log-softmax (4); labels are "
-        "shifted instead of the logits",
+        "shifted instead of the logits; the backward's peak (log-softmax, its gradient, the logits' gradient) is higher",
     ),
     "lorapod": Framework(
-        "lorapod", 10.0,
-        why="lorapod's engine: bf16 logits (2) at label positions only, their fp32 upcast (4), log-softmax (4)",
+        "lorapod", 12.0,
+        why="lorapod's engine: bf16 logits (2) at label positions only, their fp32 upcast (4), log-softmax (4); the "
+        "backward's peak is log-softmax and two float32 gradients",
     ),
     "qwen-remote-code": Framework(
-        "qwen-remote-code", 8.0,
-        why="Qwen (v1) remote code: loss on bf16 logits: logits (2), shifted copy (2), log-softmax (2), gradient (2)",
+        "qwen-remote-code", 12.0,
+        why="Qwen (v1) remote code under the Trainer's bf16 autocast: bf16 logits and a shifted copy (2 + 2), the "
+        "cross-entropy's log-softmax in float32 (4); the backward's peak is that and two float32 gradients",
     ),
     "torchtune": Framework(
         "torchtune", 3.0,

@@ -161,7 +161,7 @@ def build_job(spec: JobSpec, *, images: int | None = None, examples: int | None 
         )
         job.download_gb = model.params * 2 / 1e9
         job.upload_gb = data_bytes / 1e9
-        lora_bytes = model.lora_params(settings.r, settings.targets if isinstance(settings.targets, str) else list(settings.targets)) * 2
+        lora_bytes = model.lora_params(settings.r, settings.targets) * 2
         job.samples = _saves(spec, spec.samples.every_epochs, spec.samples.every_steps, job.steps, t.epochs) * (
             _prompt_count(spec) if spec.samples.prompts else 0
         )

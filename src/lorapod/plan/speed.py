@@ -40,6 +40,8 @@ SPILL_SECONDS_PER_STEP = 50.0
 MAX_EFFICIENCY = 0.95
 # Fused attention's share of the paper peak before any fit (log): a weak prior.
 ATTENTION_PRIOR = math.log(0.3)
+# The fitted term: how far below the memory bandwidth memory-bound operators run (log).
+ELEMENTWISE = "elementwise"
 # Launch latency of a kind the fit has not seen (microseconds).
 DEFAULT_LAUNCH_US = 10.0
 
@@ -149,7 +151,7 @@ def dequant_factor(s: Settings, params: Params) -> float:
 
 
 def terms(work: Work, gpu: GPU, effs: tuple[float, float], launch_us: float, dequant: float = 1.0,
-          mm_peak: float = 1.0) -> dict[str, float]:
+          mm_peak: float = 1.0, elementwise: float = 1.0) -> dict[str, float]:
     """Seconds per step, term by term (before block swap's overlap); ``mm_peak``: the matmuls'
     paper peak over the bf16 one (fp8_peak_factor)."""
     e_mm, e_att = effs
@@ -161,6 +163,7 @@ def terms(work: Work, gpu: GPU, effs: tuple[float, float], launch_us: float, deq
         "weights from memory": work.stream_gb / gpu.mem_bw_gbs,
         "dequantisation": work.dequant_gb / gpu.mem_bw_gbs * dequant,
         "optimizer": work.optimizer_gb / gpu.mem_bw_gbs,
+        "memory-bound operators": work.elementwise_gb / gpu.mem_bw_gbs * elementwise,
     }
 
 
@@ -173,7 +176,8 @@ def predict(model: ImageModel | LLMArch, s: Settings, gpu: GPU, params: Params) 
         work = step_work(model, v)
         effs = efficiencies(features(model, v, gpu), params)
         eff = effs[0]
-        t = terms(work, gpu, effs, launch, dequant_factor(v, params), fp8_peak_factor(v, gpu))
+        t = terms(work, gpu, effs, launch, dequant_factor(v, params), fp8_peak_factor(v, gpu),
+                  math.exp(params.theta.get(ELEMENTWISE, 0.0)))
         core = sum(t.values())
         swap = work.swap_gb / PCIE_GB_S
         if swap:

@@ -10,6 +10,8 @@ their published configs, with LoRA attached the way trainers do) are counted, no
 - FLOPs: torch's own ``FlopCounterMode`` over one forward (attention's batched matmuls apart).
 - Kernels: the operators one forward dispatches that do work (views and metadata left out), an
   upper bound on the kernel launches a GPU sees without ``torch.compile``.
+- Traffic: the bytes those operators read and write, each storage once per operator however it
+  is broadcast (what a memory-bound elementwise chain, like a dequantisation, costs).
 
 Attention is counted as the fused kernels every trainer uses on a GPU (flash / memory-efficient
 SDPA) behave: q, k, v, the output and one float32 log-sum-exp per query are kept, never the
@@ -128,9 +130,47 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+# Matmuls: compute-bound, timed by their FLOPs; what Traffic leaves out to see the rest.
+MATMULS = ("mm.default", "addmm.default", "bmm.default")
 # Operators that launch no kernel: allocation, views torch does not mark as views, detaching.
 _NO_KERNEL = {"detach.default", "empty.memory_format", "empty_strided.default", "new_empty.default",
               "empty_like.default", "lift_fresh.default", "_unsafe_view.default"}
+
+
+class Traffic(TorchDispatchMode):
+    """Bytes each working operator reads (its tensor inputs' storages, once each: a broadcast
+    input is read once, not once per element it feeds) and writes (its outputs' storages; an
+    in-place operator reads and writes the same one), and the number of such operators.
+    ``skip``: operators left out (by name, e.g. the matmuls, whose time the FLOPs give)."""
+
+    def __init__(self, skip: Iterable[str] = ()) -> None:
+        super().__init__()
+        self.bytes = 0
+        self.kernels = 0
+        self._skip = set(skip)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.is_view or func.__name__ in _NO_KERNEL or func.__name__ in self._skip:
+            return out
+        self.kernels += 1
+        inputs = (args, {k: v for k, v in (kwargs or {}).items() if k != "out"})
+        self.bytes += _storage_bytes(inputs) + _storage_bytes(out)  # in place: read, then written
+        return out
+
+
+def _storage_bytes(tree: Any) -> int:
+    storages = {t.untyped_storage()._cdata: t.untyped_storage().nbytes()
+                for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)}
+    return sum(storages.values())
+
+
+def count_traffic(work: Callable[[], Any]) -> Traffic:
+    """Bytes moved and kernels run by ``work()`` (no autograd)."""
+    counter = Traffic()
+    with torch.no_grad(), counter:
+        work()
+    return counter
 
 
 def count_forward(forward: Callable[[], Any]) -> ForwardCount:

@@ -244,7 +244,7 @@ def _llm_parts(m: LLMArch, s: Settings) -> dict[str, float]:
         weights = (m.linear_params * BYTES_PER_PARAM[s.base_dtype] + (m.params - m.linear_params) * 2) / GiB
     else:
         weights = m.params * BYTES_PER_PARAM[s.base_dtype] / GiB
-    lora = m.lora_params(s.r, s.targets if isinstance(s.targets, str) else list(s.targets))
+    lora = m.lora_params(s.r, s.targets)
     tokens = s.batch * s.seq_len
     act_bytes = 2 if s.base_dtype != "fp32" else 4
     per_layer = tokens * (LLM_ACT_HIDDEN * m.hidden + LLM_ACT_INTER * m.intermediate) * act_bytes
@@ -253,12 +253,18 @@ def _llm_parts(m: LLMArch, s: Settings) -> dict[str, float]:
         act = kept + per_layer
     else:
         act = m.layers * per_layer
-    return {
+    parts = {
         f"base weights ({s.base_dtype})": weights,
         "LoRA weights, grads, optimizer": lora * (LORA_BYTES + OPTIMIZER_BYTES.get(s.optimizer, 8.0)) / GiB,
         "activations": act / GiB,
         f"logits + loss ({fw.name})": tokens * s.label_fraction * m.vocab * fw.logit_bytes / GiB,
     }
+    if s.base_dtype == "gptq":
+        # AutoGPTQ's matmul keeps each layer's dequantised fp16 weights for its backward
+        # (plan/work.py): one layer's with checkpointing (the one being recomputed), else all.
+        layers = 1 if s.gradient_checkpointing else m.layers
+        parts["dequantised weights kept for the backward"] = m.linear_params / m.layers * layers * 2 / GiB
+    return parts
 
 
 def suggestions(model: ImageModel | LLMArch, s: Settings) -> list[tuple[Suggestion, Settings]]:

@@ -26,12 +26,31 @@ ATTN_BWD = 2.5
 STREAM_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0 + 4.0, "int8": 1.0 + 4.0, "nf4": 0.516 + 4.0,
                 "gptq": 0.53 + 4.0}
 QUANTISED = ("fp8", "int8", "nf4", "gptq")
+# GPTQ as AutoGPTQ trains it (exllama disabled, inputs of 128 tokens or more): the 4-bit weights are
+# unpacked by eager elementwise operators, not one fused kernel. Counted on the operators
+# (plan/counted_models.py: gptq_dequant, tests/test_step_count.py): 16.63 bytes moved and 9
+# kernels per weight before the fp16 matmul reads the result (2 bytes). The matmul saves that
+# dequantised weight for its backward, so GPTQ dequantises once a forward (with checkpointing, the
+# recompute once more), where bitsandbytes' nf4 dequantises again in the backward.
+GPTQ_DEQUANT_BYTES = 16.63
+GPTQ_DEQUANT_KERNELS = 9
 # LLM operators per layer per forward, counted on transformers' Llama decoder layer in bf16 with
 # SDPA (plan/counted_models.py, tests/test_step_count.py): 39 for the block (norms with their float32
 # casts, rotary embedding and residuals run as separate kernels without torch.compile), 4 more
 # for every LoRA-wrapped linear (two matmuls, the scale, the add).
 LLM_KERNELS_PER_LAYER = 39
 LORA_KERNELS = 4
+# Bytes the same layer's operators other than its matmuls and fused attention move, per token
+# (norms with their float32 casts, rotary embedding, SiLU and its product, residual adds; and
+# the LoRA branch's scale and add), counted on transformers' Llama layer in bf16 with peft's LoRA
+# (plan/counted_models.py: llama_layer_traffic). Exact for any shape: coefficients of the hidden
+# size, the intermediate size, the query and key/value widths (heads x head_dim), head_dim, and a
+# constant; a LoRA-wrapped linear adds 10 x its output width forward, 6 x input + 4 x output in
+# the backward.
+LLM_TRAFFIC_FWD = (84, 10, 26, 22, 8, 48)
+LLM_TRAFFIC_BWD = (198, 18, 34, 34, 8, 80)
+LORA_TRAFFIC_FWD = (0, 10)  # (x input width, x output width)
+LORA_TRAFFIC_BWD = (6, 4)
 
 
 @dataclass(frozen=True)
@@ -47,6 +66,7 @@ class Work:
     kernels: int  # kernel launches, all passes
     swap_gb: float  # weights moved host <-> GPU by block swap
     tokens: int  # tokens per step (LLMs) or latent tokens (images)
+    elementwise_gb: float = 0.0  # memory-bound operators' traffic, all passes (counted for LLM layers)
 
     @property
     def tflops(self) -> float:
@@ -65,26 +85,40 @@ def _passes(s: Settings) -> tuple[float, float]:
     return 2.0 + gc, 1.0 + ATTN_BWD + gc
 
 
-def _lora_targets(s: Settings, available: int) -> int:
-    if isinstance(s.targets, str):
-        return available if s.targets == "all-linear" else 4
-    return len(s.targets)
-
-
 def _llm_work(m: LLMArch, s: Settings) -> Work:
     tokens = s.batch * s.seq_len
     mm, att = _passes(s)
-    lora = m.lora_params(s.r, s.targets if isinstance(s.targets, str) else list(s.targets))
+    lora = m.lora_params(s.r, s.targets)
     linear = 2 * (m.linear_params + 2 * lora) * tokens * mm
     attn = 2 * m.layers * m.heads * m.head_dim * s.seq_len * tokens * att  # causal: half of 4 s d
     head = 2 * m.vocab * m.hidden * tokens * s.label_fraction * 2.0  # forward + input gradient
     linear_bytes = m.linear_params * STREAM_BYTES[s.base_dtype] * mm
     dequant = linear_bytes if s.base_dtype in QUANTISED else 0.0
     stream = m.embedding_params * 2 * mm + (0.0 if dequant else linear_bytes)
-    n_lora = _lora_targets(s, len(m.linear_shapes()))
+    n_lora = len(m.lora_shapes(s.targets))
     kernels = int(m.layers * (LLM_KERNELS_PER_LAYER + LORA_KERNELS * n_lora) * (1 + 2 + (mm - 2)))
+    if s.base_dtype == "gptq":  # dequantised each forward, read by the matmul every pass
+        forwards = mm - 1
+        dequant = m.linear_params * ((GPTQ_DEQUANT_BYTES + BYTES_PER_PARAM["bf16"]) * forwards
+                                     + BYTES_PER_PARAM["bf16"])
+        kernels += int(m.layers * len(m.linear_shapes()) * GPTQ_DEQUANT_KERNELS * forwards)
     opt = lora * (LORA_BYTES + OPTIMIZER_BYTES.get(s.optimizer, 8.0)) * 2 / max(1, s.grad_accum)
-    return Work((linear + head) / 1e12, attn / 1e12, 0.0, stream / 1e9, dequant / 1e9, opt / 1e9, kernels, 0.0, tokens)
+    ew = tokens * m.layers * layer_traffic(m, s, mm - 1)
+    return Work((linear + head) / 1e12, attn / 1e12, 0.0, stream / 1e9, dequant / 1e9, opt / 1e9, kernels, 0.0, tokens,
+                ew / 1e9)
+
+
+def layer_traffic(m: LLMArch, s: Settings, forwards: float) -> float:
+    """Bytes per token one LLM layer's memory-bound operators move in a step: ``forwards``
+    forwards (2 with checkpointing) and one backward."""
+    dims = (m.hidden, m.intermediate, m.heads * m.head_dim, m.kv_heads * m.head_dim, m.head_dim, 1)
+    fwd = sum(c * d for c, d in zip(LLM_TRAFFIC_FWD, dims, strict=True))
+    bwd = sum(c * d for c, d in zip(LLM_TRAFFIC_BWD, dims, strict=True))
+    for i, o in m.lora_shapes(s.targets):
+        fwd += LORA_TRAFFIC_FWD[0] * i + LORA_TRAFFIC_FWD[1] * o
+        bwd += LORA_TRAFFIC_BWD[0] * i + LORA_TRAFFIC_BWD[1] * o
+    scale = 2.0 if s.base_dtype == "fp32" else 1.0
+    return (fwd * forwards + bwd) * scale
 
 
 def _image_work(m: ImageModel, s: Settings) -> Work:
