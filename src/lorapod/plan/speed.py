@@ -4,6 +4,7 @@
          + kernel launches x launch latency
          + base weights streamed every pass / memory bandwidth (x a fitted factor when dequantised)
          + adapters and optimizer state read and written / memory bandwidth
+         + LLMs: the bytes their memory-bound operators move / memory bandwidth (x a fitted factor)
     then block swap's host transfers, which overlap the compute: max(that, swapped bytes / PCIe).
 
 The work terms are plan/work.py's physics. The efficiency is not assumed: it is
@@ -13,7 +14,8 @@ the fused kernel every trainer calls (FlashAttention / SDPA), so its efficiency 
 a fitted base times a fitted factor per GPU architecture, whatever the trainer or model kind
 (which mostly decide how fast everything around the kernel runs). The dequantisation of a 4-bit
 or 8-bit base has its own fitted factor (how far below the memory bandwidth those kernels run),
-and each kind (LLM, U-Net, DiT) its kernel launch latency.
+and each kind (LLM, U-Net, DiT) its kernel launch latency. For U-Nets and DiTs the launch term
+also absorbs their memory-bound operators (counting those did not hold up; docs/planner.md).
 Every estimate carries a likely range: the spread of the model's errors on sources it was not
 fitted to (leave-one-source-out), for its family (LLM, image, video).
 """

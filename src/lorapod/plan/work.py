@@ -9,7 +9,9 @@ when the model attends jointly). Its backward costs about 2.5 forwards (FlashAtt
 recomputation). Work that is not the denoiser's or the decoder's is counted too: a VAE encode and
 a text-encoder forward per sample when they are not cached, the optimizer's read and write of
 the adapters, and the weights streamed from memory every pass (dequantised every pass under
-QLoRA or an fp8 base).
+QLoRA or an fp8 base, once a forward under GPTQ). For LLMs, the bytes the layers' memory-bound
+operators (norms, rotary, activations, residuals, the LoRA branch) move, counted on the real
+layer; the FLOPs leave them out.
 """
 
 from __future__ import annotations
