@@ -2,17 +2,23 @@
 
     PYTHONPATH=src python bench/plan_accuracy.py            # summary + every point (markdown)
     PYTHONPATH=src python bench/plan_accuracy.py --summary  # the summary table only
+    PYTHONPATH=src python bench/plan_accuracy.py --sources  # the summary, then each source's level
 
 Leave-one-source-out: for each source in catalog/data/measurements.yaml the speed model is fitted
 to the other sources and predicts this one. The memory model has no fitted part, so its errors
 are held-out as they stand. "in range" checks the printed likely range: each source's range comes
 from the other sources' held-out errors only. The last column is the share of the GPU's paper
 bf16 peak a published step time implies for the FLOPs the model counts: a sanity check on the
-point's stated settings, independent of the fit. docs/planner.md reproduces the tables.
+point's stated settings, independent of the fit. ``--sources`` shows, per source and metric,
+its median error (how far its level sits from the other sources') and how many of its points
+would be within target with that level removed: what a model that knew each source's own
+offset could reach, and what no leave-one-source-out fit can learn. docs/planner.md reproduces
+the tables.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from collections import defaultdict
 from statistics import median
@@ -68,6 +74,9 @@ def main() -> None:
               f"{s['bounds_held']}/{s['bounds']} |")
     if "--summary" in sys.argv:
         return
+    if "--sources" in sys.argv:
+        by_source(res)
+        return
     print()
     print("| source | setting | metric | published | held-out estimate | error | share of bf16 peak it implies |")
     print("|---|---|---|---|---|---|---|")
@@ -77,6 +86,28 @@ def main() -> None:
         share = peak_share(o)
         print(f"| {o.source.id} | {o.what} | {o.metric} | {o.value:.3g} | {r.estimate:.3g} | {r.error:+.0%}{mark} | "
               f"{f'{share:.0%}' if share else ''} |")
+
+
+def by_source(res: list[Residual]) -> None:
+    """Each source's level (median log error) and its points within target with it removed."""
+    groups: dict[tuple[str, str], list[Residual]] = defaultdict(list)
+    for r in res:
+        if not r.obs.is_bound and r.obs.metric != "speed_ratio":
+            groups[(r.metric, r.obs.source.id)].append(r)
+    print()
+    print("| metric | source | points | within target | its level (median error) | within, its level removed |")
+    print("|---|---|---|---|---|---|")
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for (metric, sid), rs in sorted(groups.items()):
+        logs = [math.log(r.ratio) for r in rs]
+        level = median(logs)
+        debiased = sum(abs(math.exp(x - level) - 1) <= TARGETS[metric] for x in logs)
+        within = sum(r.ok for r in rs)
+        for i, v in enumerate((len(rs), within, debiased)):
+            totals[metric][i] += v
+        print(f"| {metric} | {sid} | {len(rs)} | {within} | {math.exp(level) - 1:+.0%} | {debiased} |")
+    for metric, (n, within, debiased) in totals.items():
+        print(f"| {metric} | all | {n} | {within} ({within / n:.0%}) | | {debiased} ({debiased / n:.0%}) |")
 
 
 if __name__ == "__main__":
