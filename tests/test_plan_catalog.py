@@ -129,3 +129,12 @@ def test_a_diffusers_folder_is_recognised(tmp_path):
 
     (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionXLPipeline"}))
     assert find_model(str(tmp_path)).family == "sdxl"
+
+
+def test_planning_the_demo_model_says_what_it_is_instead_of_unknown_model():
+    from lorapod.errors import PlanError
+
+    with pytest.raises(PlanError) as err:
+        plan_job(load_spec(Path(__file__).resolve().parents[1] / "examples" / "demo.yaml"))
+    assert "'lorapod:tiny-llama' is lorapod's built-in demo model" in err.value.message
+    assert "lorapod demo" in (err.value.hint or "") and "unknown model" not in err.value.message

@@ -322,6 +322,12 @@ def find_model(model_id: str, family: str = "auto", variant: str | None = None) 
             if model_id in entry.get("not_gated_aliases", []):
                 arch = LLMArch(**{**arch.__dict__, "license": License(arch.license.name, False, arch.license.commercial)})
             return arch
+    if model_id.startswith("lorapod:"):
+        raise PlanError(
+            f"{model_id!r} is lorapod's built-in demo model: there is no GPU to plan or rent for it",
+            hint="it trains on this machine's CPU in seconds: run `lorapod demo`, or `lorapod train SPEC`; "
+            "plan a job for a real base model (examples/llm-chat-lora.yaml, examples/sdxl-object-lora.yaml)",
+        )
     every = {a: next((x for x in m.aliases if "/" in x), m.name) for m in images for a in (m.name, *m.aliases)}
     every |= {a: next((x for x in al if "/" in x), name) for name, al, _, _ in llms for a in (name, *al)}
     near = closest_canonical(model_id, every)
