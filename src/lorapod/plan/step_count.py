@@ -125,7 +125,7 @@ class _Ops(TorchDispatchMode):
         self.count = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not func.is_view and func.__name__ not in _NO_KERNEL:
+        if _does_work(func):
             self.count += 1
         return func(*args, **(kwargs or {}))
 
@@ -135,6 +135,11 @@ MATMULS = ("mm.default", "addmm.default", "bmm.default")
 # Operators that launch no kernel: allocation, views torch does not mark as views, detaching.
 _NO_KERNEL = {"detach.default", "empty.memory_format", "empty_strided.default", "new_empty.default",
               "empty_like.default", "lift_fresh.default", "_unsafe_view.default"}
+
+
+def _does_work(func: Any) -> bool:
+    """An operator that launches a kernel: not a view, not an allocation or a detach."""
+    return not func.is_view and func.__name__ not in _NO_KERNEL
 
 
 class Traffic(TorchDispatchMode):
@@ -151,7 +156,7 @@ class Traffic(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if func.is_view or func.__name__ in _NO_KERNEL or func.__name__ in self._skip:
+        if not _does_work(func) or func.__name__ in self._skip:
             return out
         self.kernels += 1
         inputs = (args, {k: v for k, v in (kwargs or {}).items() if k != "out"})
