@@ -17,21 +17,14 @@ holds:
 - for a GPTQ base, the bytes AutoGPTQ's unpacking moves per weight and its kernels per layer
   (plan/work.py holds them).
 A test (tests/test_step_count.py) re-derives the same figures, so the catalog cannot drift from
-the architectures. See plan/step_count.py (the counters) and plan/counted_models.py.
+the architectures. See plan/step_count.py (the counters), plan/counted_models.py and plan/counted_llm.py.
 """
 
 from __future__ import annotations
 
 from lorapod.catalog.models import find_model
-from lorapod.plan.counted_models import (
-    DIT_CONFIGS,
-    FLUX1_VAE_CONFIG,
-    dit_figures,
-    gptq_dequant,
-    llama_layer_traffic,
-    unet_figures,
-    vae_encode,
-)
+from lorapod.plan.counted_llm import gptq_dequant, llama_layer_traffic
+from lorapod.plan.counted_models import DIT_CONFIGS, FLUX1_VAE_CONFIG, dit_figures, unet_figures, vae_encode
 from lorapod.plan.vram import Settings
 from lorapod.plan.work import GPTQ_DEQUANT_BYTES, GPTQ_DEQUANT_KERNELS, layer_traffic
 

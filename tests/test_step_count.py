@@ -1,5 +1,5 @@
 """plan/step_count.py's counters, and the catalog against what they count on the architectures
-(plan/counted_models.py).
+(plan/counted_models.py, plan/counted_llm.py).
 
 The first tests pin the counters on steps whose memory is known by hand. The last ones rebuild
 SD 1.5 and SDXL from their published configs on the meta device and require models.yaml to hold
@@ -64,8 +64,8 @@ def test_traffic_reads_a_broadcast_input_once_and_an_in_place_op_both_ways():
 
 
 def test_gptq_dequantisation_figures_are_the_counted_ones():
-    """GPTQ's speed term moves what AutoGPTQ's eager unpacking moves (plan/counted_models.py)."""
-    from lorapod.plan.counted_models import gptq_dequant
+    """GPTQ's speed term moves what AutoGPTQ's eager unpacking moves (plan/counted_llm.py)."""
+    from lorapod.plan.counted_llm import gptq_dequant
     from lorapod.plan.work import GPTQ_DEQUANT_BYTES, GPTQ_DEQUANT_KERNELS
 
     for shape in ((4096, 4096), (5120, 13696)):
@@ -89,7 +89,7 @@ def test_llm_memory_bound_traffic_is_the_counted_one(shape, targets):
     from dataclasses import replace
 
     from lorapod.catalog.models import find_model
-    from lorapod.plan.counted_models import llama_layer_traffic
+    from lorapod.plan.counted_llm import llama_layer_traffic
     from lorapod.plan.vram import Settings
     from lorapod.plan.work import layer_traffic
 
@@ -105,7 +105,7 @@ def test_llm_memory_bound_traffic_is_the_counted_one(shape, targets):
 
 @pytest.mark.parametrize("name", ["hf", "transformers-4.46", "qwen-remote-code", "lorapod"])
 def test_logit_bytes_of_eager_losses_are_the_counted_ones(name):
-    from lorapod.plan.counted_models import loss_bytes_per_logit
+    from lorapod.plan.counted_llm import loss_bytes_per_logit
     from lorapod.plan.frameworks import framework
 
     assert round(loss_bytes_per_logit(name), 1) == framework(name).logit_bytes
@@ -136,7 +136,7 @@ def test_unet_activations_scale_with_pixels_and_checkpointing_saves_most():
 
 
 def test_llm_kernel_counts_are_the_counted_ones():
-    from lorapod.plan.counted_models import LLAMA_LINEARS, llama_layer_kernels
+    from lorapod.plan.counted_llm import LLAMA_LINEARS, llama_layer_kernels
     from lorapod.plan.work import LLM_KERNELS_PER_LAYER, LORA_KERNELS
 
     bare = llama_layer_kernels()

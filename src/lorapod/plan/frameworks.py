@@ -5,7 +5,7 @@ how the (tokens x vocabulary) logits are built for the loss, and where gradient 
 live. Each profile below says it as the trainer's code does it (bytes per logit element alive at
 the worst moment of the loss's forward and backward), so the memory model can count it instead
 of guessing. The eager ones (hf, transformers-4.46, qwen-remote-code, lorapod) are counted by
-running that code on torch's meta device (plan/counted_models.py: loss_bytes_per_logit;
+running that code on torch's meta device (plan/counted_llm.py: loss_bytes_per_logit;
 tests/test_step_count.py holds them equal); the chunked and fused ones are read from their code.
 Speed differences between trainers are not written here: they are fitted (plan/fit.py).
 """

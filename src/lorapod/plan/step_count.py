@@ -1,7 +1,8 @@
 """Counters over one training step of a model, run on torch's ``meta`` device: no weights, no GPU.
 
-The planner's figures for the architectures it knows (plan/counted_models.py builds them from
-their published configs, with LoRA attached the way trainers do) are counted, not guessed:
+The planner's figures for the architectures it knows (plan/counted_models.py and
+plan/counted_llm.py build them from their published configs, with LoRA attached the way
+trainers do) are counted, not guessed:
 
 - Memory: one forward and backward, adding up the bytes of every tensor alive at once. Weights,
   buffers and anything else made before the count starts are left out, so what remains is what
