@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from lorapod.catalog.models import is_builtin
 from lorapod.errors import ModelLoadError, require
 
 # What AutoTokenizer may need, and nothing with weights in it (config.json tells it the model
@@ -56,7 +57,7 @@ def catalog_hub_id(name: str) -> str | None:
 
 def resolve(model_id: str, revision: str | None = None) -> tuple[str, str]:
     """(local folder holding the tokenizer files, how it was found), fetching tokenizer files only."""
-    if model_id.startswith("lorapod:"):
+    if is_builtin(model_id):
         from lorapod.engine.llm_model import resolve_model_id
 
         return resolve_model_id(model_id), "built-in"

@@ -17,6 +17,14 @@ from typing import Any
 from lorapod.catalog.snapshot import Snapshot, closest_canonical, load_data, normalise
 from lorapod.errors import PlanError
 
+# Models lorapod builds itself (the demo's random tiny Llama): no hub id, no catalog entry, no GPU.
+BUILTIN_PREFIX = "lorapod:"
+
+
+def is_builtin(model_id: str) -> bool:
+    """Whether ``model_id`` names one of lorapod's built-in models (``lorapod:tiny-llama``)."""
+    return model_id.startswith(BUILTIN_PREFIX)
+
 # Linear layers LoRA can target in a llama-style block, and the (in, out) sizes of each.
 LLM_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -322,7 +330,7 @@ def find_model(model_id: str, family: str = "auto", variant: str | None = None) 
             if model_id in entry.get("not_gated_aliases", []):
                 arch = LLMArch(**{**arch.__dict__, "license": License(arch.license.name, False, arch.license.commercial)})
             return arch
-    if model_id.startswith("lorapod:"):
+    if is_builtin(model_id):
         raise PlanError(
             f"{model_id!r} is lorapod's built-in demo model: there is no GPU to plan or rent for it",
             hint="it trains on this machine's CPU in seconds: run `lorapod demo`, or `lorapod train SPEC`; "

@@ -105,11 +105,11 @@ def _check_data(spec: Any, paths: list[Path], force: bool, out: Preflight) -> No
 
 def _check_model(spec: Any, env: dict[str, str], out: Preflight) -> bool:
     """True when the model is gated. A model that exists nowhere is refused."""
-    from lorapod.catalog.models import find_model
+    from lorapod.catalog.models import find_model, is_builtin
     from lorapod.errors import PlanError
 
     model_id = spec.model.id
-    if model_id.startswith("lorapod:") or Path(model_id).exists():
+    if is_builtin(model_id) or Path(model_id).exists():
         return False
     try:
         found = find_model(model_id, spec.model.family, getattr(spec.model, "variant", None))

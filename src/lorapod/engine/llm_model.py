@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from lorapod.catalog.models import BUILTIN_PREFIX
 from lorapod.engine.device import Precision
 from lorapod.errors import HardwareError, ModelLoadError, require
 from lorapod.spec import JobSpec
@@ -37,7 +38,7 @@ def _load_error(model_id: str, exc: Exception) -> ModelLoadError:
     )
 
 
-BUILTIN_TINY = "lorapod:tiny-llama"
+BUILTIN_TINY = BUILTIN_PREFIX + "tiny-llama"
 
 
 def resolve_model_id(model_id: str) -> str:

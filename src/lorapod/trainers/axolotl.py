@@ -16,6 +16,7 @@ import json
 import re
 from pathlib import Path
 
+from lorapod.catalog.models import is_builtin
 from lorapod.trainers.base import Artifact, Command, Layout, Trainer, TrainerJob, TrainerRefused, safe_name
 from lorapod.trainers.bridge import HFTrainerLogs
 from lorapod.trainers.contracts import dump_yaml
@@ -76,7 +77,7 @@ class Axolotl(Trainer):
             return r
         if spec.model.dtype == "fp8":
             r.append("axolotl has no fp8 base for LoRA: model.dtype auto/bf16/fp16, or method.type qlora for 4 bits")
-        if spec.model.id.startswith("lorapod:"):
+        if is_builtin(spec.model.id):
             r.append(f"{spec.model.id} is lorapod's built-in test model; axolotl needs a hub id or a model folder")
         if spec.data.format == "images":
             r.append("axolotl trains on chat data, not images")
