@@ -94,8 +94,8 @@ def _print_plan(plan: Plan, notes: list[str]) -> None:
     from lorapod.plan.cost import cents
 
     job = plan.job
-    size = (f"{job.images} images -> {job.steps} steps" if job.is_image
-            else f"{job.examples} examples, {job.tokens:,} tokens -> {job.steps} steps")
+    size = (f"{job.images} images -> {job.steps_label}" if job.is_image
+            else f"{job.examples} examples, {job.tokens:,} tokens -> {job.steps_label}")
     console.print(f"[bold]{job.model_name}[/] · {size} · peak VRAM about [bold]{job.estimate.peak_gb:.1f} GB[/]")
     top = plan.best or plan.options[0]
     console.print(_likely_line(top), highlight=False)

@@ -122,6 +122,7 @@ class Plan:
             "job": {
                 "model": job.model_name,
                 "steps": job.steps,
+                "optimizer_steps": job.optimizer_steps,
                 "images": job.images or None,
                 "examples": job.examples or None,
                 "tokens": job.tokens or None,

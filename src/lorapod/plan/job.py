@@ -36,7 +36,8 @@ class Job:
     model: ImageModel | LLMArch
     settings: Settings
     estimate: Estimate
-    steps: int  # forward/backward passes (micro-batches)
+    steps: int  # forward/backward passes (micro-batches): what a step time is measured per
+    optimizer_steps: int = 0  # what every trainer's max_steps, save and sample intervals count
     images: int = 0
     examples: int = 0
     tokens: int = 0
@@ -46,6 +47,14 @@ class Job:
     checkpoints: int = 0
     samples: int = 0  # images or generations written while training
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def steps_label(self) -> str:
+        """The step count as users count it: optimizer steps, with the micro-batches that cost
+        the time when gradients are accumulated ("700 steps (2800 micro-batches)")."""
+        if self.optimizer_steps and self.optimizer_steps != self.steps:
+            return f"{self.optimizer_steps} steps ({self.steps} micro-batches)"
+        return f"{self.steps} steps"
 
     @property
     def is_image(self) -> bool:
@@ -139,7 +148,7 @@ def build_job(spec: JobSpec, *, images: int | None = None, examples: int | None 
         job.download_gb = model.download_gb
         job.upload_gb = data_bytes / 1e9
         lora_bytes = model.lora_params_per_rank_m * 1e6 * settings.r * 2
-        job.samples = _saves(spec, spec.samples.every_epochs, spec.samples.every_steps, job.steps, t.epochs) * _prompt_count(spec)
+        prompts = _prompt_count(spec)
     else:
         counted_ex = _count_examples(spec.data_paths())
         if counted_ex is not None and examples is None:
@@ -162,12 +171,18 @@ def build_job(spec: JobSpec, *, images: int | None = None, examples: int | None 
         job.download_gb = model.params * 2 / 1e9
         job.upload_gb = data_bytes / 1e9
         lora_bytes = model.lora_params(settings.r, settings.targets) * 2
-        job.samples = _saves(spec, spec.samples.every_epochs, spec.samples.every_steps, job.steps, t.epochs) * (
-            _prompt_count(spec) if spec.samples.prompts else 0
-        )
-    if t.max_steps:
+        prompts = _prompt_count(spec) if spec.samples.prompts else 0
+    # The micro-batches are counted above; an optimizer step accumulates grad_accum of them, per
+    # epoch (engine/loop.py: steps_per_epoch, as every trainer's progress bar counts). max_steps
+    # and the save and sample intervals count optimizer steps.
+    per_epoch_micro = max(1, job.steps // max(1, t.epochs))
+    job.optimizer_steps = math.ceil(per_epoch_micro / t.grad_accum) * t.epochs
+    if t.max_steps and t.max_steps < job.optimizer_steps:
+        job.optimizer_steps = t.max_steps
         job.steps = min(job.steps, t.max_steps * t.grad_accum)
-    job.checkpoints = _saves(spec, spec.save.every_epochs, spec.save.every_steps, job.steps, t.epochs) or 1
+    job.samples = _saves(spec, spec.samples.every_epochs, spec.samples.every_steps, job.optimizer_steps,
+                         t.epochs) * prompts
+    job.checkpoints = _saves(spec, spec.save.every_epochs, spec.save.every_steps, job.optimizer_steps, t.epochs) or 1
     job.pull_gb = job.checkpoints * lora_bytes / 1e9
     job.warnings = warnings
     if isinstance(model, ImageModel):
