@@ -22,6 +22,15 @@ from lorapod.plan.vram import NOT_COUNTED_BY, Settings
 # relative_seconds_per_step: a step time only comparable with the same source's other GPUs (the fit
 # uses the ratios between GPUs for the same job, not the level).
 SPEED_METRICS = {"seconds_per_step", "tokens_per_s", "max_seconds_per_step", "relative_seconds_per_step", "speed_ratio"}
+# Step figures as the sources print them, turned into seconds per micro-batch on load: an
+# optimizer step is grad_accum micro-batches; it/s is the inverse of s/it (of the source's step).
+PUBLISHED_SPEED = {"seconds_per_optimizer_step", "it_per_s"}
+# What a speed source's ``unit`` says (the audit of 2026-12-01): what its "step" or "it" counts,
+# how the figure is printed, whether it is per GPU or per node (every GPU of a data-parallel node
+# runs the same steps), what the time includes, and the sentence it was read from.
+UNIT_COUNTS = ("micro-batch", "optimizer")
+UNIT_FIGURES = ("s/it", "it/s", "tokens/s", "wall")
+UNIT_PER = ("gpu", "node")
 VRAM_METRICS = {"peak_gb", "max_fit_gb", "fits_in_gb"}
 BOUNDS = {"max_seconds_per_step", "fits_in_gb"}
 
@@ -34,6 +43,20 @@ class Source:
     read: str
     framework: str
     peak_reads: str = "device"  # how its peaks were read: device (nvidia-smi, or unsaid) | reserved | allocated
+    unit: Unit | None = None  # what its step figures count (every source with a step figure has one)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """What a source's step figure is: ``counts`` micro-batch or optimizer (step of grad_accum
+    micro-batches), ``figure`` s/it | it/s | tokens/s | wall, ``per`` gpu | node, what the time
+    includes (``wall``), and the sentence it was read from (``quote``)."""
+
+    counts: str
+    figure: str
+    per: str
+    wall: str
+    quote: str
 
 
 @dataclass(frozen=True)
@@ -121,7 +144,7 @@ def load_measurements() -> tuple[Snapshot, tuple[Observation, ...]]:
         if src is None:
             raise PlanError(f"measurements.yaml point {i}: unknown source {p['source']!r}")
         source = Source(src["id"], src["url"], src["title"], src["read"], src["framework"],
-                        src.get("peak_reads", "device"))
+                        src.get("peak_reads", "device"), _unit(src))
         if source.peak_reads not in NOT_COUNTED_BY:
             raise PlanError(f"measurements.yaml source {source.id}: peak_reads {source.peak_reads!r} is not one of "
                             f"{', '.join(NOT_COUNTED_BY)}")
@@ -134,11 +157,51 @@ def load_measurements() -> tuple[Snapshot, tuple[Observation, ...]]:
         what = f"{p['model']} {s.base_dtype}{' (fp8 matmuls)' if s.fp8_matmuls else ''} on {gpu_name}" + (
             f", {s.seq_len} tokens x {s.batch}" if isinstance(model, LLMArch) else f", {s.resolution} px x {s.batch}")
         for metric, value in p["measured"].items():
-            if metric not in SPEED_METRICS | VRAM_METRICS:
+            if metric not in SPEED_METRICS | VRAM_METRICS | PUBLISHED_SPEED:
                 raise PlanError(f"measurements.yaml point {i}: unknown metric {metric!r}")
+            if metric in SPEED_METRICS | PUBLISHED_SPEED:
+                metric, value = _per_micro_batch(i, source, metric, float(value), s.grad_accum)
             if metric == "tokens_per_s":
                 metric, value = "seconds_per_step", s.batch * s.seq_len / float(value)
             if metric == "peak_gb" and src.get("peak_unit", "GiB") == "GB":  # printed as bytes / 1e9
                 value = float(value) * 1e9 / 2**30
             out.append(Observation(source, what, model, gpu_name, s, metric, float(value), str(p.get("note", ""))))
     return snap, tuple(out)
+
+
+def _unit(src: dict[str, Any]) -> Unit | None:
+    raw = src.get("unit")
+    if raw is None:
+        return None
+    u = Unit(str(raw.get("counts", "")), str(raw.get("figure", "")), str(raw.get("per", "")),
+             str(raw.get("wall", "")), str(raw.get("quote", "")))
+    for name, value, allowed in (("counts", u.counts, UNIT_COUNTS), ("figure", u.figure, UNIT_FIGURES),
+                                 ("per", u.per, UNIT_PER)):
+        if value not in allowed:
+            raise PlanError(f"measurements.yaml source {src['id']}: unit.{name} {value!r} is not one of "
+                            f"{', '.join(allowed)}")
+    if not u.quote.strip() or not u.wall.strip():
+        raise PlanError(f"measurements.yaml source {src['id']}: unit needs the sentence it was read from (quote) "
+                        "and what the time includes (wall)")
+    return u
+
+
+def _per_micro_batch(i: int, source: Source, metric: str, value: float, grad_accum: int) -> tuple[str, float]:
+    """A speed figure in the model's unit (seconds per micro-batch, or tokens/s per GPU), from the
+    unit the source printed it in. Refuses a figure whose unit contradicts the source's audit: a
+    step time of a source that counts optimizer steps with accumulation must be entered as
+    ``seconds_per_optimizer_step`` (the reading that once put a FLUX run 4x off)."""
+    unit = source.unit
+    if unit is None:
+        raise PlanError(f"measurements.yaml point {i}: source {source.id} gives a speed but no unit "
+                        "(what its step counts and the sentence it was read from)")
+    if metric in PUBLISHED_SPEED and unit.counts != "optimizer":
+        raise PlanError(f"measurements.yaml point {i}: {metric} from {source.id}, whose steps are micro-batches")
+    if metric == "it_per_s":
+        return "seconds_per_step", 1.0 / value / grad_accum
+    if metric == "seconds_per_optimizer_step":
+        return "seconds_per_step", value / grad_accum
+    if unit.counts == "optimizer" and grad_accum > 1 and metric in ("seconds_per_step", "max_seconds_per_step"):
+        raise PlanError(f"measurements.yaml point {i}: {source.id} counts optimizer steps of {grad_accum} "
+                        f"micro-batches: enter its figure as seconds_per_optimizer_step, not {metric}")
+    return metric, value
