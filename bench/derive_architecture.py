@@ -39,6 +39,7 @@ def main() -> None:
             "kernels_per_fwd": m.kernels_per_fwd, "vae_encode_tflops_at_ref": m.vae_encode_tflops_at_ref,
             "activations_gb_at_ref.checkpointing": m.activations_gc_gb,
             "activations_gb_at_ref.no_checkpointing": m.activations_full_gb,
+            "traffic_gb_at_ref.forward": m.traffic_gb_at_ref[0], "traffic_gb_at_ref.backward": m.traffic_gb_at_ref[1],
         }
         rows += [(name, key, catalog[key], value) for key, value in counted.items()]
     for key in DIT_CONFIGS:
@@ -46,7 +47,11 @@ def main() -> None:
         m = find_model(name)
         counted = dit_figures(key)
         rows += [(m.name, "token_params_b", m.token_params_b, counted["token_params_b"]),
-                 (m.name, "kernels_per_fwd", m.kernels_per_fwd, counted["kernels_per_fwd"])]
+                 (m.name, "kernels_per_fwd", m.kernels_per_fwd, counted["kernels_per_fwd"]),
+                 (m.name, "traffic_mb_per_token.forward", m.traffic_mb_per_token[0],
+                  counted["traffic_mb_per_token.forward"]),
+                 (m.name, "traffic_mb_per_token.backward", m.traffic_mb_per_token[1],
+                  counted["traffic_mb_per_token.backward"])]
     flux = find_model("flux1-dev")
     rows.append(("FLUX.1 (VAE only)", "vae_encode_tflops_at_ref", flux.vae_encode_tflops_at_ref,
                  round(vae_encode(flux.ref_resolution, FLUX1_VAE_CONFIG).tflops, 2)))

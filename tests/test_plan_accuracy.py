@@ -203,7 +203,7 @@ def test_fit_recovers_known_efficiencies_from_synthetic_points():
 
     truth = Params({"kind:llm": math.log(0.4), "arch:ada": 0.2, "arch:ampere": -0.1, "class:geforce": 0.0,
                     "class:a100": 0.0, "dequant:nf4": 1.2, "framework:hf": 0.0,
-                    "attention": -0.2, "launch:llm": math.log(10.0), "elementwise": -0.3})
+                    "attention": -0.2, "host:llm": math.log(10.0), "elementwise": -0.3})
     obs = [o for o in speed_points() if o.source.id in ("qwen-readme", "llamafactory-wiki", "torchtune-readme")]
     synthetic = [replace(o, value=predict(o.model, replace(o.settings, framework="hf"), o.gpu(), truth)[0],
                          settings=replace(o.settings, framework="hf")) for o in obs]

@@ -121,6 +121,7 @@ def test_catalog_unet_figures_are_the_counted_ones(family):
         "kernels_per_fwd": m.kernels_per_fwd, "vae_encode_tflops_at_ref": m.vae_encode_tflops_at_ref,
         "activations_gb_at_ref.checkpointing": m.activations_gc_gb,
         "activations_gb_at_ref.no_checkpointing": m.activations_full_gb,
+        "traffic_gb_at_ref.forward": m.traffic_gb_at_ref[0], "traffic_gb_at_ref.backward": m.traffic_gb_at_ref[1],
     } == counted
 
 
@@ -154,7 +155,9 @@ def test_catalog_dit_figures_are_the_counted_ones(key):
                                                                         "wan22-i2v-a14b"]}.get(key, [key])
     for name in names:
         m = find_model(name)
-        assert {"token_params_b": m.token_params_b, "kernels_per_fwd": m.kernels_per_fwd} == counted, name
+        assert {"token_params_b": m.token_params_b, "kernels_per_fwd": m.kernels_per_fwd,
+                "traffic_mb_per_token.forward": m.traffic_mb_per_token[0],
+                "traffic_mb_per_token.backward": m.traffic_mb_per_token[1]} == counted, name
 
 
 def test_flux_double_stream_and_modulation_weights_do_not_touch_every_token():

@@ -60,6 +60,10 @@ class ImageModel:
     attn_tflops_at_ref: float = 0.0
     vae_encode_tflops_at_ref: float = 0.0
     kernels_per_fwd: int = 1000
+    # Memory-bound operators' traffic, counted (plan/counted_models.py: memory_bound_traffic): U-Nets
+    # in GB at the reference size (batch 1), DiTs in MB per token; (forward, backward).
+    traffic_gb_at_ref: tuple[float, float] = (0.0, 0.0)
+    traffic_mb_per_token: tuple[float, float] = (0.0, 0.0)
     patch_px: int | None = None
     # DiTs: parameters each token's matmuls pass through, counted (plan/counted_models.py); below the
     # parameter count where weights serve only some tokens or run once a sample.
@@ -186,6 +190,8 @@ def load_models() -> tuple[Snapshot, tuple[ImageModel, ...], tuple[tuple[str, tu
                 attn_tflops_at_ref=float(m.get("attn_tflops_at_ref", 0.0)),
                 vae_encode_tflops_at_ref=float(m.get("vae_encode_tflops_at_ref", 0.0)),
                 kernels_per_fwd=int(m.get("kernels_per_fwd", 1000)),
+                traffic_gb_at_ref=_pair(m.get("traffic_gb_at_ref")),
+                traffic_mb_per_token=_pair(m.get("traffic_mb_per_token")),
                 patch_px=m.get("patch_px"),
                 token_params_b=m.get("token_params_b"),
                 text_tokens=int(m.get("text_tokens", 0)),
@@ -356,3 +362,10 @@ def v_prediction_name(model_id: str) -> str | None:
         if re.search(entry["pattern"], name, re.IGNORECASE):
             return str(entry["name"])
     return None
+
+
+def _pair(raw: dict[str, Any] | None) -> tuple[float, float]:
+    """(forward, backward) of a counted figure, (0, 0) when the catalog has none."""
+    if not raw:
+        return 0.0, 0.0
+    return float(raw["forward"]), float(raw["backward"])

@@ -18,7 +18,15 @@ from typing import Any
 
 import torch
 
-from lorapod.plan.step_count import ForwardCount, StepMemory, count_forward, count_step
+from lorapod.plan.step_count import (
+    MATMULS,
+    ForwardCount,
+    StepMemory,
+    Traffic,
+    count_forward,
+    count_step,
+    fused_attention,
+)
 
 # LoRA on the attention projections, as diffusers' and SimpleTuner's LoRA scripts attach it
 # (present in every U-Net transformer block and every DiT block of the three families).
@@ -127,9 +135,28 @@ def vae_encode(resolution: int, config: dict[str, Any] = SD_VAE_CONFIG) -> Forwa
     return count_forward(lambda: vae.encode(image).latent_dist.mean)
 
 
+# The compute-bound operators, timed by their FLOPs: what the memory-bound traffic leaves out.
+COMPUTE_BOUND = (*MATMULS, "convolution.default", "convolution_backward.default")
+
+
+def memory_bound_traffic(forward) -> tuple[float, float]:
+    """Bytes (GB) the operators other than matmuls, convolutions and fused attention move in one
+    forward and in the backward that follows (input gradients, the base frozen): norms, their
+    float32 casts, activations, modulation, rotary embedding, residual adds, the LoRA branch's
+    scale and add. Eager PyTorch runs each as its own kernel, each bounded by memory bandwidth."""
+    moved = Traffic(skip=COMPUTE_BOUND)
+    with fused_attention(), moved:
+        out = forward()
+        out = out.sample if hasattr(out, "sample") else out[0] if isinstance(out, tuple) else out
+        done = moved.bytes
+        out.backward(torch.empty_like(out))
+    return done / 1e9, (moved.bytes - done) / 1e9
+
+
 def unet_figures(family: str, resolution: int) -> dict[str, float]:
     """The catalog's U-Net figures at ``resolution``, counted (models.yaml keys; see the module)."""
     fwd = unet_forward(family, resolution)
+    traffic = memory_bound_traffic(_unet(family, resolution, 1, 16, checkpointing=False)[1])
     return {
         "fwd_tflops_at_ref": round(fwd.tflops, 2),
         "attn_tflops_at_ref": round(fwd.attention_tflops, 3),
@@ -137,6 +164,8 @@ def unet_figures(family: str, resolution: int) -> dict[str, float]:
         "vae_encode_tflops_at_ref": round(vae_encode(resolution).tflops, 2),
         "activations_gb_at_ref.checkpointing": round(unet_step(family, resolution, checkpointing=True).peak_gib, 2),
         "activations_gb_at_ref.no_checkpointing": round(unet_step(family, resolution, checkpointing=False).peak_gib, 2),
+        "traffic_gb_at_ref.forward": round(traffic[0], 2),
+        "traffic_gb_at_ref.backward": round(traffic[1], 2),
     }
 
 
@@ -204,9 +233,13 @@ def _dit(key: str):
 def dit_figures(key: str) -> dict[str, float]:
     """The catalog's DiT figures, counted: parameters each token's matmuls pass through (a
     double-stream block gives image and text tokens weights of their own, and adaLN modulation
-    runs once a sample, not a token, so this is well below the parameter count for FLUX) and
-    operators per forward."""
+    runs once a sample, not a token, so this is well below the parameter count for FLUX),
+    operators per forward, and the memory-bound operators' traffic per token (MB, forward and
+    backward; linear in the tokens, since fused attention keeps no score matrix)."""
     _model, forward, tokens = _dit(key)
     count = count_forward(forward)
     linear = (count.tflops - count.attention_tflops) * 1e12
-    return {"token_params_b": round(linear / (2 * tokens) / 1e9, 2), "kernels_per_fwd": count.kernels}
+    fwd, bwd = memory_bound_traffic(forward)
+    return {"token_params_b": round(linear / (2 * tokens) / 1e9, 2), "kernels_per_fwd": count.kernels,
+            "traffic_mb_per_token.forward": round(fwd * 1e3 / tokens, 1),
+            "traffic_mb_per_token.backward": round(bwd * 1e3 / tokens, 1)}

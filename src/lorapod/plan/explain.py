@@ -12,7 +12,15 @@ from lorapod.catalog.measurements import Observation, load_measurements
 from lorapod.catalog.models import ImageModel, LLMArch
 from lorapod.plan.fit import RANGE_QUANTILE, Residual, fitted, predict_obs, spread
 from lorapod.plan.job import Job
-from lorapod.plan.speed import ELEMENTWISE, Speed, attention_arch, dequant_terms, family_of, features, kind_of
+from lorapod.plan.speed import (
+    Speed,
+    attention_arch,
+    dequant_terms,
+    elementwise_terms,
+    family_of,
+    features,
+    kind_of,
+)
 from lorapod.plan.vram import Settings
 from lorapod.plan.work import QUANTISED
 
@@ -24,7 +32,8 @@ class Explanation:
     gpu: str
     speed: Speed
     factors: dict[str, float]
-    launch_us: float
+    host_us: float  # host time per operator, fitted for the kind
+    kernel_min_us: float  # the shortest time a kernel holds the GPU, fitted
     speed_points: list[Residual]
     vram_points: list[Residual]
     speed_range: tuple[float, float]
@@ -44,7 +53,8 @@ class Explanation:
             "seconds_per_step_range": [round(self.speed.low, 4), round(self.speed.high, 4)],
             "terms_s": {k: round(v, 5) for k, v in self.speed.terms.items()},
             "efficiency_factors": {k: round(v, 3) for k, v in self.factors.items()},
-            "launch_us": round(self.launch_us, 2),
+            "host_us_per_operator": round(self.host_us, 2),
+            "kernel_min_us": round(self.kernel_min_us, 2),
             "held_out_range": {"speed": list(self.speed_range), "vram": list(self.vram_range)},
             "speed_points": [point(r) for r in self.speed_points],
             "vram_points": [point(r) for r in self.vram_points],
@@ -71,8 +81,7 @@ def explain(job: Job, gpu: GPU, speed: Speed) -> Explanation:
     feats = features(job.model, job.settings, gpu)
     factors = {f: params.theta.get(f, 0.0) for f in feats}
     quantised = job.settings.base_dtype in QUANTISED
-    memory_bound = (ELEMENTWISE,) if kind_of(job.model) == "llm" else ()
-    for name in ("attention", attention_arch(feats), *memory_bound,
+    for name in ("attention", attention_arch(feats), *elementwise_terms(kind_of(job.model)),
                  *(dequant_terms(job.settings.base_dtype) if quantised else ())):
         factors[name] = params.theta.get(name, 0.0)
     fam = family_of(job.model)
@@ -81,7 +90,8 @@ def explain(job: Job, gpu: GPU, speed: Speed) -> Explanation:
         return [Residual(o, predict_obs(o, params), held_out=False)
                 for o in nearest(job.model, gpu, job.settings, speed_side) if not (speed_side and not o.gpu_name)]
 
-    return Explanation(gpu.name, speed, factors, params.launch_us(kind_of(job.model)), residuals(True),
+    return Explanation(gpu.name, speed, factors, params.host_us(kind_of(job.model)), params.kernel_min_us(),
+                       residuals(True),
                        residuals(False), spread(fam, "speed"), spread(fam, "vram"), job.estimate.parts)
 
 
@@ -93,7 +103,7 @@ def lines(e: Explanation) -> list[str]:
     for k, v in s.terms.items():
         out.append(f"  {k:<28} {v:8.4f} s")
     out.append("  efficiency factors (fitted, log): " + ", ".join(f"{k} {v:+.2f}" for k, v in e.factors.items())
-               + f"; kernel launch {e.launch_us:.1f} us")
+               + f"; host {e.host_us:.1f} us per operator, a kernel at least {e.kernel_min_us:.1f} us on the GPU")
     out.append(f"  on sources it was not fitted to, {RANGE_QUANTILE:.0%} of this family's published figures "
                f"(each source weighing the same) fell between "
                f"x{e.speed_range[0]:.2f} and x{e.speed_range[1]:.2f} of the estimate: that is the likely range")

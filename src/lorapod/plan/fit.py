@@ -34,10 +34,13 @@ from lorapod.home import lorapod_home
 from lorapod.plan.speed import (
     ATTENTION_PRIOR,
     ELEMENTWISE,
+    KERNEL_MIN,
+    OVERLAP_P,
     PCIE_GB_S,
     Params,
     attention_arch,
     dequant_terms,
+    elementwise_terms,
     family_of,
     features,
     fp8_peak_factor,
@@ -48,9 +51,15 @@ from lorapod.plan.vram import estimate
 from lorapod.plan.work import step_work
 
 RIDGE = 0.5
-# Launch latencies are pulled towards this (microseconds), more weakly than the efficiency terms.
-LAUNCH_PRIOR_US = 10.0
-LAUNCH_RIDGE = 0.2
+# Host time per operator (Python, the dispatcher, autograd's bookkeeping and the launch), pulled
+# towards this (microseconds), more weakly than the efficiency terms. The prior is eager PyTorch's
+# measured per-operator overhead on the order of 10-20 us (docs/planner.md gives the measurements).
+HOST_PRIOR_US = 15.0
+HOST_RIDGE = 0.2
+# The shortest time a kernel holds the GPU (launch to completion of an empty kernel, a few us on
+# every CUDA GPU measured; docs/planner.md), pulled there firmly: it is a hardware constant.
+KERNEL_MIN_PRIOR_US = 3.0
+KERNEL_MIN_RIDGE = 2.0
 # Dequantisation's factor starts at the memory bandwidth (1x) and is pulled there weakly.
 DEQUANT_RIDGE = 0.1
 ITERATIONS = 40
@@ -122,7 +131,7 @@ class _Row:
     """One speed point reduced to what the fit needs: work terms (mean over its buckets) and features."""
 
     feats: list[str]
-    launch: str
+    host: str
     matmul_s: float  # seconds at efficiency 1
     attention_s: float
     aux_s: float
@@ -133,6 +142,7 @@ class _Row:
     swap_s: float
     measured: float
     elementwise_s: float = 0.0  # memory-bound operators at the bandwidth
+    ew_terms: tuple[str, ...] = (ELEMENTWISE,)
 
 
 def _row(o: Observation) -> _Row:
@@ -147,23 +157,25 @@ def _row(o: Observation) -> _Row:
                          w.elementwise_gb / gpu.mem_bw_gbs])
     acc /= len(vs)
     peak = gpu.bf16_tflops
-    return _Row(features(o.model, o.settings, gpu), f"launch:{kind_of(o.model)}", acc[0] / peak, acc[1] / peak,
+    return _Row(features(o.model, o.settings, gpu), f"host:{kind_of(o.model)}", acc[0] / peak, acc[1] / peak,
                 acc[2] / peak, acc[3], tuple(dequant_terms(o.settings.base_dtype)), acc[4], acc[5], acc[6], o.value,
-                acc[7])
+                acc[7], tuple(elementwise_terms(kind_of(o.model))))
 
 
 def _names(rows: list[_Row]) -> list[str]:
-    ew = {ELEMENTWISE} if any(r.elementwise_s for r in rows) else set()
-    return sorted(ew | {f for r in rows for f in r.feats} | {"attention"} | {r.launch for r in rows}
+    ew = {n for r in rows if r.elementwise_s for n in r.ew_terms}
+    return sorted(ew | {f for r in rows for f in r.feats} | {"attention", KERNEL_MIN} | {r.host for r in rows}
                   | {attention_arch(r.feats) for r in rows}
                   | {n for r in rows if r.dequant_s > 0 for n in r.dequant})
 
 
 def _prior(name: str) -> tuple[float, float]:
     """(prior value, ridge weight) of a parameter."""
-    if name.startswith("launch:"):
-        return math.log(LAUNCH_PRIOR_US), LAUNCH_RIDGE
-    if name.startswith("dequant:") or name == ELEMENTWISE:
+    if name.startswith("host:"):
+        return math.log(HOST_PRIOR_US), HOST_RIDGE
+    if name == KERNEL_MIN:
+        return math.log(KERNEL_MIN_PRIOR_US), KERNEL_MIN_RIDGE
+    if name.startswith(("dequant:", ELEMENTWISE)):
         return 0.0, DEQUANT_RIDGE
     if name.startswith("kind:"):
         return math.log(0.3), 1e-3
@@ -173,29 +185,37 @@ def _prior(name: str) -> tuple[float, float]:
 
 
 def _model_and_grad(r: _Row, th: dict[str, float], idx: dict[str, int]) -> tuple[float, np.ndarray]:
-    """log predicted seconds and its gradient by the parameters."""
+    """log predicted seconds and its gradient by the parameters (plan/speed.py's model: the GPU's
+    time and the host's, combined as a p-norm)."""
     log_e = sum(th[f] for f in r.feats)
     mm = (r.matmul_s + r.aux_s) * math.exp(-log_e)
     aa = attention_arch(r.feats)
     att = r.attention_s * math.exp(-(th["attention"] + th[aa]))
-    launch = r.launches * math.exp(th[r.launch]) * 1e-6
+    kmin = r.launches * math.exp(th[KERNEL_MIN]) * 1e-6
     dq = r.dequant_s * math.exp(sum(th[n] for n in r.dequant)) if r.dequant_s else 0.0
-    ew = r.elementwise_s * math.exp(th[ELEMENTWISE]) if r.elementwise_s else 0.0
-    core = mm + att + launch + dq + r.fixed_s + ew
+    ew = r.elementwise_s * math.exp(sum(th[n] for n in r.ew_terms)) if r.elementwise_s else 0.0
+    device = mm + att + kmin + dq + r.fixed_s + ew
+    host = r.launches * math.exp(th[r.host]) * 1e-6
+    core = (device**OVERLAP_P + host**OVERLAP_P) ** (1 / OVERLAP_P)
     g = np.zeros(len(idx))
     if r.swap_s > core:  # transfer-bound: nothing fitted moves it
         return math.log(r.swap_s), g
+    # d log(core) = (device^(P-1) d device + host^(P-1) d host) / core^P
+    wd = device ** (OVERLAP_P - 1) / core**OVERLAP_P
+    wh = host ** (OVERLAP_P - 1) / core**OVERLAP_P
     for f in r.feats:
-        g[idx[f]] -= mm
-    g[idx["attention"]] -= att
-    g[idx[aa]] -= att
-    g[idx[r.launch]] += launch
+        g[idx[f]] -= mm * wd
+    g[idx["attention"]] -= att * wd
+    g[idx[aa]] -= att * wd
+    g[idx[KERNEL_MIN]] += kmin * wd
+    g[idx[r.host]] += host * wh
     if dq:
         for n in r.dequant:
-            g[idx[n]] += dq
+            g[idx[n]] += dq * wd
     if ew:
-        g[idx[ELEMENTWISE]] += ew
-    return math.log(core), g / core
+        for n in r.ew_terms:
+            g[idx[n]] += ew * wd
+    return math.log(core), g
 
 
 def fit(points: Sequence[Observation], pairs: Sequence[tuple[Observation, Observation]] = ()) -> Params:

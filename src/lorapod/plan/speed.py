@@ -1,23 +1,31 @@
 """Seconds per micro-batch step on a GPU: physics for the work, a fitted efficiency for the rest.
 
-    time = (matmul + attention + uncached VAE/text-encoder FLOPs) / (paper peak x efficiency)
-         + kernel launches x launch latency
-         + base weights streamed every pass / memory bandwidth (x a fitted factor when dequantised)
-         + adapters and optimizer state read and written / memory bandwidth
-         + LLMs: the bytes their memory-bound operators move / memory bandwidth (x a fitted factor)
-    then block swap's host transfers, which overlap the compute: max(that, swapped bytes / PCIe).
+The GPU's own time (device):
+
+    device = (matmul + attention + uncached VAE/text-encoder FLOPs) / (paper peak x efficiency)
+           + base weights streamed every pass / memory bandwidth (x a fitted factor when dequantised)
+           + adapters and optimizer state read and written / memory bandwidth
+           + the memory-bound operators' counted bytes / memory bandwidth (x a fitted factor)
+           + kernels x the shortest time a kernel occupies the GPU (fitted, a few microseconds)
+
+and the host's (Python, the dispatcher, autograd and the launch itself, per operator):
+
+    host = kernels x host time per operator (fitted per kind)
+
+The host queues kernels ahead of the GPU, so its time shows only where the GPU would idle:
+step = (device^P + host^P)^(1/P), which is the larger of the two when one dominates and more than
+either when they are close (kernels of uneven length: the GPU waits on the host in the short ones
+even when the sum of its work is longer). Then block swap's host transfers, which overlap the
+compute: max(that, swapped bytes / PCIe).
 
 The work terms are plan/work.py's physics. The efficiency is not assumed: it is
 exp(kind + GPU architecture + GPU class + trainer), each term fitted to the published
 measurements in catalog/data/measurements.yaml (plan/fit.py). Attention's quadratic part runs in
 the fused kernel every trainer calls (FlashAttention / SDPA), so its efficiency is that kernel's:
-a fitted base times a fitted factor per GPU architecture, whatever the trainer or model kind
-(which mostly decide how fast everything around the kernel runs). The dequantisation of a 4-bit
-or 8-bit base has its own fitted factor (how far below the memory bandwidth those kernels run),
-and each kind (LLM, U-Net, DiT) its kernel launch latency. For U-Nets and DiTs the launch term
-also absorbs their memory-bound operators (counting those did not hold up; docs/planner.md).
-Every estimate carries a likely range: the spread of the model's errors on sources it was not
-fitted to (leave-one-source-out), for its family (LLM, image, video).
+a fitted base times a fitted factor per GPU architecture, whatever the trainer or model kind.
+The dequantisation of a 4-bit or 8-bit base has its own fitted factor (how far below the memory
+bandwidth those kernels run). Every estimate carries a likely range: the spread of the model's
+errors on sources it was not fitted to (leave-one-source-out), for its family (LLM, image, video).
 """
 
 from __future__ import annotations
@@ -44,22 +52,52 @@ MAX_EFFICIENCY = 0.95
 ATTENTION_PRIOR = math.log(0.3)
 # The fitted term: how far below the memory bandwidth memory-bound operators run (log).
 ELEMENTWISE = "elementwise"
-# Launch latency of a kind the fit has not seen (microseconds).
-DEFAULT_LAUNCH_US = 10.0
+# The shortest time a kernel occupies the GPU (log microseconds): launch, scheduling and the tail
+# of a tiny grid; its prior (KERNEL_MIN_PRIOR_US in plan/fit.py) is measured, see docs/planner.md.
+KERNEL_MIN = "kernel_min"
+DEFAULT_KERNEL_MIN_US = 3.0
+# Host time per operator of a kind the fit has not seen (microseconds).
+DEFAULT_HOST_US = 15.0
+# How sharply the host's and the GPU's times combine: (device^P + host^P)^(1/P); P = 1 would add
+# them (no overlap), a large P takes the larger (perfect overlap). Chosen on the held-out check.
+OVERLAP_P = 1.0
+
+
+def elementwise_terms(kind: str) -> list[str]:
+    """The memory-bound operators' fitted terms: the shared factor (how far below the bandwidth
+    eager elementwise kernels run, caches included) and, for U-Nets and DiTs, an offset of their
+    own (their activations are larger than an LLM layer's and convolutions sit between them)."""
+    return [ELEMENTWISE] if kind == "llm" else [ELEMENTWISE, f"{ELEMENTWISE}:{kind}"]
+
+
+def elementwise_factor(kind: str, params: Params) -> float:
+    return math.exp(sum(params.theta.get(n, 0.0) for n in elementwise_terms(kind)))
+
+
+def combine(device: float, host: float) -> float:
+    """The step time of a GPU that runs ``device`` seconds of work queued by a host that needs
+    ``host`` seconds to issue it (see the module)."""
+    if host <= 0:
+        return device
+    return float((device**OVERLAP_P + host**OVERLAP_P) ** (1 / OVERLAP_P))
 
 
 @dataclass(frozen=True)
 class Params:
     """The fitted part of the speed model, as log terms: efficiency terms by name, ``attention``
     and ``attention:<arch>`` (the fused attention kernel's efficiency), ``dequant:<dtype>`` (how
-    much slower than the memory bandwidth dequantisation runs), ``compute:fp8`` and
-    ``launch:<kind>`` (log of the kernel launch latency in microseconds). A term the fit never
-    saw counts as 0 (the kind's baseline)."""
+    much slower than the memory bandwidth dequantisation runs), ``compute:fp8``, ``elementwise``
+    (the memory-bound operators' factor over the bandwidth), ``kernel_min`` (log microseconds a
+    kernel occupies the GPU at least) and ``host:<kind>`` (log microseconds of host time per
+    operator). A term the fit never saw counts as 0 (the kind's baseline) or its default."""
 
     theta: dict[str, float]
 
-    def launch_us(self, kind: str) -> float:
-        return math.exp(self.theta.get(f"launch:{kind}", math.log(DEFAULT_LAUNCH_US)))
+    def host_us(self, kind: str) -> float:
+        return math.exp(self.theta.get(f"host:{kind}", math.log(DEFAULT_HOST_US)))
+
+    def kernel_min_us(self) -> float:
+        return math.exp(self.theta.get(KERNEL_MIN, math.log(DEFAULT_KERNEL_MIN_US)))
 
 
 @dataclass(frozen=True)
@@ -152,34 +190,39 @@ def dequant_factor(s: Settings, params: Params) -> float:
     return math.exp(sum(params.theta.get(n, 0.0) for n in dequant_terms(s.base_dtype)))
 
 
-def terms(work: Work, gpu: GPU, effs: tuple[float, float], launch_us: float, dequant: float = 1.0,
-          mm_peak: float = 1.0, elementwise: float = 1.0) -> dict[str, float]:
-    """Seconds per step, term by term (before block swap's overlap); ``mm_peak``: the matmuls'
-    paper peak over the bf16 one (fp8_peak_factor)."""
+def terms(work: Work, gpu: GPU, effs: tuple[float, float], host_us: float, dequant: float = 1.0,
+          mm_peak: float = 1.0, elementwise: float = 1.0, kernel_min_us: float = DEFAULT_KERNEL_MIN_US,
+          ) -> dict[str, float]:
+    """Seconds per step, term by term (before block swap's overlap): the GPU's own terms, then the
+    host's time where the GPU would wait for it (the combined step minus the GPU's time);
+    ``mm_peak``: the matmuls' paper peak over the bf16 one (fp8_peak_factor)."""
     e_mm, e_att = effs
-    return {
+    device = {
         "matmul compute": work.matmul_tflops / (gpu.bf16_tflops * mm_peak * e_mm),
         "attention compute": work.attention_tflops / (gpu.bf16_tflops * e_att),
         "uncached encoders": work.aux_tflops / (gpu.bf16_tflops * e_mm),
-        "kernel launches": work.kernels * launch_us * 1e-6,
         "weights from memory": work.stream_gb / gpu.mem_bw_gbs,
         "dequantisation": work.dequant_gb / gpu.mem_bw_gbs * dequant,
         "optimizer": work.optimizer_gb / gpu.mem_bw_gbs,
         "memory-bound operators": work.elementwise_gb / gpu.mem_bw_gbs * elementwise,
+        "per-kernel minimum": work.kernels * kernel_min_us * 1e-6,
     }
+    busy = sum(device.values())
+    host = work.kernels * host_us * 1e-6
+    return {**device, "host, where the GPU waits": combine(busy, host) - busy}
 
 
 def predict(model: ImageModel | LLMArch, s: Settings, gpu: GPU, params: Params) -> tuple[float, dict[str, float], float]:
     """(seconds per step, terms, matmul efficiency); a mix of buckets is the mean over its buckets."""
     variants = s.variants()
     total, parts, eff = 0.0, {}, 0.0
-    launch = params.launch_us(kind_of(model))
+    host = params.host_us(kind_of(model))
     for v in variants:
         work = step_work(model, v)
         effs = efficiencies(features(model, v, gpu), params)
         eff = effs[0]
-        t = terms(work, gpu, effs, launch, dequant_factor(v, params), fp8_peak_factor(v, gpu),
-                  math.exp(params.theta.get(ELEMENTWISE, 0.0)))
+        t = terms(work, gpu, effs, host, dequant_factor(v, params), fp8_peak_factor(v, gpu),
+                  elementwise_factor(kind_of(model), params), params.kernel_min_us())
         core = sum(t.values())
         swap = work.swap_gb / PCIE_GB_S
         if swap:

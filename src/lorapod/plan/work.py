@@ -9,9 +9,9 @@ when the model attends jointly). Its backward costs about 2.5 forwards (FlashAtt
 recomputation). Work that is not the denoiser's or the decoder's is counted too: a VAE encode and
 a text-encoder forward per sample when they are not cached, the optimizer's read and write of
 the adapters, and the weights streamed from memory every pass (dequantised every pass under
-QLoRA or an fp8 base, once a forward under GPTQ). For LLMs, the bytes the layers' memory-bound
-operators (norms, rotary, activations, residuals, the LoRA branch) move, counted on the real
-layer; the FLOPs leave them out.
+QLoRA or an fp8 base, once a forward under GPTQ). The bytes the memory-bound operators (norms,
+rotary, activations, modulation, residuals, the LoRA branch) move, counted on the real layer
+(LLMs) or the real U-Net / DiT (plan/counted_models.py); the FLOPs leave them out.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class Work:
     kernels: int  # kernel launches, all passes
     swap_gb: float  # weights moved host <-> GPU by block swap
     tokens: int  # tokens per step (LLMs) or latent tokens (images)
-    elementwise_gb: float = 0.0  # memory-bound operators' traffic, all passes (counted for LLM layers)
+    elementwise_gb: float = 0.0  # memory-bound operators' traffic, all passes (counted on each architecture)
 
     @property
     def tflops(self) -> float:
@@ -161,5 +161,21 @@ def _image_work(m: ImageModel, s: Settings) -> Work:
     opt = lora * (LORA_BYTES + OPTIMIZER_BYTES.get(s.optimizer, 8.0)) * 2 / max(1, s.grad_accum)
     kernels = int(m.kernels_per_fwd * (1 + 2 + (mm - 2)))
     b = s.batch
+    ew = image_traffic_gb(m, s, mm - 1) * b
     return Work(linear * mm * b, attn * att * b, aux * b, stream / 1e9, dequant / 1e9, opt / 1e9, kernels, swap / 1e9,
-                tokens * b)
+                tokens * b, ew)
+
+
+def image_traffic_gb(m: ImageModel, s: Settings, forwards: float) -> float:
+    """GB one sample's memory-bound operators move in a step of a U-Net or DiT: ``forwards``
+    forwards (2 with checkpointing) and one backward, counted on the architecture
+    (models.yaml: traffic_gb_at_ref for U-Nets, scaled by the pixels and latent frames;
+    traffic_mb_per_token for DiTs, times the tokens that run the blocks)."""
+    res, frames = int(s.resolution), int(s.frames)  # type: ignore[arg-type]
+    scale = 2.0 if s.base_dtype == "fp32" else 1.0
+    if m.kind == "dit" and m.patch_px:
+        fwd, bwd = m.traffic_mb_per_token
+        tokens = m.image_tokens(res, frames) + ((s.text_tokens or m.text_tokens) if m.joint_text else 0)
+        return (fwd * forwards + bwd) * tokens / 1e3 * scale
+    fwd, bwd = m.traffic_gb_at_ref
+    return (fwd * forwards + bwd) * (res / m.ref_resolution) ** 2 * m.latent_frames(frames) * scale
