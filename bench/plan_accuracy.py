@@ -24,24 +24,14 @@ import sys
 from collections import defaultdict
 from statistics import median
 
-from lorapod.plan.fit import Residual, held_out, peak_share, range_holds
+from lorapod.plan.fit import Residual, held_out, model_family, peak_share, range_holds
 
 TARGETS = {"speed": 0.20, "vram": 0.25, "speed ratio": 0.20}
 # Issue 26's targets, for each model family separately: within target on this share of the
 # held-out points, and the printed range holding this share.
 SHARE_WITHIN = {"speed": 0.75, "vram": 0.80}
 SHARE_IN_RANGE = 0.80
-MODEL_FAMILIES = ("SD/SDXL", "FLUX", "Wan", "LLM")
-
-
-def model_family(r: Residual) -> str:
-    """SD/SDXL, FLUX (FLUX.1 and FLUX.2), Wan (2.1 and 2.2) or LLM: the families the targets are set for."""
-    fam = getattr(r.obs.model, "family", "llm")
-    if fam.startswith("sd"):
-        return "SD/SDXL"
-    if fam.startswith("flux"):
-        return "FLUX"
-    return "Wan" if fam.startswith("wan") else "LLM"
+MODEL_FAMILIES = ("SD/SDXL", "FLUX", "Wan", "LLM")  # fit.model_family
 
 
 def families(res: list[Residual]) -> list[dict[str, object]]:
@@ -54,7 +44,7 @@ def families(res: list[Residual]) -> list[dict[str, object]]:
     rows = []
     for metric in ("speed", "vram"):
         for fam in MODEL_FAMILIES:
-            mine = [r for r in res if _metric(r) == metric and model_family(r) == fam and not r.obs.is_bound]
+            mine = [r for r in res if _metric(r) == metric and model_family(r.obs.model) == fam and not r.obs.is_bound]
             if not mine:
                 continue
             within = sum(r.ok for r in mine)

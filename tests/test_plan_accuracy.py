@@ -70,12 +70,34 @@ def test_leave_one_source_out_speed(residuals):
     assert len(speed) >= 100
     assert len({r.obs.source.id for r in speed}) >= 20
     within = sum(r.ok for r in speed) / len(speed)
-    assert within >= 0.60  # achieved 76/125 (59 before GPTQ and the LLM memory-bound operators were counted)
+    # achieved 75/125 (76 until 2026-12-01's unit audit read hf-flux-qlora per micro-batch and Qwen's
+    # accumulation into its optimizer term: 74; the host and per-kernel terms that replaced the launch
+    # term: 75; 59 before GPTQ and the LLM memory-bound operators were counted)
+    assert within >= 0.60
     assert sorted(abs(r.error) for r in speed)[len(speed) // 2] <= 0.18  # achieved 17%
     llm = [r for r in speed if r.family == "llm"]
-    assert sum(r.ok for r in llm) / len(llm) >= 0.74  # achieved 57/76 (44 before)
+    assert sum(r.ok for r in llm) / len(llm) >= 0.72  # achieved 55/76 (57 before the unit audit; 44 before that)
     video = [r for r in speed if r.family == "video"]
-    assert sum(r.ok for r in video) / len(video) >= 0.46  # achieved 7/15 (3/15 before; 1/14 before attention had its own efficiency)
+    # achieved 5/15 (7/15 before the unit audit divided diffusion-pipe's and the FLUX blog's steps by
+    # their accumulation, which moved the shared DiT terms; 1/14 before attention had its own efficiency)
+    assert sum(r.ok for r in video) / len(video) >= 0.33
+
+
+# Per model family (issue 26's targets: speed within 20% on 75%, VRAM within 25% on 80%, the range
+# holding 80%, each family apart): the levels reached, as floors; docs/planner.md tables them with
+# the points that miss and why. None of the four meets both speed targets.
+FAMILY_FLOORS = {("speed", "SD/SDXL"): 0.52, ("speed", "FLUX"): 0.22, ("speed", "Wan"): 0.33, ("speed", "LLM"): 0.72,
+                 ("vram", "SD/SDXL"): 0.62, ("vram", "FLUX"): 0.77, ("vram", "Wan"): 0.62, ("vram", "LLM"): 0.68}
+
+
+def test_each_model_family_holds_its_level(residuals):
+    from lorapod.plan.fit import model_family
+
+    for (metric, fam), floor in FAMILY_FLOORS.items():
+        mine = [r for r in residuals if r.metric == metric and model_family(r.obs.model) == fam
+                and not r.obs.is_bound and r.obs.metric != "speed_ratio"]
+        assert len(mine) >= 8, (metric, fam)
+        assert sum(r.ok for r in mine) / len(mine) >= floor, (metric, fam)
 
 
 def test_held_out_gpu_ratios_come_from_other_sources_steps(residuals):
@@ -111,7 +133,7 @@ def test_printed_ranges_hold_held_out_figures(residuals):
     for r in residuals:
         by_source[r.obs.source.id].append(r)
     holds = range_holds(by_source)
-    floors = {"speed": 0.90, "vram": 0.82}  # achieved 114/125 and 204/247
+    floors = {"speed": 0.87, "vram": 0.82}  # achieved 109/125 (114 before the unit audit) and 204/247
     for metric, floor in floors.items():
         mine = [ok for r, ok in holds if r.metric == metric]
         assert sum(mine) / len(mine) >= floor, metric

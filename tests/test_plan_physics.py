@@ -22,7 +22,7 @@ from lorapod.plan.fit import fitted
 from lorapod.plan.job import build_job
 from lorapod.plan.speed import predict, step_speed
 from lorapod.plan.vram import Settings
-from lorapod.plan.work import step_work
+from lorapod.plan.work import image_traffic_gb, step_work
 from lorapod.spec import load_spec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -58,7 +58,8 @@ def test_doubling_a_dits_resolution_grows_attention_with_the_square_of_its_token
     img_small, img_big, text = (512 / 16) ** 2, (1024 / 16) ** 2, flux.text_tokens  # joint attention
     assert big.attention_tflops / small.attention_tflops == pytest.approx(((img_big + text) / (img_small + text)) ** 2)
     assert big.matmul_tflops / small.matmul_tflops == pytest.approx((img_big + text) / (img_small + text))
-    assert big.elementwise_gb / small.elementwise_gb == pytest.approx((img_big + text) / (img_small + text))
+    ops = [image_traffic_gb(flux, v, 2) for v in (s, replace(s, resolution=1024))]  # counted, per token
+    assert ops[1] / ops[0] == pytest.approx((img_big + text) / (img_small + text))
 
 
 def test_doubling_a_unets_resolution_grows_attention_with_the_square_of_its_pixels():
@@ -67,7 +68,7 @@ def test_doubling_a_unets_resolution_grows_attention_with_the_square_of_its_pixe
     small, big = step_work(sdxl, s), step_work(sdxl, replace(s, resolution=1024))
     assert big.attention_tflops == pytest.approx(16 * small.attention_tflops)
     assert big.matmul_tflops == pytest.approx(4 * small.matmul_tflops)
-    assert big.elementwise_gb == pytest.approx(4 * small.elementwise_gb)
+    assert image_traffic_gb(sdxl, replace(s, resolution=1024), 2) == pytest.approx(4 * image_traffic_gb(sdxl, s, 2))
     # and the time grows, but less than the attention: matmuls, operators and the host do not square
     gpu, p = find_gpu("RTX 4090"), fitted()
     t_small, t_big = predict(sdxl, s, gpu, p)[0], predict(sdxl, replace(s, resolution=1024), gpu, p)[0]

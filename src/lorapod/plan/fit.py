@@ -101,6 +101,17 @@ class Residual:
         return abs(self.error) <= (0.20 if self.metric == "speed" else 0.25)
 
 
+def model_family(model: Any) -> str:
+    """SD/SDXL, FLUX (FLUX.1 and FLUX.2), Wan (2.1 and 2.2) or LLM: the families issue 26's
+    accuracy targets are set for (the printed ranges use family_of's llm / image / video)."""
+    fam = getattr(model, "family", "llm")
+    if fam.startswith("sd"):
+        return "SD/SDXL"
+    if fam.startswith("flux"):
+        return "FLUX"
+    return "Wan" if fam.startswith("wan") else "LLM"
+
+
 def speed_points(obs: Sequence[Observation] | None = None) -> list[Observation]:
     """Observations the speed model can be fitted to: a measured step on a known GPU."""
     pool = obs if obs is not None else load_measurements()[1]
