@@ -12,15 +12,7 @@ from lorapod.catalog.measurements import Observation, load_measurements
 from lorapod.catalog.models import ImageModel, LLMArch
 from lorapod.plan.fit import RANGE_QUANTILE, Residual, fitted, predict_obs, spread
 from lorapod.plan.job import Job
-from lorapod.plan.speed import (
-    Speed,
-    attention_arch,
-    dequant_terms,
-    elementwise_terms,
-    family_of,
-    features,
-    kind_of,
-)
+from lorapod.plan.speed import ELEMENTWISE, Speed, attention_arch, dequant_terms, family_of, features, kind_of
 from lorapod.plan.vram import Settings
 from lorapod.plan.work import QUANTISED
 
@@ -81,7 +73,8 @@ def explain(job: Job, gpu: GPU, speed: Speed) -> Explanation:
     feats = features(job.model, job.settings, gpu)
     factors = {f: params.theta.get(f, 0.0) for f in feats}
     quantised = job.settings.base_dtype in QUANTISED
-    for name in ("attention", attention_arch(feats), *elementwise_terms(kind_of(job.model)),
+    memory_bound = (ELEMENTWISE,) if kind_of(job.model) == "llm" else ()  # the only kind whose traffic is timed
+    for name in ("attention", attention_arch(feats), *memory_bound,
                  *(dequant_terms(job.settings.base_dtype) if quantised else ())):
         factors[name] = params.theta.get(name, 0.0)
     fam = family_of(job.model)

@@ -40,7 +40,6 @@ from lorapod.plan.speed import (
     Params,
     attention_arch,
     dequant_terms,
-    elementwise_terms,
     family_of,
     features,
     fp8_peak_factor,
@@ -152,8 +151,7 @@ class _Row:
     fixed_s: float  # memory terms (no fitted part)
     swap_s: float
     measured: float
-    elementwise_s: float = 0.0  # memory-bound operators at the bandwidth
-    ew_terms: tuple[str, ...] = (ELEMENTWISE,)
+    elementwise_s: float = 0.0  # memory-bound operators at the bandwidth (LLM layers; counted, plan/work.py)
 
 
 def _row(o: Observation) -> _Row:
@@ -170,11 +168,11 @@ def _row(o: Observation) -> _Row:
     peak = gpu.bf16_tflops
     return _Row(features(o.model, o.settings, gpu), f"host:{kind_of(o.model)}", acc[0] / peak, acc[1] / peak,
                 acc[2] / peak, acc[3], tuple(dequant_terms(o.settings.base_dtype)), acc[4], acc[5], acc[6], o.value,
-                acc[7], tuple(elementwise_terms(kind_of(o.model))))
+                acc[7])
 
 
 def _names(rows: list[_Row]) -> list[str]:
-    ew = {n for r in rows if r.elementwise_s for n in r.ew_terms}
+    ew = {ELEMENTWISE} if any(r.elementwise_s for r in rows) else set()
     return sorted(ew | {f for r in rows for f in r.feats} | {"attention", KERNEL_MIN} | {r.host for r in rows}
                   | {attention_arch(r.feats) for r in rows}
                   | {n for r in rows if r.dequant_s > 0 for n in r.dequant})
@@ -186,7 +184,7 @@ def _prior(name: str) -> tuple[float, float]:
         return math.log(HOST_PRIOR_US), HOST_RIDGE
     if name == KERNEL_MIN:
         return math.log(KERNEL_MIN_PRIOR_US), KERNEL_MIN_RIDGE
-    if name.startswith(("dequant:", ELEMENTWISE)):
+    if name.startswith("dequant:") or name == ELEMENTWISE:
         return 0.0, DEQUANT_RIDGE
     if name.startswith("kind:"):
         return math.log(0.3), 1e-3
@@ -204,7 +202,7 @@ def _model_and_grad(r: _Row, th: dict[str, float], idx: dict[str, int]) -> tuple
     att = r.attention_s * math.exp(-(th["attention"] + th[aa]))
     kmin = r.launches * math.exp(th[KERNEL_MIN]) * 1e-6
     dq = r.dequant_s * math.exp(sum(th[n] for n in r.dequant)) if r.dequant_s else 0.0
-    ew = r.elementwise_s * math.exp(sum(th[n] for n in r.ew_terms)) if r.elementwise_s else 0.0
+    ew = r.elementwise_s * math.exp(th[ELEMENTWISE]) if r.elementwise_s else 0.0
     device = mm + att + kmin + dq + r.fixed_s + ew
     host = r.launches * math.exp(th[r.host]) * 1e-6
     core = (device**OVERLAP_P + host**OVERLAP_P) ** (1 / OVERLAP_P)
@@ -224,8 +222,7 @@ def _model_and_grad(r: _Row, th: dict[str, float], idx: dict[str, int]) -> tuple
         for n in r.dequant:
             g[idx[n]] += dq * wd
     if ew:
-        for n in r.ew_terms:
-            g[idx[n]] += ew * wd
+        g[idx[ELEMENTWISE]] += ew * wd
     return math.log(core), g
 
 

@@ -65,17 +65,6 @@ DEFAULT_HOST_US = 15.0
 OVERLAP_P = 1.0
 
 
-def elementwise_terms(kind: str) -> list[str]:
-    """The memory-bound operators' fitted terms: the shared factor (how far below the bandwidth
-    eager elementwise kernels run, caches included) and, for U-Nets and DiTs, an offset of their
-    own (their activations are larger than an LLM layer's and convolutions sit between them)."""
-    return [ELEMENTWISE] if kind == "llm" else [ELEMENTWISE, f"{ELEMENTWISE}:{kind}"]
-
-
-def elementwise_factor(kind: str, params: Params) -> float:
-    return math.exp(sum(params.theta.get(n, 0.0) for n in elementwise_terms(kind)))
-
-
 def combine(device: float, host: float) -> float:
     """The step time of a GPU that runs ``device`` seconds of work queued by a host that needs
     ``host`` seconds to issue it (see the module)."""
@@ -224,7 +213,7 @@ def predict(model: ImageModel | LLMArch, s: Settings, gpu: GPU, params: Params) 
         effs = efficiencies(features(model, v, gpu), params)
         eff = effs[0]
         t = terms(work, gpu, effs, host, dequant_factor(v, params), fp8_peak_factor(v, gpu),
-                  elementwise_factor(kind_of(model), params), params.kernel_min_us())
+                  math.exp(params.theta.get(ELEMENTWISE, 0.0)), params.kernel_min_us())
         core = sum(t.values())
         swap = work.swap_gb / PCIE_GB_S
         if swap:
