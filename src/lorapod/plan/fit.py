@@ -1,12 +1,14 @@
 """Fitting the speed model's efficiency to the published measurements, and honest error bars.
 
-The model's time is physics work divided by fitted efficiencies, plus kernel launches times a
-fitted latency, plus memory terms (plan/speed.py). Its log efficiency is a sum of terms (kind +
-GPU architecture + GPU class + trainer); fused attention has its own (a base + the GPU
-architecture), dequantisation of a 4-bit or 8-bit base one more factor, and each kind its
-launch latency; all are fitted by least squares on log time (Gauss-Newton). Every term
-but the kind's baseline is pulled towards zero (ridge), so a combination the data never saw
-falls back to the kind's baseline instead of an extrapolation.
+The model's time is the GPU's (physics work divided by fitted efficiencies, memory terms, and a
+per-kernel minimum) combined with the host's (operators times a host time per operator, per
+kind) (plan/speed.py). Its log efficiency is a sum of terms (kind + GPU architecture + GPU class
++ trainer); fused attention has its own (a base + the GPU architecture), dequantisation of a
+4-bit or 8-bit base one more factor, the LLM layers' memory-bound operators one more; all are
+fitted by least squares on log time (Gauss-Newton). Every term but the kind's baseline is
+pulled towards its prior (ridge: zero for the efficiency terms, measured values for the host's
+and the kernel's times), so a combination the data never saw falls back to the kind's baseline
+instead of an extrapolation.
 
 Error bars come from leave-one-source-out cross-validation: the model is fitted without one
 source and predicts that source's points, for every source. The spread of those held-out errors
