@@ -61,6 +61,7 @@ def test_the_flux_qlora_blog_is_read_per_micro_batch():
     (o,) = _obs("hf-flux-qlora", base_dtype="nf4")
     assert o.settings.grad_accum == 4
     assert o.value == pytest.approx(41 * 60 / 700 / 4, rel=1e-3)  # 0.88 s, not 3.51
+    assert o.printed == "3.514 s per optimizer step of 4"  # what --explain shows next to it
 
 
 def test_printed_it_per_s_and_optimizer_steps_become_seconds_per_micro_batch():

@@ -69,6 +69,8 @@ class Observation:
     metric: str  # seconds_per_step | peak_gb | ... (tokens_per_s is turned into seconds_per_step)
     value: float
     note: str = ""
+    printed: str = ""  # the figure as the source printed it, when the loader converted it
+
 
     @property
     def is_speed(self) -> bool:
@@ -159,13 +161,18 @@ def load_measurements() -> tuple[Snapshot, tuple[Observation, ...]]:
         for metric, value in p["measured"].items():
             if metric not in SPEED_METRICS | VRAM_METRICS | PUBLISHED_SPEED:
                 raise PlanError(f"measurements.yaml point {i}: unknown metric {metric!r}")
+            printed = ""
+            if metric in PUBLISHED_SPEED:
+                printed = (f"{value:g} it/s" if metric == "it_per_s" else
+                           f"{value:g} s per optimizer step of {s.grad_accum}")
             if metric in SPEED_METRICS | PUBLISHED_SPEED:
                 metric, value = _per_micro_batch(i, source, metric, float(value), s.grad_accum)
             if metric == "tokens_per_s":
                 metric, value = "seconds_per_step", s.batch * s.seq_len / float(value)
             if metric == "peak_gb" and src.get("peak_unit", "GiB") == "GB":  # printed as bytes / 1e9
                 value = float(value) * 1e9 / 2**30
-            out.append(Observation(source, what, model, gpu_name, s, metric, float(value), str(p.get("note", ""))))
+            out.append(Observation(source, what, model, gpu_name, s, metric, float(value), str(p.get("note", "")),
+                                   printed))
     return snap, tuple(out)
 
 

@@ -91,7 +91,7 @@ def explain(job: Job, gpu: GPU, speed: Speed) -> Explanation:
 def lines(e: Explanation) -> list[str]:
     """Plain text for the terminal."""
     s = e.speed
-    out = [f"Speed on {e.gpu}: {s.seconds_per_step:.3g} s per step, likely {s.low:.3g}-{s.high:.3g} "
+    out = [f"Speed on {e.gpu}: {s.seconds_per_step:.3g} s per micro-batch, likely {s.low:.3g}-{s.high:.3g} "
            f"({'from your runs' if s.basis == 'your runs' else 'model'})"]
     for k, v in s.terms.items():
         out.append(f"  {k:<28} {v:8.4f} s")
@@ -114,7 +114,8 @@ def lines(e: Explanation) -> list[str]:
 
 def _point_line(r: Residual) -> str:
     o = r.obs
-    unit = "s/step" if o.is_speed else "GB"
+    unit = "s a micro-batch" if o.is_speed else "GB"
     label = {"fits_in_gb": "fits in", "max_seconds_per_step": "at most", "max_fit_gb": "longest input fits in"}
-    return (f"  {o.what}: published {label.get(o.metric, '')} {o.value:.3g} {unit}, model {r.estimate:.3g} "
+    printed = f" (printed: {o.printed})" if o.printed else ""
+    return (f"  {o.what}: published {label.get(o.metric, '')} {o.value:.3g} {unit}{printed}, model {r.estimate:.3g} "
             f"({r.error:+.0%}) [{o.source.id}: {o.source.url}]").replace("published  ", "published ")
