@@ -5,7 +5,8 @@ The GPU's own time (device):
     device = (matmul + attention + uncached VAE/text-encoder FLOPs) / (paper peak x efficiency)
            + base weights streamed every pass / memory bandwidth (x a fitted factor when dequantised)
            + adapters and optimizer state read and written / memory bandwidth
-           + the memory-bound operators' counted bytes / memory bandwidth (x a fitted factor)
+           + LLMs: the memory-bound operators' counted bytes / memory bandwidth (x a fitted factor;
+             the U-Nets' and DiTs' are counted too, but not timed: plan/work.py)
            + kernels x the shortest time a kernel occupies the GPU (fitted, a few microseconds)
 
 and the host's (Python, the dispatcher, autograd and the launch itself, per operator):

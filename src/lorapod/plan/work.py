@@ -11,7 +11,9 @@ a text-encoder forward per sample when they are not cached, the optimizer's read
 the adapters, and the weights streamed from memory every pass (dequantised every pass under
 QLoRA or an fp8 base, once a forward under GPTQ). The bytes the memory-bound operators (norms,
 rotary, activations, modulation, residuals, the LoRA branch) move, counted on the real layer
-(LLMs) or the real U-Net / DiT (plan/counted_models.py); the FLOPs leave them out.
+(LLMs) or the real U-Net / DiT (plan/counted_models.py); the FLOPs leave them out. Only the LLMs'
+enter the step time (``Work.elementwise_gb``); the U-Nets' and DiTs' are counted but not timed
+(``image_traffic_gb`` says why).
 """
 
 from __future__ import annotations
@@ -173,7 +175,10 @@ def image_traffic_gb(m: ImageModel, s: Settings, forwards: float) -> float:
     """GB one sample's memory-bound operators move in a step of a U-Net or DiT: ``forwards``
     forwards (2 with checkpointing) and one backward, counted on the architecture
     (models.yaml: traffic_gb_at_ref for U-Nets, scaled by the pixels and latent frames;
-    traffic_mb_per_token for DiTs, times the tokens that run the blocks)."""
+    traffic_mb_per_token for DiTs, times the tokens that run the blocks). Not in the step time:
+    timed at the bandwidth x a fitted factor it made the held-out estimates worse (docs/planner.md),
+    so for U-Nets and DiTs the host term still carries this time; kept so the figure is there
+    to check against when measured steps of lorapod's own engine can tell them apart."""
     res, frames = int(s.resolution), int(s.frames)  # type: ignore[arg-type]
     scale = 2.0 if s.base_dtype == "fp32" else 1.0
     if m.kind == "dit" and m.patch_px:
