@@ -1,0 +1,128 @@
+"""The dashboard's server without a browser: the token, the same-origin rule, the run-folder file
+policy (no traversal, no links), escaping, downsampling and pagination (Starlette's TestClient)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+pytest.importorskip("starlette")
+from starlette.testclient import TestClient
+
+from lorapod.ui.files import Refused, serve
+from lorapod.ui.guard import TOKEN_HEADER, cookie_name
+from lorapod.ui.runs import RunIndex, downsample, png_text, series
+from lorapod.ui.server import PER_PAGE, Dashboard, build_app
+
+from .ui_fixtures import HOSTILE, run_folder, write_metrics
+
+TOKEN = "t0ken-for-tests"
+
+
+def client(tmp_path, authed: bool = True) -> TestClient:
+    dash = Dashboard(RunIndex([tmp_path]), TOKEN)
+    c = TestClient(build_app(dash, {"testserver"}, 0), follow_redirects=False)
+    if authed:
+        c.cookies.set(cookie_name(0), TOKEN)
+    return c
+
+
+def test_no_token_is_403_and_the_printed_address_sets_a_cookie(tmp_path):
+    run_folder(tmp_path)
+    anon = client(tmp_path, authed=False)
+    for path in ("/", "/runs/zxq-demo-20261201-120000-ab12", "/static/app.js", "/plan", "/data",
+                 "/runs/zxq-demo-20261201-120000-ab12/file/samples/step000010-00.png"):
+        assert anon.get(path).status_code == 403, path
+    assert anon.get("/?token=wrong").status_code == 403
+    r = anon.get("/?token=" + TOKEN)
+    assert r.status_code == 303 and r.headers["location"] == "/"  # the token leaves the address bar
+    assert "httponly" in r.headers["set-cookie"].lower() and "samesite=strict" in r.headers["set-cookie"].lower()
+    assert anon.get("/").status_code == 200  # the cookie now carries it
+    assert client(tmp_path).get("/", headers={"host": "evil.example:80"}).status_code == 403  # DNS rebinding
+
+
+def test_changes_need_post_the_token_header_and_the_same_origin(tmp_path):
+    run_folder(tmp_path)
+    c = client(tmp_path)
+    url = "/runs/zxq-demo-20261201-120000-ab12/stop"
+    assert c.get(url).status_code == 405  # never a GET
+    assert c.post(url).status_code == 403  # the cookie alone: a cross-site form could send that
+    assert c.post(url, headers={TOKEN_HEADER: TOKEN, "origin": "http://evil.example"}).status_code == 403
+    assert c.post(url, headers={TOKEN_HEADER: TOKEN}).status_code == 403  # no Origin at all
+    r = c.post(url, headers={TOKEN_HEADER: TOKEN, "origin": "http://testserver"})
+    assert r.status_code == 200 and r.json()["ok"], r.text
+    assert (tmp_path / "zxq-demo-20261201-120000-ab12" / "STOP").is_file()  # a local run: the engine's STOP file
+
+
+def test_files_only_inside_the_run_folder_and_never_through_a_link(tmp_path):
+    root = run_folder(tmp_path)
+    secret = tmp_path / "secret.png"
+    secret.write_bytes(b"\x89PNG\r\n\x1a\nsecret")
+    (root / "samples" / "planted.png").symlink_to(secret)
+    (root / "linked").symlink_to(tmp_path)
+    (root / "samples" / "notes.html").write_text(HOSTILE)
+    c = client(tmp_path)
+    base = "/runs/" + root.name + "/file/"
+    assert c.get(base + "samples/step000010-00.png").status_code == 200
+    assert c.get(base + "samples/step000010-00.png").headers["content-type"] == "image/png"
+    for bad in ("samples/planted.png", "linked/secret.png", "../secret.png", "samples/../../secret.png",
+                "%2e%2e/secret.png", "samples/%2e%2e/%2e%2e/secret.png", "samples/notes.html", "spec.yaml",
+                "/etc/passwd", "samples//step000010-00.png"):
+        r = c.get(base + bad)  # (httpx folds a literal "../"; the %2e%2e forms reach the server as "..")
+        assert 400 <= r.status_code < 500 and b"secret" not in r.content, bad
+    for bad in ("../secret.png", "samples/../../secret.png", "linked/secret.png", "samples/planted.png"):
+        with pytest.raises(Refused):
+            serve(root, bad)
+    page = c.get("/runs/" + root.name).text
+    assert "planted.png" not in page  # a link is not even listed
+
+
+def test_text_from_the_run_folder_is_escaped_and_scripts_are_only_ours(tmp_path):
+    root = run_folder(tmp_path)
+    (root / "eval").mkdir()
+    (root / "eval" / "eval.json").write_text(json.dumps({
+        "rows": [{"label": "base", "step": None, "val_loss": 2.0, "val_ppl": 7.4},
+                 {"label": "step-10", "step": 10, "val_loss": 1.5, "val_ppl": 4.5}],
+        "best": "step-10", "reason": "lowest validation loss " + HOSTILE,
+        "answers": [{"prompt": "q " + HOSTILE, "base": "b", "tuned": "t"}]}))
+    r = client(tmp_path).get("/runs/" + root.name)
+    assert r.status_code == 200
+    assert HOSTILE not in r.text and "&lt;script&gt;" in r.text
+    assert r.text.count("<script") == 2  # uPlot and app.js, both from /static
+    assert "script-src 'self'" in r.headers["content-security-policy"]
+    assert "Recommended checkpoint" in r.text and "step-10" in r.text
+
+
+def test_metrics_are_downsampled_and_keep_spikes(tmp_path):
+    xs = [float(i) for i in range(10_000)]
+    ys = [1.0] * 10_000
+    ys[4321] = 50.0
+    dx, dy = downsample(xs, ys, 1500)
+    assert len(dx) <= 1500 and dx[0] == 0 and dx[-1] == 9999 and 50.0 in dy and dx == sorted(dx)
+    root = run_folder(tmp_path, steps=0)
+    write_metrics(root, range(1, 10_001))
+    t = time.perf_counter()
+    m = client(tmp_path).get(f"/runs/{root.name}/metrics").json()
+    assert time.perf_counter() - t < 5
+    assert m["rows"] == 10_000 and len(m["series"]["loss"]["x"]) <= 1500 and m["series"]["loss"]["x"][-1] == 10_000
+    assert m["offset"] == os.path.getsize(root / "metrics.jsonl")
+    assert series([{"step": 1, "loss": float("nan")}]) == {}
+
+
+def test_gallery_is_paginated(tmp_path):
+    root = run_folder(tmp_path, samples=500)
+    c = client(tmp_path)
+    first = c.get(f"/runs/{root.name}").text
+    assert first.count("<img loading") == PER_PAGE and "page 1 of 11" in first
+    last = c.get(f"/runs/{root.name}?page=11").text
+    assert last.count("<img loading") == 500 - 10 * PER_PAGE
+
+
+def test_png_prompt_is_read_from_the_text_chunk(tmp_path):
+    root = run_folder(tmp_path)
+    data = (root / "samples" / "step000010-01.png").read_bytes()
+    assert png_text(data)["prompt"] == f"zxq {HOSTILE} mug #1"
+    assert png_text(b"not a png") == {}
