@@ -8,8 +8,6 @@ import os
 import time
 
 import pytest
-
-pytest.importorskip("starlette")
 from starlette.testclient import TestClient
 
 from lorapod.ui.files import Refused, serve

@@ -1,0 +1,279 @@
+"""`lorapod ui` in a real browser: Playwright driving Debian's Chromium (never Playwright's own
+download, which cannot work offline) against the real CLI serving on loopback.
+
+One browser for the module. A local run folder appending metrics shows them on the chart within
+5 s; remote runs on the RunPod fake control plane (tests/fakes, its OpenAPI document, a real sshd
+per "pod") are followed, stopped at their save and destroyed from the page, and the ledger and the
+Runs page agree afterwards. Screenshots of every page are taken on the way: into
+``$LORAPOD_UI_SHOTS`` when set (``LORAPOD_UI_SHOTS=docs/ui`` refreshes the ones docs/ui.md shows),
+else into the test's tmp folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from playwright import sync_api as playwright
+
+from lorapod.compute.ledger import Ledger
+
+from .fakes.runpod_fake import RunPodFake
+from .remote_helpers import cli_argv, cli_env, fake_command_template, make_spec
+from .test_data_report import chromium
+from .ui_fixtures import run_folder, write_metrics
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with playwright.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    ctx = browser.new_context(viewport={"width": 1400, "height": 900})
+    pg = ctx.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    yield pg
+    ctx.close()
+    assert errors == [], errors  # no script error on any page
+
+
+def shots(tmp_path: Path) -> Path:
+    d = Path(os.environ.get("LORAPOD_UI_SHOTS") or tmp_path / "shots")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+class Dashboard:
+    """`lorapod ui --port 0 ...` as a subprocess; ``url`` is the address it printed."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen([*cli_argv(), "ui", "--port", "0", *args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=cli_env(**(env or {})))
+        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        m = re.search(r"(http://127\.0\.0\.1:(\d+))/\?token=(\S+)", line)
+        if not m:
+            self.close()
+            raise AssertionError(f"no address printed: {line!r} {self.proc.stderr.read()}")  # type: ignore[union-attr]
+        self.base, self.port, self.token = m.group(1), int(m.group(2)), m.group(3)
+        self.url = f"{self.base}/?token={self.token}"
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def wait_for(cond, timeout: float, what: str) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if cond():
+            return time.monotonic() - t0
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def listening_sockets(pid: int) -> list[str]:
+    """Local addresses of the TCP sockets ``pid`` listens on (from /proc/net/tcp{,6})."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            m = re.fullmatch(r"socket:\[(\d+)\]", os.readlink(fd))
+        except OSError:
+            continue
+        if m:
+            inodes.add(m.group(1))
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            f = line.split()
+            if f[3] == "0A" and f[9] in inodes:  # 0A = LISTEN
+                out.append(f[1])
+    return out
+
+
+# ----------------------------------------------------------------------------- a run on this machine
+
+
+def test_local_run_live_chart_pages_and_safety(page, tmp_path):
+    runs = tmp_path / "runs"
+    root = run_folder(runs, steps=20, samples=3)
+    (root / "samples" / "planted.png").symlink_to(tmp_path / "outside.png")
+    (tmp_path / "outside.png").write_bytes((root / "samples" / "step000010-00.png").read_bytes())
+    (runs / "data").mkdir()
+    ui = Dashboard(str(runs), "--spec", str(Path(__file__).parents[1] / "examples" / "sdxl-object-lora.yaml"),
+                   "--data", str(runs / "data"))
+    out = shots(tmp_path)
+    try:
+        # Loopback only: the one listening socket is 127.0.0.1 (0100007F in /proc/net/tcp).
+        assert listening_sockets(ui.proc.pid) == [f"0100007F:{ui.port:04X}"]
+        # No token: 403, for pages, files and the stream alike.
+        for path in ("/", f"/runs/{root.name}", f"/runs/{root.name}/stream", "/static/app.js"):
+            assert page.goto(ui.base + path).status == 403, path
+        page.goto(ui.url)
+        assert page.url == ui.base + "/"  # the token left the address bar for a cookie
+        assert page.locator("tr.run").count() == 1
+        assert page.locator("tr.run td.state").inner_text() == "running"
+        page.screenshot(path=out / "runs-local.png", full_page=True)
+
+        page.goto(f"{ui.base}/runs/{root.name}")
+        page.wait_for_function("window.lorapod && window.lorapod.lastStep === 20")
+        write_metrics(root, range(21, 26))
+        seen = wait_for(lambda: page.evaluate("window.lorapod.lastStep") == 25, 5.0, "step 25 on the chart")
+        chart_x = page.evaluate("window.lorapod.charts.loss.u.data[0]")
+        assert chart_x[-1] == 25 and len(chart_x) == 25, chart_x
+        print(f"new metrics lines on the chart after {seen:.2f} s")
+        # A traversal path and a planted link are refused from the browser too.
+        # (a browser folds "../" and "%2e%2e/" itself; "%2f" reaches the server as "/", so ".." arrives)
+        assert page.evaluate(f"fetch('/runs/{root.name}/file/samples%2f..%2f..%2f..%2foutside.png')"
+                             ".then(r => r.status)") == 404
+        assert page.evaluate(f"fetch('/runs/{root.name}/file/samples/planted.png').then(r => r.status)") == 404
+        assert page.locator("img[src$='planted.png']").count() == 0
+        assert page.locator(".gallery img").count() == 3
+        assert page.locator(".prompt").first.inner_text().startswith("zxq <script>")  # shown as text
+        page.screenshot(path=out / "run-local.png", full_page=True)
+
+        # Stop at the next save, for a run on this machine: the engine's STOP file.
+        page.once("dialog", lambda d: (_check_dialog(d, "saves a checkpoint"), d.accept()))
+        page.click("text=Stop at the next save")
+        page.wait_for_selector("#action-out[data-ok='true']")
+        assert (root / "STOP").is_file()
+
+        page.goto(f"{ui.base}/plan?spec=0")
+        assert "Offers ranked by $ per job" in page.content() and page.locator("table.offers tr").count() > 2
+        page.screenshot(path=out / "plan.png", full_page=True)
+        page.goto(f"{ui.base}/data?folder=0")
+        page.wait_for_selector("iframe.report")
+        frame = page.frame_locator("iframe.report")
+        assert "Dataset report" in frame.locator("h1").inner_text()
+        page.screenshot(path=out / "data.png", full_page=True)
+    finally:
+        ui.close()
+
+
+def _check_dialog(dialog, words: str) -> None:
+    assert words in dialog.message, dialog.message
+
+
+# ----------------------------------------------------------------------------- remote runs on the fakes
+
+
+@pytest.fixture
+def runpod(sshd_factory, remote_root):
+    fake = RunPodFake(sshd_factory, remote_root)
+    yield fake
+    fake.close()
+
+
+def _remote_run(fake: RunPodFake, tmp_path: Path, steps: int) -> tuple[subprocess.Popen, dict[str, str]]:
+    env = {"RUNPOD_API_KEY": fake.account_key, "LORAPOD_RUNPOD_URL": fake.url,
+           "LORAPOD_RUNPOD_GRAPHQL_URL": fake.graphql_url}
+    spec = make_spec(tmp_path, max_steps=steps, every=5)
+    proc = subprocess.Popen([*cli_argv(), "run", str(spec), "--on", "runpod", "--python", sys.executable,
+                             "--max-usd", "0.5", "--poll-s", "0.2", "--pull-every-s", "0.5", "--ready-deadline-s",
+                             "20", "--watchdog-poll-s", "0.3", "--heartbeat-timeout-s", "3", "--stop-wait-s", "20",
+                             "--reconnect-s", "5"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=cli_env(LORAPOD_JOB_COMMAND=fake_command_template(0.3, "--device-name 'RTX 3090'"),
+                                        **env))
+    return proc, env
+
+
+def _job():
+    jobs = Ledger().jobs()
+    return jobs[0] if jobs else None
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 90) -> str:
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return err
+
+
+def _row_state(page, ui: Dashboard, job_id: str) -> str:
+    page.goto(ui.base + "/")
+    return page.locator(f"tr.run[data-job='{job_id}'] td.state").inner_text()
+
+
+@pytest.mark.slow
+def test_remote_run_followed_and_stopped_at_its_save(page, runpod, tmp_path):
+    proc, env = _remote_run(runpod, tmp_path, steps=200)
+    ui = Dashboard(str(tmp_path), env=env)
+    out = shots(tmp_path)
+    try:
+        wait_for(lambda: (_job() is not None and (_job().last_step or 0) >= 3), 60, "step 3 on the pod")
+        job = _job()
+        page.goto(ui.url)
+        row = page.locator(f"tr.run[data-job='{job.id}']")
+        assert row.locator("td.state").inner_text() == "running" and "RTX 3090" in row.inner_text()
+        page.goto(f"{ui.base}/runs/{job.id}")
+        start = page.evaluate("window.lorapod.lastStep") or 0
+        wait_for(lambda: (page.evaluate("window.lorapod.lastStep") or 0) >= start + 3, 10, "pulled steps on the chart")
+        page.wait_for_selector(".timeline .phase")  # the setup phases, as the session measured them
+        page.screenshot(path=out / "run-remote.png", full_page=True)
+        page.goto(ui.base + "/")
+        page.screenshot(path=out / "runs.png", full_page=True)
+        page.goto(f"{ui.base}/runs/{job.id}")
+        page.once("dialog", lambda d: (_check_dialog(d, "Nothing trained is lost"), d.accept()))
+        page.click("text=Stop at the next save")
+        page.wait_for_selector("#action-out[data-ok='true']")
+        err = _finish(proc)
+        assert proc.returncode == 0, err
+    finally:
+        ui.close()
+    job = Ledger().job(job.id)
+    assert job.state == "stopped" and job.last_step < 200, (job.state, job.summary)
+    run = Path(job.run_dir)
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    ckpts = sorted(int(p.name.split("-")[1]) for p in (run / "checkpoints").glob("step-*"))
+    assert ckpts[-1] == steps[-1] == job.last_step  # it ended at its save: nothing trained was lost
+    assert runpod.live() == [] and Ledger().instances(live_only=True) == []
+    assert runpod.violations == [], runpod.violations
+
+
+@pytest.mark.slow
+def test_remote_run_destroyed_from_the_page(page, runpod, tmp_path):
+    proc, env = _remote_run(runpod, tmp_path, steps=200)
+    ui = Dashboard(str(tmp_path), env=env)
+    try:
+        wait_for(lambda: (_job() is not None and (_job().last_step or 0) >= 3), 60, "step 3 on the pod")
+        job = _job()
+        (pod,) = runpod.live()
+        page.goto(ui.url)
+        page.goto(f"{ui.base}/runs/{job.id}")
+        page.once("dialog", lambda d: (_check_dialog(d, "You lose"), d.accept()))
+        page.click("text=Destroy now")
+        page.wait_for_selector("#action-out[data-ok]", timeout=60_000)
+        assert page.get_attribute("#action-out", "data-ok") == "true", page.inner_text("#action-out")
+        assert pod.deleted and pod.deleted_by == "account key"  # through the control plane, with the user's key
+        _finish(proc)
+        ledger = Ledger()
+        assert ledger.instances(live_only=True) == []
+        (inst,) = ledger.job_instances(job.id)
+        assert inst.state == "destroyed"
+        state = ledger.job(job.id).state
+        assert state in ("stopped", "failed", "interrupted"), state
+        assert _row_state(page, ui, job.id) == state  # the ledger and the Runs page agree
+        assert page.locator("tr.unconfirmed").count() == 0
+    finally:
+        ui.close()
+    assert runpod.live() == [] and runpod.violations == [], runpod.violations
