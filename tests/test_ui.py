@@ -124,3 +124,38 @@ def test_png_prompt_is_read_from_the_text_chunk(tmp_path):
     data = (root / "samples" / "step000010-01.png").read_bytes()
     assert png_text(data)["prompt"] == f"zxq {HOSTILE} mug #1"
     assert png_text(b"not a png") == {}
+
+
+def test_runs_page_running_first_unconfirmed_destroy_in_red_and_sweeps_under_their_cap(tmp_path):
+    from lorapod.compute.ledger import Ledger
+
+    runs = tmp_path / "runs"
+    old = run_folder(runs, name="old-20261130-100000-0001")
+    os.utime(old / "metrics.jsonl", (time.time() - 3600, time.time() - 3600))  # a local run, long over
+    ledger = Ledger()
+    for job in ("lost-20261201-110000-0002", "sw-1-20261201-110000-0003", "sw-2-20261201-110000-0004"):
+        run_folder(runs, name=job)
+        ledger.job_started(job, str(runs / job), "runpod", "runpod", None, 1.0, None)
+    ledger.job_ended("lost-20261201-110000-0002", "stopped", "stopped by `lorapod down`")
+    iid = ledger.instance_creating("runpod", "lost-20261201-110000-0002", 0.22, "RTX 3090")
+    ledger.instance_created(iid, "pod-" + HOSTILE)
+    ledger.instance_destroying(iid, "lorapod down")  # asked, never confirmed: it may still bill
+    for job in ("sw-1-20261201-110000-0003", "sw-2-20261201-110000-0004"):
+        ledger.job_update(job, state="running")
+        ledger.instance_created(ledger.instance_creating("runpod", job, 0.5, "RTX 4090"), "pod-" + job[:4])
+    (runs / "sweep-sw-20261201-105959-0005").mkdir()
+    (runs / "sweep-sw-20261201-105959-0005" / "sweep.json").write_text(json.dumps({
+        "max_usd": 2.0, "usd": 0.0, "winner": None,
+        "ranked": [{"job_id": "sw-1-20261201-110000-0003"}, {"job_id": "sw-2-20261201-110000-0004"}]}))
+    page = client(runs).get("/").text
+    rows = [line for line in page.splitlines() if 'class="run ' in line]
+    order = [r.split('data-job="')[1].split('"')[0] for r in rows]
+    assert order[:2] == ["sw-2-20261201-110000-0004", "sw-1-20261201-110000-0003"]  # running first
+    assert order[-1] == "old-20261130-100000-0001"
+    lost = next(r for r in rows if "lost-" in r)
+    assert "unconfirmed" in lost
+    assert "destroy not confirmed for pod-&lt;script&gt;" in page and HOSTILE not in page
+    assert 'href="https://www.runpod.io/console/pods"' in page  # the provider's own console
+    assert "sweep sweep-sw-20261201-105959-0005" in page and "$2.00" in page and "shared cap" in page
+    rest = page.partition("shared cap")[2]
+    assert "sw-1-" in rest.split("</table>")[0] and "lost-" not in rest.split("</table>")[0]

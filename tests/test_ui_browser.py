@@ -114,6 +114,8 @@ def listening_sockets(pid: int) -> list[str]:
 def test_local_run_live_chart_pages_and_safety(page, tmp_path):
     runs = tmp_path / "runs"
     root = run_folder(runs, steps=20, samples=3)
+    other = run_folder(runs, name="zxq-lr2e-4-20261130-090000-cd34", steps=30, samples=0)
+    os.utime(other / "metrics.jsonl", (time.time() - 3600, time.time() - 3600))  # ended an hour ago
     (root / "samples" / "planted.png").symlink_to(tmp_path / "outside.png")
     (tmp_path / "outside.png").write_bytes((root / "samples" / "step000010-00.png").read_bytes())
     (runs / "data").mkdir()
@@ -128,12 +130,22 @@ def test_local_run_live_chart_pages_and_safety(page, tmp_path):
             assert page.goto(ui.base + path).status == 403, path
         page.goto(ui.url)
         assert page.url == ui.base + "/"  # the token left the address bar for a cookie
-        assert page.locator("tr.run").count() == 1
-        assert page.locator("tr.run td.state").inner_text() == "running"
+        assert page.locator("tr.run").count() == 2
+        assert page.locator("tr.run td.state").all_inner_texts() == ["running", "ended"]  # running first
         page.screenshot(path=out / "runs-local.png", full_page=True)
+        page.check(f"input[value='{root.name}']")
+        page.check(f"input[value='{other.name}']")
+        time.sleep(2.5)  # a refresh of the table (every 2 s while a run runs) keeps what was ticked
+        page.click("text=Compare the ticked runs")
+        page.wait_for_function("() => window.lorapod.charts['compare-loss'] !== undefined")
+        assert page.evaluate("window.lorapod.charts['compare-loss'].u.series.map(s => s.label)") == \
+            ["step", root.name, other.name]
+        page.screenshot(path=out / "compare.png", full_page=True)
 
         page.goto(f"{ui.base}/runs/{root.name}")
-        page.wait_for_function("window.lorapod && window.lorapod.lastStep === 20")
+        page.wait_for_function("() => window.lorapod && window.lorapod.lastStep === 20")
+        # The stream is open and has read the file once (its first status event follows that read).
+        page.wait_for_function("() => window.lorapod.statusEvents > 0")
         write_metrics(root, range(21, 26))
         seen = wait_for(lambda: page.evaluate("window.lorapod.lastStep") == 25, 5.0, "step 25 on the chart")
         chart_x = page.evaluate("window.lorapod.charts.loss.u.data[0]")

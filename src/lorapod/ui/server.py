@@ -38,6 +38,7 @@ from lorapod.ui.runs import (
     evaluation,
     logs,
     parse_metrics,
+    read_metrics,
     read_spec,
     sample_prompt,
     samples,
@@ -83,12 +84,20 @@ class Dashboard:
         self.extra_data = [Path(p).resolve() for p in data_folders or []]
         self.extra_specs = [Path(p).resolve() for p in spec_files or []]
         self.env = _env()
+        self._plans: dict[tuple[str, int], dict[str, Any]] = {}
 
     def render(self, name: str, **ctx: Any) -> str:
         return self.env.get_template(name).render(token=self.token, now=time.time(), **ctx)
 
     def page(self, name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
         return HTMLResponse(self.render(name, **ctx), status)
+
+    def plan(self, spec_path: Path) -> dict[str, Any]:
+        """:func:`plan_json`, kept while the spec file is unchanged (planning takes seconds)."""
+        key = (str(spec_path), spec_path.stat().st_mtime_ns)
+        if key not in self._plans:
+            self._plans[key] = plan_json(spec_path)
+        return self._plans[key]
 
     # -------------------------------------------------------------- choices for Plan and Data
 
@@ -122,14 +131,14 @@ def runs_page(dash: Dashboard, request: Request) -> Response:
 
 
 def _groups(dash: Dashboard, views: list[RunView]) -> list[dict[str, Any]]:
-    """Sweeps first, each with its shared cap and what its jobs spent; then the other runs."""
+    """Sweeps, each with its shared cap and what its jobs spent, then the other runs; groups with a
+    running job first."""
     from lorapod.ui.runs import sweeps
 
     found = sweeps({v.root.parent for v in views})
-    by_id = {v.job_id: v for v in views}
     groups, used = [], set()
     for s in found:
-        members = [by_id[j] for j in s["jobs"] if j in by_id]
+        members = [v for v in views if v.job_id in s["jobs"]]  # in the index's order: running first
         if not members:
             continue
         used.update(v.job_id for v in members)
@@ -139,7 +148,7 @@ def _groups(dash: Dashboard, views: list[RunView]) -> list[dict[str, Any]]:
     rest = [v for v in views if v.job_id not in used]
     if rest:
         groups.append({"sweep": None, "views": rest})
-    return groups
+    return sorted(groups, key=lambda g: not any(v.active for v in g["views"]))  # stable: sweeps before the rest
 
 
 def run_context(dash: Dashboard, view: RunView, page: int = 1) -> dict[str, Any]:
@@ -198,6 +207,17 @@ def run_page(dash: Dashboard, request: Request) -> Response:
     return dash.page("run.html", nav="runs", charts=CHART_KEYS, **run_context(dash, view, page))
 
 
+def compare_page(dash: Dashboard, request: Request) -> Response:
+    """Ticked runs side by side: one table, their loss curves on one chart each."""
+    wanted = request.query_params.getlist("job")[:8]
+    views = [v for v in dash.index.views() if v.job_id in wanted]
+    val: dict[str, float | None] = {}
+    for v in views:  # the last validation-type loss, as the sweep ranks runs (compute/sweep.py LOSS_KEYS)
+        vals = [r.get("val_loss", r.get("fixed_noise_loss")) for r in read_metrics(v.root)]
+        val[v.job_id] = next((x for x in reversed(vals) if isinstance(x, int | float)), None)
+    return dash.page("compare.html", views=views, val=val, nav="runs")
+
+
 def plan_page(dash: Dashboard, request: Request) -> Response:
     specs = dash.specs()
     pick = request.query_params.get("spec")
@@ -209,7 +229,7 @@ def plan_page(dash: Dashboard, request: Request) -> Response:
             return dash.page("plan.html", 404, **{**ctx, "error": "no such spec"})
         ctx["chosen"] = int(pick)
         try:
-            ctx["plan"] = plan_json(path)
+            ctx["plan"] = dash.plan(path)
         except LorapodError as exc:
             ctx["error"] = exc.message + (f" ({exc.hint})" if exc.hint else "")
     return dash.page("plan.html", **ctx)
@@ -388,6 +408,7 @@ def build_app(dash: Dashboard, hosts: set[str], port: int) -> Guard:
         Route("/runs/{job}/stream", bind(run_stream)),
         Route("/runs/{job}/file/{path:path}", bind(run_file)),
         Route("/runs/{job}/{action}", bind(run_action), methods=["POST"]),
+        Route("/compare", bind(compare_page)),
         Route("/plan", bind(plan_page)),
         Route("/data", bind(data_page)),
         Route("/data/report/{n}", bind(data_report)),

@@ -3,7 +3,7 @@
 "use strict";
 (function () {
   const token = document.querySelector('meta[name="lorapod-token"]').content;
-  window.lorapod = { rows: 0, lastStep: null, charts: {} };
+  window.lorapod = { rows: 0, lastStep: null, charts: {}, statusEvents: 0 };
 
   // ---------------------------------------------------------------- live fragments
   function follow(url, handlers) {
@@ -35,6 +35,39 @@
         b.disabled = false;
       }
     });
+  }
+
+  // ---------------------------------------------------------------- compare: one curve per run
+  for (const el of document.querySelectorAll(".chart[data-runs]")) {
+    const jobs = el.dataset.runs.split(",").filter(Boolean);
+    const keys = el.dataset.key.split(",");
+    Promise.all(jobs.map((j) => fetch("/runs/" + encodeURIComponent(j) + "/metrics").then((r) => r.json()))).then((all) => {
+      const tables = [], labels = [];
+      all.forEach((m, i) => {
+        const k = keys.find((k) => m.series[k]);
+        if (k) { tables.push([m.series[k].x, m.series[k].y]); labels.push(jobs[i]); }
+      });
+      if (!tables.length) { el.textContent = el.dataset.title + ": nothing logged yet"; return; }
+      const opts = {
+        title: el.dataset.title, width: Math.max(320, el.clientWidth - 12), height: 260, scales: { x: { time: false } },
+        series: [{ label: "step" }, ...labels.map((l, i) => ({ label: l, stroke: ["#2f6fde", "#e8590c", "#2e7d32", "#8e24aa",
+                 "#00838f", "#c62828", "#6d4c41", "#546e7a"][i % 8], width: 1.5, spanGaps: true }))],
+        axes: [{ label: "step" }, { size: 60 }],
+      };
+      window.lorapod.charts[el.id] = { u: new uPlot(opts, uPlot.join(tables), el) };
+    });
+  }
+
+  // ---------------------------------------------------------------- ticked runs survive the table's refresh
+  const ticked = new Set();
+  document.addEventListener("change", (ev) => {
+    const t = ev.target;
+    if (t.name === "job" && t.type === "checkbox") { if (t.checked) ticked.add(t.value); else ticked.delete(t.value); }
+  });
+  if (runs) {
+    new MutationObserver(() => {
+      for (const box of runs.querySelectorAll("input[name=job]")) box.checked = ticked.has(box.value);
+    }).observe(runs, { childList: true });
   }
 
   // ---------------------------------------------------------------- charts
@@ -119,7 +152,7 @@
         if (big && !pending) { pending = true; load().finally(() => { pending = false; }); return; }
         for (const c of Object.values(charts)) draw(c);
       },
-      status: (d) => { status.innerHTML = d.html; },
+      status: (d) => { status.innerHTML = d.html; window.lorapod.statusEvents += 1; },
     });
   });
 })();
