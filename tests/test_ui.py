@@ -117,6 +117,10 @@ def test_gallery_is_paginated(tmp_path):
     assert first.count("<img loading") == PER_PAGE and "page 1 of 11" in first
     last = c.get(f"/runs/{root.name}?page=11").text
     assert last.count("<img loading") == 500 - 10 * PER_PAGE
+    (root / "samples" / "step000900-00.mp4").write_bytes(b"\0\0\0\x18ftypisom")  # a video sample: a player
+    newest = c.get(f"/runs/{root.name}").text
+    assert f'<video controls preload="metadata" src="/runs/{root.name}/file/samples/step000900-00.mp4"' in newest
+    assert c.get(f"/runs/{root.name}/file/samples/step000900-00.mp4").headers["content-type"] == "video/mp4"
 
 
 def test_png_prompt_is_read_from_the_text_chunk(tmp_path):

@@ -113,8 +113,8 @@ def listening_sockets(pid: int) -> list[str]:
 
 def test_local_run_live_chart_pages_and_safety(page, tmp_path):
     runs = tmp_path / "runs"
-    root = run_folder(runs, steps=20, samples=3)
-    other = run_folder(runs, name="zxq-lr2e-4-20261130-090000-cd34", steps=30, samples=0)
+    root = run_folder(runs, steps=20, samples=6, image_eval=True)
+    other = run_folder(runs, name="zxq-lr2e-4-20261130-090000-cd34", steps=30, samples=0, scale=1.3)
     os.utime(other / "metrics.jsonl", (time.time() - 3600, time.time() - 3600))  # ended an hour ago
     (root / "samples" / "planted.png").symlink_to(tmp_path / "outside.png")
     (tmp_path / "outside.png").write_bytes((root / "samples" / "step000010-00.png").read_bytes())
@@ -157,7 +157,8 @@ def test_local_run_live_chart_pages_and_safety(page, tmp_path):
                              ".then(r => r.status)") == 404
         assert page.evaluate(f"fetch('/runs/{root.name}/file/samples/planted.png').then(r => r.status)") == 404
         assert page.locator("img[src$='planted.png']").count() == 0
-        assert page.locator(".gallery img").count() == 3
+        assert page.locator(".gallery img").count() == 6
+        assert page.locator("figure.grid img").count() == 1  # the eval grid
         assert page.locator(".prompt").first.inner_text().startswith("zxq <script>")  # shown as text
         page.screenshot(path=out / "run-local.png", full_page=True)
 

@@ -37,6 +37,14 @@
     });
   }
 
+  // Axis numbers: uPlot rounds to a few decimals, so a learning rate of 1e-4 would read "0".
+  function tick(v) {
+    if (v === 0 || v == null) return v === 0 ? "0" : "";
+    const a = Math.abs(v);
+    return a < 1e-2 || a >= 1e5 ? v.toExponential(1) : String(+v.toPrecision(3));
+  }
+  const yAxis = { size: 64, values: (u, vals) => vals.map(tick) };
+
   // ---------------------------------------------------------------- compare: one curve per run
   for (const el of document.querySelectorAll(".chart[data-runs]")) {
     const jobs = el.dataset.runs.split(",").filter(Boolean);
@@ -52,7 +60,7 @@
         title: el.dataset.title, width: Math.max(320, el.clientWidth - 12), height: 260, scales: { x: { time: false } },
         series: [{ label: "step" }, ...labels.map((l, i) => ({ label: l, stroke: ["#2f6fde", "#e8590c", "#2e7d32", "#8e24aa",
                  "#00838f", "#c62828", "#6d4c41", "#546e7a"][i % 8], width: 1.5, spanGaps: true }))],
-        axes: [{ label: "step" }, { size: 60 }],
+        axes: [{ label: "step" }, yAxis],
       };
       window.lorapod.charts[el.id] = { u: new uPlot(opts, uPlot.join(tables), el) };
     });
@@ -104,7 +112,7 @@
         scales: { x: { time: false } },
         series: [{ label: "step" }, ...present.map((k, i) => ({ label: k, stroke: COLORS[i % 4], width: 1.5, spanGaps: true,
                   points: { show: k.startsWith("val") || k.startsWith("fixed") } }))],
-        axes: [{ label: "step" }, { size: 60 }],
+        axes: [{ label: "step" }, yAxis],
       };
       c.u = new uPlot(opts, data, c.el);
     } else {
