@@ -194,12 +194,13 @@ def runpod(sshd_factory, remote_root):
     fake.close()
 
 
-def _remote_run(fake: RunPodFake, tmp_path: Path, steps: int) -> tuple[subprocess.Popen, dict[str, str]]:
+def _remote_run(fake: RunPodFake, tmp_path: Path, steps: int, pull_every_s: float = 0.5,
+                ) -> tuple[subprocess.Popen, dict[str, str]]:
     env = {"RUNPOD_API_KEY": fake.account_key, "LORAPOD_RUNPOD_URL": fake.url,
            "LORAPOD_RUNPOD_GRAPHQL_URL": fake.graphql_url}
     spec = make_spec(tmp_path, max_steps=steps, every=5)
     proc = subprocess.Popen([*cli_argv(), "run", str(spec), "--on", "runpod", "--python", sys.executable,
-                             "--max-usd", "0.5", "--poll-s", "0.2", "--pull-every-s", "0.5", "--ready-deadline-s",
+                             "--max-usd", "0.5", "--poll-s", "0.2", "--pull-every-s", str(pull_every_s), "--ready-deadline-s",
                              "20", "--watchdog-poll-s", "0.3", "--heartbeat-timeout-s", "3", "--stop-wait-s", "20",
                              "--reconnect-s", "5"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -229,7 +230,8 @@ def _row_state(page, ui: Dashboard, job_id: str) -> str:
 
 @pytest.mark.slow
 def test_remote_run_followed_and_stopped_at_its_save(page, runpod, tmp_path):
-    proc, env = _remote_run(runpod, tmp_path, steps=200)
+    # Pulls only every 120 s: the chart can only move by the live read from the pod (ui/live.py).
+    proc, env = _remote_run(runpod, tmp_path, steps=200, pull_every_s=120)
     ui = Dashboard(str(tmp_path), env=env)
     out = shots(tmp_path)
     try:
@@ -240,7 +242,11 @@ def test_remote_run_followed_and_stopped_at_its_save(page, runpod, tmp_path):
         assert row.locator("td.state").inner_text() == "running" and "RTX 3090" in row.inner_text()
         page.goto(f"{ui.base}/runs/{job.id}")
         start = page.evaluate("window.lorapod.lastStep") or 0
-        wait_for(lambda: (page.evaluate("window.lorapod.lastStep") or 0) >= start + 3, 10, "pulled steps on the chart")
+        took = wait_for(lambda: (page.evaluate("window.lorapod.lastStep") or 0) >= start + 3, 10,
+                        "live steps from the pod on the chart")
+        local = Path(job.run_dir) / "metrics.jsonl"
+        assert not local.exists() or len(local.read_text().splitlines()) < page.evaluate("window.lorapod.lastStep")
+        print(f"3 new steps from the pod on the chart after {took:.1f} s")
         page.wait_for_selector(".timeline .phase")  # the setup phases, as the session measured them
         page.screenshot(path=out / "run-remote.png", full_page=True)
         page.goto(ui.base + "/")

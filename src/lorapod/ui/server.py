@@ -30,6 +30,7 @@ from lorapod.errors import LorapodError
 from lorapod.ui import actions
 from lorapod.ui.files import Refused, read_from, serve
 from lorapod.ui.guard import Guard
+from lorapod.ui.live import GIVE_UP_AFTER, RemoteTail
 from lorapod.ui.runs import (
     CHART_KEYS,
     MAX_POINTS,
@@ -331,30 +332,54 @@ async def run_stream(dash: Dashboard, request: Request) -> Response:
     except ValueError:
         offset = 0
 
+    # A running remote job: its new lines straight from the instance too (ui/live.py), from the
+    # bytes already pulled home; the page keeps each series' steps increasing, so the same line
+    # coming again with a later pull is drawn once.
+    tail = RemoteTail(dash.index, view.job_id, _size(view.root / "metrics.jsonl")) \
+        if view.in_ledger and view.active and view.live_instances else None
+
     async def events() -> AsyncIterator[str]:
         nonlocal offset
         end = time.monotonic() + STREAM_S
         next_status = 0.0
         last_html = None
         yield "retry: 1000\n\n"
-        while time.monotonic() < end:
-            data, offset = await run_in_threadpool(read_from, view.root, "metrics.jsonl", offset)
-            if data:
-                rows = _compact(parse_metrics(data.decode("utf-8", errors="replace")))
-                yield f"id: {offset}\nevent: metrics\ndata: {json.dumps({'offset': offset, 'rows': rows})}\n\n"
-            if time.monotonic() >= next_status:
-                next_status = time.monotonic() + STATUS_EVERY_S
-                fresh = await run_in_threadpool(dash.index.find, view.job_id)
-                if fresh is not None:
-                    html = dash.render("_status.html", view=fresh)
-                    if html != last_html:
-                        last_html = html
-                        yield f"event: status\ndata: {json.dumps({'html': html})}\n\n"
-                    else:
-                        yield ": ping\n\n"
-            await asyncio.sleep(POLL_S)
+        try:
+            while time.monotonic() < end:
+                data, offset = await run_in_threadpool(read_from, view.root, "metrics.jsonl", offset)
+                if data:
+                    rows = _compact(parse_metrics(data.decode("utf-8", errors="replace")))
+                    yield f"id: {offset}\nevent: metrics\ndata: {json.dumps({'offset': offset, 'rows': rows})}\n\n"
+                if tail is not None and tail.due():
+                    live = await run_in_threadpool(tail.read)
+                    if live:
+                        rows = _compact(parse_metrics(live.decode("utf-8", errors="replace")))
+                        yield f"event: metrics\ndata: {json.dumps({'offset': offset, 'rows': rows, 'live': True})}\n\n"
+                if time.monotonic() >= next_status:
+                    next_status = time.monotonic() + STATUS_EVERY_S
+                    fresh = await run_in_threadpool(dash.index.find, view.job_id)
+                    if fresh is not None:
+                        html = dash.render("_status.html", view=fresh)
+                        if html != last_html:
+                            last_html = html
+                            yield f"event: status\ndata: {json.dumps({'html': html})}\n\n"
+                        else:
+                            yield ": ping\n\n"
+                        if tail is not None and not fresh.active:
+                            tail.failures = GIVE_UP_AFTER  # over: the final pull has every line
+                await asyncio.sleep(POLL_S)
+        finally:  # not awaited: a cancelled stream's awaits would be cancelled too
+            if tail is not None:
+                tail.close()
 
     return StreamingResponse(events(), media_type="text/event-stream", headers={"x-accel-buffering": "no"})
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size if p.is_file() and not p.is_symlink() else 0
+    except OSError:
+        return 0
 
 
 async def runs_stream(dash: Dashboard, request: Request) -> Response:

@@ -126,11 +126,14 @@
       if (r.step_time_s && r.it_per_s === undefined && r.tokens_per_s === undefined) r.it_per_s = 1 / r.step_time_s;
       for (const c of Object.values(charts)) {
         for (const k of c.keys) {
-          const v = r[k];
-          if (typeof v === "number" && isFinite(v)) { c.raw[k][0].push(r.step); c.raw[k][1].push(v); }
+          const v = r[k], xs = c.raw[k][0];
+          // steps only go forward: a line read live from the instance and again from the pull is drawn once
+          if (typeof v === "number" && isFinite(v) && !(xs.length && r.step <= xs[xs.length - 1])) {
+            xs.push(r.step); c.raw[k][1].push(v);
+          }
         }
       }
-      if (typeof r.loss === "number") window.lorapod.lastStep = r.step;
+      if (typeof r.loss === "number" && !(window.lorapod.lastStep >= r.step)) window.lorapod.lastStep = r.step;
       window.lorapod.rows += 1;
     }
   }
