@@ -163,3 +163,28 @@ def test_runs_page_running_first_unconfirmed_destroy_in_red_and_sweeps_under_the
     assert "sweep sweep-sw-20261201-105959-0005" in page and "$2.00" in page and "shared cap" in page
     rest = page.partition("shared cap")[2]
     assert "sw-1-" in rest.split("</table>")[0] and "lost-" not in rest.split("</table>")[0]
+
+
+def test_cli_missing_extra_names_it_and_another_host_warns(tmp_path, monkeypatch, capsys):
+    import subprocess
+    import sys
+
+    from .cli_helpers import run_cli
+    from .remote_helpers import cli_argv, cli_env
+
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if lorapod[ui] were not installed
+    code, _, err = run_cli(["ui", str(tmp_path)], capsys)
+    assert code == 1 and "uvicorn" in err and "pip install 'lorapod[ui]'" in err and "Traceback" not in err
+    monkeypatch.delitem(sys.modules, "uvicorn")
+    code, _, err = run_cli(["ui", str(tmp_path / "nowhere")], capsys)
+    assert code == 1 and "does not exist" in err
+    # 127.0.0.2 is loopback on Linux, but not the default: the warning is what --host earns
+    proc = subprocess.Popen([*cli_argv(), "ui", "--host", "127.0.0.2", "--port", "0", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("lorapod ui: http://127.0.0.2:") and "?token=" in line
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=10)
+    assert "warning:" in err and "can destroy your instances" in err
