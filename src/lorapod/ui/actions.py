@@ -19,6 +19,10 @@ from pathlib import Path
 from lorapod.errors import LorapodError
 from lorapod.ui.runs import RunIndex, RunView
 
+#: The file the engine's loop (engine/loop.py ``STOP_FILE``) and the trainer runner
+#: (trainers/runner.py) look for in the run folder; named here so the dashboard needs no torch.
+STOP_FILE = "STOP"
+
 
 @dataclass
 class Outcome:
@@ -52,7 +56,6 @@ def pull(index: RunIndex, job_id: str) -> Outcome:
 
 def stop(index: RunIndex, job_id: str, reason: str = "stop requested from lorapod ui") -> Outcome:
     from lorapod.compute.jobs import find_job, reach
-    from lorapod.engine.loop import STOP_FILE
 
     view = _job(index, job_id)
     if not view.active:
