@@ -188,3 +188,23 @@ def test_cli_missing_extra_names_it_and_another_host_warns(tmp_path, monkeypatch
         proc.terminate()
         _, err = proc.communicate(timeout=10)
     assert "warning:" in err and "can destroy your instances" in err
+
+
+def test_data_and_plan_pages_offer_the_users_own_specs_never_a_hosts(tmp_path):
+    import yaml
+
+    from lorapod.compute.ledger import Ledger
+
+    mine, planted = tmp_path / "mine" / "photos", tmp_path / "private"
+    mine.mkdir(parents=True)
+    planted.mkdir()
+    spec = tmp_path / "mine" / "job.yaml"
+    spec.write_text(yaml.safe_dump({"model": {"id": "x", "family": "sd15"}, "data": {"path": "photos"}}))
+    root = run_folder(tmp_path / "runs", name="remote-20261201-110000-0006")
+    # the pulled copy of the run folder: what the host sent back, naming another local folder
+    (root / "spec.yaml").write_text(yaml.safe_dump({"model": {"id": "x"}, "data": {"path": str(planted)}}))
+    Ledger().job_started(root.name, str(root), "runpod", "runpod", str(spec), None, None)
+    page = client(tmp_path / "runs").get("/data").text
+    assert str(mine) in page and str(planted) not in page
+    plan = client(tmp_path / "runs").get("/plan").text
+    assert str(spec) in plan and str(root / "spec.yaml") not in plan

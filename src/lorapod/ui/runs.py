@@ -71,6 +71,10 @@ class RunView:
     summary: str | None = None
     sweep: str | None = None
     setup_s: dict[str, float] = field(default_factory=dict)
+    #: The spec the Plan and Data pages may read: the file `lorapod run` was given (the ledger's
+    #: spec_path), or a local run folder's own spec.yaml; never a remote run folder's spec.yaml,
+    #: which the pull brought back from the host.
+    spec_file: Path | None = None
 
     @property
     def active(self) -> bool:
@@ -140,6 +144,18 @@ def read_spec(root: Path) -> dict[str, Any]:
     try:
         got = yaml.safe_load(text) if text else None
     except yaml.YAMLError:
+        return {}
+    return got if isinstance(got, dict) else {}
+
+
+def spec_dict(path: Path | None) -> dict[str, Any]:
+    """A spec file as a plain mapping (1 MB at most); {} when absent or not YAML."""
+    if path is None:
+        return {}
+    try:
+        with open(path, "rb") as fh:
+            got = yaml.safe_load(fh.read(1024 * 1024).decode("utf-8", errors="replace"))
+    except (OSError, yaml.YAMLError):
         return {}
     return got if isinstance(got, dict) else {}
 
@@ -281,6 +297,7 @@ class RunIndex:
                                 live_instances=row["live_instances"], summary=row["summary"],
                                 setup_s=dict(row["setup_s"]))
                     v.console_url = console_url(v.provider)
+                    v.spec_file = Path(job.spec_path).resolve() if job and job.spec_path else None
                     views.append(v)
                     seen.add(str(v.root.resolve()))
             finally:
@@ -298,7 +315,7 @@ class RunIndex:
             started = _mtime(d / "spec.yaml")
             v = RunView(job_id=d.name, root=d, in_ledger=False, state=state, provider="local",
                         target="this machine (lorapod train)", usd_per_hour=rate, started_at=started,
-                        ended_at=mt if state != "running" else None)
+                        ended_at=mt if state != "running" else None, spec_file=d / "spec.yaml")
             if rate and started:
                 v.usd = max(0.0, ((v.ended_at or now) - started)) / 3600 * rate
             views.append(v)

@@ -40,13 +40,14 @@ from lorapod.ui.runs import (
     logs,
     parse_metrics,
     read_metrics,
-    read_spec,
     sample_prompt,
     samples,
     series,
+    spec_dict,
 )
 
 PER_PAGE = 48  # samples per gallery page
+FAMILIES = ("sd15", "sdxl", "flux1", "flux2", "wan21", "wan22")  # what `lorapod data report --family` takes
 POLL_S = 0.5  # how often a stream looks at metrics.jsonl
 STATUS_EVERY_S = 2.0
 STREAM_S = 300.0  # a stream ends after this; EventSource reconnects with its Last-Event-ID
@@ -104,22 +105,33 @@ class Dashboard:
 
     def specs(self, views: list[RunView] | None = None) -> list[Path]:
         out = list(self.extra_specs)
-        for v in views if views is not None else self.index.views():
-            p = v.root / "spec.yaml"
-            if p.is_file() and not p.is_symlink() and p not in out:
+        for v in views if views is not None else self.index.views(progress=False):
+            p = v.spec_file
+            if p is not None and p.is_file() and p not in out:
                 out.append(p)
         return out
 
     def data_folders(self, views: list[RunView] | None = None) -> list[Path]:
         """``--data`` folders and each run's ``data.path`` that is a folder here (images, clips)."""
-        out = list(self.extra_data)
-        for v in views if views is not None else self.index.views():
-            paths = (read_spec(v.root).get("data") or {}).get("path")
+        return [f for f, _ in self.data_choices(views)]
+
+    def data_choices(self, views: list[RunView] | None = None) -> list[tuple[Path, str]]:
+        """(folder, model family) for the Data page: ``--data`` folders (checked as SDXL), then the
+        image or clip folders the runs' specs name (relative names from the spec's own folder)."""
+        out: list[tuple[Path, str]] = [(p, "sdxl") for p in self.extra_data]
+        for v in views if views is not None else self.index.views(progress=False):
+            spec = spec_dict(v.spec_file)
+            data, model = spec.get("data"), spec.get("model")
+            paths = data.get("path") if isinstance(data, dict) else None
+            family = model.get("family") if isinstance(model, dict) else None
+            family = family if family in FAMILIES else "sdxl"
             for p in paths if isinstance(paths, list) else [paths]:
-                if isinstance(p, str) and Path(p).is_absolute() and Path(p).is_dir():
-                    rp = Path(p).resolve()
-                    if rp not in out:
-                        out.append(rp)
+                if not isinstance(p, str) or v.spec_file is None:
+                    continue
+                path = Path(p).expanduser()
+                path = (path if path.is_absolute() else v.spec_file.parent / path).resolve()
+                if path.is_dir() and path not in [f for f, _ in out]:
+                    out.append((path, family))
         return out
 
 
@@ -270,18 +282,10 @@ def data_report(dash: Dashboard, request: Request) -> Response:
     from lorapod.data.images import check_path
     from lorapod.data.report import build_html
 
-    folders = dash.data_folders()
     try:
-        folder = folders[int(request.path_params["n"])]
+        folder, family = dash.data_choices()[int(request.path_params["n"])]
     except (ValueError, IndexError):
         return PlainTextResponse("no such folder", 404)
-    family = "sdxl"
-    for v in dash.index.views():
-        spec = read_spec(v.root)
-        if (spec.get("data") or {}).get("path") == str(folder):
-            family = (spec.get("model") or {}).get("family") or family
-    if family not in ("sd15", "sdxl", "flux1", "flux2", "wan21", "wan22"):
-        family = "sdxl"
     try:
         report = check_path(folder, family=family)
         return HTMLResponse(build_html(report))
