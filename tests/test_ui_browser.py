@@ -296,3 +296,30 @@ def test_remote_run_destroyed_from_the_page(page, runpod, tmp_path):
     finally:
         ui.close()
     assert runpod.live() == [] and runpod.violations == [], runpod.violations
+
+
+@pytest.mark.slow
+def test_demo_then_ui_a_new_users_first_look(page, tmp_path):
+    """What docs/ui.md and the README promise: `lorapod demo --image`, then `lorapod ui` in the same folder."""
+    demo = subprocess.run([*cli_argv(), "demo", "--image", "--steps", "16"], cwd=tmp_path, capture_output=True,
+                          text=True, env=cli_env(), timeout=180)
+    assert demo.returncode == 0, demo.stderr
+    (run,) = (tmp_path / "lorapod-image-demo" / "runs").iterdir()
+    proc = subprocess.Popen([*cli_argv(), "ui", "--port", "0"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=cli_env())
+    try:
+        url = re.search(r"http://\S+", proc.stdout.readline()).group(0)  # type: ignore[union-attr]
+        page.goto(url)
+        row = page.locator(f"tr.run[data-job='{run.name}']")
+        assert row.locator("td.state").inner_text() == "done"
+        row.locator("a").click()
+        page.wait_for_function("() => window.lorapod.charts.loss && window.lorapod.charts.loss.u")
+        assert page.evaluate("window.lorapod.lastStep") == 16
+        pngs = sorted((run / "samples").glob("*-0[0-9].png"))  # every 2 epochs of 8 steps: at step 16
+        assert pngs and page.locator(".gallery img").count() == len(pngs)
+        assert page.evaluate("[...document.querySelectorAll('.gallery img')].every(i => i.complete && i.naturalWidth > 0)")
+        assert "zxq, a red circle" in page.locator(".gallery").inner_text()  # the prompt from the PNG itself
+        page.screenshot(path=shots(tmp_path) / "run-demo.png", full_page=True)
+    finally:
+        proc.terminate()
+        proc.wait(10)
