@@ -208,3 +208,14 @@ def test_data_and_plan_pages_offer_the_users_own_specs_never_a_hosts(tmp_path):
     assert str(mine) in page and str(planted) not in page
     plan = client(tmp_path / "runs").get("/plan").text
     assert str(spec) in plan and str(root / "spec.yaml") not in plan
+
+
+def test_a_damaged_ledger_is_said_and_the_run_folders_still_show(tmp_path):
+    from lorapod.compute.ledger import lorapod_home
+
+    run_folder(tmp_path)
+    (lorapod_home() / "ledger.db").write_bytes(b"this is not a database" * 100)
+    page = client(tmp_path).get("/")
+    assert page.status_code == 200
+    assert "cannot be read" in page.text and "may still bill" in page.text
+    assert "zxq-demo-20261201-120000-ab12" in page.text

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import sqlite3
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -248,6 +249,7 @@ class RunIndex:
 
         self.roots = [Path(r).resolve() for r in roots]
         self.ledger_path = ledger_path or lorapod_home() / "ledger.db"
+        self.ledger_error: str | None = None  # why the last look at the ledger failed, for the page
 
     def ledger(self):
         """A fresh connection (one per request); None when no ledger exists yet (the UI never makes one)."""
@@ -283,7 +285,11 @@ class RunIndex:
 
         views: list[RunView] = []
         seen: set[str] = set()
-        ledger = self.ledger()
+        self.ledger_error = None
+        try:
+            ledger = self.ledger()
+        except sqlite3.Error as exc:  # locked past its busy timeout, or damaged: the run folders still show
+            ledger, self.ledger_error = None, f"the ledger {self.ledger_path} cannot be read ({exc})"
         if ledger is not None:
             try:
                 for row in ps_rows(ledger):
@@ -300,6 +306,8 @@ class RunIndex:
                     v.spec_file = Path(job.spec_path).resolve() if job and job.spec_path else None
                     views.append(v)
                     seen.add(str(v.root.resolve()))
+            except sqlite3.Error as exc:
+                self.ledger_error = f"the ledger {self.ledger_path} cannot be read ({exc})"
             finally:
                 ledger.close()
         now = time.time()

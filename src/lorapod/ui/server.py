@@ -140,7 +140,8 @@ class Dashboard:
 
 def runs_page(dash: Dashboard, request: Request) -> Response:
     views = dash.index.views()
-    return dash.page("runs.html", views=views, groups=_groups(dash, views), nav="runs")
+    return dash.page("runs.html", views=views, groups=_groups(dash, views), nav="runs",
+                     ledger_error=dash.index.ledger_error)
 
 
 def _groups(dash: Dashboard, views: list[RunView]) -> list[dict[str, Any]]:
@@ -393,7 +394,8 @@ async def runs_stream(dash: Dashboard, request: Request) -> Response:
         yield "retry: 1000\n\n"
         while time.monotonic() < end:
             views = await run_in_threadpool(dash.index.views)
-            html = dash.render("_runs_table.html", groups=_groups(dash, views), views=views)
+            html = dash.render("_runs_table.html", groups=_groups(dash, views), views=views,
+                               ledger_error=dash.index.ledger_error)
             if html != last:
                 last = html
                 yield f"event: runs\ndata: {json.dumps({'html': html})}\n\n"
