@@ -219,3 +219,13 @@ def test_a_damaged_ledger_is_said_and_the_run_folders_still_show(tmp_path):
     assert page.status_code == 200
     assert "cannot be read" in page.text and "may still bill" in page.text
     assert "zxq-demo-20261201-120000-ab12" in page.text
+
+
+def test_destroy_confirmation_names_the_last_real_checkpoint(tmp_path):
+    from lorapod.ui.server import last_checkpoint
+
+    root = run_folder(tmp_path)
+    for n in (2, 30, 4):
+        (root / "checkpoints" / f"step-{n}").mkdir()
+    (root / "checkpoints" / "step-999").symlink_to(tmp_path)  # planted: not a checkpoint pulled here
+    assert last_checkpoint(root) == "step-30"

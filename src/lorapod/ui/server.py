@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -28,7 +30,7 @@ from starlette.staticfiles import StaticFiles
 
 from lorapod.errors import LorapodError
 from lorapod.ui import actions
-from lorapod.ui.files import Refused, read_from, serve
+from lorapod.ui.files import Refused, is_real_dir, read_from, serve
 from lorapod.ui.guard import Guard
 from lorapod.ui.live import GIVE_UP_AFTER, RemoteTail
 from lorapod.ui.runs import (
@@ -176,21 +178,35 @@ def run_context(dash: Dashboard, view: RunView, page: int = 1) -> dict[str, Any]
         if not gallery or gallery[-1]["tag"] != tag:
             gallery.append({"tag": tag, "files": []})
         gallery[-1]["files"].append({**f, "prompt": sample_prompt(view.root, f["path"])})
-    ckpts = sorted((n for n in os.listdir(view.root / "checkpoints")) if (view.root / "checkpoints").is_dir() else [],
-                   key=lambda n: int(n.rsplit("-", 1)[-1]) if n.rsplit("-", 1)[-1].isdigit() else -1)
-    last_ckpt = ckpts[-1] if ckpts else None
+    last_ckpt = last_checkpoint(view.root)
     ledger_events: list[dict[str, Any]] = []
-    ledger = dash.index.ledger() if view.in_ledger else None
-    if ledger is not None:
-        try:
-            ledger_events = ledger.events(view.job_id)[-200:]
-        finally:
-            ledger.close()
+    try:
+        ledger = dash.index.ledger() if view.in_ledger else None
+        if ledger is not None:
+            try:
+                ledger_events = ledger.events(view.job_id)[-200:]
+            finally:
+                ledger.close()
+    except sqlite3.Error:
+        pass  # the Runs page says the ledger cannot be read; this page still shows the run folder
     phases = [{"name": k, "s": s, "usd": view.setup_usd.get(k, 0.0)} for k, s in view.setup_s.items()]
-    total_s = sum(p["s"] for p in phases) or 1.0
     return {"view": view, "gallery": gallery, "page": page, "pages": pages, "n_samples": len(flat),
             "evaluation": evaluation(view.root), "logs": logs(view.root), "ledger_events": ledger_events,
-            "phases": phases, "phases_total": total_s, "last_ckpt": last_ckpt, "confirm": _confirms(view, last_ckpt)}
+            "phases": phases, "last_ckpt": last_ckpt, "confirm": _confirms(view, last_ckpt)}
+
+
+def last_checkpoint(root: Path) -> str | None:
+    """The newest ``checkpoints/step-N`` (or ``epoch-N``, as trainers/base.py names sd-scripts'),
+    a real folder, not a link, by N."""
+    if not is_real_dir(root / "checkpoints"):
+        return None
+    try:
+        with os.scandir(root / "checkpoints") as it:
+            names = [e.name for e in it if e.is_dir(follow_symlinks=False)
+                     and re.fullmatch(r"(step|epoch)-\d{1,12}", e.name)]
+    except OSError:
+        return None
+    return max(names, key=lambda n: (n.startswith("step"), int(n.split("-")[1])), default=None)
 
 
 def _confirms(view: RunView, last_ckpt: str | None) -> dict[str, str]:
