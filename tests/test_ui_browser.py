@@ -137,7 +137,7 @@ def test_local_run_live_chart_pages_and_safety(page, tmp_path):
         page.check(f"input[value='{other.name}']")
         time.sleep(2.5)  # a refresh of the table (every 2 s while a run runs) keeps what was ticked
         page.click("text=Compare the ticked runs")
-        page.wait_for_function("() => window.lorapod.charts['compare-loss'] !== undefined")
+        page.wait_for_function("() => window.lorapod && window.lorapod.charts['compare-loss'] !== undefined")
         assert page.evaluate("window.lorapod.charts['compare-loss'].u.series.map(s => s.label)") == \
             ["step", root.name, other.name]
         page.screenshot(path=out / "compare.png", full_page=True)
@@ -313,7 +313,8 @@ def test_demo_then_ui_a_new_users_first_look(page, tmp_path):
         row = page.locator(f"tr.run[data-job='{run.name}']")
         assert row.locator("td.state").inner_text() == "done"
         row.locator("a").click()
-        page.wait_for_function("() => window.lorapod.charts.loss && window.lorapod.charts.loss.u")
+        page.wait_for_url(f"**/runs/{run.name}")
+        page.wait_for_function("() => window.lorapod && window.lorapod.charts.loss && window.lorapod.charts.loss.u")
         assert page.evaluate("window.lorapod.lastStep") == 16
         pngs = sorted((run / "samples").glob("*-0[0-9].png"))  # every 2 epochs of 8 steps: at step 16
         assert pngs and page.locator(".gallery img").count() == len(pngs)
