@@ -111,6 +111,7 @@ def listening_sockets(pid: int) -> list[str]:
 # ----------------------------------------------------------------------------- a run on this machine
 
 
+@pytest.mark.slow
 def test_local_run_live_chart_pages_and_safety(page, tmp_path):
     runs = tmp_path / "runs"
     root = run_folder(runs, steps=20, samples=6, image_eval=True)
@@ -132,7 +133,6 @@ def test_local_run_live_chart_pages_and_safety(page, tmp_path):
         assert page.url == ui.base + "/"  # the token left the address bar for a cookie
         assert page.locator("tr.run").count() == 2
         assert page.locator("tr.run td.state").all_inner_texts() == ["running", "ended"]  # running first
-        page.screenshot(path=out / "runs-local.png", full_page=True)
         page.check(f"input[value='{root.name}']")
         page.check(f"input[value='{other.name}']")
         time.sleep(2.5)  # a refresh of the table (every 2 s while a run runs) keeps what was ticked
@@ -176,6 +176,45 @@ def test_local_run_live_chart_pages_and_safety(page, tmp_path):
         frame = page.frame_locator("iframe.report")
         assert "Dataset report" in frame.locator("h1").inner_text()
         page.screenshot(path=out / "data.png", full_page=True)
+    finally:
+        ui.close()
+
+
+def test_runs_overview_sweep_under_its_cap_and_an_unconfirmed_destroy_in_red(page, tmp_path):
+    runs = tmp_path / "runs"
+    ledger = Ledger()
+    sweep = ["zxq-sweep-1-20261201-110000-0003", "zxq-sweep-2-20261201-110000-0004"]
+    for i, job in enumerate(sweep):
+        root = run_folder(runs, name=job, steps=40 + 20 * i, total=120, scale=1.0 + 0.3 * i)
+        (root / "plan.json").write_text(json.dumps({"options": [{"provider": "vast", "gpu": "RTX 4090", "fits": True,
+                                                                 "usd_total": 0.62, "hours_total": 1.5}]}))
+        ledger.job_started(job, str(root), "vast", "vast", None, 1.0, None)
+        ledger.job_update(job, state="running", last_step=40 + 20 * i)
+        ledger.instance_created(ledger.instance_creating("vast", job, 0.31, "RTX 4090"), f"2890{i}")
+    (runs / "sweep-zxq-sweep-20261201-105959-0005").mkdir()
+    (runs / "sweep-zxq-sweep-20261201-105959-0005" / "sweep.json").write_text(json.dumps(
+        {"max_usd": 2.0, "usd": 0.0, "winner": None, "ranked": [{"job_id": j} for j in sweep]}))
+    lost = "sdxl-mug-20261201-093000-0002"
+    run_folder(runs, name=lost, steps=60, total=60)
+    ledger.job_started(lost, str(runs / lost), "runpod", "runpod", None, 2.0, None)
+    ledger.job_ended(lost, "stopped", "stopped by `lorapod down` at step 60")
+    iid = ledger.instance_creating("runpod", lost, 0.74, "RTX 4090")
+    ledger.instance_created(iid, "u4x9qk2m1c0z7e")
+    ledger.instance_destroying(iid, "lorapod down")  # asked, never confirmed: it may still bill
+    done = run_folder(runs, name="zxq-demo-20261130-180000-ab12", steps=64, total=64)
+    (done / "adapter").mkdir()
+    ui = Dashboard(str(runs))
+    try:
+        page.goto(ui.url)
+        assert page.locator("tr.run td.state").all_inner_texts() == ["running", "running", "stopped", "done"]
+        red = page.locator("tr.unconfirmed.warn")
+        assert "u4x9qk2m1c0z7e" in red.inner_text() and "may still bill" in red.inner_text()
+        assert red.locator("a").get_attribute("href") == "https://www.runpod.io/console/pods"
+        assert page.locator("tr.run.unconfirmed td").first.evaluate("e => getComputedStyle(e).color") == \
+            "rgb(198, 40, 40)"  # red, as `lorapod ps` prints it
+        cap = page.locator(".sweep").first.inner_text()
+        assert "shared cap" in cap and "$2.00" in cap
+        page.screenshot(path=shots(tmp_path) / "runs.png", full_page=True)
     finally:
         ui.close()
 
@@ -250,7 +289,7 @@ def test_remote_run_followed_and_stopped_at_its_save(page, runpod, tmp_path):
         page.wait_for_selector(".timeline .phase")  # the setup phases, as the session measured them
         page.screenshot(path=out / "run-remote.png", full_page=True)
         page.goto(ui.base + "/")
-        page.screenshot(path=out / "runs.png", full_page=True)
+        page.screenshot(path=out / "runs-remote.png", full_page=True)
         page.goto(f"{ui.base}/runs/{job.id}")
         page.once("dialog", lambda d: (_check_dialog(d, "Nothing trained is lost"), d.accept()))
         page.click("text=Stop at the next save")

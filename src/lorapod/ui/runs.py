@@ -214,7 +214,7 @@ def fill_progress(view: RunView, metrics: list[dict[str, Any]] | None = None, no
     if not dts and len(recent) > 1:
         dts = [(tb - ta) / max(1, b["step"] - a["step"]) for a, b in itertools.pairwise(recent)
                if (ta := _num(a.get("time"))) and (tb := _num(b.get("time"))) and tb > ta]
-    if view.total_steps and view.last_step is not None and dts and view.active:
+    if view.total_steps and view.last_step is not None and dts and view.state in ACTIVE:
         left = max(0, view.total_steps - view.last_step)
         view.eta_s = left * statistics.median(dts)
         view.finish_usd = view.usd + view.eta_s / 3600 * (view.usd_per_hour or 0.0)
