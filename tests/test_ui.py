@@ -160,7 +160,7 @@ def test_runs_page_running_first_unconfirmed_destroy_in_red_and_sweeps_under_the
     assert "unconfirmed" in lost
     assert "destroy not confirmed for pod-&lt;script&gt;" in page and HOSTILE not in page
     assert 'href="https://www.runpod.io/console/pods"' in page  # the provider's own console
-    assert "sweep sweep-sw-20261201-105959-0005" in page and "$2.00" in page and "shared cap" in page
+    assert "<h3>sweep-sw-20261201-105959-0005</h3>" in page and "$2.00" in page and "shared cap" in page
     rest = page.partition("shared cap")[2]
     assert "sw-1-" in rest.split("</tbody>")[0] and "lost-" not in rest.split("</tbody>")[0]
 

@@ -65,7 +65,6 @@ def open_inside(root: Path, rel: str) -> int:
 
 @dataclass(frozen=True)
 class Served:
-    path: Path  # the file's place, for the response's name only
     fd: int
     size: int
     media_type: str
@@ -77,7 +76,7 @@ def serve(root: Path, rel: str) -> Served:
     if media is None:
         raise Refused(rel)
     fd = open_inside(root, rel)
-    return Served(root / rel, fd, os.fstat(fd).st_size, media)
+    return Served(fd, os.fstat(fd).st_size, media)
 
 
 def read_text(root: Path, rel: str, limit: int = TEXT_LIMIT, tail: bool = False) -> str | None:
