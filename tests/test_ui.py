@@ -229,3 +229,23 @@ def test_destroy_confirmation_names_the_last_real_checkpoint(tmp_path):
         (root / "checkpoints" / f"step-{n}").mkdir()
     (root / "checkpoints" / "step-999").symlink_to(tmp_path)  # planted: not a checkpoint pulled here
     assert last_checkpoint(root) == "step-30"
+
+
+def test_a_busy_port_is_a_clear_error():
+    import socket
+
+    from lorapod.errors import LorapodError
+    from lorapod.ui.server import open_socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        with pytest.raises(LorapodError) as exc:
+            open_socket("127.0.0.1", taken.getsockname()[1])
+        assert "--port" in (exc.value.hint or "")
+    finally:
+        taken.close()
+    free = open_socket("127.0.0.1", 0)
+    assert free.getsockname()[0] == "127.0.0.1" and free.getsockname()[1] > 0
+    free.close()
