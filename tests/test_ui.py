@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 
 from lorapod.ui.files import Refused, serve
 from lorapod.ui.guard import TOKEN_HEADER, cookie_name
-from lorapod.ui.runs import RunIndex, downsample, png_text, series
+from lorapod.ui.runs import RunIndex, downsample, sample_prompt, series
 from lorapod.ui.server import PER_PAGE, Dashboard, build_app
 
 from .ui_fixtures import HOSTILE, run_folder, write_metrics
@@ -123,11 +123,18 @@ def test_gallery_is_paginated(tmp_path):
     assert c.get(f"/runs/{root.name}/file/samples/step000900-00.mp4").headers["content-type"] == "video/mp4"
 
 
-def test_png_prompt_is_read_from_the_text_chunk(tmp_path):
+def test_png_prompt_is_read_from_the_text_chunk_latin1_or_not(tmp_path):
+    from PIL import Image
+    from PIL.PngImagePlugin import PngInfo
+
     root = run_folder(tmp_path)
-    data = (root / "samples" / "step000010-01.png").read_bytes()
-    assert png_text(data)["prompt"] == f"zxq {HOSTILE} mug #1"
-    assert png_text(b"not a png") == {}
+    assert sample_prompt(root, "samples/step000010-01.png") == f"zxq {HOSTILE} mug #1"
+    info = PngInfo()
+    info.add_text("prompt", "zxq のマグカップ, 海辺")  # not Latin-1: Pillow writes an iTXt chunk
+    Image.new("RGB", (8, 8)).save(root / "samples" / "step000020-00.png", pnginfo=info)
+    assert sample_prompt(root, "samples/step000020-00.png") == "zxq のマグカップ, 海辺"
+    (root / "samples" / "step000030-00.png").write_bytes(b"not a png")
+    assert sample_prompt(root, "samples/step000030-00.png") is None
 
 
 def test_runs_page_running_first_unconfirmed_destroy_in_red_and_sweeps_under_their_cap(tmp_path):

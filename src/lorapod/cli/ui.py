@@ -25,7 +25,7 @@ def ui(
     evals and logs, and buttons to pull, stop at the next save, or destroy now."""
     from lorapod.errors import require
 
-    for mod in ("starlette", "uvicorn", "jinja2"):
+    for mod in ("starlette", "uvicorn", "jinja2", "PIL"):
         require(mod, "ui", "lorapod ui")
     from lorapod.ui.guard import new_token
     from lorapod.ui.runs import RunIndex

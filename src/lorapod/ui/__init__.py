@@ -7,5 +7,5 @@ save, destroy now) goes through the same functions as ``lorapod pull``, the sess
 served from inside a run folder only, never through a link (:mod:`lorapod.ui.files`), and every
 text from them is escaped (Jinja2 autoescaping, ``textContent`` in the browser).
 
-Starlette, uvicorn and Jinja2 come with the ``ui`` extra: ``pip install 'lorapod[ui]'``.
+Starlette, uvicorn, Jinja2 and Pillow come with the ``ui`` extra: ``pip install 'lorapod[ui]'``.
 """

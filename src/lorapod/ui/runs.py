@@ -427,9 +427,13 @@ def samples(root: Path) -> list[dict[str, Any]]:
 
 
 def sample_prompt(root: Path, rel: str) -> str | None:
-    """The prompt the engine wrote into a sample PNG's text chunk (engine/diffusion/samples.py)."""
+    """The prompt the engine wrote into a sample PNG (engine/diffusion/samples.py ``png_info``:
+    a ``prompt`` text chunk, which Pillow writes as tEXt, or iTXt when it is not Latin-1).
+    Pillow reads the chunks before the image data into ``info`` without decoding any pixels."""
     if not rel.lower().endswith(".png"):
         return None
+    from PIL import Image, UnidentifiedImageError
+
     from lorapod.ui.files import Refused, open_inside
 
     try:
@@ -437,29 +441,12 @@ def sample_prompt(root: Path, rel: str) -> str | None:
     except Refused:
         return None
     with os.fdopen(fd, "rb") as fh:
-        data = fh.read(64 * 1024)
-    return png_text(data).get("prompt")
-
-
-def png_text(data: bytes) -> dict[str, str]:
-    """tEXt chunks of a PNG (PNG spec, 11.3.4.3: keyword, NUL, Latin-1 text), bounded by ``data``."""
-    import struct
-
-    out: dict[str, str] = {}
-    if not data.startswith(b"\x89PNG\r\n\x1a\n"):
-        return out
-    i = 8
-    while i + 8 <= len(data):
-        (n,) = struct.unpack(">I", data[i:i + 4])
-        kind = data[i + 4:i + 8]
-        body = data[i + 8:i + 8 + n]
-        if kind == b"tEXt" and b"\0" in body:
-            k, _, v = body.partition(b"\0")
-            out[k.decode("latin-1")[:80]] = v.decode("latin-1")[:4000]
-        if kind in (b"IDAT", b"IEND"):
-            break
-        i += 12 + n
-    return out
+        try:
+            with Image.open(fh, formats=["PNG"]) as im:
+                prompt = im.info.get("prompt")
+        except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
+            return None
+    return str(prompt)[:4000] if prompt is not None else None
 
 
 def evaluation(root: Path) -> dict[str, Any]:
