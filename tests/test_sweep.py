@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -36,8 +37,15 @@ def test_four_jobs_two_hosts_total_cap_stops_it_midway(sshd_factory, remote_root
     margin = 4.0  # seconds of budget kept for the orderly stop (checkpoint, pull, destroy)
     targets = [(h.target, SSHProvider(h.target, identity=h.client_key, usd_per_hour=RATE)) for h in hosts]
     # The short jobs (8 steps) finish; the long ones (2000 steps) are stopped by their share of the cap.
+    seen_running: list[list[str]] = []  # sweep.json's job ids when a job ends mid-sweep (what `lorapod ui` groups)
+
+    def say(msg: str) -> None:
+        if msg.startswith("[") and (" done: $" in msg or " stopped: $" in msg):
+            got = json.loads((sweep.root / "sweep.json").read_text()) if (sweep.root / "sweep.json").is_file() else {}
+            seen_running.append([j["job_id"] for j in got.get("ranked", []) if j.get("job_id")])
+
     sweep = Sweep(spec, ["train.max_steps=8,2000", "train.learning_rate=1e-4,3e-4"], targets, parallel=2,
-                  max_usd=cap, say=lambda m: None,
+                  max_usd=cap, say=say,
                   options=lambda: fast_options(job_command=fake_command(0.05, ("--eval",)), stop_margin_s=margin,
                                                identity=hosts[0].client_key))
     result = sweep.run()
@@ -64,6 +72,7 @@ def test_four_jobs_two_hosts_total_cap_stops_it_midway(sshd_factory, remote_root
     assert (result.winner_adapter / "adapter_model.safetensors").read_bytes() == \
         (Path(by_index[2].run_dir) / "adapter" / "adapter_model.safetensors").read_bytes()
     assert (result.root / "sweep.json").is_file()
+    assert seen_running and all(len(ids) >= 2 for ids in seen_running), seen_running  # written while it ran
 
 
 @pytest.mark.slow

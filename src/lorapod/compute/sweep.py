@@ -286,6 +286,7 @@ class Sweep:
                         running[pool.submit(self._run_one, job, spec, target, provider)] = (job, target)
                     if not running:
                         break
+                    self._snapshot(result)
                     done, _ = wait(list(running), timeout=1.0, return_when=FIRST_COMPLETED)
                     for fut in done:
                         job, target = running.pop(fut)
@@ -301,6 +302,14 @@ class Sweep:
         result.stopped = self._stop
         self._finish(result)
         return result
+
+    def _snapshot(self, result: SweepResult) -> None:
+        """sweep.json while the sweep runs (rewritten each second, atomically), so that `lorapod ui`
+        groups its jobs under the shared cap before the sweep ends; never fails the sweep."""
+        from lorapod.fsutil import atomic_write_text
+
+        with contextlib.suppress(OSError):
+            atomic_write_text(self.root / "sweep.json", json.dumps(result.to_dict(), indent=2))
 
     def _finish(self, result: SweepResult) -> None:
         finished = [j for j in result.ranked if j.run_dir and (Path(j.run_dir) / "adapter").is_dir()]

@@ -1,0 +1,66 @@
+"""Run folders for the dashboard's tests, laid out as the engine and the session write them
+(rundir.py; samples as engine/diffusion/recipe.py names them, with the prompt in a PNG text
+chunk as engine/diffusion/samples.py writes it; eval/eval.json as evaluate/llm.py writes it)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import yaml
+from PIL import Image
+from PIL.PngImagePlugin import PngInfo
+
+HOSTILE = "<script>alert('x')</script>"
+
+
+def run_folder(parent: Path, name: str = "zxq-demo-20261201-120000-ab12", steps: int = 20, total: int = 100,
+               samples: int = 2, usd_per_hour: float | None = None, scale: float = 1.0,
+               image_eval: bool = False) -> Path:
+    root = parent / name
+    (root / "checkpoints").mkdir(parents=True)
+    (root / "samples").mkdir()
+    spec = {"model": {"id": "lorapod:tiny-sd15", "family": "sd15"}, "data": {"path": str(parent / "data")},
+            "train": {"max_steps": total}, "output": {"dir": str(parent), "name": "zxq-demo"}}
+    if usd_per_hour is not None:
+        spec["compute"] = {"usd_per_hour": usd_per_hour}
+    (root / "spec.yaml").write_text(yaml.safe_dump(spec))
+    write_metrics(root, range(1, steps + 1), scale=scale)
+    (root / "checkpoints" / "step-10").mkdir()
+    for k in range(samples):
+        info = PngInfo()
+        info.add_text("prompt", f"zxq {HOSTILE} mug #{k}")
+        picture(k).save(root / "samples" / f"step{10:06d}-{k:02d}.png", pnginfo=info)
+    if image_eval:  # what evaluate/images.py writes: eval/images.json and one grid per prompt
+        (root / "eval" / "images").mkdir(parents=True)
+        grid = Image.new("RGB", (3 * 64, 2 * 64), "white")
+        for i in range(6):
+            grid.paste(picture(i), (64 * (i % 3), 64 * (i // 3)))
+        grid.save(root / "eval" / "images" / "00-grid.png")
+        (root / "eval" / "images.json").write_text(json.dumps({
+            "grids": [{"prompt": "zxq mug on a beach", "seed": 42, "leakage_prompt": False,
+                       "grid": "images/00-grid.png", "cells": []}], "strengths": [0.6, 0.8, 1.0], "clip": None}))
+    (root / "events.log").write_text(f"2026-12-01T12:00:00 started {HOSTILE}\n")
+    return root
+
+
+def picture(k: int, size: int = 64) -> Image.Image:
+    """A small distinct picture per index: a coloured disc on a tinted ground."""
+    from PIL import ImageDraw
+
+    im = Image.new("RGB", (size, size), (230 - 20 * (k % 5), 235, 240 - 15 * (k % 3)))
+    d = ImageDraw.Draw(im)
+    r = size // 4 + (k % 3) * 3
+    c = (size // 2 + (k % 4) * 3 - 4, size // 2 - (k % 2) * 6 + 2)
+    d.ellipse([c[0] - r, c[1] - r, c[0] + r, c[1] + r], fill=((70 * k) % 255, 80 + (30 * k) % 150, 180))
+    return im
+
+
+def write_metrics(root: Path, steps, t0: float | None = None, scale: float = 1.0) -> None:
+    t0 = t0 or time.time()
+    with open(root / "metrics.jsonl", "a") as fh:
+        for s in steps:
+            loss = scale / s ** 0.5 + 0.05 * ((s * 7919) % 13) / 13  # a falling curve with some noise
+            fh.write(json.dumps({"time": t0 + s, "step": s, "loss": loss, "lr": 1e-4 * min(1.0, s / 10),
+                                 "step_time_s": 0.5}) + "\n")
