@@ -14,9 +14,9 @@ from dataclasses import replace
 import pytest
 
 from lorapod.catalog.gpus import find_gpu
-from lorapod.catalog.measurements import load_measurements
 from lorapod.catalog.models import find_model
 from lorapod.plan.fit import fit, held_out, predict_obs, range_holds, speed_points
+from lorapod.plan.measurements import load_measurements
 from lorapod.plan.speed import predict
 from lorapod.plan.vram import GiB, Settings, estimate
 from lorapod.plan.work import step_work
