@@ -159,13 +159,6 @@ export.BASE_VERSION.update({"wan21": "wan2.1", "wan22": "wan2.2"})
 export.ARCH.update({"wan21": "wan2.1-t2v/lora", "wan22": "wan2.2-t2v/lora"})
 
 
-def family_of_index(raw: dict) -> str | None:
-    """wan21 / wan22 from a Wan pipeline's model_index.json (the catalog's reading, shared with the planner)."""
-    from lorapod.catalog.models import wan_family_of_index
-
-    return wan_family_of_index(raw)
-
-
 # ----------------------------------------------------------------------------- memory
 
 
