@@ -28,7 +28,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # root package (its __init__ holds only __version__). builtin/ (the tiny models and the
 # ``lorapod:`` ids) and chat/ (templating and tokenisation) are the review's M4 and chat moves,
 # placed where they must sit to remove the engine -> demo, tokenizer -> engine and data -> engine
-# edges below.
+# edges below; deploy/ (serving a trained model, issue 28) uses compute's provider APIs.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("lorapod", "lorapod.errors", "lorapod.fsutil", "lorapod.home"),
     ("lorapod.catalog",),
@@ -41,6 +41,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("lorapod.export",),
     ("lorapod.evaluate",),
     ("lorapod.compute",),
+    ("lorapod.deploy",),
     ("lorapod.demo", "lorapod.demo_image", "lorapod.demo_video"),
     ("lorapod.ui", "lorapod.cli", "lorapod.__main__"),
 )
