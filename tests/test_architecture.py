@@ -50,9 +50,6 @@ _CHAT = ("chat templating and tokenisation live in engine/ although the data che
          "(review 3, 4); move: lorapod/chat/{template,tokenize}.py below data and engine")
 _CAPTIONS = ("a built-in captioner reaches back into the registry's __init__ for the shared helpers "
              "while the registry imports it to register it; move: the helpers to data/captions/base.py")
-_DIFFUSION = ("the LoRA and fp8 helpers (attach_lora, lora_config, quiet, Float8Linear) sit in the "
-              "engine.diffusion package __init__, which imports this module; move: "
-              "engine/diffusion/lora.py and one fp8.py (review 4, 7.7)")
 _PLAN_LEDGER = ("the ledger holds planner data (measured runs, boot times), so the planner reads it from "
                 "compute (lazily: `lorapod plan` loads no SSH code); move: the ledger's planner tables "
                 "to a store below plan (review 3)")
@@ -80,8 +77,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("lorapod.data.captions.florence2", "lorapod.data.captions"): _CAPTIONS,
     ("lorapod.data.captions.joycaption", "lorapod.data.captions"): _CAPTIONS,
     ("lorapod.data.captions.wd14", "lorapod.data.captions"): _CAPTIONS,
-    ("lorapod.engine.diffusion.video", "lorapod.engine.diffusion"): _DIFFUSION,
-    ("lorapod.engine.diffusion.wan", "lorapod.engine.diffusion"): _DIFFUSION,
 }
 
 Edges = Mapping[tuple[str, str], str]  # (importer, imported) -> "path:line" of the first such import
