@@ -239,6 +239,16 @@ def test_no_upward_import_and_no_circle_beyond_the_allow_list():
     assert problems(import_graph()) == []
 
 
+def test_the_speed_model_its_fit_and_the_users_runs_meet_only_in_the_estimate():
+    # plan/speed.py is the model; plan/fit.py fits it; plan/learned.py reads your runs; only
+    # plan/estimate.py puts them together (docs/architecture.md, docs/planner.md)
+    planner = {f"lorapod.plan.{m}" for m in ("speed", "fit", "learned", "estimate")}
+    inside = sorted((a, b) for a, b in import_graph() if a in planner and b in planner)
+    assert inside == [("lorapod.plan.estimate", "lorapod.plan.fit"), ("lorapod.plan.estimate", "lorapod.plan.learned"),
+                      ("lorapod.plan.estimate", "lorapod.plan.speed"), ("lorapod.plan.fit", "lorapod.plan.speed"),
+                      ("lorapod.plan.learned", "lorapod.plan.speed")]
+
+
 def test_every_allowed_edge_says_why_and_what_removes_it():
     for edge, why in ALLOWED.items():
         assert "move" in why and len(why) > 40, edge
