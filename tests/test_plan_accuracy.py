@@ -14,9 +14,9 @@ from dataclasses import replace
 import pytest
 
 from lorapod.catalog.gpus import find_gpu
-from lorapod.catalog.measurements import load_measurements
 from lorapod.catalog.models import find_model
 from lorapod.plan.fit import fit, held_out, predict_obs, range_holds, speed_points
+from lorapod.plan.measurements import load_measurements
 from lorapod.plan.speed import predict
 from lorapod.plan.vram import GiB, Settings, estimate
 from lorapod.plan.work import step_work
@@ -238,8 +238,8 @@ def test_fit_recovers_known_efficiencies_from_synthetic_points():
 
 
 def test_a_gpu_architecture_without_measured_steps_gets_the_wider_range():
+    from lorapod.plan.estimate import step_speed
     from lorapod.plan.fit import measured_archs, unseen_arch_spread
-    from lorapod.plan.speed import step_speed
 
     m = find_model("meta-llama/Llama-3.1-8B")
     s = _llm(2048)

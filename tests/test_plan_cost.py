@@ -139,8 +139,8 @@ def test_budget_caps_are_flagged():
 def test_cache_phase_scales_between_gpus_by_the_fitted_rate_not_the_guide_class():
     from lorapod.catalog.gpus import find_gpu
     from lorapod.plan.cost import CACHE_SECONDS_PER_IMAGE_4090, CACHE_STARTUP_MIN, phase_minutes
+    from lorapod.plan.estimate import matmul_rate, step_speed
     from lorapod.plan.job import build_job
-    from lorapod.plan.speed import matmul_rate, step_speed
 
     job = build_job(load_spec(EXAMPLES / "sdxl-object-lora.yaml"), images=25)
     a100, ref = find_gpu("A100 80GB"), find_gpu("RTX 4090")

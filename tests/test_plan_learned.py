@@ -66,7 +66,7 @@ def test_another_gpu_is_carried_over_by_the_models_ratio(tmp_path):
     assert ref.options[0].speed.basis == "your runs"
     # a fresh model estimate for the 4090 (without the ledger) gives the ratio
     from lorapod.catalog.gpus import find_gpu
-    from lorapod.plan.speed import step_speed
+    from lorapod.plan.estimate import step_speed
 
     job = ref.job
     r4090 = step_speed(job.model, job.settings, find_gpu("RTX 4090"), learn=False).seconds_per_step

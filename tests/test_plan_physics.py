@@ -18,9 +18,10 @@ import pytest
 from lorapod.catalog.gpus import find_gpu, load_gpus
 from lorapod.catalog.models import find_model
 from lorapod.plan.choose import plan_job
+from lorapod.plan.estimate import step_speed
 from lorapod.plan.fit import fitted
 from lorapod.plan.job import build_job
-from lorapod.plan.speed import predict, step_speed
+from lorapod.plan.speed import predict
 from lorapod.plan.vram import Settings
 from lorapod.plan.work import image_traffic_gb, step_work
 from lorapod.spec import load_spec

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from lorapod.catalog.measurements import Source, Unit, _per_micro_batch, load_measurements
 from lorapod.errors import PlanError
 from lorapod.plan.choose import plan_job
+from lorapod.plan.measurements import Source, Unit, _per_micro_batch, load_measurements
 from lorapod.spec import load_spec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

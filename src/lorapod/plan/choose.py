@@ -15,10 +15,11 @@ from lorapod.catalog.prices import PROVIDERS, PriceEntry, load_prices, tier_desc
 from lorapod.catalog.snapshot import closest
 from lorapod.errors import PlanError
 from lorapod.plan.cost import Phase, cents, left_running_usd, price_job
+from lorapod.plan.estimate import Speed, step_speed
 from lorapod.plan.fit import spread
 from lorapod.plan.job import Job, build_job
 from lorapod.plan.scale import choose_parallel, multi_gpu, shardable, sharded
-from lorapod.plan.speed import Speed, family_of, step_speed
+from lorapod.plan.speed import family_of
 from lorapod.plan.vram import Suggestion, make_fit
 from lorapod.spec import JobSpec
 

@@ -14,8 +14,8 @@ from decimal import ROUND_HALF_UP, Decimal
 
 from lorapod.catalog.gpus import GPU, find_gpu
 from lorapod.catalog.prices import PriceEntry, load_storage
+from lorapod.plan.estimate import Speed, matmul_rate, step_speed
 from lorapod.plan.job import DEFAULT_SAMPLE_STEPS, Job
-from lorapod.plan.speed import Speed, matmul_rate, step_speed
 
 # Defaults, from the guides' SDXL walk-through unless said otherwise.
 BOOT_MIN = 10.0  # start from a template and install the trainer

@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from lorapod.catalog.gpus import GPU
-from lorapod.catalog.measurements import Observation, load_measurements
 from lorapod.catalog.models import ImageModel, LLMArch
+from lorapod.plan.estimate import Speed
 from lorapod.plan.fit import RANGE_QUANTILE, Residual, fitted, predict_obs, spread
 from lorapod.plan.job import Job
-from lorapod.plan.speed import ELEMENTWISE, Speed, attention_arch, dequant_terms, family_of, features, kind_of
+from lorapod.plan.measurements import Observation, load_measurements
+from lorapod.plan.speed import ELEMENTWISE, attention_arch, dequant_terms, family_of, features, kind_of
 from lorapod.plan.vram import Settings
 from lorapod.plan.work import QUANTISED
 

@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from lorapod.catalog.measurements import Observation, load_measurements
 from lorapod.fsutil import atomic_write_text
 from lorapod.home import lorapod_home
+from lorapod.plan.measurements import Observation, load_measurements
 from lorapod.plan.speed import (
     ATTENTION_PRIOR,
     ELEMENTWISE,
@@ -381,7 +381,7 @@ def _calibrate() -> dict[str, Any]:
 # What the calibration is computed from: the catalog's data and the model's code. A change to any
 # of them makes a new cache key, so a stale calibration is never read.
 _CALIBRATION_INPUTS = ("catalog/data/measurements.yaml", "catalog/data/models.yaml", "catalog/data/gpus.yaml",
-                       "catalog/measurements.py", "catalog/models.py", "catalog/gpus.py", "plan/fit.py",
+                       "plan/measurements.py", "catalog/models.py", "catalog/gpus.py", "plan/fit.py",
                        "plan/speed.py", "plan/work.py", "plan/vram.py", "plan/frameworks.py")
 
 

@@ -34,6 +34,7 @@ from typing import Any
 from lorapod.catalog.gpus import GPU, find_gpu, gpu_from_device_name
 from lorapod.catalog.models import ImageModel, LLMArch, find_model
 from lorapod.errors import LorapodError
+from lorapod.plan.speed import Params, predict
 from lorapod.plan.vram import Settings
 
 # Steps skipped at the start of a run (compilation, allocator warm-up, first caching).
@@ -221,11 +222,12 @@ def matching_runs(model: ImageModel | LLMArch, s: Settings) -> list[dict[str, An
         ledger.close()
 
 
-def measured_speed(model: ImageModel | LLMArch, s: Settings, gpu: GPU, speed: Any) -> Any:
-    """The model's Speed replaced by the user's runs when some match, else None."""
-    from lorapod.plan.fit import fitted
-    from lorapod.plan.speed import Speed, predict
-
+def measured_step(model: ImageModel | LLMArch, s: Settings, gpu: GPU, params: Params,
+                  model_half_width: float) -> tuple[float, float, tuple[Match, ...]] | None:
+    """(seconds per micro-batch, relative half-width of its range, the runs it rests on) from the
+    user's runs that match, else None. A run on another GPU is carried over by the speed model's
+    ratio between the two GPUs (``params``: the fitted parameters), so its range is at least the
+    model's (``model_half_width``, relative)."""
     runs = matching_runs(model, s)
     if not runs:
         return None
@@ -240,7 +242,6 @@ def measured_speed(model: ImageModel | LLMArch, s: Settings, gpu: GPU, speed: An
             theirs = find_gpu(r["gpu_name"])
         except LorapodError:
             continue
-        params = fitted()
         ratio = predict(model, s, gpu, params)[0] / predict(model, s, theirs, params)[0]
         values.append(r["seconds_per_step"] * ratio)
     if not values:
@@ -248,8 +249,7 @@ def measured_speed(model: ImageModel | LLMArch, s: Settings, gpu: GPU, speed: An
     seconds = statistics.median(values)
     spread = max(MEASURED_SPREAD, (max(values) - min(values)) / 2 / seconds) if len(values) > 1 else MEASURED_SPREAD
     if not same:  # carried over from another GPU: the model's GPU ratio adds its own error
-        spread = max(spread, (speed.high - speed.low) / 2 / speed.seconds_per_step)
+        spread = max(spread, model_half_width)
     matches = tuple(Match(r["job_id"], r["gpu_name"], r["seconds_per_step"], r["peak_gb"], r["gpu_name"] == gpu.name)
                     for r in use)
-    return Speed(seconds, speed.tokens_per_step, False, speed.efficiency, seconds * (1 - spread),
-                 seconds * (1 + spread), "your runs", speed.terms, matches)
+    return seconds, spread, matches

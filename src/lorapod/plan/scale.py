@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from lorapod.catalog.prices import PriceEntry
-from lorapod.plan.speed import Speed
+from lorapod.plan.estimate import Speed
 from lorapod.plan.vram import Estimate
 from lorapod.spec import JobSpec
 

@@ -27,29 +27,26 @@ measurements in catalog/data/measurements.yaml (plan/fit.py). Attention's quadra
 the fused kernel every trainer calls (FlashAttention / SDPA), so its efficiency is that kernel's:
 a fitted base times a fitted factor per GPU architecture, whatever the trainer or model kind.
 The dequantisation of a 4-bit or 8-bit base has its own fitted factor (how far below the memory
-bandwidth those kernels run). Every estimate carries a likely range: the spread of the model's
-errors on sources it was not fitted to (leave-one-source-out), for its family (LLM, image, video).
+bandwidth those kernels run).
+
+This module is the model only: given the parameters, it predicts. It imports nothing else of the
+planner but the work it times (plan/work.py, plan/vram.py's Settings). The fit of the parameters
+is plan/fit.py; the planner's estimate (the fitted parameters, the likely range, the user's own
+runs, a card that spills) is plan/estimate.py.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from lorapod.catalog.gpus import GPU
 from lorapod.catalog.models import ImageModel, LLMArch
-from lorapod.plan.vram import Estimate, Settings
+from lorapod.plan.vram import Settings
 from lorapod.plan.work import Work, step_work
-
-if TYPE_CHECKING:
-    from lorapod.plan.learned import Match
 
 # Effective host-to-GPU bandwidth for block swap (PCIe 4.0 x16 in practice).
 PCIE_GB_S = 25.0
-# A card that runs out of VRAM and spills into shared system memory (Windows drivers) drops to
-# 50+ s per step (kohya_ss issue #1288, quoted by the guide). On Linux hosts it is an OOM.
-SPILL_SECONDS_PER_STEP = 50.0
 MAX_EFFICIENCY = 0.95
 # Fused attention's share of the paper peak before any fit (log): a weak prior.
 ATTENTION_PRIOR = math.log(0.3)
@@ -92,27 +89,6 @@ class Params:
         return math.exp(self.theta.get(KERNEL_MIN, math.log(DEFAULT_KERNEL_MIN_US)))
 
 
-@dataclass(frozen=True)
-class Speed:
-    seconds_per_step: float
-    tokens_per_step: int = 0
-    spill: bool = False
-    efficiency: float = 0.0
-    low: float = 0.0  # likely range of seconds per step
-    high: float = 0.0
-    basis: str = "model"  # model | your runs
-    terms: dict[str, float] = field(default_factory=dict)
-    runs: tuple[Match, ...] = ()
-
-    @property
-    def it_per_s(self) -> float:
-        return 1.0 / self.seconds_per_step
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens_per_step / self.seconds_per_step if self.tokens_per_step else 0.0
-
-
 def kind_of(model: ImageModel | LLMArch) -> str:
     return "llm" if isinstance(model, LLMArch) else model.kind
 
@@ -152,15 +128,6 @@ def attention_arch(feats: list[str]) -> str:
     """The attention kernel's architecture term, from the features' ``arch:`` one."""
     arch = next(f for f in feats if f.startswith("arch:"))
     return "attention:" + arch.removeprefix("arch:")
-
-
-def matmul_rate(model: ImageModel | LLMArch, s: Settings, gpu: GPU) -> float:
-    """TFLOPs per second the GPU sustains on this model's matmuls: paper peak x fitted efficiency.
-    Work that is neither measured nor modelled term by term (the cache phase's VAE and text
-    encoders) is scaled between GPUs by this rate."""
-    from lorapod.plan.fit import fitted
-
-    return gpu.bf16_tflops * efficiencies(features(model, s, gpu), fitted())[0]
 
 
 # A quantiser whose kernels differ from its width's first one: its dequantisation cost is that
@@ -223,27 +190,3 @@ def predict(model: ImageModel | LLMArch, s: Settings, gpu: GPU, params: Params) 
         for k, x in t.items():
             parts[k] = parts.get(k, 0.0) + x / len(variants)
     return total / len(variants), parts, eff
-
-
-def step_speed(model: ImageModel | LLMArch, s: Settings, gpu: GPU, est: Estimate | None = None,
-               *, learn: bool = True) -> Speed:
-    """The planner's estimate of one micro-batch step, from the user's own runs when one matches."""
-    from lorapod.plan.fit import fitted, measured_archs, spread, unseen_arch_spread
-
-    params = fitted()
-    seconds, parts, eff = predict(model, s, gpu, params)
-    lo, hi = spread(family_of(model), "speed")
-    if gpu.arch not in measured_archs():  # e.g. Hopper, Blackwell: no published step of their own
-        ulo, uhi = unseen_arch_spread()
-        lo, hi = min(lo, ulo), max(hi, uhi)
-    tokens = s.batch * s.seq_len if isinstance(model, LLMArch) else 0
-    speed = Speed(seconds, tokens, False, eff, seconds * lo, seconds * hi, "model", parts)
-    if learn:
-        from lorapod.plan.learned import measured_speed
-
-        speed = measured_speed(model, s, gpu, speed) or speed
-    spill = est is not None and est.verdict(gpu) == "does-not-fit"
-    if spill:
-        slow = max(speed.seconds_per_step, SPILL_SECONDS_PER_STEP)
-        speed = Speed(slow, tokens, True, eff, slow, max(slow, speed.high), speed.basis, parts, speed.runs)
-    return speed

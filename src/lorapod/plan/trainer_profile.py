@@ -9,25 +9,17 @@ Figures are in ``catalog/data/trainers.yaml``.
 from __future__ import annotations
 
 import dataclasses
-from functools import cache
-from pathlib import Path
 
-import yaml
-
+from lorapod.catalog.trainers import load_trainers, trainer_aliases
 from lorapod.errors import PlanError
 
-DATA = Path(__file__).resolve().parents[1] / "catalog" / "data" / "trainers.yaml"
 
-
-@cache
 def profiles() -> dict:
-    return yaml.safe_load(DATA.read_text(encoding="utf-8"))
+    return load_trainers()
 
 
 def profile(name: str) -> dict:
-    from lorapod.trainers import ALIASES
-
-    key = ALIASES.get(name, name)
+    key = trainer_aliases().get(name, name)
     found = profiles()["trainers"].get(key)
     if found is None:
         raise PlanError(f"no plan profile for trainer {name!r}", hint=f"known: {', '.join(profiles()['trainers'])}")

@@ -13,6 +13,7 @@ import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from lorapod.catalog.trainers import trainer_aliases
 from lorapod.errors import SpecError
 from lorapod.trainers.base import Layout, Trainer, TrainerJob, TrainerRefused, refuse_all
 
@@ -25,8 +26,8 @@ _REGISTRY: dict[str, str] = {
     "musubi-tuner": "lorapod.trainers.musubi:MusubiTuner",
     "axolotl": "lorapod.trainers.axolotl:Axolotl",
 }
-ALIASES = {"kohya": "sd-scripts", "sd_scripts": "sd-scripts", "ai_toolkit": "ai-toolkit", "aitk": "ai-toolkit",
-           "musubi": "musubi-tuner", "musubi_tuner": "musubi-tuner"}
+# Other accepted names (catalog/data/trainers.yaml, shared with the planner's trainer profiles).
+ALIASES = trainer_aliases()
 
 
 def names() -> list[str]:

@@ -8,7 +8,6 @@ free the encoders, attach LoRA, then hand a ``DiffusionRecipe`` to the shared tr
 from __future__ import annotations
 
 import random
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +22,9 @@ from lorapod.engine.diffusion import dataset
 from lorapod.engine.diffusion import samples as smp
 from lorapod.engine.diffusion import wan as _wan
 from lorapod.engine.diffusion.families import FAMILIES, Components, resolve_family
+from lorapod.engine.diffusion.fp8 import store_fp8
+from lorapod.engine.diffusion.lora import attach_lora, lora_config
+from lorapod.engine.diffusion.quiet import quiet
 from lorapod.engine.diffusion.recipe import DiffusionRecipe, describe
 from lorapod.engine.loop import FitResult, fit
 from lorapod.errors import LorapodError, SpecError
@@ -43,71 +45,11 @@ class DiffusionRun:
     cache_misses: int = 0
 
 
-def quiet() -> None:
-    from diffusers.utils import logging as dlog
-    from transformers.utils import logging as tlog
-
-    tlog.set_verbosity_error()
-    tlog.disable_progress_bar()
-    dlog.set_verbosity_error()
-    dlog.disable_progress_bar()
-    warnings.filterwarnings("ignore", category=FutureWarning)
-
-
 def _freeze(c: Components) -> None:
     for m in [c.denoiser, c.vae, *c.text_encoders]:
         if m is not None:
             m.requires_grad_(False)
             m.eval()
-
-
-class Float8Linear(torch.nn.Linear):
-    """A frozen Linear whose weight is stored in float8 and upcast to the input's dtype per call.
-
-    The upcast makes a new tensor that autograd keeps for the backward pass, so gradients flow
-    to the LoRA layers around it (diffusers' layerwise casting casts back in place after the
-    forward, which breaks the backward pass; it is made for inference).
-    """
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bias = None if self.bias is None else self.bias.to(x.dtype)
-        return torch.nn.functional.linear(x, self.weight.to(x.dtype), bias)
-
-
-def store_fp8(denoiser: torch.nn.Module) -> int:
-    """Store the frozen Linear weights of the transformer blocks in float8 (half of bf16); returns
-    how many. Called before LoRA is attached. Embeddings, projections in and out, norms and
-    convolutions keep their dtype: they are small, precision-sensitive, and the first of them
-    tells diffusers the model's dtype (pipelines allocate latents in it)."""
-    n = 0
-    for name, mod in denoiser.named_modules():
-        if type(mod) is torch.nn.Linear and "transformer_blocks." in name:
-            mod.weight.data = mod.weight.data.to(torch.float8_e4m3fn)
-            mod.__class__ = Float8Linear
-            n += 1
-    return n
-
-
-def attach_lora(module: torch.nn.Module, config) -> None:
-    """Inject LoRA as adapter "default" and keep its weights in fp32, whatever the base dtype
-    (bf16, or float8 storage): small updates to low-precision LoRA weights would round away."""
-    from peft import inject_adapter_in_model
-
-    # peft directly (not transformers' add_adapter, which pins a newer peft); diffusers and peft
-    # both read the config back from ``module.peft_config``
-    inject_adapter_in_model(config, module, adapter_name="default")
-    module.peft_config = {"default": config}
-    for p in module.parameters():
-        if p.requires_grad:
-            p.data = p.data.float()
-
-
-def lora_config(spec: JobSpec, targets):
-    from peft import LoraConfig
-
-    m = spec.method
-    return LoraConfig(r=m.r, lora_alpha=m.alpha, lora_dropout=m.dropout, target_modules=targets,
-                      use_rslora=m.rslora, init_lora_weights="gaussian")
 
 
 def set_prediction_type(spec: JobSpec, comps: Components, run: RunDir, log=print) -> str:

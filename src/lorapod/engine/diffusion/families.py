@@ -110,9 +110,9 @@ def detect(model_id: str, revision: str | None = None) -> tuple[str, str]:
                                  hint="check the id, your network, and `huggingface-cli login` for gated models") from exc
     cls = raw.get("_class_name", "?")
     if cls in ("WanPipeline", "WanImageToVideoPipeline"):  # 2.1 or 2.2 (two experts): read from the index
-        from lorapod.engine.diffusion.wan import family_of_index
+        from lorapod.catalog.models import wan_family_of_index  # the planner's reading too
 
-        return family_of_index(raw) or "unknown", cls
+        return wan_family_of_index(raw) or "unknown", cls
     return _PIPELINE_FAMILY.get(cls, "unknown"), f"{cls}"
 
 

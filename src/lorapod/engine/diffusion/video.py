@@ -25,11 +25,13 @@ import torch.nn.functional as F
 from lorapod.data.findings import Finding
 from lorapod.engine.checkpoint import TrainState
 from lorapod.engine.device import Precision, pick_device, resolve_precision
-from lorapod.engine.diffusion import attach_lora, export, lora_config, quiet, wan
 from lorapod.engine.diffusion import cache as dcache
+from lorapod.engine.diffusion import export, wan
 from lorapod.engine.diffusion import samples as smp
 from lorapod.engine.diffusion import video_data as vd
 from lorapod.engine.diffusion.families import Components, resolve_family
+from lorapod.engine.diffusion.lora import attach_lora, lora_config
+from lorapod.engine.diffusion.quiet import quiet
 from lorapod.engine.diffusion.recipe import Batch, DiffusionRecipe, sample_sigmas
 from lorapod.errors import SpecError
 from lorapod.rundir import RunDir

@@ -159,28 +159,15 @@ export.BASE_VERSION.update({"wan21": "wan2.1", "wan22": "wan2.2"})
 export.ARCH.update({"wan21": "wan2.1-t2v/lora", "wan22": "wan2.2-t2v/lora"})
 
 
-def family_of_index(raw: dict) -> str | None:
-    """wan21 / wan22 from a Wan pipeline's model_index.json (the catalog's reading, shared with the planner)."""
-    from lorapod.catalog.models import wan_family_of_index
-
-    return wan_family_of_index(raw)
-
-
 # ----------------------------------------------------------------------------- memory
 
 
 def store_fp8(transformer: torch.nn.Module) -> int:
     """float8 storage for the frozen Linear weights inside ``blocks.N`` (the image engine's rule,
-    with Wan's block names); upcast per call by ``Float8Linear``."""
-    from lorapod.engine.diffusion import Float8Linear
+    engine/diffusion/fp8.py, with Wan's block names); upcast per call by ``Float8Linear``."""
+    from lorapod.engine.diffusion.fp8 import store_fp8 as store
 
-    n = 0
-    for name, mod in transformer.named_modules():
-        if type(mod) is torch.nn.Linear and name.startswith("blocks."):
-            mod.weight.data = mod.weight.data.to(torch.float8_e4m3fn)
-            mod.__class__ = Float8Linear
-            n += 1
-    return n
+    return store(transformer, lambda name: name.startswith("blocks."))
 
 
 class BlockSwap:

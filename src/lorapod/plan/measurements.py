@@ -1,5 +1,9 @@
-"""Published LoRA training measurements (data/measurements.yaml): what the planner is fitted to
-and checked against.
+"""Published LoRA training measurements (catalog/data/measurements.yaml): what the planner is
+fitted to and checked against.
+
+The figures are packaged data and stay in the catalog; this reader turns them into the planner's
+own terms (its Settings, what each trainer's peak leaves out), so it lives in plan/, above the
+catalog it reads, and the catalog imports nothing of the planner.
 
 Each point becomes one :class:`Observation` per measured metric: the model, the GPU and the
 Settings it was taken at, the measured value, and the source it came from (for
