@@ -1,0 +1,128 @@
+"""`lorapod run examples/demo.yaml` on loopback hosts shaped like the images lorapod really rents
+(tests/host_profiles.py): no rsync (installed with apt-get, or files moved with tar), Python only
+under a conda prefix and off the SSH PATH, ``python`` vs ``python3``, variables only in PID 1's
+environment. The real CLI and a real sshd; the job is the stand-in trainer (tests/fake_trainer.py,
+same run-folder contract, seconds not a minute), except in the one slow test that trains the
+real demo under the hardest profile. Nothing may be left running."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from lorapod.compute.ledger import Ledger
+
+from .conftest_ssh import new_sshd, require_tools
+from .host_profiles import PROFILES, build
+from .remote_helpers import REPO, cli_argv, cli_env, fake_command_template
+
+FAST = ["--poll-s", "0.3", "--pull-every-s", "1", "--ready-deadline-s", "30", "--stop-margin-s", "1",
+        "--stop-wait-s", "20", "--reconnect-s", "30", "--watchdog-poll-s", "0.5"]
+
+
+@pytest.fixture
+def profile_host(tmp_path_factory, remote_root):
+    """make(profile name) -> (sshd, host) on loopback; both stopped at the end."""
+    require_tools("sshd", "ssh", "ssh-keygen", "rsync")
+    made = []
+
+    def make(name: str):
+        d = tmp_path_factory.mktemp(name[:20])
+        host = build(PROFILES[name], d / "image")
+        made.append(host)
+        sshd = new_sshd(d / "sshd", remote_root, host.sshd_config)
+        made.append(sshd)
+        return sshd, host
+
+    yield make
+    for thing in reversed(made):
+        thing.stop()
+
+
+def demo_run(sshd, run_dir: Path, *extra: str, real: bool = False) -> subprocess.CompletedProcess:
+    """The demo, four steps, no --python: the interpreter is the host's to find."""
+    argv = [*cli_argv(), "run", str(REPO / "examples" / "demo.yaml"), "--on", sshd.target,
+            "--identity", str(sshd.client_key), "--json", *FAST,
+            "--set", "train.max_steps=4", "--set", "save.every_steps=2", "--set", "eval.every_steps=4",
+            "--set", f"output.dir={run_dir}", *extra]
+    env = cli_env()
+    env.pop("LORAPOD_JOB_COMMAND", None)
+    if not real:
+        env["LORAPOD_JOB_COMMAND"] = fake_command_template(0.05)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+
+
+def events(summary: dict) -> str:
+    return (Path(summary["run_dir"]) / "remote-events.log").read_text()
+
+
+def alive_under(path: Path) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", str(path)], capture_output=True, text=True)
+    return [line for line in out.stdout.splitlines() if "pgrep" not in line]
+
+
+def assert_done_and_clean(proc: subprocess.CompletedProcess, sshd, real: bool = False) -> dict:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    assert summary["state"] == "done" and summary["last_step"] == 4, summary
+    run_dir = Path(summary["run_dir"])
+    assert (run_dir / "adapter" / "adapter_config.json").is_file()
+    assert "final pull verified" in events(summary)
+    assert list(sshd.work_root.iterdir()) == [], list(sshd.work_root.iterdir())
+    assert alive_under(sshd.work_root) == []
+    assert Ledger().instances(live_only=True) == []
+    return summary
+
+
+def test_no_rsync_root_with_apt_installs_it_and_the_demo_runs(profile_host, tmp_path):
+    sshd, host = profile_host("runpod-pytorch-2.8.0-py3.11")
+    summary = assert_done_and_clean(demo_run(sshd, tmp_path / "runs"), sshd)
+    log = events(summary)
+    assert "rsync was missing; installed it with apt-get" in log, log
+    assert (Path(host.session_path) / "rsync").is_symlink()  # what the apt-get stand-in did
+
+
+def test_no_rsync_and_no_mirror_moves_files_with_tar(profile_host, tmp_path):
+    sshd, host = profile_host("no-rsync-no-mirror")
+    summary = assert_done_and_clean(demo_run(sshd, tmp_path / "runs"), sshd)
+    log = events(summary)
+    assert "rsync is not on the instance (apt-get could not install it): files move with tar" in log, log
+    assert not (Path(host.session_path) / "rsync").exists()
+    run_dir = Path(summary["run_dir"])
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-2", "step-4"]
+    # what only this machine writes stayed this machine's (the pull excludes them, as rsync's did)
+    assert str(sshd.work_root) not in (run_dir / "spec.yaml").read_text()
+
+
+def test_python_only_under_a_conda_prefix_off_the_ssh_path(profile_host, tmp_path):
+    sshd, host = profile_host("pytorch-pytorch-on-vast")
+    summary = assert_done_and_clean(demo_run(sshd, tmp_path / "runs"), sshd)
+    log = events(summary)
+    conda = host.image_python
+    assert (f"Python on the instance: {conda} (Python 3." in log
+            and "on PID 1's PATH (the image's ENV PATH), which the SSH session does not get" in log), log
+    assert "the image has everything; installed nothing" in log  # envsetup ran under it
+    assert f"job started on the instance: {conda} " in log
+    assert "watchdog started on the instance" in log and "running, pid " in log
+
+
+def test_python_not_python3_picks_the_one_with_torch(profile_host, tmp_path):
+    sshd, host = profile_host("runpod-base-python-vs-python3")
+    summary = assert_done_and_clean(demo_run(sshd, tmp_path / "runs"), sshd)
+    log = events(summary)
+    assert f"Python on the instance: {host.image_python} (Python 3." in log, log
+    assert "passed over " in log and "python3 (Python 3." in log and "without torch" in log
+    assert "the image has everything; installed nothing" in log
+
+
+@pytest.mark.slow
+def test_the_real_demo_trains_on_the_conda_image_without_rsync(profile_host, tmp_path):
+    """The real engine (not the stand-in) under pytorch/pytorch's facts: ~45 s on two cores."""
+    sshd, host = profile_host("pytorch-pytorch-on-vast")
+    summary = assert_done_and_clean(demo_run(sshd, tmp_path / "runs", real=True), sshd, real=True)
+    log = events(summary)
+    assert f"job started on the instance: {host.image_python} -m lorapod train" in log
+    assert "files move with tar over the SSH connection" in log
