@@ -8,7 +8,9 @@ real demo under the hardest profile. Nothing may be left running."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,8 @@ import pytest
 from lorapod.compute.ledger import Ledger
 
 from .conftest_ssh import new_sshd, require_tools
+from .fakes.runpod_fake import RunPodFake
+from .fakes.vast_fake import VastFake
 from .host_profiles import PROFILES, build
 from .remote_helpers import REPO, cli_argv, cli_env, fake_command_template
 
@@ -126,3 +130,74 @@ def test_the_real_demo_trains_on_the_conda_image_without_rsync(profile_host, tmp
     log = events(summary)
     assert f"job started on the instance: {host.image_python} -m lorapod train" in log
     assert "files move with tar over the SSH connection" in log
+
+
+def _wait(cond, timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out: {what}")
+
+
+def _cloud_run(fake_env: dict, target: str, run_dir: Path, *extra: str) -> subprocess.Popen:
+    env = cli_env(LORAPOD_JOB_COMMAND=fake_command_template(0.25), **fake_env)
+    return subprocess.Popen([*cli_argv(), "run", str(REPO / "examples" / "demo.yaml"), "--on", target, "--json",
+                             "--poll-s", "0.2", "--pull-every-s", "0.5", "--ready-deadline-s", "30",
+                             "--watchdog-poll-s", "0.3", "--set", "train.max_steps=10", "--set", "save.every_steps=2",
+                             "--set", f"output.dir={run_dir}", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def test_provider_variables_only_in_pid1_the_watchdog_still_deletes_the_pod(sshd_factory, remote_root, tmp_path):
+    """RunPod's variables live in PID 1's environment, not the SSH session's (runpod-python reads
+    /proc/1/environ for that reason): with the controller SIGKILLed, the watchdog must still find
+    RUNPOD_POD_ID and the pod-scoped key there and delete the pod from inside."""
+    fake = RunPodFake(sshd_factory, remote_root, host_profile=PROFILES["provider-vars-in-pid1"])
+    env = {"RUNPOD_API_KEY": fake.account_key, "LORAPOD_RUNPOD_URL": fake.url,
+           "LORAPOD_RUNPOD_GRAPHQL_URL": fake.graphql_url}
+    try:
+        proc = _cloud_run(env, "runpod", tmp_path / "runs", "--heartbeat-timeout-s", "2")
+        try:
+            _wait(lambda: (Ledger().jobs() or [None])[0] is not None and (Ledger().jobs()[0].last_step or 0) >= 3,
+                  60, "step 3")
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        (inst,) = fake.instances.values()
+        (host,) = fake._hosts
+        assert "RUNPOD_POD_ID" not in host.sshd_config and "RUNPOD_API_KEY" not in host.sshd_config
+        _wait(lambda: not fake.live(), 30, "the watchdog to delete the pod")
+        assert inst.deleted_by == "pod-scoped key"  # from inside, with what PID 1 holds
+        down = subprocess.run([*cli_argv(), "down", "--orphans", "--json"], capture_output=True, text=True,
+                              env=cli_env(**env), timeout=60)
+        assert down.returncode == 0 and json.loads(down.stdout)["reconciled"] == 1, down.stderr
+        assert Ledger().instances(live_only=True) == []
+        assert fake.running_processes() == [] and list(remote_root.iterdir()) == []
+        assert fake.violations == [], fake.violations
+    finally:
+        fake.close()
+
+
+def test_the_vast_fake_on_pytorch_pytorch_facts_runs_the_demo(sshd_factory, remote_root, tmp_path):
+    """Through the Vast fake, on an instance with pytorch/pytorch's facts: no rsync, Python only
+    in the conda prefix on PID 1's PATH, the container's variables in PID 1 only."""
+    fake = VastFake(sshd_factory, remote_root, host_profile=PROFILES["pytorch-pytorch-on-vast"])
+    env = {"VAST_API_KEY": fake.account_key, "LORAPOD_VAST_URL": fake.url}
+    try:
+        proc = _cloud_run(env, "vast", tmp_path / "runs", "--set", "train.max_steps=4")
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        summary = json.loads(out)
+        assert summary["state"] == "done" and summary["last_step"] == 4
+        log = events(summary)
+        (host,) = fake._hosts
+        assert f"Python on the instance: {host.image_python} (Python 3." in log
+        assert "files move with tar over the SSH connection" in log and "final pull verified" in log
+        assert fake.live() == [] and fake.running_processes() == [] and list(remote_root.iterdir()) == []
+        assert Ledger().instances(live_only=True) == [] and fake.violations == [], fake.violations
+    finally:
+        fake.close()

@@ -141,6 +141,13 @@ class HostFacts:
     def has(self, tool: str) -> bool:
         return bool(self.tools.get(tool))
 
+    def describe(self) -> str:
+        """One line for the events log: what the image gives an SSH session."""
+        tools = ", ".join(f"{t} {'yes' if self.has(t) else 'no'}" for t in ("rsync", "tar", "apt-get", "dnf", "yum"))
+        return (f"uid {self.uid if self.uid is not None else '?'}; {tools}; "
+                f"PID 1's PATH {'differs from' if self.pid1_path and self.pid1_path != self.path else 'is'} "
+                "the session's")
+
     def to_dict(self) -> dict[str, Any]:
         return {"uid": self.uid, "path": self.path, "pid1_path": self.pid1_path, "tools": self.tools,
                 "pythons": [p.describe() for p in self.pythons]}
@@ -221,8 +228,9 @@ def choose(pythons: list[Python], explicit: str | None) -> Choice:
     usable = [p for p in pythons if p.usable]
     if not usable:
         seen = "; ".join(p.describe() for p in pythons) or "none on PID 1's PATH, the SSH PATH or the known places"
-        what = f"--python {explicit}" if explicit else "no Python >= 3.11 on the instance"
-        raise NoUsablePython(f"{what} cannot run lorapod (found: {seen})",
+        what = (f"--python {explicit} cannot run lorapod" if explicit
+                else "the instance has no Python >= 3.11 for lorapod")
+        raise NoUsablePython(f"{what} (found: {seen})",
                              hint="use an image with Python >= 3.11 (--image), or pass --python PATH to one")
     best = next((p for p in usable if p.torch), usable[0])
     why = f"{best.describe()}: {best.where}"

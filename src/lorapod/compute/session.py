@@ -456,6 +456,7 @@ class Session:
         host = None
         if not getattr(self.provider, "runs_here", False):  # the image's facts, in its first seconds
             boot, host, choice = self.remote(lambda: work.probe(boot), "probe the instance")
+            self.say(f"instance facts: {host.describe()}")
             self.say(f"Python on the instance: {choice.why}")
         self.base_boot = boot
         wd = self._watchdog_config()

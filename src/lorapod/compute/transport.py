@@ -188,9 +188,21 @@ def _tree(local: Path, root_name: str | None, excludes: tuple[str, ...]):
                 yield p, rel
 
 
+def _local_files(root: Path):
+    """(relative name, size, whole-second mtime) of each regular file already pulled under ``root``."""
+    for dirpath, _dirs, filenames in os.walk(root, followlinks=False):
+        for f in filenames:
+            p = Path(dirpath) / f
+            rel = p.relative_to(root).as_posix()
+            if "\n" in rel or p.is_symlink() or not p.is_file():
+                continue
+            st = p.stat()
+            yield rel, st.st_size, int(st.st_mtime)
+
+
 def _pulled(local: Path, st: SyncStats) -> SyncStats:
     """After every pull: only regular files and folders stay in the local run folder."""
-    st.refused = scrub_tree(Path(local))
+    st.refused = [*st.refused, *scrub_tree(Path(local))]  # refused in the stream (tar), then on disk
     return st
 
 
@@ -337,16 +349,36 @@ class SSHTransport:
         return st
 
     def _tar_pull(self, remote: str, local: Path, excludes: tuple[str, ...], timeout: float) -> SyncStats:
-        """rsync's pull, as a tar stream received by :func:`~lorapod.compute.trust.receive_tar`."""
+        """rsync's pull, as a tar stream received by :func:`~lorapod.compute.trust.receive_tar`.
+
+        Like rsync's quick check, a file whose size and mtime match the local copy is not sent
+        (the list of what is here goes on stdin; the host leaves those out with ``tar -X``), so
+        pulling every 30 s does not resend every checkpoint, which Vast.ai bills per byte."""
         # A missing folder is not an error (nothing there yet), as with rsync's exit 23 above.
         unanchored = " ".join(f"--exclude={shlex.quote(p)}" for p in excludes if not p.startswith("/"))
-        script = f"cd {shlex.quote(remote)} 2>/dev/null || exit 0; tar -cf - {unanchored} ."
-        proc = subprocess.Popen(self._ssh_argv(script), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        script = (f"cd {shlex.quote(remote)} 2>/dev/null || {{ cat >/dev/null; exit 0; }}\n"
+                  'ex=$(mktemp 2>/dev/null || echo "/tmp/.lp-tar-$$"); : > "$ex"\n'
+                  "while IFS=' ' read -r size mtime path; do\n"
+                  '  [ -f "./$path" ] && [ ! -h "./$path" ] && '
+                  '[ "$(stat -c "%s %Y" "./$path" 2>/dev/null)" = "$size $mtime" ] && printf "./%s\\n" "$path" >> "$ex"\n'
+                  "done\n"
+                  # GNU tar: pattern options apply to the exclusions that follow them
+                  f'tar -cf - --wildcards {unanchored} --anchored --no-wildcards -X "$ex" .; rc=$?\n'
+                  'rm -f "$ex"; exit $rc\n')
+        have = "".join(f"{size} {mtime} {rel}\n" for rel, size, mtime in _local_files(local)).encode()
+        proc = subprocess.Popen(self._ssh_argv(script), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
         killed = _KillAfter(proc, timeout)
         errs: list[bytes] = []
         drain = threading.Thread(target=lambda: errs.append(proc.stderr.read()), daemon=True)  # type: ignore[union-attr]
         drain.start()
+
+        def feed() -> None:
+            with contextlib.suppress(OSError):
+                proc.stdin.write(have)  # type: ignore[union-attr]
+                proc.stdin.close()  # type: ignore[union-attr]
+
+        threading.Thread(target=feed, daemon=True).start()
         try:
             files, size, refused = receive_tar(proc.stdout, local, excludes)
             with contextlib.suppress(OSError):
