@@ -44,7 +44,8 @@ APT_GET = r"""#!/bin/sh
 # until `apt-get update`; with a mirror (MIRROR=1), `install rsync` then puts rsync on PATH.
 lists="$(dirname "$0")/.apt-lists"
 case "$*" in
-  *update*) [ "$MIRROR" = 1 ] || { echo "E: Failed to fetch http://archive.ubuntu.com/ubuntu/dists/jammy/InRelease" >&2; exit 100; }
+  *update*) [ "$MIRROR" = slow ] && exec sleep 600  # a mirror that does not answer
+            [ "$MIRROR" = 1 ] || { echo "E: Failed to fetch http://archive.ubuntu.com/ubuntu/dists/jammy/InRelease" >&2; exit 100; }
             touch "$lists"; exit 0 ;;
   *install*rsync*) if [ -f "$lists" ]; then ln -sf "$RSYNC" "$(dirname "$0")/rsync"; exit 0; fi
             echo "E: Unable to locate package rsync" >&2; exit 100 ;;
@@ -64,7 +65,7 @@ class Profile:
     #: (only in <prefix>/bin, on PID 1's PATH alone), "python-not-python3" (``python`` has it,
     #: ``python3`` is the distribution's without torch)
     python: str = "path"
-    apt: str | None = None  # None: no apt-get; "mirror": it installs rsync; "offline": it cannot
+    apt: str | None = None  # None: no apt-get; "mirror": it installs rsync; "offline": it cannot; "slow": hangs
     #: provider variables in PID 1's environment only (never in the SSH session)
     pid1_env: bool = False
     #: the interpreter prints this on stdout before anything else (a wrapper or sitecustomize)
@@ -81,6 +82,9 @@ PROFILES = {p.name: p for p in (
             "the same image where apt-get cannot reach a mirror (its lists were removed at build time): "
             "apt-get install says 'Unable to locate package'",
             rsync=False, apt="offline"),
+    Profile("no-rsync-slow-mirror",
+            "the same image behind a mirror that does not answer: apt-get update hangs",
+            rsync=False, apt="slow"),
     Profile("pytorch-pytorch-on-vast",
             "pytorch/pytorch Dockerfile stage official: apt-get install ca-certificates libjpeg-dev libpng-dev "
             "(no rsync), Python in /opt/conda, ENV PATH /opt/conda/bin:$PATH; vast-ai/docs "
@@ -168,7 +172,7 @@ def build(profile: Profile, d: Path, env: dict[str, str] | None = None) -> Host:
         apt.write_text(APT_GET)
         apt.chmod(0o755)
         session["RSYNC"] = shutil.which("rsync") or "/usr/bin/rsync"
-        session["MIRROR"] = "1" if profile.apt == "mirror" else "0"
+        session["MIRROR"] = {"mirror": "1", "slow": "slow"}.get(profile.apt, "0")
     session["PATH"] = str(view)
     init = None
     marker = {k: v for k, v in env.items() if k == "LORAPOD_FAKE_INSTANCE"}

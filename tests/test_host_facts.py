@@ -221,3 +221,37 @@ def test_a_python_that_prints_a_banner_still_bootstraps(tmp_path, remote_root):
     assert facts["lorapod"] and facts["job_python"] == str(chatty)
     (Path(work.dir) / "run" / "m.json").write_text(json.dumps({"a": 1}))
     assert list(work.manifest(str(chatty))) == ["m.json"]
+
+
+def procs_with(needle: bytes) -> list[int]:
+    """Processes whose environment mentions ``needle`` (a loopback host's sessions carry its PATH)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and int(d.name) != os.getpid() and needle in (d / "environ").read_bytes():
+                out.append(int(d.name))
+        except OSError:
+            continue
+    return out
+
+
+def test_installing_rsync_is_bounded_and_falls_back_to_tar(tmp_path, remote_root):
+    require_tools("sshd", "ssh", "ssh-keygen", "rsync")
+    host = build(PROFILES["no-rsync-slow-mirror"], tmp_path / "image")
+    sshd = new_sshd(tmp_path / "sshd", remote_root, host.sshd_config)
+    try:
+        work = RemoteWork(transport(sshd, tmp_path), "job-3", root=str(sshd.work_root))
+        from lorapod.compute.remote import Bootstrap
+
+        _, facts, choice = work.probe(Bootstrap())
+        assert facts.root and facts.has("apt-get") and not facts.has("rsync") and choice.python == host.image_python
+        t0 = time.monotonic()
+        note = work.provide_rsync(facts, deadline_s=2)
+        assert time.monotonic() - t0 < 15
+        assert "installing it with apt-get did not finish" in note or "apt-get could not install it" in note, note
+        assert "files move with tar" in note and work.transport.mover == "tar"
+        assert procs_with(str(host.dir).encode()) == [], "the host's apt-get outlived its deadline"
+        work.transport.close()
+    finally:
+        sshd.stop()
+        host.stop()

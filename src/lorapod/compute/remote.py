@@ -187,8 +187,11 @@ class RemoteWork:
                                   "--no-install-recommends rsync",
                        "dnf": "dnf install -y -q rsync", "yum": "yum install -y -q rsync"}[manager]
             t0 = time.monotonic()
+            # the host ends its own install at the deadline (coreutils timeout) so nothing lingers there
+            bounded = (f'T=""; command -v timeout >/dev/null 2>&1 && T="timeout -k 5 {int(deadline_s)}"; '
+                       f"$T sh -c {shlex.quote(install)} >/dev/null 2>&1; command -v rsync")
             try:
-                out = self.sh(f"{{ {install}; }} >/dev/null 2>&1; command -v rsync", timeout=deadline_s, check=False)
+                out = self.sh(bounded, timeout=deadline_s + 15, check=False)
             except RemoteError as exc:  # the deadline (or a dropped link): tar works all the same
                 out, why = None, f"installing it with {manager} did not finish ({exc.message[:120]})"
             found = out.stdout.decode(errors="replace").strip().splitlines()[-1:] if out is not None else []
