@@ -90,6 +90,9 @@ PROFILES = {p.name: p for p in (
             "(no rsync), Python in /opt/conda, ENV PATH /opt/conda/bin:$PATH; vast-ai/docs "
             "guides/instances/docker-environment.mdx: image variables are not visible in SSH sessions",
             rsync=False, python="conda", apt="offline", pid1_env=True, python_banner="conda: base environment"),
+    # Here `python` is the test interpreter (torch and lorapod's dependencies, as the image's
+    # 3.12 has torch) and `python3` this machine's distribution Python, which has no torch: the
+    # versions differ from the image's, the fact that matters (which of the two has torch) does not.
     Profile("runpod-base-python-vs-python3",
             "runpod/containers official-templates/base/Dockerfile: rsync installed; "
             "ln -sf /usr/bin/python3.12 /usr/local/bin/python; python3 stays the distribution's",

@@ -50,6 +50,8 @@ def test_the_first_python_with_torch_wins_and_the_others_are_named():
     assert "--python PATH" in (err.value.hint or "")
     with pytest.raises(hf.NoUsablePython, match="--python /x cannot run lorapod"):
         hf.choose([py("/x", "given with --python", None)], "/x")
+    with pytest.raises(hf.NoUsablePython, match="no executable file by that name there"):
+        hf.choose([], "/nope/python3")
 
 
 def test_the_probe_reads_only_its_own_lines_and_bounds_them():

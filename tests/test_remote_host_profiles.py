@@ -122,6 +122,20 @@ def test_python_not_python3_picks_the_one_with_torch(profile_host, tmp_path):
     assert "the image has everything; installed nothing" in log
 
 
+
+def test_a_python_that_is_not_there_is_named_before_anything_starts(profile_host, tmp_path):
+    """(A host with no Python at all cannot be modelled on loopback: this machine's own
+    /usr/bin/python3 is one of the known places. choose() is unit-tested for that case.)"""
+    sshd, _ = profile_host("runpod-base-python-vs-python3")
+    proc = demo_run(sshd, tmp_path / "runs", "--python", "/opt/nowhere/bin/python3")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "--python /opt/nowhere/bin/python3 cannot run lorapod (found: no executable file" in proc.stderr
+    (job,) = Ledger().jobs()
+    assert job.state == "failed" and "cannot run lorapod" in (job.summary or "")
+    assert "watchdog started" not in events({"run_dir": job.run_dir})
+    assert list(sshd.work_root.iterdir()) == [] and Ledger().instances(live_only=True) == []
+
+
 @pytest.mark.slow
 def test_the_real_demo_trains_on_the_conda_image_without_rsync(profile_host, tmp_path):
     """The real engine (not the stand-in) under pytorch/pytorch's facts: ~45 s on two cores."""

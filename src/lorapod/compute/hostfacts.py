@@ -227,7 +227,9 @@ def choose(pythons: list[Python], explicit: str | None) -> Choice:
     """The first usable Python that has torch, else the first usable one, with the reason in words."""
     usable = [p for p in pythons if p.usable]
     if not usable:
-        seen = "; ".join(p.describe() for p in pythons) or "none on PID 1's PATH, the SSH PATH or the known places"
+        seen = "; ".join(p.describe() for p in pythons) or (
+            "no executable file by that name there" if explicit else
+            "none on PID 1's PATH, the SSH PATH or the known places")
         what = (f"--python {explicit} cannot run lorapod" if explicit
                 else "the instance has no Python >= 3.11 for lorapod")
         raise NoUsablePython(f"{what} (found: {seen})",
