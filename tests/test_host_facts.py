@@ -34,6 +34,9 @@ def test_pid1_path_comes_first_and_says_the_session_lacks_it():
     paths = [c for c, _ in cands]
     assert len(paths) == len(set(paths)) and "/usr/local/bin/python" in paths  # known places last
     assert hf.candidates(facts, "python3.12") == [("python3.12", "given with --python")]
+    # a machine you lend (ssh://): your session's PATH first, PID 1's after it
+    lent = [c for c, _ in hf.candidates(facts, None, container=False)]
+    assert lent[:2] == ["/usr/bin/python3", "/usr/bin/python"] and lent.index("/opt/conda/bin/python3") > 2
 
 
 def test_the_first_python_with_torch_wins_and_the_others_are_named():

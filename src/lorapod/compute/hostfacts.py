@@ -144,9 +144,10 @@ class HostFacts:
     def describe(self) -> str:
         """One line for the events log: what the image gives an SSH session."""
         tools = ", ".join(f"{t} {'yes' if self.has(t) else 'no'}" for t in ("rsync", "tar", "apt-get", "dnf", "yum"))
-        return (f"uid {self.uid if self.uid is not None else '?'}; {tools}; "
-                f"PID 1's PATH {'differs from' if self.pid1_path and self.pid1_path != self.path else 'is'} "
-                "the session's")
+        pid1 = ("PID 1's PATH unreadable" if not self.pid1_path else
+                "PID 1's PATH differs from the session's" if self.pid1_path != self.path else
+                "PID 1's PATH is the session's")
+        return f"uid {self.uid if self.uid is not None else '?'}; {tools}; {pid1}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"uid": self.uid, "path": self.path, "pid1_path": self.pid1_path, "tools": self.tools,
@@ -174,18 +175,23 @@ def _path_dirs(path: str) -> list[str]:
     return [d.rstrip("/") or "/" for d in path.split(":") if d.startswith("/")]
 
 
-def candidates(facts: HostFacts, explicit: str | None) -> list[tuple[str, str]]:
-    """(path, why it is a candidate) in the order they are preferred, without repeats."""
+def candidates(facts: HostFacts, explicit: str | None, container: bool = True) -> list[tuple[str, str]]:
+    """(path, why it is a candidate) in the order they are preferred, without repeats.
+
+    ``container``: a rented container, whose PID 1's PATH is its image's ``ENV PATH`` and comes
+    first; on a machine you lend (``ssh://``), your session's PATH comes first."""
     if explicit:
         return [(explicit, "given with --python")]
-    out: list[tuple[str, str]] = []
+    pid1: list[tuple[str, str]] = []
     session = set(_path_dirs(facts.path))
     for d in _path_dirs(facts.pid1_path):
         why = ("on PID 1's PATH (the image's ENV PATH)" if d in session else
                "on PID 1's PATH (the image's ENV PATH), which the SSH session does not get")
-        out += [(f"{d}/python3", why), (f"{d}/python", why)]
+        pid1 += [(f"{d}/python3", why), (f"{d}/python", why)]
+    ssh: list[tuple[str, str]] = []
     for d in _path_dirs(facts.path):
-        out += [(f"{d}/python3", "on the SSH session's PATH"), (f"{d}/python", "on the SSH session's PATH")]
+        ssh += [(f"{d}/python3", "on the SSH session's PATH"), (f"{d}/python", "on the SSH session's PATH")]
+    out = [*pid1, *ssh] if container else [*ssh, *pid1]
     out += [(p, f"a known image location ({src})") for p, src in KNOWN_PYTHONS]
     seen: set[str] = set()
     return [c for c in out if not (c[0] in seen or seen.add(c[0]))]  # type: ignore[func-returns-value]

@@ -150,8 +150,9 @@ class RemoteWork:
 
     # ------------------------------------------------------------------ what the host has
 
-    def probe(self, boot: Bootstrap) -> tuple[Bootstrap, Any, Any]:
-        """Ask the host what it has (two short round trips, shell only) and choose the Python.
+    def probe(self, boot: Bootstrap, container: bool = True) -> tuple[Bootstrap, Any, Any]:
+        """Ask the host what it has (two short round trips, shell only) and choose the Python
+        (``container``: PID 1's PATH first, as on a rented image; else the session's first).
 
         Returns the bootstrap with ``python`` set to the interpreter found, the
         :class:`~lorapod.compute.hostfacts.HostFacts` and the :class:`~lorapod.compute.hostfacts.Choice`."""
@@ -161,7 +162,7 @@ class RemoteWork:
 
         facts = hf.parse_facts(self.sh(hf.facts_script(), timeout=30, check=False).stdout)
         explicit = None if boot.python == AUTO_PYTHON else boot.python
-        cands = hf.candidates(facts, explicit)
+        cands = hf.candidates(facts, explicit, container)
         facts.pythons = hf.parse_pythons(self.sh(hf.pythons_script([c for c, _ in cands]), timeout=90,
                                                  check=False).stdout, cands)
         choice = hf.choose(facts.pythons, explicit)

@@ -455,7 +455,8 @@ class Session:
         boot = bootstrap_for(self.opts.bootstrap, self.provider, self.spec)
         host = None
         if not getattr(self.provider, "runs_here", False):  # the image's facts, in its first seconds
-            boot, host, choice = self.remote(lambda: work.probe(boot), "probe the instance")
+            container = not getattr(self.provider, "borrowed", False)  # ssh://: your PATH first
+            boot, host, choice = self.remote(lambda: work.probe(boot, container), "probe the instance")
             self.say(f"instance facts: {host.describe()}")
             self.say(f"Python on the instance: {choice.why}")
         self.base_boot = boot
