@@ -193,8 +193,10 @@ def candidates(facts: HostFacts, explicit: str | None, container: bool = True) -
         ssh += [(f"{d}/python3", "on the SSH session's PATH"), (f"{d}/python", "on the SSH session's PATH")]
     out = [*pid1, *ssh] if container else [*ssh, *pid1]
     out += [(p, f"a known image location ({src})") for p, src in KNOWN_PYTHONS]
-    seen: set[str] = set()
-    return [c for c in out if not (c[0] in seen or seen.add(c[0]))]  # type: ignore[func-returns-value]
+    first: dict[str, str] = {}
+    for path, why in out:
+        first.setdefault(path, why)  # the first mention, and its reason, wins
+    return list(first.items())
 
 
 _PYLINE = re.compile(r"^(\S+) (?:(\d+)\.(\d+)\.(\d+) (\S+))?\s*$")
