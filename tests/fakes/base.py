@@ -91,7 +91,12 @@ class FakeControlPlane:
     server_url = ""  # the contract's server URL, e.g. https://rest.runpod.io/v1
     unvalidated: tuple[str, ...] = ()  # regexes of paths the contract does not cover
 
-    def __init__(self, sshd_factory, work_root: Path, account_key: str | None = None, boot_s: float = 0.3) -> None:
+    def __init__(self, sshd_factory, work_root: Path, account_key: str | None = None, boot_s: float = 0.3,
+                 host_profile: Any = None) -> None:
+        #: tests/host_profiles.Profile: each instance's host is built as that image has it (the
+        #: provider's variables in PID 1's environment only, its PATH...); None: sshd SetEnv
+        self.host_profile = host_profile
+        self._hosts: list[Any] = []
         self.account_key = account_key or "acct-" + secrets.token_hex(16)
         self.sshd_factory = sshd_factory
         self.work_root = work_root
@@ -213,6 +218,15 @@ class FakeControlPlane:
                        never_ready: bool = False) -> FakeInstance:
         marker = "fake-" + secrets.token_hex(6)
         extra = "SetEnv " + " ".join(f"{k}={v}" for k, v in {**env, "LORAPOD_FAKE_INSTANCE": marker}.items())
+        if self.host_profile is not None:
+            import tempfile
+
+            from ..host_profiles import build
+
+            host = build(self.host_profile, Path(tempfile.mkdtemp(prefix="lp-image-")) / "image",
+                         {**env, "LORAPOD_FAKE_INSTANCE": marker})  # its "PID 1" carries the marker: killed on delete
+            self._hosts.append(host)
+            extra = host.sshd_config
         server = self.sshd_factory(extra)
         if pubkey:
             server.authorize(pubkey)
@@ -247,6 +261,9 @@ class FakeControlPlane:
     def close(self) -> None:
         for inst in self.live():
             self.kill_instance(inst, "test teardown")
+        for host in self._hosts:
+            host.stop()
+            shutil.rmtree(host.dir.parent, ignore_errors=True)
         self.server.shutdown()
         self.server.server_close()
 

@@ -33,8 +33,9 @@ def register(app: typer.Typer) -> None:
         set_: list[str] = typer.Option([], "--set", help="Override a spec value: dotted.key=value."),
         bootstrap: str = typer.Option("source", "--bootstrap", help="How lorapod gets onto the instance: "
                                       "source (copy this package) | wheel (build and pip install a wheel)."),
-        python: str = typer.Option("python3", "--python", help="The instance's Python, from which the job's "
-                                   "environment is built."),
+        python: str = typer.Option("auto", "--python", help="The instance's Python, from which the job's "
+                                   "environment is built (auto: found on PID 1's PATH, the SSH PATH or where "
+                                   "images keep one; the choice is printed)."),
         deps: str = typer.Option("auto", "--deps", help="auto: install what the job needs where --python lacks "
                                  "it (a cached virtualenv keeping the image's torch) | none: use --python as it is."),
         image: str | None = typer.Option(None, "--image", help="Container image for runpod/vast "

@@ -34,7 +34,8 @@ def register(app: typer.Typer) -> None:
         usd_per_hour: float | None = typer.Option(None, "--usd-per-hour", help="For ssh:// and local hosts: what "
                                                   "the machine costs, so the cap applies."),
         bootstrap: str = typer.Option("source", "--bootstrap", help="source | wheel (see lorapod run)."),
-        python: str = typer.Option("python3", "--python", help="Python on the instances."),
+        python: str = typer.Option("auto", "--python", help="Python on the instances (auto: found there, "
+                                   "see lorapod run)."),
         as_json: bool = typer.Option(False, "--json", help="Print the results as JSON on stdout."),
         poll_s: float = typer.Option(5.0, "--poll-s", hidden=True),
         stop_margin_s: float = typer.Option(120.0, "--stop-margin-s", hidden=True),

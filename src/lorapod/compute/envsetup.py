@@ -62,6 +62,15 @@ def norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def last_json(stdout: str):
+    """The last JSON line a child Python printed: an interpreter (a wrapper, a ``sitecustomize``)
+    may print a banner on stdout first."""
+    for line in reversed(stdout.strip().splitlines()):
+        if line.startswith(("{", "[")):
+            return json.loads(line)
+    raise ValueError(f"no JSON in: {stdout.strip()[-200:]!r}")
+
+
 def installed(python: str) -> dict[str, str]:
     """Every distribution ``python`` sees, normalised name -> version."""
     # The first on sys.path wins, as for an import: the env's own copy shadows the image's.
@@ -73,7 +82,11 @@ def installed(python: str) -> dict[str, str]:
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
     if out.returncode != 0:
         raise SystemExit(fail(f"{python} cannot list its packages: {out.stderr.strip()[-300:]}", None))
-    return {norm(k): v for k, v in json.loads(out.stdout).items()}
+    try:
+        listed = last_json(out.stdout)
+    except ValueError as exc:
+        raise SystemExit(fail(f"{python} did not list its packages: {exc}", None)) from exc
+    return {norm(k): v for k, v in listed.items()}
 
 
 def missing(have: dict[str, str], pins: list[str]) -> list[str]:
@@ -219,11 +232,12 @@ def make_env(python: str, env: str) -> str:
     # packages of the new env, so make them visible explicitly, after the env's own.
     probe = ("import json, site, sys; print(json.dumps([sys.prefix != sys.base_prefix, "
              "[p for p in site.getsitepackages() if p.startswith(sys.prefix)]]))")
-    is_venv, dirs = json.loads(subprocess.run([python, "-c", probe], capture_output=True, text=True,
-                                              timeout=60).stdout)
+    is_venv, dirs = last_json(subprocess.run([python, "-c", probe], capture_output=True, text=True,
+                                             timeout=60).stdout)
     if is_venv and dirs:
         site_dir = subprocess.run([env_python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                  capture_output=True, text=True, timeout=60).stdout.strip()
+                                  capture_output=True, text=True, timeout=60).stdout.strip().splitlines()[-1:] or ['']
+        site_dir = site_dir[0]
         with open(os.path.join(site_dir, "_lorapod_base.pth"), "w") as fh:
             fh.write("\n".join(dirs) + "\n")
     return env_python

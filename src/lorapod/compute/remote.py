@@ -41,6 +41,12 @@ from lorapod.compute.trust import MANIFEST_PY, guarded_read, is_regular, safe_re
 from lorapod.errors import RemoteError
 
 WORK_ROOT = ".lorapod-work"
+#: ``--python auto``: the interpreter is found on the instance (:mod:`lorapod.compute.hostfacts`).
+AUTO_PYTHON = "auto"
+#: How long the watchdog has to prove it runs (its pid answers ``kill -0``, its first log line is there).
+WATCHDOG_PROOF_S = 20.0
+#: How long installing rsync may take (``apt-get update`` on a cold mirror is the slow part).
+RSYNC_INSTALL_S = 300.0
 
 
 def work_root() -> str:
@@ -93,16 +99,21 @@ class Bootstrap:
 
     ``strategy`` is how lorapod itself travels: ``source`` rsyncs this very package into ``pkg/``;
     ``wheel`` builds a wheel of this source tree (cached by content) and ``pip install --no-deps
-    --target pkg/``. ``python`` is the instance's interpreter the job's environment is built from.
+    --target pkg/``. ``python`` is the instance's interpreter the job's environment is built from;
+    ``auto`` finds it the way the image has it (:mod:`lorapod.compute.hostfacts`).
     ``deps``: ``auto`` gives the job its dependencies when ``python`` lacks them (a virtualenv with
     the image's torch, cached by lock; see :mod:`lorapod.compute.bootstrap`), ``none`` runs the job
     with ``python`` as it is. ``extra`` is the install extra of the job's engine (``llm``, ``image``).
     """
 
     strategy: Literal["source", "wheel"] = "source"
-    python: str = "python3"
+    python: str = AUTO_PYTHON
     deps: Literal["auto", "none"] = "auto"
     extra: str = "llm"
+
+
+class WatchdogNotRunning(RemoteError):
+    """The watchdog was launched but does not run: nothing would destroy the instance if we died."""
 
 
 @dataclass
@@ -136,6 +147,62 @@ class RemoteWork:
     def sh(self, script: str, input: bytes | None = None, timeout: float = 60.0,
            check: bool = True) -> subprocess.CompletedProcess[bytes]:
         return self.transport.run(script, input=input, timeout=timeout, check=check)
+
+    # ------------------------------------------------------------------ what the host has
+
+    def probe(self, boot: Bootstrap, container: bool = True) -> tuple[Bootstrap, Any, Any]:
+        """Ask the host what it has (two short round trips, shell only) and choose the Python
+        (``container``: PID 1's PATH first, as on a rented image; else the session's first).
+
+        Returns the bootstrap with ``python`` set to the interpreter found, the
+        :class:`~lorapod.compute.hostfacts.HostFacts` and the :class:`~lorapod.compute.hostfacts.Choice`."""
+        from dataclasses import replace
+
+        from lorapod.compute import hostfacts as hf
+
+        facts = hf.parse_facts(self.sh(hf.facts_script(), timeout=30, check=False).stdout)
+        explicit = None if boot.python == AUTO_PYTHON else boot.python
+        cands = hf.candidates(facts, explicit, container)
+        facts.pythons = hf.parse_pythons(self.sh(hf.pythons_script([c for c, _ in cands]), timeout=90,
+                                                 check=False).stdout, cands)
+        choice = hf.choose(facts.pythons, explicit)
+        self.facts["host"] = facts.to_dict()
+        return replace(boot, python=choice.python), facts, choice
+
+    def provide_rsync(self, facts: Any, deadline_s: float = RSYNC_INSTALL_S) -> str:
+        """rsync on the instance, or files over the SSH connection with tar; says which, in words.
+
+        rsync is installed when the host allows it (root and apt-get, dnf or yum), bounded by
+        ``deadline_s``; otherwise, or when that fails, the transport moves files with tar."""
+        if facts.has("rsync"):
+            return f"rsync at {facts.tools['rsync']}"
+        if not hasattr(self.transport, "mover"):
+            return "rsync: not needed here"
+        if not facts.has("tar"):
+            raise RemoteError("the instance has neither rsync nor tar, so no file can be moved to it",
+                              hint="use an image that has rsync or tar (--image)")
+        why = "not root" if not facts.root else "no apt-get, dnf or yum"
+        manager = next((m for m in ("apt-get", "dnf", "yum") if facts.has(m)), None)
+        if facts.root and manager:
+            install = {"apt-get": "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+                                  "--no-install-recommends rsync",
+                       "dnf": "dnf install -y -q rsync", "yum": "yum install -y -q rsync"}[manager]
+            t0 = time.monotonic()
+            # the host ends its own install at the deadline (coreutils timeout) so nothing lingers there
+            bounded = (f'T=""; command -v timeout >/dev/null 2>&1 && T="timeout -k 5 {int(deadline_s)}"; '
+                       f"$T sh -c {shlex.quote(install)} >/dev/null 2>&1; command -v rsync")
+            try:
+                out = self.sh(bounded, timeout=deadline_s + 15, check=False)
+            except RemoteError as exc:  # the deadline (or a dropped link): tar works all the same
+                out, why = None, f"installing it with {manager} did not finish ({exc.message[:120]})"
+            found = out.stdout.decode(errors="replace").strip().splitlines()[-1:] if out is not None else []
+            if found and found[0].startswith("/"):
+                facts.tools["rsync"] = found[0][:500]
+                return f"rsync was missing; installed it with {manager} in {time.monotonic() - t0:.0f} s"
+            if out is not None:
+                why = f"{manager} could not install it"
+        self.transport.mover = "tar"  # type: ignore[attr-defined]
+        return f"rsync is not on the instance ({why}): files move with tar over the SSH connection"
 
     # ------------------------------------------------------------------ setup
 
@@ -182,21 +249,24 @@ class RemoteWork:
             env = self.environment(boot)
         else:
             env = EnvResult(python=boot.python, how="as-is", installed=0, seconds=0.0)
-        probe = ("import json, sys, lorapod; print(json.dumps({'python': sys.version.split()[0], "
+        # Marked lines only: an interpreter (or a login script) that prints a banner first still works.
+        probe = ("import json, sys, lorapod; print('LPSTART ' + json.dumps({'python': sys.version.split()[0], "
                  "'lorapod': lorapod.__version__, 'path': lorapod.__file__}))")
         out = self.sh(f"cd {self.q()} && PYTHONPATH=$PWD/pkg {shlex.quote(env.python)} -c {shlex.quote(probe)};"
-                      " nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || true",
-                      check=False)
+                      " nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null"
+                      " | sed 's/^/LPGPU /' || true", check=False)
         lines = out.stdout.decode(errors="replace").strip().splitlines()
-        if out.returncode != 0 or not lines or not lines[0].startswith("{"):
+        start = [x[len("LPSTART "):] for x in lines if x.startswith("LPSTART {")][:1]
+        if not start:
+            said = (out.stderr.decode(errors="replace").strip() or out.stdout.decode(errors="replace").strip())
             raise RemoteError(f"lorapod does not start on the instance with {env.python}: "
-                              f"{out.stderr.decode(errors='replace')[-400:]}",
+                              f"{said[-400:] or f'no output (exit {out.returncode})'}",
                               hint="the instance needs Python >= 3.11 and access to a package index; "
                                    "pass --python PATH for another interpreter")
-        facts = json.loads(lines[0])
+        facts = json.loads(start[0])
         if facts["lorapod"] != lorapod.__version__:
             raise RemoteError(f"the instance runs lorapod {facts['lorapod']}, this machine {lorapod.__version__}")
-        facts["gpus"] = [g.strip() for g in lines[1:] if g.strip()]
+        facts["gpus"] = [g[len("LPGPU "):].strip()[:200] for g in lines if g.startswith("LPGPU ")][:64]
         facts["job_python"] = env.python
         facts["env"] = env
         self.facts = facts
@@ -230,8 +300,39 @@ class RemoteWork:
         files = {"job.sh": (JOB_SH.encode(), 0o700), "watchdog.py": (Path(wd.__file__).read_bytes(), 0o600),
                  "watchdog.json": (json.dumps(watchdog).encode(), 0o600)}
         self.put_files(files, before=f"mkdir -p {self.q('run')} {self.q('data')} {self.q('pkg')} && chmod 700 {self.q()}",
-                       then=("rm -f PULLED job.exit job.pid run/STOP && touch HEARTBEAT && "
-                             f"{{ setsid nohup {shlex.quote(python)} watchdog.py >> watchdog.log 2>&1 < /dev/null & }}"))
+                       then=("rm -f PULLED job.exit job.pid watchdog.pid run/STOP && touch HEARTBEAT && "
+                             f"{{ setsid nohup {shlex.quote(python)} watchdog.py >> watchdog.log 2>&1 < /dev/null & "
+                             "echo $! > watchdog.launch; }"))
+
+    def watchdog_alive(self, within_s: float = WATCHDOG_PROOF_S) -> int:
+        """Proof that the watchdog runs: its pid answers ``kill -0`` and its first log line
+        ("watching ...", :func:`lorapod.compute.watchdog.main`) is written, within ``within_s``; one round trip. Its pid, or
+        :class:`WatchdogNotRunning` with what its log says (a launch line exits 0 even when
+        the interpreter is missing or the watchdog dies at import)."""
+        tries = max(1, int(within_s / 0.25))
+        script = (
+            f"cd {self.q()} || exit 0\n"
+            f"i=0; while [ $i -lt {tries} ]; do\n"
+            f"  pid=$({guarded_read('head -c 20', 'watchdog.pid')} | tr -cd 0-9)\n"
+            '  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && '
+            f"{{ {guarded_read('head -c 4096', 'watchdog.log')} | grep -q ' watching '; }}; then\n"
+            '    echo "LPWD alive $pid"; exit 0; fi\n'
+            # dead before it wrote its pid (no interpreter, an import error), or after: no point waiting
+            f"  lp=$({guarded_read('head -c 20', 'watchdog.launch')} | tr -cd 0-9)\n"
+            '  [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null && break\n'
+            '  [ -z "$pid" ] && [ -n "$lp" ] && ! kill -0 "$lp" 2>/dev/null && break\n'
+            "  sleep 0.25; i=$((i+1)); done\n"
+            f"echo LPWD dead; {guarded_read('tail -c 600', 'watchdog.log')}\n"
+        )
+        out = self.sh(script, timeout=within_s + 30, check=False).stdout.decode(errors="replace")
+        head, _, log = out.partition("\n")
+        if head.startswith("LPWD alive ") and head[len("LPWD alive "):].strip().isdigit():
+            return int(head[len("LPWD alive "):].strip())
+        raise WatchdogNotRunning(
+            f"the watchdog did not start on the instance within {within_s:.0f} s"
+            + (f"; its log says: {log.strip()[-400:]}" if log.strip() else "; it wrote nothing"),
+            hint="the instance is destroyed now; check that its Python runs (pass --python PATH), "
+                 "then run again")
 
     def start_job(self, files: dict[str, tuple[bytes, int]], argv: list[str]) -> None:
         """Write the last files (spec, secrets), then start the job detached: one round trip."""
@@ -270,7 +371,12 @@ class RemoteWork:
 
     def manifest(self, python: str) -> dict[str, list]:
         out = self.sh(f"{shlex.quote(python)} - {self.q('run')}", input=MANIFEST_PY.encode(), timeout=600)
-        return {k: v for k, v in json.loads(out.stdout.decode()).items() if safe_relpath(k)}
+        # the last JSON line: an interpreter that prints a banner first still works
+        lines = [x for x in out.stdout.decode(errors="replace").splitlines() if x.startswith("{")]
+        if not lines:
+            raise RemoteError(f"the checksum list from the instance is empty ({python}): "
+                              f"{out.stderr.decode(errors='replace')[-300:]}")
+        return {k: v for k, v in json.loads(lines[-1]).items() if safe_relpath(k)}
 
     def mark_pulled(self) -> None:
         self.sh(f"touch {self.q('PULLED')}")

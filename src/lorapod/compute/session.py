@@ -452,13 +452,23 @@ class Session:
         assert self.transport is not None and self.inst is not None
         work = self.work = RemoteWork(self.transport, self.job_id)
         self.ledger.job_update(self.job_id, remote_dir=work.dir, state="running")
-        boot = self.base_boot = bootstrap_for(self.opts.bootstrap, self.provider, self.spec)
+        boot = bootstrap_for(self.opts.bootstrap, self.provider, self.spec)
+        host = None
+        if not getattr(self.provider, "runs_here", False):  # the image's facts, in its first seconds
+            container = not getattr(self.provider, "borrowed", False)  # ssh://: your PATH first
+            boot, host, choice = self.remote(lambda: work.probe(boot, container), "probe the instance")
+            self.say(f"instance facts: {host.describe()}")
+            self.say(f"Python on the instance: {choice.why}")
+        self.base_boot = boot
         wd = self._watchdog_config()
         # The watchdog runs under the instance's base interpreter: standard library only.
         self.remote(lambda: work.start_watchdog(wd, boot.python), "start the watchdog")
+        pid = self.remote(work.watchdog_alive, "check the watchdog")  # or WatchdogNotRunning: teardown destroys
         self.watchdog_started = True
-        self.say(f"watchdog started on the instance ({self.cap_note})")
+        self.say(f"watchdog started on the instance ({self.cap_note}; running, pid {pid})")
         self._start_heartbeat(float(wd.get("heartbeat_timeout_s", 600.0)))
+        if host is not None:  # after the watchdog: a slow apt-get is already guarded
+            self.say(self.remote(lambda: work.provide_rsync(host), "provide rsync"))
 
     def _setup(self) -> None:
         assert self.transport is not None and self.inst is not None and self.work is not None

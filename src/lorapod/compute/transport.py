@@ -1,9 +1,16 @@
-"""Running commands and moving files on an instance: OpenSSH + rsync, or the local shell.
+"""Running commands and moving files on an instance: OpenSSH + rsync (or tar), or the local shell.
 
 We drive the system's OpenSSH client rather than a Python SSH library: it is what users already
 trust and configure, it multiplexes (ControlMaster) and it is what ``rsync -e ssh`` needs anyway.
 Every call is bounded by a timeout; a dropped connection (ssh exit 255, rsync 10/12/30/35/255)
-is a :class:`ConnectionLost`, which callers retry with :func:`retrying` until their deadline.
+is a :class:`ConnectionLost`, which callers retry with :func:`retrying` until their deadline. A
+tool missing on the instance (rsync's "remote command not found", exit 127, or exit 12 with the
+remote shell's "command not found") is a :class:`RemoteToolMissing`: fatal at once, because no
+reconnect brings it back.
+
+Stock images often lack rsync (see :mod:`lorapod.compute.hostfacts`): with ``mover="tar"`` the
+same pushes and pulls go as a tar stream over the SSH connection, received by the one policy of
+:func:`lorapod.compute.trust.receive_tar` (regular files and folders inside the run folder only).
 
 Paths on the instance are relative to the login directory (``$HOME``), which both ``ssh host
 cmd`` and ``rsync host:path`` start from, so no round trip is needed to learn ``$HOME``.
@@ -11,19 +18,21 @@ cmd`` and ``rsync host:path`` start from, so no round trip is needed to learn ``
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from lorapod.compute.trust import RSYNC_BASE, scrub_tree
+from lorapod.compute.trust import RSYNC_BASE, excluded, receive_tar, scrub_tree
 from lorapod.errors import RemoteError
 
 SSH_LOST = {255}
@@ -36,6 +45,16 @@ class ConnectionLost(RemoteError):
 
 class AuthRefused(RemoteError):
     """The host refused our key: retrying will not help."""
+
+
+class RemoteToolMissing(RemoteError):
+    """A program lorapod runs on the instance is not there: retrying will not help."""
+
+
+def _remote_missing(rc: int, err: str) -> bool:
+    # rsync >= 3.2 exits 127 "remote command not found"; older ones exit 12 after the remote
+    # shell's "rsync: command not found" (bash) or "rsync: not found" (dash).
+    return rc == 127 or (rc == 12 and bool(re.search(r"rsync: (command )?not found", err)))
 
 
 @dataclass
@@ -111,6 +130,10 @@ def _run_rsync(cmd: list[str], timeout: float, what: str) -> SyncStats:
     except subprocess.TimeoutExpired as exc:
         raise ConnectionLost(f"{what} timed out after {timeout:.0f} s") from exc
     err = proc.stderr.decode(errors="replace").strip()
+    if _remote_missing(proc.returncode, err):
+        raise RemoteToolMissing(f"{what}: rsync is not installed on the instance ({err[-300:]})",
+                                hint="lorapod installs it (root + apt-get/yum) or moves files with tar when the "
+                                     "instance probe finds it missing; on your own host: apt-get install rsync")
     if proc.returncode in RSYNC_LOST:
         if "Permission denied" in err:
             raise AuthRefused(f"{what}: the host refused the key ({err[-300:]})",
@@ -124,9 +147,62 @@ def _run_rsync(cmd: list[str], timeout: float, what: str) -> SyncStats:
     return _parse_stats(proc.stdout.decode(errors="replace"))
 
 
+class _KillAfter:
+    """Kill ``proc`` after ``timeout`` seconds unless cancelled; ``fired`` says whether it did."""
+
+    def __init__(self, proc: subprocess.Popen, timeout: float) -> None:
+        self.fired = False
+
+        def fire() -> None:
+            self.fired = True
+            proc.kill()
+
+        self._timer = threading.Timer(timeout, fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def _tree(local: Path, root_name: str | None, excludes: tuple[str, ...]):
+    """(path, name in the archive) for a push: a file as ``root_name``, or a folder's regular files
+    and folders (links, FIFOs, devices are skipped, as rsync ``-rt`` skips them)."""
+    if root_name is not None:
+        if local.is_file() and not local.is_symlink():
+            yield local, root_name
+        return
+    for dirpath, dirnames, filenames in os.walk(local, followlinks=False):
+        base = Path(dirpath)
+        keep = []
+        for d in sorted(dirnames):
+            rel = (base / d).relative_to(local).as_posix()
+            if not (base / d).is_symlink() and not excluded(rel, excludes):
+                keep.append(d)
+                yield base / d, rel
+        dirnames[:] = keep
+        for f in sorted(filenames):
+            p = base / f
+            rel = p.relative_to(local).as_posix()
+            if not excluded(rel, excludes) and not p.is_symlink() and p.is_file():
+                yield p, rel
+
+
+def _local_files(root: Path):
+    """(relative name, size, whole-second mtime) of each regular file already pulled under ``root``."""
+    for dirpath, _dirs, filenames in os.walk(root, followlinks=False):
+        for f in filenames:
+            p = Path(dirpath) / f
+            rel = p.relative_to(root).as_posix()
+            if "\n" in rel or p.is_symlink() or not p.is_file():
+                continue
+            st = p.stat()
+            yield rel, st.st_size, int(st.st_mtime)
+
+
 def _pulled(local: Path, st: SyncStats) -> SyncStats:
     """After every pull: only regular files and folders stay in the local run folder."""
-    st.refused = scrub_tree(Path(local))
+    st.refused = [*st.refused, *scrub_tree(Path(local))]  # refused in the stream (tar), then on disk
     return st
 
 
@@ -143,6 +219,8 @@ class SSHTransport:
     control_master: bool = True
     #: also trust (and check against) these, e.g. your ~/.ssh/known_hosts for an ssh:// host
     user_known_hosts: tuple[Path, ...] = ()
+    #: how files move: ``rsync``, or ``tar`` over this connection when the instance has no rsync
+    mover: str = "rsync"
     _control_dir: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -205,6 +283,8 @@ class SSHTransport:
 
     def push(self, local: Path, remote: str, delete: bool = False, excludes: tuple[str, ...] = (),
              timeout: float = 3600.0) -> SyncStats:
+        if self.mover == "tar":
+            return self._tar_push(Path(local), remote, delete, excludes, timeout)
         src = str(local) + ("/" if Path(local).is_dir() else "")
         cmd = [*_rsync_cmd(excludes, delete), "-e", self._rsync_e(), src, f"{self.target}:{remote}"]
         return _run_rsync(cmd, timeout, f"upload of {local}")
@@ -212,8 +292,118 @@ class SSHTransport:
     def pull(self, remote: str, local: Path, excludes: tuple[str, ...] = (),
              timeout: float = 3600.0) -> SyncStats:
         Path(local).mkdir(parents=True, exist_ok=True)
+        if self.mover == "tar":
+            return _pulled(local, self._tar_pull(remote, Path(local), excludes, timeout))
         cmd = [*_rsync_cmd(excludes, False), "-e", self._rsync_e(), f"{self.target}:{remote}/", str(local) + "/"]
         return _pulled(local, _run_rsync(cmd, timeout, f"download of {remote}"))
+
+    # ------------------------------------------------------------------ tar over SSH (no rsync there)
+
+    def _ssh_argv(self, command: str) -> list[str]:
+        return [require_tool("ssh"), *self.ssh_options(), self.target, command]
+
+    def _tar_push(self, local: Path, remote: str, delete: bool, excludes: tuple[str, ...],
+                  timeout: float) -> SyncStats:
+        """rsync's push, as a tar stream: regular files and folders only (as ``-rt`` without ``-l``),
+        ``delete`` as a fresh copy of the folder. Every file is sent: there is no delta."""
+        import posixpath
+        import tarfile
+
+        if local.is_dir():
+            dest, root_name = remote, None
+        else:
+            dest, root_name = posixpath.dirname(remote) or ".", posixpath.basename(remote)
+        q = shlex.quote
+        script = (f"{'rm -rf ' + q(remote) + ' && ' if delete and local.is_dir() else ''}mkdir -p {q(dest)} && "
+                  f"cd {q(dest)} && tar -xf - --no-same-owner")
+        st = SyncStats()
+        proc = subprocess.Popen(self._ssh_argv(script), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)
+        killed = _KillAfter(proc, timeout)
+        try:
+            try:
+                with tarfile.open(fileobj=proc.stdin, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+                    for path, rel in _tree(local, root_name, excludes):
+                        info = tar.gettarinfo(str(path), arcname=rel)
+                        info.uid = info.gid = 0
+                        info.uname = info.gname = ""
+                        info.mode = 0o755 if info.isdir() else 0o644 | (info.mode & 0o100)
+                        if info.isreg():
+                            with open(path, "rb") as fh:
+                                tar.addfile(info, fh)
+                            st.files_transferred += 1
+                            st.literal_bytes += info.size
+                        else:
+                            tar.addfile(info)
+            except (BrokenPipeError, OSError):
+                pass  # the far side is gone: its exit status says why
+            finally:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()  # type: ignore[union-attr]
+            err = proc.stderr.read().decode(errors="replace").strip()  # type: ignore[union-attr]
+            rc = proc.wait()
+        finally:
+            killed.cancel()
+        st.total_size = st.literal_bytes
+        self._tar_status(rc, err, f"upload of {local}", timeout, killed=killed.fired)
+        return st
+
+    def _tar_pull(self, remote: str, local: Path, excludes: tuple[str, ...], timeout: float) -> SyncStats:
+        """rsync's pull, as a tar stream received by :func:`~lorapod.compute.trust.receive_tar`.
+
+        Like rsync's quick check, a file whose size and mtime match the local copy is not sent
+        (the list of what is here goes on stdin; the host leaves those out with ``tar -X``), so
+        pulling every 30 s does not resend every checkpoint, which Vast.ai bills per byte."""
+        # A missing folder is not an error (nothing there yet), as with rsync's exit 23 above.
+        unanchored = " ".join(f"--exclude={shlex.quote(p)}" for p in excludes if not p.startswith("/"))
+        script = (f"cd {shlex.quote(remote)} 2>/dev/null || {{ cat >/dev/null; exit 0; }}\n"
+                  'ex=$(mktemp 2>/dev/null || echo "/tmp/.lp-tar-$$"); : > "$ex"\n'
+                  "while IFS=' ' read -r size mtime path; do\n"
+                  '  [ -f "./$path" ] && [ ! -h "./$path" ] && '
+                  '[ "$(stat -c "%s %Y" "./$path" 2>/dev/null)" = "$size $mtime" ] && printf "./%s\\n" "$path" >> "$ex"\n'
+                  "done\n"
+                  # GNU tar: pattern options apply to the exclusions that follow them
+                  f'tar -cf - --wildcards {unanchored} --anchored --no-wildcards -X "$ex" .; rc=$?\n'
+                  'rm -f "$ex"; exit $rc\n')
+        have = "".join(f"{size} {mtime} {rel}\n" for rel, size, mtime in _local_files(local)).encode()
+        proc = subprocess.Popen(self._ssh_argv(script), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        killed = _KillAfter(proc, timeout)
+        errs: list[bytes] = []
+        drain = threading.Thread(target=lambda: errs.append(proc.stderr.read()), daemon=True)  # type: ignore[union-attr]
+        drain.start()
+
+        def feed() -> None:
+            with contextlib.suppress(OSError):
+                proc.stdin.write(have)  # type: ignore[union-attr]
+                proc.stdin.close()  # type: ignore[union-attr]
+
+        threading.Thread(target=feed, daemon=True).start()
+        try:
+            files, size, refused = receive_tar(proc.stdout, local, excludes)
+            with contextlib.suppress(OSError):
+                proc.stdout.read()  # type: ignore[union-attr]
+            rc = proc.wait()
+            drain.join(5)
+        finally:
+            killed.cancel()
+        err = b"".join(errs).decode(errors="replace").strip()
+        self._tar_status(rc, err, f"download of {remote}", timeout, killed=killed.fired)
+        return SyncStats(files_transferred=files, literal_bytes=size, total_size=size, refused=refused)
+
+    def _tar_status(self, rc: int, err: str, what: str, timeout: float, killed: bool) -> None:
+        if killed:
+            raise ConnectionLost(f"{what} timed out after {timeout:.0f} s")
+        if rc == 255:
+            if "Permission denied" in err:
+                raise AuthRefused(f"{what}: the host refused the key ({err[-300:]})")
+            raise ConnectionLost(f"{what} failed (ssh exit 255): {err[-300:]}")
+        if rc == 127:
+            raise RemoteToolMissing(f"{what}: tar is not installed on the instance ({err[-300:]})",
+                                    hint="use an image that has tar or rsync (--image)")
+        if rc not in (0, 1):  # GNU tar: 1 = "some files differ" (a file changed while read): the next pull fixes it
+            hint = "the instance's disk may be full: raise compute.disk_gb" if "No space left" in err else None
+            raise RemoteError(f"{what} failed (tar over ssh, exit {rc}): {err[-500:]}", hint=hint)
 
     def close(self) -> None:
         if self._control_dir:

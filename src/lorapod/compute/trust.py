@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import stat
 from pathlib import Path
 
@@ -113,3 +114,89 @@ for dp, dns, fns in os.walk(root, followlinks=False):
         out[os.path.relpath(p, root)] = [size, h.hexdigest()]
 print(json.dumps(out))
 """
+
+
+def excluded(rel: str, patterns: tuple[str, ...]) -> bool:
+    """rsync's reading of ``--exclude`` for the patterns lorapod uses: ``/name`` is anchored at the
+    transfer's root, any other pattern matches one path component (a matched folder takes its
+    whole subtree with it); shell wildcards as in fnmatch."""
+    import fnmatch
+
+    parts = rel.split("/")
+    for pat in patterns:
+        if pat.startswith("/"):
+            anchored = pat[1:].split("/")
+            if len(parts) >= len(anchored) and all(fnmatch.fnmatchcase(p, a)
+                                                   for p, a in zip(parts[: len(anchored)], anchored, strict=True)):
+                return True
+        elif any(fnmatch.fnmatchcase(p, pat) for p in parts):
+            return True
+    return False
+
+
+def receive_tar(stream, dest: Path, excludes: tuple[str, ...] = ()) -> tuple[int, int, list[str]]:
+    """Unpack a tar stream from the instance into ``dest`` by the same rules as an rsync pull.
+
+    Only regular files and folders, under plain relative names (:func:`safe_relpath`), are
+    written, never through a link (each folder on the way is ``lstat``ed; files are opened with
+    ``O_NOFOLLOW`` and renamed into place); links, devices, FIFOs and odd names are refused by
+    name, as CPython's ``tarfile`` ``data`` filter (PEP 706) would refuse them, and stricter (no
+    links at all). Returns (files written, bytes written, refused names)."""
+    import tarfile
+
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    files = size = 0
+    refused: list[str] = []
+    try:
+        tar = tarfile.open(fileobj=stream, mode="r|")
+    except tarfile.ReadError:
+        return 0, 0, refused  # an empty stream: nothing there (yet)
+    with tar:
+        for m in tar:
+            name = m.name.removeprefix("./").rstrip("/")
+            if name in ("", "."):
+                continue
+            if not safe_relpath(name):
+                refused.append(name[:200])
+                continue
+            if excluded(name, excludes):
+                continue
+            if not (m.isreg() or m.isdir()):
+                refused.append(name)
+                continue
+            target = dest.joinpath(*name.split("/"))
+            if not _folders_are_real(dest, name.split("/")[:-1 if m.isreg() else None]):
+                refused.append(name)
+                continue
+            if m.isdir():
+                continue
+            src = tar.extractfile(m)
+            tmp = target.with_name(f".lp-tar-{os.getpid()}-{target.name}"[:250])
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)  # type: ignore[misc]
+            os.utime(tmp, (m.mtime, m.mtime))
+            if target.is_symlink() or (target.exists() and not target.is_file()):
+                refused.append(name)
+                os.unlink(tmp)
+                continue
+            os.replace(tmp, target)
+            files += 1
+            size += m.size
+    return files, size, refused
+
+
+def _folders_are_real(root: Path, parts: list[str]) -> bool:
+    """Make (or find) each folder of ``parts`` under ``root``; False when one is not a real folder."""
+    here = root
+    for part in parts:
+        here = here / part
+        try:
+            mode = os.lstat(here).st_mode
+        except FileNotFoundError:
+            os.mkdir(here, 0o755)
+            continue
+        if not stat.S_ISDIR(mode):
+            return False
+    return True

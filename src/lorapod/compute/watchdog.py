@@ -212,7 +212,8 @@ def instance_env(name: str, env_file: str | None = None) -> str | None:
     if os.environ.get(name):
         return os.environ[name]
     try:
-        with open("/proc/1/environ", "rb") as fh:
+        # LORAPOD_PID1_ENVIRON: only lorapod's loopback test hosts set it (compute/hostfacts.py)
+        with open(os.environ.get("LORAPOD_PID1_ENVIRON") or "/proc/1/environ", "rb") as fh:
             for item in fh.read().split(b"\0"):
                 key, _, value = item.partition(b"=")
                 if key.decode(errors="replace") == name and value:
