@@ -88,6 +88,7 @@ class RunPodFake(FakeControlPlane):
         self.machines = list(MACHINES if machines is None else machines)
         self.pod_keys: dict[str, str] = {}  # pod-scoped key -> pod id
         self.placed: dict[str, Machine] = {}  # pod id -> the machine it landed on
+        self.refuse_terminate = False  # GraphQL podTerminate answers an error (a provider refusing to destroy)
 
     @property
     def graphql_url(self) -> str:
@@ -130,6 +131,8 @@ class RunPodFake(FakeControlPlane):
                 pod_id = found.group(1) if found else None
             if auth != self.account_key and self.pod_keys.get(auth) != pod_id:
                 return 200, {"errors": [{"message": "Unauthorized"}], "data": None}  # GraphQL: 200 with errors
+            if self.refuse_terminate:
+                return 200, {"errors": [{"message": "Something went wrong. Please try again later."}], "data": None}
             inst = self.instances.get(str(pod_id))
             if inst is None or inst.deleted:
                 return 200, {"errors": [{"message": "pod not found"}], "data": {"podTerminate": None}}
