@@ -70,10 +70,10 @@ def test_doctor_failing_scoped_key_is_reported_and_cleaned_up_with_the_account_k
         fake.close()
 
 
-def test_doctor_cli_prints_the_cap_and_rents_nothing_without_yes(sshd_factory, remote_root, monkeypatch):
+def test_doctor_cli_prints_the_cap_rents_nothing_without_yes_and_the_table_with_it(sshd_factory, remote_root, monkeypatch):
     from lorapod.cli.main import build_app
 
-    fake = VastFake(sshd_factory, remote_root)
+    fake = VastFake(sshd_factory, remote_root, key_delay_s=0.5)
     try:
         monkeypatch.setenv("VAST_API_KEY", fake.account_key)
         monkeypatch.setenv("LORAPOD_VAST_URL", fake.url)
@@ -81,5 +81,11 @@ def test_doctor_cli_prints_the_cap_and_rents_nothing_without_yes(sshd_factory, r
         assert out.exit_code == 0, out.output
         assert "cap 3.2 cents (at most 10 minutes)" in out.output  # RTX 3090 at $0.19/h
         assert "nothing was rented" in out.output and fake.instances == {}
+        out = CliRunner().invoke(build_app(), ["doctor", "vast", "--yes"], env={"COLUMNS": "200"})
+        assert out.exit_code == 0, out.output
+        for row in ("ssh + key", "rsync", "python", "scoped key", "price", "self-destroy", "gone"):
+            assert row in out.output
+        assert "FAIL" not in out.output and "passed: stored in the ledger" in out.output
+        assert fake.live() == [] and fake.account_key not in out.output
     finally:
         fake.close()
