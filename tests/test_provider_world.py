@@ -262,3 +262,17 @@ def test_default_images_record_their_facts():
     assert image_cuda("runpod/pytorch:1.0.2-cu1290-torch280-ubuntu2204") == "12.9"
     assert image_cuda("pytorch/pytorch:2.9.0-cuda13.0-cudnn9-devel") == "13.0"
     assert image_cuda("me/mine:latest") is None
+
+
+def test_a_catalogued_default_image_runs_its_own_interpreter(tmp_path):
+    """runpod/pytorch 1.0.x: torch is in `python` (3.12); `python3` is Ubuntu's 3.10 without it."""
+    from lorapod.catalog.images import DEFAULTS
+    from lorapod.compute.bootstrap import bootstrap_for
+    from lorapod.compute.remote import Bootstrap
+
+    class Prov:
+        image = DEFAULTS["runpod"]
+
+    spec = load_spec(make_spec(tmp_path))
+    assert bootstrap_for(Bootstrap(), Prov(), spec).python == "/usr/local/bin/python"
+    assert bootstrap_for(Bootstrap(python="/opt/mine/python"), Prov(), spec).python == "/opt/mine/python"

@@ -176,4 +176,12 @@ def bootstrap_for(boot: Any, provider: Any, spec: Any) -> Any:
     boot = replace(boot, extra=extra_for(spec))
     if getattr(provider, "runs_here", False):
         boot = replace(boot, python=sys.executable, deps="none")
+    elif boot.python == "python3":
+        # the default: a catalogued image's own interpreter (with its torch) wins over whatever
+        # `python3` the SSH session finds (runpod/pytorch 1.0.x: `python3` is Ubuntu's 3.10)
+        from lorapod.catalog.images import KNOWN
+
+        image = KNOWN.get(getattr(getattr(spec, "compute", None), "image", None) or getattr(provider, "image", ""))
+        if image is not None and image.python_path:
+            boot = replace(boot, python=image.python_path)
     return boot
