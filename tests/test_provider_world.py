@@ -276,3 +276,13 @@ def test_a_catalogued_default_image_runs_its_own_interpreter(tmp_path):
     spec = load_spec(make_spec(tmp_path))
     assert bootstrap_for(Bootstrap(), Prov(), spec).python == "/usr/local/bin/python"
     assert bootstrap_for(Bootstrap(python="/opt/mine/python"), Prov(), spec).python == "/opt/mine/python"
+
+
+def test_vast_fake_takes_env_as_vast_py_sends_it(vast):
+    """Erratum C.4: the document types create `env` as a Docker-flag string; vast.py sends a dict."""
+    api = VastApi(vast.account_key, base_url=vast.url, backoff_s=0.01)
+    api.create_instance(9001, {"image": DEFAULTS_VAST, "label": "env", "disk": 20.0, "env": {"TZ": "UTC"}})
+    assert vast.violations == []
+
+
+DEFAULTS_VAST = "vastai/pytorch:cuda-12.8.1-auto"

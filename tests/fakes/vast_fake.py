@@ -96,6 +96,11 @@ class VastFake(FakeControlPlane):
         Erratum(("paths", "/api/v0/instances/{id}", "get", "responses", "200", "content", "application/json",
                  "schema", "properties", "instances"),
                 {"oneOf": [{"$ref": "#/components/schemas/Instance"}, {"type": "null"}]}, "vast.py show__instance"),
+        # C.4: typed as a Docker-flag string; vast.py sends parse_env(args.env), a dict, and
+        # creating-instances-with-api.mdx says it "must be a JSON object (dict), not a Docker flag string".
+        Erratum(("paths", "/api/v0/asks/{id}", "put", "requestBody", "content", "application/json", "schema",
+                 "properties", "env"), {"type": "object", "additionalProperties": {"type": "string"}},
+                "vast.py create__instance parse_env"),
     )
 
     def __init__(self, *a: Any, dead_offers: tuple[int, ...] = (), key_delay_s: float = 5.0,
