@@ -153,6 +153,9 @@ def test_vast_search_asks_for_hosts_that_can_run_the_image(vast):
     assert by_id["9002"].vram_gb >= 24  # gpu_ram 24564 MB is a 24 GB card (vast.py divides by 1000)
     assert by_id["9002"].secure and not by_id["9001"].secure  # a datacenter, not merely "verified"
     assert by_id["9001"].extra["inet_down_cost"] == 0.005
+    # the planner's host-memory need: 9001 has 64 GB of RAM, 9002 128 GB
+    assert [o.id for o in prov.offers(Requirements(host_ram_gb=100))] == ["9002"]
+    assert vast.bodies[-1][2]["cpu_ram"] == {"gte": 100000}
     assert vast.violations == []
 
 

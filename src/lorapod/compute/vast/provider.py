@@ -81,6 +81,8 @@ def offer_query(req: Requirements, image: str, verified: bool = True, limit: int
         query["gpu_name"] = {"in": names}
     if req.min_vram_gb:
         query["gpu_ram"] = {"gte": req.min_vram_gb * 1000}
+    if req.host_ram_gb:  # the instance's RAM, in MB like gpu_ram (vast.py offers_mult["cpu_ram"] = 1000)
+        query["cpu_ram"] = {"gte": req.host_ram_gb * max(1, req.gpu_count) * 1000}
     if req.max_usd_per_hour is not None:
         query["dph_total"] = {"lte": req.max_usd_per_hour}
     return query
