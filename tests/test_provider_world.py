@@ -289,3 +289,19 @@ def test_vast_fake_takes_env_as_vast_py_sends_it(vast):
 
 
 DEFAULTS_VAST = "vastai/pytorch:cuda-12.8.1-auto"
+
+
+def test_a_refused_key_on_your_own_host_is_said_at_once(sshd, tmp_path):
+    """The late-key grace is Vast.ai's (it declares key_arrives_late); on ssh:// a wrong key is yours to fix."""
+    import time
+
+    from lorapod.compute.ssh import SSHProvider
+
+    from .conftest_ssh import keygen
+
+    stranger = keygen(tmp_path / "stranger")
+    prov = SSHProvider.from_kwargs(target=sshd.target, identity=stranger)
+    t0 = time.monotonic()
+    with pytest.raises(AuthRefused):
+        run(tmp_path, prov, identity=stranger, auth_grace_s=120.0)
+    assert time.monotonic() - t0 < 30

@@ -77,7 +77,8 @@ class Options:
     ready_deadline_s: float = 1500.0
     #: more time, at most this much, while the provider still reports the image being pulled
     pull_extension_s: float = 1200.0
-    #: "Permission denied" is retried this long once SSH answers: Vast.ai's key reaches the
+    #: "Permission denied" is retried this long once SSH answers, where the provider declares
+    #: ``key_arrives_late``: Vast.ai's key reaches the
     #: container seconds after the attach ("try again after a few seconds", its SSH banner)
     auth_grace_s: float = 120.0
     #: how long the first SSH route (Vast.ai: direct) may stay silent before the next (its proxy)
@@ -481,7 +482,9 @@ class Session:
                 # sshd answered but does not know the key yet: wait for it, for a bounded time
                 now = time.monotonic()
                 state["auth_since"] = state["auth_since"] or now
-                if now - state["auth_since"] > o.auth_grace_s:
+                # only where the provider installs the key after the instance starts (a trait it
+                # declares); elsewhere a refused key is the user's to fix, said at once
+                if not getattr(self.provider, "key_arrives_late", False) or now - state["auth_since"] > o.auth_grace_s:
                     raise
                 progress("the instance to accept the job's SSH key")
                 return False

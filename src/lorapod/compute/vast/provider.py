@@ -99,6 +99,9 @@ def is_secure(offer: dict[str, Any]) -> bool:
 class VastProvider:
     name = "vast"
     console_url = "https://cloud.vast.ai/instances/"
+    #: the key attached after create reaches the container seconds later ("If authentication
+    #: fails, try again after a few seconds", Vast's SSH banner): readiness waits for it
+    key_arrives_late = True
 
     def __init__(self, api: VastApi | None = None, image: str = DEFAULT_IMAGE, verified: bool = True) -> None:
         self.api = api or VastApi()
