@@ -49,6 +49,9 @@ def test_doctor_passes_on_the_fakes_and_is_remembered(which, sshd_factory, remot
         assert all(i.deleted_by in ("container key", "pod-scoped key") for i in fake.instances.values())
         assert fake.live() == [] and ledger.instances(live_only=True) == []
         assert ever_passed(ledger, which) and doctor_note(ledger, which) is None
+        (job,) = ledger.jobs()  # `lorapod ps` shows it; `down --orphans` spares it while doctor runs
+        assert job.id.startswith(f"doctor-{which}-") and job.state == "done"
+        assert [r.job_id for r in ledger.instances()] == [job.id]
         assert fake.violations == []
     finally:
         fake.close()

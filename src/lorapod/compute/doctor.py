@@ -127,15 +127,22 @@ def run_doctor(provider: Provider, offer: Offer, ledger: Ledger | None = None, s
     report = Report(provider.name, cap_usd(offer, minutes))
     report.add("offer", True, f"{offer.gpu_name} ({offer.id}) at ${offer.usd_per_hour:.3f}/h")
     deadline = time.monotonic() + minutes * 60.0
-    key_dir = lorapod_home() / "keys" / f"doctor-{int(time.time())}"
+    job_id = f"{DOCTOR_JOB}-{provider.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    key_dir = lorapod_home() / "keys" / job_id
     identity = ephemeral_key(key_dir, "lorapod-doctor")
-    iid = ledger.instance_creating(provider.name, DOCTOR_JOB, offer.usd_per_hour, offer.gpu_name, offer.to_dict())
-    label = instance_label(iid, DOCTOR_JOB)
+    # a job row with this process as its controller: `ps` shows what bills, `down --orphans`
+    # spares it while this process lives and destroys it if it dies
+    ledger.job_started(job_id, str(lorapod_home() / DOCTOR_JOB), provider.name, provider.name, None,
+                       report.cap_usd, minutes / 60.0)
+    ledger.job_update(job_id, state="running")
+    iid = ledger.instance_creating(provider.name, job_id, offer.usd_per_hour, offer.gpu_name, offer.to_dict())
+    ledger.job_update(job_id, instance_id=iid)
+    label = instance_label(iid, job_id)
     inst: Instance | None = None
     destroyed = False
     try:
         try:
-            inst = provider.create(offer, InstanceSpec(label=DOCTOR_JOB, ssh_public_key=public_key(identity),
+            inst = provider.create(offer, InstanceSpec(label=job_id, ssh_public_key=public_key(identity),
                                                        disk_gb=20.0, name=label))
         except LorapodError as exc:
             ledger.instance_create_failed(iid, exc.message)
@@ -207,7 +214,10 @@ def run_doctor(provider: Provider, offer: Offer, ledger: Ledger | None = None, s
             _destroy_with_account_key(provider, inst, ledger, iid, report, poll_s)
         for f in key_dir.glob("id_ed25519*"):
             f.unlink(missing_ok=True)
-        ledger.event("doctor", json.dumps(report.to_dict()), instance_id=iid)
+        ledger.job_ended(job_id, "done" if report.passed else "failed",
+                         "doctor passed" if report.passed else "doctor failed: " + ", ".join(
+                             c.name for c in report.checks if c.ok is False))
+        ledger.event("doctor", json.dumps(report.to_dict()), job_id=job_id, instance_id=iid)
 
 
 def _probe(t: Any, provider: str) -> dict[str, Any]:
