@@ -305,3 +305,32 @@ def test_a_refused_key_on_your_own_host_is_said_at_once(sshd, tmp_path):
     with pytest.raises(AuthRefused):
         run(tmp_path, prov, identity=stranger, auth_grace_s=120.0)
     assert time.monotonic() - t0 < 30
+
+
+def test_vast_offer_price_is_the_price_of_the_instance_created(vast):
+    """The search prices 8 GB of disk unless told (allocated_storage); the instance bills its disk."""
+    prov = va(vast)
+    (offer,) = [o for o in prov.offers(Requirements(disk_gb=200)) if o.id == "9001"]
+    inst = prov.create(offer, InstanceSpec("price", KEY, disk_gb=200))
+    assert prov.refresh(inst).usd_per_hour == pytest.approx(offer.usd_per_hour)
+
+
+def test_the_ledger_bills_at_the_instances_price_not_the_offers(sshd_factory, remote_root, tmp_path):
+    from dataclasses import replace
+
+    class Undersold(VastProvider):  # an offer that under-states what the instance bills
+        def offers(self, req):
+            return [replace(o, usd_per_hour=o.usd_per_hour / 2) for o in super().offers(req)]
+
+    fake = VastFake(sshd_factory, remote_root, key_delay_s=0.2)
+    try:
+        said: list[str] = []
+        summary, ledger = run(tmp_path, Undersold(VastApi(fake.account_key, base_url=fake.url, backoff_s=0.05,
+                                                          timeout=10)), said)
+        assert summary.state == "done"
+        (row,) = ledger.instances()
+        (inst,) = fake.instances.values()
+        assert row.usd_per_hour == pytest.approx(inst.usd_per_hour)
+        assert any("the caps count the billed price" in m for m in said)
+    finally:
+        fake.close()

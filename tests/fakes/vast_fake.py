@@ -22,6 +22,10 @@ What it does because the real one does (vast-ai/vast-cli ``vast.py`` @5567983, v
   ends ``exited`` with nvidia-container-cli's message (dizcza/docker-hashcat#21: "requirement error:
   unsatisfied condition: cuda>=12.8"). ``cuda_max_good`` is what a search filters it by
   (vast.py ``offers_alias``: ``cuda_vers -> cuda_max_good``).
+* An offer's ``dph_total`` includes storage for the ``allocated_storage`` the search names, 8 GB
+  when it names none (OpenAPI: "Default is 8GB"; vast.py always sends it), at the offer's
+  ``storage_cost`` ($/GB/month); the instance then bills for the ``disk`` it was created with. Here
+  the table's ``dph_total`` is the GPU part.
 * Searches honour every ``{op: value}`` filter on an offer field (vast.py ``parse_query`` builds
   exactly these: eq, neq, gt, gte, lt, lte, in, notin); ``gpu_ram`` is in MB, the unit vast.py
   multiplies by (``offers_mult["gpu_ram"] = 1000``) and displays divided by 1000.
@@ -80,6 +84,11 @@ def image_cuda(image: str) -> float | None:
     return float(f"{m.group(1)}.{m.group(2)}") if m else None
 
 
+def price(offer: dict, disk_gb: float) -> float:
+    """$/h of an instance from ``offer`` with ``disk_gb`` of storage (storage_cost is $/GB/month)."""
+    return round(offer["dph_total"] + offer["storage_cost"] * disk_gb / 730.0, 6)
+
+
 class VastFake(FakeControlPlane):
     contract = "vast.openapi.yaml"
     server_url = "https://console.vast.ai"
@@ -134,8 +143,9 @@ class VastFake(FakeControlPlane):
         elif auth != self.account_key:
             return 401, {"success": False, "error": "auth_error", "msg": "Invalid user key"}
         if path == "/api/v0/bundles" and method == "POST":
-            offers = [o for o in OFFERS if self._match(o, body or {})]
-            return 200, {"offers": offers}
+            allocated = float((body or {}).get("allocated_storage") or 8.0)
+            priced = [{**o, "dph_total": price(o, allocated)} for o in OFFERS]
+            return 200, {"offers": [o for o in priced if self._match(o, body or {})]}
         m2 = re.fullmatch(r"/api/v0/asks/(\d+)", path)
         if m2 and method == "PUT":
             offer = next((o for o in OFFERS if o["id"] == int(m2.group(1))), None)
@@ -150,7 +160,8 @@ class VastFake(FakeControlPlane):
             why = (f"nvidia-container-cli: requirement error: unsatisfied condition: cuda>={need:g}, please "
                    f"update your driver to a newer version" if old else None)
             inst = self.start_instance(iid, None, {"CONTAINER_ID": iid, "CONTAINER_API_KEY": key},
-                                       offer["dph_total"], offer["gpu_name"], body.get("label", ""),
+                                       price(offer, float(body.get("disk") or 8.0)), offer["gpu_name"],
+                                       body.get("label", ""),
                                        never_ready=offer["id"] in self.dead_offers or old, why_not=why)
             inst.proxy = TcpForwarder(inst.sshd.port)
             if self.direct_blocked:

@@ -467,6 +467,7 @@ class Session:
 
         backoff_until(ready, limit, f"instance {self.inst.id} to boot", hint, most=10)
         self.phase("boot", time.monotonic() - self.created_at_mono)
+        self._bill_at_the_providers_price()
         inst = self.inst
         routes = [(inst.ssh_host or "", inst.ssh_port), *inst.ssh_alternates]
         self.transport = self._transport_for(inst)
@@ -507,6 +508,19 @@ class Session:
         self.phase("ssh ready", time.monotonic() - booted)
         self.ledger.instance_ready(self.iid, inst.ssh_host or "", inst.ssh_port, inst.ssh_user)
         self.say(f"instance {inst.id} answers on {inst.ssh_user}@{inst.ssh_host}:{inst.ssh_port}")
+
+    def _bill_at_the_providers_price(self) -> None:
+        """Money is counted at the provider's price for this instance (invariant 4): when the
+        running instance reports another $/h than the offer said (Vast.ai prices a search for the
+        storage it names), the ledger, and with it the caps and the watchdog, take the instance's."""
+        assert self.inst is not None and self.iid is not None
+        row = self.ledger.instance(self.iid)
+        billed = self.inst.usd_per_hour
+        if row is None or not billed or abs(billed - row.usd_per_hour) <= 0.005 * max(billed, row.usd_per_hour):
+            return
+        self.ledger.instance_created(self.iid, self.inst.id, billed)
+        self.say(f"{self.provider.name} bills ${billed:.4f}/h for instance {self.inst.id}, not the offered "
+                 f"${row.usd_per_hour:.4f}/h; the caps count the billed price")
 
     def _transport_for(self, inst: Instance) -> Transport:
         return transport_for(self.provider, inst, self.identity, self.iid or "x")
