@@ -36,7 +36,10 @@ def _vast_schema() -> dict:
     with open(HERE / "contracts" / "vast.openapi.yaml", encoding="utf-8") as fh:
         doc = yaml.load(fh, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     op = doc["paths"]["/api/v0/bundles"]["post"]
-    return op["requestBody"]["content"]["application/json"]["schema"]
+    schema = op["requestBody"]["content"]["application/json"]["schema"]
+    # erratum C.1 (tests/fakes/vast_fake.py): vast.py sends "on-demand", the enum says "ondemand"
+    schema["properties"]["type"]["enum"] = [*schema["properties"]["type"]["enum"], "on-demand"]
+    return schema
 
 
 VAST_SCHEMA = _vast_schema()
@@ -81,6 +84,9 @@ def runpod_handler(headers, body):
         {"id": "NVIDIA A100-SXM4-80GB", "displayName": "A100 SXM", "memoryInGb": 80, "securePrice": 1.49,
          "communityPrice": None, "secureSpotPrice": None, "communitySpotPrice": None,
          "lowestPrice": {"minimumBidPrice": None, "uninterruptablePrice": 1.49}},
+        {"id": "NVIDIA RTX A6000", "displayName": "RTX A6000", "memoryInGb": 48, "securePrice": 0.49,
+         "communityPrice": 0.33, "secureSpotPrice": None, "communitySpotPrice": None,
+         "lowestPrice": {"minimumBidPrice": None, "uninterruptablePrice": None}},  # listed, out of stock
         {"id": "AMD Instinct MI300X OAM", "displayName": "MI300X", "memoryInGb": 192, "securePrice": 2.49,
          "communityPrice": None, "secureSpotPrice": None, "communitySpotPrice": None, "lowestPrice": None},
     ]}}
@@ -93,7 +99,7 @@ def vast_handler(headers, body):
         jsonschema.validate(body, VAST_SCHEMA)
     except jsonschema.ValidationError as exc:
         return 400, {"error": "invalid_request", "msg": exc.message}
-    if body.get("type") not in ("ondemand", "bid", "reserved"):
+    if body.get("type") not in ("on-demand", "ondemand", "bid", "reserved"):
         return 400, {"error": "invalid_request", "msg": "type"}
     offers = [
         {"id": 1, "gpu_name": "RTX 4090", "gpu_ram": 24564, "num_gpus": 1, "dph_total": 0.36, "storage_cost": 0.15,
@@ -132,6 +138,7 @@ def test_live_prices_from_both_providers(fakes):
     assert by[("runpod", "RTX 4090", "spot")].usd_per_hour == 0.29
     assert by[("runpod", "A100 80GB", "secure")].usd_per_hour == 1.49
     assert not any("MI300" in e.gpu for e in got.entries)
+    assert not any(e.gpu == "RTX A6000" for e in got.entries if e.provider == "runpod")  # not in stock
     # Vast.ai: the cheapest offer per GPU, 40 and 80 GB A100s told apart by gpu_ram.
     assert by[("vast", "RTX 4090", "ondemand")].usd_per_hour == 0.29
     assert by[("vast", "RTX 4090", "ondemand")].download_per_gb == 0.01
@@ -143,6 +150,15 @@ def test_live_prices_from_both_providers(fakes):
     vast_body = next(b for p, _, b in fakes.seen if p.startswith("/api/v0/bundles"))
     jsonschema.validate(vast_body, VAST_SCHEMA)
     assert vast_body["allocated_storage"] == 50
+    # the runner's own query: hosts that can start the default image, reliable, direct SSH
+    from lorapod.catalog.images import DEFAULTS
+    from lorapod.compute.provider import Requirements
+    from lorapod.compute.vast.provider import offer_query
+
+    runner = offer_query(Requirements(disk_gb=50, gpu_count=1), DEFAULTS["vast"], gpu_names=vast_body["gpu_name"]["in"],
+                         limit=vast_body["limit"])
+    assert vast_body == runner and vast_body["cuda_max_good"] == {"gte": 12.8}
+    assert all(h.get("User-Agent", "").startswith("lorapod/") for _, h, _ in fakes.seen)
 
 
 def test_live_prices_feed_the_ranking(fakes):

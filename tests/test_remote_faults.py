@@ -116,21 +116,22 @@ def test_watchdog_with_a_full_disk_never_gives_up_destroying(runpod, tmp_path):
     """No disk space at all (its pid file, log and job.exit all fail) and 25 refused DELETEs,
     more than the 21 the watchdog used to allow itself: it still destroys the pod, from inside."""
     pod = provider(runpod).create(RTX3090, InstanceSpec("full", KEY))
-    runpod.faults.append(Fault("DELETE", rf"/pods/{pod.id}", 500, times=25))
-    cfg = {"provider": "runpod", "api_url": runpod.url, "heartbeat_timeout_s": 0.0, "poll_s": 0.02,
+    # each attempt runs the provider's recipe: GraphQL podTerminate (failing here), runpodctl, REST
+    runpod.faults.append(Fault("POST", r"/graphql", 500, times=25))
+    cfg = {**provider(runpod).watchdog_config(pod), "heartbeat_timeout_s": 0.0, "poll_s": 0.02,
            "destroy_backoff_s": 0.01, "destroy_backoff_max_s": 0.05, "http_timeout_s": 5}
     proc = start_watchdog(tmp_path / "work", cfg, watchdog_env(runpod, pod.id), full_disk=True)
     assert proc.wait(60) == 0
     assert runpod.instances[pod.id].deleted_by == "pod-scoped key"
-    assert [s for m, p, s in runpod.calls if m == "DELETE"] == [500] * 25 + [204]
+    assert [s for m, p, s in runpod.calls if (m, p) == ("POST", "/graphql")] == [500] * 25 + [200]
     assert not (tmp_path / "work" / "watchdog.pid").exists()  # nothing could be written, and it carried on
     assert runpod.live() == [] and runpod.violations == []
 
 
 def test_watchdog_logs_each_attempt_where_lorapod_logs_shows_it(runpod, tmp_path):
     pod = provider(runpod).create(RTX3090, InstanceSpec("logs", KEY))
-    runpod.faults.append(Fault("DELETE", rf"/pods/{pod.id}", 503, times=2))
-    cfg = {"provider": "runpod", "api_url": runpod.url, "heartbeat_timeout_s": 0.0, "poll_s": 0.02,
+    runpod.faults.append(Fault("POST", r"/graphql", 503, times=2))
+    cfg = {**provider(runpod).watchdog_config(pod), "heartbeat_timeout_s": 0.0, "poll_s": 0.02,
            "destroy_backoff_s": 0.01, "destroy_backoff_max_s": 0.05}
     work = tmp_path / "work"
     assert start_watchdog(work, cfg, watchdog_env(runpod, pod.id), full_disk=False).wait(30) == 0
@@ -140,7 +141,7 @@ def test_watchdog_logs_each_attempt_where_lorapod_logs_shows_it(runpod, tmp_path
     shown = [line for line in follow_logs(ledger, "jlogs", follow=False) if line.startswith("[watchdog.log]")]
     attempts = [line for line in shown if "destroying (attempt" in line]
     assert len(attempts) == 3 and "attempt 3" in attempts[-1]
-    assert any("runpod confirmed the delete (HTTP 204)" in line for line in shown)
+    assert any("GraphQL podTerminate: HTTP 200" in line for line in shown)
     assert runpod.live() == []
 
 
@@ -234,6 +235,7 @@ def test_destroy_failing_a_few_times_is_retried_until_confirmed(runpod, tmp_path
 def test_destroy_failing_forever_exits_non_zero_ps_red_down_retries(runpod, tmp_path):
     # refused (400: not retried inside the HTTP client), for the controller and the watchdog alike
     runpod.faults.append(Fault("DELETE", r"/pods/\w+", 400, times=10**6, body={"error": "injected"}))
+    runpod.refuse_terminate = True  # the watchdog's GraphQL path too
     env = env_for(runpod, LORAPOD_JOB_COMMAND=fake_command_template(0.02))
     proc = start_run(make_spec(tmp_path), "runpod", env, "--destroy-deadline-s", "2")
     _, err = proc.communicate(timeout=120)
@@ -248,6 +250,7 @@ def test_destroy_failing_forever_exits_non_zero_ps_red_down_retries(runpod, tmp_
     ps = cli("ps", env={**env, "FORCE_COLOR": "1", "COLUMNS": "200"})
     assert "\x1b[1;31m" in ps.stdout and "not confirmed destroyed" in ps.stdout
     runpod.faults.clear()  # the provider recovers
+    runpod.refuse_terminate = False
     out = cli("down", job, env=env)
     assert out.returncode == 0, out.stderr
     assert_nothing_bills(runpod, Ledger())
@@ -256,6 +259,7 @@ def test_destroy_failing_forever_exits_non_zero_ps_red_down_retries(runpod, tmp_
 def test_second_signal_during_a_failing_destroy_ends_the_controller(runpod, tmp_path):
     """The destroy call itself is never interrupted, but a second SIGTERM ends the retries after it."""
     runpod.faults.append(Fault("DELETE", r"/pods/\w+", 400, times=10**6, body={"error": "injected"}))
+    runpod.refuse_terminate = True
     proc = start_run(make_spec(tmp_path), "runpod", env_for(runpod, LORAPOD_JOB_COMMAND=fake_command_template(0.02)))
     try:
         wait_for(lambda: any(r.state == "destroying" for r in Ledger().instances()), 60, "teardown", every=0.1)
@@ -270,6 +274,7 @@ def test_second_signal_during_a_failing_destroy_ends_the_controller(runpod, tmp_
             proc.kill()
     assert proc.returncode == 3, err
     runpod.faults.clear()
+    runpod.refuse_terminate = False
     assert cli("down", Ledger().jobs()[0].id, env=env_for(runpod)).returncode == 0
     assert_nothing_bills(runpod, Ledger())
 

@@ -169,6 +169,8 @@ def test_sigkilled_controller_watchdog_deletes_through_the_api(which, runpod, va
     _wait(lambda: not fake.live(), 30, "the watchdog to delete the instance")
     (inst,) = fake.instances.values()
     assert inst.deleted_by in ("pod-scoped key", "container key")  # from inside, not with the account key
+    assert any(ua.startswith("lorapod-watchdog/") for ua in fake.user_agents)  # never urllib's default
+    assert not any(ua.startswith(("Python-urllib", "python-httpx")) for ua in fake.user_agents)
     out = subprocess.run([*cli_argv(), "down", "--orphans", "--json"], capture_output=True, text=True,
                          env=cli_env(**env), timeout=60)
     assert out.returncode == 0, out.stderr

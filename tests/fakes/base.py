@@ -6,6 +6,14 @@ hiding them, injects faults (429, 500, ...) on demand, and backs each "instance"
 sshd on loopback whose sessions carry the provider's in-instance variables (``SetEnv``). Deleting
 an instance kills every process started through its sshd (found by a marker variable in
 ``/proc/*/environ``) and removes their work folders, as a destroyed container would.
+
+Where a vendor's document and its official client disagree, the fake follows the client: each
+fake lists its ``errata`` (a JSON path in the document, the shape the client relies on, and the
+client code that shows it), applied to the document before it validates anything.
+
+The world's slower habits are modelled too: ``pull_s`` (an image pull: the provider reports
+loading, no SSH yet) and ``key_delay_s`` (a key attached after create reaches the container's
+authorized_keys only that much later).
 """
 
 from __future__ import annotations
@@ -42,14 +50,90 @@ def contracts_dir() -> Path:
 _SPECS: dict[str, Any] = {}
 
 
-def load_contract(name: str):
-    """openapi-core app for a contract file (cached). RunPod's published document repeats an
-    operationId, so the document itself is not linted; requests and responses still are."""
+@dataclass(frozen=True)
+class Erratum:
+    """One place where the vendor's document is wrong about what the live API does."""
+
+    path: tuple[str, ...]  # keys from the document's root to the value replaced
+    value: Any
+    source: str  # the official client code (or doc) that shows the real shape
+
+
+def load_contract(name: str, errata: tuple[Erratum, ...] = ()):
+    """openapi-core app for a contract file with ``errata`` applied (cached). RunPod's published
+    document repeats an operationId, so the document itself is not linted; requests and
+    responses still are."""
     if name not in _SPECS:
         from openapi_core import Config, OpenAPI
 
-        _SPECS[name] = OpenAPI.from_file_path(str(contracts_dir() / name), config=Config(spec_validator_cls=None))
+        path = contracts_dir() / name
+        if path.suffix == ".json":
+            doc = json.loads(path.read_text())
+        else:
+            import yaml
+
+            doc = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        for e in errata:
+            node = doc
+            for key in e.path[:-1]:
+                node = node[key]
+            if e.path[-1] not in node and not isinstance(node, dict):
+                raise KeyError(f"erratum path {e.path} not in {name}")
+            node[e.path[-1]] = e.value
+        _SPECS[name] = OpenAPI.from_dict(doc, config=Config(spec_validator_cls=None),
+                                         base_uri=path.as_uri())
     return _SPECS[name]
+
+
+class TcpForwarder:
+    """A relay to a local port: a provider's SSH proxy (e.g. Vast.ai's ``sshN.vast.ai``), which
+    reaches the same sshd as the direct address by another route. ``connections`` counts who came
+    this way."""
+
+    def __init__(self, target_port: int) -> None:
+        import socket
+
+        self.target_port = target_port
+        self.connections = 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.closed = False
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import socket
+
+        while not self.closed:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a, b) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                with contextlib.suppress(OSError):
+                    s.shutdown(2)
+
+    def close(self) -> None:
+        self.closed = True
+        with contextlib.suppress(OSError):
+            self.sock.close()
 
 
 @dataclass
@@ -78,10 +162,17 @@ class FakeInstance:
     never_ready: bool = False
     deleted: bool = False
     deleted_by: str | None = None
+    pulled_at: float = 0.0  # until then the image is being pulled
+    why_not: str | None = None  # why a never-ready container does not start (the provider's words)
+    proxy: TcpForwarder | None = None
 
     @property
     def ready(self) -> bool:
         return not self.never_ready and self.ready_at is not None and time.time() >= self.ready_at
+
+    @property
+    def pulling(self) -> bool:
+        return time.time() < self.pulled_at
 
 
 class FakeControlPlane:
@@ -90,9 +181,10 @@ class FakeControlPlane:
     contract = ""
     server_url = ""  # the contract's server URL, e.g. https://rest.runpod.io/v1
     unvalidated: tuple[str, ...] = ()  # regexes of paths the contract does not cover
+    errata: tuple[Erratum, ...] = ()  # where the fake follows the official client, not the document
 
     def __init__(self, sshd_factory, work_root: Path, account_key: str | None = None, boot_s: float = 0.3,
-                 host_profile: Any = None) -> None:
+                 pull_s: float = 0.0, key_delay_s: float = 0.0, host_profile: Any = None) -> None:
         #: tests/host_profiles.Profile: each instance's host is built as that image has it (the
         #: provider's variables in PID 1's environment only, its PATH...); None: sshd SetEnv
         self.host_profile = host_profile
@@ -101,12 +193,16 @@ class FakeControlPlane:
         self.sshd_factory = sshd_factory
         self.work_root = work_root
         self.boot_s = boot_s
+        self.pull_s = pull_s
+        self.key_delay_s = key_delay_s
+        self.bodies: list[tuple[str, str, Any]] = []  # (method, path, JSON body) of every request
         self.instances: dict[str, FakeInstance] = {}
         self.faults: list[Fault] = []
         self.violations: list[str] = []
         self.calls: list[tuple[str, str, int]] = []
+        self.user_agents: list[str] = []
         self.lock = threading.RLock()
-        self.openapi = load_contract(self.contract)
+        self.openapi = load_contract(self.contract, self.errata)
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -141,6 +237,8 @@ class FakeControlPlane:
             body = None
         query = {k: v[0] for k, v in parse_qs(split.query).items()}
         auth = (h.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
+        self.user_agents.append(h.headers.get("User-Agent") or "")
+        self.bodies.append((h.command, path, body))
         validate = not any(re.fullmatch(p, path) for p in self.unvalidated)
         req = None
         if validate:
@@ -215,7 +313,7 @@ class FakeControlPlane:
     # ------------------------------------------------------------------ instances
 
     def start_instance(self, iid: str, pubkey: str | None, env: dict[str, str], usd: float, gpu: str, label: str,
-                       never_ready: bool = False) -> FakeInstance:
+                       never_ready: bool = False, why_not: str | None = None) -> FakeInstance:
         marker = "fake-" + secrets.token_hex(6)
         extra = "SetEnv " + " ".join(f"{k}={v}" for k, v in {**env, "LORAPOD_FAKE_INSTANCE": marker}.items())
         if self.host_profile is not None:
@@ -230,15 +328,27 @@ class FakeControlPlane:
         server = self.sshd_factory(extra)
         if pubkey:
             server.authorize(pubkey)
+        now = time.time()
         inst = FakeInstance(iid, server, marker, env, usd, gpu, label, never_ready=never_ready,
-                            ready_at=time.time() + self.boot_s)
+                            ready_at=now + self.pull_s + self.boot_s, pulled_at=now + self.pull_s, why_not=why_not)
         self.instances[iid] = inst
         return inst
+
+    def authorize_later(self, inst: FakeInstance, pubkey: str) -> None:
+        """The key reaches the container ``key_delay_s`` after the API accepted it."""
+        if self.key_delay_s <= 0:
+            inst.sshd.authorize(pubkey)
+            return
+        t = threading.Timer(self.key_delay_s, lambda: inst.deleted or inst.sshd.authorize(pubkey))
+        t.daemon = True
+        t.start()
 
     def kill_instance(self, inst: FakeInstance, by: str) -> None:
         """What destroying a container does: every process in it dies, its disk is gone."""
         inst.deleted = True
         inst.deleted_by = by
+        if inst.proxy is not None:
+            inst.proxy.close()
         inst.sshd.drop_connections()
         inst.sshd.stop()
         dirs = set()

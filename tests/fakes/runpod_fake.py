@@ -1,19 +1,47 @@
-"""A fake RunPod: REST v1 pods (validated against runpod-rest-v1.openapi.json) + GraphQL gpuTypes.
+"""A fake RunPod: REST v1 pods (validated against runpod-rest-v1.openapi.json) + GraphQL
+``gpuTypes`` and ``podTerminate``.
 
 Each pod is a real sshd on loopback whose sessions see ``RUNPOD_POD_ID`` and a pod-scoped
-``RUNPOD_API_KEY``, which may delete only that pod, as on RunPod. ``GET /pods/{id}`` of a
-deleted pod answers 404 (as the contract allows).
+``RUNPOD_API_KEY``. What it does because the real one does (or may, where only a live call
+can tell; docs/remote.md lists those):
+
+* A pod that is gone answers **400** to ``GET`` and ``DELETE /pods/{id}`` ("Invalid ID supplied" /
+  "Invalid Pod ID" are the v1 document's only non-200 answers besides 404 and 401).
+* ``POST /pods`` answers 400 "There are no longer any instances available with the requested
+  specifications" when nothing matches (the message RunPod's GraphQL and REST refusals carry in
+  public clients' recorded answers), and that happens for types the price list shows: the listing
+  is not a stock signal. A type is out of stock when ``lowestPrice.uninterruptablePrice`` is null
+  (runpodctl ``internal/api/gpu.go`` filters on stock; here the A4000 is listed but not rentable).
+* Machines have a CUDA driver version, RAM and vCPUs per GPU. Without ``allowedCudaVersions`` the
+  pod may land on a host older than the image, where the container never starts: the pod stays
+  RUNNING with no public IP or port, as "RunPod schedules pods onto hosts that can't run the
+  image" (artokun/comfyui-mcp#118). ``minRAMPerGPU`` / ``minVCPUPerGPU`` (v1 ``PodCreateInput``,
+  defaults 8 and 2) choose among machines the same way.
+* The pod-scoped key: whether REST v1 accepts it is documented nowhere (review row 6); the only
+  documented in-pod use is ``runpodctl``, which speaks GraphQL (runpodctl ``api/pod.go``
+  ``RemovePod``: ``mutation { podTerminate(input: {podId}) }``, runpodctl#149). So by default the
+  fake refuses it on REST (401) and accepts it for GraphQL ``podTerminate`` of its own pod;
+  ``scoped_rest=True`` is the kinder world.
+* While an image is pulled the pod is RUNNING with no IP and no port (dstack's
+  ``wait_for_instance``: "the image must be pulled" before it runs); REST says nothing else.
 """
 
 from __future__ import annotations
 
 import re
 import secrets
+from dataclasses import dataclass
 from typing import Any
 
 from .base import FakeControlPlane
+from .vast_fake import image_cuda
+
+NO_CAPACITY = "There are no longer any instances available with the requested specifications. Please refresh and try again."
 
 GPU_TYPES = [
+    {"id": "NVIDIA RTX A4000", "displayName": "RTX A4000", "memoryInGb": 16, "securePrice": 0.25,
+     "communityPrice": 0.17, "secureSpotPrice": 0.12, "communitySpotPrice": 0.09,
+     "lowestPrice": {"minimumBidPrice": None, "uninterruptablePrice": None}},  # listed, out of stock
     {"id": "NVIDIA GeForce RTX 3090", "displayName": "RTX 3090", "memoryInGb": 24, "securePrice": 0.43,
      "communityPrice": 0.22, "secureSpotPrice": 0.2, "communitySpotPrice": 0.11,
      "lowestPrice": {"minimumBidPrice": 0.11, "uninterruptablePrice": 0.22}},
@@ -21,7 +49,28 @@ GPU_TYPES = [
      "communityPrice": 0.34, "secureSpotPrice": 0.3, "communitySpotPrice": 0.2,
      "lowestPrice": {"minimumBidPrice": 0.2, "uninterruptablePrice": 0.34}},
     {"id": "NVIDIA A40", "displayName": "A40", "memoryInGb": 48, "securePrice": 0.44, "communityPrice": None,
-     "secureSpotPrice": None, "communitySpotPrice": None, "lowestPrice": None},
+     "secureSpotPrice": None, "communitySpotPrice": None,
+     "lowestPrice": {"minimumBidPrice": None, "uninterruptablePrice": 0.44}},
+]
+
+
+@dataclass(frozen=True)
+class Machine:
+    gpu: str
+    cloud: str
+    cuda: float
+    ram_per_gpu: int = 31
+    vcpu_per_gpu: int = 8
+
+
+#: in the order RunPod would place a pod; the first community 3090 host has an old driver
+MACHINES = [
+    Machine("NVIDIA GeForce RTX 3090", "COMMUNITY", 12.4, ram_per_gpu=15, vcpu_per_gpu=4),
+    Machine("NVIDIA GeForce RTX 3090", "COMMUNITY", 12.8, ram_per_gpu=62, vcpu_per_gpu=8),
+    Machine("NVIDIA GeForce RTX 3090", "SECURE", 12.8),
+    Machine("NVIDIA GeForce RTX 4090", "COMMUNITY", 12.9),
+    Machine("NVIDIA GeForce RTX 4090", "SECURE", 12.8),
+    Machine("NVIDIA A40", "SECURE", 12.8, ram_per_gpu=50),
 ]
 
 
@@ -30,10 +79,16 @@ class RunPodFake(FakeControlPlane):
     server_url = "https://rest.runpod.io/v1"
     unvalidated = (r"/graphql",)  # GraphQL is not in the REST document (contracts/README.md)
 
-    def __init__(self, *a: Any, never_ready_gpus: tuple[str, ...] = (), **kw: Any) -> None:
+    def __init__(self, *a: Any, never_ready_gpus: tuple[str, ...] = (), no_capacity_gpus: tuple[str, ...] = (),
+                 scoped_rest: bool = False, machines: list[Machine] | None = None, **kw: Any) -> None:
         super().__init__(*a, **kw)
         self.never_ready_gpus = set(never_ready_gpus)
+        self.no_capacity_gpus = set(no_capacity_gpus)  # listed in stock, but create finds no machine
+        self.scoped_rest = scoped_rest
+        self.machines = list(MACHINES if machines is None else machines)
         self.pod_keys: dict[str, str] = {}  # pod-scoped key -> pod id
+        self.placed: dict[str, Machine] = {}  # pod id -> the machine it landed on
+        self.refuse_terminate = False  # GraphQL podTerminate answers an error (a provider refusing to destroy)
 
     @property
     def graphql_url(self) -> str:
@@ -41,17 +96,16 @@ class RunPodFake(FakeControlPlane):
 
     def route(self, method: str, path: str, body: Any, query: dict, auth: str) -> tuple[int, Any]:
         if path == "/graphql" and method == "POST":
-            if auth != self.account_key:
-                return 401, {"errors": [{"message": "Unauthorized"}]}
-            return 200, {"data": {"gpuTypes": GPU_TYPES}}
+            return self._graphql(body or {}, auth)
         m = re.fullmatch(r"/pods/([^/]+)", path)
         if m and method == "DELETE":
             pod_id = m.group(1)
-            if auth != self.account_key and self.pod_keys.get(auth) != pod_id:
+            scoped_ok = self.scoped_rest and self.pod_keys.get(auth) == pod_id
+            if auth != self.account_key and not scoped_ok:
                 return 401, {"error": "Unauthorized"}
             inst = self.instances.get(pod_id)
             if inst is None or inst.deleted:
-                return 400, {"error": "pod not found"}
+                return 400, {"error": "Invalid Pod ID"}
             self.kill_instance(inst, "account key" if auth == self.account_key else "pod-scoped key")
             return 204, None
         if auth != self.account_key:
@@ -63,24 +117,58 @@ class RunPodFake(FakeControlPlane):
         if m and method == "GET":
             inst = self.instances.get(m.group(1))
             if inst is None or inst.deleted:
-                return 404, None
+                return 400, {"error": "Invalid ID supplied"}
             return 200, self._pod(inst)
         return 404, None
+
+    def _graphql(self, body: dict, auth: str) -> tuple[int, Any]:
+        q = str(body.get("query") or "")
+        if "podTerminate" in q:
+            # runpodctl api/pod.go RemovePod sends the pod id as $podId; dstack inlines it
+            pod_id = (body.get("variables") or {}).get("podId")
+            if pod_id is None:
+                found = re.search(r'podId:\s*"([^"]+)"', q)
+                pod_id = found.group(1) if found else None
+            if auth != self.account_key and self.pod_keys.get(auth) != pod_id:
+                return 200, {"errors": [{"message": "Unauthorized"}], "data": None}  # GraphQL: 200 with errors
+            if self.refuse_terminate:
+                return 200, {"errors": [{"message": "Something went wrong. Please try again later."}], "data": None}
+            inst = self.instances.get(str(pod_id))
+            if inst is None or inst.deleted:
+                return 200, {"errors": [{"message": "pod not found"}], "data": {"podTerminate": None}}
+            self.kill_instance(inst, "account key" if auth == self.account_key else "pod-scoped key")
+            return 200, {"data": {"podTerminate": None}}
+        if auth != self.account_key:
+            return 401, {"errors": [{"message": "Unauthorized"}]}
+        return 200, {"data": {"gpuTypes": GPU_TYPES}}
 
     def _create(self, body: dict) -> tuple[int, Any]:
         gpu_id = body["gpuTypeIds"][0]
         gpu = next((g for g in GPU_TYPES if g["id"] == gpu_id), None)
         if gpu is None:
             return 400, {"error": f"no such GPU type {gpu_id}"}
-        price = gpu["communityPrice"] if body.get("cloudType") == "COMMUNITY" else gpu["securePrice"]
-        if not price:
-            return 400, {"error": "There are no longer any instances available with the requested specifications."}
+        cloud = body.get("cloudType") or "SECURE"
+        price = gpu["communityPrice"] if cloud == "COMMUNITY" else gpu["securePrice"]
+        stocked = (gpu.get("lowestPrice") or {}).get("uninterruptablePrice") is not None
+        if not price or not stocked or gpu_id in self.no_capacity_gpus:
+            return 400, {"error": NO_CAPACITY}
+        allowed = [float(v) for v in body.get("allowedCudaVersions") or []]
+        ram, vcpu = int(body.get("minRAMPerGPU", 8)), int(body.get("minVCPUPerGPU", 2))
+        machine = next((mc for mc in self.machines if mc.gpu == gpu_id and mc.cloud == cloud
+                        and (not allowed or mc.cuda in allowed) and mc.ram_per_gpu >= ram
+                        and mc.vcpu_per_gpu >= vcpu), None)
+        if machine is None:
+            return 400, {"error": NO_CAPACITY}
+        need = image_cuda(body.get("imageName", ""))
+        too_old = need is not None and machine.cuda < need
         pod_id = secrets.token_hex(7)
         scoped = "pod-" + secrets.token_hex(12)
         self.pod_keys[scoped] = pod_id
+        self.placed[pod_id] = machine
         env = {"RUNPOD_POD_ID": pod_id, "RUNPOD_API_KEY": scoped}
         inst = self.start_instance(pod_id, (body.get("env") or {}).get("PUBLIC_KEY"), env, float(price),
-                                   gpu["displayName"], body.get("name", ""), never_ready=gpu_id in self.never_ready_gpus)
+                                   gpu["displayName"], body.get("name", ""),
+                                   never_ready=gpu_id in self.never_ready_gpus or too_old)
         return 201, self._pod(inst)
 
     def _pod(self, inst) -> dict[str, Any]:

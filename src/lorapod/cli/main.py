@@ -16,7 +16,8 @@ from rich.markup import escape
 
 from lorapod.errors import LorapodError
 
-COMMANDS = ["train", "demo", "plan", "data", "run", "jobs", "export", "eval", "trainers", "sweep", "ui"]
+COMMANDS = ["train", "demo", "plan", "data", "run", "jobs", "export", "eval", "trainers", "sweep", "doctor",
+            "ui"]
 
 err_console = Console(stderr=True)
 

@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
         dry_run: bool = typer.Option(False, "--dry-run", help="--on sky: build and write the SkyPilot task only."),
         poll_s: float = typer.Option(5.0, "--poll-s", hidden=True),
         pull_every_s: float = typer.Option(30.0, "--pull-every-s", hidden=True),
-        ready_deadline_s: float = typer.Option(600.0, "--ready-deadline-s", hidden=True),
+        ready_deadline_s: float = typer.Option(1500.0, "--ready-deadline-s", hidden=True),
         stop_margin_s: float = typer.Option(120.0, "--stop-margin-s", hidden=True),
         stop_wait_s: float = typer.Option(300.0, "--stop-wait-s", hidden=True),
         reconnect_s: float = typer.Option(600.0, "--reconnect-s", hidden=True),
@@ -135,6 +135,10 @@ def register(app: typer.Typer) -> None:
         from lorapod.compute.preflight import preflight
 
         for note in preflight(spec_obj, provider.name, force=force, deps=deps).notes:  # refuses before anything is rented
+            console.print(f"note: {note}", style="yellow", markup=False)
+        from lorapod.compute.doctor import doctor_note
+
+        if note := doctor_note(ledger, provider.name):
             console.print(f"note: {note}", style="yellow", markup=False)
         opts = Options(identity=identity, gpu=gpu, max_usd=max_usd, max_hours=max_hours,
                        bootstrap=Bootstrap(bootstrap, python, deps), poll_s=poll_s, pull_every_s=pull_every_s,

@@ -175,14 +175,17 @@ def _path_dirs(path: str) -> list[str]:
     return [d.rstrip("/") or "/" for d in path.split(":") if d.startswith("/")]
 
 
-def candidates(facts: HostFacts, explicit: str | None, container: bool = True) -> list[tuple[str, str]]:
+def candidates(facts: HostFacts, explicit: str | None, container: bool = True,
+               recorded: str = "") -> list[tuple[str, str]]:
     """(path, why it is a candidate) in the order they are preferred, without repeats.
 
     ``container``: a rented container, whose PID 1's PATH is its image's ``ENV PATH`` and comes
-    first; on a machine you lend (``ssh://``), your session's PATH comes first."""
+    first; on a machine you lend (``ssh://``), your session's PATH comes first. ``recorded``: the
+    interpreter the catalog records for this image (its build files), tried before anything else
+    but still probed, so a moved tag falls back to the search."""
     if explicit:
         return [(explicit, "given with --python")]
-    pid1: list[tuple[str, str]] = []
+    pid1: list[tuple[str, str]] = [(recorded, "the image's own interpreter, as its build files have it")] if recorded else []
     session = set(_path_dirs(facts.path))
     for d in _path_dirs(facts.pid1_path):
         why = ("on PID 1's PATH (the image's ENV PATH)" if d in session else

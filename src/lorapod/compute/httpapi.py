@@ -71,6 +71,14 @@ def save_api_key(provider: str, key: str) -> Path:
     return path
 
 
+def user_agent(who: str = "lorapod") -> str:
+    """An explicit client name: runpodctl sends ``RunPod-CLI/<version>``, runpod-python its own, and
+    an edge that refuses generic clients would refuse ``python-httpx/x`` (review row 20)."""
+    from lorapod import __version__
+
+    return f"{who}/{__version__}"
+
+
 class HttpApi:
     """A JSON API at ``base_url`` with bearer auth, bounded retries and readable errors."""
 
@@ -84,7 +92,7 @@ class HttpApi:
         self.max_backoff_s = max_backoff_s
         self._client = httpx.Client(base_url=self.base_url, timeout=timeout,
                                     headers={"Authorization": f"Bearer {key}", "Accept": "application/json",
-                                             "User-Agent": "lorapod"})
+                                             "User-Agent": user_agent()})
 
     def __repr__(self) -> str:  # never show the key
         return f"{type(self).__name__}({self.base_url!r})"

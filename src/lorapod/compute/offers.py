@@ -30,10 +30,12 @@ def requirements(spec, gpu: str | None = None, max_usd: float | None = None,
     if usd and hours:
         max_rate = usd / hours  # anything pricier cannot run the allowed hours within the budget
     pinned = gpu or c.gpu
+    need = vram_needed_gb(spec)
     # The planner's peak VRAM, so providers drop cards that cannot hold the job before ranking.
     # A pinned GPU is the user's call (the planner then says what would make it fit).
     return Requirements(gpu=pinned, max_usd_per_hour=max_rate, disk_gb=c.disk_gb,
-                        min_vram_gb=0.0 if pinned else vram_needed_gb(spec), gpu_count=c.gpus)
+                        min_vram_gb=0.0 if pinned else need, gpu_count=c.gpus,
+                        image=getattr(c, "image", None), host_ram_gb=host_ram_needed_gb(need))
 
 
 def vram_needed_gb(spec) -> float:
@@ -44,6 +46,13 @@ def vram_needed_gb(spec) -> float:
         return round(float(build_job(spec).estimate.peak_gb), 1)
     except (LorapodError, OSError, ValueError):
         return 0.0
+
+
+def host_ram_needed_gb(vram_gb: float) -> float:
+    """Host RAM per GPU: what the GPU will hold passes through host memory first (weights are
+    read from disk into RAM before they move to the card; SkyPilot asks RunPod for as much RAM
+    per GPU as the GPU has), plus a quarter for the data loader and the trainer's process."""
+    return round(vram_gb * 1.25, 1) if vram_gb > 0 else 0.0
 
 
 def choose_offers(spec, provider: Provider, gpu: str | None = None, max_usd: float | None = None,
@@ -86,9 +95,16 @@ def rank_by_job_cost(spec, provider_name: str, offers: list[Offer], *, gpu_pinne
         except LorapodError:
             continue
     # the planner prices one GPU and multiplies by compute.gpus; an offer's price is the whole instance's
-    entries = [PriceEntry(provider=provider_name, tier="live", gpu=known[o.id],
+    # tier = the offer's id: two offers of one GPU at one $/h may still differ (bandwidth rates)
+    entries = [PriceEntry(provider=provider_name, tier=o.id, gpu=known[o.id],
                           usd_per_hour=o.usd_per_hour / max(1, o.gpu_count),
-                          source="live", offer_id=o.id) for o in offers if o.id in known]
+                          source="live", offer_id=o.id,
+                          # Vast.ai: bandwidth is billed per GB at the host's rate, apart from
+                          # dph_total, which already covers the disk asked for (allocated_storage)
+                          download_per_gb=_rate(o.extra.get("inet_down_cost")),
+                          upload_per_gb=_rate(o.extra.get("inet_up_cost")),
+                          storage_included=provider_name == "vast")
+               for o in offers if o.id in known]
     if not entries:
         return offers
     try:
@@ -99,11 +115,11 @@ def rank_by_job_cost(spec, provider_name: str, offers: list[Offer], *, gpu_pinne
     except PlanError as exc:
         log.info("planner cannot rank this job (%s): cheapest $/h first", exc.message)
         return offers
-    by_price = {(opt.gpu, round(opt.usd_per_hour, 6)): opt for opt in plan.options}
+    by_offer = {opt.tier: opt for opt in plan.options}
     priced: list[tuple[float, Offer]] = []
     unpriced: list[Offer] = []
     for o in offers:
-        opt = by_price.get((known.get(o.id, ""), round(o.usd_per_hour, 6)))
+        opt = by_offer.get(o.id)
         if opt is None:
             if o.id not in known:
                 unpriced.append(o)  # a GPU the catalog does not know: no estimate either way
@@ -115,7 +131,7 @@ def rank_by_job_cost(spec, provider_name: str, offers: list[Offer], *, gpu_pinne
                                                         "plan_hours": round(opt.hours_total, 4)})))
     priced.sort(key=lambda t: (t[0], t[1].usd_per_hour))
     if priced:
-        best = by_price[(known[priced[0][1].id], round(priced[0][1].usd_per_hour, 6))]
+        best = by_offer[priced[0][1].id]
         if max_usd is not None and best.usd_total > max_usd:
             raise BudgetError(
                 f"the planner estimates ${best.usd_total:.2f} for this job on the cheapest offer "
@@ -129,3 +145,7 @@ def rank_by_job_cost(spec, provider_name: str, offers: list[Offer], *, gpu_pinne
                 hint="raise --max-hours, or pin a faster --gpu; `lorapod plan` compares them",
             )
     return [o for _, o in priced] + unpriced
+
+
+def _rate(v: object) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 else None

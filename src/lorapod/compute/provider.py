@@ -32,6 +32,10 @@ class Requirements:
     max_usd_per_hour: float | None = None
     disk_gb: float = 50.0
     gpu_count: int = 1
+    #: the container image (None: the provider's default); its CUDA decides which hosts can start it
+    image: str | None = None
+    #: host RAM per GPU the job needs (the planner's estimate; 0: the provider's default)
+    host_ram_gb: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,11 @@ class Instance:
     created_at: float = field(default_factory=time.time)
     label: str | None = None
     message: str | None = None
+    #: the provider says the image is still being pulled (Vast.ai ``actual_status: loading``)
+    pulling: bool = False
+    #: other (host, port) routes to the same sshd, tried when the first does not answer
+    #: (Vast.ai: direct ``public_ipaddr:HostPort`` first, its ``sshN.vast.ai`` proxy after)
+    ssh_alternates: tuple[tuple[str, int], ...] = ()
 
     @property
     def live(self) -> bool:
@@ -108,6 +117,12 @@ class CreatedButUnusable(ProviderError):
     def __init__(self, message: str, instance: Instance, hint: str | None = None) -> None:
         super().__init__(message, hint)
         self.instance = instance
+
+
+class NoCapacity(ProviderError):
+    """Create was refused for want of machines (RunPod: "There are no longer any instances
+    available..."): nothing was rented, so the next offer is tried and this one does not count
+    against ``max_offers``."""
 
 
 @dataclass(frozen=True)

@@ -110,6 +110,8 @@ class Bootstrap:
     python: str = AUTO_PYTHON
     deps: Literal["auto", "none"] = "auto"
     extra: str = "llm"
+    #: the interpreter the image's build files put torch in (catalog/images.py), tried first by ``auto``
+    image_python: str = ""
 
 
 class WatchdogNotRunning(RemoteError):
@@ -162,7 +164,7 @@ class RemoteWork:
 
         facts = hf.parse_facts(self.sh(hf.facts_script(), timeout=30, check=False).stdout)
         explicit = None if boot.python == AUTO_PYTHON else boot.python
-        cands = hf.candidates(facts, explicit, container)
+        cands = hf.candidates(facts, explicit, container, recorded=boot.image_python)
         facts.pythons = hf.parse_pythons(self.sh(hf.pythons_script([c for c, _ in cands]), timeout=90,
                                                  check=False).stdout, cands)
         choice = hf.choose(facts.pythons, explicit)

@@ -30,7 +30,7 @@ from lorapod.compute.bootstrap import bootstrap_for
 from lorapod.compute.httpapi import ApiError
 from lorapod.compute.ledger import Ledger, instance_label, lorapod_home
 from lorapod.compute.offers import choose_offers
-from lorapod.compute.provider import CreatedButUnusable, Instance, InstanceSpec, Offer, Provider
+from lorapod.compute.provider import CreatedButUnusable, Instance, InstanceSpec, NoCapacity, Offer, Provider
 from lorapod.compute.remote import PULL_EXCLUDES, Bootstrap, RemoteWork, job_command_from_env, local_manifest
 from lorapod.compute.secrets import secrets_for
 from lorapod.compute.transport import (
@@ -72,8 +72,19 @@ class Options:
     job_command: JobCommand = job_command_from_env
     poll_s: float = 5.0
     pull_every_s: float = 30.0
-    ready_deadline_s: float = 600.0  # create -> SSH answers
-    max_offers: int = 3  # offers tried before giving up
+    #: create -> SSH answers. dstack waits 20 min for RunPod ("a large image is pulled"), SkyPilot's
+    #: Vast provisioner 30; the default images are 10+ GB devel images a host may not have cached.
+    ready_deadline_s: float = 1500.0
+    #: more time, at most this much, while the provider still reports the image being pulled
+    pull_extension_s: float = 1200.0
+    #: "Permission denied" is retried this long once SSH answers, where the provider declares
+    #: ``key_arrives_late``: Vast.ai's key reaches the
+    #: container seconds after the attach ("try again after a few seconds", its SSH banner)
+    auth_grace_s: float = 120.0
+    #: how long the first SSH route (Vast.ai: direct) may stay silent before the next (its proxy)
+    direct_ssh_s: float = 60.0
+    progress_every_s: float = 60.0  # a line while waiting for the instance, with what the wait cost
+    max_offers: int = 3  # offers that gave an instance, tried before giving up (no-capacity refusals don't count)
     reconnect_s: float = 600.0  # keep retrying a dropped connection this long
     stop_margin_s: float = 120.0  # ask for a checkpoint this long before a cap
     stop_wait_s: float = 300.0  # how long the job may take to save after STOP
@@ -107,14 +118,16 @@ class Summary:
                 "unconfirmed": self.unconfirmed, "console": self.console}
 
 
-def backoff_until(check: Callable[[], bool], deadline: float, what: str, hint: str,
+def backoff_until(check: Callable[[], bool], deadline: float | dict[str, float], what: str, hint: str,
                   first: float = 0.5, most: float = 10.0) -> None:
-    """Call ``check`` with exponential backoff until it is true or the monotonic ``deadline``."""
+    """Call ``check`` with exponential backoff until it is true or the monotonic ``deadline``
+    passes; a ``{"deadline": t}`` dict is re-read each round, so ``check`` may extend it."""
+    limit = deadline if isinstance(deadline, dict) else {"deadline": deadline}
     delay = first
     while not check():
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= limit["deadline"]:
             raise TimeoutErrorLP(f"timed out waiting for {what}", hint=hint)
-        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        time.sleep(min(delay, max(0.0, limit["deadline"] - time.monotonic())))
         delay = min(most, delay * 2)
 
 
@@ -318,11 +331,20 @@ class Session:
             self.say("made a fresh ed25519 key pair for this job")
             pub = public_key(self.identity)
         errors = []
-        for offer in offers[: o.max_offers]:
+        tried = 0
+        for offer in offers:
+            if tried >= o.max_offers:
+                break
             try:
                 self._create(offer, pub)
+                tried += 1
                 self._wait_ready()
                 return
+            except NoCapacity as exc:  # nothing was rented: this offer does not count
+                errors.append(f"{offer.gpu_name} ({offer.id}): {exc.message}")
+                self.say(f"offer {offer.id}: {exc.message}; trying the next")
+                self.inst, self.iid = None, None
+                continue
             except (AuthRefused, BudgetError, Interrupted):
                 raise
             except (TimeoutErrorLP, ProviderError, ConnectionLost) as exc:
@@ -411,35 +433,94 @@ class Session:
             delay = min(5.0, delay * 2)
 
     def _wait_ready(self) -> None:
+        """Boot, then SSH, under one deadline (``ready_deadline_s``), extended by at most
+        ``pull_extension_s`` while the provider reports an image pull; a progress line every
+        ``progress_every_s`` says what the wait has cost. Once SSH answers, "Permission denied" is
+        retried for ``auth_grace_s`` (Vast.ai's key arrives late); a first route that stays silent
+        for ``direct_ssh_s`` gives way to the next (Vast.ai: direct, then its proxy)."""
         assert self.inst is not None and self.iid is not None
-        deadline = self.deadline(self.opts.ready_deadline_s)
+        o = self.opts
+        start = time.monotonic()
+        limit = {"deadline": start + o.ready_deadline_s, "most": start + o.ready_deadline_s + o.pull_extension_s}
         hint = "the provider may be short of capacity; lorapod destroys it and tries the next offer"
+        last_note = [start]
+
+        def progress(what: str) -> None:
+            now = time.monotonic()
+            if now - last_note[0] >= o.progress_every_s:
+                last_note[0] = now
+                usd = self.ledger.usd(self.job_id)
+                self.say(f"still waiting for {what} after {now - start:.0f} s (${usd:.3f} so far; gives up after "
+                         f"{limit['deadline'] - start:.0f} s)")
 
         def ready() -> bool:
             assert self.inst is not None
             self.inst = self.provider.refresh(self.inst)
             if self.inst.state in ("error", "exited", "gone"):
                 raise ProviderError(f"instance {self.inst.id} is {self.inst.state}: {self.inst.message or ''}")
+            if self.inst.pulling and limit["deadline"] < limit["most"]:
+                # the provider says the image is still coming: keep its time, within the extension
+                limit["deadline"] = min(limit["most"], max(limit["deadline"], time.monotonic() + 60.0))
+            if not self.inst.ssh_ready:
+                progress("the image pull" if self.inst.pulling else f"instance {self.inst.id} to boot")
             return self.inst.ssh_ready
 
-        backoff_until(ready, deadline, f"instance {self.inst.id} to boot", hint, first=0.5, most=10)
+        backoff_until(ready, limit, f"instance {self.inst.id} to boot", hint, most=10)
         self.phase("boot", time.monotonic() - self.created_at_mono)
+        self._bill_at_the_providers_price()
         inst = self.inst
+        routes = [(inst.ssh_host or "", inst.ssh_port), *inst.ssh_alternates]
         self.transport = self._transport_for(inst)
-        t = self.transport
+        booted = time.monotonic()
+        state = {"route": 0, "since": booted, "auth_since": None}
 
         def ssh_answers() -> bool:
+            assert self.transport is not None and self.inst is not None
             try:
-                t.run("true", timeout=max(2.0, min(15.0, deadline - time.monotonic())))
+                self.transport.run("true", timeout=max(2.0, min(15.0, limit["deadline"] - time.monotonic())))
                 return True
+            except AuthRefused:
+                # sshd answered but does not know the key yet: wait for it, for a bounded time
+                now = time.monotonic()
+                state["auth_since"] = state["auth_since"] or now
+                # only where the provider installs the key after the instance starts (a trait it
+                # declares); elsewhere a refused key is the user's to fix, said at once
+                if not getattr(self.provider, "key_arrives_late", False) or now - state["auth_since"] > o.auth_grace_s:
+                    raise
+                progress("the instance to accept the job's SSH key")
+                return False
             except ConnectionLost:
+                now = time.monotonic()
+                if state["route"] + 1 < len(routes) and now - state["since"] >= o.direct_ssh_s:
+                    state["route"] += 1
+                    state["since"] = now
+                    host, port = routes[state["route"]]
+                    self.say(f"SSH on {self.inst.ssh_host}:{self.inst.ssh_port} does not answer; trying {host}:{port}")
+                    self.inst = self.inst.with_(ssh_host=host, ssh_port=port)
+                    with contextlib.suppress(Exception):
+                        self.transport.close()
+                    self.transport = self._transport_for(self.inst)
+                progress(f"SSH on {self.inst.ssh_host}:{self.inst.ssh_port}")
                 return False
 
-        booted = time.monotonic()
-        backoff_until(ssh_answers, deadline, f"SSH on {inst.ssh_host}:{inst.ssh_port}", hint, first=0.5, most=5)
+        backoff_until(ssh_answers, limit, f"SSH on {inst.ssh_host}:{inst.ssh_port}", hint, most=5)
+        inst = self.inst
         self.phase("ssh ready", time.monotonic() - booted)
         self.ledger.instance_ready(self.iid, inst.ssh_host or "", inst.ssh_port, inst.ssh_user)
         self.say(f"instance {inst.id} answers on {inst.ssh_user}@{inst.ssh_host}:{inst.ssh_port}")
+
+    def _bill_at_the_providers_price(self) -> None:
+        """Money is counted at the provider's price for this instance (invariant 4): when the
+        running instance reports another $/h than the offer said (Vast.ai prices a search for the
+        storage it names), the ledger, and with it the caps and the watchdog, take the instance's."""
+        assert self.inst is not None and self.iid is not None
+        row = self.ledger.instance(self.iid)
+        billed = self.inst.usd_per_hour
+        if row is None or not billed or abs(billed - row.usd_per_hour) <= 0.005 * max(billed, row.usd_per_hour):
+            return
+        self.ledger.instance_created(self.iid, self.inst.id, billed)
+        self.say(f"{self.provider.name} bills ${billed:.4f}/h for instance {self.inst.id}, not the offered "
+                 f"${row.usd_per_hour:.4f}/h; the caps count the billed price")
 
     def _transport_for(self, inst: Instance) -> Transport:
         return transport_for(self.provider, inst, self.identity, self.iid or "x")

@@ -21,12 +21,15 @@ the instance may bill: failed attempts are retried with backoff up to ``destroy_
 each one logged to ``watchdog.log`` (which ``lorapod logs`` shows). No exception (a full disk, a
 file the job replaced with a FIFO) ends it: each tick is guarded, and it reads only regular files.
 
-"Destroy" depends on the provider: RunPod ``DELETE /pods/{RUNPOD_POD_ID}`` with the pod-scoped
-``RUNPOD_API_KEY``; Vast.ai ``DELETE /api/v0/instances/{CONTAINER_ID}/`` with
-``CONTAINER_API_KEY`` (both read from this process's environment, then from PID 1's, because
-SSH sessions do not always inherit the container's variables); on an SSH host or locally, stop
-the job and delete the work folder, never the machine. The provider's base URL can be
-overridden (``api_url`` in the config), which is how tests point it at local fakes.
+"Destroy" depends on the provider, which writes it into ``watchdog.json`` as a recipe (``destroy``:
+steps, an optional ``confirm``, built by the provider's ``api.py``) that :func:`run_recipe`
+interprets: RunPod GraphQL ``podTerminate``, ``runpodctl remove pod``, then REST ``DELETE`` with
+the pod-scoped ``RUNPOD_API_KEY``; Vast.ai ``DELETE /api/v0/instances/{CONTAINER_ID}/`` with
+``CONTAINER_API_KEY``, believed only with ``success: true`` and a GET that answers
+``instances: null``. The scoped keys are read from this process's environment, then from PID
+1's, because SSH sessions do not inherit the container's variables. On an SSH host or locally:
+stop the job and delete the work folder, never the machine. Every request names itself
+(``User-Agent``), and what a provider answers is read only up to :data:`MAX_BODY`.
 
 Run: ``python3 watchdog.py`` with the work folder as current directory.
 """
@@ -228,45 +231,137 @@ def instance_env(name: str, env_file: str | None = None) -> str | None:
     return None
 
 
-def http_delete(url: str, token: str, timeout: float = 20.0) -> int:
-    req = urllib.request.Request(url, method="DELETE", headers={"Authorization": f"Bearer {token}",
-                                                               "Accept": "application/json"})
+USER_AGENT = "lorapod-watchdog"  # never urllib's default: an edge may refuse generic clients (review row 20)
+MAX_BODY = 1 << 16  # a provider's answer is read at most this far
+
+
+def http_call(method: str, url: str, token: str, body: Any = None, timeout: float = 20.0,
+              user_agent: str = USER_AGENT) -> tuple[int, Any]:
+    """One request; (status, JSON body or None). Bounded in time and in what is read."""
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"Authorization": f"Bearer {token}", "Accept": "application/json", "User-Agent": user_agent}
+    if data is not None:
+        headers["Content-Type"] = "application/json"
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status
+            status, raw = resp.status, resp.read(MAX_BODY)
     except urllib.error.HTTPError as exc:
-        return exc.code
+        status, raw = exc.code, b""
+        with contextlib.suppress(OSError):
+            raw = exc.read(MAX_BODY)
+    try:
+        parsed = json.loads(raw) if raw else None
+    except ValueError:
+        parsed = None
+    return status, parsed
+
+
+def _subst(value: Any, names: dict[str, str]) -> Any:
+    """``{NAME}`` in the recipe's strings -> the instance's own variable (never logged)."""
+    if isinstance(value, str):
+        for k, v in names.items():
+            value = value.replace("{" + k + "}", v)
+        return value
+    if isinstance(value, list):
+        return [_subst(v, names) for v in value]
+    if isinstance(value, dict):
+        return {k: _subst(v, names) for k, v in value.items()}
+    return value
+
+
+def _matches(body: Any, want: dict[str, Any]) -> bool:
+    return isinstance(body, dict) and all(k in body and body[k] == v for k, v in want.items())
+
+
+def run_step(step: dict[str, Any], names: dict[str, str], env_file: str | None, timeout: float,
+             user_agent: str) -> str:
+    """One way of destroying the instance: 'gone' (the provider says it no longer exists),
+    'done' (the provider accepted it) or 'failed'. Secrets stay out of the log."""
+    label = str(step.get("name") or step.get("kind"))
+    if step.get("kind") == "exec":
+        import subprocess
+
+        argv = _subst(list(step.get("argv") or []), names)
+        if not argv or shutil.which(argv[0]) is None:
+            log(f"{label}: {argv[0] if argv else '?'} is not installed here")
+            return "failed"
+        env = dict(os.environ)
+        for name in step.get("env") or []:
+            value = instance_env(name, env_file)
+            if value:
+                env[name] = value
+        try:
+            out = subprocess.run(argv, env=env, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.SubprocessError) as exc:
+            log(f"{label}: could not run ({type(exc).__name__})")
+            return "failed"
+        log(f"{label}: exit {out.returncode}")
+        return "done" if out.returncode == 0 else "failed"
+    token = instance_env(str(step.get("token") or ""), env_file)
+    if not token:
+        log(f"{label}: no {step.get('token')} in the instance's environment")
+        return "failed"
+    try:
+        status, body = http_call(str(step.get("method") or "GET"), _subst(str(step["url"]), names), token,
+                                 _subst(step.get("json"), names), timeout, user_agent)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        log(f"{label}: failed ({type(exc).__name__}: {exc})")
+        return "failed"
+    if status in (step.get("gone_status") or []) or ("gone_json" in step and status == 200
+                                                     and _matches(body, step["gone_json"])):
+        log(f"{label}: HTTP {status}, the instance is gone")
+        return "gone"
+    ok = status in (step.get("done_status") or [])
+    if ok and step.get("done_json") is not None:
+        ok = _matches(body, step["done_json"])
+    if ok and step.get("done_json_key"):  # GraphQL: 200 even on errors; the mutation must answer
+        ok = (isinstance(body, dict) and not body.get("errors") and isinstance(body.get("data"), dict)
+              and step["done_json_key"] in body["data"])
+    msg = ""
+    if isinstance(body, dict):
+        errs = body.get("errors")
+        first = errs[0] if isinstance(errs, list) and errs else None
+        text = body.get("msg") or (first.get("message") if isinstance(first, dict) else None)
+        msg = str(text)[:200] if text else ""
+    log(f"{label}: HTTP {status}" + (" (the scoped key was refused)" if status in (401, 403) else "")
+        + (f": {msg}" if msg else "") + ("" if ok else "; not accepted"))
+    return "done" if ok else "failed"
+
+
+def run_recipe(recipe: dict[str, Any], env_file: str | None = None, timeout: float = 20.0) -> bool:
+    """The provider's self-destroy recipe (built by its ``api.py``): each step in order until one
+    is accepted; with a ``confirm`` step, accepted counts only once the provider says the
+    instance is gone. True when destroyed (as far as the provider can tell)."""
+    names = {k: str(v) for k, v in (recipe.get("ids") or {}).items()}
+    for k in list(names):
+        names[k] = instance_env(k, env_file) or names[k]
+    ua = str(recipe.get("user_agent") or USER_AGENT)
+    confirm = recipe.get("confirm")
+    for step in recipe.get("steps") or []:
+        result = run_step(step, names, env_file, timeout, ua)
+        if result == "gone":
+            return True
+        if result != "done":
+            continue
+        if not confirm:
+            return True
+        for _ in range(3):
+            if run_step(confirm, names, env_file, timeout, ua) == "gone":
+                log("the provider confirms the instance is gone")
+                return True
+            time.sleep(2.0)
+        log("accepted, but the provider still lists the instance")
+    return False
 
 
 def destroy_through_api(cfg: dict[str, Any]) -> bool:
-    """One attempt to delete this instance through the provider; True once it is gone (404 counts)."""
-    provider = cfg["provider"]
-    env_file = cfg.get("instance_env_file")
-    if provider == "runpod":
-        pod = instance_env("RUNPOD_POD_ID", env_file) or cfg.get("instance_id")
-        key = instance_env("RUNPOD_API_KEY", env_file)
-        base = (cfg.get("api_url") or "https://rest.runpod.io/v1").rstrip("/")
-        url = f"{base}/pods/{pod}"
-    elif provider == "vast":
-        pod = instance_env("CONTAINER_ID", env_file) or cfg.get("instance_id")
-        key = instance_env("CONTAINER_API_KEY", env_file)
-        base = (cfg.get("api_url") or "https://console.vast.ai").rstrip("/")
-        url = f"{base}/api/v0/instances/{pod}/"
-    else:
-        raise ValueError(provider)
-    if not key or not pod:
-        log(f"cannot destroy through the {provider} API: no instance id or scoped key in the environment")
+    """One attempt to destroy this instance through the provider, by its recipe."""
+    recipe = cfg.get("destroy")
+    if not isinstance(recipe, dict):
+        log(f"no self-destroy recipe for {cfg['provider']} in watchdog.json")
         return False
-    try:
-        status = http_delete(url, key, float(cfg.get("http_timeout_s") or 20.0))
-    except (urllib.error.URLError, OSError) as exc:
-        log(f"DELETE failed ({exc})")
-        return False
-    if status in (200, 202, 204, 404):
-        log(f"{provider} confirmed the delete (HTTP {status})")
-        return True
-    log(f"{provider} answered HTTP {status}" + (" (the scoped key was refused)" if status in (401, 403) else ""))
-    return False
+    return run_recipe(recipe, cfg.get("instance_env_file"), float(cfg.get("http_timeout_s") or 20.0))
 
 
 def destroy(cfg: dict[str, Any], reason: str, attempt: int = 1) -> bool:
@@ -275,7 +370,7 @@ def destroy(cfg: dict[str, Any], reason: str, attempt: int = 1) -> bool:
         kill_job(reason)
     except Exception as exc:  # never let stopping the job stand between us and the delete
         log(f"could not stop the job ({type(exc).__name__}: {exc})")
-    if cfg["provider"] in ("runpod", "vast"):
+    if isinstance(cfg.get("destroy"), dict) or cfg["provider"] in ("runpod", "vast"):
         return destroy_through_api(cfg)
     # ssh / local: the machine is not ours; remove only our work folder.
     try:

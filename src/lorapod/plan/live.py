@@ -1,9 +1,12 @@
 """Live GPU prices from RunPod (GraphQL ``gpuTypes``) and Vast.ai (``POST /api/v0/bundles/``).
 
-Raw HTTP for prices only, kept small and separate from the provider clients in
-``lorapod.compute`` (which create and destroy instances). Keys come from RUNPOD_API_KEY and
-VAST_API_KEY, travel only in the Authorization header, and are never printed. Base URLs can be
-pointed elsewhere (tests use local fakes) with LORAPOD_RUNPOD_GRAPHQL_URL and LORAPOD_VAST_URL.
+Through the same API classes the runner uses (``lorapod.compute.runpod.api``,
+``lorapod.compute.vast.api``) and the same offer filters: RunPod types in stock only, and Vast's
+search built by :func:`lorapod.compute.vast.provider.offer_query`, so ``lorapod plan --live``
+prices the offers ``lorapod run`` would rent (hosts that can start the default image, reliable,
+direct SSH, the job's disk in ``dph_total``). Keys come from RUNPOD_API_KEY and VAST_API_KEY,
+travel only in the Authorization header, and are never printed. Base URLs can be pointed
+elsewhere (tests use local fakes) with LORAPOD_RUNPOD_GRAPHQL_URL and LORAPOD_VAST_URL.
 
 A failure never stops a plan: that provider falls back to the snapshot and the plan says why.
 """
@@ -13,21 +16,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-import httpx
-
 from lorapod.catalog.gpus import GPU, find_gpu, load_gpus
 from lorapod.catalog.prices import PriceEntry, load_prices
-from lorapod.errors import PlanError
+from lorapod.errors import LorapodError, PlanError
 
-RUNPOD_GRAPHQL_URL = "https://api.runpod.io/graphql"
-VAST_URL = "https://console.vast.ai"
 TIMEOUT_S = 15.0
-
-GPU_TYPES_QUERY = (
-    "query GpuTypes { gpuTypes { id displayName memoryInGb securePrice communityPrice "
-    "secureSpotPrice communitySpotPrice lowestPrice(input: {gpuCount: 1}) "
-    "{ minimumBidPrice uninterruptablePrice } } }"
-)
 
 # Vast.ai's gpu_name for each catalog GPU (40 GB and 80 GB A100s share names; gpu_ram tells them apart).
 VAST_NAMES = {
@@ -72,16 +65,20 @@ def match_gpu(name: str, vram_gb: float | None = None) -> GPU | None:
     return g
 
 
-def fetch_runpod(api_key: str, client: httpx.Client) -> list[PriceEntry]:
-    url = os.environ.get("LORAPOD_RUNPOD_GRAPHQL_URL", RUNPOD_GRAPHQL_URL)
-    r = client.post(url, json={"query": GPU_TYPES_QUERY}, headers={"Authorization": f"Bearer {api_key}"})
-    r.raise_for_status()
-    body = r.json()
-    if body.get("errors"):
-        raise ValueError("; ".join(str(e.get("message", e)) for e in body["errors"]))
+def fetch_runpod(api_key: str, timeout_s: float = TIMEOUT_S) -> list[PriceEntry]:
+    from lorapod.compute.runpod.api import RunPodApi
+    from lorapod.compute.runpod.provider import in_stock
+
+    api = RunPodApi(api_key, retries=1, backoff_s=0.2, timeout=timeout_s)
+    try:
+        types = api.gpu_types()
+    finally:
+        api.close()
     out = []
-    for t in body["data"]["gpuTypes"]:
-        g = match_gpu(str(t.get("displayName") or t.get("id")), t.get("memoryInGb"))
+    for t in types:
+        if not isinstance(t, dict) or not in_stock(t):  # listed is not rentable (compute/runpod/provider.py)
+            continue
+        g = match_gpu(str(t.get("displayName") or t.get("id")), _num(t.get("memoryInGb")))
         if g is None:
             continue
         lowest = t.get("lowestPrice") or {}
@@ -91,41 +88,38 @@ def fetch_runpod(api_key: str, client: httpx.Client) -> list[PriceEntry]:
             "spot": lowest.get("minimumBidPrice") or t.get("communitySpotPrice"),
         }
         for tier, price in tiers.items():
-            if price:
+            if _num(price):
                 out.append(PriceEntry("runpod", tier, g.name, float(price), source="live", offer_id=str(t.get("id"))))
     return out
 
 
 def vast_request(gpus: list[GPU], disk_gb: float, limit: int = 200) -> dict:
-    """The search body: verified, rentable, single-GPU on-demand offers of the GPUs asked for."""
+    """The search body: the runner's own query (single-GPU, the default image's hosts), for the
+    GPUs asked for."""
+    from lorapod.catalog.images import DEFAULTS
+    from lorapod.compute.provider import Requirements
+    from lorapod.compute.vast.provider import offer_query
+
     names = sorted({n for g in gpus for n in VAST_NAMES.get(g.name, [])})
-    return {
-        "limit": limit,
-        "type": "ondemand",
-        "verified": {"eq": True},
-        "rentable": {"eq": True},
-        "rented": {"eq": False},
-        "num_gpus": {"in": [1]},
-        "gpu_name": {"in": names},
-        # Two sort keys: the contract's schema puts minItems/maxItems 2 on the list itself.
-        "order": [["dph_total", "asc"], ["reliability", "desc"]],
-        "allocated_storage": float(disk_gb),
-    }
+    return offer_query(Requirements(disk_gb=float(disk_gb), gpu_count=1), DEFAULTS["vast"], limit=limit,
+                       gpu_names=names)
 
 
-def fetch_vast(api_key: str, client: httpx.Client, gpus: list[GPU], disk_gb: float) -> list[PriceEntry]:
-    base = os.environ.get("LORAPOD_VAST_URL", VAST_URL).rstrip("/")
-    r = client.post(f"{base}/api/v0/bundles/", json=vast_request(gpus, disk_gb),
-                    headers={"Authorization": f"Bearer {api_key}", "Accept": "application/json"})
-    r.raise_for_status()
-    offers = r.json().get("offers", [])
-    if isinstance(offers, dict):
-        offers = [offers]
+def fetch_vast(api_key: str, gpus: list[GPU], disk_gb: float, timeout_s: float = TIMEOUT_S) -> list[PriceEntry]:
+    from lorapod.compute.vast.api import VastApi
+
+    api = VastApi(api_key, retries=1, backoff_s=0.2, timeout=timeout_s)
+    try:
+        offers = api.search_offers(vast_request(gpus, disk_gb))
+    finally:
+        api.close()
     best: dict[str, PriceEntry] = {}
     for o in offers:
-        ram = o.get("gpu_ram")
-        g = match_gpu(str(o.get("gpu_name", "")), ram / 1024 if ram else None)
-        if g is None or not o.get("dph_total"):
+        if not isinstance(o, dict):
+            continue
+        ram = _num(o.get("gpu_ram"))
+        g = match_gpu(str(o.get("gpu_name", "")), ram / 1000 if ram else None)  # MB, as vast.py counts
+        if g is None or not _num(o.get("dph_total")):
             continue
         e = PriceEntry(
             "vast", "ondemand", g.name, float(o["dph_total"]), source="live",
@@ -141,10 +135,10 @@ def fetch_vast(api_key: str, client: httpx.Client, gpus: list[GPU], disk_gb: flo
 
 
 def _num(x: object) -> float | None:
-    try:
-        return float(x) if x is not None else None  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+    """A number a provider sent, or None (a bool, NaN, a negative or a string is not a price)."""
+    if isinstance(x, bool) or not isinstance(x, int | float):
         return None
+    return float(x) if x == x and x >= 0 else None
 
 
 def live_prices(disk_gb: float = 50, gpus: list[GPU] | None = None, timeout_s: float = TIMEOUT_S) -> LivePrices:
@@ -153,33 +147,34 @@ def live_prices(disk_gb: float = 50, gpus: list[GPU] | None = None, timeout_s: f
     gpus = gpus or list(load_gpus()[1])
     result = LivePrices()
     fetchers = {
-        "runpod": ("RUNPOD_API_KEY", lambda key, c: fetch_runpod(key, c)),
-        "vast": ("VAST_API_KEY", lambda key, c: fetch_vast(key, c, gpus, disk_gb)),
+        "runpod": ("RUNPOD_API_KEY", lambda key: fetch_runpod(key, timeout_s)),
+        "vast": ("VAST_API_KEY", lambda key: fetch_vast(key, gpus, disk_gb, timeout_s)),
     }
-    with httpx.Client(timeout=timeout_s) as client:
-        for provider, (env, fetch) in fetchers.items():
-            key = os.environ.get(env)
-            fallback = [e for e in snapshot if e.provider == provider]
-            if not key:
-                result.entries += fallback
-                result.notes.append(f"{provider}: {env} not set, snapshot prices used")
-                continue
-            try:
-                entries = fetch(key, client)
-            except httpx.HTTPStatusError as exc:
-                code = exc.response.status_code
-                why = "the API key was refused" if code in (401, 403) else f"HTTP {code}"
-                result.entries += fallback
-                result.notes.append(f"{provider}: {why}, snapshot prices used")
-                continue
-            except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-                result.entries += fallback
-                result.notes.append(f"{provider}: live prices unavailable ({type(exc).__name__}), snapshot prices used")
-                continue
-            if not entries:
-                result.entries += fallback
-                result.notes.append(f"{provider}: no matching offers, snapshot prices used")
-                continue
-            result.entries += entries
-            result.notes.append(f"{provider}: {len(entries)} live prices")
+    from lorapod.compute.httpapi import ApiError
+
+    for provider, (env, fetch) in fetchers.items():
+        key = os.environ.get(env)
+        fallback = [e for e in snapshot if e.provider == provider]
+        if not key:
+            result.entries += fallback
+            result.notes.append(f"{provider}: {env} not set, snapshot prices used")
+            continue
+        try:
+            entries = fetch(key)
+        except ApiError as exc:
+            why = ("the API key was refused" if exc.status in (401, 403) or "refused the API key" in exc.message
+                   else f"HTTP {exc.status}" if exc.status else f"live prices unavailable ({type(exc).__name__})")
+            result.entries += fallback
+            result.notes.append(f"{provider}: {why}, snapshot prices used")
+            continue
+        except (LorapodError, ValueError, KeyError, TypeError) as exc:
+            result.entries += fallback
+            result.notes.append(f"{provider}: live prices unavailable ({type(exc).__name__}), snapshot prices used")
+            continue
+        if not entries:
+            result.entries += fallback
+            result.notes.append(f"{provider}: no matching offers, snapshot prices used")
+            continue
+        result.entries += entries
+        result.notes.append(f"{provider}: {len(entries)} live prices")
     return result

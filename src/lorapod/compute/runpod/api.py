@@ -11,10 +11,16 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from lorapod.compute.httpapi import HttpApi, api_key
+from lorapod.compute.httpapi import HttpApi, api_key, user_agent
 
 REST_URL = "https://rest.runpod.io/v1"
 GRAPHQL_URL = "https://api.runpod.io/graphql"
+
+#: ``PodCreateInput.allowedCudaVersions`` enum of the v1 document, newest first
+CUDA_VERSIONS = ("13.0", "12.9", "12.8", "12.7", "12.6", "12.5", "12.4", "12.3", "12.2", "12.1", "12.0", "11.8")
+
+#: runpodctl ``api/pod.go`` ``RemovePod``, the mutation ``runpodctl remove pod`` sends
+POD_TERMINATE = "mutation terminatePod($podId: String!) { podTerminate(input: {podId: $podId}) }"
 
 GPU_TYPES_QUERY = (
     "query GpuTypes { gpuTypes { id displayName memoryInGb securePrice communityPrice secureSpotPrice "
@@ -44,9 +50,11 @@ class RunPodApi(HttpApi):
         return self.request("POST", "/pods", json_body=body, ok=(200, 201), idempotent=False).json()
 
     def get_pod(self, pod_id: str) -> dict[str, Any] | None:
-        """``GET /pods/{podId}`` (GetPod; 200 -> Pod). ``None`` when the pod does not exist (404)."""
-        resp = self.request("GET", f"/pods/{pod_id}", allow=(404,))
-        return None if resp.status_code == 404 else resp.json()
+        """``GET /pods/{podId}`` (GetPod; 200 -> Pod). ``None`` when the pod does not exist: 404, or
+        the document's other answer, 400 "Invalid ID supplied", which is what a pod id RunPod gave
+        us gets once the pod is gone (review row 14)."""
+        resp = self.request("GET", f"/pods/{pod_id}", allow=(400, 404))
+        return None if resp.status_code in (400, 404) else resp.json()
 
     def delete_pod(self, pod_id: str) -> None:
         """``DELETE /pods/{podId}`` (DeletePod; 204). A pod already gone (404) is success."""
@@ -55,3 +63,25 @@ class RunPodApi(HttpApi):
     def list_pods(self) -> list[dict[str, Any]]:
         """``GET /pods`` (ListPods; 200 -> Pods)."""
         return list(self.request("GET", "/pods").json() or [])
+
+    def self_destroy_recipe(self, pod_id: str) -> dict[str, Any]:
+        """How the watchdog deletes its own pod with the pod-scoped ``RUNPOD_API_KEY``, as data it
+        interprets with the standard library (:func:`lorapod.compute.watchdog.run_recipe`); tried in
+        order, the first that succeeds ends it. Only runpodctl's path is documented to work with
+        that key (runpod/docs get-started/connect-to-runpod.mdx: every pod has ``runpodctl`` and a
+        pod-scoped key; runpodctl#149: in-pod runpodctl speaks GraphQL); REST with it is not, so
+        REST is one try among them. ``{NAME}`` is the instance's variable ``NAME``."""
+        graphql = self.graphql_url
+        return {
+            "steps": [
+                {"name": "GraphQL podTerminate", "kind": "http", "method": "POST", "url": graphql,
+                 "token": "RUNPOD_API_KEY", "json": {"query": POD_TERMINATE, "variables": {"podId": "{RUNPOD_POD_ID}"}},
+                 "done_status": [200], "done_json_key": "podTerminate"},
+                {"name": "runpodctl remove pod", "kind": "exec",
+                 "argv": ["runpodctl", "remove", "pod", "{RUNPOD_POD_ID}"], "env": ["RUNPOD_API_KEY"]},
+                {"name": "REST DELETE", "kind": "http", "method": "DELETE", "url": f"{self.base_url}/pods/{{RUNPOD_POD_ID}}",
+                 "token": "RUNPOD_API_KEY", "done_status": [200, 202, 204], "gone_status": [404]},
+            ],
+            "ids": {"RUNPOD_POD_ID": pod_id},
+            "user_agent": user_agent("lorapod-watchdog"),
+        }

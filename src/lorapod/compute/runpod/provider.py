@@ -1,30 +1,54 @@
 """RunPod as a :class:`~lorapod.compute.provider.Provider` (REST v1 pods + GraphQL prices).
 
 Pods are created with ``"22/tcp"`` exposed and ``supportPublicIp`` so rsync works, and the job's
-public key in ``PUBLIC_KEY`` (RunPod images install it for root). Inside the pod the watchdog
-deletes it with the pod-scoped ``RUNPOD_API_KEY`` RunPod puts in the container's environment;
-the user's own key never leaves this machine.
+public key in ``PUBLIC_KEY``. Over REST, RunPod itself starts no SSH (runpodctl AGENTS.md: "the
+rest api rejects ``startSsh``"): the image's start script must append ``$PUBLIC_KEY`` and start
+sshd, as RunPod's official images do (runpod/containers ``container-template/start.sh``
+``setup_ssh``).
+
+Offers are only GPU types in stock (``lowestPrice.uninterruptablePrice`` is null when nothing is
+rentable; runpodctl filters on stock the same way), and a create asks for hosts that can start
+the image (``allowedCudaVersions`` from the image's CUDA) with enough RAM and vCPUs per GPU
+(``minRAMPerGPU`` from the planner's host-memory need, ``minVCPUPerGPU`` 4 as SkyPilot sends;
+the v1 defaults are 8 GB and 2). A create refused for capacity is :class:`NoCapacity`: nothing
+was rented, the next offer is tried.
+
+Inside the pod the watchdog destroys it with the pod-scoped ``RUNPOD_API_KEY`` RunPod puts in the
+container's environment, through the recipe :meth:`RunPodProvider.self_destroy` builds; the
+user's own key never leaves this machine.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from lorapod.catalog.images import DEFAULTS
+from lorapod.catalog.images import DEFAULTS, image_cuda
 from lorapod.compute.httpapi import ApiError
 from lorapod.compute.provider import (
     HOST_OPTIONS,
     Capability,
     Instance,
     InstanceSpec,
+    NoCapacity,
     Offer,
     Requirements,
     without,
 )
-from lorapod.compute.runpod.api import RunPodApi
-from lorapod.errors import ProviderError
+from lorapod.compute.runpod.api import CUDA_VERSIONS, RunPodApi
 
 DEFAULT_IMAGE = DEFAULTS["runpod"]
+MIN_VCPU_PER_GPU = 4  # SkyPilot's minVcpuCountPerGpu; the v1 default of 2 starves data loading
+MIN_RAM_PER_GPU_GB = 16  # never below this, whatever the planner says (v1 default: 8)
+
+
+def allowed_cuda(image: str) -> list[str] | None:
+    """The v1 ``allowedCudaVersions`` a host needs for ``image``: every listed version at or above
+    the image's CUDA; None when the image's CUDA is unknown (then any host may be chosen)."""
+    need = image_cuda(image)
+    if need is None:
+        return None
+    floor = tuple(int(x) for x in need.split("."))
+    return [v for v in CUDA_VERSIONS if tuple(int(x) for x in v.split(".")) >= floor]
 
 
 class RunPodProvider:
@@ -51,25 +75,31 @@ class RunPodProvider:
 
     def offers(self, req: Requirements) -> list[Offer]:
         out = []
+        image = req.image or self.image
+        ram = max(MIN_RAM_PER_GPU_GB, int(-(-req.host_ram_gb // 1)))
         for g in self.api.gpu_types():
+            if not in_stock(g):
+                continue
             prices = {"SECURE": g.get("securePrice"), "COMMUNITY": g.get("communityPrice")}
             for cloud in self.cloud_types:
                 price = prices.get(cloud)
-                if not price or price <= 0:
+                if not isinstance(price, int | float) or price <= 0:
                     continue
                 # RunPod prices one GPU; a pod with gpuCount N bills N times that
                 out.append(Offer(self.name, f"{g['id']}|{cloud}", g.get("displayName") or g["id"],
                                  float(price) * req.gpu_count, vram_gb=float(g.get("memoryInGb") or 0),
                                  gpu_count=req.gpu_count, region=cloud.lower(),
-                                 extra={"gpu_type_id": g["id"], "cloud_type": cloud},
+                                 extra={"gpu_type_id": g["id"], "cloud_type": cloud, "image": image,
+                                        "min_ram_per_gpu_gb": ram},
                                  secure=cloud == "SECURE"))
         return out
 
     def create(self, offer: Offer, spec: InstanceSpec) -> Instance:
         gpu_type, _, cloud = offer.id.partition("|")
-        body = {
+        image = spec.image or self.image
+        body: dict[str, Any] = {
             "name": spec.provider_label[:190],
-            "imageName": spec.image or self.image,
+            "imageName": image,
             "gpuTypeIds": [gpu_type],
             "gpuCount": max(1, offer.gpu_count),
             "cloudType": cloud or "SECURE",
@@ -78,11 +108,22 @@ class RunPodProvider:
             "ports": ["22/tcp"],
             "supportPublicIp": True,
             "env": {"PUBLIC_KEY": spec.ssh_public_key},
+            "minRAMPerGPU": int(offer.extra.get("min_ram_per_gpu_gb") or MIN_RAM_PER_GPU_GB),
+            "minVCPUPerGPU": MIN_VCPU_PER_GPU,
         }
-        pod = self.api.create_pod(body)
+        cuda = allowed_cuda(image)
+        if cuda:
+            body["allowedCudaVersions"] = cuda
+        try:
+            pod = self.api.create_pod(body)
+        except ApiError as exc:
+            if exc.status == 400 and is_no_capacity(exc.message):
+                raise NoCapacity(f"RunPod has no {offer.gpu_name} ({cloud.lower()}) for this pod right now",
+                                 hint="lorapod tries the next offer") from exc
+            raise
         if not pod.get("id"):
-            raise ProviderError(f"RunPod did not return a pod id for {offer.gpu_name}",
-                                hint="no capacity for this GPU right now; lorapod tries the next offer")
+            raise NoCapacity(f"RunPod did not return a pod id for {offer.gpu_name}",
+                             hint="no capacity for this GPU right now; lorapod tries the next offer")
         return self._instance(pod, offer.usd_per_hour)
 
     def refresh(self, inst: Instance) -> Instance:
@@ -105,7 +146,8 @@ class RunPodProvider:
         return [self._instance(p, 0.0) for p in self.api.list_pods()]
 
     def watchdog_config(self, inst: Instance) -> dict[str, Any]:
-        return {"provider": "runpod", "instance_id": inst.id, "api_url": self.api.base_url}
+        return {"provider": "runpod", "instance_id": inst.id, "api_url": self.api.base_url,
+                "destroy": self.api.self_destroy_recipe(inst.id)}
 
     def _instance(self, pod: dict[str, Any], usd: float, created_at: float | None = None) -> Instance:
         status = pod.get("desiredStatus")
@@ -126,3 +168,16 @@ class RunPodProvider:
                         usd_per_hour=float(pod.get("costPerHr") or usd or 0.0),
                         ssh_host=ip if state == "running" else None, ssh_port=int(port or 22), ssh_user="root",
                         gpu_name=(pod.get("gpu") or {}).get("displayName"), label=pod.get("name"), **kw)
+
+
+def in_stock(gpu_type: dict[str, Any]) -> bool:
+    """``lowestPrice.uninterruptablePrice`` is null when no on-demand GPU of the type is rentable
+    (runpodctl ``internal/api/gpu.go`` reads stock the same way): the list price says nothing."""
+    lowest = gpu_type.get("lowestPrice")
+    return isinstance(lowest, dict) and lowest.get("uninterruptablePrice") is not None
+
+
+def is_no_capacity(message: str) -> bool:
+    low = message.lower()
+    return any(w in low for w in ("no longer any instances available", "no instances available",
+                                  "not enough free gpus", "no available"))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from lorapod.compute.httpapi import HttpApi, api_key
+from lorapod.compute.httpapi import HttpApi, api_key, user_agent
 
 BASE_URL = "https://console.vast.ai"
 
@@ -41,15 +41,48 @@ class VastApi(HttpApi):
         self.request("POST", f"/api/v0/instances/{instance_id}/ssh/", json_body={"ssh_key": public_key})
 
     def show_instance(self, instance_id: int) -> dict[str, Any] | None:
-        """``GET /api/v0/instances/{id}/`` (showInstance; 200 -> {instances: Instance}). None when gone."""
+        """``GET /api/v0/instances/{id}/`` (showInstance; 200 -> {instances: Instance}). None when
+        gone: ``200 {"instances": null}`` is how Vast answers for an instance that no longer exists
+        (vast.py ``show__instance``), 404 in case it ever says so."""
         resp = self.request("GET", f"/api/v0/instances/{instance_id}/", allow=(404,))
         if resp.status_code == 404:
             return None
-        return resp.json().get("instances") or None
+        body = resp.json()
+        row = body.get("instances") if isinstance(body, dict) else None
+        return row if isinstance(row, dict) and row else None
 
     def destroy_instance(self, instance_id: int) -> None:
-        """``DELETE /api/v0/instances/{id}/`` (destroyInstance; 200). Already gone (404) is success."""
-        self.request("DELETE", f"/api/v0/instances/{instance_id}/", allow=(404,))
+        """``DELETE /api/v0/instances/{id}/`` (destroyInstance; 200). Already gone (404) is success.
+        A 200 whose body says ``success: false`` did nothing (vast.py ``destroy_instance`` prints
+        ``rj["msg"]`` then): raised, so the caller retries instead of believing it."""
+        path = f"/api/v0/instances/{instance_id}/"
+        resp = self.request("DELETE", path, allow=(404,))
+        if resp.status_code == 404:
+            return
+        try:
+            body = resp.json()
+        except ValueError:
+            body = None
+        if not (isinstance(body, dict) and body.get("success") is True):
+            err = self.error(resp, "DELETE", path)
+            err.message = f"vast did not destroy instance {instance_id}: {err.message}"
+            raise err
+
+    def self_destroy_recipe(self, instance_id: str) -> dict[str, Any]:
+        """How the watchdog destroys its own instance with the scoped ``CONTAINER_API_KEY``
+        ("can only start, stop, or destroy that specific instance", api-reference/hello-world.mdx),
+        as data the standard-library watchdog interprets: DELETE must answer ``success: true``
+        (vast.py ``destroy_instance``), then the GET must say ``instances: null`` (vast.py
+        ``show__instance``) before the watchdog believes it."""
+        url = f"{self.base_url}/api/v0/instances/{{CONTAINER_ID}}/"
+        return {
+            "steps": [{"name": "DELETE", "kind": "http", "method": "DELETE", "url": url, "token": "CONTAINER_API_KEY",
+                       "done_status": [200], "done_json": {"success": True}, "gone_status": [404]}],
+            "confirm": {"name": "GET", "kind": "http", "method": "GET", "url": url, "token": "CONTAINER_API_KEY",
+                        "gone_status": [404], "gone_json": {"instances": None}},
+            "ids": {"CONTAINER_ID": instance_id},
+            "user_agent": user_agent("lorapod-watchdog"),
+        }
 
     def list_instances(self) -> list[dict[str, Any]]:
         """``GET /api/v1/instances/`` (show instances; keyset pages of at most 25)."""

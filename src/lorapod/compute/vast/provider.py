@@ -1,7 +1,15 @@
 """Vast.ai as a :class:`~lorapod.compute.provider.Provider`.
 
-Offers come from ``/api/v0/bundles/``; an offer is rented with ``PUT /api/v0/asks/{id}/`` and
-the job's key attached. ``onstart`` copies ``CONTAINER_ID`` and the scoped ``CONTAINER_API_KEY``
+Offers come from ``/api/v0/bundles/`` with the query :func:`offer_query` builds (the planner's
+live prices use the same one): vast.py's defaults (verified, ``external: false``, rentable, not
+rented), hosts whose driver can start the image (``cuda_max_good``), a reliability floor, at least
+one direct port, and ``allocated_storage`` = the job's disk so ``dph_total`` is the price of the
+instance lorapod will create (the search prices 8 GB otherwise). ``gpu_ram`` is in MB both ways
+(vast.py ``offers_mult`` multiplies by 1000 and its table divides by 1000). An offer is rented with
+``PUT /api/v0/asks/{id}/`` and the job's key attached; the key reaches the container a few seconds
+later, which the session's readiness wait allows for. SSH goes direct (``public_ipaddr`` +
+``ports["22/tcp"][0]["HostPort"]``, vast.py ``_ssh_url``) with the ``sshN.vast.ai`` proxy as the
+fallback. ``onstart`` copies ``CONTAINER_ID`` and the scoped ``CONTAINER_API_KEY``
 into a file only root can read (:data:`INSTANCE_ENV_FILE`, mode 0600; never the world-readable
 ``/etc/environment``) so the watchdog, started over SSH, can destroy the instance from inside. Vast.ai
 bills storage while an instance exists in any state, so lorapod never stops, only destroys; an
@@ -12,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lorapod.catalog.images import DEFAULTS
+from lorapod.catalog.images import DEFAULTS, image_cuda
 from lorapod.compute.provider import (
     HOST_OPTIONS,
     Capability,
@@ -28,21 +36,72 @@ from lorapod.errors import ProviderError
 
 DEFAULT_IMAGE = DEFAULTS["vast"]
 INSTANCE_ENV_FILE = "/root/.lorapod-instance.env"
+MIN_RELIABILITY = 0.98  # every vast-ai/docs search example asks >= 0.99; cheapest-first favours flaky hosts
+#: vast.py ``search__offers --type`` default; the OpenAPI enum spells it "ondemand" (review C.1)
+OFFER_TYPE = "on-demand"
 
 
 def onstart_script(path: str = INSTANCE_ENV_FILE) -> str:
-    """The instance's start command: the scoped variables into a 0600 file, readable by root only."""
+    """The instance's start command: no tmux wrapping of sessions (vast-ai/docs: "We connect you
+    to a tmux session by default ... ``touch ~/.no_auto_tmux``"; SkyPilot's Vast onstart does the
+    same), then the scoped variables into a 0600 file, readable by root only."""
     import shlex
 
     q = shlex.quote(path)
-    return (f"umask 077 && env | grep -E '^(CONTAINER_ID|CONTAINER_API_KEY)=' > {q}.tmp && "
+    return (f"touch ~/.no_auto_tmux; umask 077 && env | grep -E '^(CONTAINER_ID|CONTAINER_API_KEY)=' > {q}.tmp && "
             f"chmod 600 {q}.tmp && mv {q}.tmp {q}")
+
+
 DEAD = ("exited", "unknown", "offline")
+
+
+def offer_query(req: Requirements, image: str, verified: bool = True, limit: int = 64,
+                gpu_names: list[str] | None = None) -> dict[str, Any]:
+    """The ``/api/v0/bundles/`` search for ``req``: one builder for the runner and the planner."""
+    query: dict[str, Any] = {
+        "rentable": {"eq": True},
+        "rented": {"eq": False},
+        "external": {"eq": False},
+        "num_gpus": {"eq": req.gpu_count},
+        "disk_space": {"gte": req.disk_gb},
+        "reliability": {"gte": MIN_RELIABILITY},
+        "direct_port_count": {"gte": 1},
+        "type": OFFER_TYPE,
+        "allocated_storage": float(req.disk_gb),
+        "order": [["dph_total", "asc"], ["reliability", "desc"]],
+        "limit": limit,
+    }
+    if verified:
+        query["verified"] = {"eq": True}
+    cuda = image_cuda(image)
+    if cuda:
+        query["cuda_max_good"] = {"gte": float(cuda)}
+    names = gpu_names or ([req.gpu.replace(" ", "_"), req.gpu] if req.gpu else None)
+    if names:
+        query["gpu_name"] = {"in": names}
+    if req.min_vram_gb:
+        query["gpu_ram"] = {"gte": req.min_vram_gb * 1000}
+    if req.host_ram_gb:  # the instance's RAM, in MB like gpu_ram (vast.py offers_mult["cpu_ram"] = 1000)
+        query["cpu_ram"] = {"gte": req.host_ram_gb * max(1, req.gpu_count) * 1000}
+    if req.max_usd_per_hour is not None:
+        query["dph_total"] = {"lte": req.max_usd_per_hour}
+    return query
+
+
+def is_secure(offer: dict[str, Any]) -> bool:
+    """A host fit for the job's secrets: a datacenter (SkyPilot's ``secure_only`` for Vast means
+    ``datacenter`` / ``hosting_type >= 1``). "Verified" is only identity-checked: a third party
+    still has root on the box."""
+    ht = offer.get("hosting_type")
+    return bool(offer.get("datacenter")) or (isinstance(ht, int | float) and ht >= 1)
 
 
 class VastProvider:
     name = "vast"
     console_url = "https://cloud.vast.ai/instances/"
+    #: the key attached after create reaches the container seconds later ("If authentication
+    #: fails, try again after a few seconds", Vast's SSH banner): readiness waits for it
+    key_arrives_late = True
 
     def __init__(self, api: VastApi | None = None, image: str = DEFAULT_IMAGE, verified: bool = True) -> None:
         self.api = api or VastApi()
@@ -61,30 +120,17 @@ class VastProvider:
         ]
 
     def offers(self, req: Requirements) -> list[Offer]:
-        query: dict[str, Any] = {
-            "rentable": {"eq": True},
-            "rented": {"eq": False},
-            "num_gpus": {"eq": req.gpu_count},
-            "disk_space": {"gte": req.disk_gb},
-            "type": "ondemand",
-            "order": [["dph_total", "asc"], ["reliability", "desc"]],
-            "limit": 64,
-        }
-        if self.verified:
-            query["verified"] = {"eq": True}
-        if req.gpu:
-            query["gpu_name"] = {"in": [req.gpu.replace(" ", "_"), req.gpu]}
-        if req.min_vram_gb:
-            query["gpu_ram"] = {"gte": req.min_vram_gb * 1000}
-        if req.max_usd_per_hour is not None:
-            query["dph_total"] = {"lte": req.max_usd_per_hour}
+        query = offer_query(req, req.image or self.image, self.verified)
         out = []
         for o in self.api.search_offers(query):
-            out.append(Offer(self.name, str(o["id"]), str(o.get("gpu_name") or "?"), float(o.get("dph_total") or 0),
-                             vram_gb=float(o.get("gpu_ram") or 0) / 1024, gpu_count=int(o.get("num_gpus") or 1),
+            if not isinstance(o, dict) or "id" not in o:
+                continue
+            extra = {k: o[k] for k in ("inet_down_cost", "inet_up_cost", "cuda_max_good", "datacenter")
+                     if isinstance(o.get(k), int | float | bool)}
+            out.append(Offer(self.name, str(o["id"]), str(o.get("gpu_name") or "?"), _num(o.get("dph_total")),
+                             vram_gb=_num(o.get("gpu_ram")) / 1000, gpu_count=int(_num(o.get("num_gpus")) or 1),
                              storage_usd_per_gb_month=o.get("storage_cost"), reliability=o.get("reliability"),
-                             region=o.get("geolocation"),
-                             secure=self.verified or o.get("verification") == "verified"))
+                             region=o.get("geolocation"), extra=extra, secure=is_secure(o)))
         return out
 
     def create(self, offer: Offer, spec: InstanceSpec) -> Instance:
@@ -123,19 +169,57 @@ class VastProvider:
 
     def watchdog_config(self, inst: Instance) -> dict[str, Any]:
         return {"provider": "vast", "instance_id": inst.id, "api_url": self.api.base_url,
-                "instance_env_file": INSTANCE_ENV_FILE}
+                "instance_env_file": INSTANCE_ENV_FILE, "destroy": self.api.self_destroy_recipe(inst.id)}
 
     def _instance(self, d: dict[str, Any], prev: Instance | None) -> Instance:
-        status = (d.get("actual_status") or "").lower()
+        status = str(d.get("actual_status") or "").lower()
+        routes = ssh_routes(d)
         if status in DEAD:
             state = "error"
-        elif status == "running" and d.get("ssh_host") and d.get("ssh_port"):
+        elif status == "running" and routes:
             state = "running"
         else:
             state = "booting"
         kw: dict[str, Any] = {"created_at": prev.created_at} if prev else {}
+        host, port = routes[0] if routes and state == "running" else (None, 22)
+        msg = d.get("status_msg")
         return Instance(id=str(d["id"]), provider=self.name, state=state,
-                        usd_per_hour=float(d.get("dph_total") or (prev.usd_per_hour if prev else 0.0)),
-                        ssh_host=d.get("ssh_host") if state == "running" else None, ssh_port=int(d.get("ssh_port") or 22),
-                        ssh_user="root", gpu_name=d.get("gpu_name"), label=d.get("label"),
-                        message=d.get("status_msg"), **kw)
+                        usd_per_hour=_num(d.get("dph_total")) or (prev.usd_per_hour if prev else 0.0),
+                        ssh_host=host, ssh_port=port, ssh_user="root", gpu_name=d.get("gpu_name"),
+                        label=d.get("label"), message=str(msg)[:300] if msg else None,
+                        pulling=status == "loading", ssh_alternates=tuple(routes[1:]) if state == "running" else (), **kw)
+
+
+def ssh_routes(d: dict[str, Any]) -> list[tuple[str, int]]:
+    """Direct first, then the proxy (vast.py ``_ssh_url``): ``public_ipaddr`` +
+    ``ports["22/tcp"][0]["HostPort"]`` when the port map has it, and ``ssh_host:ssh_port`` (the
+    ``sshN.vast.ai`` proxy, "slower for data transfer"). Values from the host are checked: a port
+    out of range or a non-string host is skipped."""
+    out: list[tuple[str, int]] = []
+    ports = d.get("ports")
+    mapped = ports.get("22/tcp") if isinstance(ports, dict) else None
+    ip = d.get("public_ipaddr")
+    if isinstance(mapped, list) and mapped and isinstance(mapped[0], dict) and isinstance(ip, str) and ip.strip():
+        port = _port(mapped[0].get("HostPort"))
+        if port:
+            out.append((ip.strip(), port))
+    host, port = d.get("ssh_host"), _port(d.get("ssh_port"))
+    if isinstance(host, str) and host.strip() and port and (host.strip(), port) not in out:
+        out.append((host.strip(), port))
+    return out
+
+
+def _port(v: Any) -> int | None:
+    try:
+        p = int(str(v).strip())
+    except (TypeError, ValueError):
+        return None
+    return p if 0 < p < 65536 else None
+
+
+def _num(v: Any) -> float:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return 0.0
+    return x if x == x and x >= 0 else 0.0

@@ -1,0 +1,56 @@
+"""``lorapod doctor runpod|vast``: one real instance, checked for cents (compute/doctor.py)."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+console = Console(highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("doctor")
+    def doctor(
+        provider: str = typer.Argument(..., help="runpod | vast"),
+        yes: bool = typer.Option(False, "--yes", help="Rent the instance (at most the printed cap)."),
+        as_json: bool = typer.Option(False, "--json", help="The report as JSON on stdout."),
+    ) -> None:
+        """Rent the cheapest in-stock GPU for at most 10 minutes and check what the tests cannot:
+        SSH and the key, rsync and Python, the scoped key destroying the instance from inside, the
+        provider's GET after it, the price reported against the price offered. Prints the cap in
+        cents first; nothing is rented without --yes."""
+        from lorapod.compute.doctor import MAX_MINUTES, SCOPED, cap_usd, cheapest_offer, run_doctor
+        from lorapod.compute.ledger import Ledger
+        from lorapod.compute.provider import get
+        from lorapod.errors import LorapodError
+
+        if provider not in SCOPED:
+            raise LorapodError(f"lorapod doctor checks a rented instance; '{provider}' is not one",
+                               hint=f"use one of: {', '.join(SCOPED)}")
+        prov = get(provider)
+        offer = cheapest_offer(prov)
+        cap = cap_usd(offer)
+        console.print(f"{provider}: {escape(offer.gpu_name)} ({escape(offer.id)}) at ${offer.usd_per_hour:.3f}/h; "
+                      f"cap {cap * 100:.1f} cents (at most {MAX_MINUTES:g} minutes)", markup=True)
+        if not yes:
+            console.print("nothing was rented; run again with --yes to check it")
+            return
+        report = run_doctor(prov, offer, Ledger(), say=lambda m: console.print(m, style="dim", markup=False))
+        if as_json:
+            typer.echo(json.dumps(report.to_dict()))
+        else:
+            table = Table(title=f"lorapod doctor {provider}")
+            for col in ("check", "result", "evidence"):
+                table.add_column(col, overflow="fold")
+            for c in report.checks:
+                mark = "[green]ok[/]" if c.ok else "[red]FAIL[/]" if c.ok is False else "-"
+                table.add_row(c.name, mark, escape(c.evidence))
+            console.print(table)
+            console.print(("[bold green]passed[/]" if report.passed else "[bold red]failed[/]")
+                          + ": stored in the ledger")
+        if not report.passed:
+            raise typer.Exit(1)
