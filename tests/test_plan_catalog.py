@@ -11,8 +11,8 @@ from lorapod.catalog.gpus import find_gpu, load_gpus
 from lorapod.catalog.models import ImageModel, find_model, load_models
 from lorapod.catalog.prices import load_prices, load_storage
 from lorapod.catalog.snapshot import load_data
+from lorapod.compute.live_prices import match_gpu
 from lorapod.plan.choose import plan_job
-from lorapod.plan.live import match_gpu
 from lorapod.spec import load_spec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

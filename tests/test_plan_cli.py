@@ -113,7 +113,7 @@ def test_live_without_keys_uses_the_snapshot_and_says_so():
 
 
 def test_plan_does_not_import_torch():
-    code = "import sys, lorapod.cli.plan, lorapod.plan.choose, lorapod.plan.live; print('torch' in sys.modules)"
+    code = "import sys, lorapod.cli.plan, lorapod.plan.choose, lorapod.compute.live_prices; print('torch' in sys.modules)"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert r.stdout.strip() == "False", r.stderr

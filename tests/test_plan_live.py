@@ -17,8 +17,8 @@ import jsonschema
 import pytest
 import yaml
 
+from lorapod.compute.live_prices import live_prices
 from lorapod.plan.choose import plan_job
-from lorapod.plan.live import live_prices
 from lorapod.spec import load_spec
 
 HERE = Path(__file__).resolve().parent

@@ -60,7 +60,7 @@ def plan_command(
     prices, notes = None, []
     if live:
         from lorapod.catalog.gpus import find_gpu
-        from lorapod.plan.live import live_prices
+        from lorapod.compute.live_prices import live_prices
 
         got = live_prices(job_spec.compute.disk_gb, [find_gpu(gpu)] if gpu else None)
         prices, notes = got.entries, got.notes

@@ -163,7 +163,7 @@ def plan_job(
 ) -> Plan:
     """Estimate the job on every priced GPU and rank the offers that fit by $ per job.
 
-    ``prices`` replaces the snapshot (e.g. live offers from :mod:`lorapod.plan.live`); ``gpu``
+    ``prices`` replaces the snapshot (e.g. live offers from :mod:`lorapod.compute.live_prices`); ``gpu``
     and ``provider`` (or the spec's ``compute.gpu`` / ``compute.provider``) narrow the offers.
     A pinned GPU is shown even when it does not fit, with the change that would make it fit.
     Raises PlanError when nothing fits, naming what would.
