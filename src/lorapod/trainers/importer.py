@@ -318,12 +318,16 @@ def _aitk_save(r: ImportResult, s: dict) -> None:
 
 
 def _aitk_sample(r: ImportResult, s: dict) -> None:
+    from lorapod.trainers.ai_toolkit import KLEIN_SAMPLE
+
     prompts = [x["prompt"] for x in s.get("samples") or []] or list(s.get("prompts") or [])
     if prompts:
         r.put("samples.prompts", prompts)
     for k, v in s.items():
         if k == "sample_every":
             r.put("samples.every_steps", v)
+        elif k in KLEIN_SAMPLE and v == KLEIN_SAMPLE[k]:
+            continue  # what lorapod writes for FLUX.2 klein (ai-toolkit's UI settings)
         elif k not in ("samples", "prompts", "sampler", "width", "height", "seed", "walk_seed"):
             r.skip(f"sample.{k}")
 
