@@ -198,8 +198,7 @@ def from_ai_toolkit(cfg: dict[str, Any]) -> ImportResult:
     if len(procs) > 1:
         r.skip("config.process[1:]", "lorapod runs one training process per spec")
     p = procs[0]
-    blocks = {"model": _aitk_model, "network": _aitk_network, "train": _aitk_train, "save": _aitk_save,
-              "sample": _aitk_sample}
+    blocks = {"model": _aitk_model, "network": _aitk_network, "train": _aitk_train, "save": _aitk_save}
     for key, value in p.items():
         if key in ("type", "training_folder", "logging", "device", "sqlite_db_path", "performance_log_every"):
             continue
@@ -207,6 +206,8 @@ def from_ai_toolkit(cfg: dict[str, Any]) -> ImportResult:
             r.put("data.trigger", value)
         elif key == "datasets":
             _aitk_datasets(r, value)
+        elif key == "sample":
+            _aitk_sample(r, value, klein=str((p.get("model") or {}).get("arch", "")).startswith("flux2_klein_"))
         elif key in blocks:
             blocks[key](r, value)
         else:
@@ -317,7 +318,7 @@ def _aitk_save(r: ImportResult, s: dict) -> None:
             r.skip(f"save.{k}")
 
 
-def _aitk_sample(r: ImportResult, s: dict) -> None:
+def _aitk_sample(r: ImportResult, s: dict, *, klein: bool) -> None:
     from lorapod.trainers.ai_toolkit import KLEIN_SAMPLE
 
     prompts = [x["prompt"] for x in s.get("samples") or []] or list(s.get("prompts") or [])
@@ -326,7 +327,7 @@ def _aitk_sample(r: ImportResult, s: dict) -> None:
     for k, v in s.items():
         if k == "sample_every":
             r.put("samples.every_steps", v)
-        elif k in KLEIN_SAMPLE and v == KLEIN_SAMPLE[k]:
+        elif klein and k in KLEIN_SAMPLE and v == KLEIN_SAMPLE[k]:
             continue  # what lorapod writes for FLUX.2 klein (ai-toolkit's UI settings)
         elif k not in ("samples", "prompts", "sampler", "width", "height", "seed", "walk_seed"):
             r.skip(f"sample.{k}")
