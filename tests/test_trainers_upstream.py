@@ -61,3 +61,106 @@ def test_ai_toolkit_klein_samples_with_its_uis_settings_not_sds(tmp_path):
                      "ai-toolkit", Layout("/w"))
     sample = job.config["config"]["process"][0]["sample"]
     assert (sample["guidance_scale"], sample["sample_steps"]) == (4.0, 30)
+
+
+# ------------------------------------------------------------------ items 3, 4: musubi's clip folders
+
+
+def clips_folder(tmp: Path, fps=(30.0, 30.0), stills=2) -> Path:
+    """Real clips (PyAV) and stills, with captions, plus what musubi does not read: a .gif and a
+    clip in a subfolder (dataset/media_utils.py: its extensions, top folder only)."""
+    import numpy as np
+
+    from lorapod.data.clips import write_clip
+
+    folder = tmp / "clips"
+    (folder / "more").mkdir(parents=True)
+    frames = [np.full((32, 32, 3), 10 * i, np.uint8) for i in range(6)]
+    for i, rate in enumerate(fps):
+        write_clip(folder / f"clip{i}.mp4", frames, fps=rate)
+        (folder / f"clip{i}.txt").write_text("zxq walking")
+    for i in range(stills):
+        (folder / f"still{i}.png").write_bytes(b"")
+        (folder / f"still{i}.txt").write_text("zxq standing")
+    (folder / "loop.gif").write_bytes(b"")
+    write_clip(folder / "more" / "deep.mp4", frames, fps=30.0)
+    return folder
+
+
+def wan_spec(tmp: Path, **data) -> Path:
+    folder = clips_folder(tmp, **data.pop("_clips", {}))
+    raw = {"model": {"id": "Wan-AI/Wan2.1-T2V-1.3B", "family": "wan21"},
+           "data": {"path": str(folder), "format": "video", "target_frames": [1, 5], "fps": 16.0, **data},
+           "train": {"max_steps": 10}, "output": {"dir": str(tmp / "runs"), "name": "w"}}
+    path = tmp / "w.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_print_shows_the_musubi_job_run_executes_for_clips(tmp_path):
+    """--print builds from the data where it is (clips found), then names the instance's paths."""
+    import tomllib
+
+    from lorapod.cli.trainers import print_trainer_job
+
+    spec = load_spec(wan_spec(tmp_path))
+    text = print_trainer_job(spec, "musubi-tuner")
+    toml = text.split("# ---- file $WORK/trainer/job/dataset.toml\n", 1)[1].split("# ----", 1)[0]
+    video = tomllib.loads(toml)["datasets"][0]
+    assert video["video_directory"] == "$WORK/data/0-clips" and video["target_frames"] == [1, 5]
+    assert str(tmp_path) not in text
+    spec.model.family, spec.model.id, spec.data.format = "sdxl", "org/sdxl", "images"
+    with pytest.raises(TrainerRefused, match="sd-scripts trains on images; the data has 3 video file"):
+        print_trainer_job(spec, "sd-scripts")  # the refusal run gives, not a job it never runs
+
+
+def test_musubi_clip_folder_keeps_its_stills_and_its_frame_rate(tmp_path):
+    _, job = prepare(load_spec(wan_spec(tmp_path)), "musubi-tuner", Layout("/w"))
+    import tomllib
+
+    datasets = tomllib.loads(job.files["/w/trainer/job/dataset.toml"])["datasets"]
+    assert [sorted(k for k in ds if k.endswith("_directory") or k == "source_fps") for ds in datasets] == [
+        ["cache_directory", "source_fps", "video_directory"], ["cache_directory", "image_directory"]]
+    assert datasets[0]["source_fps"] == 30.0  # musubi drops frames from 30 to Wan's 16
+    assert datasets[0]["cache_directory"] != datasets[1]["cache_directory"]
+    assert any("2 clip(s) train as a video dataset and 2 still(s)" in n for n in job.notes)  # not loop.gif, not more/
+
+
+def test_musubi_refuses_a_frame_rate_it_cannot_give(tmp_path):
+    msg = refusal(wan_spec(tmp_path, fps=24.0), "musubi-tuner")
+    assert "resamples Wan2.1 clips to 16 fps only" in msg and "data.fps 16, or null" in msg
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    msg = refusal(wan_spec(mixed, _clips={"fps": (30.0, 24.0)}), "musubi-tuner")
+    assert "one source_fps per dataset" in msg and "clip0.mp4 at 30 fps" in msg
+
+
+def test_musubi_without_fps_uses_every_frame(tmp_path):
+    import tomllib
+
+    _, job = prepare(load_spec(wan_spec(tmp_path, fps=None)), "musubi-tuner", Layout("/w"))
+    assert "source_fps" not in tomllib.loads(job.files["/w/trainer/job/dataset.toml"])["datasets"][0]
+
+
+# ------------------------------------------------------------------ item 10: --print in a shell
+
+
+def test_printed_commands_expand_work_in_a_shell(tmp_path):
+    """The printed lines, pasted into bash with $WORK set, name the job's files; unset, they stop."""
+    import subprocess
+
+    from lorapod.cli.trainers import print_trainer_job
+
+    klein = {"id": "black-forest-labs/FLUX.2-klein-base-4B", "family": "flux2", "variant": "4b"}
+    text = print_trainer_job(load_spec(write_spec(tmp_path, {"model": klein})), "ai-toolkit")
+    guard = next(ln for ln in text.splitlines() if ln.startswith(": "))
+    train = text.split("# ---- run\n# train\n", 1)[1].splitlines()[0]
+    work = tmp_path / "job dir"
+    (work / "trainer" / "src").mkdir(parents=True)
+    script = f'python3() {{ printf "%s\\n" "$@"; }}\nenv() {{ shift; "$@"; }}\n{guard}\n{train}\n'
+    out = subprocess.run(["bash", "-c", script], env={"WORK": str(work), "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, timeout=30)
+    assert out.stdout.splitlines() == ["run.py", f"{work}/trainer/job/config.yaml"], out.stderr
+    out = subprocess.run(["bash", "-c", script], env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode != 0 and "set WORK to the job folder" in out.stderr

@@ -36,10 +36,12 @@ FLUX_TEXT_ENCODERS = ("comfyanonymous/flux_text_encoders", "clip_l.safetensors",
 
 
 def video_files(spec) -> list[Path]:
+    """Video files at the top of the data folders: sd-scripts (library/train_util.py glob_images) and
+    musubi-tuner (dataset/media_utils.py glob_images/glob_videos) read no subfolders."""
     out: list[Path] = []
     for p in spec.data_paths():
         if p.is_dir():
-            out += [f for f in p.rglob("*") if f.suffix.lower() in VIDEO_EXTS]
+            out += sorted(f for f in p.iterdir() if f.is_file() and f.suffix.lower() in VIDEO_EXTS)
     return out
 
 
