@@ -164,3 +164,46 @@ def test_printed_commands_expand_work_in_a_shell(tmp_path):
     out = subprocess.run(["bash", "-c", script], env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
                          timeout=30)
     assert out.returncode != 0 and "set WORK to the job folder" in out.stderr
+
+
+# ------------------------------------------------------------------ item 5: ai-toolkit's linear
+
+
+def aitk_rates(job, steps: int) -> list[float]:
+    """The rate per step as ai-toolkit builds its scheduler: BaseSDTrainProcess adds
+    ``total_iters = train.steps`` to ``lr_scheduler_params`` and toolkit/scheduler.py's ``linear``
+    is ``torch.optim.lr_scheduler.LinearLR(optimizer, **params)`` (the upstream test runs that code)."""
+    import torch
+
+    train = job.config["config"]["process"][0]["train"]
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=train["lr"])
+    sched = torch.optim.lr_scheduler.LinearLR(opt, **{**train.get("lr_scheduler_params", {}), "total_iters": steps})
+    rates = []
+    for _ in range(steps):
+        rates.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return rates
+
+
+def test_ai_toolkit_linear_decays_as_lorapods_linear(tmp_path):
+    klein = {"id": "black-forest-labs/FLUX.2-klein-base-4B", "family": "flux2", "variant": "4b"}
+    path = write_spec(tmp_path, {"model": klein, "train": {"max_steps": 4, "scheduler": "linear",
+                                                            "learning_rate": 1e-4}})
+    _, job = prepare(load_spec(path), "ai-toolkit", Layout("/w"))
+    assert job.config["config"]["process"][0]["train"]["lr_scheduler"] == "linear"
+    assert aitk_rates(job, 4) == pytest.approx([1e-4, 7.5e-5, 5e-5, 2.5e-5])
+
+
+def test_ai_toolkit_linear_reads_back_only_when_it_decays():
+    from lorapod.trainers.importer import from_ai_toolkit
+
+    def imported(train: dict):
+        cfg = {"job": "extension", "config": {"name": "x", "process": [{"type": "sd_trainer", "train": train}]}}
+        return from_ai_toolkit(cfg)
+
+    assert imported({"lr_scheduler": "linear", "lr_scheduler_params": {"start_factor": 1.0, "end_factor": 0.0}}
+                    ).spec["train"]["scheduler"] == "linear"
+    warmup = imported({"lr_scheduler": "linear"})
+    assert "scheduler" not in warmup.spec.get("train", {})
+    assert any(k == "train.lr_scheduler" and "warms up" in why for k, why in warmup.unmapped)

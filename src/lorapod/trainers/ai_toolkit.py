@@ -128,8 +128,14 @@ class AiToolkit(Trainer):
         if fam in ("flux1", "flux2"):
             train["timestep_type"] = TIMESTEPS[t.timestep_sampling]
         warmup = t.warmup_steps or round(t.warmup_ratio * steps)
-        if t.scheduler in ("cosine", "linear"):
-            train["lr_scheduler"] = t.scheduler
+        if t.scheduler == "cosine":
+            train["lr_scheduler"] = "cosine"  # CosineAnnealingLR(T_max=steps): down to 0
+        elif t.scheduler == "linear":
+            # toolkit/scheduler.py builds torch's LinearLR(optimizer, **params) with total_iters=steps
+            # (BaseSDTrainProcess): with torch's defaults (start 1/3, end 1) it warms up. A decay to 0,
+            # as lorapod's (and sd-scripts', HF's) linear, needs the factors given.
+            train["lr_scheduler"] = "linear"
+            train["lr_scheduler_params"] = {"start_factor": 1.0, "end_factor": 0.0}
         elif t.scheduler == "constant_with_warmup":
             # toolkit/scheduler.py get_lr_scheduler: diffusers' constant schedule with warmup
             train["lr_scheduler"] = "constant_with_warmup"

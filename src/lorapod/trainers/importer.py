@@ -286,10 +286,16 @@ def _aitk_train(r: ImportResult, t: dict) -> None:
             else:
                 r.skip("train.optimizer", f"optimizer {v!r}: lorapod has adamw and adamw_8bit")
         elif k == "lr_scheduler":
-            if v in _SCHEDULERS:
+            decay = (t.get("lr_scheduler_params") or {}) == _AITK_LINEAR_DECAY
+            if v == "linear" and not decay:
+                r.skip("train.lr_scheduler", "linear with torch LinearLR's default factors warms up (1/3 to the "
+                       "full rate, toolkit/scheduler.py); lorapod's linear decays")
+            elif v in _SCHEDULERS:
                 r.put("train.scheduler", v)
             else:
                 r.skip("train.lr_scheduler", f"scheduler {v!r}")
+        elif k == "lr_scheduler_params" and t.get("lr_scheduler") == "linear" and v == _AITK_LINEAR_DECAY:
+            continue
         elif k == "timestep_type":
             if v in _AITK_TIMESTEPS:
                 r.put("train.timestep_sampling", _AITK_TIMESTEPS[v])
@@ -305,6 +311,9 @@ def _aitk_train(r: ImportResult, t: dict) -> None:
             r.skip(f"train.{k}")
     if "lr_scheduler" not in t:
         r.put("train.scheduler", "constant")  # ai-toolkit's default
+
+
+_AITK_LINEAR_DECAY = {"start_factor": 1.0, "end_factor": 0.0}  # what lorapod writes for its linear
 
 
 def _aitk_save(r: ImportResult, s: dict) -> None:
