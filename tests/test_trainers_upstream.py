@@ -207,3 +207,25 @@ def test_ai_toolkit_linear_reads_back_only_when_it_decays():
     warmup = imported({"lr_scheduler": "linear"})
     assert "scheduler" not in warmup.spec.get("train", {})
     assert any(k == "train.lr_scheduler" and "warms up" in why for k, why in warmup.unmapped)
+
+
+# ------------------------------------------------------------------ items 6, 10: sd-scripts' own refusals
+
+
+@pytest.mark.parametrize("family", ["sdxl", "flux1"])
+@pytest.mark.parametrize("data", [{"shuffle_captions": True}, {"caption_dropout": 0.1}])
+def test_sd_scripts_text_encoder_cache_with_caption_changes_is_refused_in_its_words(tmp_path, family, data):
+    """sdxl_train_network.py / flux_train_network.py assert_extra_args: the English half of its message."""
+    path = write_spec(tmp_path, {"model": {"id": "org/m", "family": family},
+                                 "data": {"cache_text_encoder_outputs": True, **data}})
+    msg = refusal(path, "sd-scripts")
+    assert ("when caching Text Encoder output, either caption_dropout_rate, shuffle_caption, token_warmup_step "
+            "or caption_tag_dropout_rate cannot be used") in msg
+    assert "--set data.cache_text_encoder_outputs=false" in msg
+
+
+def test_sd15_text_encoder_cache_is_refused_with_the_fix(tmp_path):
+    path = write_spec(tmp_path, {"model": {"id": "org/m", "family": "sd15"}, "data": {"cache_text_encoder_outputs": True}})
+    msg = refusal(path, "sd-scripts")
+    assert "cannot run this spec" in msg and "would reject" not in msg  # not the contract check's complaint
+    assert "train_network.py (SD 1.5) cannot cache text-encoder outputs: --set data.cache_text_encoder_outputs=false" in msg

@@ -29,6 +29,9 @@ from lorapod.trainers.bridge import KohyaProgress
 
 SCRIPTS = {"sd15": "train_network.py", "sdxl": "sdxl_train_network.py", "flux1": "flux_train_network.py"}
 OPTIMIZERS = {"adamw": "AdamW", "adamw_8bit": "AdamW8bit"}
+# sdxl_train_network.py / flux_train_network.py assert_extra_args, word for word (English half)
+TE_CACHE_REFUSAL = ("when caching Text Encoder output, either caption_dropout_rate, shuffle_caption, token_warmup_step "
+                    "or caption_tag_dropout_rate cannot be used")
 VIDEO_EXTS = (".mp4", ".webm", ".mov", ".mkv", ".avi", ".gif")
 # FLUX.1 as sd-scripts reads it: separate files for the transformer, the autoencoder and both text
 # encoders (flux_train_network.py --clip_l --t5xxl --ae).
@@ -119,6 +122,15 @@ class SdScripts(KohyaOutputs, Trainer):
         if m.train_text_encoder and d.cache_text_encoder_outputs:
             r.append("cached text-encoder outputs need U-Net-only training: set method.train_text_encoder false "
                      "or data.cache_text_encoder_outputs false")
+        if d.cache_text_encoder_outputs and spec.model.family == "sd15":
+            # train_network.py's parser has no --cache_text_encoder_outputs (only the SDXL/FLUX scripts')
+            r.append("train_network.py (SD 1.5) cannot cache text-encoder outputs: "
+                     "--set data.cache_text_encoder_outputs=false")
+        elif d.cache_text_encoder_outputs and (d.shuffle_captions or d.caption_dropout):
+            # SdxlNetworkTrainer / FluxNetworkTrainer.assert_extra_args, after the instance is set up
+            r.append(f"{SCRIPTS[spec.model.family]} says: \"{TE_CACHE_REFUSAL}\": "
+                     "--set data.cache_text_encoder_outputs=false, or data.shuffle_captions=false and "
+                     "data.caption_dropout=0")
         if spec.model.family != "flux1" and t.timestep_sampling != "uniform":
             r.append(f"{SCRIPTS[spec.model.family]} samples timesteps uniformly: train.timestep_sampling must be uniform")
         if spec.model.family != "flux1" and t.blocks_to_swap:
