@@ -229,3 +229,23 @@ def test_sd15_text_encoder_cache_is_refused_with_the_fix(tmp_path):
     msg = refusal(path, "sd-scripts")
     assert "cannot run this spec" in msg and "would reject" not in msg  # not the contract check's complaint
     assert "train_network.py (SD 1.5) cannot cache text-encoder outputs: --set data.cache_text_encoder_outputs=false" in msg
+
+
+def test_a_refusal_on_the_instance_is_the_error_the_user_sees(tmp_path, monkeypatch):
+    """When the trainer refuses anyway (here: lorapod's own check switched off), the error leads with
+    its exception line, found before accelerate's CalledProcessError re-raise, and gives the fix."""
+    from lorapod.trainers.runner import TrainerFailed, run_trainer
+    from lorapod.trainers.sd_scripts import SdScripts
+
+    monkeypatch.setattr(SdScripts, "refuse", lambda self, spec: [])
+    monkeypatch.setenv("LORAPOD_STANDIN_STEP_S", "0.01")
+    path = write_spec(tmp_path, {"model": {"id": "org/m", "family": "sdxl"},
+                                 "data": {"cache_text_encoder_outputs": True, "shuffle_captions": True}})
+    standin = Path(__file__).resolve().parent / "standins" / "sd-scripts"
+    with pytest.raises(TrainerFailed) as info:
+        run_trainer(load_spec(path), "sd-scripts", tmp_path / "run", tmp_path / "work", src=str(standin),
+                    poll_s=0.1, say=lambda m: None)
+    first = str(info.value).splitlines()[0]
+    assert first.startswith("kohya sd-scripts refused: AssertionError: when caching Text Encoder output, either "
+                            "caption_dropout_rate, shuffle_caption")
+    assert info.value.hint.startswith("--set data.cache_text_encoder_outputs=false")

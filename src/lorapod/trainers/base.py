@@ -217,6 +217,13 @@ class Trainer:
         raise TrainerRefused(f"{self.title} cannot resume from {checkpoint}",
                              hint="start a new run; its checkpoints are in the run folder")
 
+    # the trainer's own refusal texts (a fragment of its exception message) -> the spec change that fixes it
+    refusals: ClassVar[dict[str, str]] = {}
+
+    def fix_for(self, reason: str | None) -> str | None:
+        """The spec change for a refusal the trainer printed on the instance, when lorapod knows it."""
+        return next((fix for text, fix in self.refusals.items() if reason and text in reason), None)
+
     def stop_trigger(self, layout: Layout) -> Path | None:
         """A file that asks the trainer to save now (None: wait for its next save)."""
         return None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import ClassVar
 
 from lorapod.trainers import tomlw
 from lorapod.trainers.base import (
@@ -106,6 +107,9 @@ class SdScripts(KohyaOutputs, Trainer):
     commit = "48d368fa557731ad0488c07304dfeba8c07910eb"
     install = ("-r", "requirements.txt")
     torch = "torch>=2.4"
+    refusals: ClassVar[dict[str, str]] = {
+        TE_CACHE_REFUSAL: "--set data.cache_text_encoder_outputs=false, or data.shuffle_captions=false and "
+                          "data.caption_dropout=0, then `lorapod run --resume JOB`"}
 
     def refuse(self, spec) -> list[str]:
         r = super().refuse(spec)
