@@ -249,3 +249,35 @@ def test_a_refusal_on_the_instance_is_the_error_the_user_sees(tmp_path, monkeypa
     assert first.startswith("kohya sd-scripts refused: AssertionError: when caching Text Encoder output, either "
                             "caption_dropout_rate, shuffle_caption")
     assert info.value.hint.startswith("--set data.cache_text_encoder_outputs=false")
+
+
+# ------------------------------------------------------------------ item 7: no clipping
+
+
+def test_no_clipping_reaches_ai_toolkit_and_axolotl(tmp_path):
+    """ai-toolkit's TrainConfig defaults max_grad_norm to 1.0 and SDTrainer always calls
+    clip_grad_norm_(params, max_grad_norm); axolotl passes it only when set and transformers
+    defaults to 1.0, clipping only when it is > 0. Each gets the value that clips nothing in its code."""
+    import torch
+
+    from lorapod.trainers.importer import from_ai_toolkit, from_axolotl
+
+    klein = {"id": "black-forest-labs/FLUX.2-klein-base-4B", "family": "flux2", "variant": "4b"}
+    _, aitk = prepare(load_spec(write_spec(tmp_path, {"model": klein, "train": {"max_grad_norm": None}})),
+                      "ai-toolkit", Layout("/w"))
+    norm = aitk.config["config"]["process"][0]["train"]["max_grad_norm"]
+    grad = torch.nn.Parameter(torch.zeros(3))
+    grad.grad = torch.tensor([30.0, 40.0, 0.0])
+    torch.nn.utils.clip_grad_norm_([grad], norm)  # what accelerator.clip_grad_norm_ runs on one process
+    assert grad.grad.tolist() == [30.0, 40.0, 0.0]
+    assert yaml.safe_load(next(iter(aitk.files.values())))["config"]["process"][0]["train"]["max_grad_norm"] == norm
+
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n')
+    llm = write_spec(tmp_path, {"model": {"id": "org/llm", "family": "llm"}, "data": {"path": str(chat), "format": "messages"},
+                                "train": {"max_grad_norm": None}})
+    _, ax = prepare(load_spec(llm), "axolotl", Layout("/w"))
+    assert ax.config["max_grad_norm"] == 0.0  # Trainer: `if self.args.max_grad_norm > 0:` clip
+    # and both read back as lorapod's null
+    assert from_ai_toolkit(aitk.config).spec["train"]["max_grad_norm"] is None
+    assert from_axolotl(ax.config).spec["train"]["max_grad_norm"] is None

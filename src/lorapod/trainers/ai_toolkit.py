@@ -142,8 +142,9 @@ class AiToolkit(Trainer):
             train["lr_scheduler_params"] = {"num_warmup_steps": warmup}
         if t.weight_decay:
             train["optimizer_params"] = {"weight_decay": float(t.weight_decay)}
-        if t.max_grad_norm:
-            train["max_grad_norm"] = float(t.max_grad_norm)
+        # TrainConfig's default is 1.0 (config_modules.py), and SDTrainer always calls
+        # clip_grad_norm_(params, max_grad_norm): 0 would zero every gradient, infinity clips nothing
+        train["max_grad_norm"] = float(t.max_grad_norm) if t.max_grad_norm else float("inf")
         if t.noise_offset:
             train["noise_offset"] = float(t.noise_offset)
         if t.min_snr_gamma:

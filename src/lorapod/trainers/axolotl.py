@@ -121,8 +121,9 @@ class Axolotl(Trainer):
         elif t.warmup_ratio:
             cfg["warmup_ratio"] = float(t.warmup_ratio)
         cfg["weight_decay"] = float(t.weight_decay)
-        if t.max_grad_norm:
-            cfg["max_grad_norm"] = float(t.max_grad_norm)
+        # axolotl passes it on only when set (core/builders/base.py), and transformers' default is
+        # 1.0; its Trainer clips only when max_grad_norm > 0 ("0 to disable")
+        cfg["max_grad_norm"] = float(t.max_grad_norm or 0.0)
         cfg["gradient_checkpointing"] = t.gradient_checkpointing
         prec = t.precision
         cfg["bf16"] = {"auto": "auto", "bf16": True}.get(prec, False)

@@ -30,6 +30,8 @@ class ImportResult:
     unmapped: list[tuple[str, str]] = field(default_factory=list)
 
     def put(self, dotted: str, value: Any) -> None:
+        if dotted == "train.max_grad_norm" and value is not None and not 0 < float(value) < float("inf"):
+            value = None  # 0 (kohya, transformers) and infinity (ai-toolkit) clip nothing: lorapod's null
         node = self.spec
         *parents, last = dotted.split(".")
         for p in parents:
