@@ -281,3 +281,19 @@ def test_no_clipping_reaches_ai_toolkit_and_axolotl(tmp_path):
     # and both read back as lorapod's null
     assert from_ai_toolkit(aitk.config).spec["train"]["max_grad_norm"] is None
     assert from_axolotl(ax.config).spec["train"]["max_grad_norm"] is None
+
+
+# ------------------------------------------------------------------ item 8: packing isolated
+
+
+def test_axolotl_packing_gets_a_backend_that_isolates_examples(tmp_path):
+    """axolotl 0.19.0 AxolotlInputConfig.attn_decontaminates_packing (utils/schemas/config.py) is true
+    for sdpa; validate_config warns "does not handle cross-sample decontamination" otherwise. The
+    upstream check runs the real validator on this config."""
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n')
+    llm = write_spec(tmp_path, {"model": {"id": "org/llm", "family": "llm"},
+                                "data": {"path": str(chat), "format": "messages", "packing": True}})
+    _, ax = prepare(load_spec(llm), "axolotl", Layout("/w"))
+    assert ax.config["sample_packing"] is True and ax.config["attn_implementation"] in ("sdpa", "eager",
+                                                                                        "flash_attention_2")

@@ -108,6 +108,11 @@ class Axolotl(Trainer):
         else:
             cfg["val_set_size"] = float(d.val_split)
         cfg.update({"sequence_len": d.sequence_len, "sample_packing": d.packing})
+        # A packed batch isolates its examples only with a backend that does (axolotl 0.19.0
+        # utils/schemas/config.py attn_decontaminates_packing: flash/flex, or sdpa/eager through the
+        # block-diagonal mask); without one it warns "does not handle cross-sample decontamination".
+        # sdpa needs nothing installed.
+        cfg["attn_implementation"] = "sdpa"
         if fmt == "alpaca":
             cfg["train_on_inputs"] = not d.train_on_assistant_only
         cfg.update({"micro_batch_size": t.micro_batch_size, "gradient_accumulation_steps": t.grad_accum,

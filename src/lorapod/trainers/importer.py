@@ -160,6 +160,9 @@ def from_axolotl(cfg: dict[str, Any]) -> ImportResult:
                 r.put("train.scheduler", value)
             else:
                 r.skip(key, f"scheduler {value!r}: lorapod has {', '.join(_SCHEDULERS)}")
+        elif key == "attn_implementation":
+            if value != "sdpa":  # what lorapod writes (packing isolated, nothing to install)
+                r.skip(key, f"{value!r}: lorapod runs axolotl with sdpa")
         elif key == "gradient_checkpointing":
             r.put("train.gradient_checkpointing", bool(value))
             if isinstance(value, str):
