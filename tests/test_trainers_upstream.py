@@ -297,3 +297,37 @@ def test_axolotl_packing_gets_a_backend_that_isolates_examples(tmp_path):
     _, ax = prepare(load_spec(llm), "axolotl", Layout("/w"))
     assert ax.config["sample_packing"] is True and ax.config["attn_implementation"] in ("sdpa", "eager",
                                                                                         "flash_attention_2")
+
+
+# ------------------------------------------------------------------ item 9: keep_last step saves
+
+
+def kohya_kept(argv: list[str], steps: int) -> list[int]:
+    """Step saves left on disk under the kohya trainers' rule: at each save, remove step
+    ``step - save_last_n_steps - 1`` rounded down to a multiple of save_every_n_steps
+    (sd-scripts library/train_util.py get_remove_step_no; musubi utils/train_utils.py the same;
+    the upstream check calls the real functions)."""
+    every = int(argv[argv.index("--save_every_n_steps") + 1])
+    last = int(argv[argv.index("--save_last_n_steps") + 1])
+    kept: set[int] = set()
+    for step in range(every, steps + 1, every):
+        kept.add(step)
+        remove = step - last - 1
+        remove -= remove % every
+        if remove >= 0:
+            kept.discard(remove)
+    return sorted(kept)
+
+
+@pytest.mark.parametrize("trainer", ["sd-scripts", "musubi-tuner"])
+@pytest.mark.parametrize("keep", [1, 3])
+def test_kohya_keep_exactly_keep_last_step_saves(tmp_path, trainer, keep):
+    model = {"id": "org/m", "family": "sdxl"} if trainer == "sd-scripts" else {"id": "Wan-AI/Wan2.1-T2V-1.3B",
+                                                                             "family": "wan21"}
+    path = write_spec(tmp_path, {"model": model, "train": {"max_steps": 500},
+                                 "save": {"every_steps": 100, "keep_last": keep}})
+    _, job = prepare(load_spec(path), trainer, Layout("/w"))
+    argv = job.commands[-1].argv
+    assert kohya_kept(argv, 500) == list(range(500 - 100 * (keep - 1), 501, 100))
+    if trainer == "sd-scripts":
+        assert argv[argv.index("--save_last_n_steps_state") + 1] == argv[argv.index("--save_last_n_steps") + 1]

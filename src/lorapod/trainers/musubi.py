@@ -17,7 +17,7 @@ from pathlib import Path
 from lorapod.errors import LorapodError
 from lorapod.trainers import tomlw
 from lorapod.trainers.base import Command, Layout, Trainer, TrainerJob, precision, prompts_of, safe_name
-from lorapod.trainers.sd_scripts import OPTIMIZERS, KohyaOutputs, _num, hf_download
+from lorapod.trainers.sd_scripts import OPTIMIZERS, KohyaOutputs, _num, hf_download, last_n_steps
 
 SRC = "src/musubi_tuner"
 # What musubi's datasources read, top folder only and these spellings only
@@ -216,7 +216,8 @@ class MusubiTuner(KohyaOutputs, Trainer):
             a += ["--blocks_to_swap", str(swap)]
         a += ["--seed", str(t.seed), "--max_data_loader_n_workers", "2", "--persistent_data_loader_workers"]
         if s.every_steps:
-            a += ["--save_every_n_steps", str(s.every_steps), "--save_last_n_steps", str(s.keep_last * s.every_steps)]
+            a += ["--save_every_n_steps", str(s.every_steps), "--save_last_n_steps",
+                  str(last_n_steps(s.keep_last, s.every_steps))]
         if s.every_epochs:
             a += ["--save_every_n_epochs", str(s.every_epochs), "--save_last_n_epochs", str(s.keep_last)]
         a += ["--save_state", "--output_dir", layout.out, "--output_name", name, "--logging_dir", layout.logs,

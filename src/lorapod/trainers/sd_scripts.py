@@ -225,8 +225,9 @@ class SdScripts(KohyaOutputs, Trainer):
             if t.blocks_to_swap:
                 a += ["--blocks_to_swap", str(t.blocks_to_swap)]
         if s.every_steps:
-            a += ["--save_every_n_steps", str(s.every_steps), "--save_last_n_steps", str(s.keep_last * s.every_steps),
-                  "--save_last_n_steps_state", str(s.keep_last * s.every_steps)]
+            last = str(last_n_steps(s.keep_last, s.every_steps))
+            a += ["--save_every_n_steps", str(s.every_steps), "--save_last_n_steps", last,
+                  "--save_last_n_steps_state", last]
         if s.every_epochs:
             a += ["--save_every_n_epochs", str(s.every_epochs), "--save_last_n_epochs", str(s.keep_last),
                   "--save_last_n_epochs_state", str(s.keep_last)]
@@ -249,6 +250,14 @@ class SdScripts(KohyaOutputs, Trainer):
         train = Command("train", [*accel, f"{layout.src}/{script}", *a], "train", cwd=layout.src, script=script)
         return TrainerJob(self.name, files, self.setup_commands(layout, layout.python), [*prepare, train],
                           layout.out, name, notes)
+
+
+def last_n_steps(keep_last: int, every_steps: int) -> int:
+    """``--save_last_n_steps`` that keeps ``keep_last`` step saves. At each save both kohya trainers
+    remove step ``step - save_last_n_steps - 1`` rounded down to a multiple of save_every_n_steps
+    (sd-scripts library/train_util.py get_remove_step_no and save_and_remove_state_stepwise,
+    musubi-tuner utils/train_utils.py the same), so N steps keep N/every + 1 saves."""
+    return (keep_last - 1) * every_steps
 
 
 def _num(x: float) -> str:
