@@ -153,7 +153,7 @@ class SdScripts(KohyaOutputs, Trainer):
         d, t, m, s = spec.data, spec.train, spec.method, spec.save
         notes: list[str] = []
         general: dict = {"caption_extension": d.caption_extension, "shuffle_caption": d.shuffle_captions}
-        if d.trigger:
+        if d.trigger and d.shuffle_captions:
             general["keep_tokens"] = 1  # the trigger word stays first when captions are shuffled
         if d.flip:
             general["flip_aug"] = True
