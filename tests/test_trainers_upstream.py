@@ -7,6 +7,9 @@ tests at the end), and its ``record`` step writes the fixtures under tests/recor
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -331,3 +334,43 @@ def test_kohya_keep_exactly_keep_last_step_saves(tmp_path, trainer, keep):
     assert kohya_kept(argv, 500) == list(range(500 - 100 * (keep - 1), 501, 100))
     if trainer == "sd-scripts":
         assert argv[argv.index("--save_last_n_steps_state") + 1] == argv[argv.index("--save_last_n_steps") + 1]
+
+
+# ------------------------------------------------------------------ the trainers' own code (upstream)
+
+UPSTREAM_DIR = os.environ.get("LORAPOD_UPSTREAM_DIR")
+CHECK = REPO / "tools" / "upstream_check.py"
+HOW = (f"set LORAPOD_UPSTREAM_DIR to checkouts at the pinned commits (`python {CHECK.relative_to(REPO)} fetch --dir DIR` "
+       "prints the git commands) and LORAPOD_UPSTREAM_PYTHON_<TRAINER> to a Python with each one's requirements "
+       "(docs/trainers.md, 'Checked against the trainers' own code')")
+
+
+def upstream_check(*args: str) -> subprocess.CompletedProcess:
+    if not UPSTREAM_DIR:
+        pytest.skip(HOW)
+    pythons = []
+    for name in ("sd-scripts", "musubi-tuner", "ai-toolkit", "axolotl"):
+        py = os.environ.get(f"LORAPOD_UPSTREAM_PYTHON_{name.upper().replace('-', '_')}")
+        if py:
+            pythons += [f"--python-{name}", py]
+    return subprocess.run([sys.executable, str(CHECK), *args, "--dir", UPSTREAM_DIR, *pythons],
+                          capture_output=True, text=True, timeout=1800)
+
+
+@pytest.mark.upstream
+@pytest.mark.slow
+@pytest.mark.parametrize("trainer", ["sd-scripts", "musubi-tuner", "ai-toolkit", "axolotl"])
+def test_the_trainers_own_code_reads_every_job_as_lorapod_means(trainer):
+    proc = upstream_check("check", "--only", trainer)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert " 0 mismatch(es)" in proc.stdout
+
+
+@pytest.mark.upstream
+@pytest.mark.slow
+def test_the_recorded_contracts_are_what_the_checkouts_say(tmp_path):
+    """tools/upstream_check.py record regenerates trainers/contracts/*.json and tests/recorded/ from the
+    checkouts; nothing may differ from what is committed."""
+    proc = upstream_check("record", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert "records rewritten: none changed" in proc.stdout, proc.stdout[-2000:]

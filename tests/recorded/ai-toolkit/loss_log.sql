@@ -22,7 +22,7 @@ CREATE TABLE steps (
                 step      INTEGER PRIMARY KEY,
                 wall_time REAL NOT NULL
             );
-INSERT INTO "steps" VALUES(0,1.79613277489217543604e+09);
-INSERT INTO "steps" VALUES(1,1.79613277489219331736e+09);
+INSERT INTO "steps" VALUES(0,1764547200.0);
+INSERT INTO "steps" VALUES(1,1764547201.0);
 CREATE INDEX idx_metrics_key_step ON metrics (key, step);
 COMMIT;
