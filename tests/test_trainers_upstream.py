@@ -249,7 +249,7 @@ def test_a_refusal_on_the_instance_is_the_error_the_user_sees(tmp_path, monkeypa
         run_trainer(load_spec(path), "sd-scripts", tmp_path / "run", tmp_path / "work", src=str(standin),
                     poll_s=0.1, say=lambda m: None)
     first = str(info.value).splitlines()[0]
-    assert first.startswith("kohya sd-scripts refused: AssertionError: when caching Text Encoder output, either "
+    assert first.startswith("kohya sd-scripts stopped with: AssertionError: when caching Text Encoder output, either "
                             "caption_dropout_rate, shuffle_caption")
     assert info.value.hint.startswith("--set data.cache_text_encoder_outputs=false")
 

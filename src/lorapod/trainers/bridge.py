@@ -110,8 +110,13 @@ class HFTrainerLogs(LineBridge):
 
     def line(self, line: str) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
+        end = 0
         for m in _BARE_BAR.finditer(line):
-            self.step = max(self.step, int(m.group("n")))
+            # The Trainer's bar has no description; axolotl also prints described bars before it
+            # ("Loading weights: 100%|...| 21/21", datasets' "Map: ...", "Tokenizing Prompts ...").
+            if not line[end:m.start()].strip():
+                self.step = max(self.step, int(m.group("n")))
+            end = m.end()
         start = line.find("{'")
         if start < 0:
             return out

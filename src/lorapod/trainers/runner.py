@@ -178,6 +178,7 @@ class TrainerProcess:
             raise TrainerFailed(f"{cmd.name}: cannot start {argv[0]}: {exc}") from exc
         self.lines: list[str] = []
         self.errors: list[str] = []  # exception lines, kept apart from the tail (a traceback can be long)
+        self._partial = ""
         self._on_text = on_text
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -189,11 +190,20 @@ class TrainerProcess:
             out.write(chunk)
             out.flush()
             text = chunk.decode(errors="replace")
-            new = [ln for ln in text.replace("\r", "\n").splitlines() if ln.strip()]
-            self.lines = (self.lines + new)[-LOG_TAIL_LINES:]
-            self.errors = (self.errors + [ln for ln in new if _EXC_LINE.match(ln.strip())])[:20]
+            *done, self._partial = (self._partial + text).replace("\r", "\n").split("\n")
+            if len(self._partial) > 65536:  # a line without an end is still bounded
+                done, self._partial = [*done, self._partial], ""
+            self._lines(done)
             if self._on_text:
                 self._on_text(text)
+        self._lines([self._partial])
+        self._partial = ""
+
+    def _lines(self, done: list[str]) -> None:
+        """Whole lines only (a chunk can end mid-line): the tail, and exception lines kept apart."""
+        new = [ln for ln in done if ln.strip()]
+        self.lines = (self.lines + new)[-LOG_TAIL_LINES:]
+        self.errors = (self.errors + [ln for ln in new if _EXC_LINE.match(ln.strip())])[:20]
 
     def poll(self) -> int | None:
         return self.proc.poll()
@@ -314,7 +324,7 @@ def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: s
                 log(bridge.flush() + bridge.poll())
             if rc != 0:
                 reason = trainer_reason(p.errors)
-                head = f"{trainer.title} refused: {reason}\n" if reason else ""
+                head = f"{trainer.title} stopped with: {reason}\n" if reason else ""
                 raise TrainerFailed(f"{head}{trainer.title}: '{cmd.name}' exited with {rc}:\n{_tail(p.lines)}",
                                     hint=trainer.fix_for(reason) or "the trainer's own message is above (job.log); "
                                          "fix the spec or the data, then `lorapod run --resume JOB`")
