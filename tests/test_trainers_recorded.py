@@ -12,14 +12,19 @@ The fixtures under tests/recorded/ come from the trainers' own code, not from lo
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
 from pathlib import Path
+
+import pytest
 
 from lorapod.trainers import Layout, get
 from lorapod.trainers.bridge import HFTrainerLogs
 from lorapod.trainers.runner import Mirror, trainer_reason
 
-AXOLOTL = Path(__file__).resolve().parent / "recorded" / "axolotl"
+REPO = Path(__file__).resolve().parents[1]
+AXOLOTL = REPO / "tests" / "recorded" / "axolotl"
 FILES = json.loads((AXOLOTL / "files.json").read_text())
 
 
@@ -78,3 +83,18 @@ def test_axolotl_real_outputs_land_in_the_run_folder(tmp_path):
 def test_no_exception_line_in_a_clean_run():
     lines = log("two-steps").replace("\r", "\n").splitlines()
     assert trainer_reason(lines) is None
+
+
+AXOLOTL_PYTHON = os.environ.get("LORAPOD_AXOLOTL_PYTHON")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not AXOLOTL_PYTHON, reason="set LORAPOD_AXOLOTL_PYTHON to a Python with axolotl's training "
+                    "path (.ci/run builds one from tools/upstream/axolotl-cpu.txt)")
+def test_axolotl_trains_two_real_steps_through_the_wrapper():
+    """Real axolotl, two steps on a tiny random Llama, through run_trainer (25-60 s on two cores)."""
+    proc = subprocess.run([AXOLOTL_PYTHON, str(REPO / "tools" / "upstream" / "cpu_run.py"), "axolotl", "--quick"],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "two-steps: exit 0" in proc.stdout and "lorapod trainer-run: done" in proc.stdout
