@@ -374,3 +374,21 @@ def test_the_recorded_contracts_are_what_the_checkouts_say(tmp_path):
     proc = upstream_check("record", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     assert "records rewritten: none changed" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_musubi_refuses_a_folder_it_would_read_nothing_from(tmp_path):
+    """Clips only in a subfolder, or only .gif: musubi's glob_videos/glob_images find nothing."""
+    import numpy as np
+
+    from lorapod.data.clips import write_clip
+
+    folder = tmp_path / "clips"
+    (folder / "deep").mkdir(parents=True)
+    write_clip(folder / "deep" / "a.mp4", [np.zeros((16, 16, 3), np.uint8)] * 3)
+    (folder / "loop.gif").write_bytes(b"")
+    raw = {"model": {"id": "Wan-AI/Wan2.1-T2V-1.3B", "family": "wan21"},
+           "data": {"path": str(folder), "format": "video", "target_frames": [1]}, "train": {"max_steps": 2}}
+    path = tmp_path / "w.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    msg = refusal(path, "musubi-tuner")
+    assert "finds no clip or image at the top of" in msg and "no subfolders; there: .gif, .mp4" in msg
