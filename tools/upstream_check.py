@@ -268,7 +268,8 @@ def judge(rep: Report, case: Case, spec, trainer, job, refused: str | None, out:
     where = f"{case.name} x {case.trainer}"
     if refused is not None or case.refusal is not None:
         failures = [v.get("error", "") for v in out.values() if isinstance(v, dict) and v.get("ok") is False]
-        rep.check(where, refused is not None, f"lorapod refuses it before renting ({(refused or 'NOT refused')[:90]}...)")
+        said = " ".join((refused or "NOT refused").split())[:100]
+        rep.check(where, refused is not None, f"lorapod refuses it before renting ({said}...)")
         rep.check(where, any(case.refusal in f for f in failures),
                   f"the trainer fails with {case.refusal!r}" + ("" if failures else ": it accepted the job"))
         if refused and case.refusal and case.refusal.startswith("when caching"):
