@@ -392,3 +392,16 @@ def test_musubi_refuses_a_folder_it_would_read_nothing_from(tmp_path):
     path.write_text(yaml.safe_dump(raw))
     msg = refusal(path, "musubi-tuner")
     assert "finds no clip or image at the top of" in msg and "no subfolders; there: .gif, .mp4" in msg
+
+
+def test_print_relocates_each_data_folder_and_no_lookalike(tmp_path):
+    from lorapod.cli.trainers import print_trainer_job
+
+    for name in ("mug", "mug2"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "a.png").write_bytes(b"")
+    path = write_spec(tmp_path, {"model": {"id": "org/m", "family": "sdxl"}})
+    spec = load_spec(path)
+    spec.data.path = [str(tmp_path / "mug"), str(tmp_path / "mug2")]
+    text = print_trainer_job(spec, "sd-scripts")
+    assert 'image_dir = "$WORK/data/0-mug"' in text and 'image_dir = "$WORK/data/1-mug2"' in text

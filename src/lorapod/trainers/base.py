@@ -115,8 +115,9 @@ class TrainerJob:
             if self.config is not None and path.endswith((".yaml", ".yml")):
                 self.files[path] = dump_yaml(self.config)
                 continue
-            for old, new in paths.items():  # TOML strings are JSON strings (tomlw.value)
-                text = text.replace(json.dumps(old)[:-1], json.dumps(new)[:-1])
+            for old, new in paths.items():  # TOML strings are JSON strings (tomlw.value): whole, or a prefix
+                text = text.replace(json.dumps(old), json.dumps(new))
+                text = text.replace(json.dumps(old.rstrip("/") + "/")[:-1], json.dumps(new.rstrip("/") + "/")[:-1])
             self.files[path] = text
 
     def render(self) -> str:
