@@ -8,15 +8,15 @@ Where each format comes from:
   ``Epoch N/M`` in some versions).
 - axolotl: transformers' ProgressCallback.on_log (transformers 5.x trainer_callback.py) writes
   ``str(logs)`` with floats pre-formatted as ``f"{v:.4g}"`` strings, under a bare tqdm bar.
-- ai-toolkit: toolkit/logging_aitk.py UILogger: ``<save_root>/loss_log.db`` with tables
-  ``steps(step INTEGER PRIMARY KEY, wall_time REAL)`` and
-  ``metrics(step, key, value_real, value_text, PRIMARY KEY(step, key))``.
+- ai-toolkit: toolkit/logging_aitk.py UILogger: ``<save_root>/loss_log.db``; the test reads a
+  dump of a database the real UILogger wrote (tests/recorded/ai-toolkit/loss_log.sql).
 """
 
 from __future__ import annotations
 
 import sqlite3
 import time
+from pathlib import Path
 
 from lorapod.trainers import Layout, get
 from lorapod.trainers.bridge import AiToolkitSqlite, HFTrainerLogs, KohyaProgress
@@ -67,22 +67,22 @@ def test_axolotl_trainer_logs_get_the_bar_step():
     ]
 
 
+RECORDED = Path(__file__).resolve().parent / "recorded"
+
+
 def test_ai_toolkit_loss_db_is_read_incrementally(tmp_path):
+    """The database ai-toolkit's own UILogger wrote (tools/upstream_check.py record): its loss is
+    the key ``loss/loss``, and it reaches metrics.jsonl as ``loss``."""
     db = tmp_path / "loss_log.db"
     bridge = AiToolkitSqlite(db)
     assert bridge.poll() == []  # not written yet
-    con = sqlite3.connect(db)
-    con.execute("CREATE TABLE steps (step INTEGER PRIMARY KEY, wall_time REAL NOT NULL)")
-    con.execute("CREATE TABLE metrics (step INTEGER NOT NULL, key TEXT NOT NULL, value_real REAL, value_text TEXT, "
-                "PRIMARY KEY (step, key))")
-    for step, loss, lr in ((0, 0.51, 1e-4), (1, 0.47, 1e-4)):
-        con.execute("INSERT INTO steps VALUES (?, ?)", (step, time.time()))
-        con.executemany("INSERT INTO metrics VALUES (?, ?, ?, NULL)", [(step, "loss", loss), (step, "learning_rate", lr)])
-    con.commit()
-    assert bridge.poll() == [{"step": 0, "loss": 0.51, "lr": 1e-4}, {"step": 1, "loss": 0.47, "lr": 1e-4}]
-    con.execute("INSERT INTO metrics VALUES (2, 'loss/diff_output', 0.3, NULL)")
-    con.commit()
-    assert bridge.poll() == [{"step": 2, "loss_diff_output": 0.3}]
+    con = sqlite3.connect(db, isolation_level=None)
+    con.executescript((RECORDED / "ai-toolkit" / "loss_log.sql").read_text())
+    assert bridge.poll() == [{"step": 0, "lr": 2e-05, "loss": 0.5}, {"step": 1, "lr": 2e-05, "loss": 0.4375}]
+    # the next step as UILogger._flush writes it; another loss term keeps its own name
+    con.execute("INSERT INTO steps VALUES (2, ?)", (time.time(),))
+    con.executemany("INSERT INTO metrics VALUES (2, ?, ?, NULL)", [("loss/loss", 0.3), ("loss/diff_output", 0.2)])
+    assert bridge.poll() == [{"step": 2, "loss": 0.3, "loss_diff_output": 0.2}]
     assert bridge.poll() == []
     con.close()
 

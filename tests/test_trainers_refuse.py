@@ -100,10 +100,15 @@ def test_musubi_video_dataset_and_block_swap_from_the_planner(tmp_path):
     from lorapod.plan.vram import make_fit
     from lorapod.trainers.contracts import check_dataset_toml
 
-    path = spec_with(tmp_path, "wan21", files=("a.mp4", "a.txt"),
+    path = spec_with(tmp_path, "wan21", files=("a.txt",),
                      data={"format": "video", "target_frames": [1, 45], "frame_extraction": "slide",
                            "resolution": 480},
                      method={"r": 128}, compute={"gpu": "RTX 4090"})
+    import numpy as np
+
+    from lorapod.data.clips import write_clip
+
+    write_clip(tmp_path / "data" / "a.mp4", [np.zeros((16, 16, 3), np.uint8)] * 3)  # 16 fps: no source_fps
     spec = load_spec(path)
     spec.model.id = "Wan-AI/Wan2.1-T2V-14B"
     _, job = prepare(spec, "musubi-tuner", Layout("/w"))

@@ -23,7 +23,7 @@ def flux_spec(tmp: Path, steps: int, every: int) -> Path:
     (tmp / "mug").mkdir()
     for i in range(2):
         (tmp / "mug" / f"{i}.jpg").write_bytes(b"")
-    raw = {"model": {"id": "black-forest-labs/FLUX.2-klein-4B", "family": "flux2", "variant": "4b"},
+    raw = {"model": {"id": "black-forest-labs/FLUX.2-klein-base-4B", "family": "flux2", "variant": "4b"},
            "data": {"path": "mug", "format": "images", "trigger": "zxq"},
            "train": {"max_steps": steps}, "save": {"every_steps": every, "keep_last": 2},
            "samples": {"prompts": ["zxq mug"], "every_steps": every}, "output": {"name": "mug"}}

@@ -24,21 +24,20 @@ def trainer_job_command(trainer: str, src: str | None = None):
 
 def print_trainer_job(spec, trainer: str) -> str:
     """What ``lorapod train --trainer X --print`` shows: the job as it will run on an instance,
-    with the dataset where ``lorapod run`` puts it (``$WORK/data/...``)."""
+    with the dataset where ``lorapod run`` puts it (``$WORK/data/...``).
+
+    The job is built from the data where it is now (so clips, stills and the image count shape
+    it, and the same refusals apply, as on the instance), then its data paths are rewritten."""
     from lorapod.trainers import Layout, prepare
 
-    view = spec.model_copy(deep=True)
-    paths = view.data_paths()
-    remote = [f"$WORK/data/{i}-{p.name}" for i, p in enumerate(paths)]
-    view.data.path = remote if isinstance(view.data.path, list) else remote[0]
-    if view.data.val_path:
-        view.data.val_path = f"$WORK/data/{len(paths)}-{Path(view.data.val_path).name}"
-    images = None
-    if view.is_image:
-        from lorapod.trainers.base import image_count
-
-        images = image_count(spec)
-    _, job = prepare(view, trainer, Layout("$WORK"), images=images)
+    paths = spec.data_paths()
+    moved = {str(p): f"$WORK/data/{i}-{p.name}" for i, p in enumerate(paths)}
+    if spec.data.val_path:
+        remote = f"$WORK/data/{len(paths)}-{Path(spec.data.val_path).name}"
+        moved[str(spec.data.val_path)] = remote
+        moved[str(Path(spec.data.val_path).resolve())] = remote
+    _, job = prepare(spec, trainer, Layout("$WORK"))
+    job.relocate(moved)
     return job.render()
 
 

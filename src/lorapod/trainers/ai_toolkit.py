@@ -33,6 +33,19 @@ from lorapod.trainers.contracts import dump_yaml
 
 ARCH = {"flux1": "flux", "sdxl": "sdxl", "sd15": "sd1"}
 KLEIN = {"4b": "flux2_klein_4b", "9b": "flux2_klein_9b"}
+# The transformer file each klein arch downloads from the repo in name_or_path (ai-toolkit
+# extensions_built_in/diffusion_models/flux2/flux2_klein_model.py ``flux2_te_filename``, loaded by
+# flux2_model.py load_model with hf_hub_download): the undistilled base, which its UI pairs with the
+# arch (ui/src/app/jobs/new/options.tsx: flux2_klein_4b -> black-forest-labs/FLUX.2-klein-base-4B).
+KLEIN_FILE = {"4b": "flux-2-klein-base-4b.safetensors", "9b": "flux-2-klein-base-9b.safetensors"}
+KLEIN_BASE_REPO = {"4b": "black-forest-labs/FLUX.2-klein-base-4B", "9b": "black-forest-labs/FLUX.2-klein-base-9B"}
+# BFL's step-distilled klein repositories, which are not the base those archs load
+KLEIN_DISTILLED = re.compile(r"black-forest-labs/FLUX\.2-klein-(4|9)B", re.I)
+# What ai-toolkit's UI writes into a new klein job's sample block (ui/src/helpers/defaultSamples.ts
+# defaultSampleConfig: guidance_scale 4, sample_steps 30; options.tsx's flux2_klein_* override neither).
+# SampleConfig's own defaults (toolkit/config_modules.py: 7 and 20) are SD's; klein base is not
+# guidance-distilled (flux2_klein_model.py flux2_is_guidance_distilled False), so it samples with CFG.
+KLEIN_SAMPLE = {"guidance_scale": 4.0, "sample_steps": 30}
 OPTIMIZERS = {"adamw": "adamw", "adamw_8bit": "adamw8bit"}
 TIMESTEPS = {"uniform": "linear", "logit_normal": "sigmoid", "shift": "shift"}
 
@@ -57,8 +70,13 @@ class AiToolkit(Trainer):
         if m.target_modules != "all-linear" or m.rslora:
             r.append("ai-toolkit's LoRA network picks its own targets and has no rslora: "
                      "method.target_modules all-linear, method.rslora false")
-        if spec.model.family == "flux2" and (spec.model.variant or "").lower() not in KLEIN:
+        variant = (spec.model.variant or "").lower()
+        if spec.model.family == "flux2" and variant not in KLEIN:
             r.append(f"ai-toolkit trains FLUX.2 [klein] here: model.variant must be one of {', '.join(KLEIN)}")
+        elif spec.model.family == "flux2" and KLEIN_DISTILLED.fullmatch(spec.model.id):
+            r.append(f"ai-toolkit's {KLEIN[variant]} loads {KLEIN_FILE[variant]} from the model.id repository "
+                     f"(flux2_klein_model.py), the undistilled base; {spec.model.id} is the step-distilled model: "
+                     f"--set model.id={KLEIN_BASE_REPO[variant]}")
         if t.blocks_to_swap:
             r.append("ai-toolkit offloads with model.low_vram, not a block count: train.blocks_to_swap must be 0")
         if isinstance(spec.samples.prompts, str) and not Path(spec.samples.prompts).is_file():
@@ -110,16 +128,23 @@ class AiToolkit(Trainer):
         if fam in ("flux1", "flux2"):
             train["timestep_type"] = TIMESTEPS[t.timestep_sampling]
         warmup = t.warmup_steps or round(t.warmup_ratio * steps)
-        if t.scheduler in ("cosine", "linear"):
-            train["lr_scheduler"] = t.scheduler
+        if t.scheduler == "cosine":
+            train["lr_scheduler"] = "cosine"  # CosineAnnealingLR(T_max=steps): down to 0
+        elif t.scheduler == "linear":
+            # toolkit/scheduler.py builds torch's LinearLR(optimizer, **params) with total_iters=steps
+            # (BaseSDTrainProcess): with torch's defaults (start 1/3, end 1) it warms up. A decay to 0,
+            # as lorapod's (and sd-scripts', HF's) linear, needs the factors given.
+            train["lr_scheduler"] = "linear"
+            train["lr_scheduler_params"] = {"start_factor": 1.0, "end_factor": 0.0}
         elif t.scheduler == "constant_with_warmup":
             # toolkit/scheduler.py get_lr_scheduler: diffusers' constant schedule with warmup
             train["lr_scheduler"] = "constant_with_warmup"
             train["lr_scheduler_params"] = {"num_warmup_steps": warmup}
         if t.weight_decay:
             train["optimizer_params"] = {"weight_decay": float(t.weight_decay)}
-        if t.max_grad_norm:
-            train["max_grad_norm"] = float(t.max_grad_norm)
+        # TrainConfig's default is 1.0 (config_modules.py), and SDTrainer always calls
+        # clip_grad_norm_(params, max_grad_norm): 0 would zero every gradient, infinity clips nothing
+        train["max_grad_norm"] = float(t.max_grad_norm) if t.max_grad_norm else float("inf")
         if t.noise_offset:
             train["noise_offset"] = float(t.noise_offset)
         if t.min_snr_gamma:
@@ -140,6 +165,8 @@ class AiToolkit(Trainer):
             proc["sample"] = {"sampler": "flowmatch" if fam in ("flux1", "flux2") else "ddpm", "sample_every": every,
                               "width": d.resolution, "height": d.resolution, "seed": t.seed, "walk_seed": True,
                               "samples": [{"prompt": p} for p in prompts]}
+            if fam == "flux2":
+                proc["sample"].update(KLEIN_SAMPLE)
         else:
             train["disable_sampling"] = True
         notes = []

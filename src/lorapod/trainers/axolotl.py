@@ -108,6 +108,11 @@ class Axolotl(Trainer):
         else:
             cfg["val_set_size"] = float(d.val_split)
         cfg.update({"sequence_len": d.sequence_len, "sample_packing": d.packing})
+        # A packed batch isolates its examples only with a backend that does (axolotl 0.19.0
+        # utils/schemas/config.py attn_decontaminates_packing: flash/flex, or sdpa/eager through the
+        # block-diagonal mask); without one it warns "does not handle cross-sample decontamination".
+        # sdpa needs nothing installed.
+        cfg["attn_implementation"] = "sdpa"
         if fmt == "alpaca":
             cfg["train_on_inputs"] = not d.train_on_assistant_only
         cfg.update({"micro_batch_size": t.micro_batch_size, "gradient_accumulation_steps": t.grad_accum,
@@ -121,8 +126,9 @@ class Axolotl(Trainer):
         elif t.warmup_ratio:
             cfg["warmup_ratio"] = float(t.warmup_ratio)
         cfg["weight_decay"] = float(t.weight_decay)
-        if t.max_grad_norm:
-            cfg["max_grad_norm"] = float(t.max_grad_norm)
+        # axolotl passes it on only when set (core/builders/base.py), and transformers' default is
+        # 1.0; its Trainer clips only when max_grad_norm > 0 ("0 to disable")
+        cfg["max_grad_norm"] = float(t.max_grad_norm or 0.0)
         cfg["gradient_checkpointing"] = t.gradient_checkpointing
         prec = t.precision
         cfg["bf16"] = {"auto": "auto", "bf16": True}.get(prec, False)

@@ -56,8 +56,23 @@ class Command:
     shell: bool = False  # argv[0] is a shell snippet (setup only: `cd x && git ...`)
 
     def render(self) -> str:
-        cmd = self.argv[0] if self.shell else shlex.join(self.argv)
-        return f"(cd {shlex.quote(self.cwd)} && {cmd})" if self.cwd else cmd
+        cmd = self.argv[0] if self.shell else " ".join(shell_quote(a) for a in self.argv)
+        return f"(cd {shell_quote(self.cwd)} && {cmd})" if self.cwd else cmd
+
+
+WORK = "$WORK"  # the printed job's work folder (``lorapod train --print``), a shell variable
+# Defines $WORK for a pasted --print, or stops with what to set: the folder lorapod run makes on
+# the instance, holding the spec and data/ (trainer-run's --work default is the spec's folder).
+WORK_GUARD = ': "${WORK:?set WORK to the job folder: the one holding the spec and data/}"'
+
+
+def shell_quote(arg: str) -> str:
+    """``shlex.quote``, except that ``$WORK`` stays a variable the shell expands (double quotes,
+    everything else in them escaped), so a printed command pasted into a shell finds its files."""
+    if WORK not in arg:
+        return shlex.quote(arg)
+    parts = [re.sub(r'([\\"`$])', r"\\\1", part) for part in arg.split(WORK)]
+    return '"' + WORK.join(parts) + '"'
 
 
 @dataclass
@@ -71,6 +86,40 @@ class TrainerJob:
     notes: list[str] = field(default_factory=list)
     config: dict[str, Any] | None = None  # the YAML config (ai-toolkit, axolotl), for checks and import
 
+    def relocate(self, paths: dict[str, str]) -> None:
+        """Rewrite local paths (the data folders the job was built from) to where they will be on
+        the instance, in files, command lines and the config, and nothing else: the job keeps the
+        shape its real data gave it (clips or stills, the image count, the refusals)."""
+        import json
+
+        from lorapod.trainers.contracts import dump_yaml
+
+        def swap(text: str) -> str:
+            for old, new in sorted(paths.items(), key=lambda kv: -len(kv[0])):
+                if text == old or text.startswith(old.rstrip("/") + "/"):
+                    return new + text[len(old.rstrip("/")):] if text != old else new
+            return text
+
+        def walk(x: Any) -> Any:
+            if isinstance(x, dict):
+                return {k: walk(v) for k, v in x.items()}
+            if isinstance(x, list):
+                return [walk(v) for v in x]
+            return swap(x) if isinstance(x, str) else x
+
+        for cmd in [*self.setup, *self.commands]:
+            cmd.argv = [swap(a) for a in cmd.argv]
+        if self.config is not None:
+            self.config = walk(self.config)
+        for path, text in list(self.files.items()):
+            if self.config is not None and path.endswith((".yaml", ".yml")):
+                self.files[path] = dump_yaml(self.config)
+                continue
+            for old, new in paths.items():  # TOML strings are JSON strings (tomlw.value): whole, or a prefix
+                text = text.replace(json.dumps(old), json.dumps(new))
+                text = text.replace(json.dumps(old.rstrip("/") + "/")[:-1], json.dumps(new.rstrip("/") + "/")[:-1])
+            self.files[path] = text
+
     def render(self) -> str:
         """The files and commands as a person reads them (``lorapod train --print``)."""
         out = [f"# trainer: {self.trainer}"]
@@ -78,6 +127,8 @@ class TrainerJob:
             out += [f"# ---- file {path}", text.rstrip("\n")]
         for title, cmds in (("setup", self.setup), ("run", self.commands)):
             out.append(f"# ---- {title}")
+            if title == "setup" and any(WORK in a for c in [*self.setup, *self.commands] for a in c.argv):
+                out.append(WORK_GUARD)
             out += [f"# {c.name}\n{c.render()}" for c in cmds]
         if self.notes:
             out.append("# ---- notes")
@@ -125,7 +176,7 @@ class Trainer:
         cmds: list[Command] = []
         if self.repo is not None:
             url = src or self.repo
-            d = shlex.quote(layout.src)
+            d = shell_quote(layout.src)
             cmds.append(Command(f"clone {url} at {self.commit}", [
                 f"rm -rf {d} && git clone --quiet {shlex.quote(url)} {d} && "
                 f"git -C {d} checkout --quiet {self.commit}"], "setup", shell=True))
@@ -166,6 +217,13 @@ class Trainer:
         """Point the job at a checkpoint pulled into the run folder (``lorapod run --resume``)."""
         raise TrainerRefused(f"{self.title} cannot resume from {checkpoint}",
                              hint="start a new run; its checkpoints are in the run folder")
+
+    # the trainer's own refusal texts (a fragment of its exception message) -> the spec change that fixes it
+    refusals: ClassVar[dict[str, str]] = {}
+
+    def fix_for(self, reason: str | None) -> str | None:
+        """The spec change for a refusal the trainer printed on the instance, when lorapod knows it."""
+        return next((fix for text, fix in self.refusals.items() if reason and text in reason), None)
 
     def stop_trigger(self, layout: Layout) -> Path | None:
         """A file that asks the trainer to save now (None: wait for its next save)."""

@@ -10,9 +10,13 @@ written from them are in tests/test_trainers_bridge.py):
 - axolotl (the Hugging Face Trainer) prints each log as a Python dict,
   ``{'loss': 1.23, 'grad_norm': 0.4, 'learning_rate': 0.0002, 'epoch': 0.05}``, and eval results
   as ``{'eval_loss': ...}`` (transformers ProgressCallback.on_log), beside a tqdm bar ``n/total``.
-- ai-toolkit with ``logging.use_ui_logger: true`` writes ``<save_root>/loss_log.db`` (SQLite,
-  toolkit/logging_aitk.py UILogger): tables ``steps(step, wall_time)`` and
-  ``metrics(step, key, value_real, value_text)``.
+- ai-toolkit with ``logging.use_ui_logger: true`` writes ``<save_root>/loss_log.db`` (SQLite in
+  WAL mode, toolkit/logging_aitk.py UILogger): tables ``steps(step, wall_time)``,
+  ``metric_keys(key, first_seen_step, last_seen_step)`` and
+  ``metrics(step, key, value_real, value_text)``. Each logged step holds ``learning_rate`` and
+  one ``loss/<name>`` per entry of the process's loss dict (jobs/process/BaseSDTrainProcess.py
+  ``self.logger.log({f'loss/{key}': value})``; SDTrainer's dict is ``{'loss': ...}``, so the loss
+  is ``loss/loss``). A dump of a database the real UILogger wrote is tests/recorded/ai-toolkit/.
 """
 
 from __future__ import annotations
@@ -106,8 +110,13 @@ class HFTrainerLogs(LineBridge):
 
     def line(self, line: str) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
+        end = 0
         for m in _BARE_BAR.finditer(line):
-            self.step = max(self.step, int(m.group("n")))
+            # The Trainer's bar has no description; axolotl also prints described bars before it
+            # ("Loading weights: 100%|...| 21/21", datasets' "Map: ...", "Tokenizing Prompts ...").
+            if not line[end:m.start()].strip():
+                self.step = max(self.step, int(m.group("n")))
+            end = m.end()
         start = line.find("{'")
         if start < 0:
             return out
@@ -126,6 +135,10 @@ class HFTrainerLogs(LineBridge):
         if len(rec) > 1:
             out.append(rec)
         return out
+
+
+# BaseSDTrainProcess logs the rate as ``learning_rate`` and SDTrainer's loss as ``loss/loss``
+_AITK_KEYS = {"loss/loss": "loss", "learning_rate": "lr"}
 
 
 class AiToolkitSqlite(LineBridge):
@@ -153,7 +166,7 @@ class AiToolkitSqlite(LineBridge):
             return []  # being created, or busy: the next poll reads it
         by_step: dict[int, dict[str, Any]] = {}
         for step, key, value in rows:
-            name = {"loss": "loss", "learning_rate": "lr"}.get(key, re.sub(r"[^A-Za-z0-9_]+", "_", key))
+            name = _AITK_KEYS.get(key, re.sub(r"[^A-Za-z0-9_]+", "_", key))
             if _float(str(value)) is not None:
                 by_step.setdefault(int(step), {"step": int(step)})[name] = float(value)
         if by_step:

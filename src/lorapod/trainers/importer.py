@@ -30,6 +30,8 @@ class ImportResult:
     unmapped: list[tuple[str, str]] = field(default_factory=list)
 
     def put(self, dotted: str, value: Any) -> None:
+        if dotted == "train.max_grad_norm" and value is not None and not 0 < float(value) < float("inf"):
+            value = None  # 0 (kohya, transformers) and infinity (ai-toolkit) clip nothing: lorapod's null
         node = self.spec
         *parents, last = dotted.split(".")
         for p in parents:
@@ -158,6 +160,9 @@ def from_axolotl(cfg: dict[str, Any]) -> ImportResult:
                 r.put("train.scheduler", value)
             else:
                 r.skip(key, f"scheduler {value!r}: lorapod has {', '.join(_SCHEDULERS)}")
+        elif key == "attn_implementation":
+            if value != "sdpa":  # what lorapod writes (packing isolated, nothing to install)
+                r.skip(key, f"{value!r}: lorapod runs axolotl with sdpa")
         elif key == "gradient_checkpointing":
             r.put("train.gradient_checkpointing", bool(value))
             if isinstance(value, str):
@@ -198,8 +203,7 @@ def from_ai_toolkit(cfg: dict[str, Any]) -> ImportResult:
     if len(procs) > 1:
         r.skip("config.process[1:]", "lorapod runs one training process per spec")
     p = procs[0]
-    blocks = {"model": _aitk_model, "network": _aitk_network, "train": _aitk_train, "save": _aitk_save,
-              "sample": _aitk_sample}
+    blocks = {"model": _aitk_model, "network": _aitk_network, "train": _aitk_train, "save": _aitk_save}
     for key, value in p.items():
         if key in ("type", "training_folder", "logging", "device", "sqlite_db_path", "performance_log_every"):
             continue
@@ -207,6 +211,8 @@ def from_ai_toolkit(cfg: dict[str, Any]) -> ImportResult:
             r.put("data.trigger", value)
         elif key == "datasets":
             _aitk_datasets(r, value)
+        elif key == "sample":
+            _aitk_sample(r, value, klein=str((p.get("model") or {}).get("arch", "")).startswith("flux2_klein_"))
         elif key in blocks:
             blocks[key](r, value)
         else:
@@ -285,10 +291,16 @@ def _aitk_train(r: ImportResult, t: dict) -> None:
             else:
                 r.skip("train.optimizer", f"optimizer {v!r}: lorapod has adamw and adamw_8bit")
         elif k == "lr_scheduler":
-            if v in _SCHEDULERS:
+            decay = (t.get("lr_scheduler_params") or {}) == _AITK_LINEAR_DECAY
+            if v == "linear" and not decay:
+                r.skip("train.lr_scheduler", "linear with torch LinearLR's default factors warms up (1/3 to the "
+                       "full rate, toolkit/scheduler.py); lorapod's linear decays")
+            elif v in _SCHEDULERS:
                 r.put("train.scheduler", v)
             else:
                 r.skip("train.lr_scheduler", f"scheduler {v!r}")
+        elif k == "lr_scheduler_params" and t.get("lr_scheduler") == "linear" and v == _AITK_LINEAR_DECAY:
+            continue
         elif k == "timestep_type":
             if v in _AITK_TIMESTEPS:
                 r.put("train.timestep_sampling", _AITK_TIMESTEPS[v])
@@ -306,6 +318,9 @@ def _aitk_train(r: ImportResult, t: dict) -> None:
         r.put("train.scheduler", "constant")  # ai-toolkit's default
 
 
+_AITK_LINEAR_DECAY = {"start_factor": 1.0, "end_factor": 0.0}  # what lorapod writes for its linear
+
+
 def _aitk_save(r: ImportResult, s: dict) -> None:
     for k, v in s.items():
         if k == "save_every":
@@ -317,13 +332,17 @@ def _aitk_save(r: ImportResult, s: dict) -> None:
             r.skip(f"save.{k}")
 
 
-def _aitk_sample(r: ImportResult, s: dict) -> None:
+def _aitk_sample(r: ImportResult, s: dict, *, klein: bool) -> None:
+    from lorapod.trainers.ai_toolkit import KLEIN_SAMPLE
+
     prompts = [x["prompt"] for x in s.get("samples") or []] or list(s.get("prompts") or [])
     if prompts:
         r.put("samples.prompts", prompts)
     for k, v in s.items():
         if k == "sample_every":
             r.put("samples.every_steps", v)
+        elif klein and k in KLEIN_SAMPLE and v == KLEIN_SAMPLE[k]:
+            continue  # what lorapod writes for FLUX.2 klein (ai-toolkit's UI settings)
         elif k not in ("samples", "prompts", "sampler", "width", "height", "seed", "walk_seed"):
             r.skip(f"sample.{k}")
 

@@ -12,12 +12,24 @@ recorded interface.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from lorapod.errors import LorapodError
 from lorapod.trainers import tomlw
 from lorapod.trainers.base import Command, Layout, Trainer, TrainerJob, precision, prompts_of, safe_name
-from lorapod.trainers.sd_scripts import OPTIMIZERS, KohyaOutputs, _num, hf_download, video_files
+from lorapod.trainers.sd_scripts import OPTIMIZERS, KohyaOutputs, _num, hf_download, last_n_steps
 
 SRC = "src/musubi_tuner"
+# What musubi's datasources read, top folder only and these spellings only
+# (src/musubi_tuner/dataset/media_utils.py IMAGE_EXTENSIONS / VIDEO_EXTENSIONS, glob_images /
+# glob_videos): a .gif is neither, a clip in a subfolder is not seen.
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".PNG", ".JPG", ".JPEG", ".WEBP", ".BMP", ".avif", ".AVIF")
+VIDEO_EXTENSIONS = tuple(e for x in (".mp4", ".webm", ".avi", ".mkv", ".mov", ".flv", ".wmv", ".m4v", ".mpg", ".mpeg")
+                         for e in (x, x.upper()))
+# Wan clips are resampled to this rate and no other (dataset/image_video_dataset.py
+# VideoDataset.TARGET_FPS_WAN), and only when the dataset gives its source_fps: without it "all
+# frames of the video will be used regardless of the video's frame rate" (docs/dataset_config.md).
+TARGET_FPS_WAN = 16.0
 # Weights as musubi-tuner's docs name them: the DiT from Comfy-Org's repackaged files, the VAE and
 # the umT5 encoder from the Wan-AI repository of the model.
 DIT_REPO = "Comfy-Org/Wan_2.1_ComfyUI_repackaged"
@@ -26,6 +38,33 @@ DIT_FILES = {"t2v-14B": "split_files/diffusion_models/wan2.1_t2v_14B_bf16.safete
              "i2v-14B": "split_files/diffusion_models/wan2.1_i2v_720p_14B_bf16.safetensors"}
 VAE_FILE, T5_FILE, CLIP_FILE = "Wan2.1_VAE.pth", "models_t5_umt5-xxl-enc-bf16.pth", \
     "models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth"
+
+
+def media(folder: Path) -> tuple[list[Path], list[Path]]:
+    """The clips and the stills musubi-tuner reads from one folder (top level, its extensions)."""
+    if not folder.is_dir():
+        return [], []
+    files = sorted(f for f in folder.iterdir() if f.is_file())
+    return [f for f in files if f.suffix in VIDEO_EXTENSIONS], [f for f in files if f.suffix in IMAGE_EXTENSIONS]
+
+
+def source_fps(clips: list[Path]) -> tuple[float | None, str | None]:
+    """The one frame rate of a folder's clips (musubi takes one source_fps per dataset), or why not."""
+    from lorapod.data.clips import ClipError, probe
+
+    rates: dict[float, str] = {}
+    for clip in clips:
+        try:
+            rates.setdefault(round(probe(clip).fps, 3), clip.name)
+        except ClipError as exc:
+            return None, str(exc)
+        except LorapodError as exc:  # PyAV missing here
+            return None, f"cannot read the clips' frame rate here ({exc})"
+    if len(rates) > 1:
+        seen = ", ".join(f"{name} at {fps:g} fps" for fps, name in sorted(rates.items()))
+        return None, (f"musubi-tuner takes one source_fps per dataset, and {clips[0].parent} mixes rates ({seen}): "
+                      "put the clips of each frame rate in their own folder (data.path takes a list)")
+    return (next(iter(rates)) if rates else None), None
 
 
 def wan_repo(spec) -> str:
@@ -75,31 +114,53 @@ class MusubiTuner(KohyaOutputs, Trainer):
             r.append(f"no Wan2.1 weights known for {spec.model.id}")
         if isinstance(spec.samples.prompts, str):
             r.append("give samples.prompts as a list (musubi's prompt file is written from it)")
+        if d.fps is not None and d.fps != TARGET_FPS_WAN:
+            r.append(f"musubi-tuner resamples Wan2.1 clips to {TARGET_FPS_WAN:g} fps only (VideoDataset.TARGET_FPS_WAN): "
+                     f"data.fps {TARGET_FPS_WAN:g}, or null to use every frame")
+        for p in spec.data_paths():
+            clips, stills = media(p)
+            if clips and d.fps is not None:
+                _, why = source_fps(clips)
+                if why:
+                    r.append(why)
+            if p.is_dir() and not clips and not stills:
+                others = sorted({f.suffix for f in p.rglob("*") if f.is_file() and f.suffix.lower() != d.caption_extension})
+                r.append(f"musubi-tuner finds no clip or image at the top of {p} (it reads {', '.join(VIDEO_EXTENSIONS[::2])} "
+                         f"and {', '.join(IMAGE_EXTENSIONS[:5])}, no subfolders; there: {', '.join(others) or 'nothing'})")
         return r
 
     def build(self, spec, layout: Layout, *, images: int | None = None) -> TrainerJob:
         name = safe_name(spec)
         d, t, m, s = spec.data, spec.train, spec.method, spec.save
         task = wan_task(spec)
-        videos = video_files(spec)
         cache = f"{layout.work}/trainer/cache"
         datasets = []
+        notes = []
         for i, p in enumerate(spec.data_paths()):
-            entry: dict = {"resolution": [d.resolution, d.resolution], "batch_size": t.micro_batch_size,
-                           "num_repeats": d.repeats, "enable_bucket": d.buckets, "caption_extension": d.caption_extension,
-                           "cache_directory": f"{cache}/{i}"}
-            if videos:
-                entry = {"video_directory": str(p), **entry, "target_frames": list(d.target_frames),
-                         "frame_extraction": d.frame_extraction}
+            clips, stills = media(p)
+            common: dict = {"resolution": [d.resolution, d.resolution], "batch_size": t.micro_batch_size,
+                            "num_repeats": d.repeats, "enable_bucket": d.buckets, "caption_extension": d.caption_extension}
+            if d.buckets:
+                common["bucket_no_upscale"] = True
+            if clips:
+                entry = {"video_directory": str(p), **common, "cache_directory": f"{cache}/{i}",
+                         "target_frames": list(d.target_frames), "frame_extraction": d.frame_extraction}
                 if d.frame_extraction == "uniform":
                     entry["frame_sample"] = d.frame_sample
                 elif d.frame_extraction == "slide":
                     entry["frame_stride"] = d.frame_stride
-            else:
-                entry = {"image_directory": str(p), **entry}
-            if d.buckets:
-                entry["bucket_no_upscale"] = True
-            datasets.append(entry)
+                fps = source_fps(clips)[0] if d.fps is not None else None
+                if fps is not None and fps != TARGET_FPS_WAN:
+                    entry["source_fps"] = float(fps)  # musubi drops frames from this rate to 16
+                datasets.append(entry)
+            if stills or not clips:
+                # musubi's video datasource reads no stills: they train as 1-frame items of an
+                # image dataset over the same folder (its image datasource reads no clips)
+                datasets.append({"image_directory": str(p), **common,
+                                 "cache_directory": f"{cache}/{i}" + ("-stills" if clips else "")})
+            if clips and stills:
+                notes.append(f"{p.name}: {len(clips)} clip(s) train as a video dataset and {len(stills)} still(s) "
+                             "as 1-frame items of an image dataset (musubi's video datasource reads no stills)")
         toml = f"{layout.job}/dataset.toml"
         files = {toml: tomlw.dumps({"datasets": datasets})}
         models = layout.models
@@ -148,7 +209,6 @@ class MusubiTuner(KohyaOutputs, Trainer):
         if t.min_snr_gamma:
             a += ["--min_snr_gamma", _num(t.min_snr_gamma)]
         swap, fix = (t.blocks_to_swap, None) if t.blocks_to_swap else _swap_for_vram(spec)
-        notes = []
         if fix:
             notes.append(f"--blocks_to_swap {swap}: the planner says the job does not fit {spec.compute.gpu} as is; "
                          f"its fit: {fix}")
@@ -156,7 +216,8 @@ class MusubiTuner(KohyaOutputs, Trainer):
             a += ["--blocks_to_swap", str(swap)]
         a += ["--seed", str(t.seed), "--max_data_loader_n_workers", "2", "--persistent_data_loader_workers"]
         if s.every_steps:
-            a += ["--save_every_n_steps", str(s.every_steps), "--save_last_n_steps", str(s.keep_last * s.every_steps)]
+            a += ["--save_every_n_steps", str(s.every_steps), "--save_last_n_steps",
+                  str(last_n_steps(s.keep_last, s.every_steps))]
         if s.every_epochs:
             a += ["--save_every_n_epochs", str(s.every_epochs), "--save_last_n_epochs", str(s.keep_last)]
         a += ["--save_state", "--output_dir", layout.out, "--output_name", name, "--logging_dir", layout.logs,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -38,6 +39,21 @@ from lorapod.trainers import prepare
 from lorapod.trainers.base import Artifact, Command, Layout, Trainer, TrainerJob
 
 LOG_TAIL_LINES = 25
+# The last line of a Python traceback: "AssertionError: when caching ...", "ValueError: ...".
+_EXC_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?(?P<cls>[A-Z]\w*(?:Error|Exception))(?:: (?P<msg>.+))?$")
+# accelerate's launcher re-raises a failed child as this (accelerate/commands/launch.py
+# simple_launcher): the child's own exception, printed before it, is the trainer's reason.
+_LAUNCHER_ERRORS = ("CalledProcessError",)
+
+
+def trainer_reason(lines: list[str]) -> str | None:
+    """The trainer's own reason for failing: the first exception line in its output that is not the
+    launcher's re-raise (``AssertionError: when caching Text Encoder output, ...``)."""
+    for line in lines:
+        m = _EXC_LINE.match(line.strip())
+        if m and m.group("cls") not in _LAUNCHER_ERRORS:
+            return line.strip()[:2000]
+    return None
 
 
 class TrainerSetupFailed(RemoteError):
@@ -161,6 +177,8 @@ class TrainerProcess:
         except OSError as exc:
             raise TrainerFailed(f"{cmd.name}: cannot start {argv[0]}: {exc}") from exc
         self.lines: list[str] = []
+        self.errors: list[str] = []  # exception lines, kept apart from the tail (a traceback can be long)
+        self._partial = ""
         self._on_text = on_text
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -172,10 +190,20 @@ class TrainerProcess:
             out.write(chunk)
             out.flush()
             text = chunk.decode(errors="replace")
-            self.lines += [ln for ln in text.replace("\r", "\n").splitlines() if ln.strip()][-LOG_TAIL_LINES:]
-            self.lines = self.lines[-LOG_TAIL_LINES:]
+            *done, self._partial = (self._partial + text).replace("\r", "\n").split("\n")
+            if len(self._partial) > 65536:  # a line without an end is still bounded
+                done, self._partial = [*done, self._partial], ""
+            self._lines(done)
             if self._on_text:
                 self._on_text(text)
+        self._lines([self._partial])
+        self._partial = ""
+
+    def _lines(self, done: list[str]) -> None:
+        """Whole lines only (a chunk can end mid-line): the tail, and exception lines kept apart."""
+        new = [ln for ln in done if ln.strip()]
+        self.lines = (self.lines + new)[-LOG_TAIL_LINES:]
+        self.errors = (self.errors + [ln for ln in new if _EXC_LINE.match(ln.strip())])[:20]
 
     def poll(self) -> int | None:
         return self.proc.poll()
@@ -295,9 +323,11 @@ def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: s
             with lock:
                 log(bridge.flush() + bridge.poll())
             if rc != 0:
-                raise TrainerFailed(f"{trainer.title}: '{cmd.name}' exited with {rc}:\n{_tail(p.lines)}",
-                                    hint="the trainer's own message is above (job.log); fix the spec or the data, "
-                                         "then `lorapod run --resume JOB`")
+                reason = trainer_reason(p.errors)
+                head = f"{trainer.title} stopped with: {reason}\n" if reason else ""
+                raise TrainerFailed(f"{head}{trainer.title}: '{cmd.name}' exited with {rc}:\n{_tail(p.lines)}",
+                                    hint=trainer.fix_for(reason) or "the trainer's own message is above (job.log); "
+                                         "fix the spec or the data, then `lorapod run --resume JOB`")
         mirror.sync(final=True)
     finally:
         metrics.close()

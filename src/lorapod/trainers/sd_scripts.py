@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import ClassVar
 
 from lorapod.trainers import tomlw
 from lorapod.trainers.base import (
@@ -29,6 +30,9 @@ from lorapod.trainers.bridge import KohyaProgress
 
 SCRIPTS = {"sd15": "train_network.py", "sdxl": "sdxl_train_network.py", "flux1": "flux_train_network.py"}
 OPTIMIZERS = {"adamw": "AdamW", "adamw_8bit": "AdamW8bit"}
+# sdxl_train_network.py / flux_train_network.py assert_extra_args, word for word (English half)
+TE_CACHE_REFUSAL = ("when caching Text Encoder output, either caption_dropout_rate, shuffle_caption, token_warmup_step "
+                    "or caption_tag_dropout_rate cannot be used")
 VIDEO_EXTS = (".mp4", ".webm", ".mov", ".mkv", ".avi", ".gif")
 # FLUX.1 as sd-scripts reads it: separate files for the transformer, the autoencoder and both text
 # encoders (flux_train_network.py --clip_l --t5xxl --ae).
@@ -36,10 +40,12 @@ FLUX_TEXT_ENCODERS = ("comfyanonymous/flux_text_encoders", "clip_l.safetensors",
 
 
 def video_files(spec) -> list[Path]:
+    """Video files at the top of the data folders: sd-scripts (library/train_util.py glob_images) and
+    musubi-tuner (dataset/media_utils.py glob_images/glob_videos) read no subfolders."""
     out: list[Path] = []
     for p in spec.data_paths():
         if p.is_dir():
-            out += [f for f in p.rglob("*") if f.suffix.lower() in VIDEO_EXTS]
+            out += sorted(f for f in p.iterdir() if f.is_file() and f.suffix.lower() in VIDEO_EXTS)
     return out
 
 
@@ -101,6 +107,9 @@ class SdScripts(KohyaOutputs, Trainer):
     commit = "48d368fa557731ad0488c07304dfeba8c07910eb"
     install = ("-r", "requirements.txt")
     torch = "torch>=2.4"
+    refusals: ClassVar[dict[str, str]] = {
+        TE_CACHE_REFUSAL: "--set data.cache_text_encoder_outputs=false, or data.shuffle_captions=false and "
+                          "data.caption_dropout=0, then `lorapod run --resume JOB`"}
 
     def refuse(self, spec) -> list[str]:
         r = super().refuse(spec)
@@ -117,6 +126,15 @@ class SdScripts(KohyaOutputs, Trainer):
         if m.train_text_encoder and d.cache_text_encoder_outputs:
             r.append("cached text-encoder outputs need U-Net-only training: set method.train_text_encoder false "
                      "or data.cache_text_encoder_outputs false")
+        if d.cache_text_encoder_outputs and spec.model.family == "sd15":
+            # train_network.py's parser has no --cache_text_encoder_outputs (only the SDXL/FLUX scripts')
+            r.append("train_network.py (SD 1.5) cannot cache text-encoder outputs: "
+                     "--set data.cache_text_encoder_outputs=false")
+        elif d.cache_text_encoder_outputs and (d.shuffle_captions or d.caption_dropout):
+            # SdxlNetworkTrainer / FluxNetworkTrainer.assert_extra_args, after the instance is set up
+            r.append(f"{SCRIPTS[spec.model.family]} says: \"{TE_CACHE_REFUSAL}\": "
+                     "--set data.cache_text_encoder_outputs=false, or data.shuffle_captions=false and "
+                     "data.caption_dropout=0")
         if spec.model.family != "flux1" and t.timestep_sampling != "uniform":
             r.append(f"{SCRIPTS[spec.model.family]} samples timesteps uniformly: train.timestep_sampling must be uniform")
         if spec.model.family != "flux1" and t.blocks_to_swap:
@@ -135,7 +153,7 @@ class SdScripts(KohyaOutputs, Trainer):
         d, t, m, s = spec.data, spec.train, spec.method, spec.save
         notes: list[str] = []
         general: dict = {"caption_extension": d.caption_extension, "shuffle_caption": d.shuffle_captions}
-        if d.trigger:
+        if d.trigger and d.shuffle_captions:
             general["keep_tokens"] = 1  # the trigger word stays first when captions are shuffled
         if d.flip:
             general["flip_aug"] = True
@@ -207,8 +225,9 @@ class SdScripts(KohyaOutputs, Trainer):
             if t.blocks_to_swap:
                 a += ["--blocks_to_swap", str(t.blocks_to_swap)]
         if s.every_steps:
-            a += ["--save_every_n_steps", str(s.every_steps), "--save_last_n_steps", str(s.keep_last * s.every_steps),
-                  "--save_last_n_steps_state", str(s.keep_last * s.every_steps)]
+            last = str(last_n_steps(s.keep_last, s.every_steps))
+            a += ["--save_every_n_steps", str(s.every_steps), "--save_last_n_steps", last,
+                  "--save_last_n_steps_state", last]
         if s.every_epochs:
             a += ["--save_every_n_epochs", str(s.every_epochs), "--save_last_n_epochs", str(s.keep_last),
                   "--save_last_n_epochs_state", str(s.keep_last)]
@@ -231,6 +250,14 @@ class SdScripts(KohyaOutputs, Trainer):
         train = Command("train", [*accel, f"{layout.src}/{script}", *a], "train", cwd=layout.src, script=script)
         return TrainerJob(self.name, files, self.setup_commands(layout, layout.python), [*prepare, train],
                           layout.out, name, notes)
+
+
+def last_n_steps(keep_last: int, every_steps: int) -> int:
+    """``--save_last_n_steps`` that keeps ``keep_last`` step saves. At each save both kohya trainers
+    remove step ``step - save_last_n_steps - 1`` rounded down to a multiple of save_every_n_steps
+    (sd-scripts library/train_util.py get_remove_step_no and save_and_remove_state_stepwise,
+    musubi-tuner utils/train_utils.py the same), so N steps keep N/every + 1 saves."""
+    return (keep_last - 1) * every_steps
 
 
 def _num(x: float) -> str:

@@ -4,8 +4,9 @@
 ``<training_folder>/<name>/``: ``config.yaml``, ``<name>_<step:09d>.safetensors`` every
 ``save.save_every`` steps (older ones beyond ``max_step_saves_to_keep`` removed),
 ``optimizer.pt``, ``samples/<ms>__<step:09d>_<i>.jpg`` every ``sample.sample_every`` steps,
-``loss_log.db`` (tables steps / metrics as toolkit/logging_aitk.py creates them) when
-``logging.use_ui_logger`` is true, and the final ``<name>.safetensors``. One step per
+``loss_log.db`` (WAL, tables steps / metric_keys / metrics as toolkit/logging_aitk.py UILogger
+creates them, keys ``learning_rate`` and ``loss/loss`` as jobs/process/BaseSDTrainProcess.py logs
+them; tests/recorded/ai-toolkit/loss_log.sql is the real logger's) when ``logging.use_ui_logger`` is true, and the final ``<name>.safetensors``. One step per
 LORAPOD_STANDIN_STEP_S seconds (default 0.05).
 """
 
@@ -30,9 +31,13 @@ def main() -> int:
     db = None
     if p.get("logging", {}).get("use_ui_logger"):
         db = sqlite3.connect(root / "loss_log.db", isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL;")
         db.execute("CREATE TABLE IF NOT EXISTS steps (step INTEGER PRIMARY KEY, wall_time REAL NOT NULL)")
+        db.execute("CREATE TABLE IF NOT EXISTS metric_keys (key TEXT PRIMARY KEY, first_seen_step INTEGER, "
+                   "last_seen_step INTEGER)")
         db.execute("CREATE TABLE IF NOT EXISTS metrics (step INTEGER NOT NULL, key TEXT NOT NULL, value_real REAL, "
-                   "value_text TEXT, PRIMARY KEY (step, key))")
+                   "value_text TEXT, PRIMARY KEY (step, key), "
+                   "FOREIGN KEY (step) REFERENCES steps(step) ON DELETE CASCADE)")
     steps, every = p["train"]["steps"], p["save"]["save_every"]
     keep = p["save"]["max_step_saves_to_keep"]
     sample_every = p.get("sample", {}).get("sample_every")
@@ -45,7 +50,7 @@ def main() -> int:
         if db is not None:
             db.execute("INSERT INTO steps VALUES (?, ?)", (step, time.time()))
             db.executemany("INSERT INTO metrics VALUES (?, ?, ?, NULL)",
-                           [(step, "loss", loss), (step, "learning_rate", p["train"]["lr"])])
+                           [(step, "learning_rate", p["train"]["lr"]), (step, "loss/loss", loss)])
         if step and step % every == 0:
             (root / f"{name}_{step:09d}.safetensors").write_bytes(b"w" * 1024)
             (root / "optimizer.pt").write_bytes(b"o" * 1024)

@@ -8,7 +8,9 @@ with fake weights, at a few steps per second:
   OUT/NAME-step00000004.safetensors (+ -state) every N steps
   OUT/sample/NAME_e000001_00_<stamp>.png when sample prompts are given
   OUT/NAME.safetensors at the end
-``--resume DIR`` continues after the epoch/step in DIR/train_state.json. The pace comes from
+``--resume DIR`` continues after the epoch/step in DIR/train_state.json. With
+``--cache_text_encoder_outputs`` and caption shuffle or dropout in the dataset it fails as
+SdxlNetworkTrainer.assert_extra_args does (sdxl_train_network.py at 48d368fa, its message verbatim). The pace comes from
 LORAPOD_STANDIN_STEP_S (default 0.1 s).
 """
 
@@ -63,6 +65,12 @@ def state(path: Path, epoch: int, step: int) -> None:
 def main() -> int:
     a = parse(sys.argv[1:])
     ds = tomllib.loads(Path(a["dataset_config"]).read_text())
+    general = ds.get("general", {})
+    if a.get("cache_text_encoder_outputs") and (general.get("shuffle_caption") or general.get("caption_dropout_rate")):
+        raise AssertionError(
+            "when caching Text Encoder output, either caption_dropout_rate, shuffle_caption, token_warmup_step or "
+            "caption_tag_dropout_rate cannot be used / Text Encoderの出力をキャッシュするときはcaption_dropout_rate, "
+            "shuffle_caption, token_warmup_step, caption_tag_dropout_rateは使えません")
     per_epoch = 0
     for d in ds["datasets"]:
         for s in d["subsets"]:
