@@ -31,6 +31,8 @@ def register(app: typer.Typer) -> None:
         resume: str | None = typer.Option(None, "--resume", help="Continue JOB from its last pulled checkpoint "
                                           "on a new instance."),
         set_: list[str] = typer.Option([], "--set", help="Override a spec value: dotted.key=value."),
+        report_to: str | None = typer.Option(None, "--report-to", help="Trackers: wandb,tensorboard (comma-"
+                                             "separated) or none; overrides the spec's tracking section."),
         bootstrap: str = typer.Option("source", "--bootstrap", help="How lorapod gets onto the instance: "
                                       "source (copy this package) | wheel (build and pip install a wheel)."),
         python: str = typer.Option("python3", "--python", help="The instance's Python, from which the job's "
@@ -74,7 +76,7 @@ def register(app: typer.Typer) -> None:
         from lorapod.compute.remote import Bootstrap
         from lorapod.compute.session import Options, run_remote
         from lorapod.errors import SpecError
-        from lorapod.spec import load_spec
+        from lorapod.spec import apply_report_to, load_spec
 
         ledger = Ledger()
         target = on
@@ -103,6 +105,7 @@ def register(app: typer.Typer) -> None:
             spec_obj = load_spec(spec, set_)
             spec_path = str(spec)
             target = on or spec_obj.compute.provider
+        spec_obj = apply_report_to(spec_obj, report_to)
         if target in (None, ""):
             raise SpecError("where should it run?", hint="--on vast | runpod | ssh://user@host:port")
         if spec_obj.is_video and not resume:  # before renting: the clips give windows, the job fits the GPU
@@ -156,6 +159,8 @@ def register(app: typer.Typer) -> None:
             color = {"done": "green", "stopped": "yellow"}.get(summary.state, "red")
             console.print(f"[bold {color}]{summary.state}[/]: {escape(summary.message)}")
             console.print(f"run folder: {summary.run_dir}", markup=False)
+            if summary.wandb_url:
+                console.print(f"W&B: {summary.wandb_url}", markup=False)
         if summary.unconfirmed:
             # Never a quiet success while something may bill: the id, where to look, what to run.
             console.print(f"[bold red]instance {escape(summary.unconfirmed)} was NOT confirmed destroyed and may "

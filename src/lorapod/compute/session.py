@@ -104,7 +104,14 @@ class Summary:
         return {"job_id": self.job_id, "run_dir": str(self.run_dir), "state": self.state,
                 "last_step": self.last_step, "usd": round(self.usd, 4), "message": self.message,
                 "first_step_s": self.first_step_s, "billed_after_pull_s": self.billed_after_pull_s,
-                "unconfirmed": self.unconfirmed, "console": self.console}
+                "unconfirmed": self.unconfirmed, "console": self.console, "wandb_url": self.wandb_url}
+
+    @property
+    def wandb_url(self) -> str | None:
+        """The run's W&B page, from the pulled tracking.json (None: W&B off, or offline)."""
+        from lorapod.engine.trackers import wandb_url
+
+        return wandb_url(self.run_dir)
 
 
 def backoff_until(check: Callable[[], bool], deadline: float, what: str, hint: str,
