@@ -205,6 +205,12 @@ class ComputeSpec(_Section):
     )
     nodes: Annotated[int, Field(ge=1, le=64)] = Field(1, description="Machines for one job (SkyPilot backend).")
     cloud: str | None = Field(None, description="SkyPilot infra for --on sky, e.g. aws, gcp, k8s, runpod.")
+    volume: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="RunPod network volume (its name) that keeps the model, environment and latent caches "
+        "between sessions; created in a datacenter that has the GPU when none has this name (docs/remote.md).")
+    volume_gb: Annotated[int | None, Field(ge=10, le=4000)] = Field(
+        None, description="Size of a volume lorapod creates (default: what the model, environment and caches need).")
 
 
 class WandbSpec(_Section):

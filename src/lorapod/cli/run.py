@@ -55,6 +55,9 @@ def register(app: typer.Typer) -> None:
         gpus: int | None = typer.Option(None, "--gpus", min=1, help="GPUs per instance (compute.gpus); above 1 "
                                         "the job trains data-parallel under torchrun."),
         dry_run: bool = typer.Option(False, "--dry-run", help="--on sky: build and write the SkyPilot task only."),
+        volume: str | None = typer.Option(None, "--volume", help="RunPod network volume NAME (compute.volume): "
+                                          "found or created where the GPU is; keeps model, environment and "
+                                          "latent caches between sessions ($0.07/GB-month, docs/remote.md)."),
         poll_s: float = typer.Option(5.0, "--poll-s", hidden=True),
         pull_every_s: float = typer.Option(30.0, "--pull-every-s", hidden=True),
         ready_deadline_s: float = typer.Option(600.0, "--ready-deadline-s", hidden=True),
@@ -124,6 +127,8 @@ def register(app: typer.Typer) -> None:
             raise SpecError(f"--deps {deps!r}", hint="auto | none")
         if image:
             spec_obj.compute.image = image
+        if volume:
+            spec_obj.compute.volume = volume
         kwargs = {}
         if target.startswith("ssh://"):
             kwargs = {"identity": identity, "usd_per_hour": usd_per_hour or spec_obj.compute.usd_per_hour or 0.0}
@@ -138,6 +143,11 @@ def register(app: typer.Typer) -> None:
 
         for note in preflight(spec_obj, provider.name, force=force, deps=deps).notes:  # refuses before anything is rented
             console.print(f"note: {note}", style="yellow", markup=False)
+        if spec_obj.compute.volume:  # after the checks above: a new volume bills from its creation
+            from lorapod.compute.runpod.volume_mount import attach
+
+            attach(provider, spec_obj, spec_obj.compute.volume, gpu, max_usd, max_hours,
+                   say=lambda m: console.print(m, style="dim", markup=False))
         opts = Options(identity=identity, gpu=gpu, max_usd=max_usd, max_hours=max_hours,
                        bootstrap=Bootstrap(bootstrap, python, deps), poll_s=poll_s, pull_every_s=pull_every_s,
                        ready_deadline_s=ready_deadline_s, stop_margin_s=stop_margin_s, stop_wait_s=stop_wait_s,

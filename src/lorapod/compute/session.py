@@ -457,7 +457,9 @@ class Session:
         """The first thing after SSH answers: the work folder and the watchdog (standard library
         only, so before any bootstrap), with the job's caps, then the heartbeat thread."""
         assert self.transport is not None and self.inst is not None
-        work = self.work = RemoteWork(self.transport, self.job_id)
+        from lorapod.compute.runpod.volume_mount import cache_root_of
+
+        work = self.work = RemoteWork(self.transport, self.job_id, cache_root=cache_root_of(self.provider))
         self.ledger.job_update(self.job_id, remote_dir=work.dir, state="running")
         boot = self.base_boot = bootstrap_for(self.opts.bootstrap, self.provider, self.spec)
         wd = self._watchdog_config()

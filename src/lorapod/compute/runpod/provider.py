@@ -30,6 +30,8 @@ DEFAULT_IMAGE = DEFAULTS["runpod"]
 class RunPodProvider:
     name = "runpod"
     console_url = "https://www.runpod.io/console/pods"
+    #: a network volume the run mounts (compute/runpod/volume_mount.py): limits offers, adds create fields
+    volume = None
 
     def __init__(self, api: RunPodApi | None = None, image: str = DEFAULT_IMAGE,
                  cloud_types: tuple[str, ...] = ("COMMUNITY", "SECURE")) -> None:
@@ -63,7 +65,7 @@ class RunPodProvider:
                                  gpu_count=req.gpu_count, region=cloud.lower(),
                                  extra={"gpu_type_id": g["id"], "cloud_type": cloud},
                                  secure=cloud == "SECURE"))
-        return out
+        return self.volume.limit(out) if self.volume is not None else out
 
     def create(self, offer: Offer, spec: InstanceSpec) -> Instance:
         gpu_type, _, cloud = offer.id.partition("|")
@@ -79,6 +81,8 @@ class RunPodProvider:
             "supportPublicIp": True,
             "env": {"PUBLIC_KEY": spec.ssh_public_key},
         }
+        if self.volume is not None:
+            body.update(self.volume.create_fields())
         pod = self.api.create_pod(body)
         if not pod.get("id"):
             raise ProviderError(f"RunPod did not return a pod id for {offer.gpu_name}",
