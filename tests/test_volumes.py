@@ -63,3 +63,12 @@ def test_cli_lists_costs_and_deletes(fake, capsys):
     assert fake.volumes == {}
     code, out, err = run_cli(["volumes", "--delete", "nope", "--yes"], capsys)
     assert code != 0 and "no network volume nope" in err
+
+
+def test_ps_shows_what_volumes_cost_each_month(fake, capsys):
+    _vols(fake).create("models", 260, "EU-RO-1")
+    _vols(fake).create("scratch", 40, "US-TX-3")
+    code, out, err = run_cli(["ps"], capsys)
+    assert code == 0, err
+    assert "2 RunPod network volume(s), $21.00/month" in out  # 300 GB x $0.07
+    assert "models 260 GB EU-RO-1" in out

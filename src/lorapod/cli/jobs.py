@@ -20,6 +20,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="JSON on stdout, for scripts."),
     ) -> None:
         """Jobs and their instances: state, GPU, $/h, dollars so far."""
+        from lorapod.cli.volumes import monthly_line
         from lorapod.compute.jobs import ps_rows
         from lorapod.compute.ledger import Ledger
 
@@ -27,6 +28,9 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(rows))
             return
+        volumes = monthly_line()
+        if volumes:
+            console.print(volumes, markup=False, soft_wrap=True)
         if not rows:
             console.print("no jobs yet (lorapod run SPEC --on ...)")
             return

@@ -16,6 +16,31 @@ console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
 
+def monthly_line(timeout: float = 10.0) -> str | None:
+    """What ``lorapod ps`` says about network volumes: their count and $/month, so nothing bills
+    unseen. One bounded call, no retries (``ps`` must stay quick); None without a RunPod key."""
+    from lorapod.compute.runpod.api import RunPodApi
+    from lorapod.compute.runpod.volumes import NetworkVolumes
+    from lorapod.errors import LorapodError
+
+    try:
+        api = RunPodApi(timeout=timeout, retries=1)
+    except LorapodError:
+        return None  # no RunPod key: no RunPod volumes lorapod could know of
+    try:
+        rows = NetworkVolumes(api).list()
+    except LorapodError as exc:
+        return f"network volumes: not listed ({exc.message}); `lorapod volumes` tries again"
+    finally:
+        api.close()
+    if not rows:
+        return None
+    total = sum(v.usd_per_month for v in rows)
+    names = ", ".join(f"{v.name or v.id} {v.size_gb} GB {v.datacenter}" for v in rows[:5])
+    return (f"{len(rows)} RunPod network volume(s), ${total:.2f}/month whether used or not ({names}"
+            f"{', ...' if len(rows) > 5 else ''}): `lorapod volumes --delete ID` stops one")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("volumes")
     def volumes(
