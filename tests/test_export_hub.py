@@ -56,6 +56,9 @@ def test_export_to_hub_uploads_the_adapter_and_a_card(hub, trained, capsys):
     assert {"README.md", "adapter_config.json", "adapter_model.safetensors"} <= set(repo.files)
     assert "adapter_model.safetensors" in hub.lfs_paths  # binary weights went through LFS, as the Hub wants
     assert json.loads(repo.files["adapter_config.json"])["r"] == 8
+    # remembered in the run folder: `lorapod deploy` serves what was published
+    rows = json.loads((trained.root / "published.json").read_text())
+    assert {"repo": "me/fruit-lora", "what": "adapter", "private": True}.items() <= rows[-1].items()
     card = repo.files["README.md"].decode()
     meta = yaml.safe_load(card.split("---")[1])
     assert "peft" in meta["tags"] and meta["library_name"] == "peft"

@@ -55,6 +55,7 @@ class Repo:
     private: bool
     files: dict[str, bytes] = field(default_factory=dict)
     commits: list[dict] = field(default_factory=list)
+    gated: bool | str = False  # the Hub answers false, "auto" or "manual" (ModelInfo.gated)
 
 
 def git_blob_oid(data: bytes) -> str:
@@ -159,7 +160,7 @@ class FakeHub:
                 repo = self.repos.get(rest.split("/revision/")[0])
                 if repo is None:
                     return 404, {"error": "Repository not found"}
-                return 200, {"id": repo.id, "modelId": repo.id, "private": repo.private,
+                return 200, {"id": repo.id, "modelId": repo.id, "private": repo.private, "gated": repo.gated,
                              "sha": repo.commits[-1]["oid"] if repo.commits else None,
                              "siblings": [{"rfilename": p} for p in sorted(repo.files)]}
             for verb in ("preupload", "commit"):

@@ -163,6 +163,9 @@ def attach(provider: Any, spec: Any, name: str, gpu: str | None = None, max_usd:
     if found:
         vol = found[0]
         stock = stock_by_datacenter(provider.api, [vol.datacenter], gpu_count).get(vol.datacenter, set())
+        if not stock:
+            raise ProviderError(f"no GPU is in stock in {vol.datacenter}, where network volume {name} is",
+                                hint="try again later; a pod with this volume can only run there")
         mount = VolumeMount(vol, mount_path(), frozenset(stock))
         say(f"using {mount.describe()}")
     else:
