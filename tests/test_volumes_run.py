@@ -75,6 +75,7 @@ def test_second_session_with_the_volume_downloads_nothing(fake, tmp_path, remote
     assert fake.pod_bodies[-1]["networkVolumeId"] == vol["id"]
     assert json.loads((second.run_dir / "model-fetch.json").read_text())["downloaded"] is False
     # the phases show it: job start to first step lost the download
+    print(f"first session phases {phases1}\nsecond session phases {phases2}")
     assert phases1["first step"] >= DOWNLOAD_S
     assert phases2["first step"] < phases1["first step"] - DOWNLOAD_S * 0.75, (phases1, phases2)
     assert any("created network volume lora-cache" in n for n in notes)
@@ -116,3 +117,12 @@ def test_pick_datacenter_prefers_the_best_gpu_then_the_most_fallbacks():
     stock = {"A": {"g2"}, "B": {"g1"}, "C": {"g1", "g2"}}
     assert pick_datacenter(["g1", "g2"], stock) == ("C", "g1")
     assert pick_datacenter(["g3"], stock) is None
+
+
+def test_run_with_a_volume_on_vast_is_refused_before_renting(tmp_path, capsys, monkeypatch):
+    from .cli_helpers import run_cli
+
+    monkeypatch.setenv("VAST_API_KEY", "k")
+    monkeypatch.setenv("LORAPOD_VAST_URL", "http://127.0.0.1:9")  # nothing may be called
+    code, _out, err = run_cli(["run", str(make_spec(tmp_path)), "--on", "vast", "--volume", "models", "--force"], capsys)
+    assert code != 0 and "compute.volume works on RunPod only" in err and "one physical machine" in err
