@@ -126,3 +126,39 @@ def test_run_with_a_volume_on_vast_is_refused_before_renting(tmp_path, capsys, m
     monkeypatch.setenv("LORAPOD_VAST_URL", "http://127.0.0.1:9")  # nothing may be called
     code, _out, err = run_cli(["run", str(make_spec(tmp_path)), "--on", "vast", "--volume", "models", "--force"], capsys)
     assert code != 0 and "compute.volume works on RunPod only" in err and "one physical machine" in err
+
+
+class _Recorder:
+    """A transport that records what lorapod asks the instance to run (nothing runs)."""
+
+    def __init__(self) -> None:
+        self.commands: list[str] = []
+
+    def run(self, command, input=None, timeout=60.0, check=True):
+        import subprocess
+
+        self.commands.append(command)
+        return subprocess.CompletedProcess(command, 0, b'{"ok": true, "python": "py", "how": "reused", "installed": 0}\n', b"")
+
+
+def test_the_environment_cache_and_the_job_caches_go_under_the_volume():
+    import shlex
+
+    from lorapod.compute.remote import Bootstrap, RemoteWork
+
+    t = _Recorder()
+    work = RemoteWork(t, "job1", root=".lorapod-work", cache_root="/workspace/lorapod")
+    assert work.environment(Bootstrap(python="python3")).how == "reused"
+    request = json.loads(shlex.split(t.commands[0])[-1])
+    assert request["envs"] == "/workspace/lorapod/.envs"  # envsetup builds or reuses it there
+    work.start_job({}, ["python3", "-m", "lorapod", "train", "spec.yaml"])
+    assert "env HF_HOME=/workspace/lorapod/huggingface LORAPOD_CACHE_DIR=/workspace/lorapod/cache python3" \
+        in t.commands[-1]
+    assert work.dir == ".lorapod-work/job1"  # the work folder stays on the container disk
+
+
+def test_the_engines_latent_cache_follows_lorapod_cache_dir(monkeypatch, tmp_path):
+    from lorapod.engine.diffusion.cache import default_cache_root
+
+    monkeypatch.setenv("LORAPOD_CACHE_DIR", str(tmp_path / "vol"))
+    assert default_cache_root() == tmp_path / "vol" / "diffusion"
