@@ -162,3 +162,11 @@ def test_the_engines_latent_cache_follows_lorapod_cache_dir(monkeypatch, tmp_pat
 
     monkeypatch.setenv("LORAPOD_CACHE_DIR", str(tmp_path / "vol"))
     assert default_cache_root() == tmp_path / "vol" / "diffusion"
+
+
+def test_a_sweep_does_not_silently_drop_the_volume(tmp_path, capsys):
+    from .cli_helpers import run_cli
+
+    code, _out, err = run_cli(["sweep", str(make_spec(tmp_path, volume="models")), "--grid",
+                               "train.learning_rate=1e-4,2e-4", "--on", "runpod"], capsys)
+    assert code != 0 and "sweeps do not mount compute.volume" in err

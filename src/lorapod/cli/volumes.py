@@ -1,7 +1,7 @@
 """``lorapod volumes``: the network volumes on your RunPod account, what each costs a month, and delete.
 
-Vast.ai has no storage that outlives an instance through its API (docs/remote.md, Volumes), so only
-RunPod's are listed.
+Only RunPod's are listed: lorapod does not use Vast.ai's volumes, which are disk on one host's
+machine, usable only while that machine has a free GPU (docs/remote.md, Volumes).
 """
 
 from __future__ import annotations
