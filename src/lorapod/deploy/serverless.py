@@ -24,6 +24,7 @@ rate, so it is refused without ``--yes``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -300,7 +301,8 @@ def deploy(dep: Deployment, serverless: Any = None, ledger: Any = None) -> Deplo
     try:
         ep = sv.create_endpoint({**dep.endpoint, "templateId": tid})
     except BaseException:
-        sv.delete_template(tid)
+        with contextlib.suppress(Exception):  # a template bills nothing; the endpoint's error is the one to report
+            sv.delete_template(tid)
         raise
     url = URL.format(id=ep.id)
     ledger.event("endpoint", json.dumps({"action": "created", "id": ep.id, "template_id": tid, "name": ep.name,
