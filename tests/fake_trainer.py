@@ -37,6 +37,26 @@ def fake_val_loss(lr: float, step: int) -> float:
     return round(abs(math.log10(lr) - math.log10(3e-4)) + 1.0 / step, 6)
 
 
+def fetch_model(run: Path, repo_id: str, download_s: float) -> None:
+    """What the engine's first step does with a hub model: a file already in the Hugging Face cache
+    is read, anything else is downloaded into it. The cache folder is huggingface_hub's own
+    (``constants.HF_HUB_CACHE`` from HF_HOME) in its layout (models--ORG--NAME/snapshots/REV/);
+    ``model-fetch.json`` in the run folder says which happened and where."""
+    from huggingface_hub import constants
+
+    snap = Path(constants.HF_HUB_CACHE) / ("models--" + repo_id.replace("/", "--")) / "snapshots" / "main"
+    weights = snap / "model.safetensors"
+    downloaded = not weights.is_file()
+    if downloaded:
+        time.sleep(download_s)
+        snap.mkdir(parents=True, exist_ok=True)
+        tmp = weights.with_name(".tmp-model")
+        tmp.write_bytes(hashlib.sha256(repo_id.encode()).digest() * 4096)
+        os.replace(tmp, weights)
+    (run / "model-fetch.json").write_text(json.dumps({"downloaded": downloaded, "hf_hub_cache": str(constants.HF_HUB_CACHE),
+                                                      "lorapod_cache_dir": os.environ.get("LORAPOD_CACHE_DIR")}))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("spec")
@@ -47,6 +67,8 @@ def main() -> int:
     ap.add_argument("--hang-at", type=int, default=None)
     ap.add_argument("--eval", action="store_true", help="log a val_loss at every checkpoint (see fake_val_loss)")
     ap.add_argument("--device-name", default=None, help="write device.json naming this GPU; log step_time_s, mem_gb")
+    ap.add_argument("--hf-model", default=None, help="fetch this base model into the Hugging Face cache first")
+    ap.add_argument("--download-s", type=float, default=1.0, help="how long --hf-model's download takes")
     a = ap.parse_args()
     spec = yaml.safe_load(Path(a.spec).read_text())
     run = Path(a.run_dir)
@@ -60,6 +82,8 @@ def main() -> int:
     if a.resume:
         done = sorted(int(p.name.split("-")[1]) for p in (run / "checkpoints").glob("step-*"))
         start = (done[-1] + 1) if done else 1
+    if a.hf_model:
+        fetch_model(run, a.hf_model, a.download_s)
     if a.device_name:
         (run / "device.json").write_text(json.dumps({"type": "cuda", "name": a.device_name, "processes": 1}))
     with open(run / "events.log", "a") as ev:

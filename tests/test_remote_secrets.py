@@ -113,6 +113,24 @@ def test_default_forwards_only_what_the_job_needs_and_only_to_secure_hosts(tmp_p
     assert secrets_for(tiny, community, ("WANDB_API_KEY", "HF_TOKEN")) == (["WANDB_API_KEY", "HF_TOKEN"], None)
 
 
+def test_wandb_key_goes_only_when_the_job_logs_to_wandb_online(tmp_path):
+    from lorapod.compute.provider import Offer
+    from lorapod.compute.secrets import secrets_for
+    from lorapod.spec import WandbSpec, load_spec
+
+    tiny = load_spec(make_spec(tmp_path))
+    secure = Offer("runpod", "A|SECURE", "A40", 0.44, secure=True)
+    community = Offer("vast", "7", "RTX 3090", 0.12, secure=False)
+    assert secrets_for(tiny, secure, None) == ([], None)  # W&B off: the key stays home
+    on = tiny.model_copy(deep=True)
+    on.tracking.wandb = WandbSpec(project="p")
+    assert secrets_for(on, secure, None) == (["WANDB_API_KEY"], None)
+    names, why = secrets_for(on, community, None)
+    assert names == [] and "wandb sync" in why
+    on.tracking.wandb.mode = "offline"  # files only: no key needed
+    assert secrets_for(on, secure, None) == ([], None)
+
+
 def test_vast_scoped_key_file_is_root_only(tmp_path):
     """The instance's start script puts CONTAINER_API_KEY in a 0600 file, not /etc/environment."""
     import os

@@ -205,6 +205,62 @@ class ComputeSpec(_Section):
     )
     nodes: Annotated[int, Field(ge=1, le=64)] = Field(1, description="Machines for one job (SkyPilot backend).")
     cloud: str | None = Field(None, description="SkyPilot infra for --on sky, e.g. aws, gcp, k8s, runpod.")
+    volume: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="RunPod network volume (its name) that keeps the model, environment and latent caches "
+        "between sessions; created in a datacenter that has the GPU when none has this name (docs/remote.md).")
+    volume_gb: Annotated[int | None, Field(ge=10, le=4000)] = Field(
+        None, description="Size of a volume lorapod creates (default: what the model, environment and caches need).")
+
+
+class WandbSpec(_Section):
+    """Weights & Biases: where the run's live metrics and samples go (needs WANDB_API_KEY, or ``wandb login``)."""
+
+    project: str = Field("lorapod", min_length=1, max_length=128, description="W&B project.")
+    entity: str | None = Field(None, max_length=128, description="W&B team or user (default: your W&B default).")
+    name: str | None = Field(None, max_length=128, description="Run name (default: output.name, the spec's stem).")
+    mode: Literal["online", "offline"] | None = Field(
+        None, description="offline writes the run files only (``wandb sync`` uploads them later); default: W&B's "
+        "own setting (WANDB_MODE), online when none.")
+
+
+class TrackingSpec(_Section):
+    """Live experiment trackers, beside metrics.jsonl (always written). The same names go to lorapod's
+    engine and to the external trainers' own tracker settings (docs/tracking.md)."""
+
+    wandb: WandbSpec | None = Field(None, description="Log to Weights & Biases (``wandb: {project: NAME}``).")
+    tensorboard: bool = Field(True, description="TensorBoard event files in the run folder's tensorboard/.")
+    mlflow: Any = Field(None, description="Not supported: see docs/tracking.md.")
+
+    @model_validator(mode="after")
+    def _no_mlflow(self) -> TrackingSpec:
+        if self.mlflow is not None:
+            raise ValueError("tracking.mlflow is not supported: MLflow's client (mlflow-skinny 3.x) pulls in "
+                             "fastapi, uvicorn, databricks-sdk, gitpython and OpenTelemetry on every instance, "
+                             "and its file store is deprecated; use tracking.wandb or tracking.tensorboard "
+                             "(docs/tracking.md)")
+        return self
+
+
+def apply_report_to(spec: JobSpec, value: str | None) -> JobSpec:
+    """``--report-to wandb,tensorboard`` (or ``none``) on top of the spec's ``tracking``.
+
+    wandb turns W&B on with the spec's settings (project ``lorapod`` when it has none); a tracker
+    not named is turned off, so ``--report-to none`` leaves only metrics.jsonl."""
+    if value is None:
+        return spec
+    names = {v.strip().lower() for v in value.split(",") if v.strip()}
+    unknown = names - {"wandb", "tensorboard", "none"}
+    if unknown or not names or ("none" in names and len(names) > 1):
+        raise SpecError(f"--report-to {value!r}: name trackers from wandb, tensorboard (comma-separated), or none",
+                        hint="e.g. --report-to wandb,tensorboard")
+    out = spec.model_copy(deep=True)
+    out.tracking.tensorboard = "tensorboard" in names
+    if "wandb" not in names:
+        out.tracking.wandb = None
+    elif out.tracking.wandb is None:
+        out.tracking.wandb = WandbSpec()
+    return out
 
 
 class OutputSpec(_Section):
@@ -223,6 +279,7 @@ class JobSpec(_Section):
     save: SaveSpec = Field(default_factory=SaveSpec)
     samples: SamplesSpec = Field(default_factory=SamplesSpec)
     compute: ComputeSpec = Field(default_factory=ComputeSpec)
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     output: OutputSpec = Field(default_factory=OutputSpec)
 
     @model_validator(mode="after")

@@ -16,17 +16,39 @@ def register(app: typer.Typer) -> None:
     @app.command("export")
     def export(
         run: Path = typer.Argument(..., help="The run folder (runs/JOB), or a LoRA .safetensors to convert."),
-        to: str = typer.Option(..., "--to", help="LLM: peft | merged | gguf | ollama.  Image: comfyui | diffusers | merged."),
+        to: str = typer.Option(..., "--to", help="LLM: peft | merged | gguf | ollama.  Image: comfyui | diffusers | merged. "
+                               "Both: hub (upload to the Hugging Face Hub with --repo)."),
         checkpoint: int | None = typer.Option(None, "--checkpoint", help="Export checkpoints/step-N (default: the final adapter)."),
         out: Path | None = typer.Option(None, "--out", help="Output folder (default: RUN/exports/TARGET-STEP); never overwritten."),
         base: str | None = typer.Option(None, "--base", help="The base model, when it moved since training."),
         adapter: bool = typer.Option(False, "--adapter", help="ollama: base GGUF + ADAPTER instead of the merged GGUF."),
         outtype: str = typer.Option("f16", "--outtype", help="GGUF model tensors: f16 | f32."),
         family: str | None = typer.Option(None, "--family", help="Converting a file: sd15 | sdxl | flux1 | flux2."),
+        repo: str | None = typer.Option(None, "--repo", help="--to hub: the Hub repo, user/name (created if missing)."),
+        private: bool = typer.Option(False, "--private", help="--to hub: create the repo private."),
+        merged: bool = typer.Option(False, "--merged", help="--to hub: upload the merged model, not the adapter."),
+        gguf_: bool = typer.Option(False, "--gguf", help="--to hub, LLM: upload the llama.cpp GGUF adapter."),
     ) -> None:
-        """Write a checkpoint in the format a tool loads: PEFT, merged, GGUF, Ollama, ComfyUI, diffusers."""
+        """Write a checkpoint in the format a tool loads: PEFT, merged, GGUF, Ollama, ComfyUI, diffusers,
+        or publish it to the Hugging Face Hub with a model card (--to hub --repo user/name)."""
         from lorapod.export.targets import export_run
 
+        if to == "hub":
+            from lorapod.export.hub import publish
+            from lorapod.export.kohya import ExportError
+
+            if not repo:
+                raise ExportError("--to hub needs --repo user/name", hint="e.g. --to hub --repo me/mug-lora [--private]")
+            done = publish(run, repo, private=private, merged=merged, gguf=gguf_, checkpoint=checkpoint, base=base,
+                           say=lambda m: console.print(escape(m)))
+            console.print(f"published [bold]{escape(done.url)}[/] (commit {escape(done.commit[:12])})")
+            for f in done.files:
+                console.print(f"  {escape(f)}")
+            for n in done.notes:
+                console.print(f"  - {escape(n)}")
+            return
+        if repo or private or merged or gguf_:
+            raise typer.BadParameter("--repo, --private, --merged and --gguf go with --to hub")
         if outtype not in ("f16", "f32"):
             raise typer.BadParameter("--outtype is f16 or f32")
         done = export_run(run, to, checkpoint, out, base, adapter, outtype, family)

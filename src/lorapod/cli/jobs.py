@@ -20,6 +20,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="JSON on stdout, for scripts."),
     ) -> None:
         """Jobs and their instances: state, GPU, $/h, dollars so far."""
+        from lorapod.cli.volumes import monthly_line
         from lorapod.compute.jobs import ps_rows
         from lorapod.compute.ledger import Ledger
 
@@ -27,6 +28,14 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(rows))
             return
+        volumes = monthly_line()
+        if volumes:
+            console.print(volumes, markup=False, soft_wrap=True)
+        from lorapod.deploy.serverless import endpoint_cost, live_endpoints
+
+        for ep in live_endpoints(Ledger()):
+            console.print(f"serverless endpoint {ep['id']} ({ep.get('model')}, {ep.get('gpu')}): {endpoint_cost(ep)}; "
+                          f"{ep.get('url')}; `lorapod down --endpoint {ep['id']}` removes it", markup=False, soft_wrap=True)
         if not rows:
             console.print("no jobs yet (lorapod run SPEC --on ...)")
             return
@@ -76,8 +85,10 @@ def register(app: typer.Typer) -> None:
                                                "destroy lorapod instances other installations (machines, "
                                                "LORAPOD_HOMEs, teammates) started on this account."),
         yes: bool = typer.Option(False, "--yes", help="Do not ask before --all-installations."),
+        endpoint: str | None = typer.Option(None, "--endpoint", help="Delete this RunPod Serverless endpoint "
+                                            "(and its template), from `lorapod deploy`."),
     ) -> None:
-        """Destroy instances: one job's, orphans', or all of them."""
+        """Destroy instances: one job's, orphans', or all of them; or a serverless endpoint."""
         from lorapod.compute.jobs import down_job, down_orphans
         from lorapod.compute.ledger import Ledger
         from lorapod.errors import LorapodError
@@ -86,8 +97,14 @@ def register(app: typer.Typer) -> None:
         def say(msg: str) -> None:
             err.print(msg, markup=False)
 
-        if sum(bool(x) for x in (job, orphans, all_)) != 1:
-            raise LorapodError("say what to bring down", hint="lorapod down JOB | --orphans | --all")
+        if sum(bool(x) for x in (job, orphans, all_, endpoint)) != 1:
+            raise LorapodError("say what to bring down", hint="lorapod down JOB | --orphans | --all | --endpoint ID")
+        if endpoint:
+            from lorapod.deploy.serverless import down_endpoint
+
+            gone = down_endpoint(endpoint, ledger=ledger)
+            err.print(f"endpoint {endpoint} deleted" if gone else f"endpoint {endpoint} was already gone", markup=False)
+            return
         if all_installations and not orphans:
             raise LorapodError("--all-installations goes with --orphans", hint="lorapod down --orphans --all-installations")
         if all_installations and not yes and not typer.confirm(

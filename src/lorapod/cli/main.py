@@ -17,7 +17,7 @@ from rich.markup import escape
 from lorapod.errors import LorapodError
 
 COMMANDS = ["train", "demo", "plan", "data", "run", "jobs", "export", "eval", "trainers", "sweep", "doctor",
-            "ui"]
+            "ui", "volumes", "deploy"]
 
 err_console = Console(stderr=True)
 

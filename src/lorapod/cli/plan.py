@@ -42,7 +42,8 @@ def plan_command(
                                        "sd-scripts | ai-toolkit | musubi-tuner | axolotl (setup time, VRAM)."),
     storage: bool = typer.Option(False, "--storage", help="Advise which disk to pay for instead of planning a job."),
     model_gb: float | None = typer.Option(None, "--model-gb", help="--storage: size of the models you keep."),
-    sessions_per_month: float | None = typer.Option(None, "--sessions-per-month", help="--storage: sessions a month."),
+    sessions_per_month: float | None = typer.Option(None, "--sessions-per-month", help="--storage, and the network "
+                                                    "volume's price against re-downloads: sessions a month (default 4)."),
     hours_per_session: float | None = typer.Option(None, "--hours-per-session", help="--storage: hours per session."),
     explain: bool = typer.Option(False, "--explain", help="Show what the #1 estimate rests on: terms, fitted factors, "
                                  "nearest published points, your own runs."),
@@ -66,14 +67,22 @@ def plan_command(
         prices, notes = got.entries, got.notes
     plan = plan_job(job_spec, gpu=gpu, provider=provider, prices=prices, images=images, examples=examples,
                     trainer=trainer)
+    from lorapod.plan.volume import VAST_NOTE, volume_advice, with_volume
+
+    plan = with_volume(plan)
     why = _explanation(plan, gpu) if explain else None
+    vol = volume_advice(plan, sessions_per_month)
     if json_out:
         out = plan.to_json()
+        out["volume"] = {"runpod": vol.to_json() if vol is not None else None, "vast": VAST_NOTE}
         if why is not None:
             out["explain"] = why.to_json()
         typer.echo(json.dumps(out, indent=2))
         return
     _print_plan(plan, notes)
+    for line in [*(vol.lines() if vol is not None else []),
+                 *([VAST_NOTE] if job_spec.compute.volume or any(o.provider == "vast" for o in plan.options) else [])]:
+        console.print(f"[dim]volume:[/] {line}", highlight=False, soft_wrap=True)
     if why is not None:
         from lorapod.plan.explain import lines
 

@@ -31,6 +31,8 @@ def register(app: typer.Typer) -> None:
         resume: str | None = typer.Option(None, "--resume", help="Continue JOB from its last pulled checkpoint "
                                           "on a new instance."),
         set_: list[str] = typer.Option([], "--set", help="Override a spec value: dotted.key=value."),
+        report_to: str | None = typer.Option(None, "--report-to", help="Trackers: wandb,tensorboard (comma-"
+                                             "separated) or none; overrides the spec's tracking section."),
         bootstrap: str = typer.Option("source", "--bootstrap", help="How lorapod gets onto the instance: "
                                       "source (copy this package) | wheel (build and pip install a wheel)."),
         python: str = typer.Option("auto", "--python", help="The instance's Python, from which the job's "
@@ -54,6 +56,9 @@ def register(app: typer.Typer) -> None:
         gpus: int | None = typer.Option(None, "--gpus", min=1, help="GPUs per instance (compute.gpus); above 1 "
                                         "the job trains data-parallel under torchrun."),
         dry_run: bool = typer.Option(False, "--dry-run", help="--on sky: build and write the SkyPilot task only."),
+        volume: str | None = typer.Option(None, "--volume", help="RunPod network volume NAME (compute.volume): "
+                                          "found or created where the GPU is; keeps model, environment and "
+                                          "latent caches between sessions ($0.07/GB-month, docs/remote.md)."),
         poll_s: float = typer.Option(5.0, "--poll-s", hidden=True),
         pull_every_s: float = typer.Option(30.0, "--pull-every-s", hidden=True),
         ready_deadline_s: float = typer.Option(1500.0, "--ready-deadline-s", hidden=True),
@@ -75,7 +80,7 @@ def register(app: typer.Typer) -> None:
         from lorapod.compute.remote import Bootstrap
         from lorapod.compute.session import Options, run_remote
         from lorapod.errors import SpecError
-        from lorapod.spec import load_spec
+        from lorapod.spec import apply_report_to, load_spec
 
         ledger = Ledger()
         target = on
@@ -104,6 +109,7 @@ def register(app: typer.Typer) -> None:
             spec_obj = load_spec(spec, set_)
             spec_path = str(spec)
             target = on or spec_obj.compute.provider
+        spec_obj = apply_report_to(spec_obj, report_to)
         if target in (None, ""):
             raise SpecError("where should it run?", hint="--on vast | runpod | ssh://user@host:port")
         if spec_obj.is_video and not resume:  # before renting: the clips give windows, the job fits the GPU
@@ -122,6 +128,8 @@ def register(app: typer.Typer) -> None:
             raise SpecError(f"--deps {deps!r}", hint="auto | none")
         if image:
             spec_obj.compute.image = image
+        if volume:
+            spec_obj.compute.volume = volume
         kwargs = {}
         if target.startswith("ssh://"):
             kwargs = {"identity": identity, "usd_per_hour": usd_per_hour or spec_obj.compute.usd_per_hour or 0.0}
@@ -140,6 +148,11 @@ def register(app: typer.Typer) -> None:
 
         if note := doctor_note(ledger, provider.name):
             console.print(f"note: {note}", style="yellow", markup=False)
+        if spec_obj.compute.volume:  # after the checks above: a new volume bills from its creation
+            from lorapod.compute.runpod.volume_mount import attach
+
+            attach(provider, spec_obj, spec_obj.compute.volume, gpu, max_usd, max_hours,
+                   say=lambda m: console.print(m, style="dim", markup=False))
         opts = Options(identity=identity, gpu=gpu, max_usd=max_usd, max_hours=max_hours,
                        bootstrap=Bootstrap(bootstrap, python, deps), poll_s=poll_s, pull_every_s=pull_every_s,
                        ready_deadline_s=ready_deadline_s, stop_margin_s=stop_margin_s, stop_wait_s=stop_wait_s,
@@ -161,6 +174,8 @@ def register(app: typer.Typer) -> None:
             color = {"done": "green", "stopped": "yellow"}.get(summary.state, "red")
             console.print(f"[bold {color}]{summary.state}[/]: {escape(summary.message)}")
             console.print(f"run folder: {summary.run_dir}", markup=False)
+            if summary.wandb_url:
+                console.print(f"W&B: {summary.wandb_url}", markup=False)
         if summary.unconfirmed:
             # Never a quiet success while something may bill: the id, where to look, what to run.
             console.print(f"[bold red]instance {escape(summary.unconfirmed)} was NOT confirmed destroyed and may "

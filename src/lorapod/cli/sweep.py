@@ -50,6 +50,11 @@ def register(app: typer.Typer) -> None:
         from lorapod.spec import load_spec
 
         spec_obj = load_spec(spec, set_)
+        if spec_obj.compute.volume:  # never silently without it: the trials would download everything again
+            from lorapod.errors import SpecError
+
+            raise SpecError("sweeps do not mount compute.volume yet (docs/remote.md, Volumes)",
+                            hint="--set compute.volume=null for the sweep, or run the trials with `lorapod run --volume`")
         targets = on or [spec_obj.compute.provider]
         if bootstrap not in ("source", "wheel"):
             raise SpecError(f"--bootstrap {bootstrap!r}", hint="source | wheel")

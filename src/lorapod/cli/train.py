@@ -15,6 +15,8 @@ console = Console(stderr=True)
 def train(
     spec_file: Path | None = typer.Argument(None, help="The job spec (YAML); not needed with --resume."),
     set_: list[str] = typer.Option([], "--set", help="Override a spec value: --set train.learning_rate=1e-4"),
+    report_to: str | None = typer.Option(None, "--report-to", help="Trackers: wandb,tensorboard (comma-separated) "
+                                         "or none; overrides the spec's tracking section."),
     run_dir: Path | None = typer.Option(None, "--run-dir", help="Use this run folder (created if missing)."),
     resume: Path | None = typer.Option(None, "--resume", help="Continue a run folder from its newest checkpoint."),
     device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: best available)."),
@@ -36,7 +38,7 @@ def train(
     """Train a LoRA adapter as the spec says (LLM or image), writing checkpoints, metrics and the adapter."""
     from lorapod.engine.distributed import World, check_batch, env_world, leave
     from lorapod.rundir import RunDir
-    from lorapod.spec import load_spec
+    from lorapod.spec import apply_report_to, load_spec
 
     if v_pred:
         set_ = [*set_, "model.prediction_type=v_prediction"]
@@ -47,7 +49,7 @@ def train(
     if trainer is not None:
         if resume is not None:  # continue a trainer's run folder from its newest checkpoint
             spec_file, run_dir = RunDir.open(resume).spec_file, resume
-        _external(spec_file, set_, run_dir, trainer, print_, trainer_src)
+        _external(spec_file, set_, run_dir, trainer, print_, trainer_src, report_to)
         return
     if print_:
         raise LorapodError("--print shows an external trainer's job", hint="add --trainer sd-scripts | ai-toolkit | "
@@ -57,11 +59,11 @@ def train(
     nproc: int | None = None
     if resume is not None:
         run = RunDir.open(resume)
-        spec = load_spec(run.spec_file, set_)
+        spec = apply_report_to(load_spec(run.spec_file, set_), report_to)
     else:
         if spec_file is None:
             raise LorapodError("no spec given", hint="lorapod train SPEC.yaml (or --resume RUN_DIR)")
-        spec = load_spec(spec_file, set_)
+        spec = apply_report_to(load_spec(spec_file, set_), report_to)
         if not world.active:
             nproc = _process_count(spec, processes, device)
             check_batch(World(0, nproc * nodes), spec.train.grad_accum)  # before anything is created
@@ -106,9 +108,22 @@ def train(
         console.print(f"stopped on request at step {result.state.step}; resume with: lorapod train --resume {run.root}")
     else:
         console.print(f"adapter: [bold]{run.adapter}[/]")
+    _say_tracking(run)
 
 
-def _external(spec_file, set_, run_dir, trainer: str, print_: bool, trainer_src: str | None) -> None:
+def _say_tracking(run) -> None:
+    """Where the run's W&B page is (or how to upload an offline run)."""
+    from lorapod.engine.trackers import read_tracking
+
+    info = read_tracking(run.root).get("wandb")
+    if info and info.get("url"):
+        console.print(f"W&B: {info['url']}", markup=False)
+    elif info and info.get("dir"):
+        console.print(f"W&B (offline): upload with `wandb sync {run.root / info['dir']}`", markup=False)
+
+
+def _external(spec_file, set_, run_dir, trainer: str, print_: bool, trainer_src: str | None,
+              report_to: str | None = None) -> None:
     """``--trainer X``: print its job, or run it here under the run-folder contract."""
     from lorapod.cli.trainers import print_trainer_job
     from lorapod.rundir import RunDir
@@ -116,7 +131,9 @@ def _external(spec_file, set_, run_dir, trainer: str, print_: bool, trainer_src:
 
     if spec_file is None:
         raise LorapodError("no spec given", hint="lorapod train SPEC.yaml --trainer NAME [--print]")
-    spec = load_spec(spec_file, set_)
+    from lorapod.spec import apply_report_to
+
+    spec = apply_report_to(load_spec(spec_file, set_), report_to)
     if print_:
         typer.echo(print_trainer_job(spec, trainer), nl=False)
         return

@@ -40,8 +40,10 @@ def canonical(name: str) -> str:
 
 
 def extra_for(spec: Any) -> str:
-    """The install extra a job's engine needs: ``image`` for diffusion families, else ``llm``."""
-    return "image" if spec.is_image else "llm"
+    """The install extras a job's engine needs: ``image`` for diffusion families, else ``llm``;
+    ``,track`` (the W&B client) when the spec logs to W&B."""
+    extra = "image" if spec.is_image else "llm"
+    return f"{extra},track" if spec.tracking.wandb is not None else extra
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ def derive_lock(extra: str, dist: str = "lorapod") -> Lock:
             pins[name] = f"{name}=={d.version}"
             walk(d.requires, set(req.extras))
 
-    walk(root.requires, {extra})
+    walk(root.requires, set(extra.split(",")))
     torch_pin = None
     try:
         local = Version(md.version("torch"))

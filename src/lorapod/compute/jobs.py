@@ -30,6 +30,7 @@ from lorapod.compute.remote import RemoteWork
 from lorapod.compute.session import transport_for
 from lorapod.compute.transport import ConnectionLost, retrying
 from lorapod.compute.trust import guarded_read
+from lorapod.engine.trackers import wandb_url
 from lorapod.errors import LorapodError, ProviderError
 
 
@@ -54,6 +55,7 @@ def ps_rows(ledger: Ledger, all_jobs: bool = True) -> list[dict[str, Any]]:
             "unconfirmed": [i.provider_id or i.id for i in live
                             if i.state == "destroying" or job.state not in ("starting", "running", "stopping")],
             "run_dir": job.run_dir, "summary": job.summary, "setup_s": job_phases(ledger, job.id),
+            "wandb_url": wandb_url(Path(job.run_dir)) if job.run_dir else None,  # from the pulled tracking.json
         })
     return rows
 

@@ -138,6 +138,8 @@ class RemoteWork:
     root: str = field(default_factory=work_root)
     facts: dict = field(default_factory=dict)
     local_log: Path | None = None  # where the instance's setup output is kept (the run folder's env.log)
+    #: a folder on a network volume for the environment, model and latent caches (volume_mount.py)
+    cache_root: str | None = None
 
     @property
     def dir(self) -> str:
@@ -279,7 +281,7 @@ class RemoteWork:
         lorapod needs to be importable there yet) and return its :class:`EnvResult`."""
         from lorapod.compute.bootstrap import derive_lock, env_request, envsetup_source, parse_result
 
-        request = env_request(derive_lock(boot.extra), boot.python, self.root)
+        request = env_request(derive_lock(boot.extra), boot.python, self.cache_root or self.root)
         out = self.sh(f"cd {self.q()} && {shlex.quote(boot.python)} - {shlex.quote(json.dumps(request))}",
                       input=envsetup_source(), timeout=3600, check=False)
         if self.local_log is not None:
@@ -337,7 +339,12 @@ class RemoteWork:
                  "then run again")
 
     def start_job(self, files: dict[str, tuple[bytes, int]], argv: list[str]) -> None:
-        """Write the last files (spec, secrets), then start the job detached: one round trip."""
+        """Write the last files (spec, secrets), then start the job detached: one round trip.
+        With a volume, the job's caches point at it (HF_HOME, LORAPOD_CACHE_DIR)."""
+        if self.cache_root:
+            from lorapod.compute.runpod.volume_mount import cache_env
+
+            argv = ["env", *(f"{k}={v}" for k, v in cache_env(self.cache_root).items()), *argv]
         self.put_files(files, then=f"{{ setsid nohup bash job.sh {shlex.join(argv)} > /dev/null 2>&1 < /dev/null & }}")
 
     def poll(self, metrics_offset: int, timeout: float = 30.0) -> JobStatus:

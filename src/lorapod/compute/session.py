@@ -115,7 +115,14 @@ class Summary:
         return {"job_id": self.job_id, "run_dir": str(self.run_dir), "state": self.state,
                 "last_step": self.last_step, "usd": round(self.usd, 4), "message": self.message,
                 "first_step_s": self.first_step_s, "billed_after_pull_s": self.billed_after_pull_s,
-                "unconfirmed": self.unconfirmed, "console": self.console}
+                "unconfirmed": self.unconfirmed, "console": self.console, "wandb_url": self.wandb_url}
+
+    @property
+    def wandb_url(self) -> str | None:
+        """The run's W&B page, from the pulled tracking.json (None: W&B off, or offline)."""
+        from lorapod.engine.trackers import wandb_url
+
+        return wandb_url(self.run_dir)
 
 
 def backoff_until(check: Callable[[], bool], deadline: float | dict[str, float], what: str, hint: str,
@@ -531,7 +538,9 @@ class Session:
         """The first thing after SSH answers: the work folder and the watchdog (standard library
         only, so before any bootstrap), with the job's caps, then the heartbeat thread."""
         assert self.transport is not None and self.inst is not None
-        work = self.work = RemoteWork(self.transport, self.job_id)
+        from lorapod.compute.runpod.volume_mount import cache_root_of
+
+        work = self.work = RemoteWork(self.transport, self.job_id, cache_root=cache_root_of(self.provider))
         self.ledger.job_update(self.job_id, remote_dir=work.dir, state="running")
         boot = bootstrap_for(self.opts.bootstrap, self.provider, self.spec)
         host = None

@@ -11,6 +11,7 @@ for large vocabularies.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from dataclasses import dataclass, replace
@@ -27,7 +28,7 @@ from lorapod.engine.llm_model import add_lora, count_parameters, load_model, loa
 from lorapod.engine.llm_template import plan_system
 from lorapod.engine.loop import FitResult, LossOut, fit
 from lorapod.errors import DataError
-from lorapod.fsutil import atomic_dir
+from lorapod.fsutil import atomic_dir, atomic_write_text
 from lorapod.rundir import RunDir
 from lorapod.spec import JobSpec
 
@@ -111,6 +112,7 @@ class LLMRecipe:
         self.softcap = getattr(base.config, "final_logit_softcapping", None)
         self.losses = _TokenLosses(self.decoder, self.head, self.softcap)
         self.sharded = False  # FSDP2 (engine/fsdp.py): every process must run the same passes
+        self.run: RunDir | None = None  # where samples go (set by train_llm)
 
     def shard(self, world: distributed.World) -> None:
         """FSDP2 over the frozen base: each decoder block and the loss module's root."""
@@ -193,6 +195,31 @@ class LLMRecipe:
 
     def on_save(self, state: TrainState, path: Path | None) -> None:
         return None
+
+    # -- samples: the adapter's answers to samples.prompts, as the trackers show them
+    def on_step(self, state: TrainState, run: RunDir) -> None:
+        if self.spec.samples.every_steps and state.step % self.spec.samples.every_steps == 0:
+            self.write_samples(run, f"step{state.step:06d}")
+
+    def on_epoch_end(self, state: TrainState) -> None:
+        every = self.spec.samples.every_epochs
+        if every and state.epoch % every == 0 and self.run is not None:
+            self.write_samples(self.run, f"epoch{state.epoch:03d}")
+
+    def write_samples(self, run: RunDir, tag: str) -> Path | None:
+        """``samples/<tag>-answers.jsonl``: one {"prompt", "answer"} per prompt (greedy, with the adapter)."""
+        from lorapod.trainers.base import prompts_of
+
+        prompts = prompts_of(self.spec)
+        if not prompts or self.sharded:  # FSDP: a generate on rank 0 alone would wait for the others forever
+            return None
+        rows = [{"prompt": p, "answer": generate(self.model, self.tokenizer, [{"role": "user", "content": p}],
+                                                 self.spec.samples.max_new_tokens)} for p in prompts]
+        path = run.samples / f"{tag}-answers.jsonl"
+        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+        self.train()
+        run.event(f"samples {tag}: {len(rows)} answer(s) in {path.name}")
+        return path
 
 
 def generate(model, tokenizer, messages: list[dict], max_new_tokens: int = 48, use_adapter: bool = True) -> str:
@@ -337,5 +364,12 @@ def train_llm(spec: JobSpec, run: RunDir, *, resume: bool = False, device: str |
     event(f"training {spec.model.id} on {recipe.precision.device} ({recipe.precision.compute})"
           + (f", {world.size} processes" if world.active else ""))
     checkpoint = resume_point(run.checkpoints, event, log) if resume and world.is_main else None
-    result = fit(recipe, spec, run, recipe.precision, resume=checkpoint, on_step=on_step, show_progress=show_progress)
+    recipe.run = run
+
+    def step_hook(state, loss):
+        recipe.on_step(state, run)
+        if on_step is not None:
+            on_step(state, loss)
+
+    result = fit(recipe, spec, run, recipe.precision, resume=checkpoint, on_step=step_hook, show_progress=show_progress)
     return LLMRun(run, result, recipe, stats, fallback)

@@ -35,6 +35,7 @@ from lorapod.engine.metrics import MetricsWriter
 from lorapod.engine.optim import build_optimizer, build_scheduler
 from lorapod.engine.plots import plot_metrics
 from lorapod.engine.progress import TrainProgress
+from lorapod.engine.trackers import open_trackers
 from lorapod.rundir import RunDir
 from lorapod.spec import JobSpec
 
@@ -131,8 +132,10 @@ def fit(
 
     if world.is_main:
         run.write_device(describe_device(device, world.size, state.step))
-        metrics: MetricsWriter | _NoMetrics = MetricsWriter(run.metrics_file, run.tensorboard,
-                                                            resume_step=state.step if loaded else None)
+        metrics: MetricsWriter | _NoMetrics = MetricsWriter(
+            run.metrics_file, resume_step=state.step if loaded else None,
+            trackers=open_trackers(spec, run, run.event), event=run.event)
+        metrics.samples(run.samples, state.step)  # what is there already was logged before
     else:
         metrics = _NoMetrics()
 
@@ -216,6 +219,7 @@ def fit(
                     progress.update(state.step, loss_value, (real / dt) if tokens else 1 / dt)
                     if on_step is not None and world.is_main:
                         on_step(state, loss_value)
+                    metrics.samples(run.samples, state.step)  # those the step's hook wrote, to the trackers
 
                     if spec.eval.every_steps and state.step % spec.eval.every_steps == 0:
                         result.last_eval = evaluate()
@@ -240,6 +244,7 @@ def fit(
                     on_epoch_end = getattr(recipe, "on_epoch_end", None)  # optional hook (image samples)
                     if on_epoch_end is not None and world.is_main:
                         on_epoch_end(state)
+                        metrics.samples(run.samples, state.step)
         if train.max_steps and state.step >= train.max_steps:
             result.stopped = "max_steps"
         if eval_step != state.step:
@@ -264,6 +269,9 @@ class _NoMetrics:
     """What processes other than rank 0 log to."""
 
     def log(self, record: dict[str, Any]) -> None:
+        return None
+
+    def samples(self, folder: Path, step: int) -> None:
         return None
 
     def close(self) -> None:

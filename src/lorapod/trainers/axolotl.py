@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 from lorapod.catalog.models import is_builtin
+from lorapod.trainers import tracking
 from lorapod.trainers.base import Artifact, Command, Layout, Trainer, TrainerJob, TrainerRefused, safe_name
 from lorapod.trainers.bridge import HFTrainerLogs
 from lorapod.trainers.contracts import dump_yaml
@@ -135,6 +136,7 @@ class Axolotl(Trainer):
         if prec == "fp16":
             cfg["fp16"] = True
         cfg.update({"seed": t.seed, "output_dir": layout.out, "logging_steps": 1})
+        cfg.update(tracking.axolotl_fields(spec))
         if s.every_steps:
             cfg["save_steps"] = s.every_steps
         elif s.every_epochs:

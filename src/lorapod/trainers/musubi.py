@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lorapod.errors import LorapodError
-from lorapod.trainers import tomlw
+from lorapod.trainers import tomlw, tracking
 from lorapod.trainers.base import Command, Layout, Trainer, TrainerJob, precision, prompts_of, safe_name
 from lorapod.trainers.sd_scripts import OPTIMIZERS, KohyaOutputs, _num, hf_download, last_n_steps
 
@@ -221,7 +221,7 @@ class MusubiTuner(KohyaOutputs, Trainer):
         if s.every_epochs:
             a += ["--save_every_n_epochs", str(s.every_epochs), "--save_last_n_epochs", str(s.keep_last)]
         a += ["--save_state", "--output_dir", layout.out, "--output_name", name, "--logging_dir", layout.logs,
-              "--log_with", "tensorboard"]
+              *tracking.kohya_args(spec, layout, files)]
         prompts = prompts_of(spec)
         if prompts:
             files[f"{layout.job}/prompts.txt"] = "\n".join(prompts) + "\n"

@@ -226,6 +226,22 @@ class TrainerProcess:
         return self.proc.wait()
 
 
+def _forwarded_trackers(spec, trainer_name: str, run_dir: Path) -> list:
+    """Trackers fed from the bridged metrics, for a trainer that cannot log to them itself
+    (ai-toolkit and W&B: trainers/tracking.py says why)."""
+    from lorapod.trainers.tracking import forwarded
+
+    if not forwarded(spec, trainer_name):
+        return []
+    from lorapod.engine.trackers import WandbTracker
+    from lorapod.rundir import RunDir
+    from lorapod.spec import redact
+    from lorapod.trainers.tracking import run_name
+
+    run = RunDir(run_dir)
+    return [WandbTracker(spec.tracking.wandb, run_dir, redact(spec.model_dump(mode="json")), run_name(spec), run.event)]
+
+
 def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: str = sys.executable,
                 src: str | None = None, stop_wait_s: float = 240.0, poll_s: float = 1.0,
                 say: Callable[[str], None] = print) -> str:
@@ -271,7 +287,8 @@ def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: s
                 hint=_setup_hint(trainer, cmd))
 
     # on resume, lines logged after the checkpoint go: the trainer logs those steps again
-    metrics = MetricsWriter(run_dir / "metrics.jsonl", resume_step=resume_step)
+    metrics = MetricsWriter(run_dir / "metrics.jsonl", resume_step=resume_step,
+                            trackers=_forwarded_trackers(spec, trainer.name, run_dir))
     mirror = Mirror(trainer, layout, job.output_name, run_dir, spec.save.keep_last)
     bridge = trainer.metrics_parser(job)
     lock = threading.Lock()

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import ClassVar
 
-from lorapod.trainers import tomlw
+from lorapod.trainers import tomlw, tracking
 from lorapod.trainers.base import (
     Artifact,
     Command,
@@ -231,7 +231,7 @@ class SdScripts(KohyaOutputs, Trainer):
         if s.every_epochs:
             a += ["--save_every_n_epochs", str(s.every_epochs), "--save_last_n_epochs", str(s.keep_last),
                   "--save_last_n_epochs_state", str(s.keep_last)]
-        a += ["--save_state", "--logging_dir", layout.logs, "--log_with", "tensorboard",
+        a += ["--save_state", "--logging_dir", layout.logs, *tracking.kohya_args(spec, layout, files),
               "--max_data_loader_n_workers", "2", "--persistent_data_loader_workers"]
         prompts = prompts_of(spec)
         if prompts:

@@ -54,6 +54,8 @@ def allowed_cuda(image: str) -> list[str] | None:
 class RunPodProvider:
     name = "runpod"
     console_url = "https://www.runpod.io/console/pods"
+    #: a network volume the run mounts (compute/runpod/volume_mount.py): limits offers, adds create fields
+    volume = None
 
     def __init__(self, api: RunPodApi | None = None, image: str = DEFAULT_IMAGE,
                  cloud_types: tuple[str, ...] = ("COMMUNITY", "SECURE")) -> None:
@@ -92,7 +94,7 @@ class RunPodProvider:
                                  extra={"gpu_type_id": g["id"], "cloud_type": cloud, "image": image,
                                         "min_ram_per_gpu_gb": ram},
                                  secure=cloud == "SECURE"))
-        return out
+        return self.volume.limit(out) if self.volume is not None else out
 
     def create(self, offer: Offer, spec: InstanceSpec) -> Instance:
         gpu_type, _, cloud = offer.id.partition("|")
@@ -114,6 +116,8 @@ class RunPodProvider:
         cuda = allowed_cuda(image)
         if cuda:
             body["allowedCudaVersions"] = cuda
+        if self.volume is not None:
+            body.update(self.volume.create_fields())
         try:
             pod = self.api.create_pod(body)
         except ApiError as exc:

@@ -22,7 +22,12 @@ from lorapod.home import lorapod_home
 
 
 def default_cache_root() -> Path:
-    return lorapod_home() / "cache" / "diffusion"
+    """``LORAPOD_CACHE_DIR`` (set on an instance with a network volume, so a second session reuses
+    the latents) or ``$LORAPOD_HOME/cache``, then ``diffusion/``."""
+    import os
+
+    root = os.environ.get("LORAPOD_CACHE_DIR")
+    return (Path(root) if root else lorapod_home() / "cache") / "diffusion"
 
 
 def _write(path: Path, tensors: dict[str, torch.Tensor]) -> None:

@@ -270,7 +270,9 @@ def check_job(trainer, job: TrainerJob) -> None:
             idx = next(i for i, a in enumerate(cmd.argv) if a.endswith(cmd.script))
             problems += check_argv(trainer.contract, cmd.script, cmd.argv[idx + 1:])
     for path, text in job.files.items():
-        if path.endswith(".toml"):
+        # trackers.toml is accelerate's init_kwargs (--log_tracker_config), not a dataset config:
+        # tests/test_trainers_tracking.py starts accelerate's own W&B tracker from it
+        if path.endswith(".toml") and not path.endswith("/trackers.toml"):
             problems += check_dataset_toml(trainer.contract, text)
     if job.config is not None:
         if trainer.contract == "ai_toolkit.json":

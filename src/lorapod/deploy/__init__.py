@@ -1,0 +1,1 @@
+"""Serving a trained model: ``lorapod deploy RUN --to runpod-serverless`` (deploy/serverless.py)."""

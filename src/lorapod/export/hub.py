@@ -1,0 +1,150 @@
+"""``lorapod export RUN --to hub --repo user/name``: publish the adapter (or merged model, or GGUF).
+
+The files are the same ones ``--to peft|comfyui|diffusers|merged|gguf`` writes, staged in a
+temporary folder with the model card (:mod:`lorapod.export.card`) and the newest sample images,
+then sent with huggingface_hub's own ``create_repo(exist_ok=True)`` and ``upload_folder`` (one
+commit; huggingface_hub retries its own idempotent steps). The token is huggingface_hub's
+(``HF_TOKEN`` or ``hf auth login``), never printed; ``HF_ENDPOINT`` is honoured.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lorapod.export.card import CardFile, read_metrics_file, render
+from lorapod.export.kohya import ExportError
+
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+SAMPLE_EXTS = (".png", ".jpg", ".jpeg", ".webp")
+MAX_SAMPLES = 8
+
+
+@dataclass
+class Published:
+    url: str
+    commit: str
+    files: list[str]
+    notes: list[str] = field(default_factory=list)
+
+
+def loads_with(path: str, spec, repo_id: str) -> str:
+    """Which tool loads a published file, and how."""
+    name = Path(path).name
+    base = spec.model.id
+    if name == "README.md":
+        return "this card"
+    if path.startswith("samples/"):
+        return "a sample image (seed and prompt in its PNG metadata)"
+    if name == "adapter_config.json" or name == "adapter_model.safetensors":
+        return f"PEFT: `PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(\"{base}\"), \"{repo_id}\")`"
+    if name == "pytorch_lora_weights.safetensors":
+        return f"diffusers: `pipe.load_lora_weights(\"{repo_id}\")` on a `{base}` pipeline"
+    if name.endswith(".gguf"):
+        return "llama.cpp: `llama-cli -m BASE.gguf --lora " + name + "` (Ollama: ADAPTER in a Modelfile)"
+    if name.endswith(".safetensors") and spec.is_image and "/" not in path:
+        return "ComfyUI (`models/loras`, LoraLoader), Forge and A1111 (`models/Lora`)"
+    if name in ("config.json", "model_index.json") or name.endswith((".safetensors", ".json", ".txt", ".model", ".jinja")):
+        return f"transformers/diffusers `from_pretrained(\"{repo_id}\")` (merged model)"
+    return "-"
+
+
+def publish(run: str | Path, repo_id: str, *, private: bool = False, merged: bool = False, gguf: bool = False,
+            checkpoint: int | None = None, base: str | None = None, say=print) -> Published:
+    from lorapod.export.source import open_source
+    from lorapod.export.targets import export_run
+
+    if not _REPO_ID.match(repo_id):
+        raise ExportError(f"--repo {repo_id!r} is not a Hub repo id", hint="user/name or org/name, e.g. --repo me/mug-lora")
+    if merged and gguf:
+        raise ExportError("--merged and --gguf are two different uploads", hint="pick one (or neither: the adapter)")
+    try:
+        import huggingface_hub
+        from huggingface_hub import HfApi
+        from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+    except ImportError as exc:
+        from lorapod.errors import DependencyError
+
+        raise DependencyError("publishing needs huggingface_hub", hint="pip install 'lorapod[export]'") from exc
+    src = open_source(run, checkpoint)
+    spec = src.spec
+    if gguf and src.is_image:
+        raise ExportError("--gguf is for LLM adapters (llama.cpp)", hint="drop --gguf; image runs upload the LoRA files")
+    api = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None)  # read now, not at huggingface_hub's import
+    if api.token is None and huggingface_hub.get_token() is None:
+        raise ExportError("no Hugging Face token here", hint="export HF_TOKEN=hf_... (a write token from "
+                          "huggingface.co/settings/tokens), or run `hf auth login`")
+    what = "merged" if merged else "gguf" if gguf else "adapter"
+    targets = ["merged"] if merged else ["gguf"] if gguf else (["comfyui", "diffusers"] if src.is_image else ["peft"])
+    notes: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="lorapod-hub-") as work:
+        stage = Path(work) / "repo"
+        stage.mkdir()
+        for target in targets:
+            done = export_run(run, target, checkpoint, Path(work) / target, base)
+            for f in done.files:
+                dest = stage / f
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(done.out / f, dest)
+            notes += done.notes
+        for s in _samples(src.run.samples):
+            (stage / "samples").mkdir(exist_ok=True)
+            shutil.copy2(s, stage / "samples" / s.name)
+        rel = sorted(str(p.relative_to(stage)) for p in stage.rglob("*") if p.is_file())
+        files = [CardFile("README.md", "this card")] + [CardFile(r, loads_with(r, spec, repo_id)) for r in rel]
+        from importlib.metadata import version
+
+        card = render(spec, repo_id=repo_id, what=what, files=files, metrics=read_metrics_file(src.run.metrics_file),
+                      samples=[r for r in rel if r.startswith("samples/")], lorapod_version=version("lorapod"))
+        (stage / "README.md").write_text(card, encoding="utf-8")
+        try:
+            url = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+            say(f"uploading {len(rel) + 1} file(s) to {url}")
+            info = api.upload_folder(repo_id=repo_id, folder_path=str(stage), repo_type="model",
+                                     commit_message=f"lorapod: {what} of {src.run.job_id} ({src.label})")
+        except HfHubHTTPError as exc:
+            status = exc.response.status_code if exc.response is not None else "?"
+            hint = {401: "the token is missing or invalid: export HF_TOKEN=hf_... (a write token)",
+                    403: f"the token cannot write to {repo_id.split('/')[0]}: use a write token of that user/org"}.get(
+                status, "try again; the Hub said what went wrong above")
+            raise ExportError(f"the Hub refused the upload to {repo_id} (HTTP {status}): {str(exc)[:300]}",
+                              hint=hint) from exc
+        except OfflineModeIsEnabled as exc:
+            raise ExportError("huggingface_hub is in offline mode (HF_HUB_OFFLINE is set)",
+                              hint="unset HF_HUB_OFFLINE for the upload") from exc
+        except ValueError as exc:  # huggingface_hub's own checks, e.g. the card's metadata (validate-yaml)
+            raise ExportError(f"the upload to {repo_id} failed: {str(exc)[:300]}", hint="see the message above") from exc
+    src.run.event(f"published {what} of {src.label} to {repo_id} ({info.oid})")
+    _remember(src.run.root, {"repo": repo_id, "what": what, "label": src.label, "commit": info.oid,
+                             "private": private})
+    return Published(str(url), info.oid, ["README.md", *rel], notes)
+
+
+def _remember(root: Path, row: dict) -> None:
+    """Append to the run folder's ``published.json``: ``lorapod deploy`` serves what was published."""
+    import json
+
+    from lorapod.fsutil import atomic_write_bytes
+
+    f = root / "published.json"
+    try:
+        rows = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        rows = []
+    rows = [*(rows if isinstance(rows, list) else []), row][-50:]
+    atomic_write_bytes(f, json.dumps(rows, indent=1).encode())
+
+
+def _samples(folder: Path) -> list[Path]:
+    """The newest sample images (the last tag's), at most MAX_SAMPLES."""
+    if not folder.is_dir():
+        return []
+    images = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in SAMPLE_EXTS and not p.is_symlink())
+    if not images:
+        return []
+    last_tag = images[-1].name.split("-")[0]
+    return [p for p in images if p.name.split("-")[0] == last_tag][:MAX_SAMPLES]

@@ -1,0 +1,177 @@
+"""``lorapod deploy RUN --to runpod-serverless``: RunPod's vLLM worker on an endpoint, against a fake
+RunPod checked by its OpenAPI document and the loopback Hub; ``ps`` and ``down --endpoint`` know it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lorapod.rundir import RunDir
+from lorapod.spec import load_spec
+
+from .cli_helpers import run_cli
+from .fakes.hf_hub_fake import FakeHub, Repo
+from .fakes.runpod_serverless_fake import RunPodServerlessFake
+
+pytest.importorskip("huggingface_hub")
+TOKEN = "hf_" + "y" * 34
+GOLDEN = Path(__file__).parent / "golden" / "worker_vllm_args.json"
+WORKER_MIRROR = Path("/work/.mirror/runpod-workers+worker-vllm/repo")
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    from huggingface_hub import constants
+
+    fake = FakeHub(TOKEN)
+    monkeypatch.setenv("HF_ENDPOINT", fake.url)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # tests/conftest.py turns the hub off elsewhere
+    yield fake
+    fake.close()
+
+
+@pytest.fixture
+def runpod(tmp_path, monkeypatch):
+    fake = RunPodServerlessFake(tmp_path)
+    monkeypatch.setenv("RUNPOD_API_KEY", fake.account_key)
+    monkeypatch.setenv("LORAPOD_RUNPOD_URL", fake.url)
+    yield fake
+    fake.close()
+    assert fake.violations == [], fake.violations
+
+
+def llm_run(tmp_path: Path, model: str = "meta-llama/Llama-3.2-1B-Instruct", r: int = 16, published=None) -> Path:
+    data = tmp_path / "chats.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                             {"role": "assistant", "content": "hello"}]}) + "\n")
+    spec = load_spec(raw={"model": {"id": model, "family": "llm"}, "method": {"r": r},
+                          "data": {"path": str(data), "sequence_len": 1024}, "train": {"max_steps": 2},
+                          "output": {"dir": str(tmp_path / "runs"), "name": "chat"}})
+    run = RunDir.create(spec.output.dir, "chat")
+    run.write_spec(spec)
+    if published:
+        (run.root / "published.json").write_text(json.dumps(published))
+    return run.root
+
+
+def adapter_repo(hub: FakeHub, repo_id: str = "me/chat-lora", private: bool = False) -> None:
+    hub.repos[repo_id] = Repo(repo_id, private, {"README.md": b"card", "adapter_config.json": b"{}",
+                                                 "adapter_model.safetensors": b"x"})
+
+
+def base_repo(hub: FakeHub, repo_id: str = "meta-llama/Llama-3.2-1B-Instruct", gated: bool | str = "manual") -> None:
+    hub.repos[repo_id] = Repo(repo_id, False, {"config.json": b"{}", "model.safetensors": b"x"}, gated=gated)
+
+
+def test_adapter_on_a_gated_base_needs_a_runpod_secret_then_deploys(hub, runpod, tmp_path, capsys):
+    adapter_repo(hub)
+    base_repo(hub)
+    run = llm_run(tmp_path, published=[{"repo": "me/chat-lora", "what": "adapter"}])
+    code, out, err = run_cli(["deploy", str(run), "--to", "runpod-serverless"], capsys)
+    assert code != 0 and "is gated" in err and "--hf-secret" in err
+    assert runpod.templates == {} and runpod.endpoints == {}  # checked before anything was created
+
+    code, out, err = run_cli(["deploy", str(run), "--to", "runpod-serverless", "--hf-secret", "hf_read"], capsys)
+    assert code == 0, err
+    (ep,) = runpod.endpoints.values()
+    (tpl,) = runpod.templates.values()
+    assert tpl["imageName"] == "runpod/worker-v1-vllm:v2.25.2" and tpl["isServerless"]
+    env = tpl["env"]
+    assert env["MODEL_NAME"] == "meta-llama/Llama-3.2-1B-Instruct" and env["ENABLE_LORA"] == "true"
+    assert env["LORA_MODULES"] == "chat-lora=me/chat-lora"  # the form vLLM's --lora-modules parser takes
+    assert env["HF_TOKEN"] == "{{ RUNPOD_SECRET_hf_read }}" and TOKEN not in json.dumps(tpl)
+    assert ep["workersMin"] == 0 and ep["gpuTypeIds"][0] == "NVIDIA RTX A4000"  # 1B in bf16: the 16 GB class
+    url = f"https://api.runpod.ai/v2/{ep['id']}/openai/v1"
+    assert url in out and f"curl {url}/chat/completions" in out and '"model": "chat-lora"' in out
+    assert "idle with workers_min 0: $0" in out
+
+    code, out, err = run_cli(["ps"], capsys)
+    assert code == 0 and f"serverless endpoint {ep['id']}" in out and "$0 idle" in out
+    code, out, err = run_cli(["down", "--endpoint", ep["id"]], capsys)
+    assert code == 0 and "deleted" in err
+    assert runpod.endpoints == {} and runpod.templates == {}  # the template went too
+    code, out, err = run_cli(["ps"], capsys)
+    assert ep["id"] not in out
+
+
+def test_workers_min_above_zero_is_refused_without_yes(hub, runpod, tmp_path, capsys):
+    adapter_repo(hub)
+    base_repo(hub, gated=False)
+    run = llm_run(tmp_path, published=[{"repo": "me/chat-lora", "what": "adapter"}])
+    code, out, err = run_cli(["deploy", str(run), "--to", "runpod-serverless", "--workers-min", "1"], capsys)
+    assert code != 0 and "24/7" in err and "$285.12/month" in err  # 1 x $0.00011/s x 30 days
+    assert runpod.templates == {}
+    code, out, err = run_cli(["deploy", str(run), "--to", "runpod-serverless", "--workers-min", "1", "--yes"], capsys)
+    assert code == 0, err
+    assert "$285.12/month always" in out
+
+
+def test_the_model_must_be_on_the_hub_first(hub, runpod, tmp_path, capsys):
+    run = llm_run(tmp_path)
+    code, _out, err = run_cli(["deploy", str(run), "--to", "runpod-serverless"], capsys)
+    assert code != 0 and "--to hub --repo" in err
+    code, _out, err = run_cli(["deploy", str(run), "--to", "runpod-serverless", "--repo", "me/missing"], capsys)
+    assert code != 0 and "no repo me/missing" in err
+    hub.repos["me/chat-merged"] = Repo("me/chat-merged", False, {"adapter_config.json": b"{}"})
+    code, _out, err = run_cli(["deploy", str(run), "--to", "runpod-serverless", "--repo", "me/chat-merged",
+                              "--merged"], capsys)
+    assert code != 0 and "holds no merged model" in err
+    assert runpod.templates == {} and runpod.endpoints == {}
+
+
+def test_private_merged_repo_and_a_refused_endpoint_leaves_no_template(hub, runpod, tmp_path, capsys):
+    from .fakes.base import Fault
+
+    hub.repos["me/chat-merged"] = Repo("me/chat-merged", True, {"config.json": b"{}", "model.safetensors": b"x"})
+    run = llm_run(tmp_path, published=[{"repo": "me/chat-merged", "what": "merged"}])
+    runpod.faults.append(Fault("POST", "/endpoints", 400, body={"error": "no capacity"}))
+    code, out, err = run_cli(["deploy", str(run), "--to", "runpod-serverless", "--merged", "--hf-secret", "hf"], capsys)
+    assert code != 0
+    assert runpod.templates == {} and runpod.endpoints == {}
+    code, out, err = run_cli(["deploy", str(run), "--to", "runpod-serverless", "--merged", "--hf-secret", "hf",
+                              "--json"], capsys)
+    assert code == 0, err
+    got = json.loads(out)
+    (tpl,) = runpod.templates.values()
+    assert tpl["env"]["MODEL_NAME"] == "me/chat-merged" and "ENABLE_LORA" not in tpl["env"]
+    assert got["model"] == "me/chat-merged" and got["url"].endswith("/openai/v1")
+    assert [c for c in runpod.calls if c[:2] == ("POST", "/endpoints")] == [("POST", "/endpoints", 400),
+                                                                          ("POST", "/endpoints", 200)]
+
+
+def test_image_runs_are_refused(hub, runpod, tmp_path, capsys):
+    spec = load_spec(raw={"model": {"id": "stabilityai/stable-diffusion-xl-base-1.0", "family": "sdxl"},
+                          "data": {"path": str(tmp_path)}, "output": {"dir": str(tmp_path / "runs")}})
+    run = RunDir.create(spec.output.dir, "img")
+    run.write_spec(spec)
+    code, _out, err = run_cli(["deploy", str(run.root), "--to", "runpod-serverless"], capsys)
+    assert code != 0 and "vLLM worker serves language models" in err
+
+
+def test_the_workers_own_arg_builder_reads_lorapods_env(hub, tmp_path):
+    """The env lorapod writes is what was recorded from worker-vllm's src/args_builder.py at the
+    pinned commit (re-run against a checkout when one is here), and it yields the vLLM flags."""
+    from lorapod.deploy.serverless import plan_deployment
+
+    adapter_repo(hub)
+    base_repo(hub, gated=False)
+    rec = json.loads(GOLDEN.read_text())
+    run = llm_run(tmp_path, r=rec["case"]["r"], published=[{"repo": "me/chat-lora", "what": "adapter"}])
+    env = plan_deployment(run).template["env"]
+    assert env == rec["env"], "lorapod's env changed: re-record tests/golden/worker_vllm_args.json"
+    argv = rec["argv"]
+    assert argv[argv.index("--model") + 1] == "meta-llama/Llama-3.2-1B-Instruct"
+    assert "--enable-lora" in argv and argv[argv.index("--max-lora-rank") + 1] == "32"  # r=24 -> the next vLLM rank
+    assert argv[argv.index("--lora-modules") + 1] == "chat-lora=me/chat-lora"
+    if WORKER_MIRROR.is_dir():
+        import subprocess
+        import sys
+
+        src = subprocess.run(["git", "--git-dir", str(WORKER_MIRROR), "show", f"{rec['commit']}:src/args_builder.py"],
+                             capture_output=True, text=True, check=True).stdout
+        code = src + "\nimport json, sys\nprint(json.dumps(build_vllm_args(json.loads(sys.argv[1]))))\n"
+        out = subprocess.run([sys.executable, "-c", code, json.dumps(env)], capture_output=True, text=True, check=True)
+        assert json.loads(out.stdout) == argv

@@ -1,0 +1,124 @@
+"""``lorapod export RUN --to hub``: huggingface_hub's real client against a loopback Hub (tests/fakes/hf_hub_fake.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from lorapod.engine.llm import train_llm
+from lorapod.export.card import render
+from lorapod.export.kohya import ExportError
+from lorapod.rundir import RunDir
+from lorapod.spec import load_spec
+
+from .cli_helpers import run_cli
+from .fakes.hf_hub_fake import FakeHub
+from .llm_fixtures import make_model_dir, spec_dict, write_data
+
+hub_mod = pytest.importorskip("huggingface_hub")
+TOKEN = "hf_" + "x" * 34
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    from huggingface_hub import constants
+
+    fake = FakeHub(TOKEN)
+    monkeypatch.setenv("HF_ENDPOINT", fake.url)  # huggingface_hub honours it; lorapod reads it at call time
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # tests/conftest.py turns the hub off elsewhere
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)  # the fake serves the LFS path, not Xet
+    yield fake
+    fake.close()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hubrun")
+    model_dir = make_model_dir(root)
+    tr, va = write_data(root)
+    raw = spec_dict(model_dir, tr, va, root / "runs", max_steps=4)
+    raw["save"] = {"every_steps": 2, "every_epochs": None, "keep_last": 2}
+    spec = load_spec(raw=raw)
+    run = RunDir.create(spec.output.dir, "fruit")
+    run.write_spec(spec)
+    train_llm(spec, run, device="cpu", show_progress=False, log=lambda m: None)
+    return run
+
+
+def test_export_to_hub_uploads_the_adapter_and_a_card(hub, trained, capsys):
+    code, out, err = run_cli(["export", str(trained.root), "--to", "hub", "--repo", "me/fruit-lora", "--private"], capsys)
+    assert code == 0, err
+    repo = hub.repos["me/fruit-lora"]
+    assert repo.private
+    assert {"README.md", "adapter_config.json", "adapter_model.safetensors"} <= set(repo.files)
+    assert "adapter_model.safetensors" in hub.lfs_paths  # binary weights went through LFS, as the Hub wants
+    assert json.loads(repo.files["adapter_config.json"])["r"] == 8
+    # remembered in the run folder: `lorapod deploy` serves what was published
+    rows = json.loads((trained.root / "published.json").read_text())
+    assert {"repo": "me/fruit-lora", "what": "adapter", "private": True}.items() <= rows[-1].items()
+    card = repo.files["README.md"].decode()
+    meta = yaml.safe_load(card.split("---")[1])
+    assert "peft" in meta["tags"] and meta["library_name"] == "peft"
+    for heading in ("## Training settings", "## Evaluation", "## Files"):
+        assert heading in card
+    assert "| val_loss |" in card  # base vs tuned from metrics.jsonl
+    assert "PeftModel.from_pretrained" in card
+    assert "me/fruit-lora" in out
+    # a second upload of the same files: huggingface_hub's preupload sees the oids and skips them
+    code, _out, err = run_cli(["export", str(trained.root), "--to", "hub", "--repo", "me/fruit-lora"], capsys)
+    assert code == 0, err
+    assert len(repo.commits) == 1
+
+
+def test_no_token_and_a_bad_repo_are_one_clear_error(hub, trained, monkeypatch, tmp_path, capsys):
+    monkeypatch.delenv("HF_TOKEN")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # no stored login either
+    code, _out, err = run_cli(["export", str(trained.root), "--to", "hub", "--repo", "me/x"], capsys)
+    assert code != 0 and "HF_TOKEN" in err and "Traceback" not in err
+    monkeypatch.setenv("HF_TOKEN", "hf_wrong" + "y" * 30)
+    code, _out, err = run_cli(["export", str(trained.root), "--to", "hub", "--repo", "me/x"], capsys)
+    assert code != 0 and "HTTP 401" in err and "hf_wrong" not in err
+    code, _out, err = run_cli(["export", str(trained.root), "--to", "hub", "--repo", "not a repo"], capsys)
+    assert code != 0 and "not a Hub repo id" in err
+    assert "me/x" not in hub.repos
+
+
+def test_a_flux_dev_card_carries_the_non_commercial_licence_and_says_gated(tmp_path):
+    spec = load_spec(raw={"model": {"id": "black-forest-labs/FLUX.1-dev", "family": "flux1", "variant": "dev"},
+                          "data": {"path": str(tmp_path), "format": "images", "trigger": "zxq_mug"}})
+    card = render(spec, repo_id="me/mug", what="adapter", files=[], metrics=[], samples=["samples/a.png"],
+                  lorapod_version="0.1.0")
+    meta = yaml.safe_load(card.split("---")[1])
+    assert meta["license"] == "other" and meta["license_name"] == "flux-1-dev-non-commercial-license"
+    assert meta["base_model"] == "black-forest-labs/FLUX.1-dev" and meta["instance_prompt"] == "zxq_mug"
+    assert "**Non-commercial.**" in card and "**gated**" in card and "`zxq_mug`" in card
+    assert "![a](samples/a.png)" in card
+    # and the Hub's metadata check (the fake's validate-yaml) accepts it
+    fake = FakeHub(TOKEN)
+    try:
+        status, body = fake._validate_yaml({"content": card, "repoType": "model"})
+    finally:
+        fake.close()
+    assert status == 200, body
+
+
+def test_the_fake_hub_rejects_what_the_hub_rejects():
+    fake = FakeHub(TOKEN)
+    try:
+        assert fake._validate_yaml({"content": "---\nlicense: flux-dev\n---\n"})[0] == 400
+        assert fake._validate_yaml({"content": "---\nlicense: other\n---\n"})[0] == 400
+        assert fake._mode("x.safetensors", 10, b"abc") == "lfs"
+        assert fake._mode("README.md", 10, b"# hi") == "regular"
+        assert fake._mode("blob.dat", 10, b"a\0b") == "lfs"
+    finally:
+        fake.close()
+
+
+def test_merged_and_gguf_are_exclusive(trained):
+    from lorapod.export.hub import publish
+
+    with pytest.raises(ExportError, match="two different uploads"):
+        publish(trained.root, "me/x", merged=True, gguf=True)
