@@ -501,3 +501,17 @@ def _allowed(loc: list[str]) -> str | None:
     if lits:
         return " | ".join(str(x) for lit in lits for x in lit.__args__)
     return None
+
+
+def prompts_of(spec: JobSpec) -> list[str]:
+    """The sample prompts as lines (a prompts file is read when it is here; else None)."""
+    p = spec.samples.prompts
+    if p is None:
+        return []
+    if isinstance(p, list):
+        return [str(x) for x in p]
+    path = Path(p)
+    if path.is_file():
+        return [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()
+                if ln.strip() and not ln.lstrip().startswith("#")]
+    return [p]

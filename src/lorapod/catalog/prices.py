@@ -45,3 +45,9 @@ def load_storage() -> tuple[Snapshot, dict[str, Any]]:
 
 def tier_descriptions() -> dict[str, dict[str, str]]:
     return load_data("prices")[1]["tiers"]
+
+
+def runpod_volume_usd_per_gb_month() -> float:
+    """RunPod's network-volume price per GB-month from the storage snapshot (billed always)."""
+    _snap, st = load_storage()
+    return float(st["runpod"]["network_volume"]["always"])

@@ -16,12 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from lorapod.errors import LorapodError
-
-#: What the job's Python environment takes on the instance: the pinned engine without torch, and
-#: a CUDA torch with its libraries when the image's is too old (measured: pip wheels, unpacked).
-ENV_GB = 3.0
-TORCH_GB = 6.0
-HEADROOM = 1.15  # logs, pip caches, temporary checkpoint copies while one is written
+from lorapod.plan.storage import ENV_GB, HEADROOM, TORCH_GB
 
 
 class PreflightError(LorapodError):

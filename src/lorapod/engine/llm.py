@@ -208,7 +208,7 @@ class LLMRecipe:
 
     def write_samples(self, run: RunDir, tag: str) -> Path | None:
         """``samples/<tag>-answers.jsonl``: one {"prompt", "answer"} per prompt (greedy, with the adapter)."""
-        from lorapod.trainers.base import prompts_of
+        from lorapod.spec import prompts_of
 
         prompts = prompts_of(self.spec)
         if not prompts or self.sharded:  # FSDP: a generate on rank 0 alone would wait for the others forever

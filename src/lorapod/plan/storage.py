@@ -53,6 +53,13 @@ class StorageAdvice:
         }
 
 
+#: What the job's Python environment takes on the instance: the pinned engine without torch, and
+#: a CUDA torch with its libraries when the image's is too old (measured: pip wheels, unpacked).
+ENV_GB = 3.0
+TORCH_GB = 6.0
+HEADROOM = 1.15  # logs, pip caches, temporary checkpoint copies while one is written
+
+
 def advise(model_gb: float, sessions_per_month: float, hours_per_session: float,
            gpu_usd_per_hour: float = 0.74, download_mb_s: float | None = None) -> StorageAdvice:
     """Monthly cost of each kind for N GB used S sessions of H hours, and the cheapest.

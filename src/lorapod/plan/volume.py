@@ -3,7 +3,7 @@
 A volume bills $0.07/GB-month always (catalog/data/storage.yaml). Without one, every session pays
 the plan's "download base model" phase again on the GPU's $/h (the re-download), so the volume wins
 above ``volume $/month / re-download $ per session`` sessions a month. The size is what lorapod
-would create (:func:`lorapod.compute.runpod.volume_mount.default_size_gb`, or ``compute.volume_gb``).
+would create (:func:`default_size_gb`, or ``compute.volume_gb``).
 :func:`lorapod.plan.storage.advise` (``plan --storage``) prices the same question for a model set
 you name; this one takes the job's own model, GPU and phases.
 
@@ -13,6 +13,7 @@ so a volume only helps while that machine has a free GPU for the job (docs/remot
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -60,11 +61,27 @@ class VolumeAdvice:
         return out
 
 
+def default_size_gb(spec: Any) -> int:
+    """What the model, the environment and the caches need, +15%, in tens of GB (at least 20)."""
+    if spec.compute.volume_gb:
+        return int(spec.compute.volume_gb)
+    from lorapod.errors import PlanError
+    from lorapod.plan.job import build_job
+    from lorapod.plan.storage import ENV_GB, HEADROOM, TORCH_GB
+
+    try:
+        job = build_job(spec)
+    except PlanError:
+        return 100
+    cache = job.download_gb * 0.1 if spec.is_image else 0.0
+    need = (job.download_gb + cache + ENV_GB + TORCH_GB) * HEADROOM
+    return max(20, int(math.ceil(need / 10) * 10))
+
+
 def volume_advice(plan: Any, sessions_per_month: float | None = None) -> VolumeAdvice | None:
     """Price a network volume against the re-downloads of the plan's best RunPod option; None
     when the plan has no RunPod option."""
-    from lorapod.compute.runpod.volume_mount import default_size_gb
-    from lorapod.compute.runpod.volumes import usd_per_gb_month
+    from lorapod.catalog.prices import runpod_volume_usd_per_gb_month as usd_per_gb_month
 
     runpod = [o for o in plan.options if o.provider == "runpod" and o.verdict != "does-not-fit"]
     if not runpod:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from lorapod.errors import SpecError
+from lorapod.spec import prompts_of  # noqa: F401  (the trainers read it from here)
 
 Phase = Literal["setup", "prepare", "train", "post"]
 
@@ -267,20 +268,6 @@ def total_steps(spec, images: int | None) -> int | None:
 
 def safe_name(spec) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", spec.output.name or "lora").strip("-") or "lora"
-
-
-def prompts_of(spec) -> list[str]:
-    """The sample prompts as lines (a prompts file is read when it is here; else None)."""
-    p = spec.samples.prompts
-    if p is None:
-        return []
-    if isinstance(p, list):
-        return [str(x) for x in p]
-    path = Path(p)
-    if path.is_file():
-        return [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()
-                if ln.strip() and not ln.lstrip().startswith("#")]
-    return [p]
 
 
 def precision(spec) -> str:

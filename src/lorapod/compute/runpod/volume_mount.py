@@ -22,7 +22,6 @@ deletes it: it bills $0.07/GB-month until ``lorapod volumes --delete ID``.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from typing import Any
 from lorapod.compute.provider import Offer
 from lorapod.compute.runpod.volumes import NetworkVolumes, Volume
 from lorapod.errors import LorapodError, ProviderError
+from lorapod.plan.volume import default_size_gb
 
 #: PodCreateInput.dataCenterIds' enum in RunPod's OpenAPI document (every datacenter a pod may ask for)
 DATACENTERS = ("EU-RO-1", "CA-MTL-1", "EU-SE-1", "US-IL-1", "EUR-IS-1", "EU-CZ-1", "US-TX-3", "EUR-IS-2",
@@ -115,21 +115,6 @@ class VolumeMount:
                 f"offers limited to Secure Cloud GPUs in stock there")
 
 
-def default_size_gb(spec: Any) -> int:
-    """What the model, the environment and the caches need, +15%, in tens of GB (at least 20)."""
-    if spec.compute.volume_gb:
-        return int(spec.compute.volume_gb)
-    from lorapod.compute.preflight import ENV_GB, HEADROOM, TORCH_GB
-    from lorapod.errors import PlanError
-    from lorapod.plan.job import build_job
-
-    try:
-        job = build_job(spec)
-    except PlanError:
-        return 100
-    cache = job.download_gb * 0.1 if spec.is_image else 0.0
-    need = (job.download_gb + cache + ENV_GB + TORCH_GB) * HEADROOM
-    return max(20, int(math.ceil(need / 10) * 10))
 
 
 def pick_datacenter(ranked_gpu_types: list[str], stock: dict[str, set[str]]) -> tuple[str, str] | None:

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from lorapod.catalog.prices import runpod_volume_usd_per_gb_month as usd_per_gb_month
 from lorapod.compute.httpapi import ApiError
 from lorapod.compute.runpod.api import RunPodApi
 from lorapod.errors import LorapodError
@@ -25,11 +26,6 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_GB = 4000  # NetworkVolumeCreateInput.size maximum
 
 
-def usd_per_gb_month() -> float:
-    from lorapod.catalog.prices import load_storage
-
-    _snap, st = load_storage()
-    return float(st["runpod"]["network_volume"]["always"])
 
 
 @dataclass(frozen=True)
