@@ -7,8 +7,9 @@ llama.cpp which modules each would load and which it would drop, and at what sca
 The consumer rules are name rules (no base model is loaded), taken from each consumer's key
 mapping: ComfyUI's comfy/lora.py + comfy/utils.py (kohya ``lora_unet_`` / ``lora_te*_text_model_``
 names, OneTrainer ``lora_transformer_`` and diffusers ``transformer.`` names for Flux, diffusers
-``unet.`` names only in the old ``processor.to_q`` spelling), diffusers' LoRA loaders and
-convert_lora_to_gguf's refusals (see docs/export.md).
+``unet.`` names only in the old ``processor.to_q`` spelling; for Wan, ``lora_unet_`` + the original
+Wan module path, the generic rule of ``model_lora_keys_unet`` over ComfyUI's own WanModel), diffusers'
+LoRA loaders and convert_lora_to_gguf's refusals (see docs/export.md).
 """
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ FLUX_DIFFUSERS = (r"(single_)?transformer_blocks\.\d+\.(attn\.(to_q|to_k|to_v|to
                   r"|to_qkv_mlp_proj)|ff(_context)?\.(net\.0\.proj|net\.2|linear_in|linear_out)|proj_mlp|proj_out"
                   r"|norm1?(_context)?\.linear)|x_embedder|context_embedder|proj_out|norm_out\.linear"
                   r"|time_(text|guidance)_embed\.\w+\.linear_[12]")
+# ComfyUI's WanModel (comfy/ldm/wan/model.py, "original version: Wan-Video/Wan2.1 wan/modules/model.py"):
+# its Linear and Conv weights, which comfy/lora.py model_lora_keys_unet maps as ``lora_unet_<path, . as _>``
+# onto ``diffusion_model.<path>.weight``. (comfy/lora_convert.py convert_lora_wan_fun also reads the
+# Wan-Fun spelling ``lora_unet__blocks_...`` by removing the second underscore.)
+WAN = (r"_?blocks_\d+_(self_attn_[qkvo]|cross_attn_([qkvo]|k_img|v_img)|ffn_[02])|patch_embedding"
+       r"|(text|time)_embedding_[02]|time_projection_1|head_head|img_emb_proj_[0134]")
 
 
 def _modules(keys: list[str]) -> dict[str, dict[str, str]]:
@@ -64,6 +71,8 @@ def _family(fmt: str, keys: list[str], meta: dict[str, str]) -> str:
     joined = "\n".join(keys)
     if fmt == "peft":
         return "llm"
+    if re.search(r"^lora_unet__?blocks_\d+_(self|cross)_attn_", joined, re.M):
+        return "wan"
     if "to_qkv_mlp_proj" in joined or "ff.linear_in" in joined or "ff_linear_in" in joined:
         return "flux2"
     if re.search(r"^(lora_unet_(double|single)_blocks|lora_transformer_|transformer\.)", joined, re.M):
@@ -77,7 +86,7 @@ def _comfy(module: str, family: str) -> tuple[bool, str]:
     flux = family.startswith("flux")
     if module.startswith("lora_unet_"):
         rest = module[len("lora_unet_"):]
-        ok = re.fullmatch(BFL if flux else SD_UNET, rest) is not None
+        ok = re.fullmatch(BFL if flux else WAN if family.startswith("wan") else SD_UNET, rest) is not None
         return ok, "" if ok else "not a module of the model"
     for p in ("lora_te_", "lora_te1_", "lora_te2_"):
         if module.startswith(p):
