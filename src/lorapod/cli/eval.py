@@ -28,6 +28,13 @@ def register(app: typer.Typer) -> None:
         from lorapod.spec import load_spec
 
         spec = load_spec(RunDir.open(run).spec_file)
+        if spec.is_video:
+            from lorapod.errors import SpecError
+
+            raise SpecError(f"{run} is a video run ({spec.model.family}): lorapod eval compares image and LLM "
+                            "checkpoints, not video ones yet",
+                            hint=f"compare the sample clips and contact sheets in {run / 'samples'} (same prompt "
+                                 "and seed at every checkpoint); lorapod inspect and lorapod export work on its files")
         if spec.is_image:
             from lorapod.evaluate.images import evaluate_images
 

@@ -82,6 +82,9 @@ def evaluate_images(run_path: str | Path, prompts: Path | None = None, strengths
     if not steps_dirs:
         raise ExportError(f"{run.root} has no checkpoint to evaluate", hint="train first, or pull the run's checkpoints")
     fam = family_of(src)
+    if fam.name not in DEFAULT_SCALE:  # Wan: a video pipeline, no image grid (cli/eval.py says so first)
+        raise ExportError(f"{run.root} is a {fam.name} run: image eval grids are for SD 1.5, SDXL and FLUX",
+                          hint=f"compare the sample clips in {run.samples}")
     sps = _prompts(prompts, spec, steps, seed, DEFAULT_SCALE[fam.name])
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     pipe = fam.pipeline_cls().from_pretrained(str(spec.model.id)).to(dev)
