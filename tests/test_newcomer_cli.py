@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import lorapod
 
 SRC = str(Path(lorapod.__file__).resolve().parents[1])  # the subprocess runs the lorapod these tests import
@@ -108,3 +110,102 @@ def test_report_and_fix_on_a_jsonl_say_it_is_chat_data_and_the_report_lands_besi
     got = lorapod("data", "report", str(data), cwd=elsewhere)
     assert got.returncode == 0, got.stderr
     assert (tmp_path / "sets" / "mug-report.html").is_file() and not list(elsewhere.iterdir())
+
+
+def _tiny_llm_spec(out: Path) -> Path:
+    """The LLM demo's tiny model and data (built in code), and a spec long enough to be interrupted."""
+    from lorapod import demo
+    from lorapod.spec import load_spec
+
+    train, val = demo.build_dataset()
+    demo.write_jsonl(out / "data" / "train.jsonl", train)
+    demo.write_jsonl(out / "data" / "val.jsonl", val)
+    model = demo.build_base_model(out / "base-model", demo.demo_texts(train, val))
+    raw = demo.demo_spec_dict(out, str(model), 100_000)
+    raw["eval"] = {"every_steps": 3, "at_start": False}
+    raw["save"] = {"every_steps": 100_000, "keep_last": 2}
+    path = out / "spec.yaml"
+    path.write_text(load_spec(raw=raw).to_yaml())
+    return path
+
+
+def _read_until(fd: int, want, timeout: float) -> bytes:
+    import select
+    import time
+
+    buf, end = b"", time.monotonic() + timeout
+    while time.monotonic() < end and not want(buf):
+        r, _, _ = select.select([fd], [], [], 0.2)
+        if r:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            buf += chunk
+    return buf
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_terminal_saves_says_how_to_resume_and_exits_130(tmp_path):
+    import pty
+    import re
+
+    spec = _tiny_llm_spec(tmp_path)
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: lorapod on a terminal, as a user runs it
+        os.environ.update(PYTHONPATH=SRC, COLUMNS="100")
+        os.execv(sys.executable, [sys.executable, "-m", "lorapod", "train", str(spec)])
+    seen = _read_until(fd, lambda b: re.search(rb"\b[1-9]\d*/100000", b) is not None, 240)
+    assert re.search(rb"\b[1-9]\d*/100000", seen), seen[-2000:]
+    os.write(fd, b"\x03")  # Ctrl-C typed at the terminal: the line discipline sends SIGINT
+    seen += _read_until(fd, lambda b: b"resume with" in b and b"\n" in b.split(b"resume with")[-1], 120)
+    import time
+
+    end = time.monotonic() + 60
+    while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0) and time.monotonic() < end:
+        seen += _read_until(fd, lambda b: False, 0.5)  # keep the terminal drained while it exits
+    if done == (0, 0):  # still running a minute after Ctrl-C
+        os.kill(pid, 9)
+        done = os.waitpid(pid, 0)
+    status = done[1]
+    text = re.sub(r"\s+", " ", seen.decode(errors="replace"))
+    assert os.waitstatus_to_exitcode(status) == 130, text[-2000:]
+    m = re.search(r"interrupted \(Ctrl-C\) at step (\d+); checkpoint saved: (\S+)", text)
+    assert m, text[-2000:]
+    run = next((tmp_path / "runs").iterdir())
+    assert Path(m.group(2)) == run / "checkpoints" / f"step-{m.group(1)}" and Path(m.group(2)).is_dir()
+    assert f"resume with: lorapod train --resume {run}" in text
+
+
+@pytest.mark.slow
+def test_sigterm_saves_like_ctrl_c_and_a_pipe_gets_progress_lines_and_the_resume_says_where(tmp_path):
+    import re
+    import signal
+
+    spec = _tiny_llm_spec(tmp_path)
+    env = dict(os.environ, PYTHONPATH=SRC, LORAPOD_PROGRESS_SECONDS="0.2")
+    proc = subprocess.Popen([sys.executable, "-m", "lorapod", "train", str(spec)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    # stderr is a pipe, not a terminal: progress lines, not a bar
+    seen = _read_until(proc.stderr.fileno(), lambda b: len(re.findall(rb"(?m)^step \d+/", b)) >= 2, 240)
+    step_lines = re.findall(r"(?m)^step .*$", seen.decode())
+    if len(step_lines) < 2:
+        proc.kill()
+        proc.wait()
+        pytest.fail("no progress lines on a pipe: " + seen.decode()[-2000:])
+    assert re.match(r"step \d+/100000 \(\d+%\)  loss \d+\.\d{4}  [\d,.]+ tok/s  eta \S+", step_lines[0])
+    proc.send_signal(signal.SIGTERM)  # what timeout, SLURM and Kubernetes send
+    _out, rest = proc.communicate(timeout=120)
+    err = seen.decode() + rest.decode()
+    assert proc.returncode == 130, err[-2000:]
+    m = re.search(r"interrupted \(SIGTERM\) at step (\d+); checkpoint saved: (\S+)", err)
+    assert m and Path(m.group(2)).is_dir(), err[-2000:]
+    run = next((tmp_path / "runs").iterdir())
+    assert f"resume with: lorapod train --resume {run}" in err
+    step = int(m.group(1))
+    got = lorapod("train", "--resume", str(run), "--set", f"train.max_steps={step + 1}", timeout=240)
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert f"resuming from step-{step} (step {step}, epoch " in got.stderr
+    assert f"step {step + 1}/{step + 1} (100%)" in got.stderr  # the last step's line

@@ -8,6 +8,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from lorapod.cli.train import interrupt_says_how_to_resume
+
 console = Console()
 
 
@@ -29,7 +31,8 @@ def demo(
         return
     from lorapod.demo import run_demo
 
-    res = run_demo(out, model=model, steps=steps, log=lambda m: console.print(m, highlight=False))
+    with interrupt_says_how_to_resume(console):
+        res = run_demo(out, model=model, steps=steps, log=lambda m: console.print(m, highlight=False))
     console.print()
     if res.base_val_loss is not None and res.tuned_val_loss is not None:
         console.print(
@@ -61,7 +64,8 @@ def _show(res, rows: list[tuple[str, object]]) -> None:
 def _image_demo(out: Path, steps: int | None) -> None:
     from lorapod.demo_image import run_image_demo
 
-    res = run_image_demo(out, steps=steps, log=lambda m: console.print(m, highlight=False))
+    with interrupt_says_how_to_resume(console):
+        res = run_image_demo(out, steps=steps, log=lambda m: console.print(m, highlight=False))
     rows = [
         ("base model (diffusers folder)", res.out / "base-model"),
         ("dataset (images + .txt captions)", res.out / "data"),
@@ -78,7 +82,8 @@ def _image_demo(out: Path, steps: int | None) -> None:
 def _video_demo(out: Path, steps: int | None) -> None:
     from lorapod.demo_video import run_video_demo
 
-    res = run_video_demo(out, steps=steps, log=lambda m: console.print(m, highlight=False))
+    with interrupt_says_how_to_resume(console):
+        res = run_video_demo(out, steps=steps, log=lambda m: console.print(m, highlight=False))
     rows = [
         ("base model (tiny WanPipeline folder)", res.out / "base-model"),
         ("dataset (clips + stills + .txt captions)", res.out / "data"),

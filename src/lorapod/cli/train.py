@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from pathlib import Path
 
 import typer
@@ -94,7 +96,8 @@ def train(
         return
     console.print(f"run folder: [bold]{run.root}[/]")
     resume_flag = resume is not None or (run_dir is not None and any(run.checkpoints.glob("step-*")))
-    result = train_spec(spec, run, resume=resume_flag, device=device)
+    with interrupt_says_how_to_resume():
+        result = train_spec(spec, run, resume=resume_flag, device=device)
     leave()  # every process of a data-parallel run, before rank 0's own work below
     _learn(run)
     for key, label in (("val_loss", "validation loss"), ("fixed_noise_loss", "fixed-noise loss")):  # LLM, image
@@ -106,6 +109,24 @@ def train(
         console.print(f"stopped on request at step {result.state.step}; resume with: lorapod train --resume {run.root}")
     else:
         console.print(f"adapter: [bold]{run.adapter}[/]")
+
+
+@contextlib.contextmanager
+def interrupt_says_how_to_resume(out: Console = console):
+    """Ctrl-C / SIGTERM during training (engine/loop.py saved a checkpoint): say what was saved and the
+    exact line that continues, and exit 130 (128 + SIGINT), the status shells and CI read as interrupted."""
+    from lorapod.engine.loop import Interrupted
+
+    try:
+        yield
+    except Interrupted as exc:
+        saved = (f"checkpoint saved: {exc.checkpoint}" if exc.checkpoint is not None
+                 else "nothing trained yet, no checkpoint")
+        out.print(f"interrupted ({exc.how}) at step {exc.step}; {saved}", markup=False, highlight=False, soft_wrap=True)
+        if exc.checkpoint is not None:
+            out.print(f"resume with: lorapod train --resume {exc.run_root}", markup=False, highlight=False,
+                      soft_wrap=True)  # one line, never wrapped: it is pasted back
+        sys.exit(130)
 
 
 def _external(spec_file, set_, run_dir, trainer: str, print_: bool, trainer_src: str | None) -> None:
