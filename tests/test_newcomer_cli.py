@@ -209,3 +209,17 @@ def test_sigterm_saves_like_ctrl_c_and_a_pipe_gets_progress_lines_and_the_resume
     assert got.returncode == 0, got.stderr[-2000:]
     assert f"resuming from step-{step} (step {step}, epoch " in got.stderr
     assert f"step {step + 1}/{step + 1} (100%)" in got.stderr  # the last step's line
+
+
+def test_down_orphans_with_no_api_keys_says_no_provider_was_asked(tmp_path):
+    import json
+
+    env = {"LORAPOD_HOME": str(tmp_path / "home")}
+    got = lorapod("down", "--orphans", env=env)
+    assert got.returncode == 0, got.stderr
+    assert "runpod: not asked (no runpod API key; export RUNPOD_API_KEY=" in got.stderr
+    assert "vast: not asked (no vast API key" in got.stderr
+    assert "providers asked: none; not asked: runpod, vast" in got.stderr
+    counts = json.loads(lorapod("down", "--orphans", "--json", env=env).stdout)
+    assert set(counts["providers"]) == {"runpod", "vast"}
+    assert all(v.startswith("not asked: no ") for v in counts["providers"].values())

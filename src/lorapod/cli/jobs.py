@@ -98,10 +98,17 @@ def register(app: typer.Typer) -> None:
             counts = {"destroyed": down_job(ledger, job, say=say)}
         else:
             counts = down_orphans(ledger, say=say, everything=all_, all_installations=all_installations)
+        providers = counts.get("providers") or {}
         if as_json:
             typer.echo(json.dumps(counts))
         else:
-            err.print(", ".join(f"{k}: {v}" for k, v in counts.items()))
+            err.print(", ".join(f"{k}: {v}" for k, v in counts.items() if k != "providers"))
+            asked = [n for n, v in providers.items() if v.startswith("asked")]
+            if providers:
+                err.print(f"providers asked: {', '.join(asked) or 'none'}"
+                          + ("" if len(asked) == len(providers) else
+                             f"; not asked: {', '.join(n for n in providers if n not in asked)} (see above: "
+                             "their instances were not checked)"), markup=False)
         if job:
             left = [r for r in ledger.job_instances(ledger.job(job).id) if r.live]  # type: ignore[union-attr]
             if left:
