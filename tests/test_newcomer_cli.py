@@ -223,3 +223,26 @@ def test_down_orphans_with_no_api_keys_says_no_provider_was_asked(tmp_path):
     counts = json.loads(lorapod("down", "--orphans", "--json", env=env).stdout)
     assert set(counts["providers"]) == {"runpod", "vast"}
     assert all(v.startswith("not asked: no ") for v in counts["providers"].values())
+
+
+def test_inspect_on_a_checkpoint_reads_alpha_from_the_run_spec_not_alpha_none(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from lorapod.demo import demo_spec_dict
+    from lorapod.rundir import RunDir
+    from lorapod.spec import load_spec
+
+    run = RunDir.create(tmp_path / "runs", "demo")
+    run.write_spec(load_spec(raw=demo_spec_dict(tmp_path, str(tmp_path / "base-model"), 3)))  # r 16, alpha 32
+    ck = run.checkpoints / "step-3"
+    ck.mkdir(parents=True)
+    save_file({f"base_model.model.model.layers.0.self_attn.q_proj.lora_{x}.weight": torch.zeros(16, 16)
+               for x in "AB"}, str(ck / "adapter.safetensors"))
+    (ck / "state.json").write_text("{}")
+    for target in (ck, ck / "adapter.safetensors"):
+        got = lorapod("inspect", str(target))
+        assert got.returncode == 0, got.stderr
+        text = " ".join(got.stdout.split())
+        assert "alpha [32.0]" in text and "alpha None" not in text, text
+        assert "at scale [2.0]" in text and "adapter.lora.alpha / rank" not in text, text

@@ -132,8 +132,34 @@ def _scale(mod: dict[str, str], tensors, meta_alpha: float | None) -> tuple[int,
     return rank, alpha, (alpha / rank if alpha is not None and rank else 1.0)
 
 
+def _trained_alpha_near(path: Path) -> tuple[float, int, bool, str] | None:
+    """A PEFT-keyed file carries no alpha: find it where lorapod keeps it. ``adapter_config.json``
+    beside the file, or, for a checkpoint (``runs/JOB/checkpoints/step-N/adapter.safetensors``),
+    the run's ``spec.yaml``. Returns (alpha, rank, rslora, where it came from)."""
+    cfg_file = path.parent / "adapter_config.json"
+    if cfg_file.is_file():
+        try:
+            cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+            return float(cfg["lora_alpha"]), int(cfg["r"]), bool(cfg.get("use_rslora")), str(cfg_file)
+        except (ValueError, KeyError, TypeError):
+            return None
+    run_root = path.parent.parent.parent
+    if path.parent.parent.name == "checkpoints" and (run_root / "spec.yaml").is_file():
+        from lorapod.errors import LorapodError
+        from lorapod.spec import load_spec
+
+        try:
+            m = load_spec(run_root / "spec.yaml").method
+        except (LorapodError, OSError, ValueError):
+            return None
+        return float(m.alpha), int(m.r), bool(m.rslora), str(run_root / "spec.yaml")
+    return None
+
+
 def inspect_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
+    if path.is_dir() and (path / "adapter.safetensors").is_file() and (path / "state.json").is_file():
+        path = path / "adapter.safetensors"  # a checkpoint folder: its adapter
     if path.is_dir():
         return _peft_folder(path)
     if path.suffix == ".gguf":
@@ -161,6 +187,17 @@ def inspect_file(path: str | Path) -> dict[str, Any]:
     if fmt == "peft":
         consumers["llama.cpp"] = _llamacpp_peft(keys)
         consumers["PEFT"] = {"loads": len(mods), "drops": [], "scale": "from adapter_config.json"}
+        near = _trained_alpha_near(path) if path.name != "adapter_model.safetensors" else None
+        if near is not None:
+            alpha, r, rslora, where = near
+            report["alpha"], report["alpha_from"] = [alpha], where
+            for c in consumers.values():
+                c["scale"] = [round(alpha / (r ** 0.5 if rslora else r), 6)]
+        elif path.name != "adapter_model.safetensors":
+            for c in consumers.values():
+                c["scale"] = "unknown"
+            flags.append("PEFT keys carry no alpha and no adapter_config.json or run spec is beside this file: the "
+                         "scale is unknown; inspect the adapter folder (adapter_config.json) instead")
     else:
         for name, rule in (("ComfyUI", _comfy), ("diffusers", _diffusers)):
             loads, drops, scales = 0, [], set()
@@ -256,7 +293,8 @@ def _gguf(path: Path) -> dict[str, Any]:
 
 def render(r: dict[str, Any]) -> str:
     lines = [f"{r['file']}", f"  format  {r['format']}    family {r['family']}    modules {r.get('modules')}",
-             f"  rank    {r.get('rank')}    alpha {r.get('alpha')}" + ("  (rsLoRA)" if r.get("rslora") else "")]
+             f"  rank    {r.get('rank')}    alpha {r.get('alpha') if r.get('alpha') is not None else 'unknown'}"
+             + ("  (rsLoRA)" if r.get("rslora") else "") + (f"  (from {r['alpha_from']})" if r.get("alpha_from") else "")]
     if r.get("base"):
         lines.append(f"  base    {r['base']}")
     lines.append(f"  targets {', '.join(map(str, r.get('targets') or []))}")
