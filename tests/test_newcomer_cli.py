@@ -246,3 +246,18 @@ def test_inspect_on_a_checkpoint_reads_alpha_from_the_run_spec_not_alpha_none(tm
         text = " ".join(got.stdout.split())
         assert "alpha [32.0]" in text and "alpha None" not in text, text
         assert "at scale [2.0]" in text and "adapter.lora.alpha / rank" not in text, text
+
+
+def test_a_failed_start_leaves_no_run_folder_behind(tmp_path):
+    from lorapod import demo
+    from lorapod.spec import load_spec
+
+    train, val = demo.build_dataset()
+    demo.write_jsonl(tmp_path / "data" / "train.jsonl", train)
+    demo.write_jsonl(tmp_path / "data" / "val.jsonl", val)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(load_spec(raw=demo.demo_spec_dict(tmp_path, str(tmp_path / "no-such-model"), 3)).to_yaml())
+    got = lorapod("train", str(spec))
+    assert got.returncode != 0 and "Traceback" not in got.stderr
+    assert "is not a model folder" in got.stderr and "nothing was trained: removed" in got.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())

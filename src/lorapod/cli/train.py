@@ -96,7 +96,7 @@ def train(
         return
     console.print(f"run folder: [bold]{run.root}[/]")
     resume_flag = resume is not None or (run_dir is not None and any(run.checkpoints.glob("step-*")))
-    with interrupt_says_how_to_resume():
+    with interrupt_says_how_to_resume(), _removed_if_nothing_trained(run, resume is None and run_dir is None):
         result = train_spec(spec, run, resume=resume_flag, device=device)
     leave()  # every process of a data-parallel run, before rank 0's own work below
     _learn(run)
@@ -109,6 +109,33 @@ def train(
         console.print(f"stopped on request at step {result.state.step}; resume with: lorapod train --resume {run.root}")
     else:
         console.print(f"adapter: [bold]{run.adapter}[/]")
+
+
+def trained_anything(run) -> bool:
+    """Whether a run folder holds any training: a checkpoint, an adapter or a step in its metrics."""
+    if any(run.checkpoints.glob("step-*")) or (run.adapter / "adapter_model.safetensors").is_file():
+        return True
+    try:
+        with open(run.metrics_file, encoding="utf-8") as fh:
+            return any('"loss"' in line for line in fh)
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _removed_if_nothing_trained(run, created_here: bool):
+    """A start that fails before the first step (a bad data path, a model that is not there) takes
+    its new run folder with it, so `runs/` holds only runs; a --run-dir or --resume folder is the
+    user's and stays."""
+    try:
+        yield
+    except BaseException:
+        if created_here and not trained_anything(run):
+            import shutil
+
+            shutil.rmtree(run.root, ignore_errors=True)
+            console.print(f"nothing was trained: removed {run.root}", markup=False, highlight=False, soft_wrap=True)
+        raise
 
 
 @contextlib.contextmanager
