@@ -246,6 +246,7 @@ def fit(
                     result.losses.append(loss_value)
                     record = {
                         "step": state.step,
+                        "total_steps": total_steps,  # what `lorapod run` / `logs` show the step against
                         "epoch": state.epoch + state.batch_in_epoch / len(batches),
                         "loss": loss_value,
                         "lr": scheduler.get_last_lr()[0],

@@ -54,7 +54,7 @@ class MetricsWriter:
         if self._tb is not None:
             step = int(record.get("step", 0))
             for key, value in record.items():
-                if key not in ("step", "time", "epoch", "event") and isinstance(value, int | float):
+                if key not in ("step", "time", "epoch", "event", "total_steps") and isinstance(value, int | float):
                     self._tb.add_scalar(key.replace("val_", "val/").replace("train_", "train/"), value, step)
 
     def close(self) -> None:

@@ -153,3 +153,54 @@ class TrainProgress:
 
     def print(self, message: str) -> None:
         self._progress.console.print(message, highlight=False)
+
+
+def _num(v) -> float | None:
+    """A finite number from a metrics record (a host's records are untrusted), else None."""
+    import math
+
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+class MetricsView:
+    """metrics.jsonl records (as ``fit`` writes them, here or on an instance) -> what a renter reads:
+    ``lorapod run``'s stream and ``lorapod logs JOB``. Train records become progress lines, eval
+    records a line of their own whose val loss the next lines carry, checkpoints a short line; other
+    records and malformed values are skipped. The ETA is the remaining steps at the median of the
+    last 20 step times."""
+
+    def __init__(self, total: int | None = None, usd_cap: float | None = None) -> None:
+        self.total, self.usd_cap = total, usd_cap
+        self.val_loss: float | None = None
+        self._times: list[float] = []
+
+    def feed(self, rec, usd: float | None = None, usd_per_hour: float | None = None) -> str | None:
+        if not isinstance(rec, dict) or not isinstance(rec.get("step"), int) or isinstance(rec.get("step"), bool):
+            return None
+        step = rec["step"]
+        total = rec.get("total_steps")
+        if isinstance(total, int) and not isinstance(total, bool) and 0 < total < 10**9:
+            self.total = total
+        event = rec.get("event")
+        if event == "eval":
+            shown = {k: _num(v) for k, v in rec.items() if k not in ("step", "epoch", "time", "event")}
+            shown = {k: v for k, v in shown.items() if v is not None}
+            if "val_loss" in shown:
+                self.val_loss = shown["val_loss"]
+            return f"eval at step {step}: " + "  ".join(f"{k} {v:.4f}" for k, v in list(shown.items())[:6])
+        if event == "checkpoint":
+            return f"checkpoint at step {step}"
+        if event is not None:
+            return None
+        dt = _num(rec.get("step_time_s"))
+        if dt is not None and dt > 0:
+            self._times = [*self._times, dt][-20:]
+        tok = _num(rec.get("real_tokens_per_s")) or _num(rec.get("tokens_per_s"))
+        rate, unit = (tok, "tok/s") if tok is not None else ((1 / dt, "it/s") if dt else (None, "it/s"))
+        eta = None
+        if self.total and self._times:
+            eta = max(0, self.total - step) * sorted(self._times)[len(self._times) // 2]
+        return progress_line(ProgressPoint(step, self.total, _num(rec.get("loss")), self.val_loss, rate, unit, eta,
+                                           usd, self.usd_cap, usd_per_hour))
