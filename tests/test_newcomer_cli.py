@@ -261,3 +261,27 @@ def test_a_failed_start_leaves_no_run_folder_behind(tmp_path):
     assert got.returncode != 0 and "Traceback" not in got.stderr
     assert "is not a model folder" in got.stderr and "nothing was trained: removed" in got.stderr
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_plan_sorts_by_time_marks_the_fastest_under_the_cap_and_says_what_80_columns_leave_out(tmp_path):
+    import json
+    import re
+
+    spec = str(Path(__file__).resolve().parents[1] / "examples" / "wan21-video-lora.yaml")
+    cap = ["--set", "compute.max_usd=5"]
+    by_usd = json.loads(lorapod("plan", spec, "--json", *cap).stdout)
+    by_time = json.loads(lorapod("plan", spec, "--json", "--sort", "time", *cap).stdout)
+    fits = [o for o in by_time["options"] if o["fits"]]
+    assert [o["hours_total"] for o in fits] == sorted(o["hours_total"] for o in fits)
+    assert by_usd["options"][0]["usd_total"] <= by_usd["options"][1]["usd_total"]
+    under = [o for o in fits if o["usd_total"] <= 5]
+    fastest = by_time["options"][by_time["fastest_under_cap"]]
+    assert fastest["hours_total"] == min(o["hours_total"] for o in under) and fastest["usd_total"] <= 5
+    narrow = lorapod("plan", spec, *cap, env={"COLUMNS": "80"}).stdout
+    assert "left out at 80 columns" in narrow and "--json has everything" in narrow
+    assert re.search(rf"fastest under the \$5\.00 cap: #\d+ {fastest['gpu']} on {fastest['provider']}", narrow)
+    wide = lorapod("plan", spec, "--sort", "time", env={"COLUMNS": "160"}).stdout
+    assert "Offers ranked by time" in wide and "left out" not in wide
+    assert re.search(r"fits \+\d+\.\d GB", wide)
+    bad = lorapod("plan", spec, "--sort", "speed")
+    assert bad.returncode != 0 and "rank by usd or time" in bad.stderr
