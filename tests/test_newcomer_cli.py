@@ -285,3 +285,48 @@ def test_plan_sorts_by_time_marks_the_fastest_under_the_cap_and_says_what_80_col
     assert re.search(r"fits \+\d+\.\d GB", wide)
     bad = lorapod("plan", spec, "--sort", "speed")
     assert bad.returncode != 0 and "rank by usd or time" in bad.stderr
+
+
+@pytest.mark.slow
+def test_llm_eval_renders_markdown_writes_a_page_and_plots_on_a_log_axis(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from lorapod.evaluate.llm import Row, val_loss_figure
+
+    spec = _tiny_llm_spec(tmp_path)
+    got = lorapod("train", str(spec), "--set", "train.max_steps=4", "--set", "save.every_steps=2", timeout=300)
+    assert got.returncode == 0, got.stderr[-2000:]
+    run = next((tmp_path / "runs").iterdir())
+    got = lorapod("eval", str(run), "--n-prompts", "1", timeout=300)
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert "|---|" not in got.stdout and "**" not in got.stdout and "Recommended:" in got.stdout
+    html = (run / "eval" / "llm.html").read_text()
+    assert "<table>" in html and "Recommended: <b>step-" in html and "val_loss.png" in html
+    fig, _best = val_loss_figure([Row("base", None, 8.7, 6000.0), Row("step-2", 2, 0.02, 1.02)], plt)
+    assert fig.axes[0].get_yscale() == "log"
+    plt.close(fig)
+
+
+@pytest.mark.slow
+def test_image_eval_and_export_say_what_they_show_without_library_chatter(tmp_path):
+    from lorapod.demo_image import run_image_demo
+
+    res = run_image_demo(tmp_path / "demo", log=lambda m: None, show_progress=False)
+    run_root = res.run
+    chatter = ("torchvision", "Loading pipeline components", "Loading weights", "No LoRA keys associated",
+               "Writing model shards", "it/s]", "peft_config")
+    for to in ("diffusers", "merged"):
+        got = lorapod("export", str(run_root), "--to", to, "--out", str(tmp_path / to), timeout=300)
+        assert got.returncode == 0, got.stderr[-2000:]
+        assert not [c for c in chatter if c in got.stdout + got.stderr], got.stdout + got.stderr
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("zxq, a red circle\na photo of a cat\n")
+    got = lorapod("eval", str(run_root), "--steps", "2", "--prompts", str(prompts), timeout=300)
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert not [c for c in chatter if c in got.stdout + got.stderr], got.stdout + got.stderr
+    page = (run_root / "eval" / "images.html").read_text()
+    assert "<th>base (no LoRA)</th><td colspan=3>" in page
+    assert "checkpoints: step-" in page and "save.keep_last" in page

@@ -24,9 +24,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """LLM: val loss and perplexity, base vs every checkpoint, answers side by side.
         Images: checkpoint x strength x prompt grids with fixed seeds and leakage prompts."""
+        from lorapod.cli.quiet import quiet_libraries
         from lorapod.rundir import RunDir
         from lorapod.spec import load_spec
 
+        quiet_libraries()
         spec = load_spec(RunDir.open(run).spec_file)
         if spec.is_video:
             from lorapod.errors import SpecError
@@ -51,5 +53,7 @@ def register(app: typer.Typer) -> None:
         from lorapod.evaluate.llm import evaluate_llm, render
 
         res = evaluate_llm(run, prompts, n_prompts, device, log=lambda m: console.print(escape(m)))
-        console.print(escape(render(res)))
+        from rich.markdown import Markdown
+
+        console.print(Markdown(render(res)))  # eval.md keeps the Markdown; the terminal gets it rendered
         console.print(f"files: {escape(', '.join(res.files))} in {escape(str(run))}")

@@ -25,7 +25,10 @@ def register(app: typer.Typer) -> None:
         family: str | None = typer.Option(None, "--family", help="Converting a file: sd15 | sdxl | flux1 | flux2."),
     ) -> None:
         """Write a checkpoint in the format a tool loads: PEFT, merged, GGUF, Ollama, ComfyUI, diffusers."""
+        from lorapod.cli.quiet import quiet_libraries
         from lorapod.export.targets import export_run
+
+        quiet_libraries()
 
         if outtype not in ("f16", "f32"):
             raise typer.BadParameter("--outtype is f16 or f32")
