@@ -61,6 +61,14 @@ def _show(res, rows: list[tuple[str, object]]) -> None:
     console.print(f"caches: {res.cache_hits} reused, {res.cache_misses} encoded (run the demo again: all reused)")
 
 
+# What the tiny diffusion demos' pictures are, said where the user is about to open them.
+PICTURES_NOTE = ("about the pictures: the base model is built in code with random weights, so every sample, "
+                 "grid and contact sheet is small coloured noise, much the same from one checkpoint to the next. "
+                 "They show that sampling, caching, buckets and both LoRA files work, and the fixed-noise loss above "
+                 "shows the LoRA learned; they cannot show a concept being learned. For that, train on a real base "
+                 "model (lorapod train examples/sdxl-object-lora.yaml, examples/wan21-video-lora.yaml).")
+
+
 def _image_demo(out: Path, steps: int | None) -> None:
     from lorapod.demo_image import run_image_demo
 
@@ -77,6 +85,7 @@ def _image_demo(out: Path, steps: int | None) -> None:
         ("spec (train it again with lorapod train)", res.out / "spec.yaml"),
     ]
     _show(res, rows)
+    console.print(PICTURES_NOTE, highlight=False)
 
 
 def _video_demo(out: Path, steps: int | None) -> None:
@@ -95,6 +104,7 @@ def _video_demo(out: Path, steps: int | None) -> None:
         ("spec (train it again with lorapod train)", res.out / "spec.yaml"),
     ]
     _show(res, rows)
+    console.print(PICTURES_NOTE, highlight=False)
 
 
 def register(app: typer.Typer) -> None:
