@@ -330,3 +330,31 @@ def test_image_eval_and_export_say_what_they_show_without_library_chatter(tmp_pa
     page = (run_root / "eval" / "images.html").read_text()
     assert "<th>base (no LoRA)</th><td colspan=3>" in page
     assert "checkpoints: step-" in page and "save.keep_last" in page
+
+
+def test_plan_an_llm_the_catalog_does_not_know_fetches_only_its_config_json(tmp_path):
+    import json
+
+    from .test_tokenizer_loader import FakeHub
+
+    cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 2048,
+           "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4,
+           "vocab_size": 32000, "max_position_embeddings": 2048, "torch_dtype": "bfloat16"}
+    hub = FakeHub({"acme/tiny-chat-1b": {"config.json": json.dumps(cfg).encode(), "model.safetensors": b"\0" * 64}},
+                  set())
+    try:
+        spec = Path(__file__).resolve().parents[1] / "examples" / "llm-chat-lora.yaml"
+        env = {"HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0"}
+        got = lorapod("plan", str(spec), "--set", "model.id=acme/tiny-chat-1b", "--examples", "1000", "--json",
+                      env=env)
+        assert got.returncode == 0, got.stderr
+        assert json.loads(got.stdout)["options"]
+        fetched = [p for method, p, _ in hub.requests if method == "GET" and "/resolve/" in p]
+        assert fetched and all(p.endswith("/config.json") for p in fetched)
+        missing = lorapod("plan", str(spec), "--set", "model.id=acme/nope", "--examples", "1000", env=env)
+        assert missing.returncode != 0 and "no model acme/nope on the hub" in missing.stderr
+        offline = lorapod("plan", str(spec), "--set", "model.id=acme/other", "--examples", "1000",
+                          env=env | {"HF_HUB_OFFLINE": "1"})
+        assert offline.returncode != 0 and "offline, and acme/other's config.json is not in the" in offline.stderr
+    finally:
+        hub.server.shutdown()
