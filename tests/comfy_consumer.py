@@ -15,6 +15,12 @@ Written here from the facts of ComfyUI's comfy/lora.py (``model_lora_keys_clip``
 - Flux: ``lora_unet_<BFL state-dict key>`` for every weight, plus ``transformer.<diffusers path>``
   and ``lora_transformer_<diffusers path>`` mapped onto the BFL weight (a row slice of a fused
   qkv / linear1 weight);
+- Wan: ComfyUI builds its own WanModel (comfy/ldm/wan/model.py, the original Wan2.1 layout:
+  ``blocks.N.self_attn.q``, ``cross_attn.k_img``, ``ffn.0``, ``head.head``...) and maps
+  ``lora_unet_<state-dict path, dots as _>`` onto every weight (the generic first loop of
+  ``model_lora_keys_unet``); comfy/lora_convert.py ``convert_lora_wan_fun`` turns the Wan-Fun
+  spelling ``lora_unet__blocks_`` into that. Diffusers' WanTransformer3DModel paths relate to the
+  original ones by diffusers' scripts/convert_wan_to_diffusers.py ``TRANSFORMER_KEYS_RENAME_DICT``;
 - weights: ``.lora_up/.lora_down.weight``, ``_lora.up/down.weight``, ``.lora_B/.lora_A.weight``,
   ``.lora.up/down.weight``; the patch is ``strength * (alpha / rank if .alpha else 1) * up @ down``.
 """
@@ -108,6 +114,36 @@ def flux_keys(transformer: torch.nn.Module, flux2: bool) -> dict[str, list[Targe
             out[name] = [("transformer", dpath, 0, None)]
     for targets in out.values():
         targets.sort(key=lambda t: t[2])
+    return out
+
+
+# diffusers' scripts/convert_wan_to_diffusers.py TRANSFORMER_KEYS_RENAME_DICT, read right to left
+# (diffusers path part -> original Wan / ComfyUI WanModel path part), the Linear and Conv parts only.
+WAN_FROM_DIFFUSERS = [("condition_embedder.time_embedder.linear_1", "time_embedding.0"),
+                      ("condition_embedder.time_embedder.linear_2", "time_embedding.2"),
+                      ("condition_embedder.text_embedder.linear_1", "text_embedding.0"),
+                      ("condition_embedder.text_embedder.linear_2", "text_embedding.2"),
+                      ("condition_embedder.time_proj", "time_projection.1"),
+                      ("condition_embedder.image_embedder.ff.net.0.proj", "img_emb.proj.1"),
+                      ("condition_embedder.image_embedder.ff.net.2", "img_emb.proj.3"),
+                      ("proj_out", "head.head"), ("ffn.net.0.proj", "ffn.0"), ("ffn.net.2", "ffn.2"),
+                      ("attn1.to_out.0", "self_attn.o"), ("attn2.to_out.0", "cross_attn.o"),
+                      ("attn1.to_", "self_attn."), ("attn2.add_k_proj", "cross_attn.k_img"),
+                      ("attn2.add_v_proj", "cross_attn.v_img"), ("attn2.to_", "cross_attn.")]
+
+
+def wan_keys(transformer: torch.nn.Module) -> dict[str, list[Target]]:
+    """Wan key map over a diffusers WanTransformer3DModel: ComfyUI's ``lora_unet_`` names of its WanModel."""
+    out: dict[str, list[Target]] = {}
+    for path, mod in transformer.named_modules():
+        if not isinstance(mod, (torch.nn.Linear, torch.nn.Conv3d)):
+            continue
+        wan = path
+        for d, o in WAN_FROM_DIFFUSERS:
+            if d in wan:
+                wan = wan.replace(d, o)
+                break
+        out[f"lora_unet_{wan.replace('.', '_')}"] = [("transformer", path, 0, None)]
     return out
 
 

@@ -97,7 +97,10 @@ def main() -> int:
             if a.fail_at is not None and step == a.fail_at:
                 print(f"boom at step {step}", file=sys.stderr)
                 return 3
-            rec = {"step": step, "loss": round(2.0 / step, 4), "examples": n_examples}
+            # the engine's train record (engine/loop.py fit: step, total_steps, loss, step_time_s, ...)
+            # (and the "time" engine/metrics.py MetricsWriter stamps on every record)
+            rec = {"time": round(time.time(), 3), "step": step, "total_steps": max_steps, "loss": round(2.0 / step, 4),
+                   "examples": n_examples}
             if a.device_name:
                 rec.update(step_time_s=a.step_s, mem_gb=round(5.0 + step / 100, 3))
             metrics.write(json.dumps(rec) + "\n")

@@ -7,7 +7,7 @@ import re
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from lorapod.cli.main import build_app
@@ -97,3 +97,49 @@ def test_not_a_lora_and_truncated_files_name_the_file(tmp_path):
     t.write_bytes(t.read_bytes()[:300])
     with pytest.raises(ExportError, match=re.escape(f"{t} is not a readable safetensors file")):
         inspect_file(t)
+
+
+@pytest.mark.parametrize("i2v", [False, True])
+def test_wan_kohya_file_is_judged_by_comfyuis_wan_key_map_and_reproduces_the_lora(tmp_path, i2v):
+    """The video engine's ComfyUI file: every key in ComfyUI's WanModel map (tests/comfy_consumer.py), the
+    patched model gives the LoRA model's output, and ``inspect`` says ComfyUI loads every module."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model_state_dict, inject_adapter_in_model
+
+    from lorapod.demo_video import tiny_wan_transformer
+    from lorapod.engine.diffusion import export, wan
+
+    from . import comfy_consumer as comfy
+
+    base = tiny_wan_transformer(image_dim=16 if i2v else None)
+    tuned = inject_adapter_in_model(LoraConfig(r=4, lora_alpha=8, target_modules=wan.WAN_TARGETS), copy.deepcopy(base))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for n, p in tuned.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.3)
+    sd = get_peft_model_state_dict(tuned)
+    f = tmp_path / "wan.safetensors"
+    save_file(export.to_kohya({"transformer": wan.to_comfy(sd)}, "wan21", 8.0, False, dtype=torch.float32), str(f))
+    patches, dropped = comfy.load(load_file(str(f)), comfy.wan_keys(base))
+    assert dropped == [] and len(patches) == len(wan.to_comfy(sd)) // 2
+    fresh = copy.deepcopy(base)
+    comfy.apply({"transformer": fresh}, patches)
+    torch.manual_seed(2)
+    kw = {"hidden_states": torch.randn(1, base.config.in_channels, 1, 4, 4), "timestep": torch.tensor([500]),
+          "encoder_hidden_states": torch.randn(1, 3, 32), "return_dict": False}
+    if i2v:
+        kw["encoder_hidden_states_image"] = torch.randn(1, 2, 16)
+    with torch.no_grad():
+        want, got, plain = tuned(**kw)[0], fresh(**kw)[0], base(**kw)[0]
+    assert not torch.allclose(want, plain, atol=1e-3) and torch.allclose(got, want, atol=1e-5)
+    r = inspect_file(f)
+    assert r["family"] == "wan"
+    assert r["consumers"]["ComfyUI"] == {"loads": len(patches), "drops": [], "scale": [2.0]}
+    assert not any("drops" in x for x in r["flags"])
+    t = load_file(str(f)) | {"lora_unet_blocks_0_self_attn_norm_q.lora_down.weight": torch.zeros(4, 24),
+                             "lora_unet_blocks_0_self_attn_norm_q.lora_up.weight": torch.zeros(24, 4)}
+    save_file(t, str(f))
+    drops = inspect_file(f)["consumers"]["ComfyUI"]["drops"]
+    assert drops == ["lora_unet_blocks_0_self_attn_norm_q: not a module of the model"]

@@ -43,7 +43,7 @@ def test_json_follows_the_schema():
     r = _run("plan", SDXL, "--json", "--images", "25")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
-    assert set(out) == {"options", "snapshot_date", "volume"}
+    assert set(out) == {"options", "snapshot_date", "volume", "sort", "fastest_under_cap"}
     assert out["snapshot_date"] == "2026-09-15"
     assert out["options"]
     for o in out["options"]:

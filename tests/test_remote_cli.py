@@ -7,6 +7,7 @@ orderly stop, must leave no work folder on the host, a consistent ledger and int
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -77,7 +78,12 @@ def test_cli_run_over_ssh_then_ps_logs(sshd, tmp_path):
 
     logs = lorapod("logs", summary["job_id"][:12])
     assert logs.returncode == 0, logs.stderr
-    assert '[metrics.jsonl] {"step": 8' in logs.stdout and "[job.log] done" in logs.stdout
+    # what a renter reads: step/total, loss, $ so far of the cap (engine/progress.py), not raw JSON
+    assert re.search(r"\[metrics\] step 8/8 \(100%\)  loss 0\.2500  .*\$\d+\.\d{3}", logs.stdout), logs.stdout
+    assert "[job.log] done" in logs.stdout and '{"step"' not in logs.stdout
+    raw = lorapod("logs", summary["job_id"][:12], "--raw")
+    assert re.search(r'\[metrics\.jsonl\] \{"time": [\d.]+, "step": 8', raw.stdout), raw.stdout
+    assert re.search(r"step 8/8 \(100%\)  loss 0\.2500", proc.stderr), proc.stderr  # `run` streams the same
 
     down = lorapod("down", "--orphans", "--json")
     assert down.returncode == 0 and json.loads(down.stdout)["destroyed"] == 0
@@ -100,7 +106,7 @@ def test_sigkilled_controller_the_watchdog_destroys(sshd, tmp_path):
     # The job finishes on its own; with the controller silent the watchdog removes the work folder.
     wait_for(lambda: not any(sshd.work_root.iterdir()), 30, "the watchdog to clean the host")
     logs = lorapod("logs", "-f", job.id, timeout=30)  # the ledger still says running: must not hang
-    assert logs.returncode == 0 and '[metrics.jsonl] {"step": 1,' in logs.stdout, logs.stderr
+    assert logs.returncode == 0 and "[metrics] step 1/12 (8%)  loss 2.0000" in logs.stdout, logs.stderr
     down = lorapod("down", "--orphans", "--json")
     assert down.returncode == 0, down.stderr
     counts = json.loads(down.stdout)

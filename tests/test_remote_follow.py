@@ -18,7 +18,7 @@ def test_logs_follow_and_pull_during_a_run(sshd, tmp_path):
     try:
         wait_for(lambda: Ledger().jobs() and (Ledger().jobs()[0].last_step or 0) >= 5, 60, "step 5")
         (job,) = Ledger().jobs()
-        follower = subprocess.Popen([*cli_argv(), "logs", "-f", job.id], stdout=subprocess.PIPE,
+        follower = subprocess.Popen([*cli_argv(), "logs", "-f", "--raw", job.id], stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True, env=cli_env())
         pulled = lorapod("pull", job.id)
         assert pulled.returncode == 0, pulled.stderr

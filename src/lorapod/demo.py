@@ -164,6 +164,12 @@ def run_demo(out: Path, model: str | None = None, steps: int | None = None, log=
     from lorapod.rundir import RunDir
 
     quiet_hf()
+    import torch
+
+    # As the image and video demos do: a ~1M-parameter model's matmuls are too small for threads to
+    # pay, and on a busy machine OpenMP's spinning threads contend. Measured on this project's loaded
+    # 2-core box (load average 12): `lorapod demo --steps 40` took 47 s on one thread, 245 s on two.
+    torch.set_num_threads(1)
 
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)

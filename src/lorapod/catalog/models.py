@@ -260,6 +260,48 @@ def _local_config(model_id: str) -> Path | None:
     return None
 
 
+def _hub_config(model_id: str) -> Path | None:
+    """A hub id the catalog does not know: its config.json, fetched alone (no weights, no tokenizer)
+    into the Hugging Face cache, the way lorapod.tokenizer fetches tokenizer files: HF_ENDPOINT,
+    HF_TOKEN, and offline (HF_HUB_OFFLINE / LORAPOD_OFFLINE) meaning the cache only. None when it is
+    not a hub id (or the repo has no config.json); a PlanError that says what to do otherwise."""
+    p = Path(model_id).expanduser()
+    if model_id.count("/") != 1 or model_id.startswith((".", "/", "~")) or p.exists() or is_builtin(model_id):
+        return None
+    try:
+        import huggingface_hub as hub
+        from huggingface_hub import errors as hf_errors
+    except ImportError as exc:
+        raise PlanError(f"planning {model_id} needs its config.json from the hub, and huggingface_hub is not installed",
+                        hint="pip install 'lorapod[llm]', or point model.id at a local folder with config.json") from exc
+    from lorapod.tokenizer import offline
+
+    local_only = offline()
+    try:
+        return Path(hub.hf_hub_download(model_id, "config.json", local_files_only=local_only,
+                                        token=os.environ.get("HF_TOKEN") or None,
+                                        endpoint=os.environ.get("HF_ENDPOINT") or None))
+    except hf_errors.GatedRepoError as exc:
+        raise PlanError(f"{model_id} is gated: the hub refused its config.json without access",
+                        hint="accept the licence on the model's hub page, then set HF_TOKEN") from exc
+    except hf_errors.RepositoryNotFoundError as exc:
+        raise PlanError(f"no model {model_id} on the hub (or it is private), and the catalog does not know it",
+                        hint="check the spelling; private models need HF_TOKEN; or point model.id at a local "
+                             "folder with a config.json") from exc
+    except hf_errors.LocalEntryNotFoundError as exc:
+        if local_only:
+            raise PlanError(f"offline, and {model_id}'s config.json is not in the Hugging Face cache",
+                            hint=f"on a machine with internet run `huggingface-cli download {model_id} config.json`, "
+                                 "copy the cache here, or point model.id at a local folder") from exc
+        raise PlanError(f"cannot fetch {model_id}'s config.json: the hub cannot be reached and it is not cached",
+                        hint="check the network, or point model.id at a local folder with a config.json") from exc
+    except hf_errors.EntryNotFoundError:
+        return None  # a repo without config.json (not a transformers model): "unknown model" below
+    except (OSError, ValueError) as exc:
+        raise PlanError(f"cannot fetch {model_id}'s config.json ({type(exc).__name__})",
+                        hint="check the network, or point model.id at a local folder with a config.json") from exc
+
+
 # diffusers pipeline classes (model_index.json "_class_name") -> family.
 DIFFUSERS_FAMILIES = {
     "StableDiffusionPipeline": "sd15",
@@ -336,14 +378,28 @@ def find_model(model_id: str, family: str = "auto", variant: str | None = None) 
             if model_id in entry.get("not_gated_aliases", []):
                 arch = LLMArch(**{**arch.__dict__, "license": License(arch.license.name, False, arch.license.commercial)})
             return arch
+    every = {a: next((x for x in m.aliases if "/" in x), m.name) for m in images for a in (m.name, *m.aliases)}
+    every |= {a: next((x for x in al if "/" in x), name) for name, al, _, _ in llms for a in (name, *al)}
+    try:
+        hub_cfg = _hub_config(model_id) if family in ("auto", "llm") else None
+    except PlanError as exc:  # not on the hub, or not reachable: a typo of a catalog name is likelier
+        near = closest_canonical(model_id, every)
+        if near:
+            exc.hint = f"did you mean {', '.join(repr(n) for n in near)}? " + (exc.hint or "")
+        raise
+    if hub_cfg is not None:
+        try:
+            cfg = json.loads(hub_cfg.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise PlanError(f"cannot read {model_id}'s config.json from the hub: {exc}") from exc
+        if isinstance(cfg, dict) and (cfg.get("model_type") or cfg.get("architectures")):
+            return llm_from_config(cfg, name=model_id)
     if is_builtin(model_id):
         raise PlanError(
             f"{model_id!r} is lorapod's built-in demo model: there is no GPU to plan or rent for it",
             hint="it trains on this machine's CPU in seconds: run `lorapod demo`, or `lorapod train SPEC`; "
             "plan a job for a real base model (examples/llm-chat-lora.yaml, examples/sdxl-object-lora.yaml)",
         )
-    every = {a: next((x for x in m.aliases if "/" in x), m.name) for m in images for a in (m.name, *m.aliases)}
-    every |= {a: next((x for x in al if "/" in x), name) for name, al, _, _ in llms for a in (name, *al)}
     near = closest_canonical(model_id, every)
     hint = (f"did you mean {', '.join(repr(n) for n in near)}? " if near else "") + (
         "For another LLM, point model.id at a local folder with a config.json."

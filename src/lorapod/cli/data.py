@@ -66,7 +66,7 @@ def register(app: typer.Typer) -> None:
     @data_app.command("report")
     def report_cmd(
         path: Path = typer.Argument(..., help="The image folder."),
-        out: Path | None = typer.Option(None, "--out", help="HTML file to write (default: ./<folder>-report.html)."),
+        out: Path | None = typer.Option(None, "--out", help="HTML file to write (default: <folder>-report.html beside the folder)."),
         family: str = typer.Option("sdxl", "--family", help=f"Image model family: {FAMILIES}."),
         trigger: str | None = typer.Option(None, "--trigger", help="Trigger word every caption must start with."),
     ) -> None:

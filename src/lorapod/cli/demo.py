@@ -8,6 +8,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from lorapod.cli.train import interrupt_says_how_to_resume
+
 console = Console()
 
 
@@ -29,7 +31,8 @@ def demo(
         return
     from lorapod.demo import run_demo
 
-    res = run_demo(out, model=model, steps=steps, log=lambda m: console.print(m, highlight=False))
+    with interrupt_says_how_to_resume(console):
+        res = run_demo(out, model=model, steps=steps, log=lambda m: console.print(m, highlight=False))
     console.print()
     if res.base_val_loss is not None and res.tuned_val_loss is not None:
         console.print(
@@ -58,10 +61,19 @@ def _show(res, rows: list[tuple[str, object]]) -> None:
     console.print(f"caches: {res.cache_hits} reused, {res.cache_misses} encoded (run the demo again: all reused)")
 
 
+# What the tiny diffusion demos' pictures are, said where the user is about to open them.
+PICTURES_NOTE = ("about the pictures: the base model is built in code with random weights, so every sample, "
+                 "grid and contact sheet is small coloured noise, much the same from one checkpoint to the next. "
+                 "They show that sampling, caching, buckets and both LoRA files work, and the fixed-noise loss above "
+                 "shows the LoRA learned; they cannot show a concept being learned. For that, train on a real base "
+                 "model (lorapod train examples/sdxl-object-lora.yaml, examples/wan21-video-lora.yaml).")
+
+
 def _image_demo(out: Path, steps: int | None) -> None:
     from lorapod.demo_image import run_image_demo
 
-    res = run_image_demo(out, steps=steps, log=lambda m: console.print(m, highlight=False))
+    with interrupt_says_how_to_resume(console):
+        res = run_image_demo(out, steps=steps, log=lambda m: console.print(m, highlight=False))
     rows = [
         ("base model (diffusers folder)", res.out / "base-model"),
         ("dataset (images + .txt captions)", res.out / "data"),
@@ -73,12 +85,14 @@ def _image_demo(out: Path, steps: int | None) -> None:
         ("spec (train it again with lorapod train)", res.out / "spec.yaml"),
     ]
     _show(res, rows)
+    console.print(PICTURES_NOTE, highlight=False)
 
 
 def _video_demo(out: Path, steps: int | None) -> None:
     from lorapod.demo_video import run_video_demo
 
-    res = run_video_demo(out, steps=steps, log=lambda m: console.print(m, highlight=False))
+    with interrupt_says_how_to_resume(console):
+        res = run_video_demo(out, steps=steps, log=lambda m: console.print(m, highlight=False))
     rows = [
         ("base model (tiny WanPipeline folder)", res.out / "base-model"),
         ("dataset (clips + stills + .txt captions)", res.out / "data"),
@@ -90,6 +104,7 @@ def _video_demo(out: Path, steps: int | None) -> None:
         ("spec (train it again with lorapod train)", res.out / "spec.yaml"),
     ]
     _show(res, rows)
+    console.print(PICTURES_NOTE, highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -24,10 +24,19 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """LLM: val loss and perplexity, base vs every checkpoint, answers side by side.
         Images: checkpoint x strength x prompt grids with fixed seeds and leakage prompts."""
+        from lorapod.cli.quiet import quiet_libraries
         from lorapod.rundir import RunDir
         from lorapod.spec import load_spec
 
+        quiet_libraries()
         spec = load_spec(RunDir.open(run).spec_file)
+        if spec.is_video:
+            from lorapod.errors import SpecError
+
+            raise SpecError(f"{run} is a video run ({spec.model.family}): lorapod eval compares image and LLM "
+                            "checkpoints, not video ones yet",
+                            hint=f"compare the sample clips and contact sheets in {run / 'samples'} (same prompt "
+                                 "and seed at every checkpoint); lorapod inspect and lorapod export work on its files")
         if spec.is_image:
             from lorapod.evaluate.images import evaluate_images
 
@@ -44,5 +53,7 @@ def register(app: typer.Typer) -> None:
         from lorapod.evaluate.llm import evaluate_llm, render
 
         res = evaluate_llm(run, prompts, n_prompts, device, log=lambda m: console.print(escape(m)))
-        console.print(escape(render(res)))
+        from rich.markdown import Markdown
+
+        console.print(Markdown(render(res)))  # eval.md keeps the Markdown; the terminal gets it rendered
         console.print(f"files: {escape(', '.join(res.files))} in {escape(str(run))}")

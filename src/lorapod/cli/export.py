@@ -31,7 +31,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write a checkpoint in the format a tool loads: PEFT, merged, GGUF, Ollama, ComfyUI, diffusers,
         or publish it to the Hugging Face Hub with a model card (--to hub --repo user/name)."""
+        from lorapod.cli.quiet import quiet_libraries
         from lorapod.export.targets import export_run
+
+        quiet_libraries()
 
         if to == "hub":
             from lorapod.export.hub import publish
@@ -64,8 +67,10 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     ) -> None:
         """What a LoRA file is, and which keys ComfyUI, diffusers and llama.cpp would load or drop."""
+        from lorapod.cli.quiet import quiet_libraries
         from lorapod.export.inspect import inspect_file, render
 
+        quiet_libraries()  # a checkpoint's run spec is read with lorapod's own code; nothing else should talk
         report = inspect_file(file)
         if as_json:
             print(json.dumps(report, indent=2, default=str))

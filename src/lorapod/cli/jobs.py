@@ -57,12 +57,21 @@ def register(app: typer.Typer) -> None:
     def logs(
         job: str = typer.Argument(..., help="Job id (or a unique prefix)."),
         follow: bool = typer.Option(False, "-f", "--follow", help="Keep following, reconnecting as needed."),
+        raw: bool = typer.Option(False, "--raw", help="metrics.jsonl lines as the JSON the job wrote."),
     ) -> None:
-        """Metrics and the job's log, live from the instance or from the pulled run folder."""
-        from lorapod.compute.jobs import follow_logs
+        """Progress (step/total, loss, val loss, ETA, $ so far of the cap, $ to finish) and the job's log,
+        live from the instance or from the pulled run folder."""
+        from lorapod.compute.jobs import find_job, follow_logs
         from lorapod.compute.ledger import Ledger
 
-        for line in follow_logs(Ledger(), job, follow):
+        ledger = Ledger()
+        show = _MetricsLines(ledger, find_job(ledger, job)) if not raw else None
+        for line in follow_logs(ledger, job, follow):
+            if show is not None and line.startswith(METRICS_TAG):
+                rendered = show(line[len(METRICS_TAG):])
+                if rendered is not None:
+                    typer.echo(f"[metrics] {rendered}")
+                continue
             typer.echo(line)
 
     @app.command("pull")
@@ -115,10 +124,17 @@ def register(app: typer.Typer) -> None:
             counts = {"destroyed": down_job(ledger, job, say=say)}
         else:
             counts = down_orphans(ledger, say=say, everything=all_, all_installations=all_installations)
+        providers = counts.get("providers") or {}
         if as_json:
             typer.echo(json.dumps(counts))
         else:
-            err.print(", ".join(f"{k}: {v}" for k, v in counts.items()))
+            err.print(", ".join(f"{k}: {v}" for k, v in counts.items() if k != "providers"))
+            asked = [n for n, v in providers.items() if v.startswith("asked")]
+            if providers:
+                err.print(f"providers asked: {', '.join(asked) or 'none'}"
+                          + ("" if len(asked) == len(providers) else
+                             f"; not asked: {', '.join(n for n in providers if n not in asked)} (see above: "
+                             "their instances were not checked)"), markup=False)
         if job:
             left = [r for r in ledger.job_instances(ledger.job(job).id) if r.live]  # type: ignore[union-attr]
             if left:
@@ -129,6 +145,38 @@ def register(app: typer.Typer) -> None:
         if live and all_:
             raise LorapodError(f"{len(live)} instance(s) still live in the ledger",
                                hint="check the provider's console; `lorapod ps` lists them")
+
+
+METRICS_TAG = "[metrics.jsonl] "
+
+
+class _MetricsLines:
+    """``logs``: a metrics.jsonl line -> engine/progress.py's progress line. Dollars at the record's
+    time from the ledger's instance rows (the record's own clock, clamped to each instance's life)."""
+
+    def __init__(self, ledger, job) -> None:
+        from lorapod.engine.progress import MetricsView
+
+        self.rows = ledger.job_instances(job.id)
+        self.view = MetricsView(usd_cap=job.max_usd)
+
+    def _usd_at(self, t) -> tuple[float | None, float | None]:
+        import time
+
+        if not self.rows or isinstance(t, bool) or not isinstance(t, int | float):
+            return None, None
+        now = time.time()
+        usd = sum(max(0.0, min(float(t), r.destroyed_at or now) - r.created_at) / 3600 * r.usd_per_hour
+                  for r in self.rows)
+        return usd, self.rows[-1].usd_per_hour
+
+    def __call__(self, text: str) -> str | None:
+        try:
+            rec = json.loads(text)
+        except ValueError:
+            return None
+        usd, rate = self._usd_at(rec.get("time")) if isinstance(rec, dict) else (None, None)
+        return self.view.feed(rec, usd=usd, usd_per_hour=rate)
 
 
 def _cells(r: dict) -> dict[str, str]:

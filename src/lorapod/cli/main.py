@@ -46,7 +46,13 @@ def build_app() -> typer.Typer:
 def main(argv: list[str] | None = None) -> None:
     app = build_app()
     try:
-        app(args=argv, standalone_mode=False)
+        # Not standalone, typer returns the exit code of a ``typer.Exit(code)`` (and turns Ctrl-C
+        # outside training into Exit(130)) instead of exiting: pass it on, or it would read as 0.
+        code = app(args=argv, standalone_mode=False)
+        if isinstance(code, int) and code:
+            if code == 130:
+                err_console.print("[yellow]interrupted[/]")
+            sys.exit(code)
     except LorapodError as exc:
         if os.environ.get("LORAPOD_DEBUG"):
             err_console.print_exception()

@@ -47,6 +47,8 @@ def plan_command(
     hours_per_session: float | None = typer.Option(None, "--hours-per-session", help="--storage: hours per session."),
     explain: bool = typer.Option(False, "--explain", help="Show what the #1 estimate rests on: terms, fitted factors, "
                                  "nearest published points, your own runs."),
+    sort: str = typer.Option("usd", "--sort", help="Rank by usd ($ per job, cheapest first) or time (fastest "
+                             "first); either way the fastest option under compute.max_usd is marked."),
 ) -> None:
     """Rank every GPU x provider x tier that fits the job by total dollars per job, with time and $ by phase."""
     if storage:
@@ -65,21 +67,28 @@ def plan_command(
 
         got = live_prices(job_spec.compute.disk_gb, [find_gpu(gpu)] if gpu else None)
         prices, notes = got.entries, got.notes
+    if sort not in ("usd", "time"):
+        raise PlanError(f"--sort {sort!r}: rank by usd or time", hint="lorapod plan SPEC --sort time")
     plan = plan_job(job_spec, gpu=gpu, provider=provider, prices=prices, images=images, examples=examples,
                     trainer=trainer)
     from lorapod.plan.volume import VAST_NOTE, volume_advice, with_volume
 
     plan = with_volume(plan)
+    if sort == "time":  # plan_job ranks by $; fitting options first either way
+        plan.options.sort(key=lambda o: (not o.fits, o.hours_total, o.usd_total))
     why = _explanation(plan, gpu) if explain else None
     vol = volume_advice(plan, sessions_per_month)
     if json_out:
         out = plan.to_json()
         out["volume"] = {"runpod": vol.to_json() if vol is not None else None, "vast": VAST_NOTE}
+        fastest = _fastest_under_cap(plan)
+        out["sort"] = sort
+        out["fastest_under_cap"] = plan.options.index(fastest) if fastest is not None else None
         if why is not None:
             out["explain"] = why.to_json()
         typer.echo(json.dumps(out, indent=2))
         return
-    _print_plan(plan, notes)
+    _print_plan(plan, notes, sort)
     for line in [*(vol.lines() if vol is not None else []),
                  *([VAST_NOTE] if job_spec.compute.volume or any(o.provider == "vast" for o in plan.options) else [])]:
         console.print(f"[dim]volume:[/] {line}", highlight=False, soft_wrap=True)
@@ -99,7 +108,7 @@ def _explanation(plan: Plan, gpu: str | None):
     return explain(plan.job, find_gpu(gpu or best.gpu), best.speed)
 
 
-def _print_plan(plan: Plan, notes: list[str]) -> None:
+def _print_plan(plan: Plan, notes: list[str], sort: str = "usd") -> None:
     from lorapod.plan.cost import cents
 
     job = plan.job
@@ -108,8 +117,20 @@ def _print_plan(plan: Plan, notes: list[str]) -> None:
     console.print(f"[bold]{job.model_name}[/] · {size} · peak VRAM about [bold]{job.estimate.peak_gb:.1f} GB[/]")
     top = plan.best or plan.options[0]
     console.print(_likely_line(top), highlight=False)
-    table = _offers_table(plan, narrow=console.width < 120, ranges=console.width >= 140)
+    narrow, ranges = console.width < 120, console.width >= 140
+    table = _offers_table(plan, narrow=narrow, ranges=ranges, sort=sort)
     console.print(table)
+    if narrow or not ranges:
+        left = "speed, train time, VRAM headroom and the likely range" if narrow else "the likely range per row"
+        console.print(f"[dim]{left} left out at {console.width} columns: {140 if not narrow else 120}+ columns "
+                      "show them, --json has everything[/]", highlight=False)
+    fastest = _fastest_under_cap(plan)
+    if fastest is not None and fastest is not (plan.best or plan.options[0]):
+        i = plan.options.index(fastest) + 1
+        cap = job.spec.compute.max_usd
+        console.print(f"fastest{f' under the ${cap:.2f} cap' if cap else ''}: #{i} {fastest.gpu} on {fastest.provider} "
+                      f"({fastest.tier}), {_fmt_min(fastest.hours_total)} for ${cents(fastest.usd_total)}"
+                      + ("  (--sort time ranks by time)" if plan.options.index(fastest) else ""), highlight=False)
     best = plan.best or plan.options[0]
     phases = Table(title=f"Phases, #1: {best.gpu} on {best.provider} ({best.tier})", title_justify="left",
                    box=box.SIMPLE_HEAD)
@@ -138,6 +159,13 @@ def _print_plan(plan: Plan, notes: list[str]) -> None:
                   highlight=False)
 
 
+def _fastest_under_cap(plan: Plan):
+    """The quickest option that fits and stays under compute.max_usd (any fitting one without a cap)."""
+    cap = plan.job.spec.compute.max_usd
+    ok = [o for o in plan.options if o.fits and (cap is None or o.usd_total <= cap)]
+    return min(ok, key=lambda o: (o.hours_total, o.usd_total)) if ok else None
+
+
 def _fmt_range(hours: list[float]) -> str:
     lo, hi = hours
     if hi < 1.5:
@@ -156,7 +184,7 @@ def _likely_line(o) -> str:
             f"VRAM likely {o.vram_range_gb[0]:.1f}-{o.vram_range_gb[1]:.1f} GB")
 
 
-def _offers_table(plan: Plan, narrow: bool, ranges: bool = True) -> Table:
+def _offers_table(plan: Plan, narrow: bool, ranges: bool = True, sort: str = "usd") -> Table:
     """The ranked offers. Narrow (80 columns, or piped): the columns that carry the decision
     (provider, GPU, tier, $/h, fits or not, total time, $/job) at full width; speed, train time,
     VRAM headroom and the likely range move out (they are in --json, the phase table and the
@@ -172,13 +200,16 @@ def _offers_table(plan: Plan, narrow: bool, ranges: bool = True) -> Table:
         cols = [c for c in cols if c[0] not in ("speed", "train", "likely")]
     elif not ranges:
         cols = [c for c in cols if c[0] != "likely"]
-    table = Table(title="Offers ranked by $ per job", title_justify="left", box=box.SIMPLE_HEAD,
+    fastest = _fastest_under_cap(plan)
+    table = Table(title=f"Offers ranked by {'time' if sort == 'time' else '$ per job'}"
+                        + (" (bold: the fastest under the cap)" if fastest is not None and plan.job.spec.compute.max_usd
+                           else ""), title_justify="left", box=box.SIMPLE_HEAD,
                   padding=(0, 1), pad_edge=not narrow)
     for col, just in cols:
         table.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
     for i, o in enumerate(plan.options, 1):
         fit_color = {"fits": "green", "tight": "yellow"}.get(o.verdict, "red")
-        fit = f"[{fit_color}]{o.verdict}[/]" + ("" if narrow else f" {o.headroom_gb:+.1f}")
+        fit = f"[{fit_color}]{o.verdict}[/]" + ("" if narrow else f" {o.headroom_gb:+.1f} GB")
         row = [str(i), o.provider, o.gpu, o.tier + ("*" if o.price_source == "live" else ""),
                f"{o.usd_per_hour:.2f}", fit]
         if not narrow:
@@ -188,7 +219,7 @@ def _offers_table(plan: Plan, narrow: bool, ranges: bool = True) -> Table:
         row += [_fmt_min(o.hours_total), f"${cents(o.usd_total)}"]
         if ranges:
             row.append(_fmt_range(o.hours_range))
-        table.add_row(*row)
+        table.add_row(*row, style="bold" if o is fastest else None)
     return table
 
 

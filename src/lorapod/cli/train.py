@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from pathlib import Path
 
 import typer
@@ -95,8 +97,10 @@ def train(
         leave()
         return
     console.print(f"run folder: [bold]{run.root}[/]")
+    _one_thread_for_builtin(spec, device)
     resume_flag = resume is not None or (run_dir is not None and any(run.checkpoints.glob("step-*")))
-    result = train_spec(spec, run, resume=resume_flag, device=device)
+    with interrupt_says_how_to_resume(), _removed_if_nothing_trained(run, resume is None and run_dir is None):
+        result = train_spec(spec, run, resume=resume_flag, device=device)
     leave()  # every process of a data-parallel run, before rank 0's own work below
     _learn(run)
     for key, label in (("val_loss", "validation loss"), ("fixed_noise_loss", "fixed-noise loss")):  # LLM, image
@@ -109,6 +113,66 @@ def train(
     else:
         console.print(f"adapter: [bold]{run.adapter}[/]")
     _say_tracking(run)
+
+
+def _one_thread_for_builtin(spec, device: str | None) -> None:
+    """lorapod's built-in tiny models (``lorapod:tiny-llama``, what examples/demo.yaml trains) on CPU:
+    one intra-op thread, as the demos use. Their matmuls are too small for threads to pay and on a
+    busy machine OpenMP's spinning threads contend: on this project's loaded 2-core box the demo's
+    first 40 steps took 47 s on one thread and 245 s on two. OMP_NUM_THREADS, when set, wins."""
+    import os
+
+    from lorapod.catalog.models import is_builtin
+
+    if is_builtin(str(spec.model.id)) and device in (None, "cpu") and "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
+        torch.set_num_threads(1)
+
+
+def trained_anything(run) -> bool:
+    """Whether a run folder holds any training: a checkpoint, an adapter or a step in its metrics."""
+    if any(run.checkpoints.glob("step-*")) or (run.adapter / "adapter_model.safetensors").is_file():
+        return True
+    try:
+        with open(run.metrics_file, encoding="utf-8") as fh:
+            return any('"loss"' in line for line in fh)
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _removed_if_nothing_trained(run, created_here: bool):
+    """A start that fails before the first step (a bad data path, a model that is not there) takes
+    its new run folder with it, so `runs/` holds only runs; a --run-dir or --resume folder is the
+    user's and stays."""
+    try:
+        yield
+    except BaseException:
+        if created_here and not trained_anything(run):
+            import shutil
+
+            shutil.rmtree(run.root, ignore_errors=True)
+            console.print(f"nothing was trained: removed {run.root}", markup=False, highlight=False, soft_wrap=True)
+        raise
+
+
+@contextlib.contextmanager
+def interrupt_says_how_to_resume(out: Console = console):
+    """Ctrl-C / SIGTERM during training (engine/loop.py saved a checkpoint): say what was saved and the
+    exact line that continues, and exit 130 (128 + SIGINT), the status shells and CI read as interrupted."""
+    from lorapod.engine.loop import Interrupted
+
+    try:
+        yield
+    except Interrupted as exc:
+        saved = (f"checkpoint saved: {exc.checkpoint}" if exc.checkpoint is not None
+                 else "nothing trained yet, no checkpoint")
+        out.print(f"interrupted ({exc.how}) at step {exc.step}; {saved}", markup=False, highlight=False, soft_wrap=True)
+        if exc.checkpoint is not None:
+            out.print(f"resume with: lorapod train --resume {exc.run_root}", markup=False, highlight=False,
+                      soft_wrap=True)  # one line, never wrapped: it is pasted back
+        sys.exit(130)
 
 
 def _say_tracking(run) -> None:

@@ -228,7 +228,7 @@ def down_job(ledger: Ledger, job_id: str, say: Callable[[str], None] = print) ->
 
 
 def down_orphans(ledger: Ledger, say: Callable[[str], None] = print, everything: bool = False,
-                 all_installations: bool = False) -> dict[str, int]:
+                 all_installations: bool = False) -> dict[str, Any]:
     """Reconcile the ledger with the providers.
 
     * a live row whose provider says the instance is gone: marked destroyed (no API call);
@@ -236,8 +236,10 @@ def down_orphans(ledger: Ledger, say: Callable[[str], None] = print, everything:
     * an instance the ledger lacks whose label carries this installation's id: destroyed. Other
       lorapod instances (another machine, another LORAPOD_HOME, a teammate on the same account)
       are left alone unless ``all_installations``.
+
+    ``counts["providers"]`` says, per provider, whether its account was asked and why not.
     """
-    counts = {"reconciled": 0, "destroyed": 0, "unknown_destroyed": 0, "failed": 0}
+    counts: dict[str, Any] = {"reconciled": 0, "destroyed": 0, "unknown_destroyed": 0, "failed": 0}
     listed: dict[tuple[str, str], list[Instance]] = {}
     for row in ledger.instances(live_only=True):
         try:
@@ -276,12 +278,19 @@ def down_orphans(ledger: Ledger, say: Callable[[str], None] = print, everything:
     known = {r.provider_id for r in ledger.instances() if r.provider_id}
     me = installation_id()
     counts["others_left"] = 0
+    # which control planes were asked: with no API key a sweep that asked nobody must not read as
+    # "all clear" (all zeros)
+    providers: dict[str, str] = {}
     for name in ("runpod", "vast"):
         try:
             prov = registry.get(name)
             found = prov.list_instances()
-        except (LorapodError, ProviderError):
+        except (LorapodError, ProviderError) as exc:
+            why = getattr(exc, "message", str(exc)) + (f"; {exc.hint}" if getattr(exc, "hint", None) else "")
+            providers[name] = f"not asked: {why}"
+            say(f"{name}: not asked ({why}); its instances were not checked")
             continue
+        providers[name] = f"asked: {sum(1 for i in found if i.live)} live instance(s) on the account"
         for inst in found:
             if not inst.live or inst.id in known or not (inst.label or "").startswith("lorapod-"):
                 continue
@@ -302,4 +311,5 @@ def down_orphans(ledger: Ledger, say: Callable[[str], None] = print, everything:
                 ledger.instance_created(owner[1], inst.id)  # the row whose create never answered
                 ledger.instance_destroyed(owner[1], "found by its label and destroyed")
             say(f"destroyed {name} instance {inst.id} ({inst.label}) that the ledger did not know")
+    counts["providers"] = providers  # type: ignore[assignment]
     return counts

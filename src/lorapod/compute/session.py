@@ -158,6 +158,7 @@ class Session:
         self.last_step: int | None = None
         self.metrics_offset = 0
         self.first_step_at: float | None = None
+        self.view = None  # engine.progress.MetricsView, made when the first metrics arrive (max_usd known)
         self.last_pull_at: float | None = None
         self.stop_reason: str | None = None
         self.stop_requested_at: float | None = None
@@ -716,6 +717,12 @@ class Session:
         if cut < 0:
             return
         self.metrics_offset += cut + 1
+        row = self.ledger.instance(self.iid) if self.iid is not None else None
+        usd, rate = self.ledger.usd(self.job_id), (row.usd_per_hour if row is not None else None)
+        if self.view is None:
+            from lorapod.engine.progress import MetricsView
+
+            self.view = MetricsView(usd_cap=self.max_usd)
         for line in data[: cut + 1].splitlines():
             try:
                 rec = json.loads(line)
@@ -729,8 +736,9 @@ class Session:
                         self.phase("first step", self.first_step_at - self.job_started_at,
                                    "job start to its first step: model download, load, caching")
                 self.last_step = rec["step"]
-                loss = rec.get("loss")
-                self._say(f"step {rec['step']}" + (f"  loss {loss:.4f}" if isinstance(loss, int | float) else ""))
+                shown = self.view.feed(rec, usd=usd, usd_per_hour=rate)  # engine/progress.py: one rendering
+                if shown:
+                    self._say(shown)
         self.ledger.job_update(self.job_id, last_step=self.last_step)
 
     def _check_budget(self) -> None:

@@ -97,7 +97,9 @@ def pair_captions(scan: Scan, extension: str) -> tuple[Pairing, list[Finding]]:
             ))
             continue
         result[img] = None
-    orphans = [c for c in scan.captions if c not in claimed]
+    # a caption of a BMP/GIF/... image belongs to that image (flagged image-format), not an orphan
+    flagged = {(p.parent, p.stem) for p in scan.unreadable_images}
+    orphans = [c for c in scan.captions if c not in claimed and (c.parent, _caption_stem(c, image_names)) not in flagged]
     any_caption = any(v is not None for v in result.values())
     for img, cap in result.items():
         if cap is None and any_caption:

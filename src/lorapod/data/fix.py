@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lorapod.data.captionfiles import pair_captions
-from lorapod.data.scan import scan_folder
+from lorapod.data.imageinfo import EXT_FORMAT, sniff
+from lorapod.data.scan import FIX_CONVERTS, scan_folder
 from lorapod.errors import DataError, require
 from lorapod.fsutil import atomic_write_bytes, atomic_write_text
 
@@ -105,6 +106,65 @@ def _fix_image(path: Path) -> tuple[bytes, list[str]] | None:
     return buf.getvalue(), changes
 
 
+def _convert_formats(scan, writer: _Writer, result: FixResult) -> bool:
+    """BMP/GIF/TIFF (which the trainers do not read) -> ``<stem>.png`` beside it; the original goes to
+    the backup (in place) or stays only in the source folder (--out). A GIF keeps its first frame."""
+    from PIL import Image
+
+    done = False
+    for p in scan.unreadable_images:
+        rel = scan.rel(p)
+        if p.is_symlink() or p.suffix.lower() not in FIX_CONVERTS:
+            continue
+        png = p.with_suffix(".png")
+        if png.exists() or p.with_suffix(".PNG").exists():
+            result.actions.append(f"{rel}: not converted, {png.name} already exists")
+            continue
+        try:
+            with Image.open(p) as im:
+                frames = getattr(im, "n_frames", 1)
+                im.seek(0)
+                rgb = im.convert("RGBA" if im.mode in ("RGBA", "LA", "PA") or "transparency" in im.info else "RGB")
+        except Exception as exc:  # Pillow raises many kinds for a broken file; `check` reports it
+            result.actions.append(f"{rel}: left as is (cannot decode: {exc})")
+            continue
+        if rgb.mode == "RGBA":
+            flat = Image.new("RGB", rgb.size, (255, 255, 255))
+            flat.paste(rgb, mask=rgb.getchannel("A"))
+            rgb = flat
+        buf = io.BytesIO()
+        rgb.save(buf, "PNG")
+        atomic_write_bytes(png, buf.getvalue())
+        writer.keep_original(p)
+        p.unlink()  # kept in the backup (in place) or in the source folder (--out)
+        result.actions.append(f"{rel}: converted to {png.name}" + (f" (first of {frames} frames)" if frames > 1 else ""))
+        done = True
+    return done
+
+
+def _rename_mismatched(scan, writer: _Writer, result: FixResult) -> bool:
+    """A PNG named ``.jpg`` (and the like) gets the extension of what it is; its caption still pairs
+    by stem. Never over an existing file."""
+    ext_of = {"JPEG": ".jpg", "PNG": ".png", "WEBP": ".webp"}
+    done = False
+    for img in scan.images:
+        if img.is_symlink():
+            continue
+        with open(img, "rb") as fh:
+            real = sniff(fh.read(16))
+        named = EXT_FORMAT.get(img.suffix.lower())
+        if real not in ext_of or named is None or real == named:
+            continue
+        dst = img.with_suffix(ext_of[real])
+        if dst.exists():
+            result.actions.append(f"{scan.rel(img)}: not renamed, {dst.name} already exists")
+            continue
+        writer.rename(img, dst)
+        result.actions.append(f"{scan.rel(img)}: a {real} file, renamed to {dst.name}")
+        done = True
+    return done
+
+
 def normalise_caption(text: str, trigger: str | None) -> str:
     """One line (lines joined with commas), single spaces, the trigger first.
 
@@ -164,6 +224,8 @@ def fix_dataset(
     result = FixResult(target=target, backup=backup)
     writer = _Writer(target, backup)
     scan = scan_folder(target)
+    if _convert_formats(scan, writer, result) | _rename_mismatched(scan, writer, result):
+        scan = scan_folder(target)  # the new names are what the later fixes and the pairing see
 
     for img in scan.images:
         rel = scan.rel(img)

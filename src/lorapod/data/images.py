@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lorapod.data.buckets import FAMILY_MIN_SIDE, FAMILY_RESOLUTION, make_buckets, place
+from lorapod.data.buckets import FAMILY_RESOLUTION, make_buckets, place
 from lorapod.data.captionfiles import (
     CLIP_WINDOW,
     REPEATED_CAPTION_MIN,
@@ -36,6 +36,7 @@ BLUR_ABSOLUTE = 20.0  # Laplacian variance at 192 px short side; sharp photos sc
 BLUR_RELATIVE = 0.2  # or below this fraction of the dataset's median sharpness
 DARK_MEAN, BRIGHT_MEAN = 40.0, 220.0
 COUNT_RANGE = (15, 40)
+UPSCALE_WARN = 1.25  # above this an image is too small for its bucket (a warning), below a note
 
 
 def default_workers() -> int:
@@ -59,7 +60,7 @@ def _image_findings(info: ImageInfo, family: str) -> list[Finding]:
     ext_format = EXT_FORMAT.get(info.path.suffix.lower())
     if info.sniffed and ext_format and info.sniffed != ext_format:
         out.append(finding("warning", "image-extension-mismatch", rel,
-                           f"named {info.path.suffix} but is a {info.sniffed} file; rename it to match."))
+                           f"named {info.path.suffix} but is a {info.sniffed} file; rename it to match (`lorapod data fix` does)."))
     if info.orientation not in (1, 0):
         out.append(finding("warning", "image-exif-rotated", rel,
                            f"EXIF orientation {info.orientation}: trainers such as sd-scripts ignore it and see the "
@@ -79,12 +80,8 @@ def _image_findings(info: ImageInfo, family: str) -> list[Finding]:
                            "16 bits per channel: some loaders clip or refuse it; save an 8-bit copy."))
     if info.mode in ("L", "I;16", "I", "1"):
         out.append(finding("info", "image-grayscale", rel, "grayscale image; fine if intended (the LoRA learns it)."))
-    minimum = FAMILY_MIN_SIDE[family]
-    short = min(info.width, info.height)
-    if short < minimum:
-        out.append(finding("warning", "image-too-small", rel,
-                           f"{info.width}x{info.height}: short side {short} px < {minimum} px for {family}; "
-                           "use a larger original (upscaled pixels teach blur)."))
+    # Size is judged where the trainer judges it: by the aspect bucket it lands in (check_images'
+    # bucket loop), not by the short side alone: an SDXL portrait of 832x1216 fills its bucket.
     if info.brightness is not None:
         if info.brightness < DARK_MEAN or (info.dark_fraction or 0) > 0.6:
             out.append(finding("warning", "image-underexposed", rel,
@@ -96,6 +93,14 @@ def _image_findings(info: ImageInfo, family: str) -> list[Finding]:
     return out
 
 
+def _badly_exposed(info: ImageInfo) -> bool:
+    """The exposure rule of ``_image_findings`` (under- or overexposed)."""
+    if info.brightness is None:
+        return False
+    return (info.brightness < DARK_MEAN or (info.dark_fraction or 0) > 0.6
+            or info.brightness > BRIGHT_MEAN or (info.bright_fraction or 0) > 0.6)
+
+
 def _blur_findings(infos: list[ImageInfo]) -> list[Finding]:
     scores = [i.sharpness for i in infos if i.ok and i.sharpness is not None]
     if not scores:
@@ -103,8 +108,8 @@ def _blur_findings(infos: list[ImageInfo]) -> list[Finding]:
     median = statistics.median(scores)
     out = []
     for i in infos:
-        if not i.ok or i.sharpness is None:
-            continue
+        if not i.ok or i.sharpness is None or _badly_exposed(i):
+            continue  # a near-uniform dark or bright image has no edges: it is flagged for exposure only
         relative = len(scores) >= 5 and i.sharpness < BLUR_RELATIVE * median
         if i.sharpness < BLUR_ABSOLUTE or relative:
             out.append(finding("warning", "image-blurry", i.rel,
@@ -232,11 +237,13 @@ def check_images(
         placements[i.rel] = p
         row = plan.setdefault(str(p.bucket), {"images": 0, "upscaled": 0})
         row["images"] += 1
-        if p.upscaled:
+        if p.upscaled:  # one finding per image: too small for its bucket (a lot) or a little upscaled
             row["upscaled"] += 1
-            report.add(finding("warning" if p.scale > 1.25 else "info", "bucket-upscale", i.rel,
-                               f"{w}x{h} lands in bucket {p.bucket} and would be upscaled x{p.scale:.2f}; "
-                               "use a larger original."))
+            big = p.scale > UPSCALE_WARN
+            report.add(finding("warning" if big else "info", "image-too-small" if big else "bucket-upscale", i.rel,
+                               f"{w}x{h} lands in bucket {p.bucket} (about {resolution}x{resolution} pixels, as the "
+                               f"trainer buckets it) and would be upscaled x{p.scale:.2f}; use a larger original "
+                               "(upscaled pixels teach blur)."))
     report.summary.update({
         "kind": "images",
         "path": str(scan.root),

@@ -227,8 +227,8 @@ def write_report(
     trigger: str | None = None,
     tokenizer: Path | None = None,
 ) -> tuple[Path, Report]:
-    """Check ``root`` and write the HTML page (default: ``<folder name>-report.html`` in the current
-    folder, or beside the dataset when the current folder is inside it)."""
+    """Check ``root`` and write the HTML page (default: ``<folder name>-report.html`` beside the
+    dataset folder: next to the data it describes, never inside it, where it would be uploaded)."""
     from lorapod.data.images import check_images, default_workers
 
     if family in ("wan21", "wan22"):  # clips + images (lorapod.data.video)
@@ -239,10 +239,7 @@ def write_report(
         report = check_images(Path(root), family=family, trigger=trigger, tokenizer=tokenizer)
     if out is None:
         real = Path(root).resolve()
-        here = Path.cwd().resolve()
-        # never inside the dataset (it would be uploaded with it): beside it instead
-        base = real.parent if here == real or here.is_relative_to(real) else here
-        out = base / f"{real.name}-report.html"
+        out = real.parent / f"{real.name}-report.html"
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, build_html(report, workers=default_workers()))

@@ -18,6 +18,8 @@ from lorapod.errors import DataError
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".webp")
 # Image formats seen in datasets that the trainers (and lorapod's engine) do not read.
 OTHER_IMAGE_EXTS = (".gif", ".bmp", ".tif", ".tiff", ".heic", ".heif", ".avif", ".jxl")
+# Of those, what `lorapod data fix` converts to PNG: the formats Pillow reads without a plugin.
+FIX_CONVERTS = (".gif", ".bmp", ".tif", ".tiff")
 CAPTION_EXTS = (".txt", ".caption")
 VIDEO_EXTS = (".mp4", ".webm", ".mov")  # video LoRA clips (lorapod.data.video checks them)
 TOML_NAMES = ("dataset.toml", "dataset_config.toml", "config.toml")
@@ -34,6 +36,9 @@ class Scan:
     captions: list[Path] = field(default_factory=list)
     tomls: list[Path] = field(default_factory=list)
     videos: list[Path] = field(default_factory=list)
+    # images in a format trainers cannot read (already an ``image-format`` error; `data fix` converts
+    # them): their captions are theirs, not orphans
+    unreadable_images: list[Path] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
 
     def rel(self, path: Path) -> str:
@@ -64,7 +69,11 @@ def scan_folder(root: Path) -> Scan:
     except (OSError, RuntimeError) as exc:
         raise DataError(f"{root} cannot be opened: {exc}.", hint="Is it a broken or looping symlink?") from exc
     if not real_root.is_dir():
-        raise DataError(f"{root} is not a folder.", hint="Give the folder of images, or a .jsonl file for chat data.")
+        if root.suffix.lower() in (".jsonl", ".json"):
+            raise DataError(f"{root} is a chat data file; this command works on a folder of images (or clips).",
+                            hint=f"check chat data with `lorapod data check {root} --model MODEL` (every problem "
+                                 "with its fix)")
+        raise DataError(f"{root} is a file, not a folder.", hint="Give the folder that holds the images (not one image).")
     scan = Scan(root=real_root)
     hidden = 0
     other: list[str] = []
@@ -127,9 +136,12 @@ def scan_folder(root: Path) -> Scan:
             elif name.lower() in TOML_NAMES or (ext == ".toml" and here == real_root):
                 scan.tomls.append(p)
             elif ext in OTHER_IMAGE_EXTS:
+                scan.unreadable_images.append(p)
+                fixable = ext in FIX_CONVERTS
                 scan.findings.append(finding(
                     "error", "image-format", rel,
-                    f"{ext} images are not read by the trainers; convert to PNG or JPEG (or remove it).",
+                    f"{ext} images are not read by the trainers; convert to PNG or JPEG"
+                    + (" (`lorapod data fix` does)" if fixable else "") + " or remove it.",
                 ))
             elif ext not in QUIET_EXTS:
                 other.append(rel)

@@ -56,7 +56,7 @@ def check_video(root: Path, *, family: str = "wan21", trigger: str | None = None
 
     infos = inspect_all(scan.images, [scan.rel(p) for p in scan.images], workers)
     for info in infos:
-        report.extend(f for f in _image_findings(info, family) if f.code != "image-too-small")
+        report.extend(_image_findings(info, family))
     buckets = make_buckets(FAMILY_RESOLUTION.get(family, 960))
     plan: Counter[str] = Counter()
     for info in infos:

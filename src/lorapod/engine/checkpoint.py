@@ -248,4 +248,7 @@ def resume_point(checkpoints: Path, event, log) -> Checkpoint | None:
     if checkpoint is None:
         event("no valid checkpoint to resume from: starting from scratch")
         log("no valid checkpoint found: starting from step 0")
+    else:
+        st = checkpoint.state
+        log(f"resuming from {checkpoint.path.name} (step {st.step}, epoch {st.epoch})")
     return checkpoint

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +42,50 @@ from lorapod.rundir import RunDir
 from lorapod.spec import JobSpec
 
 STOP_FILE = "STOP"  # touch <run>/STOP: the job saves a checkpoint and exits cleanly
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM ended ``fit``, after the checkpoint was saved: what the CLI tells the user.
+
+    A KeyboardInterrupt still (so every ``except KeyboardInterrupt`` keeps working), with the step,
+    the checkpoint and which signal it was."""
+
+    def __init__(self, how: str, step: int, checkpoint: Path | None, run_root: Path) -> None:
+        super().__init__(f"{how} at step {step}")
+        self.how, self.step, self.checkpoint, self.run_root = how, step, checkpoint, run_root
+
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c():
+    """SIGTERM (what ``timeout``, SLURM and Kubernetes send before SIGKILL) ends training the way
+    Ctrl-C does: a checkpoint, then out. Python only lets the main thread set handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt("SIGTERM")
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """While the interrupted run saves its checkpoint, a second Ctrl-C or SIGTERM does not cut the
+    save short (the save is seconds; SIGKILL still ends it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
 
 
 @dataclass
@@ -148,6 +194,7 @@ def fit(
         recipe.train()
         if ev:
             metrics.log({"step": state.step, "epoch": state.epoch, "event": "eval", **ev})
+            progress.val_loss = ev.get("val_loss", progress.val_loss)  # shown from now on
         return ev
 
     def save() -> Path | None:
@@ -163,15 +210,15 @@ def fit(
         result.checkpoint = path
         return path
 
+    progress = TrainProgress(total_steps, state.step, spec.compute.usd_per_hour, recipe.unit,
+                             enabled=show_progress if world.is_main else False, usd_cap=spec.compute.max_usd)
     recipe.train()
     if loaded is None and spec.eval.at_start:
         result.first_eval = evaluate()
 
     stop_file = run.root / STOP_FILE
-    progress = TrainProgress(total_steps, state.step, spec.compute.usd_per_hour, recipe.unit,
-                             enabled=show_progress if world.is_main else False)
     try:
-        with progress:
+        with _sigterm_as_ctrl_c(), progress:
             while state.step < total_steps and state.epoch < n_epochs:
                 batches = recipe.epoch_batches(state.epoch)
                 while state.batch_in_epoch < len(batches) and state.step < total_steps:
@@ -202,6 +249,7 @@ def fit(
                     result.losses.append(loss_value)
                     record = {
                         "step": state.step,
+                        "total_steps": total_steps,  # what `lorapod run` / `logs` show the step against
                         "epoch": state.epoch + state.batch_in_epoch / len(batches),
                         "loss": loss_value,
                         "lr": scheduler.get_last_lr()[0],
@@ -256,11 +304,13 @@ def fit(
             plot_metrics(run.metrics_file, run.root / "loss.png")
         world.barrier()
         return result
-    except KeyboardInterrupt:
-        event(f"interrupted at step {state.step}: saving a checkpoint")
-        save()
+    except KeyboardInterrupt as exc:
+        how = "SIGTERM" if exc.args == ("SIGTERM",) else "Ctrl-C"
+        with _signals_held():
+            event(f"interrupted ({how}) at step {state.step}: saving a checkpoint")
+            path = save() if state.step > 0 else None
         result.stopped = "interrupted"
-        raise
+        raise Interrupted(how, state.step, path, run.root) from None
     finally:
         metrics.close()
 

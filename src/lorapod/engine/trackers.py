@@ -28,7 +28,7 @@ NAMES = {
     "mem_gb": "system/vram_gb", "rss_gb": "system/ram_gb", "usd": "cost/usd",
     "val_loss": "val/loss", "val_ppl": "val/ppl", "fixed_noise_loss": "val/fixed_noise_loss",
 }
-_NOT_SCALARS = ("step", "time", "epoch", "event", "path")
+_NOT_SCALARS = ("step", "time", "epoch", "event", "path", "total_steps")  # total_steps: the plan, not a metric
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp")
 VIDEO_EXTS = (".mp4", ".webm", ".gif")
 ANSWER_EXT = ".jsonl"  # LLM samples: one {"prompt", "answer"} per line (engine/llm.py)

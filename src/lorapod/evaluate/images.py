@@ -50,6 +50,7 @@ class ImageEval:
     strengths: list[float]
     clip: str | None
     page: str = ""
+    checkpoints_note: str = ""  # which checkpoints are on disk, and why not more
 
 
 def _prompts(path: Path | None, spec, steps: int, seed: int, scale: float):
@@ -82,6 +83,9 @@ def evaluate_images(run_path: str | Path, prompts: Path | None = None, strengths
     if not steps_dirs:
         raise ExportError(f"{run.root} has no checkpoint to evaluate", hint="train first, or pull the run's checkpoints")
     fam = family_of(src)
+    if fam.name not in DEFAULT_SCALE:  # Wan: a video pipeline, no image grid (cli/eval.py says so first)
+        raise ExportError(f"{run.root} is a {fam.name} run: image eval grids are for SD 1.5, SDXL and FLUX",
+                          hint=f"compare the sample clips in {run.samples}")
     sps = _prompts(prompts, spec, steps, seed, DEFAULT_SCALE[fam.name])
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     pipe = fam.pipeline_cls().from_pretrained(str(spec.model.id)).to(dev)
@@ -127,15 +131,43 @@ def evaluate_images(run_path: str | Path, prompts: Path | None = None, strengths
             if row == "base":  # pad the base row to the grid's width
                 images += [_blank(base_img)] * (len(strengths) - 1)
         gname = f"images/{i:02d}-grid.png"
-        grid(images, cols=len(strengths)).save(run.root / "eval" / gname)
+        labelled_grid(grid(images, cols=len(strengths)), [r for r, _ in rows], [f"{s:g}" for s in strengths],
+                      f"{sp.prompt}  |  seed {sp.seed}, {sp.steps} steps").save(run.root / "eval" / gname)
         grids.append(PromptGrid(sp.prompt, sp.seed, leak, gname, cells))
         log(f"prompt {i}: {sp.prompt!r}{' (leakage)' if leak else ''}: {len(cells)} images")
-    result = ImageEval(grids, list(strengths), str(clip) if clip else None)
+    keep = spec.save.keep_last
+    note = (f"checkpoints: {', '.join(labels)} (all that are on disk"
+            + (f"; save.keep_last: {keep} keeps only the newest {keep}, older ones were removed while training)"
+               if keep and len(labels) >= keep else ")"))
+    result = ImageEval(grids, list(strengths), str(clip) if clip else None, checkpoints_note=note)
     atomic_write_text(run.root / "eval" / "images.json", json.dumps(asdict(result), indent=2))
     atomic_write_text(run.root / "eval" / "images.html", page(result, run.root.name))
     result.page = str(run.root / "eval" / "images.html")
     run.event(f"eval: {len(grids)} image grid(s) in {run.root / 'eval'}")
     return result
+
+
+def labelled_grid(img, rows: list[str], cols: list[str], title: str):
+    """A grid that says what it shows, for when it is opened on its own (not through the page): the
+    prompt and seed on top, the strength over each column, the row (base / step-N) at its left."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    try:
+        font = ImageFont.load_default(size=12)
+    except TypeError:  # Pillow < 10.1: the fixed bitmap font
+        font = ImageFont.load_default()
+    ch, cw = img.height // max(1, len(rows)), img.width // max(1, len(cols))
+    left, top = 64, 34
+    out = Image.new("RGB", (img.width + left, img.height + top), (255, 255, 255))
+    out.paste(img, (left, top))
+    d = ImageDraw.Draw(out)
+    d.text((4, 2), title[:120], fill=(0, 0, 0), font=font)
+    d.text((2, 18), "strength", fill=(60, 60, 60), font=font)
+    for j, c in enumerate(cols):
+        d.text((left + j * cw + 2, 18), c, fill=(60, 60, 60), font=font)
+    for k, r in enumerate(rows):
+        d.text((2, top + k * ch + ch // 2 - 6), "base" if r == "base" else r, fill=(0, 0, 0), font=font)
+    return out
 
 
 def _render(pipe, sp, fam, dev):
@@ -216,7 +248,9 @@ def page(r: ImageEval, title: str) -> str:
     parts = [f"<!doctype html><meta charset=utf-8><title>{esc(title)} eval</title>",
              "<style>body{font-family:sans-serif}td{text-align:center;font-size:12px}img{width:160px}</style>",
              f"<h1>{esc(title)}</h1>",
-             "<p>Same seed in every cell: only the LoRA and its strength differ.</p>",
+             "<p>Same seed in every cell: only the LoRA and its strength differ. The base row is the model "
+             "without the LoRA (one image: strength does not apply).</p>",
+             f"<p>{esc(r.checkpoints_note)}</p>" if r.checkpoints_note else "",
              "<p>" + (f"CLIP scores from {esc(r.clip)}: text = prompt adherence, train = similarity to the training "
                       "images (high: over-fitting), base = similarity to the base image (leakage prompts)."
                       if r.clip else "No CLIP model given (--clip PATH): grids only, no scores.") + "</p>"]
@@ -229,6 +263,12 @@ def page(r: ImageEval, title: str) -> str:
             rows.setdefault(c.row, []).append(c)
         for row, cells in rows.items():
             tds = []
+            if row == "base":  # one image across the strength columns, not under "strength 0.6"
+                c = cells[0]
+                parts.append(f"<tr><th>base (no LoRA)</th><td colspan={len(r.strengths)}><img src='{esc(c.image)}'>"
+                             + "".join(f"<br>{k} {v:.3f}" for k, v in (("text", c.clip_text),) if v is not None)
+                             + "</td></tr>")
+                continue
             for c in cells:
                 notes = [f"{k} {v:.3f}" for k, v in (("leakage", c.leakage), ("text", c.clip_text),
                                                         ("train", c.clip_train), ("base", c.clip_base)) if v is not None]

@@ -118,6 +118,8 @@ def evaluate_llm(run_path: str | Path, prompts: Path | None = None, n_prompts: i
     result.files = ["eval/eval.json", "eval/eval.md"]
     if plot(rows, out / "val_loss.png"):
         result.files.append("eval/val_loss.png")
+    atomic_write_text(out / "llm.html", page(result, run.root.name, (out / "val_loss.png").is_file()))
+    result.files.append("eval/llm.html")
     run.event(f"eval: recommended {best} ({reason})")
     return result
 
@@ -134,6 +136,30 @@ def render(r: LLMEval) -> str:
     return "\n".join(lines)
 
 
+def page(r: LLMEval, title: str, with_plot: bool) -> str:
+    """The same as eval.md, as a page to open in a browser (the image eval has one too)."""
+    import html
+
+    esc = html.escape
+    rows = "".join(f"<tr{' style=font-weight:bold' if row.label == r.best else ''}><td>{esc(row.label)}"
+                   f"{' (recommended)' if row.label == r.best else ''}</td><td>{row.val_loss:.4f}</td>"
+                   f"<td>{row.val_ppl:.2f}</td></tr>" for row in r.rows)
+    parts = [f"<!doctype html><meta charset=utf-8><title>{esc(title)} eval</title>",
+             "<style>body{font-family:sans-serif;max-width:60em}td,th{padding:2px 10px;text-align:right}"
+             "td:first-child{text-align:left}</style>", f"<h1>{esc(title)}</h1>",
+             f"<table><tr><th>checkpoint</th><th>val loss</th><th>perplexity</th></tr>{rows}</table>",
+             f"<p>Recommended: <b>{esc(r.best)}</b>: {esc(r.reason)}.</p>"]
+    if with_plot:
+        parts.append("<img src='val_loss.png' alt='validation loss per checkpoint (log scale)'>")
+    if r.answers:
+        parts.append("<h2>Answers (greedy decoding)</h2><table><tr><th>prompt</th><th>base</th>"
+                     f"<th>{esc(r.best)}</th></tr>")
+        parts += [f"<tr><td>{esc(a['prompt'])}</td><td style=text-align:left>{esc(a['base'])}</td>"
+                  f"<td style=text-align:left>{esc(a['tuned'])}</td></tr>" for a in r.answers]
+        parts.append("</table>")
+    return "\n".join(parts) + "\n"
+
+
 def plot(rows: list[Row], out: Path) -> bool:
     try:
         import matplotlib
@@ -142,6 +168,15 @@ def plot(rows: list[Row], out: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
+    fig, best = val_loss_figure(rows, plt)
+    fig.savefig(out)
+    plt.close(fig)
+    return not math.isnan(best.val_loss)
+
+
+def val_loss_figure(rows: list[Row], plt):
+    """Checkpoints' validation loss against the base's. A log axis: a tuned loss of 0.02 under a base
+    of 8.7 is a flat line at the bottom of a linear one."""
     ck = [r for r in rows if r.step is not None]
     base = rows[0]
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=110)
@@ -151,9 +186,10 @@ def plot(rows: list[Row], out: Path) -> bool:
     ax.plot([best.step], [best.val_loss], "*", color="#31a354", markersize=14, label=f"lowest: {best.label}")
     ax.set_xlabel("step")
     ax.set_ylabel("validation loss")
-    ax.grid(alpha=0.3)
+    if all(r.val_loss > 0 and math.isfinite(r.val_loss) for r in rows):
+        ax.set_yscale("log")
+        ax.set_ylabel("validation loss (log scale)")
+    ax.grid(alpha=0.3, which="both")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)
-    return not math.isnan(best.val_loss)
+    return fig, best

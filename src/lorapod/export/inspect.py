@@ -7,8 +7,9 @@ llama.cpp which modules each would load and which it would drop, and at what sca
 The consumer rules are name rules (no base model is loaded), taken from each consumer's key
 mapping: ComfyUI's comfy/lora.py + comfy/utils.py (kohya ``lora_unet_`` / ``lora_te*_text_model_``
 names, OneTrainer ``lora_transformer_`` and diffusers ``transformer.`` names for Flux, diffusers
-``unet.`` names only in the old ``processor.to_q`` spelling), diffusers' LoRA loaders and
-convert_lora_to_gguf's refusals (see docs/export.md).
+``unet.`` names only in the old ``processor.to_q`` spelling; for Wan, ``lora_unet_`` + the original
+Wan module path, the generic rule of ``model_lora_keys_unet`` over ComfyUI's own WanModel), diffusers'
+LoRA loaders and convert_lora_to_gguf's refusals (see docs/export.md).
 """
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ FLUX_DIFFUSERS = (r"(single_)?transformer_blocks\.\d+\.(attn\.(to_q|to_k|to_v|to
                   r"|to_qkv_mlp_proj)|ff(_context)?\.(net\.0\.proj|net\.2|linear_in|linear_out)|proj_mlp|proj_out"
                   r"|norm1?(_context)?\.linear)|x_embedder|context_embedder|proj_out|norm_out\.linear"
                   r"|time_(text|guidance)_embed\.\w+\.linear_[12]")
+# ComfyUI's WanModel (comfy/ldm/wan/model.py, "original version: Wan-Video/Wan2.1 wan/modules/model.py"):
+# its Linear and Conv weights, which comfy/lora.py model_lora_keys_unet maps as ``lora_unet_<path, . as _>``
+# onto ``diffusion_model.<path>.weight``. (comfy/lora_convert.py convert_lora_wan_fun also reads the
+# Wan-Fun spelling ``lora_unet__blocks_...`` by removing the second underscore.)
+WAN = (r"_?blocks_\d+_(self_attn_[qkvo]|cross_attn_([qkvo]|k_img|v_img)|ffn_[02])|patch_embedding"
+       r"|(text|time)_embedding_[02]|time_projection_1|head_head|img_emb_proj_[0134]")
 
 
 def _modules(keys: list[str]) -> dict[str, dict[str, str]]:
@@ -64,6 +71,8 @@ def _family(fmt: str, keys: list[str], meta: dict[str, str]) -> str:
     joined = "\n".join(keys)
     if fmt == "peft":
         return "llm"
+    if re.search(r"^lora_unet__?blocks_\d+_(self|cross)_attn_", joined, re.M):
+        return "wan"
     if "to_qkv_mlp_proj" in joined or "ff.linear_in" in joined or "ff_linear_in" in joined:
         return "flux2"
     if re.search(r"^(lora_unet_(double|single)_blocks|lora_transformer_|transformer\.)", joined, re.M):
@@ -77,7 +86,7 @@ def _comfy(module: str, family: str) -> tuple[bool, str]:
     flux = family.startswith("flux")
     if module.startswith("lora_unet_"):
         rest = module[len("lora_unet_"):]
-        ok = re.fullmatch(BFL if flux else SD_UNET, rest) is not None
+        ok = re.fullmatch(BFL if flux else WAN if family.startswith("wan") else SD_UNET, rest) is not None
         return ok, "" if ok else "not a module of the model"
     for p in ("lora_te_", "lora_te1_", "lora_te2_"):
         if module.startswith(p):
@@ -123,8 +132,34 @@ def _scale(mod: dict[str, str], tensors, meta_alpha: float | None) -> tuple[int,
     return rank, alpha, (alpha / rank if alpha is not None and rank else 1.0)
 
 
+def _trained_alpha_near(path: Path) -> tuple[float, int, bool, str] | None:
+    """A PEFT-keyed file carries no alpha: find it where lorapod keeps it. ``adapter_config.json``
+    beside the file, or, for a checkpoint (``runs/JOB/checkpoints/step-N/adapter.safetensors``),
+    the run's ``spec.yaml``. Returns (alpha, rank, rslora, where it came from)."""
+    cfg_file = path.parent / "adapter_config.json"
+    if cfg_file.is_file():
+        try:
+            cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+            return float(cfg["lora_alpha"]), int(cfg["r"]), bool(cfg.get("use_rslora")), str(cfg_file)
+        except (ValueError, KeyError, TypeError):
+            return None
+    run_root = path.parent.parent.parent
+    if path.parent.parent.name == "checkpoints" and (run_root / "spec.yaml").is_file():
+        from lorapod.errors import LorapodError
+        from lorapod.spec import load_spec
+
+        try:
+            m = load_spec(run_root / "spec.yaml").method
+        except (LorapodError, OSError, ValueError):
+            return None
+        return float(m.alpha), int(m.r), bool(m.rslora), str(run_root / "spec.yaml")
+    return None
+
+
 def inspect_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
+    if path.is_dir() and (path / "adapter.safetensors").is_file() and (path / "state.json").is_file():
+        path = path / "adapter.safetensors"  # a checkpoint folder: its adapter
     if path.is_dir():
         return _peft_folder(path)
     if path.suffix == ".gguf":
@@ -152,6 +187,17 @@ def inspect_file(path: str | Path) -> dict[str, Any]:
     if fmt == "peft":
         consumers["llama.cpp"] = _llamacpp_peft(keys)
         consumers["PEFT"] = {"loads": len(mods), "drops": [], "scale": "from adapter_config.json"}
+        near = _trained_alpha_near(path) if path.name != "adapter_model.safetensors" else None
+        if near is not None:
+            alpha, r, rslora, where = near
+            report["alpha"], report["alpha_from"] = [alpha], where
+            for c in consumers.values():
+                c["scale"] = [round(alpha / (r ** 0.5 if rslora else r), 6)]
+        elif path.name != "adapter_model.safetensors":
+            for c in consumers.values():
+                c["scale"] = "unknown"
+            flags.append("PEFT keys carry no alpha and no adapter_config.json or run spec is beside this file: the "
+                         "scale is unknown; inspect the adapter folder (adapter_config.json) instead")
     else:
         for name, rule in (("ComfyUI", _comfy), ("diffusers", _diffusers)):
             loads, drops, scales = 0, [], set()
@@ -247,7 +293,8 @@ def _gguf(path: Path) -> dict[str, Any]:
 
 def render(r: dict[str, Any]) -> str:
     lines = [f"{r['file']}", f"  format  {r['format']}    family {r['family']}    modules {r.get('modules')}",
-             f"  rank    {r.get('rank')}    alpha {r.get('alpha')}" + ("  (rsLoRA)" if r.get("rslora") else "")]
+             f"  rank    {r.get('rank')}    alpha {r.get('alpha') if r.get('alpha') is not None else 'unknown'}"
+             + ("  (rsLoRA)" if r.get("rslora") else "") + (f"  (from {r['alpha_from']})" if r.get("alpha_from") else "")]
     if r.get("base"):
         lines.append(f"  base    {r['base']}")
     lines.append(f"  targets {', '.join(map(str, r.get('targets') or []))}")
