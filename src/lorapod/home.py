@@ -14,3 +14,10 @@ def lorapod_home() -> Path:
     home = Path(os.environ.get("LORAPOD_HOME") or Path.home() / ".lorapod").expanduser()
     home.mkdir(parents=True, exist_ok=True)
     return home
+
+
+def offline() -> bool:
+    """True when the Hugging Face Hub must not be contacted (HF_HUB_OFFLINE, LORAPOD_OFFLINE) (read at call time, not at import time)."""
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("0", "", "false", "no") or (
+        os.environ.get("LORAPOD_OFFLINE") == "1"
+    )

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from lorapod.catalog.models import is_builtin
 from lorapod.errors import ModelLoadError, require
+from lorapod.home import offline
 
 # What AutoTokenizer may need, and nothing with weights in it (config.json tells it the model
 # type when tokenizer_config.json lacks tokenizer_class).
@@ -31,11 +32,6 @@ TOKENIZER_FILES = [
 ]
 
 
-def offline() -> bool:
-    """True when the hub must not be contacted (read at call time, not at import time)."""
-    return os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("0", "", "false", "no") or (
-        os.environ.get("LORAPOD_OFFLINE") == "1"
-    )
 
 
 def catalog_hub_id(name: str) -> str | None:

@@ -274,7 +274,7 @@ def _hub_config(model_id: str) -> Path | None:
     except ImportError as exc:
         raise PlanError(f"planning {model_id} needs its config.json from the hub, and huggingface_hub is not installed",
                         hint="pip install 'lorapod[llm]', or point model.id at a local folder with config.json") from exc
-    from lorapod.tokenizer import offline
+    from lorapod.home import offline
 
     local_only = offline()
     try:
