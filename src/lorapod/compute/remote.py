@@ -237,8 +237,9 @@ class RemoteWork:
         """Write the last files (spec, secrets), then start the job detached: one round trip."""
         self.put_files(files, then=f"{{ setsid nohup bash job.sh {shlex.join(argv)} > /dev/null 2>&1 < /dev/null & }}")
 
-    def poll(self, metrics_offset: int, timeout: float = 30.0) -> JobStatus:
-        """One round trip: heartbeat, job state, new metrics bytes after ``metrics_offset``."""
+    def poll(self, metrics_offset: int, timeout: float = 30.0, limit: int = 1 << 20) -> JobStatus:
+        """One round trip: heartbeat, job state, and at most ``limit`` new metrics bytes after
+        ``metrics_offset`` (a bounded read, whatever the host wrote: compute/metrics_feed.py)."""
         script = (
             f"cd {self.q()} 2>/dev/null || {{ echo LPGONE; exit 0; }}\n"
             "touch HEARTBEAT\n"
@@ -249,7 +250,7 @@ class RemoteWork:
             f'stop=$({guarded_read("head -c 200", "run/STOP")} | tr -d "\\n")\n'
             'echo "LP alive=$alive exit=$ex"\n'
             'echo "LP stop=$stop"\n'
-            f"{guarded_read(f'tail -c +{metrics_offset + 1}', 'run/metrics.jsonl')}\n"
+            f"{guarded_read(f'tail -c +{int(metrics_offset) + 1}', 'run/metrics.jsonl')} | head -c {int(limit)}\n"
         )
         out = self.sh(script, timeout=timeout).stdout
         head, _, rest = out.partition(b"\n")

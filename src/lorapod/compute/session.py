@@ -29,6 +29,7 @@ from typing import Any
 from lorapod.compute.bootstrap import bootstrap_for
 from lorapod.compute.httpapi import ApiError
 from lorapod.compute.ledger import Ledger, instance_label, lorapod_home
+from lorapod.compute.metrics_feed import POLL_BYTES, MetricsFeed, shown_number
 from lorapod.compute.offers import choose_offers
 from lorapod.compute.provider import CreatedButUnusable, Instance, InstanceSpec, Offer, Provider
 from lorapod.compute.remote import PULL_EXCLUDES, Bootstrap, RemoteWork, job_command_from_env, local_manifest
@@ -137,6 +138,7 @@ class Session:
         self.transport: Transport | None = None
         self.last_step: int | None = None
         self.metrics_offset = 0
+        self.feed = MetricsFeed()
         self.first_step_at: float | None = None
         self.last_pull_at: float | None = None
         self.stop_reason: str | None = None
@@ -161,7 +163,8 @@ class Session:
             # The uploaded run folder carries the old metrics: follow only what is new.
             self.last_step = row.last_step
             if self.run.metrics_file.is_file():
-                self.metrics_offset = self.run.metrics_file.read_bytes().rfind(b"\n") + 1
+                self.metrics_offset = _end_of_last_line(self.run.metrics_file)
+            self.feed = MetricsFeed(offset=self.metrics_offset)  # floor None: it restarts at its checkpoint
         else:
             self.run = RunDir.create(spec.output.dir, spec.output.name or "job")
             self.job_id = self.run.job_id
@@ -241,6 +244,8 @@ class Session:
                 usd = self.ledger.usd(self.job_id)
                 resume = f"; resume with `lorapod run --resume {self.job_id}`" if state != "done" else ""
                 summary_msg = f"{message} (last step {self.last_step}, ${usd:.4f}){resume}"
+                if self.feed.dropped_total:
+                    summary_msg += f"; {self.feed.dropped_total} metrics line(s) from the instance ignored"
                 if self.unconfirmed:
                     summary_msg += (f"; instance {self.unconfirmed} NOT confirmed destroyed: check "
                                     f"{self.console_link()} and run `lorapod down {self.job_id}`")
@@ -576,8 +581,8 @@ class Session:
         o = self.opts
         next_pull = time.monotonic() + o.pull_every_s
         while True:
-            st = self.remote(lambda: self.work.poll(self.metrics_offset), "poll")  # type: ignore[union-attr]
-            self._take_metrics(st.metrics)
+            st = self.remote(lambda: self.work.poll(self.metrics_offset, limit=POLL_BYTES), "poll")  # type: ignore[union-attr]
+            more = self._take_metrics(st.metrics)
             if st.gone:
                 raise RemoteError("the job's work folder vanished on the instance (the watchdog or someone "
                                   "removed it)", hint="see `lorapod logs JOB`; resume with `lorapod run --resume JOB`")
@@ -585,7 +590,7 @@ class Session:
                 self.stop_reason = f"the watchdog asked the job to stop: {st.stop}"
                 self.stop_requested_at = time.monotonic()
                 self.say(self.stop_reason)
-            if st.done:
+            if st.done and not more:  # done, and every metrics line read
                 break
             self._check_budget()
             if self.stop_requested_at and time.monotonic() - self.stop_requested_at > o.stop_wait_s:
@@ -594,7 +599,8 @@ class Session:
             if time.monotonic() >= next_pull:
                 self._pull("progress")
                 next_pull = time.monotonic() + o.pull_every_s
-            time.sleep(o.poll_s)
+            if not more:  # a full chunk of metrics: read the rest now, not a poll later
+                time.sleep(o.poll_s)
         self._final_pull()
         if st.exit and st.exit.startswith("killed:"):
             raise RemoteError(f"the on-instance watchdog stopped the job at step {self.last_step} "
@@ -609,29 +615,31 @@ class Session:
         raise RemoteError(f"the job failed on the instance (exit {st.exit or 'unknown'}) at step {self.last_step}",
                           hint=f"see {self.run.root}/job.log; fix, then `lorapod run --resume {self.job_id}`")
 
-    def _take_metrics(self, data: bytes) -> None:
+    def _take_metrics(self, data: bytes) -> bool:
+        """Use one poll's metrics bytes, bounded and validated (compute/metrics_feed.py): a
+        forged or broken line is dropped and counted, never fatal. True when the poll's chunk was
+        full (more is waiting on the instance)."""
         if not data:
-            return
-        cut = data.rfind(b"\n")
-        if cut < 0:
-            return
-        self.metrics_offset += cut + 1
-        for line in data[: cut + 1].splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and isinstance(rec.get("step"), int):
-                if self.first_step_at is None:
-                    self.first_step_at = time.monotonic()
-                    self.say(f"first training step after {self.first_step_at - self.t0:.1f} s")
-                    if self.job_started_at is not None:
-                        self.phase("first step", self.first_step_at - self.job_started_at,
-                                   "job start to its first step: model download, load, caching")
-                self.last_step = rec["step"]
-                loss = rec.get("loss")
-                self._say(f"step {rec['step']}" + (f"  loss {loss:.4f}" if isinstance(loss, int | float) else ""))
-        self.ledger.job_update(self.job_id, last_step=self.last_step)
+            return False
+        before = self.feed.dropped_total
+        records, full = self.feed.take(data)
+        self.metrics_offset = self.feed.offset
+        for rec in records:
+            if self.first_step_at is None:
+                self.first_step_at = time.monotonic()
+                self.say(f"first training step after {self.first_step_at - self.t0:.1f} s")
+                if self.job_started_at is not None:
+                    self.phase("first step", self.first_step_at - self.job_started_at,
+                               "job start to its first step: model download, load, caching")
+            self.last_step = rec["step"]
+            loss = shown_number(rec.get("loss"))
+            self._say(f"step {rec['step']}" + (f"  loss {loss}" if loss is not None else ""))
+        if self.feed.dropped_total > before:
+            self.say(f"ignored {self.feed.dropped_total - before} metrics line(s) from the instance "
+                     f"(so far: {self.feed.describe_dropped()})")
+        if records:
+            self.ledger.job_update(self.job_id, last_step=self.last_step)
+        return full
 
     def _check_budget(self) -> None:
         if self.stop_reason or self.iid is None:
@@ -697,9 +705,8 @@ class Session:
             self.remote(lambda: self.work.request_stop(why), "write STOP")  # type: ignore[union-attr]
             deadline = self.deadline(self.opts.stop_wait_s)
             while time.monotonic() < deadline:
-                st = self.remote(lambda: self.work.poll(self.metrics_offset), "poll")  # type: ignore[union-attr]
-                self._take_metrics(st.metrics)
-                if st.done:
+                st = self.remote(lambda: self.work.poll(self.metrics_offset, limit=POLL_BYTES), "poll")  # type: ignore[union-attr]
+                if not self._take_metrics(st.metrics) and st.done:
                     break
                 time.sleep(self.opts.poll_s)
             self._final_pull()
@@ -802,6 +809,22 @@ class Session:
         self.say(f"could NOT confirm that {provider_id} is gone: it may still bill. {backstop}check "
                  f"{self.console_link()} and run `lorapod down {self.job_id}`")
         return False
+
+
+def _end_of_last_line(path: Path, chunk: int = 1 << 16) -> int:
+    """The offset just after the last newline of ``path``, read backwards in bounded chunks
+    (the pulled metrics file may be large; it is never read whole)."""
+    with open(path, "rb") as fh:
+        end = fh.seek(0, os.SEEK_END)
+        pos = end
+        while pos > 0:
+            start = max(0, pos - chunk)
+            fh.seek(start)
+            cut = fh.read(pos - start).rfind(b"\n")
+            if cut >= 0:
+                return start + cut + 1
+            pos = start
+    return 0
 
 
 def transport_for(provider: Provider, inst: Instance, identity: Path | None, iid: str) -> Transport:
