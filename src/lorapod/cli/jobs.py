@@ -19,11 +19,18 @@ def register(app: typer.Typer) -> None:
         all_: bool = typer.Option(True, "--all/--live", help="Every job, or only those with live instances."),
         as_json: bool = typer.Option(False, "--json", help="JSON on stdout, for scripts."),
     ) -> None:
-        """Jobs and their instances: state, GPU, $/h, dollars so far."""
-        from lorapod.compute.jobs import ps_rows
-        from lorapod.compute.ledger import Ledger
+        """Jobs and their instances: state, GPU, $/h, dollars so far. Reads the ledger only (a
+        read-only LORAPOD_HOME will do); with a damaged ledger, what RunPod and Vast.ai list."""
+        from lorapod.compute.jobs import ps_rows, ps_rows_from_providers
+        from lorapod.compute.ledger import Ledger, LedgerDamaged
 
-        rows = ps_rows(Ledger(), all_jobs=all_)
+        try:
+            rows = ps_rows(Ledger.read_only(), all_jobs=all_)
+        except LedgerDamaged as exc:
+            err.print(f"[bold red]warning:[/] {exc.message}; showing what the providers list instead", markup=True,
+                      highlight=False, soft_wrap=True)
+            err.print(f"  -> {exc.hint}", markup=False, highlight=False, soft_wrap=True)
+            rows = ps_rows_from_providers(say=lambda m: err.print(m, markup=False))
         if as_json:
             typer.echo(json.dumps(rows))
             return
@@ -82,9 +89,13 @@ def register(app: typer.Typer) -> None:
         from lorapod.compute.ledger import Ledger
         from lorapod.errors import LorapodError
 
-        ledger = Ledger()
+        ledger = Ledger()  # a damaged ledger is set aside here, and the newest backup restored
+
         def say(msg: str) -> None:
             err.print(msg, markup=False)
+
+        if ledger.notice:
+            say(f"warning: {ledger.notice}")
 
         if sum(bool(x) for x in (job, orphans, all_)) != 1:
             raise LorapodError("say what to bring down", hint="lorapod down JOB | --orphans | --all")

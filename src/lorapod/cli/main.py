@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from lorapod.errors import LorapodError
 
-COMMANDS = ["train", "demo", "plan", "data", "run", "jobs", "export", "eval", "trainers", "sweep"]
+COMMANDS = ["train", "demo", "plan", "data", "run", "jobs", "ledger", "export", "eval", "trainers", "sweep"]
 
 err_console = Console(stderr=True)
 

@@ -58,6 +58,24 @@ def ps_rows(ledger: Ledger, all_jobs: bool = True) -> list[dict[str, Any]]:
     return rows
 
 
+def ps_rows_from_providers(say: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """``ps`` without a ledger: this installation's live instances as RunPod and Vast.ai list them
+    by label (``lorapod-<installation>-<instance>-<job>``), so what bills is never hidden."""
+    from lorapod.compute.ledger_repair import labelled_instances
+
+    rows = []
+    for name, insts in labelled_instances(say).items():
+        for inst in insts:
+            job = (inst.label or "").split("-", 3)[3] if inst.label and inst.label.count("-") >= 3 else "?"
+            rows.append({
+                "job": job, "state": "unknown (no ledger)", "target": name, "instance": inst.id,
+                "instance_state": inst.state, "gpu": inst.gpu_name, "usd_per_hour": inst.usd_per_hour,
+                "usd": 0.0, "last_step": None, "live_instances": 1, "controller_alive": False, "unconfirmed": [],
+                "run_dir": None, "summary": "listed by the provider; the ledger is damaged", "setup_s": {},
+            })
+    return rows
+
+
 def provider_for(row: InstanceRow, ledger: Ledger) -> Provider:
     access = ledger.access(row.id)
     if row.provider == "ssh":

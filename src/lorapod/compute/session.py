@@ -29,6 +29,7 @@ from typing import Any
 from lorapod.compute.bootstrap import bootstrap_for
 from lorapod.compute.httpapi import ApiError
 from lorapod.compute.ledger import Ledger, instance_label, lorapod_home
+from lorapod.compute.ledger_repair import backup as backup_ledger
 from lorapod.compute.metrics_feed import POLL_BYTES, MetricsFeed, shown_number
 from lorapod.compute.offers import choose_offers
 from lorapod.compute.provider import CreatedButUnusable, Instance, InstanceSpec, Offer, Provider
@@ -217,6 +218,10 @@ class Session:
         if max_usd is not None and self.ledger.usd(self.job_id) >= max_usd:
             raise BudgetError(f"job {self.job_id} already spent ${self.ledger.usd(self.job_id):.2f} of ${max_usd:.2f}",
                               hint="raise --max-usd to continue")
+        if self.ledger.notice:
+            self._say(f"warning: {self.ledger.notice}")
+        with contextlib.suppress(OSError, sqlite3.Error):  # a backup that fails never stops a run
+            backup_ledger(self.ledger)
         old = self._install_signal_handlers()
         state, message = "failed", "did not start"
         try:
@@ -251,11 +256,15 @@ class Session:
                                     f"{self.console_link()} and run `lorapod down {self.job_id}`")
                 self.ledger.job_ended(self.job_id, state, summary_msg)
                 self.ledger.job_update(self.job_id, last_step=self.last_step)
+                self._learn()
+                if not self.ledger.flush(wait_s=self.ledger.busy_s):
+                    summary_msg += (f"; the ledger stayed locked by another process and {self.ledger.pending} "
+                                    "record(s) of this job were not written: once it is free, `lorapod down "
+                                    "--orphans` reconciles it with the provider")
                 self.summary = Summary(self.job_id, self.run.root, state, self.last_step, usd, summary_msg,
                                        self.first_step_at - self.t0 if self.first_step_at else None,
                                        self._billed_after_pull, self.unconfirmed,
                                        self.console_link() if self.unconfirmed else None)
-                self._learn()
         return self.summary
 
     def _learn(self) -> None:
