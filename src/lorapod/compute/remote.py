@@ -48,9 +48,10 @@ def work_root() -> str:
     return os.environ.get("LORAPOD_REMOTE_ROOT") or WORK_ROOT
 #: Written only on this machine, beside what is pulled: never uploaded, never overwritten.
 LOCAL_ONLY = ("/remote-events.log", "/job.log", "/watchdog.log", "/spec.yaml", "/env.log")
-#: Never pulled: temporary checkpoint folders, rsync leftovers, the stop request itself, and the
-#: instance's spec.yaml (its paths point at the instance; the local one keeps local paths).
-PULL_EXCLUDES = (".tmp-*", ".old-*", ".rsync-partial", "STOP", "__pycache__", *LOCAL_ONLY)
+#: Never pulled: temporary checkpoint folders, rsync leftovers, the stop request itself, the
+#: instance's spec.yaml (its paths point at the instance; the local one keeps local paths), and
+#: the writer's lock (rundir.WriterLock: each machine's folder has its own writer).
+PULL_EXCLUDES = (".tmp-*", ".old-*", ".rsync-partial", "STOP", "__pycache__", ".lock", *LOCAL_ONLY)
 
 JOB_SH = r"""#!/usr/bin/env bash
 # Started as `setsid nohup bash job.sh CMD...`: its pid is the job's process group.

@@ -222,6 +222,9 @@ class Session:
             self._say(f"warning: {self.ledger.notice}")
         with contextlib.suppress(OSError, sqlite3.Error):  # a backup that fails never stops a run
             backup_ledger(self.ledger)
+        # One controller per run folder (rundir.WriterLock), beside the ledger's job_claim: it
+        # holds even when the ledger was rebuilt or another home points at the same folder.
+        writer = self.run.lock(f"lorapod run {self.job_id} ({self.target})", say=self.say)
         old = self._install_signal_handlers()
         state, message = "failed", "did not start"
         try:
@@ -245,6 +248,7 @@ class Session:
                 self._in_teardown = True
                 self._teardown()
             finally:
+                writer.release()
                 self._restore_signal_handlers(old)
                 usd = self.ledger.usd(self.job_id)
                 resume = f"; resume with `lorapod run --resume {self.job_id}`" if state != "done" else ""
