@@ -39,6 +39,9 @@ def register(app: typer.Typer) -> None:
             return
         console.print(_jobs_narrow(rows, console.width) if console.width < 120 else _jobs_table(rows))
         for r in rows:
+            if r.get("watchdog") == "down":
+                console.print(f"[bold red]job {r['job']}: the watchdog on its instance is down;[/] nothing there "
+                              "destroys it if the controller dies (`lorapod down` stops it)")
             if r.get("unconfirmed"):
                 console.print(f"[bold red]job {r['job']}: instance {', '.join(r['unconfirmed'])} not confirmed "
                               f"destroyed; it may still bill.[/] Run `lorapod down {r['job']}`")

@@ -54,8 +54,16 @@ def ps_rows(ledger: Ledger, all_jobs: bool = True) -> list[dict[str, Any]]:
             "unconfirmed": [i.provider_id or i.id for i in live
                             if i.state == "destroying" or job.state not in ("starting", "running", "stopping")],
             "run_dir": job.run_dir, "summary": job.summary, "setup_s": job_phases(ledger, job.id),
+            "watchdog": _watchdog_state(ledger, job.id) if live and job.state in ("starting", "running") else None,
         })
     return rows
+
+
+def _watchdog_state(ledger: Ledger, job_id: str) -> str:
+    """'down' when the controller last found the job's watchdog dead and could not restart it
+    (compute/guards.py), else 'up'."""
+    last = [e["message"] for e in ledger.events(job_id) if e["kind"] == "watchdog"]
+    return "down" if last and last[-1].startswith("down") else "up"
 
 
 def ps_rows_from_providers(say: Callable[[str], None] = print) -> list[dict[str, Any]]:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from lorapod.compute.guards import parse_probe, watchdog_probe
 from lorapod.compute.transport import SyncStats, Transport
 from lorapod.compute.trust import MANIFEST_PY, guarded_read, is_regular, safe_relpath
 from lorapod.errors import RemoteError
@@ -61,6 +62,8 @@ export PYTHONPATH="$PWD/pkg${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 export LORAPOD_REMOTE_JOB=1  # the controller measures the run for the planner (plan/learned.py)
 if [ -f secrets.env ]; then set -a; . ./secrets.env; set +a; fi
+# the second guard (compute/guards.py), in this process group: it ends with the job
+if [ -f guard.sh ]; then bash guard.sh "$$" >> watchdog.log 2>&1 < /dev/null & fi
 "$@" >> job.log 2>&1
 rc=$?
 echo "$rc" > job.exit.tmp && mv job.exit.tmp job.exit
@@ -113,6 +116,7 @@ class JobStatus:
     metrics: bytes = b""
     gone: bool = False
     stop: str | None = None  # the content of run/STOP, if someone (the watchdog) asked the job to stop
+    watchdog: bool | None = None  # alive and beating / gone / not known (compute/guards.py)
 
     @property
     def done(self) -> bool:
@@ -238,7 +242,8 @@ class RemoteWork:
         """Write the last files (spec, secrets), then start the job detached: one round trip."""
         self.put_files(files, then=f"{{ setsid nohup bash job.sh {shlex.join(argv)} > /dev/null 2>&1 < /dev/null & }}")
 
-    def poll(self, metrics_offset: int, timeout: float = 30.0, limit: int = 1 << 20) -> JobStatus:
+    def poll(self, metrics_offset: int, timeout: float = 30.0, limit: int = 1 << 20,
+             watchdog_beat_s: float | None = None) -> JobStatus:
         """One round trip: heartbeat, job state, and at most ``limit`` new metrics bytes after
         ``metrics_offset`` (a bounded read, whatever the host wrote: compute/metrics_feed.py)."""
         script = (
@@ -251,6 +256,7 @@ class RemoteWork:
             f'stop=$({guarded_read("head -c 200", "run/STOP")} | tr -d "\\n")\n'
             'echo "LP alive=$alive exit=$ex"\n'
             'echo "LP stop=$stop"\n'
+            f"{watchdog_probe(watchdog_beat_s) if watchdog_beat_s is not None else ''}"
             f"{guarded_read(f'tail -c +{int(metrics_offset) + 1}', 'run/metrics.jsonl')} | head -c {int(limit)}\n"
         )
         out = self.sh(script, timeout=timeout).stdout
@@ -258,11 +264,15 @@ class RemoteWork:
         if head.startswith(b"LPGONE"):
             return JobStatus(alive=False, exit=None, gone=True)
         stop_line, _, rest = rest.partition(b"\n")
+        wd = None
+        if watchdog_beat_s is not None:
+            wd_line, _, rest = rest.partition(b"\n")
+            wd = parse_probe(wd_line)
         text = head.decode(errors="replace")
         alive = "alive=1" in text
         ex = text.split("exit=", 1)[1].strip() if "exit=" in text else ""
         stop = stop_line.decode(errors="replace").partition("stop=")[2].strip()
-        return JobStatus(alive=alive, exit=ex or None, metrics=rest, stop=stop or None)
+        return JobStatus(alive=alive, exit=ex or None, metrics=rest, stop=stop or None, watchdog=wd)
 
     def request_stop(self, reason: str) -> None:
         self.write_file("run/STOP", (reason + "\n").encode(), 0o644)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from lorapod.compute.bootstrap import bootstrap_for
+from lorapod.compute.guards import beat_limit_s, guard_script, restart_watchdog
 from lorapod.compute.httpapi import ApiError
 from lorapod.compute.ledger import Ledger, instance_label, lorapod_home
 from lorapod.compute.ledger_repair import backup as backup_ledger
@@ -87,6 +88,7 @@ class Options:
     create_settle_s: float = 30.0  # how long to look for an instance whose create did not answer
     default_cap_hours: float = 24.0  # the watchdog's hour cap when no cap is set and no estimate exists
     trainer: str | None = None  # the external trainer the job runs (recorded in the run folder for --resume)
+    watchdog_restarts: int = 5  # times the controller starts a dead watchdog again (compute/guards.py)
 
 
 @dataclass
@@ -471,7 +473,7 @@ class Session:
         work = self.work = RemoteWork(self.transport, self.job_id)
         self.ledger.job_update(self.job_id, remote_dir=work.dir, state="running")
         boot = self.base_boot = bootstrap_for(self.opts.bootstrap, self.provider, self.spec)
-        wd = self._watchdog_config()
+        wd = self.wd_cfg = self._watchdog_config()
         # The watchdog runs under the instance's base interpreter: standard library only.
         self.remote(lambda: work.start_watchdog(wd, boot.python), "start the watchdog")
         self.watchdog_started = True
@@ -492,7 +494,9 @@ class Session:
         t = time.monotonic()
         remote_spec = self._sync_inputs()
         self.phase("data sync", time.monotonic() - t)
-        files = {"spec.yaml": (remote_spec.to_yaml().encode(), 0o600)}
+        files = {"spec.yaml": (remote_spec.to_yaml().encode(), 0o600),
+                 "guard.sh": (guard_script(boot.python, float(self.wd_cfg.get("heartbeat_timeout_s", 600.0)),
+                                           float(self.wd_cfg.get("poll_s", 10.0))), 0o700)}
         names, withheld = secrets_for(self.spec, self.offer, o.forward_env)
         if withheld:
             self.say(withheld)
@@ -594,8 +598,10 @@ class Session:
         o = self.opts
         next_pull = time.monotonic() + o.pull_every_s
         while True:
-            st = self.remote(lambda: self.work.poll(self.metrics_offset, limit=POLL_BYTES), "poll")  # type: ignore[union-attr]
+            st = self.remote(lambda: self.work.poll(self.metrics_offset, limit=POLL_BYTES,  # type: ignore[union-attr]
+                                                    watchdog_beat_s=beat_limit_s(self.wd_cfg)), "poll")
             more = self._take_metrics(st.metrics)
+            self._check_watchdog(st)
             if st.gone:
                 raise RemoteError("the job's work folder vanished on the instance (the watchdog or someone "
                                   "removed it)", hint="see `lorapod logs JOB`; resume with `lorapod run --resume JOB`")
@@ -653,6 +659,43 @@ class Session:
         if records:
             self.ledger.job_update(self.job_id, last_step=self.last_step)
         return full
+
+    _wd_unknown_since: float | None = None
+    _wd_grace_until = 0.0
+    _wd_restarts = 0
+    _wd_down_said = False
+    wd_cfg: dict[str, Any] = {}
+
+    def _check_watchdog(self, st: Any) -> None:
+        """The watchdog must live while the job runs (DESIGN invariant 9): checked on every poll,
+        started again when it is gone (a host may kill it), said, and recorded for `ps`."""
+        now = time.monotonic()
+        limit = beat_limit_s(self.wd_cfg)
+        if st.done or st.watchdog is True or now < self._wd_grace_until:
+            self._wd_unknown_since = None
+            return
+        if st.watchdog is None:  # no pid file: starting, or removed
+            self._wd_unknown_since = self._wd_unknown_since or now
+            if now - self._wd_unknown_since < limit:
+                return
+        if self._wd_restarts >= self.opts.watchdog_restarts:
+            if not self._wd_down_said:
+                self._wd_down_said = True
+                self.say(f"WARNING: the watchdog on the instance is down and was restarted {self._wd_restarts} "
+                         "time(s) already; nothing on the instance destroys it if this controller dies: keep "
+                         f"this process running, or `lorapod down {self.job_id}`")
+                self.ledger.event("watchdog", "down: not restarted again", job_id=self.job_id, instance_id=self.iid)
+            return
+        self._wd_restarts += 1
+        self.say(f"the watchdog on the instance is not running (killed?); starting it again "
+                 f"({self._wd_restarts}/{self.opts.watchdog_restarts})")
+        self.ledger.event("watchdog", "down: restarting", job_id=self.job_id, instance_id=self.iid)
+        cfg = self._watchdog_config()  # the caps counted from the instance's creation, as before
+        python = (self.base_boot or self.opts.bootstrap).python
+        self.remote(lambda: restart_watchdog(self.work, cfg, python), "restart the watchdog")
+        self.ledger.event("watchdog", "restarted", job_id=self.job_id, instance_id=self.iid)
+        self._wd_unknown_since = None
+        self._wd_grace_until = time.monotonic() + limit
 
     def _check_budget(self) -> None:
         if self.stop_reason or self.iid is None:
