@@ -34,6 +34,8 @@ from lorapod.compute.ledger_repair import backup as backup_ledger
 from lorapod.compute.metrics_feed import POLL_BYTES, MetricsFeed, shown_number
 from lorapod.compute.offers import choose_offers
 from lorapod.compute.provider import CreatedButUnusable, Instance, InstanceSpec, Offer, Provider
+from lorapod.compute.pulls import LocalDiskFull, PullGuard
+from lorapod.compute.pulls import cap_bytes as pull_cap_bytes
 from lorapod.compute.remote import PULL_EXCLUDES, Bootstrap, RemoteWork, job_command_from_env, local_manifest
 from lorapod.compute.secrets import secrets_for
 from lorapod.compute.transport import (
@@ -89,6 +91,8 @@ class Options:
     default_cap_hours: float = 24.0  # the watchdog's hour cap when no cap is set and no estimate exists
     trainer: str | None = None  # the external trainer the job runs (recorded in the run folder for --resume)
     watchdog_restarts: int = 5  # times the controller starts a dead watchdog again (compute/guards.py)
+    disk_full_grace_s: float = 900.0  # how long a full local disk may keep the instance (within the caps)
+    disk_full_retry_s: float = 15.0  # pull again this often while this machine's disk is full
 
 
 @dataclass
@@ -254,6 +258,8 @@ class Session:
                 self._restore_signal_handlers(old)
                 usd = self.ledger.usd(self.job_id)
                 resume = f"; resume with `lorapod run --resume {self.job_id}`" if state != "done" else ""
+                if state != "done" and self.disk_full and not any(self.run.checkpoints.glob("*-*")):
+                    resume = "; no checkpoint reached this machine (its disk is full), so nothing here resumes"
                 summary_msg = f"{message} (last step {self.last_step}, ${usd:.4f}){resume}"
                 if self.feed.dropped_total:
                     summary_msg += f"; {self.feed.dropped_total} metrics line(s) from the instance ignored"
@@ -616,7 +622,10 @@ class Session:
                 self.say(f"the job did not stop within {o.stop_wait_s:.0f} s of STOP; stopping it")
                 break
             if time.monotonic() >= next_pull:
-                self._pull("progress")
+                try:
+                    self._pull("progress")
+                except LocalDiskFull as exc:  # the job goes on; the final pull waits for space
+                    self.say(f"progress pull skipped: {exc.message}; {exc.hint}")
                 next_pull = time.monotonic() + o.pull_every_s
             if not more:  # a full chunk of metrics: read the rest now, not a poll later
                 time.sleep(o.poll_s)
@@ -720,9 +729,22 @@ class Session:
         self.say(f"asking the job to checkpoint and stop: {reason}")
         self.remote(lambda: self.work.request_stop(reason), "write STOP")  # type: ignore[union-attr]
 
-    def _pull(self, why: str) -> None:
+    _pulls: PullGuard | None = None
+    disk_full = False  # this machine's disk could not take the results (compute/pulls.py)
+
+    @property
+    def pulls(self) -> PullGuard:
+        """Every pull goes through one guard: bounded, sparse-aware, free space checked first."""
+        if self._pulls is None:
+            assert self.work is not None
+            plan_gb = (self.offer.extra if self.offer else {}).get("plan_pull_gb")
+            self._pulls = PullGuard(self.work, self.run.root, (self.base_boot or self.opts.bootstrap).python,
+                                    pull_cap_bytes(self.spec, plan_gb), self.say)
+        return self._pulls
+
+    def _pull(self, why: str, newest_only: bool = False) -> None:
         assert self.work is not None
-        st = self.remote(lambda: self.work.pull(self.run.root), f"pull ({why})")  # type: ignore[union-attr]
+        st = self.remote(lambda: self.pulls.pull(why, newest_only=newest_only), f"pull ({why})")
         self.last_pull_at = time.monotonic()
         if st.files_transferred:
             self.say(f"pulled {st.files_transferred} files ({why})")
@@ -732,10 +754,10 @@ class Session:
         assert self.work is not None
         py = (self.base_boot or self.opts.bootstrap).python
         for attempt in range(3):
-            self._pull("final")
+            self._pull_through_full_disk("final")
             remote = self.remote(lambda: self.work.manifest(py), "checksums")  # type: ignore[union-attr]
             local = local_manifest(self.run.root)
-            bad = [k for k, v in remote.items() if local.get(k) != v]
+            bad = [k for k, v in remote.items() if local.get(k) != v and not self.pulls.leaves(k)]
             if not bad:
                 self._fetch_logs()  # before PULLED: the watchdog may remove the folder right after it
                 self.remote(self.work.mark_pulled, "mark pulled")
@@ -771,12 +793,66 @@ class Session:
         except LorapodError as exc:
             self.say(f"could not pull everything before destroying: {exc.message}")
 
+    def _pull_through_full_disk(self, why: str) -> None:
+        """A pull that finds this machine's disk full: say so and what to free, bring the newest
+        checkpoint and the adapter first (the smallest set that resumes), and keep the instance,
+        within the caps, for ``disk_full_grace_s`` while retrying; then give up (teardown follows)."""
+        try:
+            self._pull(why)
+            return
+        except LocalDiskFull as exc:
+            full = exc
+        self.disk_full = True
+        o = self.opts
+        borrowed = bool(getattr(self.provider, "borrowed", False))
+        if borrowed:  # the host's watchdog must not remove the only copy meanwhile
+            self._mark_keep(True)
+        grace = max(0.0, min(o.disk_full_grace_s, self._seconds_to_cap() - o.stop_margin_s))
+        span = f"{grace / 60:.1f} min" if grace >= 120 else f"{grace:.0f} s"
+        self.say(f"{full.message}; {full.hint}. lorapod keeps the instance for up to {span} "
+                 f"(within the caps), retrying every {o.disk_full_retry_s:g} s, the newest checkpoint and the "
+                 "adapter first")
+        deadline = time.monotonic() + grace
+        newest_home = False
+        while True:
+            try:
+                self._pull(f"{why}: newest checkpoint and adapter", newest_only=True)
+                if not newest_home:
+                    newest_home = True
+                    self.say("the newest checkpoint and the adapter are home (enough to resume); the rest waits "
+                             "for space")
+                self._pull(why)
+                self.disk_full = False
+                if borrowed:
+                    self._mark_keep(False)
+                self.say("space was freed: everything is pulled")
+                return
+            except LocalDiskFull as exc:
+                full = exc
+            if time.monotonic() + o.disk_full_retry_s > deadline:
+                raise LocalDiskFull(full.folder, full.needed, full.free)
+            time.sleep(o.disk_full_retry_s)
+
+    def _seconds_to_cap(self) -> float:
+        """Seconds before the job's dollar or hour cap (inf without a cap)."""
+        if self.iid is None:
+            return float("inf")
+        row = self.ledger.instance(self.iid)
+        now = time.time()
+        left = [float("inf")]
+        if row is not None and self.max_usd and row.usd_per_hour > 0:
+            left.append((self.max_usd - self.ledger.usd(self.job_id, now)) / row.usd_per_hour * 3600)
+        if self.max_hours:
+            left.append(self.max_hours * 3600 - sum(max(0.0, (r.destroyed_at or now) - r.created_at)
+                                                    for r in self.ledger.job_instances(self.job_id)))
+        return min(left)
+
     def _salvage(self) -> None:
         """On an error, bring home whatever is there before the instance goes (best effort)."""
         if self.work is None:
             return
         try:
-            st = self.work.pull(self.run.root)
+            st = self.pulls.pull("salvage")
             self.say(f"salvaged {st.files_transferred} files before teardown")
         except Exception as exc:
             self.say(f"could not salvage files: {exc}")
@@ -786,7 +862,10 @@ class Session:
             self._hb_stop.set()
         if self.work is not None and not self.pulled and self._signals < 2:
             self._fetch_logs()
-        if self.iid is not None:
+        if self.iid is not None and self.disk_full and getattr(self.provider, "borrowed", False) \
+                and self.work is not None:
+            self._keep_on_host()
+        elif self.iid is not None:
             self._destroy_instance(self.stop_reason or "job over")
         if self.transport is not None:
             with contextlib.suppress(Exception):
@@ -795,6 +874,23 @@ class Session:
             key_dir = lorapod_home() / "keys" / self.job_id
             for f in key_dir.glob("id_ed25519*"):
                 f.unlink(missing_ok=True)
+
+    def _mark_keep(self, keep: bool) -> None:
+        """KEEP in the work folder: the watchdog on a borrowed host leaves the folder alone."""
+        assert self.work is not None
+        cmd = f"touch {self.work.q('KEEP')}" if keep else f"rm -f {self.work.q('KEEP')}"
+        with contextlib.suppress(Exception):
+            self.remote(lambda: self.work.sh(cmd, timeout=30, check=False), "mark the results kept")  # type: ignore[union-attr]
+
+    def _keep_on_host(self) -> None:
+        """An ssh:// host whose results could not come home: its work folder stays (KEEP tells the
+        watchdog there not to remove it) until `lorapod pull`; nothing bills on a borrowed host."""
+        assert self.work is not None
+        self._mark_keep(True)
+        self.say(f"the results stay on {self.target} in {self.work.dir} (this machine's disk is full): free "
+                 f"space here, then `lorapod pull {self.job_id}` and `lorapod down {self.job_id}`")
+        self.ledger.event("instance", "kept: results not yet home (this machine's disk is full)",
+                          job_id=self.job_id, instance_id=self.iid)
 
     def _fetch_logs(self) -> None:
         """job.log and watchdog.log sit beside the run folder on the instance: keep a copy."""

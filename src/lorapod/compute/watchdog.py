@@ -287,7 +287,11 @@ def destroy(cfg: dict[str, Any], reason: str, attempt: int = 1) -> bool:
         log(f"could not stop the job ({type(exc).__name__}: {exc})")
     if cfg["provider"] in ("runpod", "vast"):
         return destroy_through_api(cfg)
-    # ssh / local: the machine is not ours; remove only our work folder.
+    # ssh / local: the machine is not ours; remove only our work folder, and not while the
+    # controller says the results are not home yet (KEEP: its disk was full, compute/pulls.py).
+    if os.path.exists("KEEP"):
+        log("the results are not home yet (KEEP): the work folder stays for `lorapod pull`")
+        return True
     try:
         here = os.getcwd()
     except OSError:  # someone removed it already (lorapod down, the controller): nothing left to do
