@@ -8,7 +8,10 @@ the ledger keeps a sane last step, and no poll ever reads more than POLL_BYTES.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+
+import pytest
 
 from lorapod.compute.ledger import Ledger
 from lorapod.compute.metrics_feed import MAX_LINE_BYTES, POLL_BYTES, MetricsFeed, shown_number
@@ -103,3 +106,46 @@ def test_resumed_feed_accepts_the_restart_at_its_checkpoint(tmp_path):
     assert _end_of_last_line(p) == len(b'{"step": 1}\n') * 50000
     p.write_bytes(b"no newline at all")
     assert _end_of_last_line(p) == 0
+
+
+BANNER_PYTHON = """#!/bin/sh
+echo "Welcome to this image: CUDA 12.8, conda base"
+exec {python} "$@"
+"""
+
+
+def test_an_instance_python_that_prints_a_banner_still_runs_the_job(sshd, tmp_path):
+    """Issue 22 item 8: the probe read only stderr and the first stdout line, so a banner on
+    stdout refused the instance with an empty reason (`does not start ... python3: `)."""
+    from lorapod.compute.remote import Bootstrap
+
+    from .remote_helpers import fake_command
+
+    wrapper = tmp_path / "python-with-banner"
+    wrapper.write_text(BANNER_PYTHON.format(python=sys.executable))
+    wrapper.chmod(0o755)
+    spec = make_spec(tmp_path)
+    summary = run_remote(load_spec(spec), SSHProvider(sshd.target, identity=sshd.client_key), sshd.target,
+                         fast_options(identity=sshd.client_key, job_command=fake_command(0.02),
+                                      bootstrap=Bootstrap("source", python=str(wrapper), deps="none")),
+                         Ledger(), str(spec), say=lambda m: None)
+    assert summary.state == "done", summary.message
+
+
+def test_an_instance_python_that_fails_is_refused_with_what_it_said(sshd, tmp_path):
+    from lorapod.compute.remote import Bootstrap
+    from lorapod.errors import RemoteError
+
+    from .remote_helpers import fake_command
+
+    wrapper = tmp_path / "broken-python"
+    wrapper.write_text(f"#!/bin/sh\ncase \"$1\" in watchdog.py) exec {sys.executable} \"$@\";; esac\n"
+                       "echo 'Welcome banner'\nexit 3\n")
+    wrapper.chmod(0o755)
+    spec = make_spec(tmp_path)
+    with pytest.raises(RemoteError, match="does not start on the instance") as exc:
+        run_remote(load_spec(spec), SSHProvider(sshd.target, identity=sshd.client_key), sshd.target,
+                   fast_options(identity=sshd.client_key, job_command=fake_command(0.02),
+                                bootstrap=Bootstrap("source", python=str(wrapper), deps="none")),
+                   Ledger(), str(spec), say=lambda m: None)
+    assert "nothing on stderr; stdout: Welcome banner" in exc.value.message

@@ -115,7 +115,7 @@ class RemoteFiles:
 def remote_files(work: Any, python: str) -> RemoteFiles:
     out = work.sh(f"{shlex.quote(python)} - {work.q('run')}", input=SIZES_PY.encode(), timeout=600)
     try:
-        raw = json.loads(out.stdout.decode(errors="replace") or "{}")
+        raw = json.loads((out.stdout.decode(errors="replace").strip().splitlines() or ["{}"])[-1])  # after a banner
     except ValueError as exc:
         raise RemoteError(f"the instance's list of result files is not JSON ({exc})") from exc
     files: dict[str, tuple[int, int]] = {}

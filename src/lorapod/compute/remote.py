@@ -187,18 +187,22 @@ class RemoteWork:
             env = self.environment(boot)
         else:
             env = EnvResult(python=boot.python, how="as-is", installed=0, seconds=0.0)
-        probe = ("import json, sys, lorapod; print(json.dumps({'python': sys.version.split()[0], "
+        # The facts carry a marker: an interpreter (or a login script) may print a banner first.
+        probe = ("import json, sys, lorapod; print('LPFACTS ' + json.dumps({'python': sys.version.split()[0], "
                  "'lorapod': lorapod.__version__, 'path': lorapod.__file__}))")
         out = self.sh(f"cd {self.q()} && PYTHONPATH=$PWD/pkg {shlex.quote(env.python)} -c {shlex.quote(probe)};"
                       " nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || true",
                       check=False)
         lines = out.stdout.decode(errors="replace").strip().splitlines()
-        if out.returncode != 0 or not lines or not lines[0].startswith("{"):
-            raise RemoteError(f"lorapod does not start on the instance with {env.python}: "
-                              f"{out.stderr.decode(errors='replace')[-400:]}",
+        at = next((i for i, line in enumerate(lines) if line.startswith("LPFACTS {")), None)
+        if out.returncode != 0 or at is None:
+            said = (out.stderr.decode(errors="replace").strip()[-300:] or "nothing on stderr") + "; stdout: " + \
+                (out.stdout.decode(errors="replace").strip()[-200:] or "nothing")
+            raise RemoteError(f"lorapod does not start on the instance with {env.python}: {said}",
                               hint="the instance needs Python >= 3.11 and access to a package index; "
                                    "pass --python PATH for another interpreter")
-        facts = json.loads(lines[0])
+        facts = json.loads(lines[at].removeprefix("LPFACTS "))
+        lines = lines[at:]
         if facts["lorapod"] != lorapod.__version__:
             raise RemoteError(f"the instance runs lorapod {facts['lorapod']}, this machine {lorapod.__version__}")
         facts["gpus"] = [g.strip() for g in lines[1:] if g.strip()]
@@ -282,7 +286,8 @@ class RemoteWork:
 
     def manifest(self, python: str) -> dict[str, list]:
         out = self.sh(f"{shlex.quote(python)} - {self.q('run')}", input=MANIFEST_PY.encode(), timeout=600)
-        return {k: v for k, v in json.loads(out.stdout.decode()).items() if safe_relpath(k)}
+        last = (out.stdout.decode(errors="replace").strip().splitlines() or ["{}"])[-1]  # after any banner
+        return {k: v for k, v in json.loads(last).items() if safe_relpath(k)}
 
     def mark_pulled(self) -> None:
         self.sh(f"touch {self.q('PULLED')}")
