@@ -222,6 +222,11 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
             torch.cuda.empty_cache()
 
     targets = family.default_targets if m.target_modules == "all-linear" else m.target_modules
+    # The adapter's initial weights from the seed alone: encoding latents samples from the VAE,
+    # so a run that found its latents cached would otherwise start from other weights than one
+    # that encoded them (a restart from step 0 then differs from a fresh run).
+    torch.manual_seed(spec.train.seed)
+    random.seed(spec.train.seed)
     attach_lora(comps.denoiser, lora_config(spec, targets))
     if m.train_text_encoder:
         for te in comps.text_encoders:
