@@ -46,9 +46,10 @@ def watchdog_probe(limit_s: float) -> str:
     more than ``limit_s``), ``wd=?`` (no pid file yet: starting)."""
     return (
         f"wpid=$({guarded_read('head -c 20', 'watchdog.pid')} | tr -cd 0-9); wd='?'\n"
-        'if [ -n "$wpid" ]; then wd=0; if kill -0 "$wpid" 2>/dev/null; then wd=1;\n'
-        f'  b={_mtime("WATCHDOG_BEAT")}; n=$(date +%s)\n'
-        f'  [ -n "$b" ] && [ $((n - b)) -gt {int(limit_s)} ] && wd=0; fi; fi\n'
+        f'b={_mtime("WATCHDOG_BEAT")}; n=$(date +%s); fresh=0\n'
+        f'[ -n "$b" ] && [ $((n - b)) -le {int(limit_s)} ] && fresh=1\n'
+        'if [ -n "$wpid" ]; then wd=0; kill -0 "$wpid" 2>/dev/null && { [ -z "$b" ] || [ "$fresh" = 1 ]; } && wd=1\n'
+        'elif [ "$fresh" = 1 ]; then wd=1; fi\n'  # no pid file (a full disk) but it beats: alive
         'echo "LP wd=$wd"\n'
     )
 
