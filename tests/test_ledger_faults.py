@@ -38,14 +38,19 @@ def runpod_fake(sshd_factory, remote_root):
     fake.close()
 
 
-def hold_write_lock(path: Path, seconds: float, started: threading.Event | None = None) -> threading.Thread:
-    """Another connection takes the write lock and keeps it (as `sqlite3 ledger.db` + BEGIN IMMEDIATE)."""
+def hold_write_lock(path: Path, seconds: float, started: threading.Event | None = None,
+                    release: threading.Event | None = None) -> threading.Thread:
+    """Another connection takes the write lock and keeps it (as `sqlite3 ledger.db` + BEGIN
+    IMMEDIATE) for ``seconds``, or until ``release`` is set."""
     def hold() -> None:
         con = sqlite3.connect(path, isolation_level=None, timeout=30)
         con.execute("BEGIN IMMEDIATE")
         if started is not None:
             started.set()
-        time.sleep(seconds)
+        if release is not None:
+            release.wait(seconds)
+        else:
+            time.sleep(seconds)
         con.execute("COMMIT")
         con.close()
 
@@ -96,12 +101,15 @@ def test_a_locked_ledger_makes_run_say_what_to_do_without_a_traceback(tmp_path):
     spec = make_spec(tmp_path)
     path = Path(os.environ["LORAPOD_HOME"]) / "ledger.db"
     Ledger(path).close()
-    locked = threading.Event()
-    holder = hold_write_lock(path, 8.0, locked)
+    locked, release = threading.Event(), threading.Event()
+    holder = hold_write_lock(path, 120.0, locked, release)  # held for as long as the run takes to start
     locked.wait(10)
-    out = subprocess.run([*cli_argv(), "run", str(spec), "--on", "local", "--python", "python3"],
-                         capture_output=True, text=True, timeout=60, env=cli_env(LORAPOD_LEDGER_BUSY_S="0.3"))
-    holder.join()
+    try:
+        out = subprocess.run([*cli_argv(), "run", str(spec), "--on", "local", "--python", "python3"],
+                             capture_output=True, text=True, timeout=90, env=cli_env(LORAPOD_LEDGER_BUSY_S="0.3"))
+    finally:
+        release.set()
+        holder.join()
     assert out.returncode != 0
     assert "Traceback" not in out.stderr and "locked by another process" in out.stderr, out.stderr
     assert Ledger().instances() == []
@@ -212,3 +220,25 @@ def test_ledger_rebuild_recovers_what_bills_from_the_provider_and_the_run_folder
     down = cli("down", "--orphans", "--json")
     assert down.returncode == 0 and json.loads(down.stdout)["destroyed"] == 1, down.stderr
     assert runpod_fake.live() == [] and Ledger().instances(live_only=True) == []
+
+
+def test_down_works_without_the_ledger_from_the_providers_labels(runpod_fake, tmp_path):
+    """A damaged ledger in a read-only home (it cannot even be set aside): `down JOB` still
+    destroys the job's pod, found by its label, with the provider's confirmation."""
+    from lorapod.compute.ledger import instance_label
+    from lorapod.compute.provider import InstanceSpec, Offer
+
+    from .test_remote_faults import env_for, provider
+
+    offer = Offer("runpod", "NVIDIA GeForce RTX 3090|COMMUNITY", "RTX 3090", 0.22)
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJ0 t"
+    mine = provider(runpod_fake).create(offer, InstanceSpec("j1", key, name=instance_label("i-00000000000a", "j1")))
+    other = provider(runpod_fake).create(offer, InstanceSpec("j2", key, name=instance_label("i-00000000000b", "j2")))
+    home = Path(os.environ["LORAPOD_HOME"])
+    (home / "ledger.db").write_bytes(b"overwritten")
+    out = subprocess.run(read_only_mount(home, [*cli_argv(), "down", "j1", "--json"]), capture_output=True,
+                         text=True, timeout=120, env=env_for(runpod_fake))
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"destroyed": 1, "failed": 0}
+    assert "from the providers' listings" in " ".join(out.stderr.split()) and "Traceback" not in out.stderr
+    assert [i.id for i in runpod_fake.live()] == [other.id] and runpod_fake.instances[mine.id].deleted

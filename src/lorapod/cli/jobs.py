@@ -88,20 +88,32 @@ def register(app: typer.Typer) -> None:
         yes: bool = typer.Option(False, "--yes", help="Do not ask before --all-installations."),
     ) -> None:
         """Destroy instances: one job's, orphans', or all of them."""
-        from lorapod.compute.jobs import down_job, down_orphans
-        from lorapod.compute.ledger import Ledger
+        from lorapod.compute.jobs import down_job, down_orphans, down_without_ledger
+        from lorapod.compute.ledger import Ledger, LedgerDamaged, LedgerUnusable
         from lorapod.errors import LorapodError
-
-        ledger = Ledger()  # a damaged ledger is set aside here, and the newest backup restored
 
         def say(msg: str) -> None:
             err.print(msg, markup=False)
 
+        if sum(bool(x) for x in (job, orphans, all_)) != 1:
+            raise LorapodError("say what to bring down", hint="lorapod down JOB | --orphans | --all")
+        try:
+            ledger = Ledger()  # a damaged ledger is set aside here, and the newest backup restored
+        except (LedgerDamaged, LedgerUnusable) as exc:
+            say(f"warning: {exc.message}; destroying from the providers' listings instead (RunPod, Vast.ai)")
+            counts = down_without_ledger(job, say, lambda q: yes or typer.confirm(q, default=False, err=True))
+            if as_json:
+                typer.echo(json.dumps(counts))
+            else:
+                err.print(", ".join(f"{k}: {v}" for k, v in counts.items()))
+            if counts["failed"]:
+                raise LorapodError(f"{counts['failed']} instance(s) not confirmed destroyed",
+                                   hint="check the provider's console; `lorapod down` tries again") from None
+            return
+
         if ledger.notice:
             say(f"warning: {ledger.notice}")
 
-        if sum(bool(x) for x in (job, orphans, all_)) != 1:
-            raise LorapodError("say what to bring down", hint="lorapod down JOB | --orphans | --all")
         if all_installations and not orphans:
             raise LorapodError("--all-installations goes with --orphans", hint="lorapod down --orphans --all-installations")
         if all_installations and not yes and not typer.confirm(

@@ -84,6 +84,41 @@ def ps_rows_from_providers(say: Callable[[str], None] = print) -> list[dict[str,
     return rows
 
 
+def down_without_ledger(job_id: str | None, say: Callable[[str], None], confirm: Callable[[str], bool],
+                        deadline_s: float = 300.0) -> dict[str, int]:
+    """``down`` when the ledger cannot be used (damaged and not repairable here, a read-only home):
+    RunPod and Vast.ai list this installation's instances by label, and those are destroyed (a
+    job's only, with ``job_id``), each confirmed by the provider. Without the ledger a running
+    job's instance cannot be told from an orphan, so a sweep of all of them asks first."""
+    from lorapod.compute.ledger_repair import labelled_instances
+
+    targets = [(name, inst) for name, insts in labelled_instances(say).items() for inst in insts
+               if job_id is None or (inst.label or "").endswith("-" + job_id)]
+    if job_id is None and targets and not confirm(
+            f"Without a ledger lorapod cannot tell a running job's instance from an orphan: destroy all "
+            f"{len(targets)} of this installation's instances ({', '.join(i.id for _, i in targets)})?"):
+        raise LorapodError("nothing destroyed", hint="`lorapod down JOB` destroys one job's instances only")
+    counts = {"destroyed": 0, "failed": 0}
+    for name, inst in targets:
+        prov = registry.get(name)
+        deadline, delay = time.monotonic() + deadline_s, 1.0
+        while True:
+            try:
+                prov.destroy(inst.id)
+                if prov.refresh(inst).state == "gone":
+                    counts["destroyed"] += 1
+                    say(f"destroyed {name} instance {inst.id} ({inst.label}), confirmed; the ledger could not record it")
+                    break
+            except LorapodError as exc:
+                say(f"destroy of {inst.id} failed: {exc.message}")
+            if time.monotonic() + delay > deadline:
+                counts["failed"] += 1
+                break
+            time.sleep(delay)
+            delay = min(30.0, delay * 2)
+    return counts
+
+
 def provider_for(row: InstanceRow, ledger: Ledger) -> Provider:
     access = ledger.access(row.id)
     if row.provider == "ssh":

@@ -165,6 +165,14 @@ def _transient(exc: sqlite3.OperationalError) -> bool:
     return "locked" in str(exc) or "busy" in str(exc)
 
 
+def _local_fault(exc: sqlite3.OperationalError) -> bool:
+    """This machine's side failing the write (a full disk, a read-only home, an I/O error): like a
+    lock, it must never end a run (DESIGN invariant 8); the write is queued and said."""
+    text = str(exc)
+    return _transient(exc) or any(s in text for s in ("readonly", "read-only", "disk is full", "disk I/O error",
+                                                       "unable to open"))
+
+
 def retry_busy(fn: Callable[[], T], deadline_s: float = BUSY_TIMEOUT_S, pause_s: float = 0.05) -> T:
     """Run ``fn`` again while SQLite says the database is locked or busy, until ``deadline_s``."""
     end = time.monotonic() + deadline_s
@@ -188,6 +196,10 @@ def busy_timeout_s() -> float:
 
 class LedgerBusy(LorapodError):
     """Another process held the ledger's write lock longer than lorapod waits."""
+
+
+class LedgerUnusable(LorapodError):
+    """The ledger cannot be opened for writing here (a read-only or missing home, a full disk)."""
 
 
 class LedgerDamaged(LorapodError):
@@ -219,9 +231,19 @@ class Ledger:
         if repair:
             from lorapod.compute.ledger_repair import repair_if_damaged
 
-            self.notice = repair_if_damaged(self.path)
-        self._db = sqlite3.connect(self.path, timeout=self.busy_s, isolation_level=None, check_same_thread=False)
-        self._db.row_factory = sqlite3.Row
+            try:
+                self.notice = repair_if_damaged(self.path)
+            except OSError as exc:  # e.g. a read-only home: the damaged file cannot be set aside
+                raise LedgerDamaged(f"the ledger {self.path} is damaged and cannot be set aside ({exc.strerror})",
+                                    hint="make LORAPOD_HOME writable and run `lorapod ledger rebuild`; `lorapod ps` "
+                                         "and `lorapod down JOB` work meanwhile from the providers' listings") from exc
+        try:
+            self._db = sqlite3.connect(self.path, timeout=self.busy_s, isolation_level=None, check_same_thread=False)
+            self._db.row_factory = sqlite3.Row
+        except sqlite3.OperationalError as exc:
+            raise LedgerUnusable(f"cannot open the ledger {self.path} ({exc})",
+                                 hint="check that LORAPOD_HOME exists and is writable; `lorapod ps` reads it "
+                                      "read-only") from exc
         try:
             retry_busy(self._prepare, self.busy_s)
         except sqlite3.OperationalError as exc:
@@ -230,7 +252,9 @@ class Ledger:
                 raise LedgerBusy(f"the ledger {self.path} stayed locked by another process for {self.busy_s:.0f} s",
                                  hint="close the program holding it (a `sqlite3` shell, a backup), then run "
                                       "again; `lorapod ps` still reads it") from exc
-            raise
+            raise LedgerUnusable(f"cannot prepare the ledger {self.path} ({exc})",
+                                 hint="check that LORAPOD_HOME is writable and its disk not full; `lorapod ps` "
+                                      "reads it read-only") from exc
         with suppress(OSError):
             os.chmod(self.path, 0o600)
         if self.notice:
@@ -345,13 +369,16 @@ class Ledger:
             try:
                 retry_busy(lambda: self._apply(fn), self.busy_s)
             except sqlite3.OperationalError as exc:
-                if not _transient(exc):
+                if not _local_fault(exc):
                     raise
                 if not queue:
-                    raise LedgerBusy(f"the ledger {self.path} is locked by another process ({what} could not be "
-                                     f"recorded within {self.busy_s:.0f} s); nothing was rented",
-                                     hint="close the program holding it (a `sqlite3` shell, a backup), then run "
-                                          "again") from exc
+                    why = "is locked by another process" if _transient(exc) else f"cannot be written ({exc})"
+                    raise LedgerBusy(f"the ledger {self.path} {why}: {what} could not be recorded within "
+                                     f"{self.busy_s:.0f} s; nothing was rented",
+                                     hint="close the program holding it (a `sqlite3` shell, a backup), or free the "
+                                          "disk / make LORAPOD_HOME writable, then run again") from exc
+                if not self._pending and not _transient(exc):
+                    self.notice = f"the ledger {self.path} cannot be written ({exc}): records are kept in memory"
                 self._pending.append((fn, what))
 
     # ------------------------------------------------------------------ instances
