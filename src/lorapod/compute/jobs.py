@@ -32,6 +32,9 @@ from lorapod.compute.transport import ConnectionLost, retrying
 from lorapod.compute.trust import guarded_read
 from lorapod.errors import LorapodError, ProviderError
 
+#: What one `lorapod logs` poll reads of each file on the instance: the host decides their size.
+LOG_CHUNK = 1 << 20
+
 
 def ps_rows(ledger: Ledger, all_jobs: bool = True) -> list[dict[str, Any]]:
     """One row per job: state, where, GPU, $/h, $ so far, last step, live instances."""
@@ -187,6 +190,9 @@ def follow_logs(ledger: Ledger, job_id: str, follow: bool, poll_s: float = 2.0,
     def lines(name: str, data: bytes) -> list[str]:
         cut = data.rfind(b"\n")
         if cut < 0:
+            if len(data) >= LOG_CHUNK:  # one line longer than a whole chunk: skip it, say so
+                offsets[name] += len(data)
+                return [f"[{name}] (a line longer than {LOG_CHUNK >> 20} MiB, not shown)"]
             return []
         offsets[name] += cut + 1
         return [f"[{name}] {line}" for line in data[: cut + 1].decode(errors="replace").splitlines()]
@@ -203,7 +209,7 @@ def follow_logs(ledger: Ledger, job_id: str, follow: bool, poll_s: float = 2.0,
                 gone = False
                 for name, rel in remote_rel.items():
                     out = r.work.sh(f"cd {r.work.q()} 2>/dev/null || {{ echo LPGONE; exit 0; }}; "
-                                    + guarded_read(f"tail -c +{offsets[name] + 1}", rel),
+                                    + guarded_read(f"tail -c +{offsets[name] + 1}", rel) + f" | head -c {LOG_CHUNK}",
                                     timeout=30, check=False).stdout
                     if out.startswith(b"LPGONE"):
                         gone = True
