@@ -3,8 +3,8 @@
 A ledger file can be truncated (a full disk, a copy cut short), overwritten, or emptied to 0
 bytes. SQLite takes a 0-byte file for a new database, which silently forgets every job and
 every instance that may still bill, and a malformed one makes every command fail. So before a
-ledger is opened for writing, :func:`damage` looks at it (the SQLite header, then
-``PRAGMA quick_check``); a damaged file is moved aside (``ledger.db.damaged-<time>``, with its
+ledger is opened for writing, :func:`damage` looks at it (its size, then SQLite's own
+``PRAGMA quick_check``, never a raw read of the file); a damaged file is moved aside (``ledger.db.damaged-<time>``, with its
 ``-wal``/``-shm``), never deleted, and the newest good backup takes its place.
 
 Backups use SQLite's own online backup API (``sqlite3.Connection.backup``: a consistent copy
@@ -32,38 +32,55 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from lorapod.compute.ledger import Ledger
 
-HEADER = b"SQLite format 3\x00"  # https://www.sqlite.org/fileformat.html#the_database_header
 KEEP = 5
 BACKUP_EVERY_S = 3600.0
 
 
-def damage(path: Path) -> str | None:
-    """Why the ledger file at ``path`` cannot be trusted, or None (fine, or not there yet)."""
-    path = Path(path)
+def damage(path: Path, tries: int = 3) -> str | None:
+    """Why the ledger file at ``path`` cannot be trusted, or None (fine, or not there yet).
+
+    A verdict of damage is given only when it holds on ``tries`` looks half a second apart: a
+    ledger another process is creating is 0 bytes for a moment, and that must not be taken for
+    a truncated one."""
+    why = _damage_once(Path(path))
+    for attempt in range(1, tries):
+        if why is None:
+            return None
+        time.sleep(0.5 * attempt)
+        why = _damage_once(Path(path))
+    return why
+
+
+def _damage_once(path: Path) -> str | None:
     try:
         size = path.stat().st_size
     except FileNotFoundError:
         return None
     if size == 0:
         return "the file is empty (0 bytes)"
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(len(HEADER))
-    except OSError as exc:
-        return f"it cannot be read ({exc.strerror})"
-    if head != HEADER:
-        return "it is not a SQLite database (overwritten?)"
-    try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+    # Never open() the file ourselves: closing any descriptor of it drops every POSIX lock this
+    # process holds on it, the ledger connection's included (https://www.sqlite.org/howtocorrupt.html
+    # section 2.2), and a healthy ledger then reads as "malformed". SQLite checks the header itself.
+    # A read-write connection where it can be had: it shares the -shm index with the writers, so
+    # it reads the WAL's pages too. A mode=ro one may not, and then reads the main file alone
+    # mid-checkpoint and calls a healthy ledger "malformed". Read-only only in a read-only folder.
+    for uri in (f"file:{path}", f"file:{path}?mode=ro"):
         try:
-            result = con.execute("PRAGMA quick_check").fetchone()[0]
-        finally:
-            con.close()
-    except sqlite3.OperationalError:
-        return None  # locked, or a read-only folder: not damage; opening it says what is wrong
-    except sqlite3.DatabaseError as exc:
-        return f"SQLite says: {exc}"
-    return None if result == "ok" else f"SQLite's integrity check says: {str(result)[:200]}"
+            con = sqlite3.connect(uri, uri=True, timeout=5.0)
+            try:
+                result = con.execute("PRAGMA quick_check").fetchone()[0]
+            finally:
+                con.close()
+        except sqlite3.OperationalError as exc:
+            if "readonly" in str(exc) or "unable to open" in str(exc):
+                continue
+            return None  # locked: not damage; opening it says what is wrong
+        except sqlite3.DatabaseError as exc:
+            if "not a database" in str(exc):
+                return "it is not a SQLite database (overwritten?)"
+            return f"SQLite says: {exc}"
+        return None if result == "ok" else f"SQLite's integrity check says: {str(result)[:200]}"
+    return None
 
 
 @contextmanager
@@ -111,7 +128,8 @@ def backup(ledger: Ledger, force: bool = False) -> Path | None:
     with suppress(OSError):
         os.chmod(dest, 0o600)
     for extra in backups(ledger.path)[:-KEEP]:
-        extra.unlink(missing_ok=True)
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{extra}{suffix}").unlink(missing_ok=True)
     return dest
 
 
@@ -134,10 +152,10 @@ def repair_if_damaged(path: Path) -> str | None:
     """Before opening ``path`` for writing: set a damaged ledger aside and restore the newest good
     backup. Returns what was done (for the user), or None when the ledger is fine."""
     path = Path(path)
-    if damage(path) is None:
+    if damage(path, tries=1) is None:
         return None
     with _repair_lock(path.parent):
-        why = damage(path)  # another process may have repaired it meanwhile
+        why = damage(path)  # looked at again, and another process may have repaired it meanwhile
         if why is None:
             return None
         aside = set_aside(path)
