@@ -74,20 +74,27 @@ def restart_watchdog(work: Any, cfg: dict[str, Any], python: str) -> None:
 
 
 def guard_script(python: str, stale_s: float, every_s: float, most: int = 20) -> bytes:
-    """``guard.sh JOB_PID``, run by job.sh beside the job: while the job runs, every ``every_s``,
-    if the watchdog is gone and ``HEARTBEAT`` is older than ``stale_s`` (the controller is gone
-    too), start the watchdog again (at most ``most`` times)."""
+    """``guard.sh JOB_PID``, run by job.sh beside the job: every ``every_s``, if the watchdog is
+    gone and ``HEARTBEAT`` is older than ``stale_s`` (the controller is gone too), start the
+    watchdog again (at most ``most`` times). It ends once the job is over and a watchdog
+    watches, when the results are home (PULLED), or when the folder is being removed."""
     py = shlex.quote(python)
     return f"""#!/usr/bin/env bash
 # lorapod's second guard (lorapod/compute/guards.py): restarts the watchdog when both it and
 # the controller are gone, so the instance's self-destroy never depends on one process.
 job="$1"; starts=0
-while kill -0 "$job" 2>/dev/null && [ "$starts" -lt {int(most)} ]; do
+while [ "$starts" -lt {int(most)} ]; do
   sleep {max(0.2, float(every_s)):.2f}
+  # the folder is being removed (the watchdog's own destroy), or the results are home
+  {{ [ ! -f watchdog.py ] || [ -f PULLED ]; }} && break
   wpid=$({guarded_read('head -c 20', 'watchdog.pid')} | tr -cd 0-9)
-  [ -n "$wpid" ] && kill -0 "$wpid" 2>/dev/null && continue
+  if [ -n "$wpid" ] && kill -0 "$wpid" 2>/dev/null; then
+    # the job is over and the watchdog watches: it takes it from here
+    {{ [ -f job.exit ] || ! kill -0 "$job" 2>/dev/null; }} && break
+    continue
+  fi
   hb={_mtime("HEARTBEAT")}; now=$(date +%s)
-  [ -n "$hb" ] && [ $((now - hb)) -le {int(stale_s)} ] && continue
+  [ -n "$hb" ] && [ $((now - hb)) -le {int(stale_s)} ] && continue  # the controller restarts it
   echo "$(date +%Y-%m-%dT%H:%M:%S) guard: the watchdog and the controller are both gone; starting the watchdog again"
   {{ setsid nohup {py} watchdog.py >> watchdog.log 2>&1 < /dev/null & }}
   starts=$((starts + 1))

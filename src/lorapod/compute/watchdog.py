@@ -208,6 +208,9 @@ def kill_job(reason: str) -> None:
                 time.sleep(0.2)
             if not alive(pid):
                 break
+    elif pid:  # the job is over, but its group may outlive it (the runner's guard.sh): end it too
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
     if not os.path.exists("job.exit"):
         try:
             with open("job.exit.tmp", "w") as fh:
