@@ -117,4 +117,3 @@ def test_an_ended_job_is_measured_for_the_planner_at_once(tmp_path):
     speed = plan_job(spec, gpu="RTX 4090").options[0].speed
     assert speed.basis == "your runs" and [r.job_id for r in speed.runs] == [summary.job_id]
     assert ledger.measurements() == [m]
-

@@ -160,8 +160,12 @@ class Session:
             row = self.ledger.job(resume_job)
             if row is None:
                 raise LorapodError(f"no job '{resume_job}' in the ledger", hint="`lorapod ps` lists jobs")
+            # One controller per run folder (rundir.WriterLock), taken before the ledger says
+            # anything: it holds even when the ledger was rebuilt or another home names the folder.
+            self._writer = RunDir(Path(row.run_dir)).lock(f"lorapod run --resume {row.id} ({target})", say=say)
             other = self.ledger.job_claim(row.id)  # this process follows it now: `ps`, `down --orphans`
             if other is not None:
+                self._writer.release()
                 raise LorapodError(f"job {row.id} is already followed by a running controller ({other})",
                                    hint=f"follow it with `lorapod logs -f {row.id}`, or stop it with "
                                         f"`lorapod down {row.id}`")
@@ -174,6 +178,7 @@ class Session:
             self.feed = MetricsFeed(offset=self.metrics_offset)  # floor None: it restarts at its checkpoint
         else:
             self.run = RunDir.create(spec.output.dir, spec.output.name or "job")
+            self._writer = self.run.lock(f"lorapod run {self.run.job_id} ({target})", say=say)
             self.job_id = self.run.job_id
             self.run.write_spec(spec)
             if self.opts.trainer:
@@ -228,9 +233,7 @@ class Session:
             self._say(f"warning: {self.ledger.notice}")
         with contextlib.suppress(OSError, sqlite3.Error):  # a backup that fails never stops a run
             backup_ledger(self.ledger)
-        # One controller per run folder (rundir.WriterLock), beside the ledger's job_claim: it
-        # holds even when the ledger was rebuilt or another home points at the same folder.
-        writer = self.run.lock(f"lorapod run {self.job_id} ({self.target})", say=self.say)
+        writer = self._writer
         old = self._install_signal_handlers()
         state, message = "failed", "did not start"
         try:
