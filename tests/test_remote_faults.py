@@ -343,7 +343,8 @@ def test_resume_records_its_controller_and_refuses_a_second(tmp_path):
                 "--watchdog-poll-s", "0.2", env=env, timeout=90)
     assert first.returncode == 1, first.stderr
     job = Ledger().jobs()[0].id
-    env = cli_env(LORAPOD_JOB_COMMAND=fake_command_template(0.15))
+    # slow enough that the sweep and the second resume, each a CLI start on a loaded machine, come while it runs
+    env = cli_env(LORAPOD_JOB_COMMAND=fake_command_template(0.4))
     proc = subprocess.Popen([*cli_argv(), "run", "--resume", job, "--python", sys.executable, "--poll-s", "0.2",
                              "--watchdog-poll-s", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
