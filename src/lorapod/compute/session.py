@@ -29,7 +29,7 @@ from typing import Any
 from lorapod.compute.bootstrap import bootstrap_for
 from lorapod.compute.guards import beat_limit_s, guard_script, restart_watchdog
 from lorapod.compute.httpapi import ApiError
-from lorapod.compute.ledger import Ledger, instance_label, lorapod_home
+from lorapod.compute.ledger import Ledger, LedgerBusy, instance_label, lorapod_home
 from lorapod.compute.ledger_repair import backup as backup_ledger
 from lorapod.compute.metrics_feed import POLL_BYTES, MetricsFeed, shown_number
 from lorapod.compute.offers import choose_offers
@@ -226,6 +226,12 @@ class Session:
         else:
             self.ledger.job_started(self.job_id, str(self.run.root), self.provider.name, self.target,
                                     self.spec_path, max_usd, max_hours)
+        if self.ledger.pending:  # locked (or unwritable) before anything is rented: say so now, rent nothing
+            self._writer.release()
+            raise LedgerBusy(f"the ledger {self.ledger.path} is locked by another process (or cannot be written); "
+                             f"job {self.job_id} was not started and nothing was rented",
+                             hint="close the program holding it (a `sqlite3` shell, a backup), or free the disk / "
+                                  "make LORAPOD_HOME writable, then run again")
         if max_usd is not None and self.ledger.usd(self.job_id) >= max_usd:
             raise BudgetError(f"job {self.job_id} already spent ${self.ledger.usd(self.job_id):.2f} of ${max_usd:.2f}",
                               hint="raise --max-usd to continue")
