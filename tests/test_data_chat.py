@@ -282,3 +282,35 @@ def test_unusable_val_file_is_a_finding(tmp_path):
     report = check_chat(train, val=val)
     assert [f.code for f in report.findings if f.severity == "error"] == ["chat-val-unusable"]
     assert any("line 2 is alpaca" in f.message for f in report.findings)
+
+
+def test_a_50_mb_line_is_a_finding_in_well_under_a_second_with_bounded_memory(tmp_path):
+    """Issue 22 item 7: one 50 MB line used to keep `data check --model` busy for minutes at
+    9.5 GB (read whole, parsed, rendered and tokenised). Now it is reported unread, the rest of
+    the file is checked, and memory stays near the per-line cap."""
+    import time
+    import tracemalloc
+
+    model = tiny_tokenizer(tmp_path / "model")
+    p = tmp_path / "c.jsonl"
+    with open(p, "wb") as fh:
+        fh.write(json.dumps(msg("hello world", "fine")).encode() + b"\n")
+        fh.write(b'{"messages": [{"role": "user", "content": "' + b"x" * (50 << 20) + b'"}]}\n')
+        fh.write(json.dumps(msg("how are you", "fine")).encode() + b"\n")
+    check_chat(write_lines(tmp_path / "warm.jsonl", [msg()]), model=model)  # imports and caches out of the way
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    report = check_chat(p, model=model)
+    took = time.perf_counter() - t0
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert [(f.code, f.line) for f in report.findings if f.severity == "error"] == [("chat-line-too-long", 2)]
+    assert report.summary["usable"] == 2
+    assert took < 1.0, took
+    assert peak < 32 << 20, peak  # a few 4 MiB chunks at most: never the 50 MB line
+
+
+def test_the_line_cap_is_settable(tmp_path):
+    p = write_lines(tmp_path / "c.jsonl", [msg("a" * 5000)])
+    assert codes(read_jsonl(p, max_line_bytes=1024)[1]) == [("chat-line-too-long", 1)]
+    assert read_jsonl(p)[1] == []

@@ -348,7 +348,8 @@ def test_resume_records_its_controller_and_refuses_a_second(tmp_path):
                 "--watchdog-poll-s", "0.2", env=env, timeout=90)
     assert first.returncode == 1, first.stderr
     job = Ledger().jobs()[0].id
-    env = cli_env(LORAPOD_JOB_COMMAND=fake_command_template(0.15))
+    # slow enough that the sweep and the second resume, each a CLI start on a loaded machine, come while it runs
+    env = cli_env(LORAPOD_JOB_COMMAND=fake_command_template(0.4))
     proc = subprocess.Popen([*cli_argv(), "run", "--resume", job, "--python", sys.executable, "--poll-s", "0.2",
                              "--watchdog-poll-s", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
@@ -484,3 +485,23 @@ def test_ssh_host_honours_your_known_hosts(sshd, tmp_path, monkeypatch):
         run_remote(load_spec(spec), prov, sshd.target, fast_options(identity=sshd.client_key), Ledger(), str(spec),
                    say=lambda m: None)
     assert Ledger().instances(live_only=True) == [] and list(sshd.work_root.iterdir()) == []
+
+
+def test_a_skipped_damaged_checkpoint_is_said_on_the_terminal(tmp_path):
+    """Issue 22 item 8: resuming past a cut-off newest checkpoint went on from the one before it
+    in silence; now the terminal (and events.log) names the one skipped."""
+    import torch
+
+    from lorapod.engine.checkpoint import CheckpointManager, TrainState, resume_point
+
+    model = torch.nn.Linear(3, 2)
+    mgr = CheckpointManager(tmp_path)
+    for step in (4, 8):
+        mgr.save(TrainState(step=step), dict(model.state_dict()), {})
+    (tmp_path / "step-8" / "adapter.safetensors").write_bytes(b"cut")
+    events: list[str] = []
+    said: list[str] = []
+    ck = resume_point(tmp_path, events.append, said.append)
+    assert ck is not None and ck.state.step == 4
+    assert said == ["skipped checkpoint step-8: its files do not match its manifest.json (cut off or damaged)"]
+    assert events == said

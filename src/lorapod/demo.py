@@ -105,10 +105,17 @@ def build_tokenizer(texts: list[str], vocab_size: int = 600):
 def build_base_model(out_dir: Path, texts: list[str], seed: int = 0, hidden: int = 128, layers: int = 4) -> Path:
     """Save a small random Llama model + tokenizer as a loadable transformers folder."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = build_tokenizer(texts)
-    torch.manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):  # the caller's RNG is left as it was (a training run's seed)
+        torch.manual_seed(seed)
+        return _build_llama(out_dir, tokenizer, hidden, layers)
+
+
+def _build_llama(out_dir: Path, tokenizer, hidden: int, layers: int) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 8 // 3 // 8 * 8,
         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,

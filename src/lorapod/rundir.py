@@ -10,6 +10,7 @@ runs/<job-id>/
   samples/        generations or images per checkpoint
   adapter/        the final adapter in PEFT format (exports beside it)
   events.log      human-readable lifecycle log
+  .lock           who writes this folder now (pid, host, command); empty once released
 ```
 
 Remote runs pull into the same layout, so every local tool (eval, export, resume) works on a
@@ -18,15 +19,63 @@ pulled run exactly as on a local one.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import re
 import secrets
+import socket
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from lorapod.errors import LorapodError
 from lorapod.fsutil import append_text, atomic_write_text
+
+LOCK_NAME = ".lock"
+
+
+class RunDirBusy(LorapodError):
+    """Another process writes this run folder: two writers would interleave metrics and checkpoints."""
+
+
+@dataclass
+class WriterLock:
+    """The one writer of a run folder: an exclusive ``flock`` on ``.lock``, whose text names the
+    holder. The kernel drops the flock when the holder dies (even by SIGKILL), so a lock left by
+    a dead process is free to take; its text still names who left it, which is how that is said."""
+
+    path: Path
+    fd: int
+    holder: dict
+
+    def release(self) -> None:
+        if self.fd < 0:
+            return
+        try:
+            os.ftruncate(self.fd, 0)  # empty: released cleanly, nothing to take over
+        except OSError:
+            pass
+        finally:
+            os.close(self.fd)  # closing drops the flock
+            self.fd = -1
+
+
+def describe_holder(holder: dict) -> str:
+    return (f"pid {holder.get('pid', '?')} on {holder.get('host', '?')} "
+            f"({str(holder.get('command', '?'))[:200]}, since {holder.get('since', '?')})")
+
+
+def _read_holder(fd: int) -> dict:
+    os.lseek(fd, 0, os.SEEK_SET)
+    try:
+        data = json.loads(os.read(fd, 4096) or b"{}")
+    except ValueError:
+        return {"command": "unreadable lock file"}
+    return data if isinstance(data, dict) else {}
 
 
 def new_job_id(name: str) -> str:
@@ -71,6 +120,37 @@ class RunDir:
     device_file = property(lambda self: self.root / "device.json")
     tensorboard = property(lambda self: self.root / "tensorboard")
     trainer_file = property(lambda self: self.root / "trainer.json")
+
+    def lock(self, command: str | None = None, say: Callable[[str], None] | None = None) -> WriterLock:
+        """Become this folder's only writer, or raise :class:`RunDirBusy` naming the one that is.
+
+        A lock left by a process that died is taken over, and ``say`` (and events.log) tells so.
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / LOCK_NAME
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise RunDirBusy(f"{self.root} is already being written by {describe_holder(holder)}",
+                             hint="wait for it to finish, or stop it (Ctrl-C, `lorapod down JOB`); "
+                                  "a second writer would interleave its metrics and checkpoints") from None
+        left = _read_holder(fd)
+        holder = {"pid": os.getpid(), "host": socket.gethostname(),
+                  "command": command or " ".join(["lorapod", *sys.argv[1:]])[:500],
+                  "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, json.dumps(holder).encode())
+        if left.get("pid") is not None:
+            msg = f"took over the run folder's lock left by {describe_holder(left)}, which is gone"
+            if say is not None:
+                say(msg)
+            with contextlib.suppress(OSError):  # a full disk loses the line, not the lock
+                self.event(msg)
+        return WriterLock(path, fd, holder)
 
     def write_spec(self, spec) -> None:
         atomic_write_text(self.spec_file, spec.to_yaml())

@@ -266,6 +266,9 @@ def apply_report_to(spec: JobSpec, value: str | None) -> JobSpec:
 class OutputSpec(_Section):
     dir: str = Field("runs", description="Folder that holds one run folder per job.")
     name: str | None = Field(None, description="Job name; default: the spec file's stem.")
+    max_pull_gb: Annotated[float | None, Field(gt=0)] = Field(
+        None, description="Most GB a remote run brings home (checkpoints, samples); default: 10x the planner's "
+                          "estimate + 2 GB. Over it, only the newest checkpoint and the adapter are pulled.")
 
 
 class JobSpec(_Section):

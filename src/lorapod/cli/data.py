@@ -44,6 +44,8 @@ def register(app: typer.Typer) -> None:
                                           "(data.system_prompt: where a system prompt goes)."),
         frames: str = typer.Option("1,17,33", "--frames", help="Video (wan21/wan22): target frame counts, 4n+1."),
         fps: float = typer.Option(16.0, "--fps", help="Video: the frame rate clips are resampled to (0 = keep)."),
+        max_line_mb: float | None = typer.Option(None, "--max-line-mb", min=0.001, help="Chat: the longest line "
+                                                 "read, in MiB (default 4); a longer one is reported, not read."),
     ) -> None:
         """Find every problem in a dataset; exit status 1 when there is an error."""
         from lorapod.data.images import check_path
@@ -53,7 +55,7 @@ def register(app: typer.Typer) -> None:
             video = {"target_frames": _frame_list(frames), "fps": fps or None}
         report = check_path(path, family=family, trigger=trigger, tokenizer=tokenizer,
                             model=model, sequence_len=sequence_len, val=val, system_prompt=system_prompt,
-                            **video)
+                            max_line_bytes=int(max_line_mb * 2**20) if max_line_mb else None, **video)
         if json_out:
             typer.echo(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
         else:

@@ -19,12 +19,19 @@ def register(app: typer.Typer) -> None:
         all_: bool = typer.Option(True, "--all/--live", help="Every job, or only those with live instances."),
         as_json: bool = typer.Option(False, "--json", help="JSON on stdout, for scripts."),
     ) -> None:
-        """Jobs and their instances: state, GPU, $/h, dollars so far."""
+        """Jobs and their instances: state, GPU, $/h, dollars so far. Reads the ledger only (a
+        read-only LORAPOD_HOME will do); with a damaged ledger, what RunPod and Vast.ai list."""
         from lorapod.cli.volumes import monthly_line
-        from lorapod.compute.jobs import ps_rows
-        from lorapod.compute.ledger import Ledger
+        from lorapod.compute.jobs import ps_rows, ps_rows_from_providers
+        from lorapod.compute.ledger import Ledger, LedgerDamaged
 
-        rows = ps_rows(Ledger(), all_jobs=all_)
+        try:
+            rows = ps_rows(Ledger.read_only(), all_jobs=all_)
+        except LedgerDamaged as exc:
+            err.print(f"[bold red]warning:[/] {exc.message}; showing what the providers list instead", markup=True,
+                      highlight=False, soft_wrap=True)
+            err.print(f"  -> {exc.hint}", markup=False, highlight=False, soft_wrap=True)
+            rows = ps_rows_from_providers(say=lambda m: err.print(m, markup=False))
         if as_json:
             typer.echo(json.dumps(rows))
             return
@@ -41,6 +48,9 @@ def register(app: typer.Typer) -> None:
             return
         console.print(_jobs_narrow(rows, console.width) if console.width < 120 else _jobs_table(rows))
         for r in rows:
+            if r.get("watchdog") == "down":
+                console.print(f"[bold red]job {r['job']}: the watchdog on its instance is down;[/] nothing there "
+                              "destroys it if the controller dies (`lorapod down` stops it)")
             if r.get("unconfirmed"):
                 console.print(f"[bold red]job {r['job']}: instance {', '.join(r['unconfirmed'])} not confirmed "
                               f"destroyed; it may still bill.[/] Run `lorapod down {r['job']}`")
@@ -98,22 +108,40 @@ def register(app: typer.Typer) -> None:
                                             "(and its template), from `lorapod deploy`."),
     ) -> None:
         """Destroy instances: one job's, orphans', or all of them; or a serverless endpoint."""
-        from lorapod.compute.jobs import down_job, down_orphans
-        from lorapod.compute.ledger import Ledger
+        from lorapod.compute.jobs import down_job, down_orphans, down_without_ledger
+        from lorapod.compute.ledger import Ledger, LedgerDamaged, LedgerUnusable
         from lorapod.errors import LorapodError
 
-        ledger = Ledger()
         def say(msg: str) -> None:
             err.print(msg, markup=False)
 
         if sum(bool(x) for x in (job, orphans, all_, endpoint)) != 1:
             raise LorapodError("say what to bring down", hint="lorapod down JOB | --orphans | --all | --endpoint ID")
+        try:
+            ledger = Ledger()  # a damaged ledger is set aside here, and the newest backup restored
+        except (LedgerDamaged, LedgerUnusable) as exc:
+            if endpoint:
+                raise
+            say(f"warning: {exc.message}; destroying from the providers' listings instead (RunPod, Vast.ai)")
+            counts = down_without_ledger(job, say, lambda q: yes or typer.confirm(q, default=False, err=True))
+            if as_json:
+                typer.echo(json.dumps(counts))
+            else:
+                err.print(", ".join(f"{k}: {v}" for k, v in counts.items()))
+            if counts["failed"]:
+                raise LorapodError(f"{counts['failed']} instance(s) not confirmed destroyed",
+                                   hint="check the provider's console; `lorapod down` tries again") from None
+            return
+
+        if ledger.notice:
+            say(f"warning: {ledger.notice}")
         if endpoint:
             from lorapod.deploy.serverless import down_endpoint
 
             gone = down_endpoint(endpoint, ledger=ledger)
             err.print(f"endpoint {endpoint} deleted" if gone else f"endpoint {endpoint} was already gone", markup=False)
             return
+
         if all_installations and not orphans:
             raise LorapodError("--all-installations goes with --orphans", hint="lorapod down --orphans --all-installations")
         if all_installations and not yes and not typer.confirm(

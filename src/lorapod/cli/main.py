@@ -16,8 +16,8 @@ from rich.markup import escape
 
 from lorapod.errors import LorapodError
 
-COMMANDS = ["train", "demo", "plan", "data", "run", "jobs", "export", "eval", "trainers", "sweep", "doctor",
-            "ui", "volumes", "deploy"]
+COMMANDS = ["train", "demo", "plan", "data", "run", "jobs", "ledger", "export", "eval", "trainers", "sweep",
+            "doctor", "ui", "volumes", "deploy"]
 
 err_console = Console(stderr=True)
 

@@ -61,6 +61,8 @@ def train(
     nproc: int | None = None
     if resume is not None:
         run = RunDir.open(resume)
+        if not world.active:
+            _own(run)
         spec = apply_report_to(load_spec(run.spec_file, set_), report_to)
     else:
         if spec_file is None:
@@ -79,6 +81,8 @@ def train(
             run = RunDir(run_dir)
         else:
             run = RunDir.create(spec.output.dir, spec.output.name or spec_file.stem)
+        if not world.active:  # torchrun's processes share the folder their launcher holds
+            _own(run)
         if world.is_main:
             run.write_spec(spec)
             _record_plan(spec, run)
@@ -205,6 +209,7 @@ def _external(spec_file, set_, run_dir, trainer: str, print_: bool, trainer_src:
 
     run = RunDir(run_dir) if run_dir is not None else RunDir.create(spec.output.dir, spec.output.name or spec_file.stem)
     run.root.mkdir(parents=True, exist_ok=True)
+    _own(run)
     run.write_spec(spec)
     from lorapod.trainers import canonical
 
@@ -217,6 +222,15 @@ def _external(spec_file, set_, run_dir, trainer: str, print_: bool, trainer_src:
                         say=lambda m: console.print(m, markup=False))
     console.print(f"{state}: adapter in {run.adapter}" if state == "done" else
                   f"stopped on request; continue with: lorapod train --resume {run.root} --trainer {trainer}")
+
+
+def _own(run) -> None:
+    """Be the run folder's only writer until this process ends (rundir.WriterLock): a second
+    `lorapod train` on it is refused with who holds it; a lock left by a dead one is taken over."""
+    import atexit
+
+    lock = run.lock(say=lambda m: console.print(m, markup=False))
+    atexit.register(lock.release)
 
 
 def _process_count(spec, processes: int | None, device: str | None) -> int:

@@ -33,6 +33,9 @@ from lorapod.compute.trust import guarded_read
 from lorapod.engine.trackers import wandb_url
 from lorapod.errors import LorapodError, ProviderError
 
+#: What one `lorapod logs` poll reads of each file on the instance: the host decides their size.
+LOG_CHUNK = 1 << 20
+
 
 def ps_rows(ledger: Ledger, all_jobs: bool = True) -> list[dict[str, Any]]:
     """One row per job: state, where, GPU, $/h, $ so far, last step, live instances."""
@@ -56,8 +59,69 @@ def ps_rows(ledger: Ledger, all_jobs: bool = True) -> list[dict[str, Any]]:
                             if i.state == "destroying" or job.state not in ("starting", "running", "stopping")],
             "run_dir": job.run_dir, "summary": job.summary, "setup_s": job_phases(ledger, job.id),
             "wandb_url": wandb_url(Path(job.run_dir)) if job.run_dir else None,  # from the pulled tracking.json
+            "watchdog": _watchdog_state(ledger, job.id) if live and job.state in ("starting", "running") else None,
         })
     return rows
+
+
+def _watchdog_state(ledger: Ledger, job_id: str) -> str:
+    """'down' when the controller last found the job's watchdog dead and could not restart it
+    (compute/guards.py), else 'up'."""
+    last = [e["message"] for e in ledger.events(job_id) if e["kind"] == "watchdog"]
+    return "down" if last and last[-1].startswith("down") else "up"
+
+
+def ps_rows_from_providers(say: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """``ps`` without a ledger: this installation's live instances as RunPod and Vast.ai list them
+    by label (``lorapod-<installation>-<instance>-<job>``), so what bills is never hidden."""
+    from lorapod.compute.ledger_repair import labelled_instances
+
+    rows = []
+    for name, insts in labelled_instances(say).items():
+        for inst in insts:
+            job = (inst.label or "").split("-", 3)[3] if inst.label and inst.label.count("-") >= 3 else "?"
+            rows.append({
+                "job": job, "state": "unknown (no ledger)", "target": name, "instance": inst.id,
+                "instance_state": inst.state, "gpu": inst.gpu_name, "usd_per_hour": inst.usd_per_hour,
+                "usd": 0.0, "last_step": None, "live_instances": 1, "controller_alive": False, "unconfirmed": [],
+                "run_dir": None, "summary": "listed by the provider; the ledger is damaged", "setup_s": {},
+            })
+    return rows
+
+
+def down_without_ledger(job_id: str | None, say: Callable[[str], None], confirm: Callable[[str], bool],
+                        deadline_s: float = 300.0) -> dict[str, int]:
+    """``down`` when the ledger cannot be used (damaged and not repairable here, a read-only home):
+    RunPod and Vast.ai list this installation's instances by label, and those are destroyed (a
+    job's only, with ``job_id``), each confirmed by the provider. Without the ledger a running
+    job's instance cannot be told from an orphan, so a sweep of all of them asks first."""
+    from lorapod.compute.ledger_repair import labelled_instances
+
+    targets = [(name, inst) for name, insts in labelled_instances(say).items() for inst in insts
+               if job_id is None or (inst.label or "").endswith("-" + job_id)]
+    if job_id is None and targets and not confirm(
+            f"Without a ledger lorapod cannot tell a running job's instance from an orphan: destroy all "
+            f"{len(targets)} of this installation's instances ({', '.join(i.id for _, i in targets)})?"):
+        raise LorapodError("nothing destroyed", hint="`lorapod down JOB` destroys one job's instances only")
+    counts = {"destroyed": 0, "failed": 0}
+    for name, inst in targets:
+        prov = registry.get(name)
+        deadline, delay = time.monotonic() + deadline_s, 1.0
+        while True:
+            try:
+                prov.destroy(inst.id)
+                if prov.refresh(inst).state == "gone":
+                    counts["destroyed"] += 1
+                    say(f"destroyed {name} instance {inst.id} ({inst.label}), confirmed; the ledger could not record it")
+                    break
+            except LorapodError as exc:
+                say(f"destroy of {inst.id} failed: {exc.message}")
+            if time.monotonic() + delay > deadline:
+                counts["failed"] += 1
+                break
+            time.sleep(delay)
+            delay = min(30.0, delay * 2)
+    return counts
 
 
 def provider_for(row: InstanceRow, ledger: Ledger) -> Provider:
@@ -128,6 +192,9 @@ def follow_logs(ledger: Ledger, job_id: str, follow: bool, poll_s: float = 2.0,
     def lines(name: str, data: bytes) -> list[str]:
         cut = data.rfind(b"\n")
         if cut < 0:
+            if len(data) >= LOG_CHUNK:  # one line longer than a whole chunk: skip it, say so
+                offsets[name] += len(data)
+                return [f"[{name}] (a line longer than {LOG_CHUNK >> 20} MiB, not shown)"]
             return []
         offsets[name] += cut + 1
         return [f"[{name}] {line}" for line in data[: cut + 1].decode(errors="replace").splitlines()]
@@ -144,7 +211,7 @@ def follow_logs(ledger: Ledger, job_id: str, follow: bool, poll_s: float = 2.0,
                 gone = False
                 for name, rel in remote_rel.items():
                     out = r.work.sh(f"cd {r.work.q()} 2>/dev/null || {{ echo LPGONE; exit 0; }}; "
-                                    + guarded_read(f"tail -c +{offsets[name] + 1}", rel),
+                                    + guarded_read(f"tail -c +{offsets[name] + 1}", rel) + f" | head -c {LOG_CHUNK}",
                                     timeout=30, check=False).stdout
                     if out.startswith(b"LPGONE"):
                         gone = True

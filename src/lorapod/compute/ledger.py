@@ -26,6 +26,7 @@ import os
 import re
 import socket
 import sqlite3
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -33,6 +34,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+
+from lorapod.errors import LorapodError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS instances (
@@ -98,6 +101,7 @@ CREATE TABLE IF NOT EXISTS prices (
 """
 
 LIVE = ("creating", "live", "destroying")
+TABLES = ("instances", "jobs", "events", "measured_runs", "prices")
 
 
 def lorapod_home() -> Path:
@@ -154,6 +158,19 @@ class JobRow:
 
 BUSY_TIMEOUT_S = 30.0
 T = TypeVar("T")
+Write = Callable[[sqlite3.Connection], None]
+
+
+def _transient(exc: sqlite3.OperationalError) -> bool:
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
+def _local_fault(exc: sqlite3.OperationalError) -> bool:
+    """This machine's side failing the write (a full disk, a read-only home, an I/O error): like a
+    lock, it must never end a run (DESIGN invariant 8); the write is queued and said."""
+    text = str(exc)
+    return _transient(exc) or any(s in text for s in ("readonly", "read-only", "disk is full", "disk I/O error",
+                                                       "unable to open"))
 
 
 def retry_busy(fn: Callable[[], T], deadline_s: float = BUSY_TIMEOUT_S, pause_s: float = 0.05) -> T:
@@ -163,23 +180,124 @@ def retry_busy(fn: Callable[[], T], deadline_s: float = BUSY_TIMEOUT_S, pause_s:
         try:
             return fn()
         except sqlite3.OperationalError as exc:
-            transient = "locked" in str(exc) or "busy" in str(exc)
-            if not transient or time.monotonic() >= end:
+            if not _transient(exc) or time.monotonic() >= end:
                 raise
             time.sleep(pause_s)
 
 
-class Ledger:
-    """One connection per process; every write is its own short transaction."""
+def busy_timeout_s() -> float:
+    """How long one ledger write waits for a lock another process holds: ``LORAPOD_LEDGER_BUSY_S``
+    or :data:`BUSY_TIMEOUT_S`."""
+    try:
+        return max(0.01, float(os.environ.get("LORAPOD_LEDGER_BUSY_S") or BUSY_TIMEOUT_S))
+    except ValueError:
+        return BUSY_TIMEOUT_S
 
-    def __init__(self, path: str | Path | None = None) -> None:
+
+class LedgerBusy(LorapodError):
+    """Another process held the ledger's write lock longer than lorapod waits."""
+
+
+class LedgerUnusable(LorapodError):
+    """The ledger cannot be opened for writing here (a read-only or missing home, a full disk)."""
+
+
+class LedgerDamaged(LorapodError):
+    """The ledger file is damaged; read-only commands cannot use it (writing ones repair it)."""
+
+
+class Ledger:
+    """One connection per process; every write is its own short transaction.
+
+    The ledger never ends a run (DESIGN invariant 8): a write that finds the database locked by
+    another process (a backup, the ``sqlite3`` shell) waits ``busy_timeout_s()``, and if the lock
+    is still held it is *queued*, in order, and retried before every later write and at
+    :meth:`flush`, while the run goes on. Only the write that must precede a provider's create
+    (:meth:`instance_creating`, invariant 1) is never queued: it raises :class:`LedgerBusy`, a
+    :class:`LorapodError` that says what to do, before anything is rented.
+
+    A ledger file that is damaged (a 0-byte file included) is set aside with its backup and
+    replaced by the newest good backup when opened (:mod:`lorapod.compute.ledger_repair`);
+    :attr:`notice` then says what happened.
+    """
+
+    def __init__(self, path: str | Path | None = None, repair: bool = True) -> None:
         self.path = Path(path) if path else lorapod_home() / "ledger.db"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
-        self._db.row_factory = sqlite3.Row
-        retry_busy(self._prepare)
+        self.busy_s = busy_timeout_s()
+        self.notice: str | None = None
+        self._pending: list[tuple[Write, str]] = []
+        self._lock = threading.RLock()
+        if repair:
+            from lorapod.compute.ledger_repair import repair_if_damaged
+
+            try:
+                self.notice = repair_if_damaged(self.path)
+            except OSError as exc:  # e.g. a read-only home: the damaged file cannot be set aside
+                raise LedgerDamaged(f"the ledger {self.path} is damaged and cannot be set aside ({exc.strerror})",
+                                    hint="make LORAPOD_HOME writable and run `lorapod ledger rebuild`; `lorapod ps` "
+                                         "and `lorapod down JOB` work meanwhile from the providers' listings") from exc
+        try:
+            self._db = sqlite3.connect(self.path, timeout=self.busy_s, isolation_level=None, check_same_thread=False)
+            self._db.row_factory = sqlite3.Row
+        except sqlite3.OperationalError as exc:
+            raise LedgerUnusable(f"cannot open the ledger {self.path} ({exc})",
+                                 hint="check that LORAPOD_HOME exists and is writable; `lorapod ps` reads it "
+                                      "read-only") from exc
+        try:
+            retry_busy(self._prepare, self.busy_s)
+        except sqlite3.OperationalError as exc:
+            self._db.close()
+            if _transient(exc):
+                raise LedgerBusy(f"the ledger {self.path} stayed locked by another process for {self.busy_s:.0f} s",
+                                 hint="close the program holding it (a `sqlite3` shell, a backup), then run "
+                                      "again; `lorapod ps` still reads it") from exc
+            raise LedgerUnusable(f"cannot prepare the ledger {self.path} ({exc})",
+                                 hint="check that LORAPOD_HOME is writable and its disk not full; `lorapod ps` "
+                                      "reads it read-only") from exc
         with suppress(OSError):
             os.chmod(self.path, 0o600)
+        if self.notice:
+            self.event("ledger", self.notice)
+
+    @classmethod
+    def read_only(cls, path: str | Path | None = None) -> Ledger:
+        """The ledger opened for reading only (``lorapod ps``): nothing is created, changed or
+        locked for writing, so it works in a read-only ``LORAPOD_HOME`` and beside a run that
+        writes. A missing file reads as an empty ledger; a damaged one raises :class:`LedgerDamaged`."""
+        from lorapod.compute.ledger_repair import damage
+
+        self = cls.__new__(cls)
+        home = Path(os.environ.get("LORAPOD_HOME") or Path.home() / ".lorapod").expanduser()
+        self.path = Path(path) if path else home / "ledger.db"
+        self.busy_s, self.notice, self._pending, self._lock = busy_timeout_s(), None, [], threading.RLock()
+        self._read_only = True
+        why = damage(self.path)
+        if why is not None:
+            raise LedgerDamaged(f"the ledger {self.path} is damaged: {why}",
+                                hint="`lorapod ledger rebuild` sets it aside, restores the newest backup and "
+                                     "recovers instances from the providers; `lorapod down JOB` works meanwhile")
+        if not self.path.is_file():
+            self._db = sqlite3.connect(":memory:", check_same_thread=False)
+            self._db.executescript(SCHEMA)
+        else:
+            # mode=ro still needs the -shm file of a WAL ledger (or a folder where it can be made);
+            # immutable=1 reads a read-only folder's ledger as it is, without locks.
+            for query in ("mode=ro", "mode=ro&immutable=1"):
+                self._db = sqlite3.connect(f"file:{self.path}?{query}", uri=True, timeout=self.busy_s,
+                                           isolation_level=None, check_same_thread=False)
+                try:
+                    self._db.execute("SELECT count(*) FROM jobs").fetchone()
+                    break
+                except sqlite3.OperationalError as exc:
+                    self._db.close()
+                    if query != "mode=ro":
+                        raise LorapodError(f"cannot read the ledger {self.path}: {exc}",
+                                           hint="check LORAPOD_HOME and its permissions") from exc
+        self._db.row_factory = sqlite3.Row
+        return self
+
+    _read_only = False
 
     def _prepare(self) -> None:
         """WAL mode (kept by the file once set) and the tables. Two processes opening a new ledger
@@ -188,9 +306,13 @@ class Ledger:
         if self._db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
             self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
+        have = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if not set(TABLES) <= have:
+            self._db.executescript(SCHEMA)  # a read needs no write lock: a held lock only blocks a new file
 
     def close(self) -> None:
+        if not self._read_only:
+            self.flush(wait_s=min(self.busy_s, 5.0))
         self._db.close()
 
     @contextmanager
@@ -203,61 +325,114 @@ class Ledger:
             self._db.execute("ROLLBACK")
             raise
 
+    def _apply(self, fn: Write) -> None:
+        with self._tx() as db:
+            fn(db)
+
+    @property
+    def pending(self) -> int:
+        """Writes waiting for a lock another process holds."""
+        return len(self._pending)
+
+    def flush(self, wait_s: float = 0.0) -> bool:
+        """Apply the queued writes, in order, waiting at most ``wait_s`` for the lock; True when
+        none is left."""
+        with self._lock:
+            if not self._pending:
+                return True
+            end = time.monotonic() + wait_s
+            self._db.execute(f"PRAGMA busy_timeout={int(max(0.0, min(wait_s, 0.2)) * 1000)}")
+            try:
+                while self._pending:
+                    fn, _ = self._pending[0]
+                    try:
+                        self._apply(fn)
+                    except sqlite3.OperationalError as exc:
+                        if not _transient(exc) or time.monotonic() >= end:
+                            return False
+                        time.sleep(0.05)
+                        continue
+                    self._pending.pop(0)
+                return True
+            finally:
+                self._db.execute(f"PRAGMA busy_timeout={int(self.busy_s * 1000)}")
+
+    def _write(self, fn: Write, what: str, queue: bool = True) -> None:
+        """One write: now if the lock can be had within ``busy_s``; else queued (``queue``) or
+        :class:`LedgerBusy`. Writes already queued go first, so the order is kept."""
+        if self._read_only:
+            raise LorapodError(f"the ledger {self.path} was opened read-only; {what} not recorded")
+        with self._lock:
+            if self._pending and not self.flush() and queue:
+                self._pending.append((fn, what))
+                return
+            try:
+                retry_busy(lambda: self._apply(fn), self.busy_s)
+            except sqlite3.OperationalError as exc:
+                if not _local_fault(exc):
+                    raise
+                if not queue:
+                    why = "is locked by another process" if _transient(exc) else f"cannot be written ({exc})"
+                    raise LedgerBusy(f"the ledger {self.path} {why}: {what} could not be recorded within "
+                                     f"{self.busy_s:.0f} s; nothing was rented",
+                                     hint="close the program holding it (a `sqlite3` shell, a backup), or free the "
+                                          "disk / make LORAPOD_HOME writable, then run again") from exc
+                if not self._pending and not _transient(exc):
+                    self.notice = f"the ledger {self.path} cannot be written ({exc}): records are kept in memory"
+                self._pending.append((fn, what))
+
     # ------------------------------------------------------------------ instances
 
     def instance_creating(self, provider: str, job_id: str | None, usd_per_hour: float,
                           gpu_name: str | None = None, offer: dict[str, Any] | None = None) -> str:
         """Write the row before asking the provider; returns lorapod's instance id."""
         iid = "i-" + uuid.uuid4().hex[:12]
-        with self._tx() as db:
-            db.execute(
-                "INSERT INTO instances (id, provider, job_id, state, gpu_name, usd_per_hour, offer_json, created_at)"
-                " VALUES (?, ?, ?, 'creating', ?, ?, ?, ?)",
-                (iid, provider, job_id, gpu_name, usd_per_hour, json.dumps(offer or {}), time.time()),
-            )
+        row = (iid, provider, job_id, gpu_name, usd_per_hour, json.dumps(offer or {}), time.time())
+        self._write(lambda db: db.execute(
+            "INSERT INTO instances (id, provider, job_id, state, gpu_name, usd_per_hour, offer_json, created_at)"
+            " VALUES (?, ?, ?, 'creating', ?, ?, ?, ?)", row), "the instance row", queue=False)
         self.event("instance", f"creating on {provider} at ${usd_per_hour:.3f}/h", job_id=job_id, instance_id=iid)
         return iid
 
     def instance_created(self, iid: str, provider_id: str, usd_per_hour: float | None = None) -> None:
-        with self._tx() as db:
-            if usd_per_hour is None:
-                db.execute("UPDATE instances SET provider_id=?, state='live' WHERE id=?", (provider_id, iid))
-            else:
-                db.execute("UPDATE instances SET provider_id=?, state='live', usd_per_hour=? WHERE id=?",
-                           (provider_id, usd_per_hour, iid))
+        if usd_per_hour is None:
+            self._write(lambda db: db.execute("UPDATE instances SET provider_id=?, state='live' WHERE id=?",
+                                              (provider_id, iid)), "instance created")
+        else:
+            self._write(lambda db: db.execute("UPDATE instances SET provider_id=?, state='live', usd_per_hour=?"
+                                              " WHERE id=?", (provider_id, usd_per_hour, iid)), "instance created")
         self.event("instance", f"created: provider id {provider_id}", instance_id=iid)
 
     def instance_create_failed(self, iid: str, reason: str) -> None:
         """The provider refused: nothing exists, nothing is billed (destroyed_at = created_at)."""
-        with self._tx() as db:
-            db.execute("UPDATE instances SET state='failed', destroyed_at=created_at, note=? WHERE id=?",
-                       (reason[:500], iid))
+        self._write(lambda db: db.execute("UPDATE instances SET state='failed', destroyed_at=created_at, note=?"
+                                          " WHERE id=?", (reason[:500], iid)), "create failed")
         self.event("instance", f"create failed: {reason[:200]}", instance_id=iid)
 
     def instance_access(self, iid: str, access: dict[str, Any]) -> None:
-        with self._tx() as db:
-            db.execute("UPDATE instances SET access_json=? WHERE id=?", (json.dumps(access), iid))
+        text = json.dumps(access)
+        self._write(lambda db: db.execute("UPDATE instances SET access_json=? WHERE id=?", (text, iid)), "access")
 
     def access(self, iid: str) -> dict[str, Any]:
         row = self._db.execute("SELECT access_json FROM instances WHERE id=?", (iid,)).fetchone()
         return json.loads(row[0]) if row and row[0] else {}
 
     def instance_ready(self, iid: str, host: str, port: int, user: str) -> None:
-        with self._tx() as db:
-            db.execute("UPDATE instances SET ssh_host=?, ssh_port=?, ssh_user=?, ready_at=COALESCE(ready_at, ?)"
-                       " WHERE id=?", (host, port, user, time.time(), iid))
+        args = (host, port, user, time.time(), iid)
+        self._write(lambda db: db.execute("UPDATE instances SET ssh_host=?, ssh_port=?, ssh_user=?,"
+                                          " ready_at=COALESCE(ready_at, ?) WHERE id=?", args), "instance ready")
 
     def instance_destroying(self, iid: str, note: str | None = None) -> None:
-        with self._tx() as db:
-            db.execute("UPDATE instances SET state='destroying', destroy_requested_at=COALESCE(destroy_requested_at, ?),"
-                       " note=COALESCE(?, note) WHERE id=? AND state IN ('creating', 'live', 'destroying')",
-                       (time.time(), note, iid))
+        args = (time.time(), note, iid)
+        self._write(lambda db: db.execute(
+            "UPDATE instances SET state='destroying', destroy_requested_at=COALESCE(destroy_requested_at, ?),"
+            " note=COALESCE(?, note) WHERE id=? AND state IN ('creating', 'live', 'destroying')", args), "destroying")
 
     def instance_destroyed(self, iid: str, note: str | None = None, at: float | None = None) -> None:
         """Only after the provider confirmed: the dollars stop here."""
-        with self._tx() as db:
-            db.execute("UPDATE instances SET state='destroyed', destroyed_at=COALESCE(destroyed_at, ?),"
-                       " note=COALESCE(?, note) WHERE id=?", (at or time.time(), note, iid))
+        args = (at or time.time(), note, iid)
+        self._write(lambda db: db.execute("UPDATE instances SET state='destroyed', destroyed_at=COALESCE(destroyed_at, ?),"
+                                          " note=COALESCE(?, note) WHERE id=?", args), "destroyed")
         self.event("instance", "destroyed (confirmed by the provider)" + (f": {note}" if note else ""), instance_id=iid)
 
     def instance(self, iid: str) -> InstanceRow | None:
@@ -288,12 +463,10 @@ class Ledger:
 
     def job_started(self, job_id: str, run_dir: str, provider: str, target: str | None, spec_path: str | None,
                     max_usd: float | None, max_hours: float | None) -> None:
-        with self._tx() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO jobs (id, spec_path, run_dir, provider, target, state, max_usd, max_hours,"
-                " controller, started_at) VALUES (?, ?, ?, ?, ?, 'starting', ?, ?, ?, ?)",
-                (job_id, spec_path, run_dir, provider, target, max_usd, max_hours, controller_id(), time.time()),
-            )
+        args = (job_id, spec_path, run_dir, provider, target, max_usd, max_hours, controller_id(), time.time())
+        self._write(lambda db: db.execute(
+            "INSERT OR REPLACE INTO jobs (id, spec_path, run_dir, provider, target, state, max_usd, max_hours,"
+            " controller, started_at) VALUES (?, ?, ?, ?, ?, 'starting', ?, ?, ?, ?)", args), "job started")
         self.event("job", f"started on {target or provider}", job_id=job_id)
 
     def job_update(self, job_id: str, **fields: Any) -> None:
@@ -304,23 +477,34 @@ class Ledger:
         if not fields:
             return
         cols = ", ".join(f"{k}=?" for k in fields)
-        with self._tx() as db:
-            db.execute(f"UPDATE jobs SET {cols} WHERE id=?", (*fields.values(), job_id))
+        args = (*fields.values(), job_id)
+        self._write(lambda db: db.execute(f"UPDATE jobs SET {cols} WHERE id=?", args), "job update")
 
     def job_claim(self, job_id: str) -> str | None:
         """Make this process the job's controller, atomically; returns the live controller that
         already follows it instead (then nothing changes), so two `run --resume` never race."""
-        with self._tx() as db:
-            row = db.execute("SELECT state, controller FROM jobs WHERE id=?", (job_id,)).fetchone()
-            if row is None:
-                return None
-            if row["state"] in ("starting", "running", "stopping") and row["controller"] != controller_id() \
-                    and controller_alive(row["controller"]):
-                return str(row["controller"])
-            db.execute("UPDATE jobs SET controller=?, state='starting', ended_at=NULL WHERE id=?",
-                       (controller_id(), job_id))
-        self.event("job", f"resumed by {controller_id()}", job_id=job_id)
-        return None
+        def claim() -> str | None:
+            with self._tx() as db:
+                row = db.execute("SELECT state, controller FROM jobs WHERE id=?", (job_id,)).fetchone()
+                if row is None:
+                    return ""
+                if row["state"] in ("starting", "running", "stopping") and row["controller"] != controller_id() \
+                        and controller_alive(row["controller"]):
+                    return str(row["controller"])
+                db.execute("UPDATE jobs SET controller=?, state='starting', ended_at=NULL WHERE id=?",
+                           (controller_id(), job_id))
+            return None
+
+        try:
+            other = retry_busy(claim, self.busy_s)
+        except sqlite3.OperationalError as exc:
+            if not _transient(exc):
+                raise
+            raise LedgerBusy(f"the ledger {self.path} is locked by another process; job {job_id} was not resumed",
+                             hint="close the program holding it (a `sqlite3` shell, a backup), then run again") from exc
+        if other is None:
+            self.event("job", f"resumed by {controller_id()}", job_id=job_id)
+        return other or None
 
     def job_ended(self, job_id: str, state: str, summary: str) -> None:
         self.job_update(job_id, state=state, summary=summary, ended_at=time.time())
@@ -339,9 +523,9 @@ class Ledger:
     # ------------------------------------------------------------------ events and prices
 
     def event(self, kind: str, message: str, job_id: str | None = None, instance_id: str | None = None) -> None:
-        with self._tx() as db:
-            db.execute("INSERT INTO events (ts, job_id, instance_id, kind, message) VALUES (?, ?, ?, ?, ?)",
-                       (time.time(), job_id, instance_id, kind, message))
+        args = (time.time(), job_id, instance_id, kind, message)
+        self._write(lambda db: db.execute("INSERT INTO events (ts, job_id, instance_id, kind, message)"
+                                          " VALUES (?, ?, ?, ?, ?)", args), "event")
 
     def events(self, job_id: str | None = None) -> list[dict[str, Any]]:
         if job_id:
@@ -353,13 +537,11 @@ class Ledger:
     def record_measurement(self, job_id: str, gpu_name: str | None, model: str, settings: dict[str, Any],
                            seconds_per_step: float | None, peak_gb: float | None, steps: int) -> None:
         """Remember what a finished job measured, for the planner (plan/learned.py)."""
-        with self._tx() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO measured_runs (job_id, recorded_at, gpu_name, model, settings_json,"
-                " seconds_per_step, peak_gb, steps) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (job_id, time.time(), gpu_name, model, json.dumps(settings, sort_keys=True), seconds_per_step,
-                 peak_gb, steps),
-            )
+        args = (job_id, time.time(), gpu_name, model, json.dumps(settings, sort_keys=True), seconds_per_step,
+                peak_gb, steps)
+        self._write(lambda db: db.execute(
+            "INSERT OR REPLACE INTO measured_runs (job_id, recorded_at, gpu_name, model, settings_json,"
+            " seconds_per_step, peak_gb, steps) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", args), "measurement")
 
     def measurements(self) -> list[dict[str, Any]]:
         rows = self._db.execute("SELECT * FROM measured_runs ORDER BY recorded_at").fetchall()
@@ -367,11 +549,10 @@ class Ledger:
 
     def record_prices(self, offers: list[Any]) -> None:
         now = time.time()
-        with self._tx() as db:
-            db.executemany(
-                "INSERT OR IGNORE INTO prices (provider, offer_id, gpu_name, usd_per_hour, seen_at) VALUES (?, ?, ?, ?, ?)",
-                [(o.provider, o.id, o.gpu_name, o.usd_per_hour, now) for o in offers],
-            )
+        rows = [(o.provider, o.id, o.gpu_name, o.usd_per_hour, now) for o in offers]
+        self._write(lambda db: db.executemany(
+            "INSERT OR IGNORE INTO prices (provider, offer_id, gpu_name, usd_per_hour, seen_at) VALUES (?, ?, ?, ?, ?)",
+            rows), "prices")
 
 
 def installation_id() -> str:

@@ -128,7 +128,8 @@ def rank_by_job_cost(spec, provider_name: str, offers: list[Offer], *, gpu_pinne
             continue
         # The estimate travels with the offer: the default cap is twice it (session.py).
         priced.append((opt.usd_total, replace(o, extra={**o.extra, "plan_usd": round(opt.usd_total, 4),
-                                                        "plan_hours": round(opt.hours_total, 4)})))
+                                                        "plan_hours": round(opt.hours_total, 4),
+                                                        "plan_pull_gb": round(plan.job.pull_gb, 6)})))
     priced.sort(key=lambda t: (t[0], t[1].usd_per_hour))
     if priced:
         best = by_offer[priced[0][1].id]

@@ -12,6 +12,7 @@ import statistics
 from typing import Any
 
 from lorapod.compute.ledger import Ledger, lorapod_home
+from lorapod.errors import LorapodError
 
 ORDER = ("boot", "ssh ready", "environment", "data sync", "first step")
 #: What the planner's "boot + install" phase covers (the first step is in its own phases).
@@ -49,7 +50,10 @@ def measured_boot_min(provider: str) -> tuple[float, int] | None:
     path = lorapod_home() / "ledger.db"
     if not path.is_file():  # plan never creates a ledger
         return None
-    ledger = Ledger(path)
+    try:
+        ledger = Ledger.read_only(path)  # plan only reads: a damaged or locked ledger is no estimate
+    except LorapodError:
+        return None
     try:
         per_job: dict[str, dict[str, float]] = {}
         for rec in phase_events(ledger):

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from lorapod.compute.guards import parse_probe, watchdog_probe
 from lorapod.compute.transport import SyncStats, Transport
 from lorapod.compute.trust import MANIFEST_PY, guarded_read, is_regular, safe_relpath
 from lorapod.errors import RemoteError
@@ -54,9 +55,10 @@ def work_root() -> str:
     return os.environ.get("LORAPOD_REMOTE_ROOT") or WORK_ROOT
 #: Written only on this machine, beside what is pulled: never uploaded, never overwritten.
 LOCAL_ONLY = ("/remote-events.log", "/job.log", "/watchdog.log", "/spec.yaml", "/env.log")
-#: Never pulled: temporary checkpoint folders, rsync leftovers, the stop request itself, and the
-#: instance's spec.yaml (its paths point at the instance; the local one keeps local paths).
-PULL_EXCLUDES = (".tmp-*", ".old-*", ".rsync-partial", "STOP", "__pycache__", *LOCAL_ONLY)
+#: Never pulled: temporary checkpoint folders, rsync leftovers, the stop request itself, the
+#: instance's spec.yaml (its paths point at the instance; the local one keeps local paths), and
+#: the writer's lock (rundir.WriterLock: each machine's folder has its own writer).
+PULL_EXCLUDES = (".tmp-*", ".old-*", ".rsync-partial", "STOP", "__pycache__", ".lock", *LOCAL_ONLY)
 
 JOB_SH = r"""#!/usr/bin/env bash
 # Started as `setsid nohup bash job.sh CMD...`: its pid is the job's process group.
@@ -66,6 +68,8 @@ export PYTHONPATH="$PWD/pkg${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 export LORAPOD_REMOTE_JOB=1  # the controller measures the run for the planner (plan/learned.py)
 if [ -f secrets.env ]; then set -a; . ./secrets.env; set +a; fi
+# the second guard (compute/guards.py), in this process group: it ends with the job
+if [ -f guard.sh ]; then bash guard.sh "$$" >> watchdog.log 2>&1 < /dev/null & fi
 "$@" >> job.log 2>&1
 rc=$?
 echo "$rc" > job.exit.tmp && mv job.exit.tmp job.exit
@@ -125,6 +129,7 @@ class JobStatus:
     metrics: bytes = b""
     gone: bool = False
     stop: str | None = None  # the content of run/STOP, if someone (the watchdog) asked the job to stop
+    watchdog: bool | None = None  # alive and beating / gone / not known (compute/guards.py)
 
     @property
     def done(self) -> bool:
@@ -262,9 +267,9 @@ class RemoteWork:
         lines = out.stdout.decode(errors="replace").strip().splitlines()
         start = [x[len("LPSTART "):] for x in lines if x.startswith("LPSTART {")][:1]
         if not start:
-            said = (out.stderr.decode(errors="replace").strip() or out.stdout.decode(errors="replace").strip())
-            raise RemoteError(f"lorapod does not start on the instance with {env.python}: "
-                              f"{said[-400:] or f'no output (exit {out.returncode})'}",
+            said = (out.stderr.decode(errors="replace").strip()[-300:] or "nothing on stderr") + "; stdout: " + \
+                (out.stdout.decode(errors="replace").strip()[-200:] or "nothing") + f" (exit {out.returncode})"
+            raise RemoteError(f"lorapod does not start on the instance with {env.python}: {said}",
                               hint="the instance needs Python >= 3.11 and access to a package index; "
                                    "pass --python PATH for another interpreter")
         facts = json.loads(start[0])
@@ -347,8 +352,10 @@ class RemoteWork:
             argv = ["env", *(f"{k}={v}" for k, v in cache_env(self.cache_root).items()), *argv]
         self.put_files(files, then=f"{{ setsid nohup bash job.sh {shlex.join(argv)} > /dev/null 2>&1 < /dev/null & }}")
 
-    def poll(self, metrics_offset: int, timeout: float = 30.0) -> JobStatus:
-        """One round trip: heartbeat, job state, new metrics bytes after ``metrics_offset``."""
+    def poll(self, metrics_offset: int, timeout: float = 30.0, limit: int = 1 << 20,
+             watchdog_beat_s: float | None = None) -> JobStatus:
+        """One round trip: heartbeat, job state, and at most ``limit`` new metrics bytes after
+        ``metrics_offset`` (a bounded read, whatever the host wrote: compute/metrics_feed.py)."""
         script = (
             f"cd {self.q()} 2>/dev/null || {{ echo LPGONE; exit 0; }}\n"
             "touch HEARTBEAT\n"
@@ -359,18 +366,23 @@ class RemoteWork:
             f'stop=$({guarded_read("head -c 200", "run/STOP")} | tr -d "\\n")\n'
             'echo "LP alive=$alive exit=$ex"\n'
             'echo "LP stop=$stop"\n'
-            f"{guarded_read(f'tail -c +{metrics_offset + 1}', 'run/metrics.jsonl')}\n"
+            f"{watchdog_probe(watchdog_beat_s) if watchdog_beat_s is not None else ''}"
+            f"{guarded_read(f'tail -c +{int(metrics_offset) + 1}', 'run/metrics.jsonl')} | head -c {int(limit)}\n"
         )
         out = self.sh(script, timeout=timeout).stdout
         head, _, rest = out.partition(b"\n")
         if head.startswith(b"LPGONE"):
             return JobStatus(alive=False, exit=None, gone=True)
         stop_line, _, rest = rest.partition(b"\n")
+        wd = None
+        if watchdog_beat_s is not None:
+            wd_line, _, rest = rest.partition(b"\n")
+            wd = parse_probe(wd_line)
         text = head.decode(errors="replace")
         alive = "alive=1" in text
         ex = text.split("exit=", 1)[1].strip() if "exit=" in text else ""
         stop = stop_line.decode(errors="replace").partition("stop=")[2].strip()
-        return JobStatus(alive=alive, exit=ex or None, metrics=rest, stop=stop or None)
+        return JobStatus(alive=alive, exit=ex or None, metrics=rest, stop=stop or None, watchdog=wd)
 
     def request_stop(self, reason: str) -> None:
         self.write_file("run/STOP", (reason + "\n").encode(), 0o644)

@@ -27,10 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from lorapod.compute.bootstrap import bootstrap_for
+from lorapod.compute.guards import beat_limit_s, guard_script, restart_watchdog
 from lorapod.compute.httpapi import ApiError
-from lorapod.compute.ledger import Ledger, instance_label, lorapod_home
+from lorapod.compute.ledger import Ledger, LedgerBusy, instance_label, lorapod_home
+from lorapod.compute.ledger_repair import backup as backup_ledger
+from lorapod.compute.metrics_feed import POLL_BYTES, MetricsFeed
 from lorapod.compute.offers import choose_offers
 from lorapod.compute.provider import CreatedButUnusable, Instance, InstanceSpec, NoCapacity, Offer, Provider
+from lorapod.compute.pulls import LocalDiskFull, PullGuard
+from lorapod.compute.pulls import cap_bytes as pull_cap_bytes
 from lorapod.compute.remote import PULL_EXCLUDES, Bootstrap, RemoteWork, job_command_from_env, local_manifest
 from lorapod.compute.secrets import secrets_for
 from lorapod.compute.transport import (
@@ -96,6 +101,9 @@ class Options:
     create_settle_s: float = 30.0  # how long to look for an instance whose create did not answer
     default_cap_hours: float = 24.0  # the watchdog's hour cap when no cap is set and no estimate exists
     trainer: str | None = None  # the external trainer the job runs (recorded in the run folder for --resume)
+    watchdog_restarts: int = 5  # times the controller starts a dead watchdog again (compute/guards.py)
+    disk_full_grace_s: float = 900.0  # how long a full local disk may keep the instance (within the caps)
+    disk_full_retry_s: float = 15.0  # pull again this often while this machine's disk is full
 
 
 @dataclass
@@ -157,6 +165,7 @@ class Session:
         self.transport: Transport | None = None
         self.last_step: int | None = None
         self.metrics_offset = 0
+        self.feed = MetricsFeed()
         self.first_step_at: float | None = None
         self.view = None  # engine.progress.MetricsView, made when the first metrics arrive (max_usd known)
         self.last_pull_at: float | None = None
@@ -172,8 +181,12 @@ class Session:
             row = self.ledger.job(resume_job)
             if row is None:
                 raise LorapodError(f"no job '{resume_job}' in the ledger", hint="`lorapod ps` lists jobs")
+            # One controller per run folder (rundir.WriterLock), taken before the ledger says
+            # anything: it holds even when the ledger was rebuilt or another home names the folder.
+            self._writer = RunDir(Path(row.run_dir)).lock(f"lorapod run --resume {row.id} ({target})", say=say)
             other = self.ledger.job_claim(row.id)  # this process follows it now: `ps`, `down --orphans`
             if other is not None:
+                self._writer.release()
                 raise LorapodError(f"job {row.id} is already followed by a running controller ({other})",
                                    hint=f"follow it with `lorapod logs -f {row.id}`, or stop it with "
                                         f"`lorapod down {row.id}`")
@@ -182,9 +195,11 @@ class Session:
             # The uploaded run folder carries the old metrics: follow only what is new.
             self.last_step = row.last_step
             if self.run.metrics_file.is_file():
-                self.metrics_offset = self.run.metrics_file.read_bytes().rfind(b"\n") + 1
+                self.metrics_offset = _end_of_last_line(self.run.metrics_file)
+            self.feed = MetricsFeed(offset=self.metrics_offset)  # floor None: it restarts at its checkpoint
         else:
             self.run = RunDir.create(spec.output.dir, spec.output.name or "job")
+            self._writer = self.run.lock(f"lorapod run {self.run.job_id} ({target})", say=say)
             self.job_id = self.run.job_id
             self.run.write_spec(spec)
             if self.opts.trainer:
@@ -232,9 +247,20 @@ class Session:
         else:
             self.ledger.job_started(self.job_id, str(self.run.root), self.provider.name, self.target,
                                     self.spec_path, max_usd, max_hours)
+        if self.ledger.pending:  # locked (or unwritable) before anything is rented: say so now, rent nothing
+            self._writer.release()
+            raise LedgerBusy(f"the ledger {self.ledger.path} is locked by another process (or cannot be written); "
+                             f"job {self.job_id} was not started and nothing was rented",
+                             hint="close the program holding it (a `sqlite3` shell, a backup), or free the disk / "
+                                  "make LORAPOD_HOME writable, then run again")
         if max_usd is not None and self.ledger.usd(self.job_id) >= max_usd:
             raise BudgetError(f"job {self.job_id} already spent ${self.ledger.usd(self.job_id):.2f} of ${max_usd:.2f}",
                               hint="raise --max-usd to continue")
+        if self.ledger.notice:
+            self._say(f"warning: {self.ledger.notice}")
+        with contextlib.suppress(OSError, sqlite3.Error):  # a backup that fails never stops a run
+            backup_ledger(self.ledger)
+        writer = self._writer
         old = self._install_signal_handlers()
         state, message = "failed", "did not start"
         try:
@@ -258,20 +284,29 @@ class Session:
                 self._in_teardown = True
                 self._teardown()
             finally:
+                writer.release()
                 self._restore_signal_handlers(old)
                 usd = self.ledger.usd(self.job_id)
                 resume = f"; resume with `lorapod run --resume {self.job_id}`" if state != "done" else ""
+                if state != "done" and self.disk_full and not any(self.run.checkpoints.glob("*-*")):
+                    resume = "; no checkpoint reached this machine (its disk is full), so nothing here resumes"
                 summary_msg = f"{message} (last step {self.last_step}, ${usd:.4f}){resume}"
+                if self.feed.dropped_total:
+                    summary_msg += f"; {self.feed.dropped_total} metrics line(s) from the instance ignored"
                 if self.unconfirmed:
                     summary_msg += (f"; instance {self.unconfirmed} NOT confirmed destroyed: check "
                                     f"{self.console_link()} and run `lorapod down {self.job_id}`")
                 self.ledger.job_ended(self.job_id, state, summary_msg)
                 self.ledger.job_update(self.job_id, last_step=self.last_step)
+                self._learn()
+                if not self.ledger.flush(wait_s=self.ledger.busy_s):
+                    summary_msg += (f"; the ledger stayed locked by another process and {self.ledger.pending} "
+                                    "record(s) of this job were not written: once it is free, `lorapod down "
+                                    "--orphans` reconciles it with the provider")
                 self.summary = Summary(self.job_id, self.run.root, state, self.last_step, usd, summary_msg,
                                        self.first_step_at - self.t0 if self.first_step_at else None,
                                        self._billed_after_pull, self.unconfirmed,
                                        self.console_link() if self.unconfirmed else None)
-                self._learn()
         return self.summary
 
     def _learn(self) -> None:
@@ -551,7 +586,7 @@ class Session:
             self.say(f"instance facts: {host.describe()}")
             self.say(f"Python on the instance: {choice.why}")
         self.base_boot = boot
-        wd = self._watchdog_config()
+        wd = self.wd_cfg = self._watchdog_config()
         # The watchdog runs under the instance's base interpreter: standard library only.
         self.remote(lambda: work.start_watchdog(wd, boot.python), "start the watchdog")
         pid = self.remote(work.watchdog_alive, "check the watchdog")  # or WatchdogNotRunning: teardown destroys
@@ -575,7 +610,9 @@ class Session:
         t = time.monotonic()
         remote_spec = self._sync_inputs()
         self.phase("data sync", time.monotonic() - t)
-        files = {"spec.yaml": (remote_spec.to_yaml().encode(), 0o600)}
+        files = {"spec.yaml": (remote_spec.to_yaml().encode(), 0o600),
+                 "guard.sh": (guard_script(boot.python, float(self.wd_cfg.get("heartbeat_timeout_s", 600.0)),
+                                           float(self.wd_cfg.get("poll_s", 10.0))), 0o700)}
         names, withheld = secrets_for(self.spec, self.offer, o.forward_env)
         if withheld:
             self.say(withheld)
@@ -677,8 +714,10 @@ class Session:
         o = self.opts
         next_pull = time.monotonic() + o.pull_every_s
         while True:
-            st = self.remote(lambda: self.work.poll(self.metrics_offset), "poll")  # type: ignore[union-attr]
-            self._take_metrics(st.metrics)
+            st = self.remote(lambda: self.work.poll(self.metrics_offset, limit=POLL_BYTES,  # type: ignore[union-attr]
+                                                    watchdog_beat_s=beat_limit_s(self.wd_cfg)), "poll")
+            more = self._take_metrics(st.metrics)
+            self._check_watchdog(st)
             if st.gone:
                 raise RemoteError("the job's work folder vanished on the instance (the watchdog or someone "
                                   "removed it)", hint="see `lorapod logs JOB`; resume with `lorapod run --resume JOB`")
@@ -686,16 +725,20 @@ class Session:
                 self.stop_reason = f"the watchdog asked the job to stop: {st.stop}"
                 self.stop_requested_at = time.monotonic()
                 self.say(self.stop_reason)
-            if st.done:
+            if st.done and not more:  # done, and every metrics line read
                 break
             self._check_budget()
             if self.stop_requested_at and time.monotonic() - self.stop_requested_at > o.stop_wait_s:
                 self.say(f"the job did not stop within {o.stop_wait_s:.0f} s of STOP; stopping it")
                 break
             if time.monotonic() >= next_pull:
-                self._pull("progress")
+                try:
+                    self._pull("progress")
+                except LocalDiskFull as exc:  # the job goes on; the final pull waits for space
+                    self.say(f"progress pull skipped: {exc.message}; {exc.hint}")
                 next_pull = time.monotonic() + o.pull_every_s
-            time.sleep(o.poll_s)
+            if not more:  # a full chunk of metrics: read the rest now, not a poll later
+                time.sleep(o.poll_s)
         self._final_pull()
         if st.exit and st.exit.startswith("killed:"):
             raise RemoteError(f"the on-instance watchdog stopped the job at step {self.last_step} "
@@ -710,36 +753,76 @@ class Session:
         raise RemoteError(f"the job failed on the instance (exit {st.exit or 'unknown'}) at step {self.last_step}",
                           hint=f"see {self.run.root}/job.log; fix, then `lorapod run --resume {self.job_id}`")
 
-    def _take_metrics(self, data: bytes) -> None:
+    def _take_metrics(self, data: bytes) -> bool:
+        """Use one poll's metrics bytes, bounded and validated (compute/metrics_feed.py): a
+        forged or broken line is dropped and counted, never fatal. True when the poll's chunk was
+        full (more is waiting on the instance)."""
         if not data:
-            return
-        cut = data.rfind(b"\n")
-        if cut < 0:
-            return
-        self.metrics_offset += cut + 1
-        row = self.ledger.instance(self.iid) if self.iid is not None else None
-        usd, rate = self.ledger.usd(self.job_id), (row.usd_per_hour if row is not None else None)
-        if self.view is None:
-            from lorapod.engine.progress import MetricsView
+            return False
+        before = self.feed.dropped_total
+        records, full = self.feed.take(data)
+        self.metrics_offset = self.feed.offset
+        if records:
+            row = self.ledger.instance(self.iid) if self.iid is not None else None
+            usd, rate = self.ledger.usd(self.job_id), (row.usd_per_hour if row is not None else None)
+            if self.view is None:
+                from lorapod.engine.progress import MetricsView
 
-            self.view = MetricsView(usd_cap=self.max_usd)
-        for line in data[: cut + 1].splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and isinstance(rec.get("step"), int):
-                if self.first_step_at is None:
-                    self.first_step_at = time.monotonic()
-                    self.say(f"first training step after {self.first_step_at - self.t0:.1f} s")
-                    if self.job_started_at is not None:
-                        self.phase("first step", self.first_step_at - self.job_started_at,
-                                   "job start to its first step: model download, load, caching")
-                self.last_step = rec["step"]
-                shown = self.view.feed(rec, usd=usd, usd_per_hour=rate)  # engine/progress.py: one rendering
-                if shown:
-                    self._say(shown)
-        self.ledger.job_update(self.job_id, last_step=self.last_step)
+                self.view = MetricsView(usd_cap=self.max_usd)
+        for rec in records:
+            if self.first_step_at is None:
+                self.first_step_at = time.monotonic()
+                self.say(f"first training step after {self.first_step_at - self.t0:.1f} s")
+                if self.job_started_at is not None:
+                    self.phase("first step", self.first_step_at - self.job_started_at,
+                               "job start to its first step: model download, load, caching")
+            self.last_step = rec["step"]
+            shown = self.view.feed(rec, usd=usd, usd_per_hour=rate)  # engine/progress.py: one rendering
+            if shown:
+                self._say(shown)
+        if self.feed.dropped_total > before:
+            self.say(f"ignored {self.feed.dropped_total - before} metrics line(s) from the instance "
+                     f"(so far: {self.feed.describe_dropped()})")
+        if records:
+            self.ledger.job_update(self.job_id, last_step=self.last_step)
+        return full
+
+    _wd_unknown_since: float | None = None
+    _wd_grace_until = 0.0
+    _wd_restarts = 0
+    _wd_down_said = False
+    wd_cfg: dict[str, Any] = {}
+
+    def _check_watchdog(self, st: Any) -> None:
+        """The watchdog must live while the job runs (DESIGN invariant 9): checked on every poll,
+        started again when it is gone (a host may kill it), said, and recorded for `ps`."""
+        now = time.monotonic()
+        limit = beat_limit_s(self.wd_cfg)
+        if st.done or st.watchdog is True or now < self._wd_grace_until:
+            self._wd_unknown_since = None
+            return
+        if st.watchdog is None:  # no pid file: starting, or removed
+            self._wd_unknown_since = self._wd_unknown_since or now
+            if now - self._wd_unknown_since < limit:
+                return
+        if self._wd_restarts >= self.opts.watchdog_restarts:
+            if not self._wd_down_said:
+                self._wd_down_said = True
+                self.say(f"WARNING: the watchdog on the instance is down and was restarted {self._wd_restarts} "
+                         "time(s) already; nothing on the instance destroys it if this controller dies: keep "
+                         f"this process running, or `lorapod down {self.job_id}`")
+                self.ledger.event("watchdog", "down: not restarted again", job_id=self.job_id, instance_id=self.iid)
+            return
+        self._wd_restarts += 1
+        self.say(f"the watchdog on the instance is not running (killed?); starting it again "
+                 f"({self._wd_restarts}/{self.opts.watchdog_restarts})")
+        self.ledger.event("watchdog", "down: restarting", job_id=self.job_id, instance_id=self.iid)
+        cfg = self._watchdog_config()  # the caps counted from the instance's creation, as before
+        python = (self.base_boot or self.opts.bootstrap).python
+        self.remote(lambda: restart_watchdog(self.work, cfg, python), "restart the watchdog")
+        self.ledger.event("watchdog", "restarted", job_id=self.job_id, instance_id=self.iid)
+        self._wd_unknown_since = None
+        self._wd_grace_until = time.monotonic() + limit
 
     def _check_budget(self) -> None:
         if self.stop_reason or self.iid is None:
@@ -764,9 +847,22 @@ class Session:
         self.say(f"asking the job to checkpoint and stop: {reason}")
         self.remote(lambda: self.work.request_stop(reason), "write STOP")  # type: ignore[union-attr]
 
-    def _pull(self, why: str) -> None:
+    _pulls: PullGuard | None = None
+    disk_full = False  # this machine's disk could not take the results (compute/pulls.py)
+
+    @property
+    def pulls(self) -> PullGuard:
+        """Every pull goes through one guard: bounded, sparse-aware, free space checked first."""
+        if self._pulls is None:
+            assert self.work is not None
+            plan_gb = (self.offer.extra if self.offer else {}).get("plan_pull_gb")
+            self._pulls = PullGuard(self.work, self.run.root, (self.base_boot or self.opts.bootstrap).python,
+                                    pull_cap_bytes(self.spec, plan_gb), self.say)
+        return self._pulls
+
+    def _pull(self, why: str, newest_only: bool = False) -> None:
         assert self.work is not None
-        st = self.remote(lambda: self.work.pull(self.run.root), f"pull ({why})")  # type: ignore[union-attr]
+        st = self.remote(lambda: self.pulls.pull(why, newest_only=newest_only), f"pull ({why})")
         self.last_pull_at = time.monotonic()
         if st.files_transferred:
             self.say(f"pulled {st.files_transferred} files ({why})")
@@ -776,10 +872,10 @@ class Session:
         assert self.work is not None
         py = (self.base_boot or self.opts.bootstrap).python
         for attempt in range(3):
-            self._pull("final")
+            self._pull_through_full_disk("final")
             remote = self.remote(lambda: self.work.manifest(py), "checksums")  # type: ignore[union-attr]
             local = local_manifest(self.run.root)
-            bad = [k for k, v in remote.items() if local.get(k) != v]
+            bad = [k for k, v in remote.items() if local.get(k) != v and not self.pulls.leaves(k)]
             if not bad:
                 self._fetch_logs()  # before PULLED: the watchdog may remove the folder right after it
                 self.remote(self.work.mark_pulled, "mark pulled")
@@ -805,9 +901,8 @@ class Session:
             self.remote(lambda: self.work.request_stop(why), "write STOP")  # type: ignore[union-attr]
             deadline = self.deadline(self.opts.stop_wait_s)
             while time.monotonic() < deadline:
-                st = self.remote(lambda: self.work.poll(self.metrics_offset), "poll")  # type: ignore[union-attr]
-                self._take_metrics(st.metrics)
-                if st.done:
+                st = self.remote(lambda: self.work.poll(self.metrics_offset, limit=POLL_BYTES), "poll")  # type: ignore[union-attr]
+                if not self._take_metrics(st.metrics) and st.done:
                     break
                 time.sleep(self.opts.poll_s)
             self._final_pull()
@@ -816,12 +911,66 @@ class Session:
         except LorapodError as exc:
             self.say(f"could not pull everything before destroying: {exc.message}")
 
+    def _pull_through_full_disk(self, why: str) -> None:
+        """A pull that finds this machine's disk full: say so and what to free, bring the newest
+        checkpoint and the adapter first (the smallest set that resumes), and keep the instance,
+        within the caps, for ``disk_full_grace_s`` while retrying; then give up (teardown follows)."""
+        try:
+            self._pull(why)
+            return
+        except LocalDiskFull as exc:
+            full = exc
+        self.disk_full = True
+        o = self.opts
+        borrowed = bool(getattr(self.provider, "borrowed", False))
+        if borrowed:  # the host's watchdog must not remove the only copy meanwhile
+            self._mark_keep(True)
+        grace = max(0.0, min(o.disk_full_grace_s, self._seconds_to_cap() - o.stop_margin_s))
+        span = f"{grace / 60:.1f} min" if grace >= 120 else f"{grace:.0f} s"
+        self.say(f"{full.message}; {full.hint}. lorapod keeps the instance for up to {span} "
+                 f"(within the caps), retrying every {o.disk_full_retry_s:g} s, the newest checkpoint and the "
+                 "adapter first")
+        deadline = time.monotonic() + grace
+        newest_home = False
+        while True:
+            try:
+                self._pull(f"{why}: newest checkpoint and adapter", newest_only=True)
+                if not newest_home:
+                    newest_home = True
+                    self.say("the newest checkpoint and the adapter are home (enough to resume); the rest waits "
+                             "for space")
+                self._pull(why)
+                self.disk_full = False
+                if borrowed:
+                    self._mark_keep(False)
+                self.say("space was freed: everything is pulled")
+                return
+            except LocalDiskFull as exc:
+                full = exc
+            if time.monotonic() + o.disk_full_retry_s > deadline:
+                raise LocalDiskFull(full.folder, full.needed, full.free)
+            time.sleep(o.disk_full_retry_s)
+
+    def _seconds_to_cap(self) -> float:
+        """Seconds before the job's dollar or hour cap (inf without a cap)."""
+        if self.iid is None:
+            return float("inf")
+        row = self.ledger.instance(self.iid)
+        now = time.time()
+        left = [float("inf")]
+        if row is not None and self.max_usd and row.usd_per_hour > 0:
+            left.append((self.max_usd - self.ledger.usd(self.job_id, now)) / row.usd_per_hour * 3600)
+        if self.max_hours:
+            left.append(self.max_hours * 3600 - sum(max(0.0, (r.destroyed_at or now) - r.created_at)
+                                                    for r in self.ledger.job_instances(self.job_id)))
+        return min(left)
+
     def _salvage(self) -> None:
         """On an error, bring home whatever is there before the instance goes (best effort)."""
         if self.work is None:
             return
         try:
-            st = self.work.pull(self.run.root)
+            st = self.pulls.pull("salvage")
             self.say(f"salvaged {st.files_transferred} files before teardown")
         except Exception as exc:
             self.say(f"could not salvage files: {exc}")
@@ -831,7 +980,10 @@ class Session:
             self._hb_stop.set()
         if self.work is not None and not self.pulled and self._signals < 2:
             self._fetch_logs()
-        if self.iid is not None:
+        if self.iid is not None and self.disk_full and getattr(self.provider, "borrowed", False) \
+                and self.work is not None:
+            self._keep_on_host()
+        elif self.iid is not None:
             self._destroy_instance(self.stop_reason or "job over")
         if self.transport is not None:
             with contextlib.suppress(Exception):
@@ -840,6 +992,23 @@ class Session:
             key_dir = lorapod_home() / "keys" / self.job_id
             for f in key_dir.glob("id_ed25519*"):
                 f.unlink(missing_ok=True)
+
+    def _mark_keep(self, keep: bool) -> None:
+        """KEEP in the work folder: the watchdog on a borrowed host leaves the folder alone."""
+        assert self.work is not None
+        cmd = f"touch {self.work.q('KEEP')}" if keep else f"rm -f {self.work.q('KEEP')}"
+        with contextlib.suppress(Exception):
+            self.remote(lambda: self.work.sh(cmd, timeout=30, check=False), "mark the results kept")  # type: ignore[union-attr]
+
+    def _keep_on_host(self) -> None:
+        """An ssh:// host whose results could not come home: its work folder stays (KEEP tells the
+        watchdog there not to remove it) until `lorapod pull`; nothing bills on a borrowed host."""
+        assert self.work is not None
+        self._mark_keep(True)
+        self.say(f"the results stay on {self.target} in {self.work.dir} (this machine's disk is full): free "
+                 f"space here, then `lorapod pull {self.job_id}` and `lorapod down {self.job_id}`")
+        self.ledger.event("instance", "kept: results not yet home (this machine's disk is full)",
+                          job_id=self.job_id, instance_id=self.iid)
 
     def _fetch_logs(self) -> None:
         """job.log and watchdog.log sit beside the run folder on the instance: keep a copy."""
@@ -910,6 +1079,22 @@ class Session:
         self.say(f"could NOT confirm that {provider_id} is gone: it may still bill. {backstop}check "
                  f"{self.console_link()} and run `lorapod down {self.job_id}`")
         return False
+
+
+def _end_of_last_line(path: Path, chunk: int = 1 << 16) -> int:
+    """The offset just after the last newline of ``path``, read backwards in bounded chunks
+    (the pulled metrics file may be large; it is never read whole)."""
+    with open(path, "rb") as fh:
+        end = fh.seek(0, os.SEEK_END)
+        pos = end
+        while pos > 0:
+            start = max(0, pos - chunk)
+            fh.seek(start)
+            cut = fh.read(pos - start).rfind(b"\n")
+            if cut >= 0:
+                return start + cut + 1
+            pos = start
+    return 0
 
 
 def transport_for(provider: Provider, inst: Instance, identity: Path | None, iid: str) -> Transport:

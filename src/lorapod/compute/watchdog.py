@@ -31,12 +31,23 @@ the pod-scoped ``RUNPOD_API_KEY``; Vast.ai ``DELETE /api/v0/instances/{CONTAINER
 stop the job and delete the work folder, never the machine. Every request names itself
 (``User-Agent``), and what a provider answers is read only up to :data:`MAX_BODY`.
 
+Durations are measured on the monotonic clock: a wall clock stepped back (NTP, a host that sets
+it) neither extends a cap nor makes a silent controller look alive. File times (``HEARTBEAT``,
+``metrics.jsonl``) are wall-clock ``mtime``s, so each is read once on the wall clock when first
+seen and from then on by when it *changed*, on the monotonic clock (:class:`FileClock`).
+
+It is one of two guards that watch each other: it touches ``WATCHDOG_BEAT`` every tick, which the
+controller checks on every poll (restarting it when it is gone), and the job's runner
+(``guard.sh``, :mod:`lorapod.compute.guards`) restarts it when both it and the controller are
+gone. At most one watchdog runs per work folder (an exclusive lock on ``watchdog.lock``).
+
 Run: ``python3 watchdog.py`` with the work folder as current directory.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -195,11 +206,14 @@ def kill_job(reason: str) -> None:
                 os.killpg(pid, sig)
             except (ProcessLookupError, PermissionError):
                 break
-            end = time.time() + wait
-            while time.time() < end and alive(pid):
+            end = time.monotonic() + wait
+            while time.monotonic() < end and alive(pid):
                 time.sleep(0.2)
             if not alive(pid):
                 break
+    elif pid:  # the job is over, but its group may outlive it (the runner's guard.sh): end it too
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
     if not os.path.exists("job.exit"):
         try:
             with open("job.exit.tmp", "w") as fh:
@@ -372,7 +386,11 @@ def destroy(cfg: dict[str, Any], reason: str, attempt: int = 1) -> bool:
         log(f"could not stop the job ({type(exc).__name__}: {exc})")
     if isinstance(cfg.get("destroy"), dict) or cfg["provider"] in ("runpod", "vast"):
         return destroy_through_api(cfg)
-    # ssh / local: the machine is not ours; remove only our work folder.
+    # ssh / local: the machine is not ours; remove only our work folder, and not while the
+    # controller says the results are not home yet (KEEP: its disk was full, compute/pulls.py).
+    if os.path.exists("KEEP"):
+        log("the results are not home yet (KEEP): the work folder stays for `lorapod pull`")
+        return True
     try:
         here = os.getcwd()
     except OSError:  # someone removed it already (lorapod down, the controller): nothing left to do
@@ -398,19 +416,72 @@ def load_config() -> dict[str, Any]:
         return {**DEFAULTS, **json.load(fh)}
 
 
+class FileClock:
+    """File mtimes (wall clock) turned into monotonic times: a file's time is when it last changed,
+    as this process saw it. A value seen first is placed by its wall-clock age (never negative),
+    every later change at the tick that saw it, so stepping the wall clock moves nothing."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, tuple[float, float]] = {}
+
+    def place(self, key: str, mtime: float | None, mono_now: float, wall_now: float) -> float | None:
+        if mtime is None:
+            self.seen.pop(key, None)
+            return None
+        prev = self.seen.get(key)
+        if prev is None or prev[0] != mtime:
+            age = max(0.0, wall_now - mtime) if prev is None else 0.0
+            self.seen[key] = (mtime, mono_now - age)
+        return self.seen[key][1]
+
+
+TIMED_FACTS = ("done_at", "heartbeat", "progress", "stop_written_at")
+
+
+def single_instance() -> Any:
+    """Hold ``watchdog.lock`` for this process's life, or None when another watchdog holds it
+    (the controller and the job's runner may both restart a dead one at once)."""
+    try:
+        fh = open("watchdog.lock", "a")
+    except OSError:
+        return True  # a full disk: run anyway; two watchdogs beat none
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.close()
+        return None
+    return fh
+
+
+def beat() -> None:
+    """Touch WATCHDOG_BEAT: the controller's proof, on every poll, that this process still ticks."""
+    try:
+        os.utime("WATCHDOG_BEAT")
+    except FileNotFoundError:
+        with contextlib.suppress(OSError):
+            open("WATCHDOG_BEAT", "a").close()
+    except OSError:
+        pass
+
+
 def main() -> int:
     cfg = load_config()
+    held = single_instance()
+    if held is None:
+        log("another watchdog already watches this folder; exiting")
+        return 0
     try:
         with open("watchdog.pid.tmp", "w") as fh:
             fh.write(str(os.getpid()))
         os.replace("watchdog.pid.tmp", "watchdog.pid")
     except OSError as exc:  # a full disk: teardown then finds us by process group instead
         log(f"could not write watchdog.pid ({exc})")
-    started = time.time()
+    started = time.monotonic()
     log(f"watching (provider {cfg['provider']}, cap {cap_seconds(cfg)} s, poll {cfg['poll_s']} s)")
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    state = {"attempt": 0, "next_destroy": 0.0, "delay": float(cfg["destroy_backoff_s"])}
+    state = {"attempt": 0, "next_destroy": 0.0, "delay": float(cfg["destroy_backoff_s"]), "clock": FileClock()}
     while True:
+        beat()
         try:
             if tick(cfg, started, state):
                 return 0
@@ -420,9 +491,13 @@ def main() -> int:
 
 
 def tick(cfg: dict[str, Any], started: float, state: dict[str, Any]) -> bool:
-    """One check; True once the instance is destroyed (the watchdog's work is done)."""
-    now = time.time()
+    """One check; True once the instance is destroyed (the watchdog's work is done). ``started``
+    and every duration are on the monotonic clock."""
+    now, wall = time.monotonic(), time.time()
     facts = gather()
+    clock = state.setdefault("clock", FileClock())
+    for key in TIMED_FACTS:
+        facts[key] = clock.place(key, facts[key], now, wall)
     action = "destroy" if state["attempt"] else decide(cfg, now, started, facts)
     if action == "destroy":
         if now < state["next_destroy"]:

@@ -90,18 +90,27 @@ def detect_format(records: list[tuple[int, dict]]) -> str:
     return first[1]
 
 
-MAX_LINE_BYTES = 64 * 2**20
+#: The longest line read, by default. 4 MiB is about a million tokens of English (4 bytes a token),
+#: far past any sequence_len trained on; a longer line is reported at once, never parsed: a 50 MB
+#: line used to keep `data check --model` busy for minutes at 9.5 GB (the JSON, the rendered
+#: template and the fast tokenizer's encoding each hold it again, several times over).
+MAX_LINE_BYTES = 4 * 2**20
 
 
-def _lines(fh) -> Iterator[bytes | None]:
-    """Lines of a binary file, with None for a line over MAX_LINE_BYTES (skipped, never held whole)."""
+def _size(n: int) -> str:
+    return f"{n // 2**20} MiB" if n >= 2**20 and n % 2**20 == 0 else f"{n // 1024} KiB" if n >= 1024 else f"{n} bytes"
+
+
+def _lines(fh, limit: int) -> Iterator[bytes | None]:
+    """Lines of a binary file, with None for a line over ``limit`` bytes (skipped in bounded
+    chunks, never held whole: memory stays within ``limit`` whatever the file holds)."""
     while True:
-        raw = fh.readline(MAX_LINE_BYTES)
+        raw = fh.readline(limit)
         if not raw:
             return
-        if len(raw) >= MAX_LINE_BYTES and not raw.endswith(b"\n"):
+        if len(raw) >= limit and not raw.endswith(b"\n"):
             while True:  # skip the rest of the giant line in bounded chunks
-                rest = fh.readline(MAX_LINE_BYTES)
+                rest = fh.readline(limit)
                 if not rest or rest.endswith(b"\n"):
                     break
             yield None
@@ -109,8 +118,11 @@ def _lines(fh) -> Iterator[bytes | None]:
         yield raw
 
 
-def read_jsonl(path: Path) -> tuple[list[tuple[int, dict]], list[Finding]]:
+def read_jsonl(path: Path, max_line_bytes: int | None = None) -> tuple[list[tuple[int, dict]], list[Finding]]:
     """Read a JSON-lines file into ``(line_number, record)`` pairs, line numbers 1-based.
+
+    The file is streamed line by line; a line over ``max_line_bytes`` (default
+    :data:`MAX_LINE_BYTES`) is a finding and is skipped without being held in memory.
 
     A bad line becomes a Finding (bad JSON, not UTF-8, not an object, cut off at the end of the
     file) rather than an exception, so one typo on line 812 does not hide the rest of the file.
@@ -127,13 +139,15 @@ def read_jsonl(path: Path) -> tuple[list[tuple[int, dict]], list[Finding]]:
         fh = open(path, "rb")
     except OSError as exc:
         raise DataError(f"cannot read {path}: {exc.strerror}.", hint="Check the file's permissions.") from exc
+    limit = int(max_line_bytes or MAX_LINE_BYTES)
     with fh:
-        for lineno, raw in enumerate(_lines(fh), start=1):
+        for lineno, raw in enumerate(_lines(fh, limit), start=1):
             if raw is None:
                 findings.append(finding(
                     "error", "chat-line-too-long", path,
-                    f"line longer than {MAX_LINE_BYTES // 2**20} MiB (binary data, or a file without "
-                    "newlines?); not read.", lineno,
+                    f"line longer than {_size(limit)} (binary data, a file without newlines, or one "
+                    "example far past any sequence length?); not read, and not trained on. "
+                    "`lorapod data check --max-line-mb N` reads longer lines.", lineno,
                 ))
                 continue
             complete = raw.endswith(b"\n")
@@ -291,7 +305,7 @@ def validate_messages(messages: list[dict], line: int | None, path: str = "") ->
     return out
 
 
-def load_numbered(path: Path, fmt: str = "auto", refuse_empty: bool = False,
+def load_numbered(path: Path, fmt: str = "auto", refuse_empty: bool = False, max_line_bytes: int | None = None,
                   ) -> tuple[list[tuple[int, list[dict]]], list[Finding], str]:
     """Usable conversations with their 1-based line numbers, the findings, and the format.
 
@@ -299,7 +313,7 @@ def load_numbered(path: Path, fmt: str = "auto", refuse_empty: bool = False,
     line, in ``data check`` and at train time alike. ``refuse_empty``: raise DataError (naming
     the first problem) when no example is usable.
     """
-    numbered, findings, fmt = _numbered(Path(path), fmt)
+    numbered, findings, fmt = _numbered(Path(path), fmt, max_line_bytes)
     if refuse_empty and not numbered:
         first = next((f for f in findings if f.severity == "error"), None)
         detail = f" (first problem, line {first.line}: {first.message})" if first else " (the file is empty)"
@@ -310,8 +324,9 @@ def load_numbered(path: Path, fmt: str = "auto", refuse_empty: bool = False,
     return numbered, findings, fmt
 
 
-def _numbered(path: Path, fmt: str) -> tuple[list[tuple[int, list[dict]]], list[Finding], str]:
-    records, findings = read_jsonl(path)
+def _numbered(path: Path, fmt: str, max_line_bytes: int | None = None,
+              ) -> tuple[list[tuple[int, list[dict]]], list[Finding], str]:
+    records, findings = read_jsonl(path, max_line_bytes)
     if not records:
         return [], findings, fmt
     if fmt == "auto":
@@ -474,6 +489,7 @@ def check_chat(
     val: Path | None = None,
     fmt: str = "auto",
     system_prompt: str = "auto",
+    max_line_bytes: int | None = None,
 ) -> Report:
     """All chat checks on one file (and its validation file): the report ``lorapod data check`` prints.
 
@@ -483,7 +499,7 @@ def check_chat(
     path = Path(path)
     report = Report()
     try:
-        numbered, findings, fmt = load_numbered(path, fmt)
+        numbered, findings, fmt = load_numbered(path, fmt, max_line_bytes=max_line_bytes)
         conversations = [c for _, c in numbered]
     except DataError as exc:  # a mixed file: one finding that names the line, no traceback
         report.add(finding("error", "chat-mixed-format", path, str(exc)))

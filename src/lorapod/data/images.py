@@ -279,5 +279,6 @@ def check_path(path: Path, **kwargs) -> Report:
                         hint="Give the folder of images (not one image), or a chat .jsonl file.")
     from lorapod.data.chat import check_chat
 
-    allowed = {k: v for k, v in kwargs.items() if k in ("model", "sequence_len", "val", "system_prompt")}
+    allowed = {k: v for k, v in kwargs.items() if k in ("model", "sequence_len", "val", "system_prompt",
+                                                        "max_line_bytes")}
     return check_chat(path, **allowed)

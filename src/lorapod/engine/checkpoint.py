@@ -220,11 +220,14 @@ class CheckpointManager:
         except (OSError, ValueError, KeyError, TypeError):
             return False
 
-    def latest(self) -> Checkpoint | None:
-        """The newest checkpoint whose files match its manifest (damaged ones are skipped)."""
+    def latest(self, skipped: list[Path] | None = None) -> Checkpoint | None:
+        """The newest checkpoint whose files match its manifest; damaged ones are skipped (and
+        appended to ``skipped``, so the caller can say so)."""
         for path in reversed(self.list()):
             if self.verify(path):
                 return self.load(path)
+            if skipped is not None:
+                skipped.append(path)
         return None
 
     def load(self, path: Path) -> Checkpoint:
@@ -244,7 +247,12 @@ class CheckpointManager:
 
 def resume_point(checkpoints: Path, event, log) -> Checkpoint | None:
     """The newest valid checkpoint of a run folder to resume from, or None (said aloud)."""
-    checkpoint = CheckpointManager(checkpoints).latest()
+    skipped: list[Path] = []
+    checkpoint = CheckpointManager(checkpoints).latest(skipped)
+    for path in skipped:  # on the terminal too: a skipped checkpoint costs the steps since the one before
+        msg = f"skipped checkpoint {path.name}: its files do not match its manifest.json (cut off or damaged)"
+        event(msg)
+        log(msg)
     if checkpoint is None:
         event("no valid checkpoint to resume from: starting from scratch")
         log("no valid checkpoint found: starting from step 0")

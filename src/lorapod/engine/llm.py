@@ -330,6 +330,11 @@ def prepare(spec: JobSpec, device: str | None = None, log=print, *,
             "no training example has an assistant reply left after tokenisation",
             hint="check the data with `lorapod data check`, or raise data.sequence_len",
         )
+    # The adapter's initial weights come from the seed alone, whatever reading the data, the
+    # tokenizer or building lorapod's built-in model did to the RNG before: a restart from step 0
+    # (a run killed before its first checkpoint) then reproduces a fresh run exactly.
+    torch.manual_seed(spec.train.seed)
+    random.seed(spec.train.seed)
     model = load_model(spec, replace(precision, device=torch.device("cpu")) if stage_on_cpu else precision)
     model = add_lora(model, spec)
     # peft keeps adapter weights in fp32 while the base may be bf16; the seed fixes their init

@@ -159,9 +159,14 @@ def _num(v) -> float | None:
     """A finite number from a metrics record (a host's records are untrusted), else None."""
     import math
 
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+    if isinstance(v, bool) or not isinstance(v, int | float):
         return None
-    return float(v)
+    try:
+        x = float(v)
+    except OverflowError:  # a JSON integer with hundreds of digits
+        return None
+    # ±1e12 bounds what a line prints: a forged 1e308 would print 300 digits
+    return x if math.isfinite(x) and abs(x) <= 1e12 else None
 
 
 class MetricsView:
@@ -189,7 +194,7 @@ class MetricsView:
             shown = {k: v for k, v in shown.items() if v is not None}
             if "val_loss" in shown:
                 self.val_loss = shown["val_loss"]
-            return f"eval at step {step}: " + "  ".join(f"{k} {v:.4f}" for k, v in list(shown.items())[:6])
+            return f"eval at step {step}: " + "  ".join(f"{k[:40]} {v:.4f}" for k, v in list(shown.items())[:6])
         if event == "checkpoint":
             return f"checkpoint at step {step}"
         if event is not None:

@@ -164,6 +164,11 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
             torch.cuda.empty_cache()
 
     targets = family.default_targets if m.target_modules == "all-linear" else m.target_modules
+    # The adapter's initial weights from the seed alone, whatever loading the model, the data and
+    # the caches did to the global RNG before (as in the LLM engine, where building the built-in
+    # model did): a restart from step 0 then starts exactly as a fresh run.
+    torch.manual_seed(spec.train.seed)
+    random.seed(spec.train.seed)
     attach_lora(comps.denoiser, lora_config(spec, targets))
     if m.train_text_encoder:
         for te in comps.text_encoders:

@@ -245,6 +245,8 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
 
     swaps: list[wan.BlockSwap] = []
     targets = family.default_targets if m.target_modules == "all-linear" else m.target_modules
+    torch.manual_seed(spec.train.seed)  # the adapters' init from the seed alone, whatever loading did before
+    random.seed(spec.train.seed)
     for tr, _, _ in experts.values():
         attach_lora(tr, lora_config(spec, targets))
         swap = None
