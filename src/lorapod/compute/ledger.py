@@ -229,7 +229,7 @@ class Ledger:
         self._pending: list[tuple[Write, str]] = []
         self._lock = threading.RLock()
         if repair:
-            from lorapod.compute.ledger_repair import repair_if_damaged
+            from lorapod.compute.ledger_file import repair_if_damaged
 
             try:
                 self.notice = repair_if_damaged(self.path)
@@ -265,7 +265,7 @@ class Ledger:
         """The ledger opened for reading only (``lorapod ps``): nothing is created, changed or
         locked for writing, so it works in a read-only ``LORAPOD_HOME`` and beside a run that
         writes. A missing file reads as an empty ledger; a damaged one raises :class:`LedgerDamaged`."""
-        from lorapod.compute.ledger_repair import damage
+        from lorapod.compute.ledger_file import damage
 
         self = cls.__new__(cls)
         home = Path(os.environ.get("LORAPOD_HOME") or Path.home() / ".lorapod").expanduser()
