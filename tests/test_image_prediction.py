@@ -167,7 +167,8 @@ def test_v_pred_cli_flag_sets_the_spec(tmp_path):
     spec.write_text(f"model: {{id: {tmp_path / 'missing.safetensors'}, family: sd15}}\n"
                     f"data: {{path: {tmp_path / 'imgs'}, format: images}}\n"
                     f"output: {{dir: {tmp_path / 'runs'}}}\n")
-    CliRunner().invoke(build_app(), ["train", str(spec), "--v-pred"])  # fails later: the model file is missing
+    # fails later (the model file is missing); a --run-dir folder is the user's and stays, spec and all
+    CliRunner().invoke(build_app(), ["train", str(spec), "--v-pred", "--run-dir", str(tmp_path / "runs" / "r")])
     written = next((tmp_path / "runs").glob("*/spec.yaml")).read_text()
     assert "prediction_type: v_prediction" in written
 

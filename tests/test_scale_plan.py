@@ -45,7 +45,8 @@ class _Api:
 
     def gpu_types(self):
         return [{"id": "NVIDIA A100 80GB PCIe", "displayName": "A100 80GB", "memoryInGb": 80,
-                 "securePrice": 1.5, "communityPrice": 1.2}]
+                 "securePrice": 1.5, "communityPrice": 1.2,
+                 "lowestPrice": {"uninterruptablePrice": 1.2}}]  # in stock (runpodctl's ListGpuTypes filter)
 
     def create_pod(self, body):
         self.bodies.append(body)

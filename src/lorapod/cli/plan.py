@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from lorapod.errors import PlanError
@@ -91,7 +92,7 @@ def plan_command(
     _print_plan(plan, notes, sort)
     for line in [*(vol.lines() if vol is not None else []),
                  *([VAST_NOTE] if job_spec.compute.volume or any(o.provider == "vast" for o in plan.options) else [])]:
-        console.print(f"[dim]volume:[/] {line}", highlight=False, soft_wrap=True)
+        console.print(f"[dim]volume:[/] {escape(line)}", highlight=False)  # wrapped to the terminal
     if why is not None:
         from lorapod.plan.explain import lines
 

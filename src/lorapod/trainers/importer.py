@@ -82,7 +82,11 @@ _AX_DIRECT = {"lora_r": "method.r", "lora_alpha": "method.alpha", "lora_dropout"
               "weight_decay": "train.weight_decay", "max_grad_norm": "train.max_grad_norm", "seed": "train.seed",
               "save_steps": "save.every_steps", "save_total_limit": "save.keep_last", "eval_steps": "eval.every_steps",
               "val_set_size": "data.val_split", "revision_of_model": "model.revision",
-              "trust_remote_code": "model.trust_remote_code"}
+              "trust_remote_code": "model.trust_remote_code",
+              # trackers (trainers/tracking.py writes them)
+              "use_tensorboard": "tracking.tensorboard", "wandb_project": "tracking.wandb.project",
+              "wandb_entity": "tracking.wandb.entity", "wandb_name": "tracking.wandb.name",
+              "wandb_mode": "tracking.wandb.mode"}
 
 
 def _ax_dataset(r: ImportResult, ds: dict, where: str) -> tuple[str, str | None, bool | None]:
