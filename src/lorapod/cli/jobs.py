@@ -25,8 +25,10 @@ def register(app: typer.Typer) -> None:
         from lorapod.compute.jobs import ps_rows, ps_rows_from_providers
         from lorapod.compute.ledger import Ledger, LedgerDamaged
 
+        ledger: Ledger | None = None
         try:
-            rows = ps_rows(Ledger.read_only(), all_jobs=all_)
+            ledger = Ledger.read_only()
+            rows = ps_rows(ledger, all_jobs=all_)
         except LedgerDamaged as exc:
             err.print(f"[bold red]warning:[/] {exc.message}; showing what the providers list instead", markup=True,
                       highlight=False, soft_wrap=True)
@@ -40,7 +42,7 @@ def register(app: typer.Typer) -> None:
             console.print(volumes, markup=False, soft_wrap=True)
         from lorapod.deploy.serverless import endpoint_cost, live_endpoints
 
-        for ep in live_endpoints(Ledger()):
+        for ep in live_endpoints(ledger) if ledger is not None else []:  # ps only reads
             console.print(f"serverless endpoint {ep['id']} ({ep.get('model')}, {ep.get('gpu')}): {endpoint_cost(ep)}; "
                           f"{ep.get('url')}; `lorapod down --endpoint {ep['id']}` removes it", markup=False, soft_wrap=True)
         if not rows:

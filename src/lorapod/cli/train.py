@@ -61,7 +61,7 @@ def train(
     nproc: int | None = None
     if resume is not None:
         run = RunDir.open(resume)
-        if not world.active:
+        if not world.active and node_rank == 0:  # rank 0 lives on node 0: the only writer
             _own(run)
         spec = apply_report_to(load_spec(run.spec_file, set_), report_to)
     else:
@@ -81,8 +81,8 @@ def train(
             run = RunDir(run_dir)
         else:
             run = RunDir.create(spec.output.dir, spec.output.name or spec_file.stem)
-        if not world.active:  # torchrun's processes share the folder their launcher holds
-            _own(run)
+        if not world.active and node_rank == 0:  # torchrun's processes share the folder their
+            _own(run)  # launcher holds; another node's launcher writes nothing there (rank 0 is on node 0)
         if world.is_main:
             run.write_spec(spec)
             _record_plan(spec, run)

@@ -102,8 +102,11 @@ def pythons_script(paths: list[str]) -> str:
         f"for c in {cands}; do\n"
         '  case "$c" in /*) ;; *) c=$(command -v "$c" 2>/dev/null || true) ;; esac\n'
         '  [ -n "$c" ] && [ -f "$c" ] && [ -x "$c" ] || continue\n'
-        '  out=$($T "$c" -c "$code" </dev/null 2>/dev/null | grep "^LPPY " | head -n 1 | head -c 200)\n'
+        '  raw=$($T "$c" -c "$code" </dev/null 2>&1 | head -c 4000)\n'
+        '  out=$(printf "%s\\n" "$raw" | grep "^LPPY " | head -n 1 | head -c 200)\n'
         '  echo "LPPYTHON $c ${out#LPPY }"\n'
+        # one that does not run: what it printed (a banner, an error), as one bounded line
+        '  [ -n "$out" ] || printf "LPSAID %s %s\\n" "$c" "$(printf "%s" "$raw" | tr -c "[:print:]" " " | tail -c 160)"\n'
         "done\n"
     )
 
@@ -114,6 +117,7 @@ class Python:
     where: str  # what put it among the candidates, in words
     version: tuple[int, ...] | None = None  # None: it did not run
     torch: str | None = None
+    said: str = ""  # what one that did not run printed (bounded), for the refusal
 
     @property
     def usable(self) -> bool:
@@ -121,7 +125,7 @@ class Python:
 
     def describe(self) -> str:
         if self.version is None:
-            return f"{self.path} (does not run)"
+            return f"{self.path} (does not run" + (f"; it said: {self.said}" if self.said else "; it printed nothing") + ")"
         v = ".".join(map(str, self.version))
         return f"{self.path} (Python {v}{', torch ' + self.torch if self.torch else ''})"
 
@@ -220,6 +224,10 @@ def parse_pythons(stdout: bytes, cands: list[tuple[str, str]]) -> list[Python]:
         version = tuple(int(m.group(i)) for i in (2, 3, 4)) if m.group(2) else None
         torch = m.group(5) if m.group(5) and m.group(5) != "-" else None
         found[path] = Python(path, reason, version, torch[:40] if torch else None)
+    for line in _marked(stdout, "LPSAID "):
+        path, _, said = line.partition(" ")
+        if path in found and found[path].version is None:
+            found[path].said = said.strip()[:160]
     order = {p: i for i, (p, _) in enumerate(cands)}
     return sorted(found.values(), key=lambda p: order.get(p.path, len(order)))
 

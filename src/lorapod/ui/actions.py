@@ -44,7 +44,7 @@ def pull(index: RunIndex, job_id: str) -> Outcome:
     from lorapod.compute.jobs import pull_job
 
     view = _job(index, job_id)
-    ledger = index.ledger()
+    ledger = index.ledger(write=True)
     if not view.in_ledger or ledger is None:
         return Outcome(False, [f"{job_id} ran on this machine: its run folder is already here ({view.root})"])
     try:
@@ -60,7 +60,7 @@ def stop(index: RunIndex, job_id: str, reason: str = "stop requested from lorapo
     view = _job(index, job_id)
     if not view.active:
         return Outcome(False, [f"{job_id} is not running ({view.state})"])
-    ledger = index.ledger()
+    ledger = index.ledger(write=True)
     if not view.in_ledger or ledger is None:
         Path(view.root, STOP_FILE).write_text(reason + "\n", encoding="utf-8")
         return Outcome(True, [f"wrote {Path(view.root, STOP_FILE)}: the job saves at its next step and ends"])
@@ -83,7 +83,7 @@ def destroy(index: RunIndex, job_id: str) -> Outcome:
     from lorapod.compute.jobs import down_job
 
     view = _job(index, job_id)
-    ledger = index.ledger()
+    ledger = index.ledger(write=True)
     if not view.in_ledger or ledger is None:
         return Outcome(False, [f"{job_id} ran on this machine: there is no instance to destroy"])
     lines: list[str] = []

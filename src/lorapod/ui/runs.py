@@ -251,11 +251,15 @@ class RunIndex:
         self.ledger_path = ledger_path or lorapod_home() / "ledger.db"
         self.ledger_error: str | None = None  # why the last look at the ledger failed, for the page
 
-    def ledger(self):
-        """A fresh connection (one per request); None when no ledger exists yet (the UI never makes one)."""
+    def ledger(self, write: bool = False):
+        """A fresh connection (one per request); None when no ledger exists yet (the UI never makes
+        one). Pages read it read-only (a damaged ledger is said, never repaired from a page view);
+        ``write``: an action (pull, stop, destroy) that records what it did, as the CLI does."""
         from lorapod.compute.ledger import Ledger
 
-        return Ledger(self.ledger_path) if self.ledger_path.is_file() else None
+        if not self.ledger_path.is_file():
+            return None
+        return Ledger(self.ledger_path) if write else Ledger.read_only(self.ledger_path)
 
     def _local_folders(self) -> list[Path]:
         found: list[Path] = []
@@ -286,9 +290,13 @@ class RunIndex:
         views: list[RunView] = []
         seen: set[str] = set()
         self.ledger_error = None
+        from lorapod.compute.ledger import LedgerDamaged
+
         try:
             ledger = self.ledger()
-        except sqlite3.Error as exc:  # locked past its busy timeout, or damaged: the run folders still show
+        except LedgerDamaged as exc:  # said, never repaired from a page view: the run folders still show
+            ledger, self.ledger_error = None, f"the ledger {self.ledger_path} cannot be read ({exc.message}; {exc.hint})"
+        except sqlite3.Error as exc:  # locked past its busy timeout
             ledger, self.ledger_error = None, f"the ledger {self.ledger_path} cannot be read ({exc})"
         if ledger is not None:
             try:

@@ -187,7 +187,7 @@ def run_context(dash: Dashboard, view: RunView, page: int = 1) -> dict[str, Any]
                 ledger_events = ledger.events(view.job_id)[-200:]
             finally:
                 ledger.close()
-    except sqlite3.Error:
+    except (sqlite3.Error, LorapodError):  # locked, or damaged (LedgerDamaged)
         pass  # the Runs page says the ledger cannot be read; this page still shows the run folder
     phases = [{"name": k, "s": s, "usd": view.setup_usd.get(k, 0.0)} for k, s in view.setup_s.items()]
     return {"view": view, "gallery": gallery, "page": page, "pages": pages, "n_samples": len(flat),
