@@ -33,30 +33,20 @@ from typing import Any
 
 from lorapod.compute.remote import PULL_EXCLUDES
 from lorapod.compute.transport import SyncStats
-from lorapod.compute.trust import safe_relpath
+from lorapod.compute.trust import RUN_FILES_PY, safe_relpath
 from lorapod.errors import RemoteError
 
-#: Size and allocated bytes of every regular file of the run folder, by the same skips as the
-#: checksum list (compute/trust.py MANIFEST_PY). Standard library only; never follows links.
-SIZES_PY = r"""
-import json, os, stat, sys
-root = sys.argv[1]
-skip_dirs = ('.tmp-', '.old-', '.rsync-partial', '__pycache__')
+#: Size and allocated bytes of every regular file of the run folder, walked as the checksum list
+#: walks it (compute/trust.py RUN_FILES_PY; env.log is left out of the sizes too).
+SIZES_PY = RUN_FILES_PY + r"""
 out = {}
-for dp, dns, fns in os.walk(root, followlinks=False):
-    dns[:] = [d for d in dns if not d.startswith(skip_dirs)]
-    for fn in fns:
-        if fn == 'STOP' or fn.startswith('.'):
-            continue
-        p = os.path.join(dp, fn)
-        if dp == root and fn in ('spec.yaml', 'remote-events.log', 'job.log', 'watchdog.log', 'env.log'):
-            continue
-        try:
-            st = os.lstat(p)
-        except OSError:
-            continue
-        if stat.S_ISREG(st.st_mode):
-            out[os.path.relpath(p, root)] = [st.st_size, getattr(st, 'st_blocks', st.st_size // 512) * 512]
+for p in run_files(TOP_SKIP + ('env.log',)):
+    try:
+        st = os.lstat(p)
+    except OSError:
+        continue
+    if stat.S_ISREG(st.st_mode):
+        out[os.path.relpath(p, root)] = [st.st_size, getattr(st, 'st_blocks', st.st_size // 512) * 512]
 print(json.dumps(out))
 """
 

@@ -84,34 +84,42 @@ def is_regular(p: Path) -> bool:
         return False
 
 
-MANIFEST_PY = r"""
-import hashlib, json, os, stat, sys
+#: The run folder's files as both remote lists see them (the checksum list below and the pull's
+#: size list, compute/pulls.py SIZES_PY): one walker, so the two never skip different files.
+#: Standard library only; never follows links; ``TOP_SKIP`` may be widened by the script using it.
+RUN_FILES_PY = r"""
+import json, os, stat, sys
 root = sys.argv[1]
-skip_dirs = ('.tmp-', '.old-', '.rsync-partial', '__pycache__')
-out = {}
-for dp, dns, fns in os.walk(root, followlinks=False):
-    dns[:] = [d for d in dns if not d.startswith(skip_dirs)]
-    for fn in fns:
-        if fn == 'STOP' or fn.startswith('.'):
-            continue
-        p = os.path.join(dp, fn)
-        if dp == root and fn in ('spec.yaml', 'remote-events.log', 'job.log', 'watchdog.log'):
-            continue
-        try:
-            if not stat.S_ISREG(os.lstat(p).st_mode):
-                continue  # links, FIFOs, sockets, devices: never opened, never pulled
-            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
-            continue
-        with os.fdopen(fd, 'rb') as fh:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+SKIP_DIRS = ('.tmp-', '.old-', '.rsync-partial', '__pycache__')
+TOP_SKIP = ('spec.yaml', 'remote-events.log', 'job.log', 'watchdog.log')
+def run_files(top_skip=TOP_SKIP):
+    for dp, dns, fns in os.walk(root, followlinks=False):
+        dns[:] = [d for d in dns if not d.startswith(SKIP_DIRS)]
+        for fn in fns:
+            if fn == 'STOP' or fn.startswith('.') or (dp == root and fn in top_skip):
                 continue
-            h = hashlib.sha256()
-            size = 0
-            for chunk in iter(lambda: fh.read(1 << 20), b''):
-                h.update(chunk)
-                size += len(chunk)
-        out[os.path.relpath(p, root)] = [size, h.hexdigest()]
+            yield os.path.join(dp, fn)
+"""
+
+MANIFEST_PY = RUN_FILES_PY + r"""
+import hashlib
+out = {}
+for p in run_files():
+    try:
+        if not stat.S_ISREG(os.lstat(p).st_mode):
+            continue  # links, FIFOs, sockets, devices: never opened, never pulled
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        continue
+    with os.fdopen(fd, 'rb') as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            continue
+        h = hashlib.sha256()
+        size = 0
+        for chunk in iter(lambda: fh.read(1 << 20), b''):
+            h.update(chunk)
+            size += len(chunk)
+    out[os.path.relpath(p, root)] = [size, h.hexdigest()]
 print(json.dumps(out))
 """
 
