@@ -27,3 +27,13 @@ def _lorapod_home(tmp_path_factory, monkeypatch):
                 "LORAPOD_RUNPOD_GRAPHQL_URL", "LORAPOD_VAST_URL", "LORAPOD_REMOTE_ROOT"):
         monkeypatch.delenv(key, raising=False)
     return home
+
+
+@pytest.fixture
+def runpod(sshd_factory, remote_root):  # noqa: F811  (pytest fixtures by name, imported above)
+    """The RunPod fake control plane (tests/fakes/runpod_fake.py), its instances real sshds on loopback."""
+    from .fakes.runpod_fake import RunPodFake
+
+    fake = RunPodFake(sshd_factory, remote_root)
+    yield fake
+    fake.close()

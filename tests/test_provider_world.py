@@ -48,13 +48,6 @@ def run(tmp_path, provider, said: list[str] | None = None, **kw):
 
 
 @pytest.fixture
-def runpod(sshd_factory, remote_root):
-    fake = RunPodFake(sshd_factory, remote_root)
-    yield fake
-    fake.close()
-
-
-@pytest.fixture
 def vast(sshd_factory, remote_root):
     fake = VastFake(sshd_factory, remote_root, key_delay_s=0.5)
     yield fake

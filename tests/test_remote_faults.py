@@ -34,13 +34,6 @@ RTX3090 = Offer("runpod", "NVIDIA GeForce RTX 3090|COMMUNITY", "RTX 3090", 0.22)
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJ0 test"
 
 
-@pytest.fixture
-def runpod(sshd_factory, remote_root):
-    fake = RunPodFake(sshd_factory, remote_root)
-    yield fake
-    fake.close()
-
-
 def provider(fake: RunPodFake, timeout: float = 10) -> RunPodProvider:
     return RunPodProvider(RunPodApi(fake.account_key, base_url=fake.url, graphql_url=fake.graphql_url,
                                     backoff_s=0.05, timeout=timeout, retries=2))

@@ -14,15 +14,7 @@ import yaml
 from lorapod.compute.preflight import PreflightError, preflight
 from lorapod.spec import load_spec
 
-from .fakes.runpod_fake import RunPodFake
 from .remote_helpers import cli_argv, cli_env, make_spec
-
-
-@pytest.fixture
-def runpod(sshd_factory, remote_root):
-    fake = RunPodFake(sshd_factory, remote_root)
-    yield fake
-    fake.close()
 
 
 class Hub(BaseHTTPRequestHandler):

@@ -27,13 +27,6 @@ from .remote_helpers import cli_argv, cli_env, fake_command, fake_command_templa
 
 
 @pytest.fixture
-def runpod(sshd_factory, remote_root):
-    fake = RunPodFake(sshd_factory, remote_root)
-    yield fake
-    fake.close()
-
-
-@pytest.fixture
 def vast(sshd_factory, remote_root):
     fake = VastFake(sshd_factory, remote_root)
     yield fake

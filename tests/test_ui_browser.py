@@ -226,13 +226,6 @@ def _check_dialog(dialog, words: str) -> None:
 # ----------------------------------------------------------------------------- remote runs on the fakes
 
 
-@pytest.fixture
-def runpod(sshd_factory, remote_root):
-    fake = RunPodFake(sshd_factory, remote_root)
-    yield fake
-    fake.close()
-
-
 def _remote_run(fake: RunPodFake, tmp_path: Path, steps: int, pull_every_s: float = 0.5,
                 ) -> tuple[subprocess.Popen, dict[str, str]]:
     env = {"RUNPOD_API_KEY": fake.account_key, "LORAPOD_RUNPOD_URL": fake.url,
