@@ -22,7 +22,7 @@ from lorapod.compute.session import run_remote
 from lorapod.spec import load_spec
 
 from .remote_helpers import fake_command, fake_command_template, fast_options, make_spec
-from .test_remote_faults import assert_nothing_bills, cli, env_for, runpod, start_run, wait_for  # noqa: F401
+from .test_remote_faults import assert_nothing_bills, cli, env_for, start_run, wait_for
 
 
 def kill_watchdog(work_root: Path) -> int:
@@ -78,7 +78,7 @@ def test_ps_shows_a_job_whose_watchdog_is_down(tmp_path):
     assert any("nothing on the instance destroys it if this controller dies" in x for x in lines)
 
 
-def test_the_job_runner_restarts_the_watchdog_when_both_guards_are_gone(runpod, tmp_path, remote_root):  # noqa: F811
+def test_the_job_runner_restarts_the_watchdog_when_both_guards_are_gone(runpod, tmp_path, remote_root):
     """Controller and watchdog SIGKILLed mid-job: the job's runner starts the watchdog again,
     which destroys the pod from inside once the job ends (before: the pod billed on)."""
     env = env_for(runpod, LORAPOD_JOB_COMMAND=fake_command_template(0.2))
