@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from lorapod.compute.remote import Bootstrap
-from lorapod.compute.session import Options
+from lorapod.compute.session import RunOptions
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -52,12 +52,12 @@ def fake_command_template(step_s: float = 0.1, extra: str = "") -> str:
     return f"{{python}} {FAKE_TRAINER} {{spec}} --run-dir {{run_dir}} --step-s {step_s} {extra} {{resume}}"
 
 
-def fast_options(**kw) -> Options:
+def fast_options(**kw) -> RunOptions:
     base = dict(bootstrap=Bootstrap("source", python=sys.executable), poll_s=0.2, pull_every_s=0.5,
                 ready_deadline_s=20, reconnect_s=20, stop_margin_s=1.0, stop_wait_s=10, destroy_deadline_s=20,
                 watchdog={"poll_s": 0.3, "heartbeat_timeout_s": 3, "done_grace_s": 30, "stall_s": 60})
     base.update(kw)
-    return Options(**base)
+    return RunOptions(**base)
 
 
 def cli_argv() -> list[str]:

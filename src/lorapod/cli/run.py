@@ -78,7 +78,7 @@ def register(app: typer.Typer) -> None:
         from lorapod.compute.ledger import Ledger
         from lorapod.compute.provider import from_target
         from lorapod.compute.remote import Bootstrap
-        from lorapod.compute.session import Options, run_remote
+        from lorapod.compute.session import RunOptions, run_remote
         from lorapod.errors import SpecError
         from lorapod.spec import apply_report_to, load_spec
 
@@ -153,7 +153,7 @@ def register(app: typer.Typer) -> None:
 
             attach(provider, spec_obj, spec_obj.compute.volume, gpu, max_usd, max_hours,
                    say=lambda m: console.print(m, style="dim", markup=False))
-        opts = Options(identity=identity, gpu=gpu, max_usd=max_usd, max_hours=max_hours,
+        opts = RunOptions(identity=identity, gpu=gpu, max_usd=max_usd, max_hours=max_hours,
                        bootstrap=Bootstrap(bootstrap, python, deps), poll_s=poll_s, pull_every_s=pull_every_s,
                        ready_deadline_s=ready_deadline_s, stop_margin_s=stop_margin_s, stop_wait_s=stop_wait_s,
                        reconnect_s=reconnect_s, job_command=job_command_for(spec_obj.compute.gpus),

@@ -44,7 +44,7 @@ def register(app: typer.Typer) -> None:
         under one total --max-usd; print the results ranked by validation loss."""
         from lorapod.compute.launch import job_command_for
         from lorapod.compute.remote import Bootstrap
-        from lorapod.compute.session import Options
+        from lorapod.compute.session import RunOptions
         from lorapod.compute.sweep import Sweep, host_provider
         from lorapod.errors import SpecError
         from lorapod.spec import load_spec
@@ -61,8 +61,8 @@ def register(app: typer.Typer) -> None:
         rate = usd_per_hour if usd_per_hour is not None else (spec_obj.compute.usd_per_hour or 0.0)
         providers = [(t, host_provider(t, identity, rate)) for t in targets]
 
-        def options() -> Options:
-            return Options(identity=identity, gpu=gpu, max_hours=max_hours, bootstrap=Bootstrap(bootstrap, python),
+        def options() -> RunOptions:
+            return RunOptions(identity=identity, gpu=gpu, max_hours=max_hours, bootstrap=Bootstrap(bootstrap, python),
                            poll_s=poll_s, stop_margin_s=stop_margin_s,
                            job_command=job_command_for(spec_obj.compute.gpus))
 

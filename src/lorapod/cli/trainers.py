@@ -13,7 +13,7 @@ console = Console(stderr=True, highlight=False)
 
 
 def trainer_job_command(trainer: str, src: str | None = None):
-    """The job command ``lorapod run --trainer`` hands to the session (``Options.job_command``)."""
+    """The job command ``lorapod run --trainer`` hands to the session (``RunOptions.job_command``)."""
 
     def cmd(python: str, spec: str, run_dir: str, resume: bool) -> list[str]:
         return [python, "-m", "lorapod", "trainer-run", trainer, spec, "--run-dir", run_dir,

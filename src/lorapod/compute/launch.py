@@ -1,6 +1,6 @@
 """How the job starts on an instance with several GPUs: ``lorapod train`` under torchrun.
 
-Plugged into :class:`lorapod.compute.session.Options` as its ``job_command``: with
+Plugged into :class:`lorapod.compute.session.RunOptions` as its ``job_command``: with
 ``compute.gpus: N`` the usual ``python -m lorapod train spec.yaml --run-dir run`` becomes
 ``python -m torch.distributed.run --nproc-per-node N --standalone -m lorapod train ...``, one
 process per GPU. The process group is still the job's (``setsid`` in job.sh), so STOP, the

@@ -61,12 +61,12 @@ class Interrupted(LorapodError):
     exit_code = 130
 
 
-class TimeoutErrorLP(RemoteError):
+class WaitTimedOut(RemoteError):
     """A bounded wait ran out."""
 
 
 @dataclass
-class Options:
+class RunOptions:
     """Knobs of one remote run. Defaults suit real providers; tests shrink the intervals."""
 
     identity: Path | None = None
@@ -141,19 +141,19 @@ def backoff_until(check: Callable[[], bool], deadline: float | dict[str, float],
     delay = first
     while not check():
         if time.monotonic() >= limit["deadline"]:
-            raise TimeoutErrorLP(f"timed out waiting for {what}", hint=hint)
+            raise WaitTimedOut(f"timed out waiting for {what}", hint=hint)
         time.sleep(min(delay, max(0.0, limit["deadline"] - time.monotonic())))
         delay = min(most, delay * 2)
 
 
 class Session:
-    def __init__(self, spec, provider: Provider, target: str, opts: Options | None = None,
+    def __init__(self, spec, provider: Provider, target: str, opts: RunOptions | None = None,
                  ledger: Ledger | None = None, spec_path: str | None = None,
                  say: Callable[[str], None] = print, resume_job: str | None = None) -> None:
         self.spec = spec
         self.provider = provider
         self.target = target
-        self.opts = opts or Options()
+        self.opts = opts or RunOptions()
         self.ledger = ledger or Ledger()
         self.spec_path = spec_path
         self._say = say
@@ -390,7 +390,7 @@ class Session:
                 continue
             except (AuthRefused, BudgetError, Interrupted):
                 raise
-            except (TimeoutErrorLP, ProviderError, ConnectionLost) as exc:
+            except (WaitTimedOut, ProviderError, ConnectionLost) as exc:
                 if getattr(exc, "fatal", False):  # bad key, no balance: no other offer will do better
                     if self.iid is not None:
                         self._destroy_instance("create refused")
@@ -1113,7 +1113,7 @@ def _shell_value(v: str) -> str:
     return shlex.quote(v)
 
 
-def run_remote(spec, provider: Provider, target: str, opts: Options | None = None, ledger: Ledger | None = None,
+def run_remote(spec, provider: Provider, target: str, opts: RunOptions | None = None, ledger: Ledger | None = None,
                spec_path: str | None = None, say: Callable[[str], None] = print,
                resume_job: str | None = None) -> Summary:
     """Run ``spec`` on ``provider`` and bring the run folder home; see :class:`Session`."""
@@ -1121,4 +1121,4 @@ def run_remote(spec, provider: Provider, target: str, opts: Options | None = Non
     return s.run_job()
 
 
-__all__ = ["Interrupted", "Options", "Session", "Summary", "new_job_id", "run_remote"]
+__all__ = ["Interrupted", "RunOptions", "Session", "Summary", "new_job_id", "run_remote"]

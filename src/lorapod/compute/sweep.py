@@ -34,7 +34,7 @@ from typing import Any
 
 from lorapod.compute.ledger import Ledger
 from lorapod.compute.provider import Provider, from_target
-from lorapod.compute.session import Options, Session
+from lorapod.compute.session import RunOptions, Session
 from lorapod.engine.metrics import read_metrics
 from lorapod.errors import LorapodError, SpecError
 from lorapod.rundir import new_job_id
@@ -142,7 +142,7 @@ class Sweep:
     """Runs the grid's jobs; see the module docstring for how the budget is shared."""
 
     def __init__(self, spec: JobSpec, grid: Sequence[str], targets: Sequence[tuple[str, Provider]], *,
-                 parallel: int = 1, max_usd: float | None = None, options: Callable[[], Options] = Options,
+                 parallel: int = 1, max_usd: float | None = None, options: Callable[[], RunOptions] = RunOptions,
                  ledger_factory: Callable[[], Ledger] = Ledger, spec_path: str | None = None,
                  say: Callable[[str], None] = print) -> None:
         if not targets:
