@@ -29,14 +29,15 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from lorapod import demo
+from lorapod.builtin import llm
 
 WARMUP = 5
 
 
 def build(root: Path, hidden: int, layers: int, steps: int, device: str) -> Path:
-    train, val = demo.build_dataset()
+    train, val = llm.build_dataset()
     train = train * 4  # more rows than steps x global batch need
-    model = demo.build_base_model(root / "base", demo.demo_texts(train, val), seed=0, hidden=hidden, layers=layers)
+    model = llm.build_base_model(root / "base", llm.demo_texts(train, val), seed=0, hidden=hidden, layers=layers)
     demo.write_jsonl(root / "train.jsonl", train)
     demo.write_jsonl(root / "val.jsonl", val)
     spec = {

@@ -34,7 +34,7 @@ def build_assets(root: Path, n_examples: int, seed: int = 0) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     sys.path.insert(0, str(HERE.parent / "src"))
-    from lorapod.demo import build_tokenizer
+    from lorapod.builtin.llm import build_tokenizer
 
     rng = random.Random(seed)
 

@@ -5,15 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from lorapod import demo
+from lorapod.builtin import llm
 
 
 def make_model_dir(root: Path, hidden: int = 64, layers: int = 2, seed: int = 0) -> Path:
-    train, val = demo.build_dataset()
-    return demo.build_base_model(root / "base", demo.demo_texts(train, val), seed=seed, hidden=hidden, layers=layers)
+    train, val = llm.build_dataset()
+    return llm.build_base_model(root / "base", llm.demo_texts(train, val), seed=seed, hidden=hidden, layers=layers)
 
 
 def write_data(root: Path) -> tuple[Path, Path]:
-    train, val = demo.build_dataset()
+    train, val = llm.build_dataset()
     demo.write_jsonl(root / "train.jsonl", train)
     demo.write_jsonl(root / "val.jsonl", val)
     return root / "train.jsonl", root / "val.jsonl"

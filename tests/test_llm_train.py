@@ -176,7 +176,7 @@ def test_the_adapter_init_depends_on_the_seed_alone(assets, tmp_path, monkeypatc
     real = llm.load_tokenizer
 
     def busy_loader(spec):
-        torch.rand(1000)  # what demo.build_base_model's manual_seed and init did to the RNG
+        torch.rand(1000)  # what builtin.llm.build_base_model's manual_seed and init did to the RNG
         return real(spec)
 
     monkeypatch.setattr(llm, "load_tokenizer", busy_loader)
@@ -187,13 +187,13 @@ def test_the_adapter_init_depends_on_the_seed_alone(assets, tmp_path, monkeypatc
 @pytest.mark.slow
 def test_a_restart_from_step_0_reproduces_a_fresh_run_exactly(tmp_path):
     """Issue 22 item 10: the first run in a LORAPOD_HOME builds lorapod:tiny-llama, which reseeded
-    the global RNG (demo.build_base_model) between the run's seed and the LoRA init; every later
+    the global RNG (builtin.llm.build_base_model) between the run's seed and the LoRA init; every later
     run (a restart after a kill before the first checkpoint included) found it built and started
     from other adapter weights: 0.7566 against 0.8089 after six epochs. Now both start alike."""
-    from lorapod import demo
+    from lorapod.builtin import llm
     from lorapod.home import lorapod_home
 
-    train, val = demo.build_dataset()
+    train, val = llm.build_dataset()
     paths = []
     for name, rows in (("train", train[:16]), ("val", val[:4])):
         p = tmp_path / f"{name}.jsonl"

@@ -115,12 +115,13 @@ def test_report_and_fix_on_a_jsonl_say_it_is_chat_data_and_the_report_lands_besi
 def _tiny_llm_spec(out: Path) -> Path:
     """The LLM demo's tiny model and data (built in code), and a spec long enough to be interrupted."""
     from lorapod import demo
+    from lorapod.builtin import llm
     from lorapod.spec import load_spec
 
-    train, val = demo.build_dataset()
+    train, val = llm.build_dataset()
     demo.write_jsonl(out / "data" / "train.jsonl", train)
     demo.write_jsonl(out / "data" / "val.jsonl", val)
-    model = demo.build_base_model(out / "base-model", demo.demo_texts(train, val))
+    model = llm.build_base_model(out / "base-model", llm.demo_texts(train, val))
     raw = demo.demo_spec_dict(out, str(model), 100_000)
     raw["eval"] = {"every_steps": 3, "at_start": False}
     raw["save"] = {"every_steps": 100_000, "keep_last": 2}
@@ -250,9 +251,10 @@ def test_inspect_on_a_checkpoint_reads_alpha_from_the_run_spec_not_alpha_none(tm
 
 def test_a_failed_start_leaves_no_run_folder_behind(tmp_path):
     from lorapod import demo
+    from lorapod.builtin import llm
     from lorapod.spec import load_spec
 
-    train, val = demo.build_dataset()
+    train, val = llm.build_dataset()
     demo.write_jsonl(tmp_path / "data" / "train.jsonl", train)
     demo.write_jsonl(tmp_path / "data" / "val.jsonl", val)
     spec = tmp_path / "spec.yaml"

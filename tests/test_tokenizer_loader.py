@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from lorapod.catalog.models import hub_id
 from lorapod.errors import ModelLoadError
-from lorapod.tokenizer import catalog_hub_id, load_tokenizer
+from lorapod.tokenizer import load_tokenizer
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 
@@ -126,7 +127,7 @@ def test_offline_uses_the_cache_and_says_clearly_when_it_is_not_there(hub, monke
 
 
 def test_catalog_alias_loads_its_hub_id(hub):
-    assert catalog_hub_id("qwen2.5-0.5b") == "Qwen/Qwen2.5-0.5B"
+    assert hub_id("qwen2.5-0.5b") == "Qwen/Qwen2.5-0.5B"
     assert load_tokenizer("qwen2.5-0.5b")("hello")["input_ids"] == [3]
     with pytest.raises(ModelLoadError, match="catalog alias"):
         load_tokenizer("no-such-model-name")

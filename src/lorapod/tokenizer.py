@@ -8,7 +8,8 @@ A model can be named four ways, and each resolves to a folder that ``AutoTokeniz
   ``HF_ENDPOINT`` for a mirror, and ``HF_HUB_OFFLINE=1`` (or ``LORAPOD_OFFLINE=1``) keeps it to
   the cache (all read when called, not when imported);
 - a catalog alias (``llama-3.1-8b``): mapped to the catalog's hub id, then as above;
-- the built-in ``lorapod:tiny-llama`` (the demo's random model, built once on disk).
+- a built-in ``lorapod:`` id (``lorapod:tiny-llama``, the demo's random model): ``lorapod.builtin``
+  builds it once on disk.
 
 Two loaders that disagree were the problem this replaces: ``data check`` refused the hub ids the
 engine accepted, so the data could not be checked with the tokenizer it would train with.
@@ -19,7 +20,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from lorapod.catalog.models import is_builtin
+from lorapod import builtin
+from lorapod.catalog.models import hub_id, is_builtin
 from lorapod.errors import ModelLoadError, require
 from lorapod.home import offline
 
@@ -32,76 +34,55 @@ TOKENIZER_FILES = [
 ]
 
 
-
-
-def catalog_hub_id(name: str) -> str | None:
-    """The hub id a catalog LLM alias stands for (``llama-3.1-8b`` -> ``meta-llama/Llama-3.1-8B``).
-
-    The first alias of the entry that looks like a hub id (has a ``/``) is the one used, so an
-    alias and the hub id it names load the same files.
-    """
-    from lorapod.catalog.models import load_models
-    from lorapod.catalog.snapshot import normalise
-
-    key = normalise(name)
-    _, _, llms = load_models()
-    for entry_name, aliases, _cfg, _entry in llms:
-        if key in {normalise(a) for a in (*aliases, entry_name)}:
-            return next((a for a in aliases if "/" in a), None)
-    return None
-
-
 def resolve(model_id: str, revision: str | None = None) -> tuple[str, str]:
     """(local folder holding the tokenizer files, how it was found), fetching tokenizer files only."""
     if is_builtin(model_id):
-        from lorapod.engine.llm_model import resolve_model_id
-
-        return resolve_model_id(model_id), "built-in"
+        return builtin.resolve(model_id), "built-in"
     p = Path(model_id).expanduser()
     if p.is_dir():
         return str(p), "local folder"
     if p.exists() or model_id.startswith((".", "/", "~")):
         raise ModelLoadError(f"'{model_id}' is not a model folder", hint="point it at a folder holding tokenizer.json "
                              "and tokenizer_config.json, or give a hub id (org/name)")
-    hub_id, how = model_id, "hub"
+    repo, how = model_id, "hub"
     if "/" not in model_id:
-        alias = catalog_hub_id(model_id)
+        alias = hub_id(model_id)
         if alias is None:
             raise ModelLoadError(f"'{model_id}' is neither a local folder, a hub id (org/name) nor a catalog alias",
                                  hint="give a folder, a hub id such as Qwen/Qwen2.5-0.5B-Instruct, or run "
                                  "`lorapod plan --help` for the catalog names")
-        hub_id, how = alias, f"catalog alias of {alias}"
-    return _fetch(hub_id, revision), how
+        repo, how = alias, f"catalog alias of {alias}"
+    return _fetch(repo, revision), how
 
 
-def _fetch(hub_id: str, revision: str | None) -> str:
+def _fetch(repo: str, revision: str | None) -> str:
     hub = require("huggingface_hub", "llm", "Loading a tokenizer from the Hugging Face hub")
     from huggingface_hub import errors as hf_errors
 
     local_only = offline()
     try:
-        return hub.snapshot_download(hub_id, revision=revision, allow_patterns=TOKENIZER_FILES,
+        return hub.snapshot_download(repo, revision=revision, allow_patterns=TOKENIZER_FILES,
                                      local_files_only=local_only, token=os.environ.get("HF_TOKEN") or None,
                                      endpoint=os.environ.get("HF_ENDPOINT") or None)
     except hf_errors.GatedRepoError as exc:
-        raise ModelLoadError(f"{hub_id} is gated: the hub refused its tokenizer files without access",
+        raise ModelLoadError(f"{repo} is gated: the hub refused its tokenizer files without access",
                              hint="accept the licence on the model's hub page, then set HF_TOKEN "
                              "(or run `huggingface-cli login`)") from exc
     except hf_errors.RepositoryNotFoundError as exc:
-        raise ModelLoadError(f"no model {hub_id} on the hub (or it is private)",
+        raise ModelLoadError(f"no model {repo} on the hub (or it is private)",
                              hint="check the spelling; private models need HF_TOKEN") from exc
     except hf_errors.RevisionNotFoundError as exc:
-        raise ModelLoadError(f"{hub_id} has no revision {revision!r}", hint="check model.revision") from exc
+        raise ModelLoadError(f"{repo} has no revision {revision!r}", hint="check model.revision") from exc
     except (hf_errors.LocalEntryNotFoundError, OSError, ValueError) as exc:
         if local_only:
             raise ModelLoadError(
-                f"offline (HF_HUB_OFFLINE/LORAPOD_OFFLINE is set) and the tokenizer of {hub_id} is not in the "
+                f"offline (HF_HUB_OFFLINE/LORAPOD_OFFLINE is set) and the tokenizer of {repo} is not in the "
                 "Hugging Face cache",
-                hint=f"on a machine with internet run `huggingface-cli download {hub_id} --include 'tokenizer*' "
+                hint=f"on a machine with internet run `huggingface-cli download {repo} --include 'tokenizer*' "
                 "'*.json'`, copy the cache here, or point --model at a local folder",
             ) from exc
         raise ModelLoadError(
-            f"cannot fetch the tokenizer of {hub_id} ({type(exc).__name__}): the hub cannot be reached and it is "
+            f"cannot fetch the tokenizer of {repo} ({type(exc).__name__}): the hub cannot be reached and it is "
             "not in the Hugging Face cache",
             hint="check the network, or download it where there is one and point --model at the folder",
         ) from exc

@@ -219,6 +219,20 @@ def image_model(key: str) -> ImageModel:
     raise PlanError(f"no image model with key {key!r} in the catalog")
 
 
+def hub_id(name: str) -> str | None:
+    """The hub id a catalog LLM alias stands for (``llama-3.1-8b`` -> ``meta-llama/Llama-3.1-8B``).
+
+    The first alias of the entry that looks like a hub id (has a ``/``) is the one used, so an
+    alias and the hub id it names load the same files.
+    """
+    key = normalise(name)
+    _, _, llms = load_models()
+    for entry_name, aliases, _cfg, _entry in llms:
+        if key in {normalise(a) for a in (*aliases, entry_name)}:
+            return next((a for a in aliases if "/" in a), None)
+    return None
+
+
 def llm_from_config(cfg: dict[str, Any], name: str = "model", entry: dict[str, Any] | None = None) -> LLMArch:
     """Build an :class:`LLMArch` from a transformers config dict (llama, mistral, qwen, gemma, bloom...)."""
     text = cfg.get("text_config") or cfg

@@ -7,12 +7,12 @@ ModelLoadError that says how to get the model onto this machine, instead of a 40
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
-from lorapod.catalog.models import BUILTIN_PREFIX
+from lorapod import builtin
+from lorapod.catalog.models import hub_id, is_builtin
 from lorapod.engine.device import Precision
 from lorapod.errors import HardwareError, ModelLoadError, require
 from lorapod.spec import JobSpec
@@ -38,38 +38,16 @@ def _load_error(model_id: str, exc: Exception) -> ModelLoadError:
     )
 
 
-BUILTIN_TINY = BUILTIN_PREFIX + "tiny-llama"
-
-
 def resolve_model_id(model_id: str) -> str:
-    """Map the built-in ``lorapod:tiny-llama`` to a folder (built once under LORAPOD_HOME), and a
-    catalog alias (``qwen2.5-0.5b``) to its hub id.
-
-    It is the demo's small random Llama: a spec that names it runs anywhere with no download,
-    which is what ``examples/demo.yaml`` and the remote-run tests need.
-    """
-    if model_id != BUILTIN_TINY:
-        if "/" not in model_id and not Path(model_id).expanduser().exists():
-            from lorapod.tokenizer import catalog_hub_id
-
-            return catalog_hub_id(model_id) or model_id  # a catalog alias loads its hub id
-        return model_id
-    from lorapod import demo
-    from lorapod.home import lorapod_home
-
-    folder = lorapod_home() / "models" / "tiny-llama"
-    if not (folder / "config.json").is_file():
-        train, val = demo.build_dataset()
-        tmp = folder.with_name(f".tmp-tiny-llama-{os.getpid()}")
-        demo.build_base_model(tmp, demo.demo_texts(train, val))
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.replace(tmp, folder)
-        except OSError:  # another process built it first
-            import shutil
-
-            shutil.rmtree(tmp, ignore_errors=True)
-    return str(folder)
+    """What ``from_pretrained`` is given for ``model_id``: a built-in ``lorapod:`` id's folder
+    (``lorapod.builtin``, built once), a catalog alias's hub id (``qwen2.5-0.5b`` ->
+    ``Qwen/Qwen2.5-0.5B``), anything else (a hub id, a folder) as it is; as ``lorapod.tokenizer``
+    resolves the same id for the tokenizer."""
+    if is_builtin(model_id):
+        return builtin.resolve(model_id)
+    if "/" not in model_id and not Path(model_id).expanduser().exists():
+        return hub_id(model_id) or model_id  # a catalog alias loads its hub id
+    return model_id
 
 
 def load_tokenizer(spec: JobSpec):

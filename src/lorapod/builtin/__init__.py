@@ -1,0 +1,70 @@
+"""lorapod's built-in models: tiny random models built in code, named by ``lorapod:`` ids.
+
+A spec that names one (``model.id: lorapod:tiny-llama``, what ``examples/demo.yaml`` trains)
+runs anywhere with nothing downloaded, which is what the demos and the tests need. ``resolve``
+is the one place such an id becomes a folder: the tokenizer loader (``lorapod.tokenizer``) and
+the engine's model loader both call it, so they cannot disagree on what an id means.
+
+Each id is one line in ``MODELS``: the name after ``lorapod:`` -> ``"module:function"``. The
+function takes an empty folder and writes a complete model there in its library's own layout
+(a transformers or diffusers folder that ``from_pretrained`` reads). It is imported only when its
+id is first resolved, so naming a model here costs ``import lorapod`` nothing, and it must be
+deterministic: the folder is built once under ``LORAPOD_HOME/models/<name>`` and reused by every
+later run. A new built-in model is one builder in ``builtin/<kind>.py`` plus one line here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+
+from lorapod.catalog.models import BUILTIN_PREFIX, is_builtin
+from lorapod.errors import ModelLoadError
+from lorapod.home import lorapod_home
+
+MODELS: dict[str, str] = {
+    "tiny-llama": "lorapod.builtin.llm:build",  # the demo's small random Llama and its BPE tokenizer
+}
+
+
+def ids() -> list[str]:
+    """Every built-in model id, prefix included (``lorapod:tiny-llama``)."""
+    return [BUILTIN_PREFIX + name for name in sorted(MODELS)]
+
+
+def resolve(model_id: str) -> str:
+    """The folder holding the built-in model ``model_id``, built on first use.
+
+    The model is built in a temporary folder beside its final place and renamed into it, so a
+    folder that exists is complete, and two processes building it at once (the DDP ranks, two
+    demos) both end with the same one.
+    """
+    name = model_id[len(BUILTIN_PREFIX):] if is_builtin(model_id) else None
+    if name not in MODELS:
+        raise ModelLoadError(f"'{model_id}' is not one of lorapod's built-in models",
+                             hint=f"the built-ins are {', '.join(ids())}; anything else is a hub id, a catalog "
+                             "alias or a model folder")
+    folder = lorapod_home() / "models" / name
+    if _built(folder):
+        return str(folder)
+    module, _, function = MODELS[name].partition(":")
+    build = getattr(importlib.import_module(module), function)
+    tmp = folder.with_name(f".tmp-{name}-{os.getpid()}")
+    try:
+        build(tmp)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(tmp, folder)
+        except OSError as exc:
+            if not _built(folder):  # else another process built it first: theirs is as good as ours
+                raise ModelLoadError(f"cannot put the built-in model {model_id} in {folder}: {exc}",
+                                     hint="check that LORAPOD_HOME is writable and has room") from exc
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(folder)
+
+
+def _built(folder) -> bool:
+    """A folder that exists holds a finished build (it appears only by the rename)."""
+    return folder.is_dir() and any(folder.iterdir())
