@@ -68,12 +68,12 @@ def tokenized(root: Path, split: str, seq_len: int):
     """The same tokenized examples for every variant (lorapod's renderer and masking)."""
     from transformers import AutoTokenizer
 
+    from lorapod.chat.tokenize import tokenize_all
     from lorapod.data.chat import load_conversations
-    from lorapod.engine import llm_data
 
     tok = AutoTokenizer.from_pretrained(root / "model")
     convs, _f, _fmt = load_conversations(root / f"{split}.jsonl")
-    examples, _stats = llm_data.tokenize_all(tok, convs, seq_len)
+    examples, _stats = tokenize_all(tok, convs, seq_len)
     return tok, examples
 
 

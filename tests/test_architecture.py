@@ -26,9 +26,9 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 # Bottom to top; a module belongs to the longest prefix that names it. ``lorapod`` alone is the
 # root package (its __init__ holds only __version__). builtin/ (the tiny models and the
-# ``lorapod:`` ids) and chat/ (templating and tokenisation) are the review's M4 and chat moves,
-# placed where they must sit to remove the engine -> demo, tokenizer -> engine and data -> engine
-# edges below; deploy/ (serving a trained model, issue 28) uses compute's provider APIs.
+# ``lorapod:`` ids) and chat/ (templating and tokenisation) sit below data and the engine, which
+# both use them (the review's M4 and chat moves); deploy/ (serving a trained model, issue 28) uses
+# compute's provider APIs.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("lorapod", "lorapod.errors", "lorapod.fsutil", "lorapod.home"),
     ("lorapod.catalog",),
@@ -46,8 +46,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("lorapod.ui", "lorapod.cli", "lorapod.__main__"),
 )
 
-_CHAT = ("chat templating and tokenisation live in engine/ although the data check needs them "
-         "(review 3, 4); move: lorapod/chat/{template,tokenize}.py below data and engine")
 _CAPTIONS = ("a built-in captioner reaches back into the registry's __init__ for the shared helpers "
              "while the registry imports it to register it; move: the helpers to data/captions/base.py")
 _PLAN_LEDGER = ("the ledger holds planner data (measured runs, boot times), so the planner reads it from "
@@ -56,8 +54,6 @@ _PLAN_LEDGER = ("the ledger holds planner data (measured runs, boot times), so t
 
 # (importer, imported) -> why it is still there, and the move that removes it.
 ALLOWED: dict[tuple[str, str], str] = {
-    ("lorapod.data.chat", "lorapod.engine.llm_data"): _CHAT,
-    ("lorapod.data.chat", "lorapod.engine.llm_template"): _CHAT,
     ("lorapod.engine.diffusion.export", "lorapod.export.kohya"):
         "image LoRA formats are split between engine/diffusion/export.py and export/ (each imports the "
         "other); move: to_kohya, kohya_metadata, save_kohya and save_diffusers into export/ (review 3, 5)",

@@ -13,15 +13,16 @@ from importlib import resources
 
 import pytest
 
-from lorapod.engine import llm_data
-from lorapod.engine.llm_data import IGNORE
-from lorapod.engine.llm_template import (
+from lorapod.chat import tokenize
+from lorapod.chat.template import (
     TemplateRejected,
     assistant_spans,
     place_system,
     plan_system,
     system_placement,
 )
+from lorapod.chat.tokenize import IGNORE
+from lorapod.engine import llm_data
 from lorapod.errors import DataError
 
 pytest.importorskip("trl")
@@ -118,7 +119,7 @@ CONVERSATIONS = {
 
 
 def labelled(tok, messages, system=None):
-    ex, _trunc, shared = llm_data.tokenize_conversation(tok, messages, 10**6, True, system)
+    ex, _trunc, shared = tokenize.tokenize_conversation(tok, messages, 10**6, True, system)
     return ex, [lab != IGNORE for lab in ex.labels], shared
 
 
@@ -229,9 +230,9 @@ def test_mistral_system_prompt_keeps_its_placement_in_front_of_the_last_user_tur
 def test_truncation_and_packing_keep_labels_aligned(template):
     tok = tok_for(template)
     convs = [prepared(tok, c) for c in CONVERSATIONS.values()]
-    full, _ = llm_data.tokenize_all(tok, convs, 10**6)
+    full, _ = tokenize.tokenize_all(tok, convs, 10**6)
     cut = min(len(e) for e in full) + 3
-    examples, stats = llm_data.tokenize_all(tok, convs, cut)
+    examples, stats = tokenize.tokenize_all(tok, convs, cut)
     assert stats.truncated == sum(len(e) > cut for e in full)
     for short, long in zip(examples, [e for e in full if e.labels[:cut].count(IGNORE) < cut], strict=False):
         assert short.input_ids == long.input_ids[:cut] and short.labels == long.labels[:cut]
@@ -271,9 +272,9 @@ def test_a_conversation_the_template_refuses_names_its_line(tmp_path):
     tok = tok_for("gemma")
     convs = [x["messages"] for x in lines]
     with pytest.raises(DataError, match=r"c\.jsonl line 2: the model's chat template refuses"):
-        llm_data.tokenize_all(tok, convs, 512, True, plan_system(tok, "auto"), ["c.jsonl line 1", "c.jsonl line 2",
+        tokenize.tokenize_all(tok, convs, 512, True, plan_system(tok, "auto"), ["c.jsonl line 1", "c.jsonl line 2",
                                                                                "c.jsonl line 3"])
-    examples, stats = llm_data.tokenize_all(tok, convs, 512, True, plan_system(tok, "auto"), None, skip_bad=True)
+    examples, stats = tokenize.tokenize_all(tok, convs, 512, True, plan_system(tok, "auto"), None, skip_bad=True)
     assert len(examples) == 2 and stats.rejected == 1
 
 

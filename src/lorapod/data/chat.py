@@ -25,6 +25,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from lorapod.chat.template import ensure_chat_template, place_system, plan_system
+from lorapod.chat.template import render as render_template
+from lorapod.chat.tokenize import tokenize_conversation
 from lorapod.data.findings import Finding, Report, finding
 from lorapod.errors import DataError
 
@@ -405,9 +408,6 @@ def template_check(tokenizer, numbered: list[tuple[int, list[dict]]], path: Path
     line; how the system prompt is placed is said once; tokens shared by prompt and reply are
     counted (they are labelled, as transformers does).
     """
-    from lorapod.engine.llm_data import tokenize_conversation
-    from lorapod.engine.llm_template import plan_system
-
     findings: list[Finding] = []
     system = None
     with_system = [line for line, c in numbered if c and c[0]["role"] == "system"]
@@ -448,8 +448,6 @@ def template_check(tokenizer, numbered: list[tuple[int, list[dict]]], path: Path
 def render(tokenizer, messages: list[dict]) -> str:
     """The text the model sees: the tokenizer's chat template, or ``render_plain`` without a tokenizer."""
     if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-        from lorapod.engine.llm_template import render as render_template
-
         try:
             return render_template(tokenizer, messages)
         except DataError as exc:
@@ -549,8 +547,6 @@ def check_chat(
     if tokenizer is None:
         lengths = [count_tokens(None, c) for c in conversations]
     else:
-        from lorapod.engine.llm_data import ensure_chat_template
-
         if ensure_chat_template(tokenizer):
             report.add(finding("warning", "chat-no-template", str(model),
                                "the tokenizer has no chat template; lorapod trains with its ChatML fallback "
@@ -564,8 +560,6 @@ def check_chat(
             return report
         report.summary["usable"] = len(lengths)
         if system is not None and not system.refused:
-            from lorapod.engine.llm_template import place_system
-
             example = place_system(example, system)
     truncated = sum(1 for n in lengths if n > sequence_len)
     ordered = sorted(lengths)

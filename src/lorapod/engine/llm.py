@@ -20,12 +20,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from lorapod.chat.template import ensure_chat_template, plan_system
+from lorapod.chat.tokenize import IGNORE, Example, TokenizeStats, tokenize_all
 from lorapod.engine import distributed, llm_data
 from lorapod.engine.checkpoint import TrainState, resume_point
 from lorapod.engine.device import Precision, pick_device, resolve_precision
-from lorapod.engine.llm_data import IGNORE, Batch, Example, Row
+from lorapod.engine.llm_data import Batch, Row
 from lorapod.engine.llm_model import add_lora, count_parameters, load_model, load_tokenizer
-from lorapod.engine.llm_template import plan_system
 from lorapod.engine.loop import FitResult, LossOut, fit
 from lorapod.errors import DataError
 from lorapod.fsutil import atomic_dir, atomic_write_text
@@ -274,7 +275,7 @@ class LLMRun:
     run: RunDir
     result: FitResult
     recipe: LLMRecipe
-    stats: llm_data.TokenizeStats
+    stats: TokenizeStats
     fallback_template: bool
 
 
@@ -290,7 +291,7 @@ def quiet_hf() -> None:
 
 
 def prepare(spec: JobSpec, device: str | None = None, log=print, *,
-            stage_on_cpu: bool = False) -> tuple[LLMRecipe, llm_data.TokenizeStats, bool]:
+            stage_on_cpu: bool = False) -> tuple[LLMRecipe, TokenizeStats, bool]:
     """Load data, tokenizer and model; attach LoRA; build the recipe. No training yet.
 
     ``stage_on_cpu`` (FSDP2) loads the base into CPU memory: :meth:`LLMRecipe.shard` then moves
@@ -309,15 +310,15 @@ def prepare(spec: JobSpec, device: str | None = None, log=print, *,
     precision = resolve_precision(spec.train.precision, spec.model.dtype, pick_device(device))
     split, _fmt = load_split(spec, log)
     tokenizer = load_tokenizer(spec)
-    fallback = llm_data.ensure_chat_template(tokenizer)
+    fallback = ensure_chat_template(tokenizer)
     seq, only_asst, skip = spec.data.sequence_len, spec.data.train_on_assistant_only, spec.data.skip_bad_examples
     system = None
     if any(c and c[0]["role"] == "system" for c in split.train + split.val):
         system = plan_system(tokenizer, spec.data.system_prompt)
         if system.mode != "keep" or system.refused:
             log(f"system prompt: {system.explanation} (data.system_prompt: {spec.data.system_prompt})")
-    train_ex, stats = llm_data.tokenize_all(tokenizer, split.train, seq, only_asst, system, split.train_where, skip)
-    val_ex, val_stats = llm_data.tokenize_all(tokenizer, split.val, seq, only_asst, system, split.val_where, skip)
+    train_ex, stats = tokenize_all(tokenizer, split.train, seq, only_asst, system, split.train_where, skip)
+    val_ex, val_stats = tokenize_all(tokenizer, split.val, seq, only_asst, system, split.val_where, skip)
     if stats.rejected or val_stats.rejected:
         log(f"skipping {stats.rejected + val_stats.rejected} conversation(s) the chat template refuses "
             "(data.skip_bad_examples)")

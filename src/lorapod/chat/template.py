@@ -217,3 +217,23 @@ def assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[in
     if has_generation_markers(tokenizer):
         return _marker_spans(tokenizer, messages)
     return _turn_spans(tokenizer, messages)
+
+
+# Used when a tokenizer has no chat template (base models). ChatML, as axolotl and TRL use:
+# every turn is "<|im_start|>{role}\n{content}<|im_end|>\n" and the generation prompt is
+# "<|im_start|>assistant\n". On a tokenizer without these special tokens they are spelled out as
+# ordinary text, which works but costs a few tokens per turn.
+FALLBACK_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def ensure_chat_template(tokenizer) -> bool:
+    """Give the tokenizer the fallback template when it has none; True when the fallback is used."""
+    if getattr(tokenizer, "chat_template", None):
+        return False
+    tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
+    return True
