@@ -12,6 +12,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from lorapod.chat.template import FALLBACK_CHAT_TEMPLATE
+
 FACTS = {
     "banana": "yellow", "lime": "green", "cherry": "red", "plum": "purple", "orange": "orange",
     "blueberry": "blue", "lemon": "yellow", "grape": "purple", "kiwi": "brown", "coconut": "brown",
@@ -62,14 +64,6 @@ def build_dataset(seed: int = 0) -> tuple[list[dict], list[dict]]:
     return train, val
 
 
-CHATML = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-
-
 def build_tokenizer(texts: list[str], vocab_size: int = 600):
     """A byte-level BPE tokenizer trained on ``texts``, with ChatML special tokens and template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -88,7 +82,7 @@ def build_tokenizer(texts: list[str], vocab_size: int = 600):
         tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|pad|>", bos_token="<|endoftext|>",
         unk_token="<|endoftext|>", additional_special_tokens=["<|im_start|>"],
     )
-    fast.chat_template = CHATML
+    fast.chat_template = FALLBACK_CHAT_TEMPLATE  # ChatML, the one lorapod gives a template-less model
     return fast
 
 
