@@ -59,9 +59,6 @@ ALLOWED: dict[tuple[str, str], str] = {
         "other); move: to_kohya, kohya_metadata, save_kohya and save_diffusers into export/ (review 3, 5)",
     ("lorapod.plan.learned", "lorapod.compute.ledger"): _PLAN_LEDGER,
     ("lorapod.plan.cost", "lorapod.compute.phases"): _PLAN_LEDGER,
-    ("lorapod.trainers.contracts", "lorapod.trainers.base"):
-        "the contract checker imports TrainerJob from the base class that calls it; move: TrainerJob and "
-        "TrainerRefused to trainers/job.py (review 3)",
     ("lorapod.data.images", "lorapod.data.video"):
         "the 'what is this path' dispatcher (check_path) sits in images.py, and video.py uses images' "
         "helpers; move: check_path to data/check.py (review 3)",

@@ -1,7 +1,7 @@
 """External trainers lorapod drives from a spec: one adapter per trainer, one registry.
 
 ``get("sd-scripts")`` returns the adapter; each turns a JobSpec into the trainer's files and
-command lines (:class:`~lorapod.trainers.base.TrainerJob`), refuses what it cannot honour before
+command lines (:class:`~lorapod.trainers.job.TrainerJob`), refuses what it cannot honour before
 anything is rented, bridges the trainer's progress into ``metrics.jsonl`` and maps its samples
 and checkpoints into the run folder (:mod:`lorapod.trainers.runner`). Names are registered once,
 like compute providers and captioners; aliases are accepted on the command line.
@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 from lorapod.catalog.trainers import trainer_aliases
 from lorapod.errors import SpecError
-from lorapod.trainers.base import Layout, Trainer, TrainerJob, TrainerRefused, refuse_all
+from lorapod.trainers.base import Layout, Trainer, refuse_all
+from lorapod.trainers.job import TrainerJob, TrainerRefused
 
 if TYPE_CHECKING:
     from lorapod.rundir import RunDir

@@ -17,11 +17,8 @@ from pathlib import Path
 
 from lorapod.trainers.base import (
     Artifact,
-    Command,
     Layout,
     Trainer,
-    TrainerJob,
-    TrainerRefused,
     image_count,
     precision,
     prompts_of,
@@ -29,7 +26,7 @@ from lorapod.trainers.base import (
     total_steps,
 )
 from lorapod.trainers.bridge import AiToolkitSqlite
-from lorapod.trainers.contracts import dump_yaml
+from lorapod.trainers.job import Command, TrainerJob, TrainerRefused, dump_yaml
 
 ARCH = {"flux1": "flux", "sdxl": "sdxl", "sd15": "sd1"}
 KLEIN = {"4b": "flux2_klein_4b", "9b": "flux2_klein_9b"}

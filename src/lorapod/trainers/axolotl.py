@@ -18,9 +18,9 @@ from pathlib import Path
 
 from lorapod.catalog.models import is_builtin
 from lorapod.trainers import tracking
-from lorapod.trainers.base import Artifact, Command, Layout, Trainer, TrainerJob, TrainerRefused, safe_name
+from lorapod.trainers.base import Artifact, Layout, Trainer, safe_name
 from lorapod.trainers.bridge import HFTrainerLogs
-from lorapod.trainers.contracts import dump_yaml
+from lorapod.trainers.job import Command, TrainerJob, TrainerRefused, dump_yaml
 
 VERSION = "0.19.0"
 OPTIMIZERS = {"adamw": "adamw_torch", "adamw_8bit": "adamw_bnb_8bit"}

@@ -1,11 +1,12 @@
-"""What every trainer adapter produces, and the small pieces they share.
+"""The base class of the trainer adapters, and the small pieces they share.
 
-An adapter turns a :class:`~lorapod.spec.JobSpec` into a :class:`TrainerJob`: the files to
-write (config YAML, dataset TOML, prompt files), the setup commands (clone at the pinned commit,
-install into the job's Python, the torch build), the commands that train, and the notes on spec
-settings that have no effect. Everything is plain data, so ``lorapod train --print`` shows
-exactly what ``lorapod run`` will execute, and tests can compare it with golden files and check
-every emitted option against the trainer's recorded interface (:mod:`lorapod.trainers.contracts`).
+An adapter turns a :class:`~lorapod.spec.JobSpec` into a :class:`~lorapod.trainers.job.TrainerJob`
+(``trainers/job.py``): the files to write (config YAML, dataset TOML, prompt files), the setup
+commands (clone at the pinned commit, install into the job's Python, the torch build), the
+commands that train, and the notes on spec settings that have no effect. Everything is plain data,
+so ``lorapod train --print`` shows exactly what ``lorapod run`` will execute, and tests can compare
+it with golden files and check every emitted option against the trainer's recorded interface
+(:mod:`lorapod.trainers.contracts`).
 """
 
 from __future__ import annotations
@@ -13,18 +14,12 @@ from __future__ import annotations
 import math
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
-from lorapod.errors import SpecError
 from lorapod.spec import prompts_of  # noqa: F401  (the trainers read it from here)
-
-Phase = Literal["setup", "prepare", "train", "post"]
-
-
-class TrainerRefused(SpecError):
-    """The spec asks for something the chosen trainer cannot do; nothing was rented."""
+from lorapod.trainers.job import Command, TrainerJob, TrainerRefused, shell_quote
 
 
 @dataclass(frozen=True)
@@ -43,98 +38,6 @@ class Layout:
     logs = property(lambda self: f"{self.work}/trainer/logs")  # its TensorBoard logs
     models = property(lambda self: f"{self.work}/trainer/models")  # files downloaded for it
     run = property(lambda self: f"{self.work}/run")  # lorapod's run folder
-
-
-@dataclass
-class Command:
-    """One command line. ``script`` names the contract entry its options are checked against."""
-
-    name: str
-    argv: list[str]
-    phase: Phase = "train"
-    cwd: str | None = None
-    script: str | None = None
-    shell: bool = False  # argv[0] is a shell snippet (setup only: `cd x && git ...`)
-
-    def render(self) -> str:
-        cmd = self.argv[0] if self.shell else " ".join(shell_quote(a) for a in self.argv)
-        return f"(cd {shell_quote(self.cwd)} && {cmd})" if self.cwd else cmd
-
-
-WORK = "$WORK"  # the printed job's work folder (``lorapod train --print``), a shell variable
-# Defines $WORK for a pasted --print, or stops with what to set: the folder lorapod run makes on
-# the instance, holding the spec and data/ (trainer-run's --work default is the spec's folder).
-WORK_GUARD = ': "${WORK:?set WORK to the job folder: the one holding the spec and data/}"'
-
-
-def shell_quote(arg: str) -> str:
-    """``shlex.quote``, except that ``$WORK`` stays a variable the shell expands (double quotes,
-    everything else in them escaped), so a printed command pasted into a shell finds its files."""
-    if WORK not in arg:
-        return shlex.quote(arg)
-    parts = [re.sub(r'([\\"`$])', r"\\\1", part) for part in arg.split(WORK)]
-    return '"' + WORK.join(parts) + '"'
-
-
-@dataclass
-class TrainerJob:
-    trainer: str
-    files: dict[str, str]
-    setup: list[Command]
-    commands: list[Command]
-    output_dir: str
-    output_name: str
-    notes: list[str] = field(default_factory=list)
-    config: dict[str, Any] | None = None  # the YAML config (ai-toolkit, axolotl), for checks and import
-
-    def relocate(self, paths: dict[str, str]) -> None:
-        """Rewrite local paths (the data folders the job was built from) to where they will be on
-        the instance, in files, command lines and the config, and nothing else: the job keeps the
-        shape its real data gave it (clips or stills, the image count, the refusals)."""
-        import json
-
-        from lorapod.trainers.contracts import dump_yaml
-
-        def swap(text: str) -> str:
-            for old, new in sorted(paths.items(), key=lambda kv: -len(kv[0])):
-                if text == old or text.startswith(old.rstrip("/") + "/"):
-                    return new + text[len(old.rstrip("/")):] if text != old else new
-            return text
-
-        def walk(x: Any) -> Any:
-            if isinstance(x, dict):
-                return {k: walk(v) for k, v in x.items()}
-            if isinstance(x, list):
-                return [walk(v) for v in x]
-            return swap(x) if isinstance(x, str) else x
-
-        for cmd in [*self.setup, *self.commands]:
-            cmd.argv = [swap(a) for a in cmd.argv]
-        if self.config is not None:
-            self.config = walk(self.config)
-        for path, text in list(self.files.items()):
-            if self.config is not None and path.endswith((".yaml", ".yml")):
-                self.files[path] = dump_yaml(self.config)
-                continue
-            for old, new in paths.items():  # TOML strings are JSON strings (tomlw.value): whole, or a prefix
-                text = text.replace(json.dumps(old), json.dumps(new))
-                text = text.replace(json.dumps(old.rstrip("/") + "/")[:-1], json.dumps(new.rstrip("/") + "/")[:-1])
-            self.files[path] = text
-
-    def render(self) -> str:
-        """The files and commands as a person reads them (``lorapod train --print``)."""
-        out = [f"# trainer: {self.trainer}"]
-        for path, text in self.files.items():
-            out += [f"# ---- file {path}", text.rstrip("\n")]
-        for title, cmds in (("setup", self.setup), ("run", self.commands)):
-            out.append(f"# ---- {title}")
-            if title == "setup" and any(WORK in a for c in [*self.setup, *self.commands] for a in c.argv):
-                out.append(WORK_GUARD)
-            out += [f"# {c.name}\n{c.render()}" for c in cmds]
-        if self.notes:
-            out.append("# ---- notes")
-            out += [f"# - {n}" for n in self.notes]
-        return "\n".join(out) + "\n"
 
 
 @dataclass(frozen=True)

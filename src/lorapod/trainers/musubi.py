@@ -16,7 +16,8 @@ from pathlib import Path
 
 from lorapod.errors import LorapodError
 from lorapod.trainers import tomlw, tracking
-from lorapod.trainers.base import Command, Layout, Trainer, TrainerJob, precision, prompts_of, safe_name
+from lorapod.trainers.base import Layout, Trainer, precision, prompts_of, safe_name
+from lorapod.trainers.job import Command, TrainerJob
 from lorapod.trainers.sd_scripts import OPTIMIZERS, KohyaOutputs, _num, hf_download, last_n_steps
 
 SRC = "src/musubi_tuner"

@@ -36,7 +36,8 @@ from pathlib import Path
 
 from lorapod.errors import LorapodError, RemoteError
 from lorapod.trainers import prepare
-from lorapod.trainers.base import Artifact, Command, Layout, Trainer, TrainerJob
+from lorapod.trainers.base import Artifact, Layout, Trainer
+from lorapod.trainers.job import Command, TrainerJob
 
 LOG_TAIL_LINES = 25
 # The last line of a Python traceback: "AssertionError: when caching ...", "ValueError: ...".

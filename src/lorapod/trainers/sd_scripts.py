@@ -16,17 +16,9 @@ from pathlib import Path
 from typing import ClassVar
 
 from lorapod.trainers import tomlw, tracking
-from lorapod.trainers.base import (
-    Artifact,
-    Command,
-    Layout,
-    Trainer,
-    TrainerJob,
-    precision,
-    prompts_of,
-    safe_name,
-)
+from lorapod.trainers.base import Artifact, Layout, Trainer, precision, prompts_of, safe_name
 from lorapod.trainers.bridge import KohyaProgress
+from lorapod.trainers.job import Command, TrainerJob, TrainerRefused
 
 SCRIPTS = {"sd15": "train_network.py", "sdxl": "sdxl_train_network.py", "flux1": "flux_train_network.py"}
 OPTIMIZERS = {"adamw": "AdamW", "adamw_8bit": "AdamW8bit"}
@@ -91,8 +83,6 @@ class KohyaOutputs:
     def resume(self, job: TrainerJob, checkpoint: Path) -> None:
         state = checkpoint / "state"
         if not state.is_dir():
-            from lorapod.trainers.base import TrainerRefused
-
             raise TrainerRefused(f"{checkpoint} holds no trainer state to resume from",
                                  hint="it was saved without --save_state; start a new run")
         job.commands[-1].argv += ["--resume", str(state)]

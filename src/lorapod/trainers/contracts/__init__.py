@@ -16,9 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from lorapod.trainers.base import TrainerJob, TrainerRefused
+from lorapod.trainers.job import TrainerJob, TrainerRefused
 
 HERE = Path(__file__).resolve().parent
 
@@ -280,7 +278,3 @@ def check_job(trainer, job: TrainerJob) -> None:
         elif trainer.contract == "axolotl.json":
             problems += check_axolotl(job.config)
     _fail(trainer, problems)
-
-
-def dump_yaml(cfg: dict[str, Any]) -> str:
-    return yaml.safe_dump(cfg, sort_keys=False, default_flow_style=None, width=120)
