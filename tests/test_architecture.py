@@ -59,9 +59,6 @@ ALLOWED: dict[tuple[str, str], str] = {
         "other); move: to_kohya, kohya_metadata, save_kohya and save_diffusers into export/ (review 3, 5)",
     ("lorapod.plan.learned", "lorapod.compute.ledger"): _PLAN_LEDGER,
     ("lorapod.plan.cost", "lorapod.compute.phases"): _PLAN_LEDGER,
-    ("lorapod.data.images", "lorapod.data.video"):
-        "the 'what is this path' dispatcher (check_path) sits in images.py, and video.py uses images' "
-        "helpers; move: check_path to data/check.py (review 3)",
     ("lorapod.data.captions.blip", "lorapod.data.captions"): _CAPTIONS,
     ("lorapod.data.captions.florence2", "lorapod.data.captions"): _CAPTIONS,
     ("lorapod.data.captions.joycaption", "lorapod.data.captions"): _CAPTIONS,
@@ -268,8 +265,12 @@ def test_an_allowed_edge_that_is_gone_must_leave_the_list():
 
 
 def test_an_allowed_circle_edge_no_longer_on_a_circle_must_leave_the_list():
+    # images.py held the check_path dispatcher (images -> video) while video.py used images' helpers,
+    # until data/check.py; here the helpers' edge is gone and the dispatcher's is still allowed
+    dispatcher = ("lorapod.data.images", "lorapod.data.video")
     edges = {e: w for e, w in import_graph().items() if e != ("lorapod.data.video", "lorapod.data.images")}
-    (only,) = problems(edges)
+    edges[dispatcher] = "src/lorapod/data/images.py:263"
+    (only,) = problems(edges, {**ALLOWED, dispatcher: "check_path sat in images.py; move: it to data/check.py"})
     assert only.startswith("lorapod.data.images -> lorapod.data.video") and "neither upward nor on a circle" in only
 
 

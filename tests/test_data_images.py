@@ -10,8 +10,9 @@ import pytest
 from PIL import Image
 
 from lorapod.data.captionfiles import approx_clip_tokens, clip_counter
+from lorapod.data.check import check_path
 from lorapod.data.imageinfo import hamming, inspect_image
-from lorapod.data.images import check_images, check_path
+from lorapod.data.images import check_images
 from lorapod.errors import DataError, ModelLoadError
 
 from .datasets_util import good_folder, photo, save, tree_digest

@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
                                                  "read, in MiB (default 4); a longer one is reported, not read."),
     ) -> None:
         """Find every problem in a dataset; exit status 1 when there is an error."""
-        from lorapod.data.images import check_path
+        from lorapod.data.check import check_path
 
         video = {}
         if family in ("wan21", "wan22"):

@@ -77,7 +77,7 @@ def image_notes(spec: Any, providers: list[str]) -> list[str]:
 
 
 def _check_data(spec: Any, paths: list[Path], force: bool, out: Preflight) -> None:
-    from lorapod.data.images import check_path
+    from lorapod.data.check import check_path
 
     val = Path(spec.data.val_path) if spec.data.val_path else None
     model = Path(spec.model.id) if Path(spec.model.id).is_dir() else None

@@ -52,7 +52,7 @@ def inspect_all(paths: list[Path], rels: list[str], workers: int | None = None) 
         return list(pool.map(inspect_image, paths, rels, chunksize=8))
 
 
-def _image_findings(info: ImageInfo, family: str) -> list[Finding]:
+def image_findings(info: ImageInfo, family: str) -> list[Finding]:
     rel = info.rel
     if not info.ok:
         return [finding("error", info.error_code or "image-corrupt", rel, info.error or "cannot decode.")]
@@ -94,7 +94,7 @@ def _image_findings(info: ImageInfo, family: str) -> list[Finding]:
 
 
 def _badly_exposed(info: ImageInfo) -> bool:
-    """The exposure rule of ``_image_findings`` (under- or overexposed)."""
+    """The exposure rule of ``image_findings`` (under- or overexposed)."""
     if info.brightness is None:
         return False
     return (info.brightness < DARK_MEAN or (info.dark_fraction or 0) > 0.6
@@ -174,7 +174,7 @@ def check_images(
 
     infos = inspect_all(scan.images, [scan.rel(p) for p in scan.images], workers)
     for info in infos:
-        report.extend(_image_findings(info, family))
+        report.extend(image_findings(info, family))
     report.extend(_blur_findings(infos))
     exact, near = find_duplicates(infos)
     for group in exact:
@@ -259,26 +259,3 @@ def check_images(
     })
     report.extra.update({"root": scan.root, "infos": infos, "captions": captions, "placements": placements})
     return report
-
-
-def check_path(path: Path, **kwargs) -> Report:
-    """Dispatch on what ``path`` is: a folder of images or a chat JSONL file."""
-    path = Path(path)
-    if not path.exists() and not path.is_symlink():
-        raise DataError(f"{path} does not exist.", hint="Give an image folder or a .jsonl chat file.")
-    if path.is_dir() and kwargs.get("family") in ("wan21", "wan22"):  # clips + images (lorapod.data.video)
-        from lorapod.data.video import check_video
-
-        allowed = {k: v for k, v in kwargs.items() if k in ("family", "trigger", "target_frames", "fps", "workers")}
-        return check_video(path, **allowed)
-    if path.is_dir():
-        allowed = {k: v for k, v in kwargs.items() if k in ("family", "trigger", "tokenizer", "workers")}
-        return check_images(path, **allowed)
-    if path.suffix.lower() not in (".jsonl", ".json"):
-        raise DataError(f"{path} is neither a folder nor a .jsonl file.",
-                        hint="Give the folder of images (not one image), or a chat .jsonl file.")
-    from lorapod.data.chat import check_chat
-
-    allowed = {k: v for k, v in kwargs.items() if k in ("model", "sequence_len", "val", "system_prompt",
-                                                        "max_line_bytes")}
-    return check_chat(path, **allowed)

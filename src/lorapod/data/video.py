@@ -35,7 +35,7 @@ def check_video(root: Path, *, family: str = "wan21", trigger: str | None = None
                 target_frames: tuple[int, ...] = (1, 17, 33), fps: float | None = 16.0,
                 workers: int | None = None) -> Report:
     """Every check of a clips + images folder; ``summary.windows`` is the training window plan."""
-    from lorapod.data.images import _image_findings, inspect_all
+    from lorapod.data.images import image_findings, inspect_all
 
     require("av", "video", "Checking video datasets")
     scan = scan_folder(root)
@@ -56,7 +56,7 @@ def check_video(root: Path, *, family: str = "wan21", trigger: str | None = None
 
     infos = inspect_all(scan.images, [scan.rel(p) for p in scan.images], workers)
     for info in infos:
-        report.extend(_image_findings(info, family))
+        report.extend(image_findings(info, family))
     buckets = make_buckets(FAMILY_RESOLUTION.get(family, 960))
     plan: Counter[str] = Counter()
     for info in infos:

@@ -296,7 +296,7 @@ def data_page(dash: Dashboard, request: Request) -> Response:
 
 def data_report(dash: Dashboard, request: Request) -> Response:
     """The data report's own HTML (data/report.py, escaped there), shown in a sandboxed frame."""
-    from lorapod.data.images import check_path
+    from lorapod.data.check import check_path
     from lorapod.data.report import build_html
 
     try:
