@@ -46,8 +46,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("lorapod.ui", "lorapod.cli", "lorapod.__main__"),
 )
 
-_CAPTIONS = ("a built-in captioner reaches back into the registry's __init__ for the shared helpers "
-             "while the registry imports it to register it; move: the helpers to data/captions/base.py")
 _PLAN_LEDGER = ("the ledger holds planner data (measured runs, boot times), so the planner reads it from "
                 "compute (lazily: `lorapod plan` loads no SSH code); move: the ledger's planner tables "
                 "to a store below plan (review 3)")
@@ -59,10 +57,6 @@ ALLOWED: dict[tuple[str, str], str] = {
         "other); move: to_kohya, kohya_metadata, save_kohya and save_diffusers into export/ (review 3, 5)",
     ("lorapod.plan.learned", "lorapod.compute.ledger"): _PLAN_LEDGER,
     ("lorapod.plan.cost", "lorapod.compute.phases"): _PLAN_LEDGER,
-    ("lorapod.data.captions.blip", "lorapod.data.captions"): _CAPTIONS,
-    ("lorapod.data.captions.florence2", "lorapod.data.captions"): _CAPTIONS,
-    ("lorapod.data.captions.joycaption", "lorapod.data.captions"): _CAPTIONS,
-    ("lorapod.data.captions.wd14", "lorapod.data.captions"): _CAPTIONS,
 }
 
 Edges = Mapping[tuple[str, str], str]  # (importer, imported) -> "path:line" of the first such import

@@ -3,6 +3,7 @@ of natural language per image."""
 
 from __future__ import annotations
 
+from lorapod.data.captions.base import resolve_model_dir
 from lorapod.errors import ModelLoadError, require
 
 NAME = "blip"
@@ -34,6 +35,4 @@ class BlipCaptioner:
 
 
 def load(model: str | None) -> BlipCaptioner:
-    from lorapod.data.captions import resolve_model_dir
-
     return BlipCaptioner(resolve_model_dir(model or DEFAULT_MODEL, FILES))

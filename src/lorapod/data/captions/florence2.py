@@ -6,6 +6,7 @@ Native checkpoints live under ``florence-community/`` on the hub; the original
 
 from __future__ import annotations
 
+from lorapod.data.captions.base import resolve_model_dir
 from lorapod.errors import ModelLoadError, require
 
 NAME = "florence2"
@@ -43,6 +44,4 @@ class Florence2Captioner:
 
 
 def load(model: str | None) -> Florence2Captioner:
-    from lorapod.data.captions import resolve_model_dir
-
     return Florence2Captioner(resolve_model_dir(model or DEFAULT_MODEL, FILES))

@@ -5,6 +5,7 @@ the heaviest (~17 GB of VRAM in bf16). Greedy decoding, so the same image gives 
 
 from __future__ import annotations
 
+from lorapod.data.captions.base import resolve_model_dir
 from lorapod.errors import ModelLoadError, require
 
 NAME = "joycaption"
@@ -57,6 +58,4 @@ class JoyCaptioner:
 
 
 def load(model: str | None) -> JoyCaptioner:
-    from lorapod.data.captions import resolve_model_dir
-
     return JoyCaptioner(resolve_model_dir(model or DEFAULT_MODEL, FILES))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lorapod.data.captions.base import resolve_model_dir
 from lorapod.errors import ModelLoadError, require
 
 NAME = "wd14"
@@ -99,6 +100,4 @@ class WD14Tagger:
 
 
 def load(model: str | None) -> WD14Tagger:
-    from lorapod.data.captions import resolve_model_dir
-
     return WD14Tagger(resolve_model_dir(model or DEFAULT_MODEL, FILES))
