@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lorapod.engine.diffusion import attach_lora
-from lorapod.engine.diffusion.export import save_diffusers
 from lorapod.engine.diffusion.families import FAMILIES
 from lorapod.export import kohya
+from lorapod.export.diffusers import save_diffusers
 from lorapod.export.inspect import inspect_file
 
 from . import comfy_consumer as comfy

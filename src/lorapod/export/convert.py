@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import save_file
 
 from lorapod.export import kohya
+from lorapod.export.diffusers import save_diffusers
 from lorapod.export.kohya import ExportError
 from lorapod.export.source import output_dir, read_safetensors
 
@@ -93,7 +94,6 @@ def convert_file(path: Path, to: str, family: str, base: str | None, out: Path) 
         if dropped:
             raise ExportError(f"{path}: {len(dropped)} module(s) name nothing in {base}, e.g. {dropped[0]}",
                               hint=f"check --family {family} and --base")
-        from lorapod.engine.diffusion.export import save_diffusers
         from lorapod.engine.diffusion.families import FAMILIES
 
         configs = {comp: _unit_config(sd) for comp, sd in parts.items()}
@@ -104,13 +104,11 @@ def convert_file(path: Path, to: str, family: str, base: str | None, out: Path) 
 
 
 def _kohya_meta(parts, family: str, alpha: float, rslora: bool, source: Path) -> dict[str, str]:
-    from lorapod.engine.diffusion.export import ARCH, BASE_VERSION
-
     ranks = Counter(v.shape[0] for sd in parts.values() for k, v in sd.items() if k.endswith(".lora_A.weight"))
     r = ranks.most_common(1)[0][0]
     return {"ss_network_module": "networks.lora", "ss_network_dim": str(r),
             "ss_network_alpha": str(kohya.trained_scale(alpha, r, rslora) * r),
-            "ss_base_model_version": BASE_VERSION[family], "modelspec.architecture": ARCH[family],
+            "ss_base_model_version": kohya.BASE_VERSION[family], "modelspec.architecture": kohya.ARCH[family],
             "ss_training_comment": f"converted by lorapod from {source.name}"}
 
 

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from lorapod.export import kohya
+from lorapod.export.diffusers import save_diffusers
 from lorapod.export.kohya import ExportError, split_peft_key, trained_scale
 from lorapod.export.source import Source, read_safetensors
 
@@ -35,8 +36,6 @@ def family_of(src: Source):
 
 
 def write_comfyui(src: Source, out: Path) -> Path:
-    from lorapod.engine.diffusion.export import kohya_metadata
-
     fam = family_of(src)
     m = src.spec.method
     sizes = None
@@ -50,7 +49,7 @@ def write_comfyui(src: Source, out: Path) -> Path:
     if engine_file.is_file():  # the metadata the engine wrote at that step (tags, counts)
         meta = read_safetensors(engine_file)[1]
     else:
-        meta = kohya_metadata(src.spec, fam.name, _prediction(src), 0, src.step or 0, 0)
+        meta = kohya.kohya_metadata(src.spec, fam.name, _prediction(src), 0, src.step or 0, 0)
     meta["ss_network_alpha"] = str(trained_scale(m.alpha, m.r, m.rslora) * m.r)
     path = out / f"{name}.safetensors"
     save_file(tensors, str(path), metadata=meta)
@@ -79,8 +78,6 @@ def peft_configs(src: Source, parts: dict[str, dict[str, torch.Tensor]]) -> dict
 
 def write_diffusers(src: Source, out: Path) -> Path:
     import json
-
-    from lorapod.engine.diffusion.export import save_diffusers
 
     fam = family_of(src)
     parts = parts_of(src.state())

@@ -21,16 +21,25 @@ Names (what the consumers map; see docs/export.md):
   recover the parts exactly.
 
 ``.alpha``: loaders scale by ``alpha / rank`` with the rank read from ``lora_down``, so each module
-stores ``alpha = trained_scale * its rank`` (a fused module has the summed rank).
+stores ``alpha = trained_scale * its rank`` (a fused module has the summed rank): ``alpha`` for
+plain LoRA, ``alpha * sqrt(rank)`` for rsLoRA, so loaded at strength 1.0 the effect is exactly the
+trained effect. The file also carries sd-scripts' ``ss_*`` metadata (``kohya_metadata``), which
+A1111 and model sites show.
+
+The engine writes this file at the end of training and export converts to and from it, so this
+module imports nothing of either (docs/architecture.md places it with the engine's layer).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import time
 from dataclasses import dataclass, field
 
 import torch
+from safetensors.torch import save_file
 
 from lorapod.errors import LorapodError
 
@@ -330,3 +339,60 @@ def _split(down: torch.Tensor, up: torch.Tensor, n: int) -> dict[int, tuple[torc
                 out[j] = (down[j * r:(j + 1) * r], ups[j][:, j * r:(j + 1) * r])
             return out
     return {j: (down, ups[j]) for j in range(n)}
+
+
+# ----------------------------------------------------------------------------- the file
+
+# sd-scripts' base-model names for the metadata, per family (wan.py adds its two)
+BASE_VERSION = {"sd15": "sd_v1", "sdxl": "sdxl_base_v1-0", "flux1": "flux1", "flux2": "flux2_klein"}
+ARCH = {"sd15": "stable-diffusion-v1/lora", "sdxl": "stable-diffusion-xl-v1-base/lora",
+        "flux1": "flux-1-dev/lora", "flux2": "flux-2-klein/lora"}
+
+
+def tag_frequency(captions_by_folder: dict[str, list[str]]) -> dict[str, dict[str, int]]:
+    """sd-scripts' ``ss_tag_frequency``: per dataset folder, how often each comma-separated tag
+    occurs (A1111 and model sites show the top tags, the trigger first, as the LoRA's keywords)."""
+    out: dict[str, dict[str, int]] = {}
+    for folder, caps in captions_by_folder.items():
+        freq: dict[str, int] = {}
+        for cap in caps:
+            for tag in (t.strip() for t in cap.split(",")):
+                if tag:
+                    freq[tag] = freq.get(tag, 0) + 1
+        out[folder] = freq
+    return out
+
+
+def kohya_metadata(spec, family: str, prediction_type: str, n_images: int, steps: int, epochs: int,
+                   tags: dict[str, dict[str, int]] | None = None) -> dict[str, str]:
+    m = spec.method
+    return {
+        "ss_tag_frequency": json.dumps(tags or {}, ensure_ascii=False),
+        "ss_network_module": "networks.lora",
+        "ss_network_dim": str(m.r),
+        "ss_network_alpha": str(trained_scale(m.alpha, m.r, m.rslora) * m.r),
+        "ss_base_model_version": BASE_VERSION[family],
+        "ss_v2": "False",
+        "ss_v_parameterization": str(prediction_type == "v_prediction"),
+        "ss_sd_model_name": str(spec.model.id),
+        "ss_output_name": spec.output.name or "lora",
+        "ss_resolution": str((spec.data.resolution, spec.data.resolution)),
+        "ss_num_train_images": str(n_images),
+        "ss_num_epochs": str(epochs),
+        "ss_steps": str(steps),
+        "ss_learning_rate": str(spec.train.learning_rate),
+        "ss_lr_scheduler": spec.train.scheduler,
+        "ss_seed": str(spec.train.seed),
+        "ss_noise_offset": str(spec.train.noise_offset),
+        "ss_min_snr_gamma": str(spec.train.min_snr_gamma),
+        "ss_network_train_unet_only": str(not m.train_text_encoder),
+        "ss_training_finished_at": str(int(time.time())),
+        "ss_training_comment": f"trained with lorapod; rank {m.r}, trained alpha {m.alpha}{' (rsLoRA)' if m.rslora else ''}",
+        "modelspec.architecture": ARCH[family],
+        "modelspec.implementation": "https://github.com/kohya-ss/sd-scripts",
+        "modelspec.title": spec.output.name or "lora",
+    }
+
+
+def save_kohya(path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    save_file(tensors, str(path), metadata=metadata)

@@ -18,11 +18,13 @@ import torch.nn.functional as F
 from lorapod.engine import distributed
 from lorapod.engine.checkpoint import TrainState
 from lorapod.engine.device import Precision
-from lorapod.engine.diffusion import dataset, export
+from lorapod.engine.diffusion import dataset
 from lorapod.engine.diffusion import samples as smp
 from lorapod.engine.diffusion.dataset import ImageItem
 from lorapod.engine.diffusion.families import Components
 from lorapod.engine.loop import LossOut
+from lorapod.export import kohya
+from lorapod.export.diffusers import save_diffusers
 from lorapod.fsutil import atomic_dir
 from lorapod.rundir import RunDir
 from lorapod.spec import JobSpec
@@ -208,18 +210,18 @@ class DiffusionRecipe:
     def export(self, out_dir: Path, state: TrainState | None) -> None:
         parts = self.adapter_parts()
         configs = {name: m.peft_config["default"].to_dict() for name, m in self.lora_modules.items()}
-        export.save_diffusers(out_dir, self.family.pipeline_cls(), parts, configs)
+        save_diffusers(out_dir, self.family.pipeline_cls(), parts, configs)
         m = self.spec.method
         sizes = {n: mod.out_features for n, mod in self.c.denoiser.named_modules() if hasattr(mod, "out_features")}
-        tensors = export.to_kohya(parts, self.family.name, m.alpha, m.rslora, out_features=sizes)
+        tensors = kohya.to_kohya(parts, self.family.name, m.alpha, m.rslora, out_features=sizes)
         steps = state.step if state else 0
         epochs = state.epoch if state else 0
         by_folder: dict[str, list[str]] = {}
         for it in self.items:
             by_folder.setdefault(it.path.parent.name, []).append(it.caption)
-        meta = export.kohya_metadata(self.spec, self.family.name, self.prediction, len(self.items), steps, epochs,
-                                     export.tag_frequency(by_folder))
-        export.save_kohya(out_dir / f"{self.spec.output.name or 'lora'}.safetensors", tensors, meta)
+        meta = kohya.kohya_metadata(self.spec, self.family.name, self.prediction, len(self.items), steps, epochs,
+                                     kohya.tag_frequency(by_folder))
+        kohya.save_kohya(out_dir / f"{self.spec.output.name or 'lora'}.safetensors", tensors, meta)
 
     def save_final(self, out_dir: Path) -> None:
         with atomic_dir(out_dir) as tmp:

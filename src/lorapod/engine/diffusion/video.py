@@ -26,14 +26,15 @@ from lorapod.data.findings import Finding
 from lorapod.engine.checkpoint import TrainState
 from lorapod.engine.device import Precision, pick_device, resolve_precision
 from lorapod.engine.diffusion import cache as dcache
-from lorapod.engine.diffusion import export, wan
 from lorapod.engine.diffusion import samples as smp
 from lorapod.engine.diffusion import video_data as vd
+from lorapod.engine.diffusion import wan
 from lorapod.engine.diffusion.families import Components, resolve_family
 from lorapod.engine.diffusion.lora import attach_lora, lora_config
 from lorapod.engine.diffusion.quiet import quiet
 from lorapod.engine.diffusion.recipe import Batch, DiffusionRecipe, sample_sigmas
 from lorapod.errors import SpecError
+from lorapod.export import kohya
 from lorapod.rundir import RunDir
 from lorapod.spec import JobSpec
 
@@ -346,8 +347,8 @@ class VideoRecipe(DiffusionRecipe):
         by_folder: dict[str, list[str]] = {}
         for it in self.items:
             by_folder.setdefault(it.path.parent.name, []).append(it.caption)
-        meta = export.kohya_metadata(self.spec, self.family.name, "flow", len(self.items), steps, epochs,
-                                     export.tag_frequency(by_folder))
+        meta = kohya.kohya_metadata(self.spec, self.family.name, "flow", len(self.items), steps, epochs,
+                                     kohya.tag_frequency(by_folder))
         meta["ss_target_frames"] = json.dumps(self.spec.data.target_frames)
         name = self.spec.output.name or "lora"
         two = self.family.name == "wan22" and self.c.extra.get("transformer_2") is not None
@@ -357,8 +358,8 @@ class VideoRecipe(DiffusionRecipe):
             WanPipeline.save_lora_weights(str(out_dir), transformer_lora_layers=sd, safe_serialization=True,
                                           weight_name=f"pytorch_lora_weights{suffix}.safetensors",
                                           transformer_lora_adapter_metadata=config)
-            tensors = export.to_kohya({"transformer": wan.to_comfy(sd)}, self.family.name, m.alpha, m.rslora)
-            export.save_kohya(out_dir / f"{name}{suffix}.safetensors", tensors, meta)
+            tensors = kohya.to_kohya({"transformer": wan.to_comfy(sd)}, self.family.name, m.alpha, m.rslora)
+            kohya.save_kohya(out_dir / f"{name}{suffix}.safetensors", tensors, meta)
 
     # -- samples
     @torch.no_grad()

@@ -24,9 +24,9 @@ from typing import ClassVar
 
 import torch
 
-from lorapod.engine.diffusion import export
 from lorapod.engine.diffusion.families import Components, Family
 from lorapod.errors import HardwareError, ModelLoadError
+from lorapod.export import kohya
 
 # every Linear of the attention blocks: self- and cross-attention q/k/v/out and the feed-forward
 # (musubi-tuner's Wan LoRA targets; diffusers names)
@@ -155,8 +155,8 @@ class Wan22(Wan21):
 
 FAMILIES = {"wan21": Wan21, "wan22": Wan22}
 # the kohya-style metadata's base-model names (sd-scripts/musubi conventions), next to the image families'
-export.BASE_VERSION.update({"wan21": "wan2.1", "wan22": "wan2.2"})
-export.ARCH.update({"wan21": "wan2.1-t2v/lora", "wan22": "wan2.2-t2v/lora"})
+kohya.BASE_VERSION.update({"wan21": "wan2.1", "wan22": "wan2.2"})
+kohya.ARCH.update({"wan21": "wan2.1-t2v/lora", "wan22": "wan2.2-t2v/lora"})
 
 
 # ----------------------------------------------------------------------------- memory
