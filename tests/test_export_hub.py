@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from lorapod.engine.llm import train_llm
+from lorapod.errors import ExportError
 from lorapod.export.card import render
-from lorapod.export.kohya import ExportError
 from lorapod.rundir import RunDir
 from lorapod.spec import load_spec
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from lorapod.engine.llm import train_llm
+from lorapod.errors import ExportError
 from lorapod.export import gguf
-from lorapod.export.kohya import ExportError
 from lorapod.export.targets import export_run
 from lorapod.rundir import RunDir
 from lorapod.spec import load_spec

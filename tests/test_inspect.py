@@ -11,9 +11,9 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from lorapod.cli.main import build_app
+from lorapod.errors import ExportError
 from lorapod.export import gguf, kohya
 from lorapod.export.inspect import inspect_file
-from lorapod.export.kohya import ExportError
 
 
 def _pair(r=4, n_in=8, n_out=8):

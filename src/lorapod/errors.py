@@ -66,6 +66,10 @@ class RemoteError(LorapodError):
     """Something failed on a remote instance (SSH, sync, the job itself)."""
 
 
+class ExportError(LorapodError):
+    """A LoRA file cannot be written or read in the requested format."""
+
+
 def require(module: str, extra: str, purpose: str):
     """Import an optional dependency or raise a DependencyError with the install hint.
 

@@ -37,8 +37,8 @@ def register(app: typer.Typer) -> None:
         quiet_libraries()
 
         if to == "hub":
+            from lorapod.errors import ExportError
             from lorapod.export.hub import publish
-            from lorapod.export.kohya import ExportError
 
             if not repo:
                 raise ExportError("--to hub needs --repo user/name", hint="e.g. --to hub --repo me/mug-lora [--private]")

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import torch
 
-from lorapod.errors import DataError
-from lorapod.export.kohya import ExportError
+from lorapod.errors import DataError, ExportError
 from lorapod.fsutil import atomic_write_text
 
 

@@ -15,8 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lorapod.engine.checkpoint import CheckpointManager
-from lorapod.errors import DataError
-from lorapod.export.kohya import ExportError
+from lorapod.errors import DataError, ExportError
 from lorapod.fsutil import atomic_write_text
 from lorapod.rundir import RunDir
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from lorapod.errors import ExportError
 from lorapod.export import kohya
 from lorapod.export.diffusers import save_diffusers
-from lorapod.export.kohya import ExportError
 from lorapod.export.source import output_dir, read_safetensors
 
 

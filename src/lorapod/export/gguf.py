@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lorapod.errors import DependencyError
-from lorapod.export.kohya import ExportError, split_peft_key
+from lorapod.errors import DependencyError, ExportError
+from lorapod.export.kohya import split_peft_key
 
 
 @dataclass(frozen=True)

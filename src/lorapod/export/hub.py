@@ -16,8 +16,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lorapod.errors import ExportError
 from lorapod.export.card import CardFile, read_metrics_file, render
-from lorapod.export.kohya import ExportError
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 SAMPLE_EXTS = (".png", ".jpg", ".jpeg", ".webp")

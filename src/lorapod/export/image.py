@@ -11,9 +11,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from lorapod.errors import ExportError
 from lorapod.export import kohya
 from lorapod.export.diffusers import save_diffusers
-from lorapod.export.kohya import ExportError, split_peft_key, trained_scale
+from lorapod.export.kohya import split_peft_key, trained_scale
 from lorapod.export.source import Source, read_safetensors
 
 COMPONENTS = ("unet", "transformer", "text_encoder", "text_encoder_2")

@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from lorapod.export.kohya import ExportError
+from lorapod.errors import ExportError
 from lorapod.export.source import read_safetensors
 
 CLIP_LAYER = r"text_model_encoder_layers_\d+_(self_attn_(q|k|v|out)_proj|mlp_fc[12])"

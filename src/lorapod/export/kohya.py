@@ -41,11 +41,7 @@ from dataclasses import dataclass, field
 import torch
 from safetensors.torch import save_file
 
-from lorapod.errors import LorapodError
-
-
-class ExportError(LorapodError):
-    """A LoRA file cannot be written or read in the requested format."""
+from lorapod.errors import ExportError
 
 
 def trained_scale(alpha: float, rank: int, rslora: bool) -> float:

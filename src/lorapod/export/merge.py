@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from lorapod.export.kohya import ExportError
+from lorapod.errors import ExportError
 
 # max |merged - (base + adapter)| over the logits, relative to the largest logit
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 4e-2}

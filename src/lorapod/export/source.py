@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from lorapod.engine.checkpoint import CheckpointManager
-from lorapod.export.kohya import ExportError
+from lorapod.errors import ExportError
 from lorapod.fsutil import atomic_dir
 from lorapod.rundir import RunDir
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lorapod.export.kohya import ExportError
+from lorapod.errors import ExportError
 from lorapod.export.source import Source, open_source, output_dir
 
 LLM_TARGETS = ("peft", "merged", "gguf", "ollama")
