@@ -16,7 +16,6 @@ class GPU:
     bf16_tflops: float
     mem_bw_gbs: float
     arch: str
-    compute_capability: str
     gpu_class: str
     aliases: tuple[str, ...] = ()
     requires: dict[str, str] = field(default_factory=dict)
@@ -35,7 +34,6 @@ def load_gpus() -> tuple[Snapshot, tuple[GPU, ...]]:
                 bf16_tflops=float(g["bf16_tflops"]),
                 mem_bw_gbs=float(g["mem_bw_gbs"]),
                 arch=g["arch"],
-                compute_capability=str(g["compute_capability"]),
                 gpu_class=g["class"],
                 aliases=tuple(str(a) for a in g.get("aliases", [])),
                 requires={k: str(v) for k, v in (g.get("requires") or {}).items()},

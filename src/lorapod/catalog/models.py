@@ -25,9 +25,6 @@ def is_builtin(model_id: str) -> bool:
     """Whether ``model_id`` names one of lorapod's built-in models (``lorapod:tiny-llama``)."""
     return model_id.startswith(BUILTIN_PREFIX)
 
-# Linear layers LoRA can target in a llama-style block, and the (in, out) sizes of each.
-LLM_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
 
 @dataclass(frozen=True)
 class License:
@@ -209,14 +206,6 @@ def load_models() -> tuple[Snapshot, tuple[ImageModel, ...], tuple[tuple[str, tu
         (e["name"], tuple(e.get("aliases", [])), e["config"], e) for e in raw["llms"]
     )
     return snap, tuple(images), llms
-
-
-def image_model(key: str) -> ImageModel:
-    _, images, _ = load_models()
-    for m in images:
-        if m.key == key:
-            return m
-    raise PlanError(f"no image model with key {key!r} in the catalog")
 
 
 def hub_id(name: str) -> str | None:

@@ -276,7 +276,6 @@ class LLMRun:
     result: FitResult
     recipe: LLMRecipe
     stats: TokenizeStats
-    fallback_template: bool
 
 
 def quiet_hf() -> None:
@@ -378,4 +377,4 @@ def train_llm(spec: JobSpec, run: RunDir, *, resume: bool = False, device: str |
             on_step(state, loss)
 
     result = fit(recipe, spec, run, recipe.precision, resume=checkpoint, on_step=step_hook, show_progress=show_progress)
-    return LLMRun(run, result, recipe, stats, fallback)
+    return LLMRun(run, result, recipe, stats)

@@ -126,7 +126,7 @@ def _diffusers(module: str, family: str) -> tuple[bool, str]:
     return False, "unknown name"
 
 
-def _scale(mod: dict[str, str], tensors, meta_alpha: float | None) -> tuple[int, float | None, float]:
+def _scale(mod: dict[str, str], tensors) -> tuple[int, float | None, float]:
     rank = int(tensors[mod["down"]].shape[0]) if "down" in mod else 0
     alpha = float(tensors[mod["alpha"]]) if "alpha" in mod else None
     return rank, alpha, (alpha / rank if alpha is not None and rank else 1.0)
@@ -175,8 +175,8 @@ def inspect_file(path: str | Path) -> dict[str, Any]:
     trained_alpha = _meta_alpha(meta)
     report: dict[str, Any] = {"file": str(path), "format": fmt, "family": family, "modules": len(mods),
                               "metadata": {k: (v if len(v) < 200 else v[:200] + "...") for k, v in meta.items()}}
-    ranks = sorted({_scale(m, tensors, None)[0] for m in mods.values() if "down" in m})
-    alphas = sorted({_scale(m, tensors, None)[1] for m in mods.values() if "alpha" in m})
+    ranks = sorted({_scale(m, tensors)[0] for m in mods.values() if "down" in m})
+    alphas = sorted({_scale(m, tensors)[1] for m in mods.values() if "alpha" in m})
     report["rank"] = ranks
     report["alpha"] = alphas or None
     report["targets"] = sorted({re.sub(r"[._]\d+[._]", ".N.", k).rsplit(".N.", 1)[-1] for k in mods})[:40]
@@ -205,7 +205,7 @@ def inspect_file(path: str | Path) -> dict[str, Any]:
                 ok, why = rule(module, family)
                 if ok and "down" in m:
                     loads += 1
-                    rank, alpha, s = _scale(m, tensors, None)
+                    rank, alpha, s = _scale(m, tensors)
                     if name == "diffusers" and alpha is None and trained_alpha is not None:
                         s = trained_alpha / rank  # diffusers reads the alpha from the file's metadata
                     scales.add(round(s, 6))
