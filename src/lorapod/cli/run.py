@@ -137,7 +137,7 @@ def register(app: typer.Typer) -> None:
             kwargs = {"usd_per_hour": usd_per_hour or spec_obj.compute.usd_per_hour or 0.0}
         provider = from_target(target, **kwargs)
         if trainer:  # what the trainer cannot do is refused first, before the data check and renting
-            from lorapod.cli.trainers import print_trainer_job, trainer_job_command
+            from lorapod.trainers.on_instance import print_trainer_job, trainer_job_command
 
             print_trainer_job(spec_obj, trainer)
         from lorapod.compute.preflight import preflight

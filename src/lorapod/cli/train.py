@@ -193,9 +193,9 @@ def _say_tracking(run) -> None:
 def _external(spec_file, set_, run_dir, trainer: str, print_: bool, trainer_src: str | None,
               report_to: str | None = None) -> None:
     """``--trainer X``: print its job, or run it here under the run-folder contract."""
-    from lorapod.cli.trainers import print_trainer_job
     from lorapod.rundir import RunDir
     from lorapod.spec import load_spec
+    from lorapod.trainers.on_instance import print_trainer_job
 
     if spec_file is None:
         raise LorapodError("no spec given", hint="lorapod train SPEC.yaml --trainer NAME [--print]")
