@@ -65,3 +65,15 @@ def test_a_sweep_refuses_sky_before_anything(tmp_path):
 
     with pytest.raises(SpecError, match="sweeps do not run on sky"):
         prepare_sweep(make_spec(tmp_path), ["train.learning_rate=1e-4,2e-4"], ["sky"])
+
+
+def test_preparing_a_run_imports_no_torch():
+    """The controller of a one-GPU job needs no torch (lorapod's core install has none; with
+    --deps none nothing else asks for it here): torchrun's command is built only for compute.gpus > 1."""
+    import sys
+
+    code = ("import sys, lorapod.compute.prepare, lorapod.compute.sweep; "
+            "bad = [m for m in ('torch', 'transformers', 'diffusers') if m in sys.modules]; "
+            "sys.exit(f'imported {bad}' if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
