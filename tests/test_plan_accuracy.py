@@ -184,7 +184,7 @@ def test_logits_are_counted_as_each_trainer_builds_them():
     m = find_model("meta-llama/Llama-3.1-8B")
     tokens, vocab = 4096, 128256
     parts = {fw: estimate(m, _llm(tokens, framework=fw)).parts for fw in ("hf", "torchtune", "unsloth", "lorapod")}
-    # eager losses at the peak counted on their code (tests/test_step_count.py), chunked ones as read
+    # eager losses at the peak counted on their code (tests/test_plan_step_count.py), chunked ones as read
     assert parts["hf"]["logits + loss (hf)"] == pytest.approx(tokens * vocab * 12 / GiB, rel=1e-3)
     assert parts["torchtune"]["logits + loss (torchtune)"] == pytest.approx(tokens * vocab * 3 / GiB, rel=1e-3)
     assert parts["unsloth"]["logits + loss (unsloth)"] == 0
