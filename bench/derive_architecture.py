@@ -16,7 +16,7 @@ holds:
   matmuls and attention) move per token, forward and backward;
 - for a GPTQ base, the bytes AutoGPTQ's unpacking moves per weight and its kernels per layer
   (plan/work.py holds them).
-A test (tests/test_step_count.py) re-derives the same figures, so the catalog cannot drift from
+A test (tests/test_plan_step_count.py) re-derives the same figures, so the catalog cannot drift from
 the architectures. See plan/step_count.py (the counters), plan/counted_models.py and plan/counted_llm.py.
 """
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lorapod.cli.trainers import print_trainer_job
 from lorapod.spec import load_spec
 from lorapod.trainers import Layout, prepare
 from lorapod.trainers.contracts import check_ai_toolkit, check_argv, check_axolotl, check_dataset_toml, load
+from lorapod.trainers.on_instance import print_trainer_job
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = REPO / "tests" / "golden" / "trainers"

@@ -17,7 +17,7 @@ from lorapod.trainers import Layout, prepare
 from lorapod.trainers.contracts import check_argv, load
 from lorapod.trainers.tracking import forwarded
 
-from .test_tracking import wandb_offline, wandb_records  # noqa: F401  (the fixture is used by name)
+from .test_engine_trackers import wandb_offline, wandb_records  # noqa: F401  (the fixture is used by name)
 from .test_trainers_golden import example
 
 TRACKING = {"wandb": {"project": "mugs", "entity": "team-a", "name": "mug-v1"}, "tensorboard": True}

@@ -104,7 +104,7 @@ def test_print_shows_the_musubi_job_run_executes_for_clips(tmp_path):
     """--print builds from the data where it is (clips found), then names the instance's paths."""
     import tomllib
 
-    from lorapod.cli.trainers import print_trainer_job
+    from lorapod.trainers.on_instance import print_trainer_job
 
     spec = load_spec(wan_spec(tmp_path))
     text = print_trainer_job(spec, "musubi-tuner")
@@ -152,7 +152,7 @@ def test_printed_commands_expand_work_in_a_shell(tmp_path):
     """The printed lines, pasted into bash with $WORK set, name the job's files; unset, they stop."""
     import subprocess
 
-    from lorapod.cli.trainers import print_trainer_job
+    from lorapod.trainers.on_instance import print_trainer_job
 
     klein = {"id": "black-forest-labs/FLUX.2-klein-base-4B", "family": "flux2", "variant": "4b"}
     text = print_trainer_job(load_spec(write_spec(tmp_path, {"model": klein})), "ai-toolkit")
@@ -395,7 +395,7 @@ def test_musubi_refuses_a_folder_it_would_read_nothing_from(tmp_path):
 
 
 def test_print_relocates_each_data_folder_and_no_lookalike(tmp_path):
-    from lorapod.cli.trainers import print_trainer_job
+    from lorapod.trainers.on_instance import print_trainer_job
 
     for name in ("mug", "mug2"):
         (tmp_path / name).mkdir()

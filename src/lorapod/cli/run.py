@@ -1,6 +1,8 @@
 """``lorapod run``: train a spec on a rented or borrowed machine and bring everything home.
 
-Thin: parsing and printing only; the lifecycle is :mod:`lorapod.compute.session`.
+Thin: parsing and printing only. What happens before renting (resume lookup, the provider, the
+pre-flights, the trainer) is :func:`lorapod.compute.prepare.prepare_run`; the lifecycle is
+:mod:`lorapod.compute.session`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,16 @@ from rich.console import Console
 from rich.markup import escape
 
 console = Console(stderr=True, highlight=False)
+
+
+def dim(message: str) -> None:
+    """A progress line (the lifecycle's, the checks')."""
+    console.print(message, style="dim", markup=False)
+
+
+def given(**values: float | None) -> dict[str, float]:
+    """The options a command line set (a None was left out, so the library's default holds)."""
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def register(app: typer.Typer) -> None:
@@ -59,115 +71,43 @@ def register(app: typer.Typer) -> None:
         volume: str | None = typer.Option(None, "--volume", help="RunPod network volume NAME (compute.volume): "
                                           "found or created where the GPU is; keeps model, environment and "
                                           "latent caches between sessions ($0.07/GB-month, docs/remote.md)."),
-        poll_s: float = typer.Option(5.0, "--poll-s", hidden=True),
-        pull_every_s: float = typer.Option(30.0, "--pull-every-s", hidden=True),
-        ready_deadline_s: float = typer.Option(1500.0, "--ready-deadline-s", hidden=True),
-        stop_margin_s: float = typer.Option(120.0, "--stop-margin-s", hidden=True),
-        stop_wait_s: float = typer.Option(300.0, "--stop-wait-s", hidden=True),
-        reconnect_s: float = typer.Option(600.0, "--reconnect-s", hidden=True),
-        heartbeat_timeout_s: float = typer.Option(600.0, "--heartbeat-timeout-s", hidden=True),
-        watchdog_poll_s: float = typer.Option(10.0, "--watchdog-poll-s", hidden=True),
-        stall_s: float = typer.Option(1800.0, "--stall-s", hidden=True),
-        destroy_deadline_s: float = typer.Option(300.0, "--destroy-deadline-s", hidden=True),
+        poll_s: float | None = typer.Option(None, "--poll-s", hidden=True),
+        pull_every_s: float | None = typer.Option(None, "--pull-every-s", hidden=True),
+        ready_deadline_s: float | None = typer.Option(None, "--ready-deadline-s", hidden=True),
+        stop_margin_s: float | None = typer.Option(None, "--stop-margin-s", hidden=True),
+        stop_wait_s: float | None = typer.Option(None, "--stop-wait-s", hidden=True),
+        reconnect_s: float | None = typer.Option(None, "--reconnect-s", hidden=True),
+        heartbeat_timeout_s: float | None = typer.Option(None, "--heartbeat-timeout-s", hidden=True),
+        watchdog_poll_s: float | None = typer.Option(None, "--watchdog-poll-s", hidden=True),
+        stall_s: float | None = typer.Option(None, "--stall-s", hidden=True),
+        destroy_deadline_s: float | None = typer.Option(None, "--destroy-deadline-s", hidden=True),
     ) -> None:
         """Run SPEC on a rented GPU or any SSH host; always destroyed at the end, on failure, or at the caps.
 
         The instance is destroyed when the job ends, fails, stalls, is interrupted, or would cross
         --max-usd / --max-hours; checkpoints, samples and metrics are pulled as they appear."""
-        from lorapod.compute.launch import job_command_for
-        from lorapod.compute.ledger import Ledger
-        from lorapod.compute.provider import from_target
-        from lorapod.compute.remote import Bootstrap
-        from lorapod.compute.session import RunOptions, run_remote
-        from lorapod.errors import SpecError
-        from lorapod.spec import apply_report_to, load_spec
+        from lorapod.compute.prepare import RunFlags, prepare_run
+        from lorapod.compute.session import run_remote
 
-        ledger = Ledger()
-        target = on
-        set_ = [*set_, f"compute.gpus={gpus}"] if gpus else set_
-        if resume:
-            from lorapod.compute.jobs import find_job
-
-            job = find_job(ledger, resume)
-            resume = job.id
-            from lorapod.compute.ledger import controller_alive
-
-            if job.state in ("starting", "running", "stopping") and controller_alive(job.controller):
-                raise SpecError(f"job {job.id} is still running (controller {job.controller})",
-                                hint=f"follow it with `lorapod logs -f {job.id}`, or stop it with `lorapod down {job.id}`")
-            spec_obj = load_spec(Path(job.run_dir) / "spec.yaml", set_)
-            target = on or job.target or job.provider
-            spec_path = job.spec_path
-            from lorapod.rundir import RunDir
-            from lorapod.trainers import for_resume
-
-            trainer = for_resume(RunDir(Path(job.run_dir)), trainer, f"job {job.id}",
-                                 lambda m: console.print(m, markup=False))
-        else:
-            if spec is None:
-                raise SpecError("no spec given", hint="lorapod run SPEC --on ..., or lorapod run --resume JOB")
-            spec_obj = load_spec(spec, set_)
-            spec_path = str(spec)
-            target = on or spec_obj.compute.provider
-        spec_obj = apply_report_to(spec_obj, report_to)
-        if target in (None, ""):
-            raise SpecError("where should it run?", hint="--on vast | runpod | ssh://user@host:port")
-        if spec_obj.is_video and not resume:  # before renting: the clips give windows, the job fits the GPU
-            from lorapod.engine.diffusion.video_preflight import preflight
-
-            preflight(spec_obj, gpu or spec_obj.compute.gpu, say=lambda m: console.print(m, style="dim", markup=False))
-        if target == "sky":  # SkyPilot runs the lifecycle itself (compute/skypilot.py)
+        # The hidden knobs left unset keep RunOptions' (and the watchdog's) defaults.
+        knobs = given(poll_s=poll_s, pull_every_s=pull_every_s, ready_deadline_s=ready_deadline_s,
+                      stop_margin_s=stop_margin_s, stop_wait_s=stop_wait_s, reconnect_s=reconnect_s,
+                      destroy_deadline_s=destroy_deadline_s)
+        watchdog = given(heartbeat_timeout_s=heartbeat_timeout_s, poll_s=watchdog_poll_s, stall_s=stall_s)
+        flags = RunFlags(set_=set_, report_to=report_to, identity=identity, gpu=gpu, gpus=gpus, max_usd=max_usd,
+                         max_hours=max_hours, bootstrap=bootstrap, python=python, deps=deps, image=image,
+                         volume=volume, force=force, usd_per_hour=usd_per_hour, forward_env=forward_env,
+                         trainer=trainer, trainer_src=trainer_src, knobs=knobs, watchdog=watchdog)
+        prepared = prepare_run(spec, on, flags, resume_job=resume, say=dim,
+                               note=lambda m: console.print(f"note: {m}", style="yellow", markup=False))
+        if prepared.on_sky:
             from lorapod.compute.skypilot import run_on_sky
 
-            sky_run = run_on_sky(spec_obj, gpu, dry_run, say=lambda m: console.print(m, markup=False))
+            sky_run = run_on_sky(prepared.spec, gpu, dry_run, say=lambda m: console.print(m, markup=False))
             console.print(f"run folder: {sky_run.root}", markup=False)
             return
-        if bootstrap not in ("source", "wheel"):
-            raise SpecError(f"--bootstrap {bootstrap!r}", hint="source | wheel")
-        if deps not in ("auto", "none"):
-            raise SpecError(f"--deps {deps!r}", hint="auto | none")
-        if image:
-            spec_obj.compute.image = image
-        if volume:
-            spec_obj.compute.volume = volume
-        kwargs = {}
-        if target.startswith("ssh://"):
-            kwargs = {"identity": identity, "usd_per_hour": usd_per_hour or spec_obj.compute.usd_per_hour or 0.0}
-        elif target == "local":
-            kwargs = {"usd_per_hour": usd_per_hour or spec_obj.compute.usd_per_hour or 0.0}
-        provider = from_target(target, **kwargs)
-        if trainer:  # what the trainer cannot do is refused first, before the data check and renting
-            from lorapod.cli.trainers import print_trainer_job, trainer_job_command
-
-            print_trainer_job(spec_obj, trainer)
-        from lorapod.compute.preflight import preflight
-
-        for note in preflight(spec_obj, provider.name, force=force, deps=deps).notes:  # refuses before anything is rented
-            console.print(f"note: {note}", style="yellow", markup=False)
-        from lorapod.compute.doctor import doctor_note
-
-        if note := doctor_note(ledger, provider.name):
-            console.print(f"note: {note}", style="yellow", markup=False)
-        if spec_obj.compute.volume:  # after the checks above: a new volume bills from its creation
-            from lorapod.compute.runpod.volume_mount import attach
-
-            attach(provider, spec_obj, spec_obj.compute.volume, gpu, max_usd, max_hours,
-                   say=lambda m: console.print(m, style="dim", markup=False))
-        opts = RunOptions(identity=identity, gpu=gpu, max_usd=max_usd, max_hours=max_hours,
-                       bootstrap=Bootstrap(bootstrap, python, deps), poll_s=poll_s, pull_every_s=pull_every_s,
-                       ready_deadline_s=ready_deadline_s, stop_margin_s=stop_margin_s, stop_wait_s=stop_wait_s,
-                       reconnect_s=reconnect_s, job_command=job_command_for(spec_obj.compute.gpus),
-                       watchdog={"heartbeat_timeout_s": heartbeat_timeout_s,
-                                 "poll_s": watchdog_poll_s, "stall_s": stall_s},
-                       forward_env=tuple(forward_env) if forward_env else None,
-                       destroy_deadline_s=destroy_deadline_s)
-        if trainer:  # the trainer's wrapper replaces lorapod's engine on the instance
-            opts.job_command = trainer_job_command(trainer, trainer_src)
-            from lorapod.trainers import canonical
-
-            opts.trainer = canonical(trainer)
-        summary = run_remote(spec_obj, provider, target, opts, ledger, spec_path,
-                             say=lambda m: console.print(m, style="dim", markup=False), resume_job=resume)
+        summary = run_remote(prepared.spec, prepared.provider, prepared.target, prepared.options, prepared.ledger,
+                             prepared.spec_path, say=dim, resume_job=prepared.resume_job)
         if as_json:
             typer.echo(json.dumps(summary.to_dict()))
         else:

@@ -1,6 +1,7 @@
 """``lorapod sweep``: one spec, a grid of overrides, N jobs under one dollar cap, ranked.
 
-Thin: parsing and printing; the work is :mod:`lorapod.compute.sweep`.
+Thin: parsing and printing; the checks before renting are
+:func:`lorapod.compute.prepare.prepare_sweep`, the work is :mod:`lorapod.compute.sweep`.
 """
 
 from __future__ import annotations
@@ -36,38 +37,29 @@ def register(app: typer.Typer) -> None:
         bootstrap: str = typer.Option("source", "--bootstrap", help="source | wheel (see lorapod run)."),
         python: str = typer.Option("auto", "--python", help="Python on the instances (auto: found there, "
                                    "see lorapod run)."),
+        force: bool = typer.Option(False, "--force", help="Rent even when `lorapod data check` finds errors "
+                                   "(see lorapod run)."),
         as_json: bool = typer.Option(False, "--json", help="Print the results as JSON on stdout."),
-        poll_s: float = typer.Option(5.0, "--poll-s", hidden=True),
-        stop_margin_s: float = typer.Option(120.0, "--stop-margin-s", hidden=True),
+        poll_s: float | None = typer.Option(None, "--poll-s", hidden=True),
+        stop_margin_s: float | None = typer.Option(None, "--stop-margin-s", hidden=True),
     ) -> None:
         """Train every combination of --grid values, through the same lifecycle as `lorapod run`,
-        under one total --max-usd; print the results ranked by validation loss."""
-        from lorapod.compute.launch import job_command_for
-        from lorapod.compute.remote import Bootstrap
-        from lorapod.compute.session import RunOptions
-        from lorapod.compute.sweep import Sweep, host_provider
-        from lorapod.errors import SpecError
-        from lorapod.spec import load_spec
+        under one total --max-usd; print the results ranked by validation loss.
 
-        spec_obj = load_spec(spec, set_)
-        if spec_obj.compute.volume:  # never silently without it: the trials would download everything again
-            from lorapod.errors import SpecError
+        Every job is checked on every host as `lorapod run` checks one before anything is rented:
+        a job that would be refused stops the sweep, named, before the first instance exists."""
+        from lorapod.cli.run import dim, given
+        from lorapod.compute.prepare import RunFlags, prepare_sweep
+        from lorapod.compute.sweep import Sweep
 
-            raise SpecError("sweeps do not mount compute.volume yet (docs/remote.md, Volumes)",
-                            hint="--set compute.volume=null for the sweep, or run the trials with `lorapod run --volume`")
-        targets = on or [spec_obj.compute.provider]
-        if bootstrap not in ("source", "wheel"):
-            raise SpecError(f"--bootstrap {bootstrap!r}", hint="source | wheel")
-        rate = usd_per_hour if usd_per_hour is not None else (spec_obj.compute.usd_per_hour or 0.0)
-        providers = [(t, host_provider(t, identity, rate)) for t in targets]
-
-        def options() -> RunOptions:
-            return RunOptions(identity=identity, gpu=gpu, max_hours=max_hours, bootstrap=Bootstrap(bootstrap, python),
-                           poll_s=poll_s, stop_margin_s=stop_margin_s,
-                           job_command=job_command_for(spec_obj.compute.gpus))
-
-        result = Sweep(spec_obj, grid, providers, parallel=parallel, max_usd=max_usd, options=options,
-                       spec_path=str(spec), say=lambda m: console.print(m, style="dim", markup=False)).run()
+        flags = RunFlags(set_=set_, identity=identity, gpu=gpu, max_hours=max_hours, bootstrap=bootstrap,
+                         python=python, force=force, usd_per_hour=usd_per_hour,
+                         knobs=given(poll_s=poll_s, stop_margin_s=stop_margin_s))
+        prepared = prepare_sweep(spec, grid, on, flags, say=dim,
+                                 note=lambda m: console.print(f"note: {m}", style="yellow", markup=False))
+        result = Sweep(prepared.spec, grid, prepared.targets, parallel=parallel, max_usd=max_usd,
+                       options=prepared.options, spec_path=prepared.spec_path,
+                       say=lambda m: console.print(m, style="dim", markup=False)).run()
         if as_json:
             typer.echo(json.dumps(result.to_dict()))
         else:

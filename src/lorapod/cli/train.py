@@ -1,4 +1,7 @@
-"""``lorapod train SPEC``: train locally with the built-in engine, into a run folder."""
+"""``lorapod train SPEC``: train locally with the built-in engine, into a run folder.
+
+The CLI sets up the run folder, the processes and what is printed; the training itself is
+:func:`lorapod.engine.train`."""
 
 from __future__ import annotations
 
@@ -12,6 +15,11 @@ from rich.console import Console
 from lorapod.errors import LorapodError
 
 console = Console(stderr=True)
+
+
+def say(message: str) -> None:
+    """A line from the engine (rich markup allowed, numbers not highlighted)."""
+    console.print(message, highlight=False)
 
 
 def train(
@@ -38,6 +46,7 @@ def train(
                                           "(torchrun's c10d rendezvous)."),
 ) -> None:
     """Train a LoRA adapter as the spec says (LLM or image), writing checkpoints, metrics and the adapter."""
+    from lorapod import engine
     from lorapod.engine.distributed import World, check_batch, env_world, leave
     from lorapod.rundir import RunDir
     from lorapod.spec import apply_report_to, load_spec
@@ -97,14 +106,14 @@ def train(
             launch_processes(run, spec_file, resume is not None, set_, device, nproc, nodes, node_rank, rendezvous)
             return
     if not world.is_main:
-        train_spec(spec, run, resume=resume is not None or any(run.checkpoints.glob("step-*")), device=device)
+        engine.train(spec, run, resume=resume is not None or any(run.checkpoints.glob("step-*")), device=device, log=say)
         leave()
         return
     console.print(f"run folder: [bold]{run.root}[/]")
     _one_thread_for_builtin(spec, device)
     resume_flag = resume is not None or (run_dir is not None and any(run.checkpoints.glob("step-*")))
     with interrupt_says_how_to_resume(), _removed_if_nothing_trained(run, resume is None and run_dir is None):
-        result = train_spec(spec, run, resume=resume_flag, device=device)
+        result = engine.train(spec, run, resume=resume_flag, device=device, log=say)
     leave()  # every process of a data-parallel run, before rank 0's own work below
     _learn(run)
     for key, label in (("val_loss", "validation loss"), ("fixed_noise_loss", "fixed-noise loss")):  # LLM, image
@@ -193,9 +202,9 @@ def _say_tracking(run) -> None:
 def _external(spec_file, set_, run_dir, trainer: str, print_: bool, trainer_src: str | None,
               report_to: str | None = None) -> None:
     """``--trainer X``: print its job, or run it here under the run-folder contract."""
-    from lorapod.cli.trainers import print_trainer_job
     from lorapod.rundir import RunDir
     from lorapod.spec import load_spec
+    from lorapod.trainers.on_instance import print_trainer_job
 
     if spec_file is None:
         raise LorapodError("no spec given", hint="lorapod train SPEC.yaml --trainer NAME [--print]")
@@ -271,19 +280,6 @@ def _record_plan(spec, run) -> None:
         run.write_plan(plan_job(spec).to_record())
     except LorapodError as exc:  # a model the catalog does not know, say: training goes on
         run.event(f"no plan.json: {exc.message}")
-
-
-def train_spec(spec, run, *, resume: bool = False, device: str | None = None):
-    """Dispatch to the recipe for the spec's model family."""
-    if spec.is_image:
-        try:
-            from lorapod.engine.diffusion import train_diffusion
-        except ImportError as exc:  # the image engine ships with lorapod[image]
-            raise LorapodError(f"the image engine is not available: {exc}", hint="pip install 'lorapod[image]'") from exc
-        return train_diffusion(spec, run, resume=resume, device=device, log=console.print).result
-    from lorapod.engine.llm import train_llm
-
-    return train_llm(spec, run, resume=resume, device=device, log=lambda m: console.print(m, highlight=False)).result
 
 
 def register(app: typer.Typer) -> None:

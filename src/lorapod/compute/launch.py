@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from lorapod.compute.remote import job_command_from_env
-from lorapod.engine.distributed import torchrun_argv
 
 JobCommand = Callable[[str, str, str, bool], list[str]]
 
@@ -24,6 +23,8 @@ def job_command_for(gpus: int, base: JobCommand = job_command_from_env) -> JobCo
         return base
 
     def command(python: str, spec: str, run_dir: str, resume: bool) -> list[str]:
+        from lorapod.engine.distributed import torchrun_argv  # imports torch: only for a multi-GPU job
+
         argv = base(python, spec, run_dir, resume)
         if argv[:3] != [python, "-m", "lorapod"]:
             return argv

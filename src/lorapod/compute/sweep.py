@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from lorapod.compute.ledger import Ledger
-from lorapod.compute.provider import Provider, from_target
+from lorapod.compute.provider import Provider
 from lorapod.compute.session import RunOptions, Session
 from lorapod.engine.metrics import read_metrics
 from lorapod.errors import LorapodError, SpecError
@@ -61,6 +61,14 @@ def expand_grid(grid: Sequence[str]) -> list[dict[str, str]]:
     if not axes:
         raise SpecError("a sweep needs at least one --grid KEY=V1,V2")
     return [dict(zip([k for k, _ in axes], combo, strict=True)) for combo in itertools.product(*(v for _, v in axes))]
+
+
+def job_specs(spec: JobSpec, grid: Sequence[str]) -> list[tuple[dict[str, str], JobSpec]]:
+    """Each job of the grid: its overrides and its spec, named ``<output.name>-<n>`` (n from 1)."""
+    name = spec.output.name or "sweep"
+    return [(ov, load_spec(raw=spec.model_dump(mode="json"),
+                           overrides=[*(f"{k}={v}" for k, v in ov.items()), f"output.name={name}-{i}"]))
+            for i, ov in enumerate(expand_grid(grid), 1)]
 
 
 @dataclass
@@ -160,11 +168,9 @@ class Sweep:
         self.base_name = spec.output.name or "sweep"
         self.specs: list[JobSpec] = []
         self.jobs: list[SweepJob] = []
-        for i, ov in enumerate(expand_grid(grid)):
-            self.specs.append(load_spec(raw=spec.model_dump(mode="json"),
-                                        overrides=[*(f"{k}={v}" for k, v in ov.items()),
-                                                   f"output.name={self.base_name}-{i + 1}"]))
-            self.jobs.append(SweepJob(i + 1, ov))
+        for i, (ov, job_spec) in enumerate(job_specs(spec, grid), 1):
+            self.specs.append(job_spec)
+            self.jobs.append(SweepJob(i, ov))
         self.root = Path(spec.output.dir) / new_job_id(f"sweep-{self.base_name}")
         self._sessions: dict[int, Session] = {}
         self._busy: dict[str, int] = {t: 0 for t, _ in self.targets}
@@ -338,11 +344,3 @@ class Sweep:
         for sig, h in old.items():
             signal.signal(sig, h)
 
-
-def host_provider(target: str, identity: Path | None = None, usd_per_hour: float = 0.0) -> Provider:
-    """The provider for one ``--on`` value, with the options that kind of target takes."""
-    if target.startswith("ssh://"):
-        return from_target(target, identity=identity, usd_per_hour=usd_per_hour)
-    if target == "local":
-        return from_target(target, usd_per_hour=usd_per_hour)
-    return from_target(target)

@@ -3,7 +3,7 @@ device (plan/step_count.py's counters): transformers' Llama decoder layer with p
 (kernels per layer and per LoRA linear, the bytes its memory-bound operators move per token),
 each eager trainer's loss (bytes per logit at its peak), and AutoGPTQ's unpacking of a GPTQ
 layer (bytes and kernels per weight). plan/work.py and plan/frameworks.py hold the figures;
-tests/test_step_count.py re-counts them and ``bench/derive_architecture.py`` prints them. Needs
+tests/test_plan_step_count.py re-counts them and ``bench/derive_architecture.py`` prints them. Needs
 torch, peft and transformers: a development tool, never imported by ``lorapod plan``.
 """
 

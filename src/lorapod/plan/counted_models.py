@@ -4,7 +4,7 @@
 SD 1.5 / SDXL: activation memory, forward and VAE-encode FLOPs, kernels per forward. The DiTs
 (FLUX.1, FLUX.2 klein, Wan): the parameters each token's matmuls pass through, and kernels.
 ``bench/derive_architecture.py`` prints them next to what ``catalog/data/models.yaml`` holds;
-tests/test_step_count.py requires the two to be equal, so the catalog cannot drift from the
+tests/test_plan_step_count.py requires the two to be equal, so the catalog cannot drift from the
 architectures. The LLM figures (the Llama layer, the trainers' losses, GPTQ) are counted in
 plan/counted_llm.py. Needs torch, diffusers and peft: a development tool, never imported by
 ``lorapod plan``.

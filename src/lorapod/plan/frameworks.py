@@ -6,7 +6,7 @@ live. Each profile below says it as the trainer's code does it (bytes per logit 
 the worst moment of the loss's forward and backward), so the memory model can count it instead
 of guessing. The eager ones (hf, transformers-4.46, qwen-remote-code, lorapod) are counted by
 running that code on torch's meta device (plan/counted_llm.py: loss_bytes_per_logit;
-tests/test_step_count.py holds them equal); the chunked and fused ones are read from their code.
+tests/test_plan_step_count.py holds them equal); the chunked and fused ones are read from their code.
 Speed differences between trainers are not written here: they are fitted (plan/fit.py).
 """
 

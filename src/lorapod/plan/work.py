@@ -32,14 +32,14 @@ STREAM_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0 + 4.0, "int8":
 QUANTISED = ("fp8", "int8", "nf4", "gptq")
 # GPTQ as AutoGPTQ trains it (exllama disabled, inputs of 128 tokens or more): the 4-bit weights are
 # unpacked by eager elementwise operators, not one fused kernel. Counted on the operators
-# (plan/counted_llm.py: gptq_dequant, tests/test_step_count.py): 16.63 bytes moved and 9
+# (plan/counted_llm.py: gptq_dequant, tests/test_plan_step_count.py): 16.63 bytes moved and 9
 # kernels per weight before the fp16 matmul reads the result (2 bytes). The matmul saves that
 # dequantised weight for its backward, so GPTQ dequantises once a forward (with checkpointing, the
 # recompute once more), where bitsandbytes' nf4 dequantises again in the backward.
 GPTQ_DEQUANT_BYTES = 16.63
 GPTQ_DEQUANT_KERNELS = 9
 # LLM operators per layer per forward, counted on transformers' Llama decoder layer in bf16 with
-# SDPA (plan/counted_llm.py, tests/test_step_count.py): 39 for the block (norms with their float32
+# SDPA (plan/counted_llm.py, tests/test_plan_step_count.py): 39 for the block (norms with their float32
 # casts, rotary embedding and residuals run as separate kernels without torch.compile), 4 more
 # for every LoRA-wrapped linear (two matmuls, the scale, the add).
 LLM_KERNELS_PER_LAYER = 39
