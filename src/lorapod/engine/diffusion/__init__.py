@@ -20,8 +20,8 @@ from lorapod.engine.device import Precision, pick_device, resolve_precision
 from lorapod.engine.diffusion import cache as dcache
 from lorapod.engine.diffusion import dataset
 from lorapod.engine.diffusion import samples as smp
-from lorapod.engine.diffusion import wan as _wan
-from lorapod.engine.diffusion.families import FAMILIES, Components, resolve_family
+from lorapod.engine.diffusion.families import Components, resolve_family
+from lorapod.engine.diffusion.families import wan as _wan
 from lorapod.engine.diffusion.fp8 import store_fp8
 from lorapod.engine.diffusion.lora import attach_lora, lora_config
 from lorapod.engine.diffusion.quiet import quiet
@@ -32,7 +32,6 @@ from lorapod.rundir import RunDir
 from lorapod.spec import JobSpec
 
 DEFAULT_SCALE = {"sd15": 7.0, "sdxl": 7.0, "flux1": 3.5, "flux2": 4.0}
-FAMILIES.update(_wan.FAMILIES)  # Wan2.1 / Wan2.2 video families (engine/diffusion/wan.py)
 
 
 @dataclass

@@ -30,6 +30,7 @@ from lorapod.engine.diffusion import export, wan
 from lorapod.engine.diffusion import samples as smp
 from lorapod.engine.diffusion import video_data as vd
 from lorapod.engine.diffusion.families import Components, resolve_family
+from lorapod.engine.diffusion.families import wan as wan_family
 from lorapod.engine.diffusion.lora import attach_lora, lora_config
 from lorapod.engine.diffusion.quiet import quiet
 from lorapod.engine.diffusion.recipe import Batch, DiffusionRecipe, sample_sigmas
@@ -85,7 +86,7 @@ def load_video_prompts(source, width: int, height: int, seed: int) -> list[Video
 
 
 def predicted_cache_bytes(items: list[vd.VideoItem], z_dim: int, text_dim: int, flips: int,
-                          text_tokens: int = wan.TEXT_LEN, spatial: int = 8) -> dict[str, int]:
+                          text_tokens: int = wan_family.TEXT_LEN, spatial: int = 8) -> dict[str, int]:
     """What the caches will hold, from the windows' buckets and the model's sizes alone (fp32
     latents of z_dim x (1 + (F-1)/4) x H/s x W/s per window and flip, s the VAE's spatial factor;
     at most ``text_tokens`` umT5 states per distinct caption). Tensor bytes: each file adds a
@@ -390,7 +391,7 @@ class VideoRecipe(DiffusionRecipe):
                                   num_frames=vp.frames, num_inference_steps=sp.steps, generator=gen,
                                   output_type="np").frames[0]
                 arr = (np.clip(frames, 0, 1) * 255).round().astype(np.uint8)
-                path = write_clip(out_dir / f"{tag}-{k:02d}.mp4", list(arr), fps=wan.SAMPLE_FPS)
+                path = write_clip(out_dir / f"{tag}-{k:02d}.mp4", list(arr), fps=wan_family.SAMPLE_FPS)
                 paths.append(path)
                 rows.append(arr)
             contact_sheet(rows).save(out_dir / f"{tag}-frames.png",
