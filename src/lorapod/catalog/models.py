@@ -14,6 +14,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from lorapod.catalog import families
 from lorapod.catalog.snapshot import Snapshot, closest_canonical, load_data, normalise
 from lorapod.errors import PlanError
 
@@ -321,19 +322,7 @@ def _diffusers_family(model_id: str) -> str | None:
         raw = json.loads(index.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return wan_family_of_index(raw) or DIFFUSERS_FAMILIES.get(raw.get("_class_name", ""))
-
-
-def wan_family_of_index(raw: dict[str, Any]) -> str | None:
-    """wan21 / wan22 from a Wan pipeline's model_index.json (a second transformer or a boundary means 2.2).
-
-    Wan2.2 saves the same pipeline classes as 2.1; the planner and the engine both read it from here.
-    """
-    if raw.get("_class_name") not in ("WanPipeline", "WanImageToVideoPipeline"):  # T2V, I2V
-        return None
-    t2 = raw.get("transformer_2")
-    has_t2 = isinstance(t2, list) and t2[0] is not None
-    return "wan22" if has_t2 or raw.get("boundary_ratio") is not None or raw.get("expand_timesteps") else "wan21"
+    return families.wan_family_of_index(raw) or DIFFUSERS_FAMILIES.get(raw.get("_class_name", ""))
 
 
 def find_model(model_id: str, family: str = "auto", variant: str | None = None) -> ImageModel | LLMArch:

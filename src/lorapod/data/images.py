@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lorapod.data.buckets import FAMILY_RESOLUTION, make_buckets, place
+from lorapod.catalog import families
+from lorapod.data.buckets import make_buckets, place
 from lorapod.data.captionfiles import (
     CLIP_WINDOW,
     REPEATED_CAPTION_MIN,
@@ -149,8 +150,8 @@ def check_images(
 ) -> Report:
     """All image-folder checks; ``report.extra`` keeps per-image facts for the HTML report."""
     require("PIL", "data", "Checking image datasets")
-    if family not in FAMILY_RESOLUTION:
-        raise DataError(f"unknown image family {family!r}.", hint=f"Use one of: {', '.join(FAMILY_RESOLUTION)}.")
+    if family not in families.FAMILIES:
+        raise DataError(f"unknown image family {family!r}.", hint=f"Use one of: {', '.join(families.NAMES)}.")
     scan = scan_folder(root)
     report = Report()
     report.extend(scan.findings)
@@ -227,7 +228,7 @@ def check_images(
         report.add(finding("info", "count-high", ".",
                            f"{len(readable)} images; more than the usual {lo}-{hi}: fine for a style, "
                            "slower per epoch; check they all show the concept."))
-    resolution = FAMILY_RESOLUTION[family]
+    resolution = families.FAMILIES[family].resolution
     buckets = make_buckets(resolution)
     plan: dict[str, dict[str, int]] = {}
     placements = {}
@@ -266,7 +267,7 @@ def check_path(path: Path, **kwargs) -> Report:
     path = Path(path)
     if not path.exists() and not path.is_symlink():
         raise DataError(f"{path} does not exist.", hint="Give an image folder or a .jsonl chat file.")
-    if path.is_dir() and kwargs.get("family") in ("wan21", "wan22"):  # clips + images (lorapod.data.video)
+    if path.is_dir() and kwargs.get("family") in families.VIDEO:  # clips + images (lorapod.data.video)
         from lorapod.data.video import check_video
 
         allowed = {k: v for k, v in kwargs.items() if k in ("family", "trigger", "target_frames", "fps", "workers")}

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from lorapod.catalog import families
 from lorapod.data.findings import Finding
 from lorapod.engine.checkpoint import TrainState
 from lorapod.engine.device import Precision, pick_device, resolve_precision
@@ -38,7 +39,6 @@ from lorapod.errors import SpecError
 from lorapod.rundir import RunDir
 from lorapod.spec import JobSpec
 
-DEFAULT_GUIDANCE = 5.0  # WanPipeline's default
 DEFAULT_STEPS = 30
 DEFAULT_FRAMES = 33
 _FRAMES_OPT = re.compile(r"\s--f\s+(\S+)")
@@ -80,7 +80,7 @@ def load_video_prompts(source, width: int, height: int, seed: int) -> list[Video
         if image and not Path(image).expanduser().is_file():
             raise SpecError(f"sample prompt {line.strip()!r}: start image {image} does not exist", hint="fix the --i path")
         line = _IMAGE_OPT.sub("", " " + line).strip()
-        sp = smp.parse_line(line, width, height, seed, DEFAULT_STEPS, DEFAULT_GUIDANCE)
+        sp = smp.parse_line(line, width, height, seed, DEFAULT_STEPS, families.FAMILIES["wan21"].guidance)
         out.append(VideoPrompt(sp, frames, image))
     return out
 

@@ -6,17 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from lorapod.catalog import families
 from lorapod.errors import ModelLoadError
-
-_PIPELINE_FAMILY = {
-    "StableDiffusionPipeline": "sd15",
-    "StableDiffusionXLPipeline": "sdxl",
-    "FluxPipeline": "flux1",
-    "Flux2KleinPipeline": "flux2",
-    "Flux2Pipeline": "flux2-dev",
-    "WanPipeline": "wan21",
-    "StableDiffusion3Pipeline": "sd3",
-}
 
 
 def _single_file_family(path: Path) -> str:
@@ -65,9 +56,6 @@ def detect(model_id: str, revision: str | None = None) -> tuple[str, str]:
             raise ModelLoadError(f"could not read model_index.json of {model_id} ({exc.__class__.__name__}: {exc})",
                                  hint="check the id, your network, and `huggingface-cli login` for gated models") from exc
     cls = raw.get("_class_name", "?")
-    if cls in ("WanPipeline", "WanImageToVideoPipeline"):  # 2.1 or 2.2 (two experts): read from the index
-        from lorapod.catalog.models import wan_family_of_index  # the planner's reading too
-
-        return wan_family_of_index(raw) or "unknown", cls
-    return _PIPELINE_FAMILY.get(cls, "unknown"), f"{cls}"
-
+    if cls in families.FAMILIES["wan21"].pipelines:  # 2.1 or 2.2 (two experts): read from the index
+        return families.family_of_index(raw) or "unknown", cls
+    return families.family_of_index(raw) or "unknown", f"{cls}"

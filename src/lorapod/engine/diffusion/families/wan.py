@@ -15,7 +15,6 @@ from typing import ClassVar
 
 import torch
 
-from lorapod.engine.diffusion import export
 from lorapod.engine.diffusion.families.base import Components, Family
 
 # every Linear of the attention blocks: self- and cross-attention q/k/v/out and the feed-forward
@@ -142,8 +141,3 @@ class Wan22(Wan21):
             return {"transformer_2": both["transformer_2"]}
         return both
 
-
-FAMILIES = {"wan21": Wan21, "wan22": Wan22}
-# the kohya-style metadata's base-model names (sd-scripts/musubi conventions), next to the image families'
-export.BASE_VERSION.update({"wan21": "wan2.1", "wan22": "wan2.2"})
-export.ARCH.update({"wan21": "wan2.1-t2v/lora", "wan22": "wan2.2-t2v/lora"})
