@@ -76,3 +76,31 @@ def test_the_spec_and_the_commands_take_exactly_the_tables_families():
 ])
 def test_a_pipeline_class_names_one_family(index, family):
     assert families.family_of_index(index) == family
+
+
+def test_a_flux2pipeline_folder_is_flux2_dev_for_planner_and_engine_alike(tmp_path):
+    """diffusers' own sources decide it: pipeline_flux2.py (``Flux2Pipeline``) loads a
+    Mistral3ForConditionalGeneration text encoder and its example is ``Flux2Pipeline.from_pretrained(
+    "black-forest-labs/FLUX.2-dev")``; FLUX.2 [klein] is pipeline_flux2_klein.py (``Flux2KleinPipeline``,
+    a Qwen3 encoder, ``"black-forest-labs/FLUX.2-klein-base-9B"``). So a Flux2Pipeline folder is the 32B
+    [dev] model, which lorapod does not train: the planner must not plan it as klein, and both say so."""
+    import json
+
+    from lorapod.catalog.models import find_model
+    from lorapod.engine.diffusion.families import detect, resolve_family
+    from lorapod.errors import ModelLoadError, PlanError
+
+    folder = tmp_path / "flux2"
+    folder.mkdir()
+    (folder / "model_index.json").write_text(json.dumps({"_class_name": "Flux2Pipeline"}))
+    assert families.family_of_index({"_class_name": "Flux2Pipeline"}) == "flux2-dev"
+    assert detect(str(folder))[0] == "flux2-dev"
+    for family in ("auto", "flux2"):
+        with pytest.raises(PlanError, match="Flux2Pipeline model \\(family flux2-dev\\)") as exc:
+            find_model(str(folder), family)
+        assert "klein" in exc.value.hint
+        with pytest.raises(ModelLoadError, match="is a Flux2Pipeline"):
+            resolve_family(family, str(folder))
+    # a klein folder plans and trains as flux2
+    (folder / "model_index.json").write_text(json.dumps({"_class_name": "Flux2KleinPipeline"}))
+    assert find_model(str(folder)).family == "flux2" and detect(str(folder))[0] == "flux2"

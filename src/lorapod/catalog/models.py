@@ -303,17 +303,6 @@ def _hub_config(model_id: str) -> Path | None:
                         hint="check the network, or point model.id at a local folder with a config.json") from exc
 
 
-# diffusers pipeline classes (model_index.json "_class_name") -> family.
-DIFFUSERS_FAMILIES = {
-    "StableDiffusionPipeline": "sd15",
-    "StableDiffusionXLPipeline": "sdxl",
-    "FluxPipeline": "flux1",
-    "Flux2Pipeline": "flux2",
-    "Flux2KleinPipeline": "flux2",
-    "WanPipeline": "wan21",
-}
-
-
 def _diffusers_family(model_id: str) -> str | None:
     index = Path(model_id).expanduser() / "model_index.json"
     if not index.is_file():
@@ -322,7 +311,7 @@ def _diffusers_family(model_id: str) -> str | None:
         raw = json.loads(index.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return families.wan_family_of_index(raw) or DIFFUSERS_FAMILIES.get(raw.get("_class_name", ""))
+    return families.family_of_index(raw)  # the engine's reading too (engine/diffusion/families/detect.py)
 
 
 def find_model(model_id: str, family: str = "auto", variant: str | None = None) -> ImageModel | LLMArch:
@@ -338,8 +327,14 @@ def find_model(model_id: str, family: str = "auto", variant: str | None = None) 
         names = {normalise(a) for a in (*m.aliases, m.name, m.key)}
         if key in names or base in names:
             return m
+    found = _diffusers_family(model_id)
     if family == "auto":
-        family = _diffusers_family(model_id) or family
+        family = found or family
+    if found in families.NOT_TRAINED.values():  # the engine refuses it too, whatever the spec's family
+        cls = next(c for c, f in families.NOT_TRAINED.items() if f == found)
+        raise PlanError(f"{model_id} is a {cls} model (family {found}), which lorapod does not train or plan",
+                        hint=f"lorapod trains {', '.join(f.title for f in families.FAMILIES.values())}; "
+                             "for FLUX.2 use a klein model (black-forest-labs/FLUX.2-klein-base-4B or -9B)")
     if family not in ("auto", "llm"):
         members = [m for m in images if m.family == family]
         if variant:
