@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -89,6 +89,13 @@ class ImageModel:
         if not self.is_video or frames <= 1:
             return 1
         return 1 + (frames - 1) // self.frames_per_latent
+
+    def window_tokens(self, frames: int, width: int, height: int) -> int:
+        """Latent tokens of one ``width`` x ``height`` window of ``frames`` frames (a bucket of the data):
+        latent frames x patches, each side cut to whole patches as the VAE and the patch embedding do."""
+        if not self.patch_px:
+            return 0
+        return self.latent_frames(frames) * (height // self.patch_px) * (width // self.patch_px)
 
     def image_tokens(self, resolution: int, frames: int = 1) -> float:
         """Latent tokens the denoiser sees for one sample: patches per frame x latent frames."""
@@ -314,6 +321,71 @@ def _diffusers_family(model_id: str) -> str | None:
     return families.family_of_index(raw)  # the engine's reading too (engine/diffusion/families/detect.py)
 
 
+def wan_block_params(cfg: dict[str, Any]) -> tuple[int, int]:
+    """(parameters per block, parameters outside the blocks) from a WanTransformer3DModel config.json."""
+    d = cfg.get("num_attention_heads", 40) * cfg.get("attention_head_dim", 128)
+    ffn = cfg.get("ffn_dim", 13824)
+    per_block = 8 * d * d + 2 * d * ffn + 12 * d + ffn  # 2 attentions x (q, k, v, o), feed-forward, biases/norms
+    text, freq = cfg.get("text_dim", 4096), cfg.get("freq_dim", 256)
+    patch = 1
+    for s in cfg.get("patch_size", (1, 2, 2)):
+        patch *= s
+    outside = text * d + d * d + freq * d + d * d + 6 * d * d + 2 * patch * cfg.get("in_channels", 16) * d
+    return per_block, outside
+
+
+def wan_model_from_config(base: ImageModel, cfg: dict[str, Any], *, spatial: int = 8, experts: int = 1) -> ImageModel:
+    """A Wan catalog row resized to a transformer's own config.json (what the memory model needs:
+    parameters, blocks, hidden size, LoRA size, patch), with ``experts`` transformers. The rest (text
+    encoder, VAE, licence) is ``base``'s. The planner and the engine both size a Wan folder this way."""
+    per_block, outside = wan_block_params(cfg)
+    n = int(cfg.get("num_layers", 40))
+    d = cfg.get("num_attention_heads", 40) * cfg.get("attention_head_dim", 128)
+    ffn = cfg.get("ffn_dim", 13824)
+    # LoRA on every block linear (engine/diffusion/families/wan.py: WAN_TARGETS): per rank, the
+    # 8 attention projections d -> d (A and B: 2d each) and the feed-forward in and out (d + ffn each)
+    lora_per_rank = n * (8 * 2 * d + 2 * (d + ffn))
+    patch = cfg.get("patch_size", (1, 2, 2))
+    return replace(base, trained_params_b=(n * per_block + outside) / 1e9, lora_params_per_rank_m=lora_per_rank / 1e6,
+                   blocks=n, attn_blocks=n, hidden=d, patch_px=spatial * int(patch[1]), experts=experts,
+                   token_params_b=None)
+
+
+def _wan_folder(model_id: str, named: ImageModel | None, images: tuple[ImageModel, ...], family: str,
+                variant: str | None) -> ImageModel | None:
+    """A local Wan diffusers folder sized by its own transformer config (None for anything else)."""
+    folder = Path(model_id).expanduser()
+    cfg_file = folder / "transformer" / "config.json"
+    found = _diffusers_family(model_id) if folder.is_dir() else None
+    if found not in families.VIDEO or not cfg_file.is_file():
+        return None
+    fam = family if family in families.VIDEO else found
+    base = named or next((m for m in images if m.family == fam and (not variant or
+                          normalise(m.variant or "") == normalise(variant))), None)
+    if base is None:
+        return None
+    try:
+        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+        vae = folder / "vae" / "config.json"
+        spatial = int(json.loads(vae.read_text(encoding="utf-8")).get("scale_factor_spatial", 8)) if vae.is_file() else 8
+    except (OSError, ValueError) as exc:
+        raise PlanError(f"cannot read the Wan configs of {folder}: {exc}",
+                        hint="check transformer/config.json and vae/config.json") from exc
+    experts = 2 if (folder / "transformer_2" / "config.json").is_file() else 1
+    return wan_model_from_config(base, cfg, spatial=spatial, experts=experts)
+
+
+def named_image_model(model_id: str) -> ImageModel | None:
+    """The catalog row whose name or an alias is ``model_id`` (or its file or folder name), else None."""
+    key = normalise(model_id)
+    base = normalise(Path(model_id).name) if ("/" in model_id or "." in model_id) else key
+    for m in load_models()[1]:
+        names = {normalise(a) for a in (*m.aliases, m.name, m.key)}
+        if key in names or base in names:
+            return m
+    return None
+
+
 def find_model(model_id: str, family: str = "auto", variant: str | None = None) -> ImageModel | LLMArch:
     """Resolve a spec's model to a catalog entry or an LLM architecture.
 
@@ -322,11 +394,12 @@ def find_model(model_id: str, family: str = "auto", variant: str | None = None) 
     """
     _, images, llms = load_models()
     key = normalise(model_id)
-    base = normalise(Path(model_id).name) if ("/" in model_id or "." in model_id) else key
-    for m in images:
-        names = {normalise(a) for a in (*m.aliases, m.name, m.key)}
-        if key in names or base in names:
-            return m
+    named = named_image_model(model_id)
+    local = _wan_folder(model_id, named, images, family, variant)  # a Wan folder: its own sizes
+    if local is not None:
+        return local
+    if named is not None:
+        return named
     found = _diffusers_family(model_id)
     if family == "auto":
         family = found or family

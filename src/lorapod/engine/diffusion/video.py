@@ -36,6 +36,7 @@ from lorapod.engine.diffusion.lora import attach_lora, lora_config
 from lorapod.engine.diffusion.quiet import quiet
 from lorapod.engine.diffusion.recipe import Batch, DiffusionRecipe, sample_sigmas
 from lorapod.errors import SpecError
+from lorapod.plan.vram import GiB
 from lorapod.rundir import RunDir
 from lorapod.spec import JobSpec
 
@@ -159,12 +160,12 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
     fp8 = precision.weights == torch.float8_e4m3fn
     cfg = wan.component_config(spec.model.id, spec.model.revision)
     spatial = int(wan.component_config(spec.model.id, spec.model.revision, "vae").get("scale_factor_spatial", 8))
-    tokens = max(wan.latent_tokens(f, w, h, cfg, spatial) for f, w, h in (it.bucket for it in items))
     if dev.type == "cuda":  # before any weight loads (and before the run is billed for loading them)
-        gpu_gb = torch.cuda.get_device_properties(dev).total_memory / 1e9
-        wan.check_fits(cfg, gpu_gb, fp8=fp8, blocks_to_swap=t.blocks_to_swap, tokens=tokens, rank=m.r,
-                       what=f"{spec.model.id} at {tokens} latent tokens",
-                       experts=wan.resident_experts(spec.model.id, spec.model.revision, t.experts))
+        model = wan.memory_model(spec)
+        tokens = max(model.window_tokens(f, w, h) for f, w, h in (it.bucket for it in items))
+        gpu_gb = torch.cuda.get_device_properties(dev).total_memory / GiB
+        dtype = "fp8" if fp8 else {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(precision.weights, "fp32")
+        wan.check_fits(spec, model, gpu_gb, dtype=dtype, tokens=tokens, what=f"{spec.model.id} at {tokens} latent tokens")
     if t.blocks_to_swap and t.blocks_to_swap >= cfg.get("num_layers", 40):
         raise SpecError(f"train.blocks_to_swap {t.blocks_to_swap} >= the model's {cfg.get('num_layers')} blocks",
                         hint=f"at most {cfg.get('num_layers', 40) - 1}")

@@ -4,7 +4,8 @@
 - ``BlockSwap``: the frozen weights of the last N blocks live in CPU RAM and visit the GPU only
   for their own forward (and its recomputation under gradient checkpointing, which it requires).
 - ``check_fits``: refuse, before anything loads, a job that would not fit the GPU even with the
-  most blocks swapped.
+  most blocks swapped: the planner's memory model (``plan/vram.py``) on the planner's description
+  of the model (``memory_model``), with the engine's own settings; there is no second Wan model.
 - ``comfy_name``: the original Wan module names (``blocks.0.self_attn.q``) that ComfyUI's loader,
   musubi-tuner and diffusers' converters use, for the ``lora_unet_*`` file.
 """
@@ -13,11 +14,18 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from lorapod.errors import HardwareError, ModelLoadError
+from lorapod.catalog import families
+from lorapod.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from lorapod.catalog.models import ImageModel
+    from lorapod.plan.vram import Estimate
 
 # ----------------------------------------------------------------------------- memory
 
@@ -92,78 +100,41 @@ def component_config(model_id: str, revision: str | None = None, sub: str = "tra
                              hint="check the id and your network") from exc
 
 
-def block_params(cfg: dict) -> tuple[int, int]:
-    """(parameters per block, parameters outside the blocks) from a WanTransformer3DModel config."""
-    d = cfg.get("num_attention_heads", 40) * cfg.get("attention_head_dim", 128)
-    ffn = cfg.get("ffn_dim", 13824)
-    per_block = 8 * d * d + 2 * d * ffn + 12 * d + ffn  # 2 attentions x (q, k, v, o), feed-forward, biases/norms
-    text, freq = cfg.get("text_dim", 4096), cfg.get("freq_dim", 256)
-    patch = 1
-    for s in cfg.get("patch_size", (1, 2, 2)):
-        patch *= s
-    outside = text * d + d * d + freq * d + d * d + 6 * d * d + 2 * patch * cfg.get("in_channels", 16) * d
-    return per_block, outside
+def memory_model(spec) -> ImageModel:
+    """The planner's description of this Wan job's model (``catalog.models.find_model``: a catalog row
+    by name, a local folder sized by its own transformer config), so the engine's fit check and
+    ``lorapod plan`` count the same model; a hub id the catalog does not name is sized from its
+    transformer config here. ModelLoadError when the config cannot be read."""
+    from lorapod.catalog.models import ImageModel, find_model, named_image_model, wan_model_from_config
+    from lorapod.errors import PlanError
 
-
-def vram_need_gb(cfg: dict, *, fp8: bool, blocks_to_swap: int, tokens: int, rank: int, experts: int = 1) -> float:
-    """A floor on the GPU memory a Wan LoRA step needs: resident base weights (blocks not swapped,
-    plus one block in flight), LoRA weights with AdamW state, the checkpointed block inputs, one
-    block's recomputed activations and ~1.5 GB of CUDA context and workspace. Floors, not the
-    planner's estimate (``lorapod plan``): if even this does not fit, nothing will.
-
-    ``experts``: transformers kept on the GPU (Wan2.2 trains both of its experts resident; one runs
-    per step, so activations count once)."""
-    per_block, outside = block_params(cfg)
-    n_blocks = cfg.get("num_layers", 40)
-    d = cfg.get("num_attention_heads", 40) * cfg.get("attention_head_dim", 128)
-    ffn = cfg.get("ffn_dim", 13824)
-    weight_bytes = 1 if fp8 else 2
-    resident = (outside * 2 + (n_blocks - blocks_to_swap + (1 if blocks_to_swap else 0)) * per_block * weight_bytes)
-    lora = n_blocks * rank * (8 * 2 * d + 2 * (d + ffn)) * 16  # fp32 weight + grad + two Adam moments
-    ckpt = n_blocks * tokens * d * 2
-    working = tokens * (10 * d + 2 * ffn) * 2
-    return (experts * (resident + lora) + ckpt + working) / 1e9 + 1.5
-
-
-def resident_experts(model_id: str, revision: str | None, which: str) -> int:
-    """How many transformers the engine keeps on the GPU: 2 when a Wan2.2 A14B model (it has a
-    ``transformer_2``) trains both experts, else 1. An unreadable index counts as 1."""
-    if which != "both":
-        return 1
+    cfg = component_config(spec.model.id, spec.model.revision)
+    family = spec.model.family if spec.model.family in families.VIDEO else "auto"
     try:
-        component_config(model_id, revision, "transformer_2")
+        model = find_model(spec.model.id, family, spec.model.variant)
+    except PlanError as exc:
+        raise ModelLoadError(exc.message, hint=exc.hint) from exc
+    if not isinstance(model, ImageModel) or not model.is_video:
+        raise ModelLoadError(f"{spec.model.id} is not a Wan model the planner knows", hint="set model.family: wan21 or wan22")
+    if Path(spec.model.id).expanduser().is_dir() or named_image_model(spec.model.id) is not None:
+        return model
+    spatial = int(component_config(spec.model.id, spec.model.revision, "vae").get("scale_factor_spatial", 8))
+    try:
+        component_config(spec.model.id, spec.model.revision, "transformer_2")
+        experts = 2
     except ModelLoadError:
-        return 1
-    return 2
+        experts = 1
+    return wan_model_from_config(model, cfg, spatial=spatial, experts=experts)
 
 
-def latent_tokens(frames: int, width: int, height: int, cfg: dict, spatial: int = 8) -> int:
-    """Transformer tokens of one window: latent frames x latent patches (VAE /8, Wan2.2's 5B VAE /16)."""
-    pt, ph, pw = cfg.get("patch_size", (1, 2, 2))
-    return ((frames - 1) // 4 + 1) // pt * (height // spatial // ph) * (width // spatial // pw)
+def check_fits(spec, model: ImageModel, vram_gb: float, *, dtype: str, tokens: int, what: str) -> Estimate:
+    """``plan.vram.check_fits`` with this job's settings as the engine runs them: the base in
+    ``dtype``, lorapod's own layout, the largest window's ``tokens``; HardwareError if it cannot fit."""
+    from lorapod.plan.vram import Settings
+    from lorapod.plan.vram import check_fits as fits
 
-
-def check_fits(cfg: dict, gpu_gb: float, *, fp8: bool, blocks_to_swap: int, tokens: int, rank: int,
-               what: str = "this job", experts: int = 1) -> None:
-    """HardwareError when the job cannot fit even with every block but one swapped; the hint gives
-    the settings that would help."""
-    n_blocks = cfg.get("num_layers", 40)
-    most = n_blocks - 1
-    floor = vram_need_gb(cfg, fp8=fp8, blocks_to_swap=most, tokens=tokens, rank=rank, experts=experts)
-    if floor > gpu_gb:
-        raise HardwareError(
-            f"{what} needs at least {floor:.1f} GB of GPU memory even with {most} of {n_blocks} blocks swapped to "
-            f"CPU ({tokens} latent tokens per sample); this GPU has {gpu_gb:.1f} GB",
-            hint=("train.experts: high_noise or low_noise (one expert per run), " if experts > 1 else "")
-                 + "use fewer/shorter data.target_frames or a lower data.resolution"
-                 + ("" if fp8 else ", model.dtype: fp8 on an Ada/Hopper GPU") + ", or a larger GPU (lorapod plan lists them)")
-    need = vram_need_gb(cfg, fp8=fp8, blocks_to_swap=blocks_to_swap, tokens=tokens, rank=rank, experts=experts)
-    if need > gpu_gb:
-        k = next(k for k in range(blocks_to_swap, n_blocks) if
-                 vram_need_gb(cfg, fp8=fp8, blocks_to_swap=k, tokens=tokens, rank=rank, experts=experts) <= gpu_gb)
-        raise HardwareError(f"{what} needs about {need:.1f} GB with train.blocks_to_swap: {blocks_to_swap}; "
-                            f"this GPU has {gpu_gb:.1f} GB",
-                            hint=f"set train.blocks_to_swap: {k} (or more) and train.gradient_checkpointing: true")
+    s = replace(Settings.from_spec(spec, model), base_dtype=dtype, framework="lorapod", image_tokens=tokens)
+    return fits(model, s, vram_gb, what)
 
 
 # ----------------------------------------------------------------------------- file layout
