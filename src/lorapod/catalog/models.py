@@ -219,14 +219,6 @@ def load_models() -> tuple[Snapshot, tuple[ImageModel, ...], tuple[tuple[str, tu
     return snap, tuple(images), llms
 
 
-def image_model(key: str) -> ImageModel:
-    _, images, _ = load_models()
-    for m in images:
-        if m.key == key:
-            return m
-    raise PlanError(f"no image model with key {key!r} in the catalog")
-
-
 def llm_from_config(cfg: dict[str, Any], name: str = "model", entry: dict[str, Any] | None = None) -> LLMArch:
     """Build an :class:`LLMArch` from a transformers config dict (llama, mistral, qwen, gemma, bloom...)."""
     text = cfg.get("text_config") or cfg

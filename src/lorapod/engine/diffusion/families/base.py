@@ -59,7 +59,6 @@ class Family:
     default_targets: ClassVar[list[str] | str] = []
     te_targets: ClassVar[list[str]] = ["q_proj", "k_proj", "v_proj", "out_proj"]
     kohya_te_prefixes: ClassVar[list[str]] = []  # per text encoder; [] = no text-encoder LoRA
-    kohya_prefix: ClassVar[str] = "lora_unet"  # unused: kohya names are lorapod.export.kohya.LAYOUTS (one per family)
 
     def pipeline_cls(self):
         import diffusers
@@ -95,10 +94,6 @@ class Family:
         z = vae.encode(pixels.to(vae.device, vae.dtype)).latent_dist.mean
         shift = vae.config.get("shift_factor") or 0.0
         return (z - shift) * vae.config.scaling_factor
-
-    def latent_size(self, c: Components, bucket: tuple[int, int]) -> tuple[int, int]:
-        f = 2 ** (len(c.vae.config.block_out_channels) - 1)
-        return bucket[1] // f, bucket[0] // f
 
     def offset_noise(self, c: Components, shape: torch.Size, gen: torch.Generator) -> torch.Tensor:
         """Noise offset (Guttenberg 2023): one normal draw per sample and latent channel, constant over

@@ -106,10 +106,6 @@ class Flux2Klein(Family):
         std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps).to(z.device, z.dtype)
         return (z - mean) / std
 
-    def latent_size(self, c, bucket):
-        f = 2 ** (len(c.vae.config.block_out_channels) - 1) * 2
-        return bucket[1] // f, bucket[0] // f
-
     def offset_noise(self, c, shape, gen):
         """The offset is drawn per VAE channel (before the 2x2 patchify), so it shifts a channel's
         brightness instead of adding a 2x2 pattern: the four patch positions of channel k

@@ -29,7 +29,6 @@ class Wan21(Family):
     name = "wan21"
     pipeline_class = "WanPipeline"
     denoiser_name = "transformer"
-    kohya_prefix = "lora_unet"
     flow = True
     video: ClassVar[bool] = True
     default_targets = WAN_TARGETS
