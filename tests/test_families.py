@@ -31,6 +31,17 @@ def test_every_row_has_an_engine_family_and_every_engine_family_a_row():
         assert cls.name == name
         assert cls.pipeline_class in FAMILIES[name].pipelines, name
         assert bool(getattr(cls, "video", False)) == FAMILIES[name].is_video, name
+        assert cls.flow == FAMILIES[name].flow, name
+
+
+def test_every_external_trainer_names_only_the_tables_families():
+    from lorapod import trainers
+    from lorapod.trainers import ai_toolkit, sd_scripts
+
+    for name in trainers.names():
+        assert set(trainers.get(name).families) <= {"llm", *FAMILIES}, name
+    assert set(sd_scripts.SCRIPTS) == set(sd_scripts.SdScripts.families)
+    assert set(ai_toolkit.ARCH) | {"flux2"} == set(ai_toolkit.AiToolkit.families)  # klein: its own KLEIN table
 
 
 def test_every_row_has_a_kohya_layout_and_metadata_names():

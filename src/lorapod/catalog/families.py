@@ -31,6 +31,10 @@ class FamilyFacts:
     guidance: float  # default guidance scale of the samples (each pipeline's own default)
     kohya_base_version: str  # ss_base_model_version (sd-scripts / musubi-tuner conventions)
     modelspec_architecture: str  # modelspec.architecture (Stability's ModelSpec, as sd-scripts writes it)
+    # what reads the captions: "clip" (CLIP only: the text past its 77-token window is cut), "clip+t5"
+    # (FLUX.1: CLIP cuts, T5 still reads the rest), or an encoder without that window
+    text_encoders: str = "clip"
+    flow: bool = True  # flow matching; False: DDPM noise prediction (epsilon or v, lorapod.prediction_type)
     is_video: bool = False
 
 
@@ -39,16 +43,17 @@ class FamilyFacts:
 # 7.0, lorapod's choice since its first sample grids (StableDiffusionPipeline's default is 7.5).
 _ROWS = (
     FamilyFacts("sd15", "Stable Diffusion 1.5", ("StableDiffusionPipeline",), 512, 7.0,
-                "sd_v1", "stable-diffusion-v1/lora"),
+                "sd_v1", "stable-diffusion-v1/lora", flow=False),
     FamilyFacts("sdxl", "SDXL", ("StableDiffusionXLPipeline",), 1024, 7.0,
-                "sdxl_base_v1-0", "stable-diffusion-xl-v1-base/lora"),
-    FamilyFacts("flux1", "FLUX.1", ("FluxPipeline",), 1024, 3.5, "flux1", "flux-1-dev/lora"),
-    FamilyFacts("flux2", "FLUX.2 klein", ("Flux2KleinPipeline",), 1024, 4.0, "flux2_klein", "flux-2-klein/lora"),
+                "sdxl_base_v1-0", "stable-diffusion-xl-v1-base/lora", flow=False),
+    FamilyFacts("flux1", "FLUX.1", ("FluxPipeline",), 1024, 3.5, "flux1", "flux-1-dev/lora", text_encoders="clip+t5"),
+    FamilyFacts("flux2", "FLUX.2 klein", ("Flux2KleinPipeline",), 1024, 4.0, "flux2_klein", "flux-2-klein/lora",
+                text_encoders="qwen3"),
     # Wan2.2 saves the same pipeline classes as 2.1: wan_family_of_index tells them apart
     FamilyFacts("wan21", "Wan2.1", ("WanPipeline", "WanImageToVideoPipeline"), 960, 5.0,
-                "wan2.1", "wan2.1-t2v/lora", is_video=True),
+                "wan2.1", "wan2.1-t2v/lora", text_encoders="umt5", is_video=True),
     FamilyFacts("wan22", "Wan2.2", ("WanPipeline", "WanImageToVideoPipeline"), 960, 5.0,
-                "wan2.2", "wan2.2-t2v/lora", is_video=True),
+                "wan2.2", "wan2.2-t2v/lora", text_encoders="umt5", is_video=True),
 )
 
 FAMILIES: MappingProxyType[str, FamilyFacts] = MappingProxyType({f.name: f for f in _ROWS})

@@ -203,10 +203,11 @@ def check_images(
         captions[scan.rel(img)] = ct.text
         if trigger:
             report.extend(trigger_findings(ct.text, trigger, rel))
-        if family in ("sd15", "sdxl", "flux1"):
+        encoders = families.FAMILIES[family].text_encoders
+        if encoders in ("clip", "clip+t5"):
             n = count_tokens(ct.text)
             if n > CLIP_WINDOW:
-                sev = "warning" if family in ("sd15", "sdxl") else "info"
+                sev = "warning" if encoders == "clip" else "info"
                 tail = ("the rest is cut off" if sev == "warning"
                         else "FLUX.1's CLIP encoder cuts the rest (T5 still reads it)")
                 report.add(finding(sev, "caption-too-long", rel,
