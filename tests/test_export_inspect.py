@@ -109,11 +109,12 @@ def test_wan_kohya_file_is_judged_by_comfyuis_wan_key_map_and_reproduces_the_lor
 
     from lorapod.demo_video import tiny_wan_transformer
     from lorapod.engine.diffusion import wan
+    from lorapod.engine.diffusion.families.wan import WAN_TARGETS
 
     from . import comfy_consumer as comfy
 
     base = tiny_wan_transformer(image_dim=16 if i2v else None)
-    tuned = inject_adapter_in_model(LoraConfig(r=4, lora_alpha=8, target_modules=wan.WAN_TARGETS), copy.deepcopy(base))
+    tuned = inject_adapter_in_model(LoraConfig(r=4, lora_alpha=8, target_modules=WAN_TARGETS), copy.deepcopy(base))
     torch.manual_seed(1)
     with torch.no_grad():
         for n, p in tuned.named_parameters():

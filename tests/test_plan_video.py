@@ -72,7 +72,7 @@ def test_wan_entries_resolve_and_match_a_meta_build_of_the_real_config(model_id)
     from diffusers import WanTransformer3DModel
 
     from lorapod.catalog.models import find_model
-    from lorapod.engine.diffusion.wan import WAN_TARGETS
+    from lorapod.engine.diffusion.families.wan import WAN_TARGETS
 
     key, cfg = WAN_CONFIGS[model_id]
     m = find_model(model_id)

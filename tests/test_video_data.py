@@ -210,3 +210,45 @@ def test_lorapod_run_refuses_a_video_job_before_renting(tmp_path, capsys, monkey
     (data / "clip00.txt").unlink()  # now nothing is captioned and there is no trigger
     code, err = run(33, k)
     assert code == 1 and "has a .txt caption" in err
+
+
+def test_the_engine_and_the_planner_count_one_wan_job_alike(tmp_path):
+    """One Wan memory model: the engine's pre-rent fit check (engine/diffusion/wan.py) is the planner's
+    estimate (plan/vram.py) on the planner's description of the model, so the two give the same peak
+    for the same settings and refuse exactly the jobs the planner calls "does-not-fit"."""
+    from dataclasses import replace
+
+    from lorapod.catalog.gpus import GPU
+    from lorapod.catalog.models import find_model
+    from lorapod.engine.diffusion import wan
+    from lorapod.errors import HardwareError
+    from lorapod.plan.vram import Settings, estimate
+    from lorapod.spec import JobSpec
+
+    folder = _config_only_wan14b(tmp_path / "local-model")  # a name no catalog alias matches
+    spec = JobSpec.model_validate({"model": {"id": str(folder), "family": "wan21", "dtype": "fp8"},
+                                   "data": {"path": str(tmp_path / "d"), "resolution": 960, "target_frames": [33],
+                                            "format": "video"},
+                                   "train": {"gradient_checkpointing": True}})
+    planned = find_model(spec.model.id, spec.model.family)
+    model = wan.memory_model(spec)
+    assert model == planned and model.blocks == 40 and model.trained_params_b == pytest.approx(14.29, abs=0.01)
+    tokens = model.window_tokens(33, 960, 960)
+    assert tokens == model.image_tokens(960, 33) == 9 * 60 * 60
+    settings = replace(Settings.from_spec(spec, planned), framework="lorapod")
+    assert wan.check_fits(spec, model, 500.0, dtype="fp8", tokens=tokens, what="x").peak_gb == \
+        estimate(planned, settings).peak_gb
+    seen = set()
+    for swap in (0, 20, 39):
+        spec.train.blocks_to_swap = swap
+        s = replace(settings, blocks_to_swap=swap)
+        for gb in (16.0, 24.0, 32.0, 48.0):
+            refused = estimate(planned, s).verdict(GPU("card", gb, 100.0, 1000.0, "hopper", "9.0", "datacenter")) == "does-not-fit"
+            try:
+                wan.check_fits(spec, model, gb, dtype="fp8", tokens=tokens, what="x")
+            except HardwareError:
+                assert refused, (swap, gb)
+            else:
+                assert not refused, (swap, gb)
+            seen.add(refused)
+    assert seen == {True, False}

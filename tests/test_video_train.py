@@ -5,6 +5,7 @@ output, Wan2.2's experts train on their own noise ranges, and a job that cannot 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -221,46 +222,71 @@ WAN14B = {"num_attention_heads": 40, "attention_head_dim": 128, "ffn_dim": 13824
           "text_dim": 4096, "freq_dim": 256, "in_channels": 16, "patch_size": [1, 2, 2]}
 
 
+def _wan14b(experts: int = 1):
+    """The planner's model of a Wan2.1 14B transformer config (catalog.models.wan_model_from_config)."""
+    from lorapod.catalog.models import find_model, wan_model_from_config
+
+    return wan_model_from_config(find_model("wan21-14b"), WAN14B, experts=experts)
+
+
+def _fits(model, gpu_gb, *, fp8, blocks_to_swap, tokens, rank, experts="both"):
+    from lorapod.plan.vram import Settings, check_fits
+
+    s = Settings(base_dtype="fp8" if fp8 else "bf16", r=rank, targets="all-linear", optimizer="adamw",
+                 gradient_checkpointing=True, batch=1, resolution=960, blocks_to_swap=blocks_to_swap,
+                 image_tokens=tokens, experts=experts)
+    return check_fits(model, s, gpu_gb)
+
+
 def test_a_14b_job_that_cannot_fit_even_with_block_swap_is_refused():
-    tokens = wanmod.latent_tokens(81, 960, 960, WAN14B)
+    model = _wan14b()
+    tokens = model.window_tokens(81, 960, 960)
     assert tokens == 21 * 60 * 60
     with pytest.raises(HardwareError, match="even with 39 of 40 blocks swapped") as exc:
-        wanmod.check_fits(WAN14B, 16.0, fp8=True, blocks_to_swap=0, tokens=tokens, rank=32)
+        _fits(model, 16.0, fp8=True, blocks_to_swap=0, tokens=tokens, rank=32)
     assert "target_frames" in exc.value.hint
     # 960x960 stills in bf16 (no fp8 on this card) fit 24 GB only with blocks swapped: the hint says how many
-    still = wanmod.latent_tokens(1, 960, 960, WAN14B)
+    still = model.window_tokens(1, 960, 960)
     with pytest.raises(HardwareError, match="blocks_to_swap: 0") as exc:
-        wanmod.check_fits(WAN14B, 24.0, fp8=False, blocks_to_swap=0, tokens=still, rank=32)
+        _fits(model, 24.0, fp8=False, blocks_to_swap=0, tokens=still, rank=32)
     k = int(exc.value.hint.split("blocks_to_swap: ")[1].split()[0])
     assert 0 < k < 40
-    wanmod.check_fits(WAN14B, 24.0, fp8=False, blocks_to_swap=k, tokens=still, rank=32)  # fits
+    _fits(model, 24.0, fp8=False, blocks_to_swap=k, tokens=still, rank=32)  # fits
     with pytest.raises(HardwareError):
-        wanmod.check_fits(WAN14B, 24.0, fp8=False, blocks_to_swap=k - 1, tokens=still, rank=32)
-    wanmod.check_fits(WAN14B, 80.0, fp8=True, blocks_to_swap=0, tokens=still, rank=32)  # an H100 without swap
+        _fits(model, 24.0, fp8=False, blocks_to_swap=k - 1, tokens=still, rank=32)
+    _fits(model, 80.0, fp8=True, blocks_to_swap=0, tokens=still, rank=32)  # an H100 without swap
 
 
 def test_wan22_with_both_experts_resident_needs_room_for_two(tmp_path):
     """Wan2.2 A14B keeps both experts on the GPU when it trains both: the fit check counts two sets of
     resident weights and LoRA state, and one set of activations (one expert runs per step)."""
-    still = wanmod.latent_tokens(1, 960, 960, WAN14B)
-    one = wanmod.vram_need_gb(WAN14B, fp8=True, blocks_to_swap=0, tokens=still, rank=32)
-    two = wanmod.vram_need_gb(WAN14B, fp8=True, blocks_to_swap=0, tokens=still, rank=32, experts=2)
-    bare = wanmod.vram_need_gb(WAN14B, fp8=True, blocks_to_swap=0, tokens=0, rank=0)  # weights + context
-    lora = wanmod.vram_need_gb(WAN14B, fp8=True, blocks_to_swap=0, tokens=0, rank=32) - bare
-    assert two - one == pytest.approx(bare - 1.5 + lora)
-    card = (one + two) / 2  # room for one expert, not for two
-    wanmod.check_fits(WAN14B, card, fp8=True, blocks_to_swap=0, tokens=still, rank=32)
+    from lorapod.catalog.models import find_model
+    from lorapod.plan.vram import Settings, resident_experts
+
+    still = _wan14b().window_tokens(1, 960, 960)
+    one = _fits(_wan14b(), 200.0, fp8=True, blocks_to_swap=0, tokens=still, rank=32)
+    two = _fits(_wan14b(experts=2), 200.0, fp8=True, blocks_to_swap=0, tokens=still, rank=32)
+    weights = next(k for k in one.parts if k.startswith("base weights"))
+    lora = "LoRA weights, grads, optimizer"
+    assert two.parts[next(k for k in two.parts if k.startswith("base weights"))] == pytest.approx(2 * one.parts[weights], 1e-3)
+    assert two.parts[lora] == pytest.approx(2 * one.parts[lora], 1e-3)
+    assert two.parts["activations"] == one.parts["activations"]
+    card = (one.peak_gb + two.peak_gb) / 2  # room for one expert, not for two
+    _fits(_wan14b(experts=2), card, fp8=True, blocks_to_swap=0, tokens=still, rank=32, experts="low_noise")
     with pytest.raises(HardwareError, match="blocks_to_swap: 0"):
-        wanmod.check_fits(WAN14B, card, fp8=True, blocks_to_swap=0, tokens=still, rank=32, experts=2)
+        _fits(_wan14b(experts=2), card, fp8=True, blocks_to_swap=0, tokens=still, rank=32)
     # which experts are resident: read from the model's own folder (a transformer_2 is Wan2.2 A14B)
     folder = tmp_path / "wan22"
     (folder / "transformer").mkdir(parents=True)
     (folder / "transformer" / "config.json").write_text(json.dumps(WAN14B))
-    assert wanmod.resident_experts(str(folder), None, "both") == 1
+    (folder / "model_index.json").write_text(json.dumps({"_class_name": "WanPipeline", "boundary_ratio": 0.875}))
+    both = Settings(base_dtype="fp8", r=32, targets="all-linear", optimizer="adamw", gradient_checkpointing=True,
+                    batch=1)
+    assert resident_experts(find_model(str(folder)), both) == 1
     (folder / "transformer_2").mkdir()
     (folder / "transformer_2" / "config.json").write_text(json.dumps(WAN14B))
-    assert wanmod.resident_experts(str(folder), None, "both") == 2
-    assert wanmod.resident_experts(str(folder), None, "low_noise") == 1
+    assert resident_experts(find_model(str(folder)), both) == 2
+    assert resident_experts(find_model(str(folder)), replace(both, experts="low_noise")) == 1
 
 
 def test_fp8_storage_covers_the_wan_blocks_and_keeps_the_output_close(assets):

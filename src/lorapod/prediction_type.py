@@ -19,6 +19,7 @@ import json
 import struct
 from pathlib import Path
 
+from lorapod.catalog.families import FAMILIES
 from lorapod.errors import ModelLoadError, SpecError
 
 DEFAULTED = "epsilon (nothing in the file says which objective it was trained on)"
@@ -67,7 +68,7 @@ def expected(model_id: str, family: str, setting: str = "auto") -> tuple[str | N
     None means "the model's own scheduler config decides" (diffusers folders and hub ids).
     Used by the planner to warn about the epsilon default before a GPU is rented.
     """
-    if family not in ("sd15", "sdxl"):
+    if family not in FAMILIES or FAMILIES[family].flow:  # flow matching has no epsilon / v choice
         return None, ""
     if setting != "auto":
         return setting, "model.prediction_type"

@@ -17,11 +17,11 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from lorapod.catalog import families
 from lorapod.errors import SpecError
 
-Family = Literal["auto", "llm", "sd15", "sdxl", "flux1", "flux2", "wan21", "wan22"]
-IMAGE_FAMILIES = ("sd15", "sdxl", "flux1", "flux2", "wan21", "wan22")
-VIDEO_FAMILIES = ("wan21", "wan22")
+# model.family: "auto", "llm" or a diffusion family of the one family table (catalog/families.py)
+Family = Literal[("auto", "llm", *families.NAMES)]  # type: ignore[valid-type]
 
 
 class _Section(BaseModel):
@@ -289,17 +289,18 @@ class JobSpec(_Section):
     def _consistent(self) -> JobSpec:
         if self.data.format == "images" and self.model.family == "llm":
             raise ValueError("data.format 'images' needs an image model family, not 'llm'")
-        if self.data.format == "video" and self.model.family not in ("auto", "wan21", "wan22"):
-            raise ValueError(f"data.format 'video' needs a video model family (wan21, wan22), not '{self.model.family}'")
+        if self.data.format == "video" and self.model.family not in ("auto", *families.VIDEO):
+            raise ValueError(f"data.format 'video' needs a video model family ({', '.join(families.VIDEO)}), "
+                             f"not '{self.model.family}'")
         return self
 
     @property
     def is_image(self) -> bool:
-        return self.model.family in IMAGE_FAMILIES or self.data.format in ("images", "video")
+        return self.model.family in families.FAMILIES or self.data.format in ("images", "video")
 
     @property
     def is_video(self) -> bool:
-        return self.model.family in VIDEO_FAMILIES or self.data.format == "video"
+        return self.model.family in families.VIDEO or self.data.format == "video"
 
     def data_paths(self, base: Path | None = None) -> list[Path]:
         paths = self.data.path if isinstance(self.data.path, list) else [self.data.path]

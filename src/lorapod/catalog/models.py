@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+from lorapod.catalog import families
 from lorapod.catalog.snapshot import Snapshot, closest_canonical, load_data, normalise
 from lorapod.errors import PlanError
 
@@ -85,6 +86,13 @@ class ImageModel:
         if not self.is_video or frames <= 1:
             return 1
         return 1 + (frames - 1) // self.frames_per_latent
+
+    def window_tokens(self, frames: int, width: int, height: int) -> int:
+        """Latent tokens of one ``width`` x ``height`` window of ``frames`` frames (a bucket of the data):
+        latent frames x patches, each side cut to whole patches as the VAE and the patch embedding do."""
+        if not self.patch_px:
+            return 0
+        return self.latent_frames(frames) * (height // self.patch_px) * (width // self.patch_px)
 
     def image_tokens(self, resolution: int, frames: int = 1) -> float:
         """Latent tokens the denoiser sees for one sample: patches per frame x latent frames."""
@@ -305,17 +313,6 @@ def _hub_config(model_id: str) -> Path | None:
                         hint="check the network, or point model.id at a local folder with a config.json") from exc
 
 
-# diffusers pipeline classes (model_index.json "_class_name") -> family.
-DIFFUSERS_FAMILIES = {
-    "StableDiffusionPipeline": "sd15",
-    "StableDiffusionXLPipeline": "sdxl",
-    "FluxPipeline": "flux1",
-    "Flux2Pipeline": "flux2",
-    "Flux2KleinPipeline": "flux2",
-    "WanPipeline": "wan21",
-}
-
-
 def _diffusers_family(model_id: str) -> str | None:
     index = Path(model_id).expanduser() / "model_index.json"
     if not index.is_file():
@@ -324,19 +321,72 @@ def _diffusers_family(model_id: str) -> str | None:
         raw = json.loads(index.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return wan_family_of_index(raw) or DIFFUSERS_FAMILIES.get(raw.get("_class_name", ""))
+    return families.family_of_index(raw)  # the engine's reading too (engine/diffusion/families/detect.py)
 
 
-def wan_family_of_index(raw: dict[str, Any]) -> str | None:
-    """wan21 / wan22 from a Wan pipeline's model_index.json (a second transformer or a boundary means 2.2).
+def wan_block_params(cfg: dict[str, Any]) -> tuple[int, int]:
+    """(parameters per block, parameters outside the blocks) from a WanTransformer3DModel config.json."""
+    d = cfg.get("num_attention_heads", 40) * cfg.get("attention_head_dim", 128)
+    ffn = cfg.get("ffn_dim", 13824)
+    per_block = 8 * d * d + 2 * d * ffn + 12 * d + ffn  # 2 attentions x (q, k, v, o), feed-forward, biases/norms
+    text, freq = cfg.get("text_dim", 4096), cfg.get("freq_dim", 256)
+    patch = 1
+    for s in cfg.get("patch_size", (1, 2, 2)):
+        patch *= s
+    outside = text * d + d * d + freq * d + d * d + 6 * d * d + 2 * patch * cfg.get("in_channels", 16) * d
+    return per_block, outside
 
-    Wan2.2 saves the same pipeline classes as 2.1; the planner and the engine both read it from here.
-    """
-    if raw.get("_class_name") not in ("WanPipeline", "WanImageToVideoPipeline"):  # T2V, I2V
+
+def wan_model_from_config(base: ImageModel, cfg: dict[str, Any], *, spatial: int = 8, experts: int = 1) -> ImageModel:
+    """A Wan catalog row resized to a transformer's own config.json (what the memory model needs:
+    parameters, blocks, hidden size, LoRA size, patch), with ``experts`` transformers. The rest (text
+    encoder, VAE, licence) is ``base``'s. The planner and the engine both size a Wan folder this way."""
+    per_block, outside = wan_block_params(cfg)
+    n = int(cfg.get("num_layers", 40))
+    d = cfg.get("num_attention_heads", 40) * cfg.get("attention_head_dim", 128)
+    ffn = cfg.get("ffn_dim", 13824)
+    # LoRA on every block linear (engine/diffusion/families/wan.py: WAN_TARGETS): per rank, the
+    # 8 attention projections d -> d (A and B: 2d each) and the feed-forward in and out (d + ffn each)
+    lora_per_rank = n * (8 * 2 * d + 2 * (d + ffn))
+    patch = cfg.get("patch_size", (1, 2, 2))
+    return replace(base, trained_params_b=(n * per_block + outside) / 1e9, lora_params_per_rank_m=lora_per_rank / 1e6,
+                   blocks=n, attn_blocks=n, hidden=d, patch_px=spatial * int(patch[1]), experts=experts,
+                   token_params_b=None)
+
+
+def _wan_folder(model_id: str, named: ImageModel | None, images: tuple[ImageModel, ...], family: str,
+                variant: str | None) -> ImageModel | None:
+    """A local Wan diffusers folder sized by its own transformer config (None for anything else)."""
+    folder = Path(model_id).expanduser()
+    cfg_file = folder / "transformer" / "config.json"
+    found = _diffusers_family(model_id) if folder.is_dir() else None
+    if found not in families.VIDEO or not cfg_file.is_file():
         return None
-    t2 = raw.get("transformer_2")
-    has_t2 = isinstance(t2, list) and t2[0] is not None
-    return "wan22" if has_t2 or raw.get("boundary_ratio") is not None or raw.get("expand_timesteps") else "wan21"
+    fam = family if family in families.VIDEO else found
+    base = named or next((m for m in images if m.family == fam and (not variant or
+                          normalise(m.variant or "") == normalise(variant))), None)
+    if base is None:
+        return None
+    try:
+        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+        vae = folder / "vae" / "config.json"
+        spatial = int(json.loads(vae.read_text(encoding="utf-8")).get("scale_factor_spatial", 8)) if vae.is_file() else 8
+    except (OSError, ValueError) as exc:
+        raise PlanError(f"cannot read the Wan configs of {folder}: {exc}",
+                        hint="check transformer/config.json and vae/config.json") from exc
+    experts = 2 if (folder / "transformer_2" / "config.json").is_file() else 1
+    return wan_model_from_config(base, cfg, spatial=spatial, experts=experts)
+
+
+def named_image_model(model_id: str) -> ImageModel | None:
+    """The catalog row whose name or an alias is ``model_id`` (or its file or folder name), else None."""
+    key = normalise(model_id)
+    base = normalise(Path(model_id).name) if ("/" in model_id or "." in model_id) else key
+    for m in load_models()[1]:
+        names = {normalise(a) for a in (*m.aliases, m.name, m.key)}
+        if key in names or base in names:
+            return m
+    return None
 
 
 def find_model(model_id: str, family: str = "auto", variant: str | None = None) -> ImageModel | LLMArch:
@@ -347,13 +397,20 @@ def find_model(model_id: str, family: str = "auto", variant: str | None = None) 
     """
     _, images, llms = load_models()
     key = normalise(model_id)
-    base = normalise(Path(model_id).name) if ("/" in model_id or "." in model_id) else key
-    for m in images:
-        names = {normalise(a) for a in (*m.aliases, m.name, m.key)}
-        if key in names or base in names:
-            return m
+    named = named_image_model(model_id)
+    local = _wan_folder(model_id, named, images, family, variant)  # a Wan folder: its own sizes
+    if local is not None:
+        return local
+    if named is not None:
+        return named
+    found = _diffusers_family(model_id)
     if family == "auto":
-        family = _diffusers_family(model_id) or family
+        family = found or family
+    if found in families.NOT_TRAINED.values():  # the engine refuses it too, whatever the spec's family
+        cls = next(c for c, f in families.NOT_TRAINED.items() if f == found)
+        raise PlanError(f"{model_id} is a {cls} model (family {found}), which lorapod does not train or plan",
+                        hint=f"lorapod trains {', '.join(f.title for f in families.FAMILIES.values())}; "
+                             "for FLUX.2 use a klein model (black-forest-labs/FLUX.2-klein-base-4B or -9B)")
     if family not in ("auto", "llm"):
         members = [m for m in images if m.family == family]
         if variant:

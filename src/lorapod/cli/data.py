@@ -8,7 +8,9 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-FAMILIES = "sd15|sdxl|flux1|flux2|wan21|wan22"
+from lorapod.catalog import families
+
+FAMILIES = "|".join(families.NAMES)
 
 
 def _frame_list(text: str) -> tuple[int, ...]:
@@ -51,7 +53,7 @@ def register(app: typer.Typer) -> None:
         from lorapod.data.check import check_path
 
         video = {}
-        if family in ("wan21", "wan22"):
+        if family in families.VIDEO:
             video = {"target_frames": _frame_list(frames), "fps": fps or None}
         report = check_path(path, family=family, trigger=trigger, tokenizer=tokenizer,
                             model=model, sequence_len=sequence_len, val=val, system_prompt=system_prompt,

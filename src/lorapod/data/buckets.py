@@ -12,10 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# Training resolution per image family (DOMAIN.md "Data rules"; Wan2.1 trains at 960x960). Whether
-# an image is large enough is the bucket's question (``place(...).upscaled``), not its short side's:
-# DOMAIN's "short side >= 1024" holds for square buckets, and a 832x1216 SDXL portrait fills its own.
-FAMILY_RESOLUTION = {"sd15": 512, "sdxl": 1024, "flux1": 1024, "flux2": 1024, "wan21": 960, "wan22": 960}
+# The training resolution per family is the family table's (catalog/families.py: FamilyFacts.resolution).
+# Whether an image is large enough is the bucket's question (``place(...).upscaled``), not its short
+# side's: DOMAIN's "short side >= 1024" holds for square buckets, and a 832x1216 SDXL portrait fills its own.
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lorapod.catalog import families
 from lorapod.data.chat import check_chat
 from lorapod.data.findings import Report
 from lorapod.data.images import check_images
@@ -23,7 +24,7 @@ def check_path(path: Path, **kwargs) -> Report:
     path = Path(path)
     if not path.exists() and not path.is_symlink():
         raise DataError(f"{path} does not exist.", hint="Give an image folder or a .jsonl chat file.")
-    if path.is_dir() and kwargs.get("family") in ("wan21", "wan22"):  # clips + images (lorapod.data.video)
+    if path.is_dir() and kwargs.get("family") in families.VIDEO:  # clips + images (lorapod.data.video)
         allowed = {k: v for k, v in kwargs.items() if k in ("family", "trigger", "target_frames", "fps", "workers")}
         return check_video(path, **allowed)
     if path.is_dir():

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lorapod.data.buckets import FAMILY_RESOLUTION, make_buckets, place
+from lorapod.catalog import families
+from lorapod.data.buckets import make_buckets, place
 from lorapod.data.captionfiles import (
     CLIP_WINDOW,
     REPEATED_CAPTION_MIN,
@@ -149,8 +150,8 @@ def check_images(
 ) -> Report:
     """All image-folder checks; ``report.extra`` keeps per-image facts for the HTML report."""
     require("PIL", "data", "Checking image datasets")
-    if family not in FAMILY_RESOLUTION:
-        raise DataError(f"unknown image family {family!r}.", hint=f"Use one of: {', '.join(FAMILY_RESOLUTION)}.")
+    if family not in families.FAMILIES:
+        raise DataError(f"unknown image family {family!r}.", hint=f"Use one of: {', '.join(families.NAMES)}.")
     scan = scan_folder(root)
     report = Report()
     report.extend(scan.findings)
@@ -202,10 +203,11 @@ def check_images(
         captions[scan.rel(img)] = ct.text
         if trigger:
             report.extend(trigger_findings(ct.text, trigger, rel))
-        if family in ("sd15", "sdxl", "flux1"):
+        encoders = families.FAMILIES[family].text_encoders
+        if encoders in ("clip", "clip+t5"):
             n = count_tokens(ct.text)
             if n > CLIP_WINDOW:
-                sev = "warning" if family in ("sd15", "sdxl") else "info"
+                sev = "warning" if encoders == "clip" else "info"
                 tail = ("the rest is cut off" if sev == "warning"
                         else "FLUX.1's CLIP encoder cuts the rest (T5 still reads it)")
                 report.add(finding(sev, "caption-too-long", rel,
@@ -227,7 +229,7 @@ def check_images(
         report.add(finding("info", "count-high", ".",
                            f"{len(readable)} images; more than the usual {lo}-{hi}: fine for a style, "
                            "slower per epoch; check they all show the concept."))
-    resolution = FAMILY_RESOLUTION[family]
+    resolution = families.FAMILIES[family].resolution
     buckets = make_buckets(resolution)
     plan: dict[str, dict[str, int]] = {}
     placements = {}

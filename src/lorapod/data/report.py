@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
+from lorapod.catalog import families
 from lorapod.data.findings import SEVERITIES, Finding, Report
 from lorapod.fsutil import atomic_write_text
 
@@ -231,7 +232,7 @@ def write_report(
     dataset folder: next to the data it describes, never inside it, where it would be uploaded)."""
     from lorapod.data.images import check_images, default_workers
 
-    if family in ("wan21", "wan22"):  # clips + images (lorapod.data.video)
+    if family in families.VIDEO:  # clips + images (lorapod.data.video)
         from lorapod.data.video import check_video
 
         report = check_video(Path(root), family=family, trigger=trigger)

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from lorapod.data.buckets import FAMILY_RESOLUTION, make_buckets, place
+from lorapod.catalog import families
+from lorapod.data.buckets import make_buckets, place
 from lorapod.data.captionfiles import (
     check_toml,
     dominant_extension,
@@ -26,7 +27,6 @@ from lorapod.data.findings import Report, finding
 from lorapod.data.scan import Scan, scan_folder
 from lorapod.errors import require
 
-VIDEO_FAMILIES = ("wan21", "wan22")
 MIN_VIDEO_SIDE = 480  # Wan trains at 480p and up; smaller clips are upscaled into blur
 LONG_CLIP_S = 10.0
 
@@ -57,7 +57,7 @@ def check_video(root: Path, *, family: str = "wan21", trigger: str | None = None
     infos = inspect_all(scan.images, [scan.rel(p) for p in scan.images], workers)
     for info in infos:
         report.extend(image_findings(info, family))
-    buckets = make_buckets(FAMILY_RESOLUTION.get(family, 960))
+    buckets = make_buckets(families.facts(family).resolution)
     plan: Counter[str] = Counter()
     for info in infos:
         if info.ok:

@@ -70,7 +70,8 @@ def _prompts(path: Path | None, spec, steps: int, seed: int, scale: float):
 def evaluate_images(run_path: str | Path, prompts: Path | None = None, strengths: tuple[float, ...] = (0.6, 0.8, 1.0),
                     steps: int = 20, seed: int = 0, clip: Path | None = None, device: str | None = None,
                     log=print) -> ImageEval:
-    from lorapod.engine.diffusion import DEFAULT_SCALE, quiet
+    from lorapod.catalog import families
+    from lorapod.engine.diffusion import quiet
     from lorapod.engine.diffusion.samples import grid
     from lorapod.export.image import family_of, write_diffusers
     from lorapod.export.source import checkpoints, open_source
@@ -82,10 +83,10 @@ def evaluate_images(run_path: str | Path, prompts: Path | None = None, strengths
     if not steps_dirs:
         raise ExportError(f"{run.root} has no checkpoint to evaluate", hint="train first, or pull the run's checkpoints")
     fam = family_of(src)
-    if fam.name not in DEFAULT_SCALE:  # Wan: a video pipeline, no image grid (cli/eval.py says so first)
+    if families.facts(fam.name).is_video:  # Wan: a video pipeline, no image grid (cli/eval.py says so first)
         raise ExportError(f"{run.root} is a {fam.name} run: image eval grids are for SD 1.5, SDXL and FLUX",
                           hint=f"compare the sample clips in {run.samples}")
-    sps = _prompts(prompts, spec, steps, seed, DEFAULT_SCALE[fam.name])
+    sps = _prompts(prompts, spec, steps, seed, families.facts(fam.name).guidance)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     pipe = fam.pipeline_cls().from_pretrained(str(spec.model.id)).to(dev)
     pipe.set_progress_bar_config(disable=True)

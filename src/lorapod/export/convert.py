@@ -104,11 +104,14 @@ def convert_file(path: Path, to: str, family: str, base: str | None, out: Path) 
 
 
 def _kohya_meta(parts, family: str, alpha: float, rslora: bool, source: Path) -> dict[str, str]:
+    from lorapod.catalog import families
+
     ranks = Counter(v.shape[0] for sd in parts.values() for k, v in sd.items() if k.endswith(".lora_A.weight"))
     r = ranks.most_common(1)[0][0]
     return {"ss_network_module": "networks.lora", "ss_network_dim": str(r),
             "ss_network_alpha": str(kohya.trained_scale(alpha, r, rslora) * r),
-            "ss_base_model_version": kohya.BASE_VERSION[family], "modelspec.architecture": kohya.ARCH[family],
+            "ss_base_model_version": families.facts(family).kohya_base_version,
+            "modelspec.architecture": families.facts(family).modelspec_architecture,
             "ss_training_comment": f"converted by lorapod from {source.name}"}
 
 

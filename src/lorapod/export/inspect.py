@@ -67,7 +67,9 @@ def _format(keys: list[str]) -> str:
 def _family(fmt: str, keys: list[str], meta: dict[str, str]) -> str:
     version = meta.get("ss_base_model_version", "")
     if version:
-        return {"sd_v1": "sd15", "flux1": "flux1", "flux2_klein": "flux2"}.get(version, "sdxl" if "sdxl" in version else version)
+        from lorapod.catalog.families import of_base_version
+
+        return of_base_version(version) or ("sdxl" if "sdxl" in version else version)
     joined = "\n".join(keys)
     if fmt == "peft":
         return "llm"

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 import torch
 from safetensors.torch import save_file
 
+from lorapod.catalog import families
 from lorapod.errors import ExportError
 
 
@@ -339,12 +340,6 @@ def _split(down: torch.Tensor, up: torch.Tensor, n: int) -> dict[int, tuple[torc
 
 # ----------------------------------------------------------------------------- the file
 
-# sd-scripts' base-model names for the metadata, per family (wan.py adds its two)
-BASE_VERSION = {"sd15": "sd_v1", "sdxl": "sdxl_base_v1-0", "flux1": "flux1", "flux2": "flux2_klein"}
-ARCH = {"sd15": "stable-diffusion-v1/lora", "sdxl": "stable-diffusion-xl-v1-base/lora",
-        "flux1": "flux-1-dev/lora", "flux2": "flux-2-klein/lora"}
-
-
 def tag_frequency(captions_by_folder: dict[str, list[str]]) -> dict[str, dict[str, int]]:
     """sd-scripts' ``ss_tag_frequency``: per dataset folder, how often each comma-separated tag
     occurs (A1111 and model sites show the top tags, the trigger first, as the LoRA's keywords)."""
@@ -367,7 +362,7 @@ def kohya_metadata(spec, family: str, prediction_type: str, n_images: int, steps
         "ss_network_module": "networks.lora",
         "ss_network_dim": str(m.r),
         "ss_network_alpha": str(trained_scale(m.alpha, m.r, m.rslora) * m.r),
-        "ss_base_model_version": BASE_VERSION[family],
+        "ss_base_model_version": families.facts(family).kohya_base_version,
         "ss_v2": "False",
         "ss_v_parameterization": str(prediction_type == "v_prediction"),
         "ss_sd_model_name": str(spec.model.id),
@@ -384,7 +379,7 @@ def kohya_metadata(spec, family: str, prediction_type: str, n_images: int, steps
         "ss_network_train_unet_only": str(not m.train_text_encoder),
         "ss_training_finished_at": str(int(time.time())),
         "ss_training_comment": f"trained with lorapod; rank {m.r}, trained alpha {m.alpha}{' (rsLoRA)' if m.rslora else ''}",
-        "modelspec.architecture": ARCH[family],
+        "modelspec.architecture": families.facts(family).modelspec_architecture,
         "modelspec.implementation": "https://github.com/kohya-ss/sd-scripts",
         "modelspec.title": spec.output.name or "lora",
     }

@@ -16,6 +16,7 @@ from typing import Literal
 
 from lorapod.catalog.gpus import GPU
 from lorapod.catalog.models import ImageModel, LLMArch
+from lorapod.errors import HardwareError
 from lorapod.plan.frameworks import framework
 from lorapod.spec import JobSpec
 
@@ -91,6 +92,9 @@ class Settings:
     # Wan2.2 A14B (train.experts): "both" keeps both experts and their LoRAs on the GPU, as lorapod's
     # engine places every trained expert; one expert alone leaves the other in CPU RAM.
     experts: str = "both"
+    # Latent tokens of the largest sample, when the data are known (0 = from resolution and frames,
+    # square): the engine's fit check passes the tokens of its real buckets (ImageModel.window_tokens).
+    image_tokens: int = 0
 
     @classmethod
     def from_spec(cls, spec: JobSpec, model: ImageModel | LLMArch) -> Settings:
@@ -225,7 +229,7 @@ def _image_parts(m: ImageModel, s: Settings) -> dict[str, float]:
     lora = m.lora_params_per_rank_m * 1e6 * s.r * (1.2 if s.train_text_encoder else 1.0) * n_exp
     parts["LoRA weights, grads, optimizer"] = lora * (LORA_BYTES + OPTIMIZER_BYTES.get(s.optimizer, 8.0)) / GiB
     if m.kind == "dit" and m.hidden and m.attn_blocks:
-        tokens = m.image_tokens(res, frames) + ((s.text_tokens or m.text_tokens) if m.joint_text else 0)
+        tokens = (s.image_tokens or m.image_tokens(res, frames)) + ((s.text_tokens or m.text_tokens) if m.joint_text else 0)
         per_block = s.batch * tokens * m.hidden * 2  # one bf16 tensor of hidden size, per block
         if s.gradient_checkpointing:
             act = per_block * m.attn_blocks + per_block * DIT_ACT_HIDDEN
@@ -265,6 +269,39 @@ def _llm_parts(m: LLMArch, s: Settings) -> dict[str, float]:
         layers = 1 if s.gradient_checkpointing else m.layers
         parts["dequantised weights kept for the backward"] = m.linear_params / m.layers * layers * 2 / GiB
     return parts
+
+
+def check_fits(model: ImageModel, s: Settings, vram_gb: float, what: str = "this job") -> Estimate:
+    """The estimate of a block-swapping DiT job (Wan), or HardwareError when it exceeds ``vram_gb``:
+    even with every block but one swapped (the hint names the settings that help), or with the
+    spec's ``blocks_to_swap`` (the hint names the count that fits). The same ``estimate`` and the same
+    comparison as the planner's "does-not-fit" verdict, so the engine's pre-flight and ``lorapod plan``
+    cannot disagree. Block swap needs gradient checkpointing (the engine turns it on), so swapped
+    trials count with it."""
+    n = model.blocks or 1
+    most = n - 1
+
+    def swapped(k: int) -> Settings:
+        return replace(s, blocks_to_swap=k, gradient_checkpointing=s.gradient_checkpointing or k > 0)
+
+    tokens = s.image_tokens or int(model.image_tokens(int(s.resolution), int(s.frames)))  # type: ignore[arg-type]
+    floor = estimate(model, swapped(most)).peak_gb
+    if floor > vram_gb:
+        two = resident_experts(model, s) > 1
+        raise HardwareError(
+            f"{what} needs at least {floor:.1f} GB of GPU memory even with {most} of {n} blocks swapped to "
+            f"CPU ({tokens} latent tokens per sample); this GPU has {vram_gb:.1f} GB",
+            hint=("train.experts: high_noise or low_noise (one expert per run), " if two else "")
+                 + "use fewer/shorter data.target_frames or a lower data.resolution"
+                 + ("" if s.base_dtype == "fp8" else ", model.dtype: fp8 on an Ada/Hopper GPU")
+                 + ", or a larger GPU (lorapod plan lists them)")
+    need = estimate(model, swapped(s.blocks_to_swap))
+    if need.peak_gb > vram_gb:
+        k = next(k for k in range(s.blocks_to_swap, n) if estimate(model, swapped(k)).peak_gb <= vram_gb)
+        raise HardwareError(f"{what} needs about {need.peak_gb:.1f} GB with train.blocks_to_swap: {s.blocks_to_swap}; "
+                            f"this GPU has {vram_gb:.1f} GB",
+                            hint=f"set train.blocks_to_swap: {k} (or more) and train.gradient_checkpointing: true")
+    return need
 
 
 def suggestions(model: ImageModel | LLMArch, s: Settings) -> list[tuple[Suggestion, Settings]]:

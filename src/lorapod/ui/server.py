@@ -28,6 +28,7 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from lorapod.catalog import families
 from lorapod.errors import LorapodError
 from lorapod.ui import actions
 from lorapod.ui.files import Refused, is_real_dir, read_from, serve
@@ -49,7 +50,7 @@ from lorapod.ui.runs import (
 )
 
 PER_PAGE = 48  # samples per gallery page
-FAMILIES = ("sd15", "sdxl", "flux1", "flux2", "wan21", "wan22")  # what `lorapod data report --family` takes
+FAMILIES = families.NAMES  # what `lorapod data report --family` takes (catalog/families.py)
 POLL_S = 0.5  # how often a stream looks at metrics.jsonl
 STATUS_EVERY_S = 2.0
 STREAM_S = 300.0  # a stream ends after this; EventSource reconnects with its Last-Event-ID

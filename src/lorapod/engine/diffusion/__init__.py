@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from lorapod.catalog.families import VIDEO, facts
 from lorapod.data.findings import Finding
 from lorapod.engine import distributed
 from lorapod.engine.checkpoint import resume_point
@@ -20,8 +21,7 @@ from lorapod.engine.device import Precision, pick_device, resolve_precision
 from lorapod.engine.diffusion import cache as dcache
 from lorapod.engine.diffusion import dataset
 from lorapod.engine.diffusion import samples as smp
-from lorapod.engine.diffusion import wan as _wan
-from lorapod.engine.diffusion.families import FAMILIES, Components, resolve_family
+from lorapod.engine.diffusion.families import Components, resolve_family
 from lorapod.engine.diffusion.fp8 import store_fp8
 from lorapod.engine.diffusion.lora import attach_lora, lora_config
 from lorapod.engine.diffusion.quiet import quiet
@@ -30,9 +30,6 @@ from lorapod.engine.loop import FitResult, fit
 from lorapod.errors import LorapodError, SpecError
 from lorapod.rundir import RunDir
 from lorapod.spec import JobSpec
-
-DEFAULT_SCALE = {"sd15": 7.0, "sdxl": 7.0, "flux1": 3.5, "flux2": 4.0}
-FAMILIES.update(_wan.FAMILIES)  # Wan2.1 / Wan2.2 video families (engine/diffusion/wan.py)
 
 
 @dataclass
@@ -143,7 +140,7 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
     # FLUX.1 [schnell] (no guidance embedding) is distilled for 4 steps; the others sample in 28
     schnell = family.name == "flux1" and not comps.denoiser.config.get("guidance_embeds", True)
     prompts = smp.load_prompts(spec.samples.prompts, d.resolution, d.resolution, spec.train.seed,
-                               4 if schnell else 28, DEFAULT_SCALE[family.name])
+                               4 if schnell else 28, facts(family.name).guidance)
 
     @torch.no_grad()
     def encode_captions(caps: list[str]) -> list[dict[str, torch.Tensor]]:
@@ -193,7 +190,7 @@ def is_video(spec: JobSpec) -> bool:
         return False
     from lorapod.engine.diffusion.families import detect
 
-    return detect(spec.model.id, spec.model.revision)[0] in _wan.FAMILIES
+    return detect(spec.model.id, spec.model.revision)[0] in VIDEO
 
 
 class _Quiet(RunDir):

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from lorapod.catalog import families
 from lorapod.data.findings import Finding
 from lorapod.engine.checkpoint import TrainState
 from lorapod.engine.device import Precision, pick_device, resolve_precision
@@ -30,15 +31,16 @@ from lorapod.engine.diffusion import samples as smp
 from lorapod.engine.diffusion import video_data as vd
 from lorapod.engine.diffusion import wan
 from lorapod.engine.diffusion.families import Components, resolve_family
+from lorapod.engine.diffusion.families import wan as wan_family
 from lorapod.engine.diffusion.lora import attach_lora, lora_config
 from lorapod.engine.diffusion.quiet import quiet
 from lorapod.engine.diffusion.recipe import Batch, DiffusionRecipe, sample_sigmas
 from lorapod.errors import SpecError
 from lorapod.export import kohya
+from lorapod.plan.vram import GiB
 from lorapod.rundir import RunDir
 from lorapod.spec import JobSpec
 
-DEFAULT_GUIDANCE = 5.0  # WanPipeline's default
 DEFAULT_STEPS = 30
 DEFAULT_FRAMES = 33
 _FRAMES_OPT = re.compile(r"\s--f\s+(\S+)")
@@ -80,13 +82,13 @@ def load_video_prompts(source, width: int, height: int, seed: int) -> list[Video
         if image and not Path(image).expanduser().is_file():
             raise SpecError(f"sample prompt {line.strip()!r}: start image {image} does not exist", hint="fix the --i path")
         line = _IMAGE_OPT.sub("", " " + line).strip()
-        sp = smp.parse_line(line, width, height, seed, DEFAULT_STEPS, DEFAULT_GUIDANCE)
+        sp = smp.parse_line(line, width, height, seed, DEFAULT_STEPS, families.FAMILIES["wan21"].guidance)
         out.append(VideoPrompt(sp, frames, image))
     return out
 
 
 def predicted_cache_bytes(items: list[vd.VideoItem], z_dim: int, text_dim: int, flips: int,
-                          text_tokens: int = wan.TEXT_LEN, spatial: int = 8) -> dict[str, int]:
+                          text_tokens: int = wan_family.TEXT_LEN, spatial: int = 8) -> dict[str, int]:
     """What the caches will hold, from the windows' buckets and the model's sizes alone (fp32
     latents of z_dim x (1 + (F-1)/4) x H/s x W/s per window and flip, s the VAE's spatial factor;
     at most ``text_tokens`` umT5 states per distinct caption). Tensor bytes: each file adds a
@@ -159,12 +161,12 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
     fp8 = precision.weights == torch.float8_e4m3fn
     cfg = wan.component_config(spec.model.id, spec.model.revision)
     spatial = int(wan.component_config(spec.model.id, spec.model.revision, "vae").get("scale_factor_spatial", 8))
-    tokens = max(wan.latent_tokens(f, w, h, cfg, spatial) for f, w, h in (it.bucket for it in items))
     if dev.type == "cuda":  # before any weight loads (and before the run is billed for loading them)
-        gpu_gb = torch.cuda.get_device_properties(dev).total_memory / 1e9
-        wan.check_fits(cfg, gpu_gb, fp8=fp8, blocks_to_swap=t.blocks_to_swap, tokens=tokens, rank=m.r,
-                       what=f"{spec.model.id} at {tokens} latent tokens",
-                       experts=wan.resident_experts(spec.model.id, spec.model.revision, t.experts))
+        model = wan.memory_model(spec)
+        tokens = max(model.window_tokens(f, w, h) for f, w, h in (it.bucket for it in items))
+        gpu_gb = torch.cuda.get_device_properties(dev).total_memory / GiB
+        dtype = "fp8" if fp8 else {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(precision.weights, "fp32")
+        wan.check_fits(spec, model, gpu_gb, dtype=dtype, tokens=tokens, what=f"{spec.model.id} at {tokens} latent tokens")
     if t.blocks_to_swap and t.blocks_to_swap >= cfg.get("num_layers", 40):
         raise SpecError(f"train.blocks_to_swap {t.blocks_to_swap} >= the model's {cfg.get('num_layers')} blocks",
                         hint=f"at most {cfg.get('num_layers', 40) - 1}")
@@ -391,7 +393,7 @@ class VideoRecipe(DiffusionRecipe):
                                   num_frames=vp.frames, num_inference_steps=sp.steps, generator=gen,
                                   output_type="np").frames[0]
                 arr = (np.clip(frames, 0, 1) * 255).round().astype(np.uint8)
-                path = write_clip(out_dir / f"{tag}-{k:02d}.mp4", list(arr), fps=wan.SAMPLE_FPS)
+                path = write_clip(out_dir / f"{tag}-{k:02d}.mp4", list(arr), fps=wan_family.SAMPLE_FPS)
                 paths.append(path)
                 rows.append(arr)
             contact_sheet(rows).save(out_dir / f"{tag}-frames.png",

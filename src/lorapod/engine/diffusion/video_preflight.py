@@ -3,7 +3,7 @@
 ``lorapod run`` calls :func:`preflight` on this machine before any instance exists. It runs the same
 scan training runs (so an undecodable, too-short or uncaptioned folder stops here, not after the
 model download), then reads the Wan transformer's and VAE's config.json (a few hundred bytes) and
-compares the VRAM floor of ``wan.check_fits`` with the GPU named by ``--gpu`` / ``compute.gpu``.
+compares the planner's peak for it (``wan.check_fits``, plan/vram.py) with the GPU named by ``--gpu`` / ``compute.gpu``.
 """
 
 from __future__ import annotations
@@ -35,14 +35,12 @@ def preflight(spec, gpu: str | None = None, say=print) -> list[Finding]:
 
     card = find_gpu(gpu)
     try:
-        cfg = wan.component_config(spec.model.id, spec.model.revision)
-        spatial = int(wan.component_config(spec.model.id, spec.model.revision, "vae").get("scale_factor_spatial", 8))
+        model = wan.memory_model(spec)
     except ModelLoadError as exc:
         say(f"fit check skipped (the model's config is not readable here: {exc.message})")
         return findings
-    tokens = max(wan.latent_tokens(f, w, h, cfg, spatial) for f, w, h in (it.bucket for it in items))
-    wan.check_fits(cfg, card.vram_gb, fp8=spec.model.dtype == "fp8", blocks_to_swap=t.blocks_to_swap, tokens=tokens,
-                   rank=spec.method.r, what=f"{spec.model.id} on {card.name} at {tokens} latent tokens",
-                   experts=wan.resident_experts(spec.model.id, spec.model.revision, t.experts))
+    tokens = max(model.window_tokens(f, w, h) for f, w, h in (it.bucket for it in items))
+    wan.check_fits(spec, model, card.vram_gb, dtype="fp8" if spec.model.dtype == "fp8" else "bf16", tokens=tokens,
+                   what=f"{spec.model.id} on {card.name} at {tokens} latent tokens")
     say(f"fits {card.name} ({card.vram_gb:g} GB) with train.blocks_to_swap: {t.blocks_to_swap}")
     return findings

@@ -1,16 +1,11 @@
-"""Wan2.1 and Wan2.2 text-to-video on diffusers: the family, its memory savers, its file layout.
+"""Wan's memory savers and file layout (the family itself is ``engine/diffusion/families/wan.py``).
 
-- ``Wan21`` / ``Wan22``: ``WanPipeline`` with ``WanTransformer3DModel`` (flow matching, the
-  transformer takes the timestep as ``sigma * 1000``), ``AutoencoderKLWan`` (latents normalised by
-  the config's per-channel ``latents_mean`` / ``latents_std``, as the pipeline decodes them) and
-  umT5 text states (padded with zeros to the pipeline's sequence length). Wan2.2 A14B has two
-  experts: ``transformer`` denoises noise levels at or above ``boundary_ratio``, ``transformer_2``
-  the rest; each trains on its own range.
 - ``store_fp8``: the blocks' frozen Linear weights in float8 (Ada/Hopper), as the image engine does.
 - ``BlockSwap``: the frozen weights of the last N blocks live in CPU RAM and visit the GPU only
   for their own forward (and its recomputation under gradient checkpointing, which it requires).
 - ``check_fits``: refuse, before anything loads, a job that would not fit the GPU even with the
-  most blocks swapped.
+  most blocks swapped: the planner's memory model (``plan/vram.py``) on the planner's description
+  of the model (``memory_model``), with the engine's own settings; there is no second Wan model.
 - ``comfy_name``: the original Wan module names (``blocks.0.self_attn.q``) that ComfyUI's loader,
   musubi-tuner and diffusers' converters use, for the ``lora_unet_*`` file.
 """
@@ -19,145 +14,18 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING
 
 import torch
 
-from lorapod.engine.diffusion.families import Components, Family
-from lorapod.errors import HardwareError, ModelLoadError
-from lorapod.export import kohya
+from lorapod.catalog import families
+from lorapod.errors import ModelLoadError
 
-# every Linear of the attention blocks: self- and cross-attention q/k/v/out and the feed-forward
-# (musubi-tuner's Wan LoRA targets; diffusers names)
-WAN_TARGETS = (r"^blocks\.\d+\.(attn1\.(to_q|to_k|to_v|to_out\.0)|attn2\.(to_q|to_k|to_v|to_out\.0|add_k_proj|add_v_proj)"
-               r"|ffn\.net\.(0\.proj|2))$")  # add_k/v_proj: the image keys/values of Wan2.1 I2V
-TEXT_LEN = 512  # WanPipeline's max_sequence_length: prompts are padded with zeros to it
-SAMPLE_FPS = 16
-
-
-class Wan21(Family):
-    name = "wan21"
-    pipeline_class = "WanPipeline"
-    denoiser_name = "transformer"
-    kohya_prefix = "lora_unet"
-    flow = True
-    video: ClassVar[bool] = True
-    default_targets = WAN_TARGETS
-
-    def load(self, model_id, revision, dtype):
-        """T2V (``WanPipeline``) or I2V (``WanImageToVideoPipeline``), as the model's index says."""
-        from lorapod.engine.diffusion.families import detect
-
-        cls = detect(model_id, revision)[1]
-        self.pipeline_class = cls if cls in ("WanPipeline", "WanImageToVideoPipeline") else "WanPipeline"
-        return super().load(model_id, revision, dtype)
-
-    def components(self, pipe, model_id: str) -> Components:
-        i2v = type(pipe).__name__ == "WanImageToVideoPipeline"
-        return Components(self, model_id, pipe.transformer, pipe.vae, [pipe.text_encoder], [pipe.tokenizer],
-                          pipe.scheduler, extra={"transformer_2": getattr(pipe, "transformer_2", None),
-                                                 "boundary_ratio": pipe.config.get("boundary_ratio"), "i2v": i2v,
-                                                 "image_encoder": getattr(pipe, "image_encoder", None) if i2v else None,
-                                                 "image_processor": getattr(pipe, "image_processor", None) if i2v else None})
-
-    def text_len(self, c: Components) -> int:
-        return min(TEXT_LEN, int(getattr(c.tokenizers[0], "model_max_length", TEXT_LEN)))
-
-    def encode_text(self, c, captions, device):
-        """umT5 states as WanPipeline makes them: real tokens kept, the padding zeroed; ``length``
-        says how many are real, so the cache can store only those."""
-        from diffusers.pipelines.wan.pipeline_wan import prompt_clean
-
-        tok, te = c.tokenizers[0], c.text_encoders[0]
-        n = self.text_len(c)
-        enc = tok([prompt_clean(t) for t in captions], padding="max_length", max_length=n, truncation=True,
-                  add_special_tokens=True, return_attention_mask=True, return_tensors="pt")
-        mask = enc.attention_mask.to(device)
-        states = te(enc.input_ids.to(device), mask).last_hidden_state
-        return {"prompt_embeds": states * mask.unsqueeze(-1).to(states.dtype), "length": mask.sum(dim=1)}
-
-    def encode_latents(self, c, pixels):
-        """(B, 3, F, H, W) in [-1, 1] -> normalised latents (B, z, 1 + (F-1)/4, H/8, W/8)."""
-        vae = c.vae
-        z = vae.encode(pixels.to(vae.device, vae.dtype)).latent_dist.mode()
-        mean = torch.tensor(vae.config.latents_mean, device=z.device, dtype=z.dtype).view(1, -1, 1, 1, 1)
-        std = torch.tensor(vae.config.latents_std, device=z.device, dtype=z.dtype).view(1, -1, 1, 1, 1)
-        return (z - mean) / std
-
-    def encode_condition(self, c, pixels):
-        """I2V: what the pipeline conditions on, from a window's first frame: a mask (4 channels, 1 on
-        the first latent frame) + the latents of [first frame, black frames...], and (Wan2.1) the
-        CLIP vision states of the first frame (``hidden_states[-2]``)."""
-        vae = c.vae
-        video = torch.cat([pixels[:, :, :1], torch.zeros_like(pixels[:, :, 1:])], dim=2)
-        z = self.encode_latents(c, video)
-        mask = torch.zeros(z.shape[0], 4, *z.shape[2:], device=z.device, dtype=z.dtype)
-        mask[:, :, 0] = 1.0
-        out = {"condition": torch.cat([mask, z], dim=1)}
-        enc, proc = c.extra.get("image_encoder"), c.extra.get("image_processor")
-        if enc is not None:
-            first = ((pixels[:, :, 0].float() + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).cpu()
-            px = proc(images=list(first), return_tensors="pt").pixel_values.to(vae.device, enc.dtype)
-            out["image_embeds"] = enc(pixel_values=px, output_hidden_states=True).hidden_states[-2]
-        return out
-
-    def forward(self, c, noisy, t, cond, meta, model=None):
-        tr = model if model is not None else c.denoiser
-        pe = cond["prompt_embeds"].to(noisy.dtype)
-        if "condition" in cond:  # I2V: the noisy latents, then the mask and the first-frame latents
-            noisy = torch.cat([noisy, cond["condition"].to(noisy.dtype)], dim=1)
-        img = cond.get("image_embeds")
-        return tr(hidden_states=noisy, timestep=t * 1000, encoder_hidden_states=pe, return_dict=False,
-                  encoder_hidden_states_image=None if img is None else img.to(noisy.dtype))[0]
-
-    def pipeline(self, c):
-        from diffusers import WanImageToVideoPipeline, WanPipeline
-
-        if c.extra.get("i2v"):
-            return WanImageToVideoPipeline(tokenizer=c.tokenizers[0], text_encoder=c.text_encoders[0], vae=c.vae,
-                                           scheduler=c.scheduler, image_processor=c.extra.get("image_processor"),
-                                           image_encoder=c.extra.get("image_encoder"), transformer=c.denoiser,
-                                           transformer_2=c.extra.get("transformer_2"),
-                                           boundary_ratio=c.extra.get("boundary_ratio"))
-        return WanPipeline(tokenizer=c.tokenizers[0], text_encoder=c.text_encoders[0], vae=c.vae,
-                           scheduler=c.scheduler, transformer=c.denoiser, transformer_2=c.extra.get("transformer_2"),
-                           boundary_ratio=c.extra.get("boundary_ratio"))
-
-    def sample_kwargs(self, pos, neg, scale):
-        kw = {"prompt_embeds": pos["prompt_embeds"], "guidance_scale": scale}
-        if neg is not None:
-            kw["negative_prompt_embeds"] = neg["prompt_embeds"]
-        return kw
-
-    def experts(self, c: Components, which: str) -> dict[str, tuple[torch.nn.Module, float, float]]:
-        """Module name -> (transformer, lowest sigma, highest sigma) it is trained on."""
-        return {"transformer": (c.denoiser, 0.0, 1.0)}
-
-
-class Wan22(Wan21):
-    """Wan2.2 A14B: a high-noise and a low-noise expert, switched at ``boundary_ratio``."""
-
-    name = "wan22"
-
-    def experts(self, c, which):
-        t2 = c.extra.get("transformer_2")
-        b = c.extra.get("boundary_ratio")
-        if t2 is None or b is None:  # Wan2.2 TI2V 5B: one transformer
-            return {"transformer": (c.denoiser, 0.0, 1.0)}
-        both = {"transformer": (c.denoiser, float(b), 1.0), "transformer_2": (t2, 0.0, float(b))}
-        if which == "high_noise":
-            return {"transformer": both["transformer"]}
-        if which == "low_noise":
-            return {"transformer_2": both["transformer_2"]}
-        return both
-
-
-FAMILIES = {"wan21": Wan21, "wan22": Wan22}
-# the kohya-style metadata's base-model names (sd-scripts/musubi conventions), next to the image families'
-kohya.BASE_VERSION.update({"wan21": "wan2.1", "wan22": "wan2.2"})
-kohya.ARCH.update({"wan21": "wan2.1-t2v/lora", "wan22": "wan2.2-t2v/lora"})
-
+if TYPE_CHECKING:
+    from lorapod.catalog.models import ImageModel
+    from lorapod.plan.vram import Estimate
 
 # ----------------------------------------------------------------------------- memory
 
@@ -232,78 +100,41 @@ def component_config(model_id: str, revision: str | None = None, sub: str = "tra
                              hint="check the id and your network") from exc
 
 
-def block_params(cfg: dict) -> tuple[int, int]:
-    """(parameters per block, parameters outside the blocks) from a WanTransformer3DModel config."""
-    d = cfg.get("num_attention_heads", 40) * cfg.get("attention_head_dim", 128)
-    ffn = cfg.get("ffn_dim", 13824)
-    per_block = 8 * d * d + 2 * d * ffn + 12 * d + ffn  # 2 attentions x (q, k, v, o), feed-forward, biases/norms
-    text, freq = cfg.get("text_dim", 4096), cfg.get("freq_dim", 256)
-    patch = 1
-    for s in cfg.get("patch_size", (1, 2, 2)):
-        patch *= s
-    outside = text * d + d * d + freq * d + d * d + 6 * d * d + 2 * patch * cfg.get("in_channels", 16) * d
-    return per_block, outside
+def memory_model(spec) -> ImageModel:
+    """The planner's description of this Wan job's model (``catalog.models.find_model``: a catalog row
+    by name, a local folder sized by its own transformer config), so the engine's fit check and
+    ``lorapod plan`` count the same model; a hub id the catalog does not name is sized from its
+    transformer config here. ModelLoadError when the config cannot be read."""
+    from lorapod.catalog.models import ImageModel, find_model, named_image_model, wan_model_from_config
+    from lorapod.errors import PlanError
 
-
-def vram_need_gb(cfg: dict, *, fp8: bool, blocks_to_swap: int, tokens: int, rank: int, experts: int = 1) -> float:
-    """A floor on the GPU memory a Wan LoRA step needs: resident base weights (blocks not swapped,
-    plus one block in flight), LoRA weights with AdamW state, the checkpointed block inputs, one
-    block's recomputed activations and ~1.5 GB of CUDA context and workspace. Floors, not the
-    planner's estimate (``lorapod plan``): if even this does not fit, nothing will.
-
-    ``experts``: transformers kept on the GPU (Wan2.2 trains both of its experts resident; one runs
-    per step, so activations count once)."""
-    per_block, outside = block_params(cfg)
-    n_blocks = cfg.get("num_layers", 40)
-    d = cfg.get("num_attention_heads", 40) * cfg.get("attention_head_dim", 128)
-    ffn = cfg.get("ffn_dim", 13824)
-    weight_bytes = 1 if fp8 else 2
-    resident = (outside * 2 + (n_blocks - blocks_to_swap + (1 if blocks_to_swap else 0)) * per_block * weight_bytes)
-    lora = n_blocks * rank * (8 * 2 * d + 2 * (d + ffn)) * 16  # fp32 weight + grad + two Adam moments
-    ckpt = n_blocks * tokens * d * 2
-    working = tokens * (10 * d + 2 * ffn) * 2
-    return (experts * (resident + lora) + ckpt + working) / 1e9 + 1.5
-
-
-def resident_experts(model_id: str, revision: str | None, which: str) -> int:
-    """How many transformers the engine keeps on the GPU: 2 when a Wan2.2 A14B model (it has a
-    ``transformer_2``) trains both experts, else 1. An unreadable index counts as 1."""
-    if which != "both":
-        return 1
+    cfg = component_config(spec.model.id, spec.model.revision)
+    family = spec.model.family if spec.model.family in families.VIDEO else "auto"
     try:
-        component_config(model_id, revision, "transformer_2")
+        model = find_model(spec.model.id, family, spec.model.variant)
+    except PlanError as exc:
+        raise ModelLoadError(exc.message, hint=exc.hint) from exc
+    if not isinstance(model, ImageModel) or not model.is_video:
+        raise ModelLoadError(f"{spec.model.id} is not a Wan model the planner knows", hint="set model.family: wan21 or wan22")
+    if Path(spec.model.id).expanduser().is_dir() or named_image_model(spec.model.id) is not None:
+        return model
+    spatial = int(component_config(spec.model.id, spec.model.revision, "vae").get("scale_factor_spatial", 8))
+    try:
+        component_config(spec.model.id, spec.model.revision, "transformer_2")
+        experts = 2
     except ModelLoadError:
-        return 1
-    return 2
+        experts = 1
+    return wan_model_from_config(model, cfg, spatial=spatial, experts=experts)
 
 
-def latent_tokens(frames: int, width: int, height: int, cfg: dict, spatial: int = 8) -> int:
-    """Transformer tokens of one window: latent frames x latent patches (VAE /8, Wan2.2's 5B VAE /16)."""
-    pt, ph, pw = cfg.get("patch_size", (1, 2, 2))
-    return ((frames - 1) // 4 + 1) // pt * (height // spatial // ph) * (width // spatial // pw)
+def check_fits(spec, model: ImageModel, vram_gb: float, *, dtype: str, tokens: int, what: str) -> Estimate:
+    """``plan.vram.check_fits`` with this job's settings as the engine runs them: the base in
+    ``dtype``, lorapod's own layout, the largest window's ``tokens``; HardwareError if it cannot fit."""
+    from lorapod.plan.vram import Settings
+    from lorapod.plan.vram import check_fits as fits
 
-
-def check_fits(cfg: dict, gpu_gb: float, *, fp8: bool, blocks_to_swap: int, tokens: int, rank: int,
-               what: str = "this job", experts: int = 1) -> None:
-    """HardwareError when the job cannot fit even with every block but one swapped; the hint gives
-    the settings that would help."""
-    n_blocks = cfg.get("num_layers", 40)
-    most = n_blocks - 1
-    floor = vram_need_gb(cfg, fp8=fp8, blocks_to_swap=most, tokens=tokens, rank=rank, experts=experts)
-    if floor > gpu_gb:
-        raise HardwareError(
-            f"{what} needs at least {floor:.1f} GB of GPU memory even with {most} of {n_blocks} blocks swapped to "
-            f"CPU ({tokens} latent tokens per sample); this GPU has {gpu_gb:.1f} GB",
-            hint=("train.experts: high_noise or low_noise (one expert per run), " if experts > 1 else "")
-                 + "use fewer/shorter data.target_frames or a lower data.resolution"
-                 + ("" if fp8 else ", model.dtype: fp8 on an Ada/Hopper GPU") + ", or a larger GPU (lorapod plan lists them)")
-    need = vram_need_gb(cfg, fp8=fp8, blocks_to_swap=blocks_to_swap, tokens=tokens, rank=rank, experts=experts)
-    if need > gpu_gb:
-        k = next(k for k in range(blocks_to_swap, n_blocks) if
-                 vram_need_gb(cfg, fp8=fp8, blocks_to_swap=k, tokens=tokens, rank=rank, experts=experts) <= gpu_gb)
-        raise HardwareError(f"{what} needs about {need:.1f} GB with train.blocks_to_swap: {blocks_to_swap}; "
-                            f"this GPU has {gpu_gb:.1f} GB",
-                            hint=f"set train.blocks_to_swap: {k} (or more) and train.gradient_checkpointing: true")
+    s = replace(Settings.from_spec(spec, model), base_dtype=dtype, framework="lorapod", image_tokens=tokens)
+    return fits(model, s, vram_gb, what)
 
 
 # ----------------------------------------------------------------------------- file layout

@@ -1,0 +1,109 @@
+"""The diffusion families lorapod knows: one frozen row each, and the one pipeline-class reading.
+
+Every fact that differs by family and is not code lives here once: which diffusers pipeline
+classes mean the family, whether it is video, its training resolution, the guidance its samples
+use by default, and the names kohya-style metadata gives its base model. The spec, the data
+checks, the planner, the engine, export and inspect read this table; the engine's
+``engine/diffusion/families/`` holds only the code (loading, encoding, the denoiser call) and
+has one class per row (``tests/test_families.py`` fails if a row has no class, or a class no row).
+
+The table is built once, at import, and never changed afterwards (a ``MappingProxyType``):
+nothing registers a family into it from elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from lorapod.errors import SpecError
+
+
+@dataclass(frozen=True)
+class FamilyFacts:
+    """What lorapod knows about one diffusion family, apart from how to run it."""
+
+    name: str  # model.family in a spec
+    title: str  # for people
+    pipelines: tuple[str, ...]  # model_index.json "_class_name" values that are this family
+    resolution: int  # training resolution (DOMAIN.md "Data rules"; Wan2.1 trains at 960x960)
+    guidance: float  # default guidance scale of the samples (each pipeline's own default)
+    kohya_base_version: str  # ss_base_model_version (sd-scripts / musubi-tuner conventions)
+    modelspec_architecture: str  # modelspec.architecture (Stability's ModelSpec, as sd-scripts writes it)
+    # what reads the captions: "clip" (CLIP only: the text past its 77-token window is cut), "clip+t5"
+    # (FLUX.1: CLIP cuts, T5 still reads the rest), or an encoder without that window
+    text_encoders: str = "clip"
+    flow: bool = True  # flow matching; False: DDPM noise prediction (epsilon or v, lorapod.prediction_type)
+    is_video: bool = False
+
+
+# Pipeline classes: diffusers' own (``src/diffusers/pipelines/*``). Guidance: each pipeline's own
+# ``__call__`` default (FluxPipeline 3.5, Flux2KleinPipeline 4.0, WanPipeline 5.0), except SD/SDXL:
+# 7.0, lorapod's choice since its first sample grids (StableDiffusionPipeline's default is 7.5).
+_ROWS = (
+    FamilyFacts("sd15", "Stable Diffusion 1.5", ("StableDiffusionPipeline",), 512, 7.0,
+                "sd_v1", "stable-diffusion-v1/lora", flow=False),
+    FamilyFacts("sdxl", "SDXL", ("StableDiffusionXLPipeline",), 1024, 7.0,
+                "sdxl_base_v1-0", "stable-diffusion-xl-v1-base/lora", flow=False),
+    FamilyFacts("flux1", "FLUX.1", ("FluxPipeline",), 1024, 3.5, "flux1", "flux-1-dev/lora", text_encoders="clip+t5"),
+    FamilyFacts("flux2", "FLUX.2 klein", ("Flux2KleinPipeline",), 1024, 4.0, "flux2_klein", "flux-2-klein/lora",
+                text_encoders="qwen3"),
+    # Wan2.2 saves the same pipeline classes as 2.1: wan_family_of_index tells them apart
+    FamilyFacts("wan21", "Wan2.1", ("WanPipeline", "WanImageToVideoPipeline"), 960, 5.0,
+                "wan2.1", "wan2.1-t2v/lora", text_encoders="umt5", is_video=True),
+    FamilyFacts("wan22", "Wan2.2", ("WanPipeline", "WanImageToVideoPipeline"), 960, 5.0,
+                "wan2.2", "wan2.2-t2v/lora", text_encoders="umt5", is_video=True),
+)
+
+FAMILIES: MappingProxyType[str, FamilyFacts] = MappingProxyType({f.name: f for f in _ROWS})
+NAMES: tuple[str, ...] = tuple(FAMILIES)
+IMAGE_ONLY: tuple[str, ...] = tuple(n for n, f in FAMILIES.items() if not f.is_video)
+VIDEO: tuple[str, ...] = tuple(n for n, f in FAMILIES.items() if f.is_video)
+
+# Pipeline classes of models lorapod recognises but does not train, so planner and engine refuse
+# them by the same name. Flux2Pipeline is FLUX.2 [dev]: diffusers' pipeline_flux2.py loads it with
+# a Mistral3ForConditionalGeneration text encoder (its docstring example: from_pretrained(
+# "black-forest-labs/FLUX.2-dev")), while FLUX.2 [klein] is Flux2KleinPipeline with a Qwen3
+# encoder (pipeline_flux2_klein.py, "black-forest-labs/FLUX.2-klein-base-9B"); a folder whose
+# model_index.json says Flux2Pipeline is therefore dev (32B), never klein.
+NOT_TRAINED: MappingProxyType[str, str] = MappingProxyType({
+    "Flux2Pipeline": "flux2-dev",
+    "StableDiffusion3Pipeline": "sd3",
+})
+
+_BY_PIPELINE = {p: f.name for f in _ROWS if not f.is_video for p in f.pipelines}
+
+
+def facts(name: str) -> FamilyFacts:
+    """The row of family ``name``; SpecError naming the known ones otherwise."""
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise SpecError(f"unknown diffusion family {name!r}", hint=f"use one of: {', '.join(NAMES)}") from None
+
+
+def family_of_index(raw: dict[str, Any]) -> str | None:
+    """The family a diffusers ``model_index.json`` names: one of NAMES, a NOT_TRAINED name, or None.
+
+    The planner and the engine both read a folder's family through here, so they cannot disagree.
+    """
+    cls = raw.get("_class_name", "")
+    wan = wan_family_of_index(raw)
+    if wan:
+        return wan
+    return _BY_PIPELINE.get(cls) or NOT_TRAINED.get(cls)
+
+
+def wan_family_of_index(raw: dict[str, Any]) -> str | None:
+    """wan21 / wan22 from a Wan pipeline's model_index.json (a second transformer or a boundary means 2.2)."""
+    if raw.get("_class_name") not in FAMILIES["wan21"].pipelines:  # T2V, I2V
+        return None
+    t2 = raw.get("transformer_2")
+    has_t2 = isinstance(t2, list) and t2[0] is not None
+    return "wan22" if has_t2 or raw.get("boundary_ratio") is not None or raw.get("expand_timesteps") else "wan21"
+
+
+def of_base_version(version: str) -> str | None:
+    """The family whose kohya ``ss_base_model_version`` is ``version`` (what ``lorapod inspect`` reads)."""
+    return next((f.name for f in _ROWS if f.kohya_base_version == version), None)

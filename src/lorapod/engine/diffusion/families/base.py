@@ -1,0 +1,114 @@
+"""The family interface every diffusion family implements, and the loaded pipeline's parts.
+
+A family knows how to load its pipeline, encode captions, turn pixels into latents, call its
+denoiser, which layers LoRA should target by default and how to build a sampling pipeline from
+the in-memory (LoRA-carrying) components. Everything else (data, caching, loss, loop, export)
+is shared and lives beside this package.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from lorapod.errors import ModelLoadError
+
+
+@dataclass
+class Components:
+    """A loaded pipeline's parts. ``denoiser`` is the UNet or transformer that carries the LoRA."""
+
+    family: Family
+    model_id: str
+    denoiser: torch.nn.Module
+    vae: torch.nn.Module
+    text_encoders: list[torch.nn.Module | None]
+    tokenizers: list[Any]
+    scheduler: Any
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def identity(self) -> str:
+        """What the caches are keyed on: the model and the config of the VAE / encoders."""
+        import hashlib
+
+        h = hashlib.sha256()
+        h.update(f"{self.family.name}\n{self.model_id}\n".encode())
+        h.update(json.dumps(dict(self.vae.config), sort_keys=True, default=str).encode())
+        for m in [self.vae, *self.text_encoders]:
+            if m is None:
+                continue
+            # a content fingerprint (shapes + the first values of every tensor), so a base model
+            # rebuilt or fine-tuned at the same path never reuses stale latents; cheap even for SDXL
+            for name, p in m.state_dict().items():
+                h.update(f"{name}{tuple(p.shape)}".encode())
+                h.update(p.detach().flatten()[:8].float().cpu().numpy().tobytes())
+        return h.hexdigest()[:16]
+
+
+
+class Family:
+    name: ClassVar[str]
+    pipeline_class: ClassVar[str]
+    denoiser_name: ClassVar[str] = "unet"
+    flow: ClassVar[bool] = False  # flow matching (Flux) vs DDPM noise prediction (SD)
+    default_targets: ClassVar[list[str] | str] = []
+    te_targets: ClassVar[list[str]] = ["q_proj", "k_proj", "v_proj", "out_proj"]
+    kohya_te_prefixes: ClassVar[list[str]] = []  # per text encoder; [] = no text-encoder LoRA
+
+    def pipeline_cls(self):
+        import diffusers
+
+        return getattr(diffusers, self.pipeline_class)
+
+    def load(self, model_id: str, revision: str | None, dtype: torch.dtype) -> Components:
+        cls = self.pipeline_cls()
+        p = Path(model_id).expanduser()
+        try:
+            if p.is_file():
+                pipe = cls.from_single_file(str(p), torch_dtype=dtype)
+            else:
+                pipe = cls.from_pretrained(model_id, revision=revision, torch_dtype=dtype)
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"could not load {model_id} as {self.pipeline_class}: {exc}",
+                                 hint="check the path or id; gated hub models need `huggingface-cli login`") from exc
+        return self.components(pipe, model_id)
+
+    def components(self, pipe, model_id: str) -> Components:
+        raise NotImplementedError
+
+    def prediction_type(self, c: Components) -> str:
+        return "flow" if self.flow else c.scheduler.config.get("prediction_type", "epsilon")
+
+    # text
+    def encode_text(self, c: Components, captions: list[str], device: torch.device) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    # images
+    def encode_latents(self, c: Components, pixels: torch.Tensor) -> torch.Tensor:
+        vae = c.vae
+        z = vae.encode(pixels.to(vae.device, vae.dtype)).latent_dist.mean
+        shift = vae.config.get("shift_factor") or 0.0
+        return (z - shift) * vae.config.scaling_factor
+
+    def offset_noise(self, c: Components, shape: torch.Size, gen: torch.Generator) -> torch.Tensor:
+        """Noise offset (Guttenberg 2023): one normal draw per sample and latent channel, constant over
+        the image, broadcast to ``shape``. Families whose training latents are patchified override it."""
+        return torch.randn((*shape[:2], *([1] * (len(shape) - 2))), generator=gen)
+
+    # denoiser
+    def forward(self, c: Components, noisy: torch.Tensor, t: torch.Tensor, cond: dict[str, torch.Tensor],
+                meta: dict[str, torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError
+
+    # sampling
+    def pipeline(self, c: Components):
+        raise NotImplementedError
+
+    def sample_kwargs(self, pos: dict[str, torch.Tensor], neg: dict[str, torch.Tensor] | None, scale: float) -> dict:
+        raise NotImplementedError
+
