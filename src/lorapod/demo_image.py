@@ -5,7 +5,7 @@ written in code: nothing is downloaded), draws a small dataset of a coloured sha
 trigger word, trains a LoRA with cached latents and text-encoder outputs, writes samples and
 both LoRA formats. The images a random tiny model draws are noise; what the demo shows is the
 machinery: caching, buckets, loss going down, samples with metadata, ComfyUI-ready files.
-The test suite builds its tiny pipelines with the same functions.
+The pipeline is built by ``lorapod.builtin.sd``, as the test suite's are.
 """
 
 from __future__ import annotations
@@ -18,90 +18,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-WORDS = ["a", "photo", "of", "zxq", "mug", "red", "blue", "square", "circle", "on", "table", "in", "the",
-         "park", "green", "background", "style", "drawing", "cat", "dog"]
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character table (the CLIP/BPE alphabet)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, [chr(c) for c in cs], strict=True))
-
-
-def clip_tokenizer(out: Path):
-    """A CLIPTokenizer whose vocabulary is the byte alphabet plus a few whole words."""
-    from transformers import CLIPTokenizer
-
-    out.mkdir(parents=True, exist_ok=True)
-    vocab: dict[str, int] = {}
-    for ch in bytes_to_unicode().values():
-        vocab.setdefault(ch, len(vocab))
-        vocab.setdefault(ch + "</w>", len(vocab))
-    merges: list[str] = []
-    for w in WORDS:
-        # merge left to right into the whole word (with its end-of-word marker)
-        pieces = [*w[:-1], w[-1] + "</w>"]
-        while len(pieces) > 1:
-            a, b = pieces[0], pieces[1]
-            merges.append(f"{a} {b}")
-            vocab.setdefault(a + b, len(vocab))
-            pieces = [a + b, *pieces[2:]]
-    for special in ("<|startoftext|>", "<|endoftext|>"):
-        vocab.setdefault(special, len(vocab))
-    (out / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
-    merges = list(dict.fromkeys(merges))
-    (out / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
-    tok = CLIPTokenizer(str(out / "vocab.json"), str(out / "merges.txt"), model_max_length=16)
-    return tok
-
-
-def clip_text_model(vocab_size: int, projection: bool, hidden: int = 32, seed: int = 0):
-    import torch
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
-
-    torch.manual_seed(seed)
-    cfg = CLIPTextConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=37, num_hidden_layers=2,
-                         num_attention_heads=4, max_position_embeddings=16, projection_dim=hidden,
-                         bos_token_id=vocab_size - 2, eos_token_id=vocab_size - 1, pad_token_id=vocab_size - 1)
-    return (CLIPTextModelWithProjection if projection else CLIPTextModel)(cfg)
-
-
-def tiny_vae(seed: int = 0, latent_channels: int = 4, **kw):
-    import torch
-    from diffusers import AutoencoderKL
-
-    torch.manual_seed(seed)
-    return AutoencoderKL(block_out_channels=(8, 16, 16), in_channels=3, out_channels=3, latent_channels=latent_channels,
-                         down_block_types=("DownEncoderBlock2D",) * 3, layers_per_block=1,
-                         up_block_types=("UpDecoderBlock2D",) * 3, norm_num_groups=8,
-                         sample_size=32, **kw)
-
-
-def build_sd15(out: Path, prediction_type: str = "epsilon", seed: int = 0) -> Path:
-    """A tiny StableDiffusionPipeline folder (latents are 1/4 of the image: the VAE has three blocks)."""
-    import torch
-    from diffusers import DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
-
-    tok = clip_tokenizer(out / "tokenizer")
-    torch.manual_seed(seed)
-    unet = UNet2DConditionModel(block_out_channels=(32, 64), layers_per_block=1, sample_size=16, in_channels=4,
-                                out_channels=4, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-                                up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), cross_attention_dim=32,
-                                norm_num_groups=8, attention_head_dim=8)
-    sched = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
-                          set_alpha_to_one=False, prediction_type=prediction_type, steps_offset=1)
-    pipe = StableDiffusionPipeline(unet=unet, vae=tiny_vae(seed), text_encoder=clip_text_model(len(tok), False, seed=seed),
-                                   tokenizer=tok, scheduler=sched, safety_checker=None, feature_extractor=None,
-                                   requires_safety_checker=False)
-    pipe.save_pretrained(out)
-    return out
+from lorapod.builtin.sd import build_sd15
 
 
 def write_images(folder: Path, n: int = 6, trigger: str = "zxq", sizes: list[tuple[int, int]] | None = None,
@@ -126,7 +43,6 @@ def write_images(folder: Path, n: int = 6, trigger: str = "zxq", sizes: list[tup
         img.save(folder / f"img{i:02d}.png")
         (folder / f"img{i:02d}.txt").write_text(f"{trigger}, a {name} {shape}", encoding="utf-8")
     return folder
-
 
 
 @dataclass
