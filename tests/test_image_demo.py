@@ -27,6 +27,7 @@ def test_image_demo_writes_both_formats_and_a_rerun_reuses_every_cache(tmp_path)
     assert res.diffusers_file.is_file()
     assert (out / "data" / "4_zxq" / "img00.txt").read_text().startswith("zxq")
     assert res.progress is not None and res.progress.is_file()  # stopped before epoch 2: sampled at the stop
+    assert [p.name for p in res.samples] == [f"base-{k:02d}.png" for k in range(3)] + [f"step000002-{k:02d}.png" for k in range(3)]
     # through the CLI: the base model folder is reused, so nothing is encoded again
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     cmd = [sys.executable, "-m", "lorapod", "demo", "--image", "--out", str(out), "--steps", "2"]

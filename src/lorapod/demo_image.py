@@ -170,7 +170,7 @@ def run_image_demo(out: Path, steps: int | None = None, log=print, show_progress
     first = (trained.result.first_eval or {}).get("fixed_noise_loss")
     last = (trained.result.last_eval or {}).get("fixed_noise_loss")
     (out / "result.json").write_text(json.dumps({"fixed_noise_loss": [first, last], "run": str(run.root)}), encoding="utf-8")
-    return ImageDemoResult(out, run.root, first, last, sorted(run.samples.glob("*.png")),
+    return ImageDemoResult(out, run.root, first, last, sorted(run.samples.glob("*-[0-9][0-9].png")),
                            run.adapter / "pytorch_lora_weights.safetensors", run.adapter / "zxq-demo.safetensors",
                            trained.cache_hits, trained.cache_misses, progress)
 

@@ -86,7 +86,7 @@ def _image_demo(out: Path, steps: int | None) -> None:
     rows = [
         ("base model (diffusers folder)", res.out / "base-model"),
         ("dataset (images + .txt captions)", res.out / "data"),
-        (f"samples ({len(res.samples)} PNGs, prompt + seed inside)", res.run / "samples"),
+        (f"samples ({len(res.samples)} PNGs, base ones included, prompt + seed inside)", res.run / "samples"),
         ("base vs each checkpoint, labelled", res.progress or "(none)"),
         ("LoRA, diffusers format", res.diffusers_file),
         ("LoRA, kohya format (ComfyUI/Forge)", res.kohya_file),
