@@ -115,7 +115,7 @@ def labelled_grid(img, rows: list[str], cols: list[str], title: str, corner: str
     except TypeError:  # Pillow < 10.1: the fixed bitmap font
         font = ImageFont.load_default()
     ch, cw = img.height // max(1, len(rows)), img.width // max(1, len(cols))
-    width = max([font.getlength(line) for r in rows for line in r.split("\n")] + [48.0])
+    width = max([font.getlength(line) for r in rows for line in r.split("\n")] + [font.getlength(corner) + 6, 48.0])
     top = 20 + 14 * max([len(c.split("\n")) for c in cols] + [1])
     left = int(width) + 8
     out = Image.new("RGB", (max(img.width + left, int(font.getlength(title)) + 8), img.height + top), (255, 255, 255))
