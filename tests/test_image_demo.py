@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 from PIL import Image
 from safetensors import safe_open
 
@@ -52,7 +51,6 @@ def _mean(path: Path) -> np.ndarray:
     return np.asarray(Image.open(path).convert("RGB"), np.float32).reshape(-1, 3).mean(0)
 
 
-@pytest.mark.slow
 def test_the_demo_samples_grow_the_trained_disc_with_the_trigger_and_keep_the_other_prompt(tmp_path):
     """The measure of "learns something visible": the base draws flat colour for every prompt; after
     the demo's training the two trigger prompts ("zxq") grow a red centre on their own, as the
