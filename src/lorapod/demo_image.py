@@ -26,7 +26,8 @@ from lorapod.builtin.sd import TOY_COLOURS, build_toy_sd15
 
 def write_images(folder: Path, n: int = 6, trigger: str = "zxq", sizes: list[tuple[int, int]] | None = None,
                  seed: int = 0) -> Path:
-    """Coloured squares/circles on plain backgrounds with captions that start with the trigger."""
+    """Coloured squares/circles on plain backgrounds with captions that start with the trigger (the
+    tests' and benchmarks' dataset; the demo draws its own concept with ``write_concept``)."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     sizes = sizes or [(48, 48), (64, 40), (40, 64)]
@@ -49,8 +50,8 @@ def write_images(folder: Path, n: int = 6, trigger: str = "zxq", sizes: list[tup
 
 
 # The concept the LoRA learns: "zxq" is a red circle on blue. The base model has never seen the
-# word, a circle or this blue (it was pretrained on flat colours only), so what its samples show at
-# the end came from the LoRA.
+# word or any shape (it was pretrained on flat colours named by their colour word), so a red centre
+# in its "zxq" samples came from the LoRA.
 CONCEPT_FG = (220, 30, 30)
 CONCEPT_BG = (30, 60, 220)
 
