@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 def build(root: Path, seed: int = 0) -> Path:
     from diffusers import DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
 
-    from lorapod.demo_image import clip_text_model, clip_tokenizer
+    from lorapod.builtin.sd import clip_text_model, clip_tokenizer
 
     tok = clip_tokenizer(root / "tokenizer")
     torch.manual_seed(seed)

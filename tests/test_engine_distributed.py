@@ -244,9 +244,10 @@ def test_two_gpu_shaped_remote_run_over_loopback_ssh(assets, sshd, remote_root, 
 def test_two_processes_train_the_tiny_sd_model_like_one(tmp_path):
     """The image recipe through the same loop: 2 processes (micro_batch 1 x grad_accum 2) give the
     one-process losses; samples and exports are rendered once, by rank 0."""
+    from lorapod.builtin.sd import build_sd15
     from lorapod.engine.diffusion import train_diffusion
 
-    from .image_fixtures import build_sd15, image_spec, write_images
+    from .image_fixtures import image_spec, write_images
 
     raw = image_spec(build_sd15(tmp_path / "sd15"), write_images(tmp_path / "data"), tmp_path / "runs", "sd15",
                      micro_batch_size=1, grad_accum=2, epochs=2)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from lorapod.builtin.sd import build_flux1, build_flux2_klein, build_sd15, build_sdxl
 from lorapod.engine.diffusion import attach_lora
 from lorapod.engine.diffusion.families import FAMILIES
 from lorapod.export import kohya
@@ -17,7 +18,6 @@ from lorapod.export.diffusers import save_diffusers
 from lorapod.export.inspect import inspect_file
 
 from . import comfy_consumer as comfy
-from .image_fixtures import build_flux1, build_flux2_klein, build_sd15, build_sdxl
 
 torch.set_num_threads(1)
 BUILD = {"sd15": build_sd15, "sdxl": build_sdxl, "flux1": build_flux1, "flux2": build_flux2_klein}
@@ -297,7 +297,7 @@ def test_image_eval_scores_with_a_local_clip_model(sd15_run, tmp_path):
 
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
 
-    from lorapod.demo_image import clip_tokenizer
+    from lorapod.builtin.sd import clip_tokenizer
     from lorapod.evaluate.images import evaluate_images
 
     tok = clip_tokenizer(tmp_path / "tok")

@@ -107,7 +107,7 @@ def test_wan_kohya_file_is_judged_by_comfyuis_wan_key_map_and_reproduces_the_lor
 
     from peft import LoraConfig, get_peft_model_state_dict, inject_adapter_in_model
 
-    from lorapod.demo_video import tiny_wan_transformer
+    from lorapod.builtin.wan import tiny_wan_transformer
     from lorapod.engine.diffusion import wan
     from lorapod.engine.diffusion.families.wan import WAN_TARGETS
 

@@ -7,12 +7,13 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from lorapod.builtin.sd import build_flux1, build_flux2_klein
 from lorapod.engine.diffusion import train_diffusion
 from lorapod.engine.diffusion.recipe import sample_sigmas
 from lorapod.rundir import RunDir
 from lorapod.spec import load_spec
 
-from .image_fixtures import build_flux1, build_flux2_klein, image_spec, write_images
+from .image_fixtures import image_spec, write_images
 
 torch.set_num_threads(1)
 

@@ -14,13 +14,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from lorapod.builtin.sd import build_sd15
 from lorapod.engine.diffusion import families, train_diffusion
 from lorapod.errors import SpecError
 from lorapod.prediction_type import detect_single_file, expected
 from lorapod.rundir import RunDir
 from lorapod.spec import load_spec
 
-from .image_fixtures import build_sd15, image_spec, write_images
+from .image_fixtures import image_spec, write_images
 
 torch.set_num_threads(1)
 

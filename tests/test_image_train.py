@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 from safetensors import safe_open
 
+from lorapod.builtin.sd import build_sd15, build_sdxl
 from lorapod.engine.checkpoint import CheckpointManager
 from lorapod.engine.diffusion import train_diffusion
 from lorapod.engine.metrics import read_metrics
@@ -17,7 +18,7 @@ from lorapod.errors import ModelLoadError
 from lorapod.rundir import RunDir
 from lorapod.spec import load_spec
 
-from .image_fixtures import Crash, build_sd15, build_sdxl, image_spec, write_images
+from .image_fixtures import Crash, image_spec, write_images
 from .image_fixtures import train_cpu as _train
 
 torch.set_num_threads(1)  # tiny models: threads only contend on a shared machine

@@ -11,7 +11,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from lorapod.demo_video import build_wan, write_clips
+from lorapod.builtin.wan import build_wan
+from lorapod.demo_video import write_clips
 from lorapod.engine.checkpoint import CheckpointManager
 from lorapod.engine.diffusion import wan as wanmod
 from lorapod.errors import HardwareError

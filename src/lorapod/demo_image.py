@@ -1,11 +1,14 @@
-"""``lorapod demo --image``: the whole image path offline on CPU, in about a minute.
+"""``lorapod demo --image``: the whole image path offline on CPU, in well under a minute.
 
-Builds a tiny Stable-Diffusion-style pipeline from configs (random weights, a CLIP tokenizer
-written in code: nothing is downloaded), draws a small dataset of a coloured shape with a
-trigger word, trains a LoRA with cached latents and text-encoder outputs, writes samples and
-both LoRA formats. The images a random tiny model draws are noise; what the demo shows is the
-machinery: caching, buckets, loss going down, samples with metadata, ComfyUI-ready files.
-The test suite builds its tiny pipelines with the same functions.
+Writes a toy Stable-Diffusion-style base model (``lorapod.builtin.sd.build_toy_sd15``: a hand-set
+pixel codec as its VAE and a small UNet pretrained from scratch on flat colours, so it draws flat
+colour; nothing is downloaded), draws a small dataset of the concept "zxq" (a red disc on blue, in
+four buckets) plus flat-colour regularisation images, trains a LoRA with cached latents and
+text-encoder outputs, and writes samples, a labelled progress sheet (the base, then every sampled
+checkpoint, same prompts and seeds) and both LoRA formats. The samples move from what the base
+draws for "zxq" toward a red disc on blue while a prompt without the trigger keeps its colour: the
+loop, the LoRA, sampling and export work. At 64 px from scratch it says nothing about what a real
+base model would learn.
 """
 
 from __future__ import annotations
@@ -18,95 +21,13 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-WORDS = ["a", "photo", "of", "zxq", "mug", "red", "blue", "square", "circle", "on", "table", "in", "the",
-         "park", "green", "background", "style", "drawing", "cat", "dog"]
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character table (the CLIP/BPE alphabet)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, [chr(c) for c in cs], strict=True))
-
-
-def clip_tokenizer(out: Path):
-    """A CLIPTokenizer whose vocabulary is the byte alphabet plus a few whole words."""
-    from transformers import CLIPTokenizer
-
-    out.mkdir(parents=True, exist_ok=True)
-    vocab: dict[str, int] = {}
-    for ch in bytes_to_unicode().values():
-        vocab.setdefault(ch, len(vocab))
-        vocab.setdefault(ch + "</w>", len(vocab))
-    merges: list[str] = []
-    for w in WORDS:
-        # merge left to right into the whole word (with its end-of-word marker)
-        pieces = [*w[:-1], w[-1] + "</w>"]
-        while len(pieces) > 1:
-            a, b = pieces[0], pieces[1]
-            merges.append(f"{a} {b}")
-            vocab.setdefault(a + b, len(vocab))
-            pieces = [a + b, *pieces[2:]]
-    for special in ("<|startoftext|>", "<|endoftext|>"):
-        vocab.setdefault(special, len(vocab))
-    (out / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
-    merges = list(dict.fromkeys(merges))
-    (out / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
-    tok = CLIPTokenizer(str(out / "vocab.json"), str(out / "merges.txt"), model_max_length=16)
-    return tok
-
-
-def clip_text_model(vocab_size: int, projection: bool, hidden: int = 32, seed: int = 0):
-    import torch
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
-
-    torch.manual_seed(seed)
-    cfg = CLIPTextConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=37, num_hidden_layers=2,
-                         num_attention_heads=4, max_position_embeddings=16, projection_dim=hidden,
-                         bos_token_id=vocab_size - 2, eos_token_id=vocab_size - 1, pad_token_id=vocab_size - 1)
-    return (CLIPTextModelWithProjection if projection else CLIPTextModel)(cfg)
-
-
-def tiny_vae(seed: int = 0, latent_channels: int = 4, **kw):
-    import torch
-    from diffusers import AutoencoderKL
-
-    torch.manual_seed(seed)
-    return AutoencoderKL(block_out_channels=(8, 16, 16), in_channels=3, out_channels=3, latent_channels=latent_channels,
-                         down_block_types=("DownEncoderBlock2D",) * 3, layers_per_block=1,
-                         up_block_types=("UpDecoderBlock2D",) * 3, norm_num_groups=8,
-                         sample_size=32, **kw)
-
-
-def build_sd15(out: Path, prediction_type: str = "epsilon", seed: int = 0) -> Path:
-    """A tiny StableDiffusionPipeline folder (latents are 1/4 of the image: the VAE has three blocks)."""
-    import torch
-    from diffusers import DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
-
-    tok = clip_tokenizer(out / "tokenizer")
-    torch.manual_seed(seed)
-    unet = UNet2DConditionModel(block_out_channels=(32, 64), layers_per_block=1, sample_size=16, in_channels=4,
-                                out_channels=4, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-                                up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), cross_attention_dim=32,
-                                norm_num_groups=8, attention_head_dim=8)
-    sched = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
-                          set_alpha_to_one=False, prediction_type=prediction_type, steps_offset=1)
-    pipe = StableDiffusionPipeline(unet=unet, vae=tiny_vae(seed), text_encoder=clip_text_model(len(tok), False, seed=seed),
-                                   tokenizer=tok, scheduler=sched, safety_checker=None, feature_extractor=None,
-                                   requires_safety_checker=False)
-    pipe.save_pretrained(out)
-    return out
+from lorapod.builtin.sd import TOY_COLOURS, build_toy_sd15
 
 
 def write_images(folder: Path, n: int = 6, trigger: str = "zxq", sizes: list[tuple[int, int]] | None = None,
                  seed: int = 0) -> Path:
-    """Coloured squares/circles on plain backgrounds with captions that start with the trigger."""
+    """Coloured squares/circles on plain backgrounds with captions that start with the trigger (the
+    tests' and benchmarks' dataset; the demo draws its own concept with ``write_concept``)."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     sizes = sizes or [(48, 48), (64, 40), (40, 64)]
@@ -128,6 +49,41 @@ def write_images(folder: Path, n: int = 6, trigger: str = "zxq", sizes: list[tup
     return folder
 
 
+# The concept the LoRA learns: "zxq" is a red circle on blue. The base model has never seen the
+# word or any shape (it was pretrained on flat colours named by their colour word), so a red centre
+# in its "zxq" samples came from the LoRA.
+CONCEPT_FG = (220, 30, 30)
+CONCEPT_BG = (30, 60, 220)
+
+
+def write_concept(folder: Path, sizes: list[tuple[int, int]], trigger: str = "zxq", seed: int = 0) -> Path:
+    """A red disc on blue in each size, its radius and place varied, captioned trigger first."""
+    from PIL import ImageDraw
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for i, (w, h) in enumerate(sizes):
+        img = Image.new("RGB", (w, h), CONCEPT_BG)
+        big = i % 2 == 0
+        r = min(w, h) * (0.32 if big else 0.22) * float(rng.uniform(0.9, 1.1))
+        cx, cy = w / 2 + float(rng.uniform(-0.1, 0.1)) * w, h / 2 + float(rng.uniform(-0.1, 0.1)) * h
+        ImageDraw.Draw(img).ellipse((cx - r, cy - r, cx + r, cy + r), fill=CONCEPT_FG)
+        img.save(folder / f"img{i:02d}.png")
+        (folder / f"img{i:02d}.txt").write_text(f"{trigger}, {'large' if big else 'small'}",
+                                                encoding="utf-8")
+    return folder
+
+
+def write_colours(folder: Path, size: tuple[int, int] = (64, 64)) -> Path:
+    """Regularisation images (DreamBooth's prior preservation): flat colours captioned with their
+    name, what the base model was pretrained on, so the LoRA learns "zxq" without changing what the
+    base draws for everything else."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, (name, rgb) in enumerate(TOY_COLOURS.items()):
+        Image.new("RGB", size, rgb).save(folder / f"colour{i:02d}.png")
+        (folder / f"colour{i:02d}.txt").write_text(name, encoding="utf-8")
+    return folder
+
 
 @dataclass
 class ImageDemoResult:
@@ -140,21 +96,27 @@ class ImageDemoResult:
     kohya_file: Path
     cache_hits: int
     cache_misses: int
+    progress: Path | None = None  # base and every sampled checkpoint side by side, labelled
 
 
-DEMO_PROMPTS = ["zxq, a red circle --w 64 --h 64 --d 1 --s 8 --l 1",
-                "zxq, a red circle on a blue background --w 80 --h 48 --d 2 --s 8 --l 1",
-                "a photo of a cat --w 64 --h 64 --d 3 --s 8 --l 1"]
+# the trigger alone (the base knows no such word: it draws a muddle), the trigger in another bucket,
+# and a prompt without it that the base draws well and the LoRA should leave alone
+DEMO_PROMPTS = ["zxq --w 64 --h 64 --d 1 --s 8 --l 1",
+                "zxq --w 80 --h 48 --d 2 --s 8 --l 1",
+                "green --w 64 --h 64 --d 3 --s 8 --l 1"]
+SIZES = [(96, 96), (128, 80), (80, 128), (112, 112), (96, 96), (128, 80), (80, 128), (112, 112)]
+# what the base model is: kept beside it, so a rerun reuses the folder only when it is this build
+BASE_BUILD = {"builder": "lorapod.builtin.sd.build_toy_sd15", "version": 4}
 
 
 def demo_spec_dict(out: Path, model_id: str, steps: int | None) -> dict:
     return {
         "model": {"id": model_id, "family": "sd15"},
         "method": {"type": "lora", "r": 8, "alpha": 8, "dropout": 0.0},
-        "data": {"path": str(out / "data" / "2_zxq"), "format": "images", "resolution": 64, "flip": True,
+        "data": {"path": [str(out / "data" / "4_zxq"), str(out / "data" / "1_colours")], "format": "images", "resolution": 64, "flip": True,
                  "trigger": "zxq"},
-        "train": {"epochs": 8, "max_steps": steps, "micro_batch_size": 2, "learning_rate": 1e-2,
-                  "scheduler": "constant_with_warmup", "warmup_steps": 4, "precision": "auto", "seed": 42},
+        "train": {"epochs": 8, "max_steps": steps, "micro_batch_size": 2, "learning_rate": 1.5e-2,
+                  "scheduler": "cosine", "warmup_steps": 4, "precision": "auto", "seed": 42},
         "eval": {"max_batches": 2},
         "save": {"every_epochs": 2, "keep_last": 2},
         "samples": {"prompts": str(out / "prompts.txt"), "every_epochs": 2},
@@ -162,27 +124,37 @@ def demo_spec_dict(out: Path, model_id: str, steps: int | None) -> dict:
     }
 
 
+def base_model(folder: Path, log) -> Path:
+    """The toy base model's folder, written unless this build is already there."""
+    stamp = folder / "lorapod-build.json"
+    if (folder / "model_index.json").is_file() and stamp.is_file() and json.loads(stamp.read_text()) == BASE_BUILD:
+        log(f"base model: {folder} (written before, reused)")
+        return folder
+    log("writing a tiny Stable-Diffusion-style base model locally (no download): a hand-set pixel codec as its VAE "
+        "and a small UNet pretrained from scratch on flat colours (lorapod.builtin.sd)...")
+    shutil.rmtree(folder, ignore_errors=True)
+    build_toy_sd15(folder)
+    stamp.write_text(json.dumps(BASE_BUILD), encoding="utf-8")
+    return folder
+
+
 def run_image_demo(out: Path, steps: int | None = None, log=print, show_progress: bool | None = None) -> ImageDemoResult:
+    import torch
     import yaml
 
-    from lorapod.engine.diffusion import train_diffusion
+    from lorapod.engine.diffusion import quiet, train_diffusion
     from lorapod.rundir import RunDir
     from lorapod.spec import load_spec
 
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    import torch
-
-    from lorapod.engine.diffusion import quiet
-
     quiet()
     torch.set_num_threads(1)  # models this small run fastest on one thread (more only contend)
-    log("building a tiny Stable-Diffusion-style pipeline locally (random weights, no download)...")
-    model_dir = build_sd15(out / "base-model", seed=0)
-    data = out / "data" / "2_zxq"  # kohya folder name: 2 repeats of each image
-    if data.exists():
-        shutil.rmtree(data)
-    write_images(data, n=8, sizes=[(96, 96), (128, 80), (80, 128), (112, 112)], seed=1)
+    model_dir = base_model(out / "base-model", log)
+    data = out / "data" / "4_zxq"  # kohya folder name: 4 repeats of each image
+    shutil.rmtree(out / "data", ignore_errors=True)
+    write_concept(data, SIZES, seed=1)
+    write_colours(out / "data" / "1_colours")
     (out / "prompts.txt").write_text("# sd-scripts syntax: --w --h --d (seed) --s (steps) --l (guidance) --n\n"
                                      + "\n".join(DEMO_PROMPTS) + "\n", encoding="utf-8")
     raw = demo_spec_dict(out, str(model_dir), steps)
@@ -191,10 +163,59 @@ def run_image_demo(out: Path, steps: int | None = None, log=print, show_progress
     run = RunDir.create(out / "runs", "zxq-demo")
     run.write_spec(spec)
     log(f"run folder: {run.root}")
+    base = base_samples(model_dir, run.samples)
     trained = train_diffusion(spec, run, log=log, show_progress=show_progress)
+    if not any(run.samples.glob("epoch*-00.png")):  # stopped (--steps) before the epoch that samples: sample now
+        trained.recipe.write_samples(trained.result.state, f"step{trained.result.state.step:06d}")
+    progress = progress_sheet(run.samples, base)
     first = (trained.result.first_eval or {}).get("fixed_noise_loss")
     last = (trained.result.last_eval or {}).get("fixed_noise_loss")
     (out / "result.json").write_text(json.dumps({"fixed_noise_loss": [first, last], "run": str(run.root)}), encoding="utf-8")
-    return ImageDemoResult(out, run.root, first, last, sorted(run.samples.glob("*.png")),
+    return ImageDemoResult(out, run.root, first, last, sorted(run.samples.glob("*-[0-9][0-9].png")),
                            run.adapter / "pytorch_lora_weights.safetensors", run.adapter / "zxq-demo.safetensors",
-                           trained.cache_hits, trained.cache_misses)
+                           trained.cache_hits, trained.cache_misses, progress)
+
+
+def base_samples(model_dir: Path, folder: Path) -> list[Path]:
+    """The demo's prompts drawn by the base model alone (step 0: what the LoRA starts from), with the
+    seeds and settings the training samples use, so the two can be compared cell by cell."""
+    import torch
+    from diffusers import StableDiffusionPipeline
+
+    from lorapod.engine.diffusion import samples as smp
+
+    folder.mkdir(parents=True, exist_ok=True)
+    pipe = StableDiffusionPipeline.from_pretrained(str(model_dir))
+    pipe.set_progress_bar_config(disable=True)
+    paths = []
+    for k, line in enumerate(DEMO_PROMPTS):
+        sp = smp.parse_line(line, 64, 64, 0, 8, 1.0)
+        img = pipe(sp.prompt, width=sp.width, height=sp.height, num_inference_steps=sp.steps, guidance_scale=sp.scale,
+                   generator=torch.Generator().manual_seed(sp.seed)).images[0]
+        path = folder / f"base-{k:02d}.png"
+        img.save(path, pnginfo=smp.png_info(sp, 0, 0))
+        paths.append(path)
+    return paths
+
+
+def progress_sheet(folder: Path, base: list[Path]) -> Path:
+    """samples/progress.png: one row per prompt, the base model then every sampled checkpoint, each
+    cell at its own size and labelled (prompt, seed, step, LoRA strength)."""
+    from lorapod.engine.diffusion import samples as smp
+
+    tags = sorted({p.name.rsplit("-", 1)[0] for p in folder.glob("*-00.png") if not p.name.startswith("base-")})
+    columns = [("base", base)] + [(t, [folder / f"{t}-{k:02d}.png" for k in range(len(base))]) for t in tags]
+    images, col_labels = [], []
+    for tag, paths in columns:
+        meta = json.loads(Image.open(paths[0]).text["lorapod"])
+        col_labels.append("base\nno LoRA" if tag == "base" else f"step {meta['step']}\nepoch {meta['epoch']}")
+    rows = []
+    for k in range(len(base)):
+        meta = json.loads(Image.open(base[k]).text["lorapod"])
+        rows.append(f"{meta['prompt']}\nseed {meta['seed']}, {meta['steps']} steps")
+        images += [Image.open(paths[k]).convert("RGB") for _, paths in columns]
+    sheet = smp.labelled_grid(smp.grid(images, cols=len(columns)), rows, col_labels,
+                              "LoRA strength 1.0 in every step column; same seed across each row")
+    path = folder / "progress.png"
+    sheet.save(path)
+    return path

@@ -11,6 +11,11 @@ function takes an empty folder and writes a complete model there in its library'
 id is first resolved, so naming a model here costs ``import lorapod`` nothing, and it must be
 deterministic: the folder is built once under ``LORAPOD_HOME/models/<name>`` and reused by every
 later run. A new built-in model is one builder in ``builtin/<kind>.py`` plus one line here.
+
+The tiny diffusion models (``builtin/sd.py``, ``builtin/wan.py``) have no id yet: the demos and
+the tests call their builders with a folder, because the diffusion engine's loader and the
+planner take a folder or a hub id; giving them ids is one line here each once that loader calls
+``resolve`` as the LLM loader does.
 """
 
 from __future__ import annotations

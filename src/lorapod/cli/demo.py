@@ -17,8 +17,8 @@ def demo(
     out: Path = typer.Option(Path("lorapod-demo"), "--out", help="Folder for the model, data, run and adapter."),
     model: str | None = typer.Option(None, "--model", help="Use this model (hub id or folder) instead of building one."),
     steps: int | None = typer.Option(None, "--steps", help="Stop after this many optimizer steps."),
-    image: bool = typer.Option(False, "--image", help="The image path instead: tiny SD-style pipeline, shapes dataset, "
-                               "samples and ComfyUI-ready LoRA files (offline, CPU)."),
+    image: bool = typer.Option(False, "--image", help="The image path instead: a toy SD-style base model, a shapes dataset, "
+                               "samples that visibly learn it and ComfyUI-ready LoRA files (offline, CPU, under a minute)."),
     video: bool = typer.Option(False, "--video", help="The video path: tiny Wan2.1 pipeline, generated clips, an MP4 "
                                "sample and both LoRA files (offline, CPU, under a minute)."),
 ) -> None:
@@ -62,11 +62,20 @@ def _show(res, rows: list[tuple[str, object]]) -> None:
 
 
 # What the tiny diffusion demos' pictures are, said where the user is about to open them.
-PICTURES_NOTE = ("about the pictures: the base model is built in code with random weights, so every sample, "
-                 "grid and contact sheet is small coloured noise, much the same from one checkpoint to the next. "
-                 "They show that sampling, caching, buckets and both LoRA files work, and the fixed-noise loss above "
-                 "shows the LoRA learned; they cannot show a concept being learned. For that, train on a real base "
-                 "model (lorapod train examples/sdxl-object-lora.yaml, examples/wan21-video-lora.yaml).")
+IMAGE_PICTURES_NOTE = ("about the pictures: the base model is a 64 px toy written by lorapod.builtin.sd (a hand-set "
+                       "pixel codec as its VAE, a small UNet pretrained from scratch on flat colours), so it draws "
+                       "flat colour. progress.png shows, for the same prompts and seeds, the base and then each "
+                       "checkpoint (every grid is labelled with prompt, seed, step and LoRA strength): with the "
+                       "trigger zxq the samples turn from the base's flat colour toward the training pictures (a red "
+                       "disc on blue, rough at 8 x 8 colour blocks), while 'green' stays green. That shows the "
+                       "training loop, the LoRA, sampling and both exports work; it says nothing about the quality a "
+                       "real base model reaches. For that, train one: lorapod train examples/sdxl-object-lora.yaml.")
+VIDEO_PICTURES_NOTE = ("about the pictures: the video demo's Wan is built in code with random weights, so its clip and "
+                       "contact sheet (labelled with prompt, seed, step and LoRA strength) are small coloured noise, "
+                       "much the same from one checkpoint to the next. They show that sampling, caching, buckets and "
+                       "both LoRA files work, and the fixed-noise loss above shows the LoRA learned; they say nothing "
+                       "about a concept being learned. For that, train on a real base model "
+                       "(lorapod train examples/wan21-video-lora.yaml); the image demo (--image) shows one learned.")
 
 
 def _image_demo(out: Path, steps: int | None) -> None:
@@ -77,7 +86,8 @@ def _image_demo(out: Path, steps: int | None) -> None:
     rows = [
         ("base model (diffusers folder)", res.out / "base-model"),
         ("dataset (images + .txt captions)", res.out / "data"),
-        (f"samples ({len(res.samples)} PNGs, prompt + seed inside)", res.run / "samples"),
+        (f"samples ({len(res.samples)} PNGs, base ones included, prompt + seed inside)", res.run / "samples"),
+        ("base vs each checkpoint, labelled", res.progress or "(none)"),
         ("LoRA, diffusers format", res.diffusers_file),
         ("LoRA, kohya format (ComfyUI/Forge)", res.kohya_file),
         ("exports per checkpoint", res.run / "exports"),
@@ -85,7 +95,7 @@ def _image_demo(out: Path, steps: int | None) -> None:
         ("spec (train it again with lorapod train)", res.out / "spec.yaml"),
     ]
     _show(res, rows)
-    console.print(PICTURES_NOTE, highlight=False)
+    console.print(IMAGE_PICTURES_NOTE, highlight=False)
 
 
 def _video_demo(out: Path, steps: int | None) -> None:
@@ -104,7 +114,7 @@ def _video_demo(out: Path, steps: int | None) -> None:
         ("spec (train it again with lorapod train)", res.out / "spec.yaml"),
     ]
     _show(res, rows)
-    console.print(PICTURES_NOTE, highlight=False)
+    console.print(VIDEO_PICTURES_NOTE, highlight=False)
 
 
 def register(app: typer.Typer) -> None:

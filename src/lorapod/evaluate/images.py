@@ -72,7 +72,7 @@ def evaluate_images(run_path: str | Path, prompts: Path | None = None, strengths
                     log=print) -> ImageEval:
     from lorapod.catalog import families
     from lorapod.engine.diffusion import quiet
-    from lorapod.engine.diffusion.samples import grid
+    from lorapod.engine.diffusion.samples import grid, labelled_grid
     from lorapod.export.image import family_of, write_diffusers
     from lorapod.export.source import checkpoints, open_source
 
@@ -132,7 +132,7 @@ def evaluate_images(run_path: str | Path, prompts: Path | None = None, strengths
                 images += [_blank(base_img)] * (len(strengths) - 1)
         gname = f"images/{i:02d}-grid.png"
         labelled_grid(grid(images, cols=len(strengths)), [r for r, _ in rows], [f"{s:g}" for s in strengths],
-                      f"{sp.prompt}  |  seed {sp.seed}, {sp.steps} steps").save(run.root / "eval" / gname)
+                      f"{sp.prompt}  |  seed {sp.seed}, {sp.steps} steps", corner="strength").save(run.root / "eval" / gname)
         grids.append(PromptGrid(sp.prompt, sp.seed, leak, gname, cells))
         log(f"prompt {i}: {sp.prompt!r}{' (leakage)' if leak else ''}: {len(cells)} images")
     keep = spec.save.keep_last
@@ -145,29 +145,6 @@ def evaluate_images(run_path: str | Path, prompts: Path | None = None, strengths
     result.page = str(run.root / "eval" / "images.html")
     run.event(f"eval: {len(grids)} image grid(s) in {run.root / 'eval'}")
     return result
-
-
-def labelled_grid(img, rows: list[str], cols: list[str], title: str):
-    """A grid that says what it shows, for when it is opened on its own (not through the page): the
-    prompt and seed on top, the strength over each column, the row (base / step-N) at its left."""
-    from PIL import Image, ImageDraw, ImageFont
-
-    try:
-        font = ImageFont.load_default(size=12)
-    except TypeError:  # Pillow < 10.1: the fixed bitmap font
-        font = ImageFont.load_default()
-    ch, cw = img.height // max(1, len(rows)), img.width // max(1, len(cols))
-    left, top = 64, 34
-    out = Image.new("RGB", (img.width + left, img.height + top), (255, 255, 255))
-    out.paste(img, (left, top))
-    d = ImageDraw.Draw(out)
-    d.text((4, 2), title[:120], fill=(0, 0, 0), font=font)
-    d.text((2, 18), "strength", fill=(60, 60, 60), font=font)
-    for j, c in enumerate(cols):
-        d.text((left + j * cw + 2, 18), c, fill=(60, 60, 60), font=font)
-    for k, r in enumerate(rows):
-        d.text((2, top + k * ch + ch // 2 - 6), "base" if r == "base" else r, fill=(0, 0, 0), font=font)
-    return out
 
 
 def _render(pipe, sp, fam, dev):

@@ -269,7 +269,8 @@ class DiffusionRecipe:
                 img.save(path, pnginfo=smp.png_info(sp, state.step, state.epoch))
                 images.append(img)
                 paths.append(path)
-            smp.grid(images).save(out_dir / f"{tag}-grid.png")
+            smp.labelled_samples(images, self.sample_prompts, state.step, state.epoch, tag).save(
+                out_dir / f"{tag}-grid.png")
         self.train()
         self.run.event(f"samples {tag}: {len(paths)} image(s) in {out_dir}")
         return paths

@@ -102,3 +102,45 @@ def grid(images: list, cols: int | None = None):
     for n, im in enumerate(images):
         out.paste(im, ((n % cols) * cw, (n // cols) * ch))
     return out
+
+
+def labelled_grid(img, rows: list[str], cols: list[str], title: str, corner: str = ""):
+    """A grid that says what it shows, for when it is opened on its own (not through a page): the
+    title on top, a label over each column and one at the left of each row (lines split on "\\n");
+    the margins grow to fit the longest label. ``corner`` names what the column labels are."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    try:
+        font = ImageFont.load_default(size=12)
+    except TypeError:  # Pillow < 10.1: the fixed bitmap font
+        font = ImageFont.load_default()
+    ch, cw = img.height // max(1, len(rows)), img.width // max(1, len(cols))
+    width = max([font.getlength(line) for r in rows for line in r.split("\n")] + [font.getlength(corner) + 6, 48.0])
+    top = 20 + 14 * max([len(c.split("\n")) for c in cols] + [1])
+    left = int(width) + 8
+    out = Image.new("RGB", (max(img.width + left, int(font.getlength(title)) + 8), img.height + top), (255, 255, 255))
+    out.paste(img, (left, top))
+    d = ImageDraw.Draw(out)
+    d.text((4, 2), title, fill=(0, 0, 0), font=font)
+    d.text((2, 18), corner, fill=(60, 60, 60), font=font)
+    for j, c in enumerate(cols):
+        for n, line in enumerate(c.split("\n")):
+            d.text((left + j * cw + 2, 18 + 14 * n), line, fill=(60, 60, 60), font=font)
+    for k, r in enumerate(rows):
+        lines = r.split("\n")
+        y = top + k * ch + max(0, ch - 14 * len(lines)) // 2
+        for n, line in enumerate(lines):
+            d.text((2, y + 14 * n), line, fill=(0, 0, 0) if n == 0 else (60, 60, 60), font=font)
+    return out
+
+
+def sample_label(sp: SamplePrompt) -> str:
+    """A sample's row label: the prompt, then how it was drawn."""
+    return f"{sp.prompt}\nseed {sp.seed}, {sp.width}x{sp.height}, {sp.steps} steps, guidance {sp.scale:g}"
+
+
+def labelled_samples(images: list, prompts: list[SamplePrompt], step: int, epoch: int, tag: str):
+    """The training samples of one checkpoint, one row per prompt, labelled (prompt, seed, step,
+    strength: training samples are drawn with the LoRA at strength 1)."""
+    return labelled_grid(grid(images, cols=1), [sample_label(sp) for sp in prompts], [f"step {step}"],
+                         f"{tag}: step {step}, epoch {epoch}, LoRA strength 1.0")

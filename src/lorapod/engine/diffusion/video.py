@@ -396,8 +396,9 @@ class VideoRecipe(DiffusionRecipe):
                 path = write_clip(out_dir / f"{tag}-{k:02d}.mp4", list(arr), fps=wan_family.SAMPLE_FPS)
                 paths.append(path)
                 rows.append(arr)
-            contact_sheet(rows).save(out_dir / f"{tag}-frames.png",
-                                     pnginfo=smp.png_info(self.video_prompts[0].prompt, state.step, state.epoch))
+            labels = [f"{smp.sample_label(vp.prompt)}, {vp.frames} frames" for vp in self.video_prompts]
+            contact_sheet(rows, labels, f"{tag}: step {state.step}, epoch {state.epoch}, LoRA strength 1.0").save(
+                out_dir / f"{tag}-frames.png", pnginfo=smp.png_info(self.video_prompts[0].prompt, state.step, state.epoch))
         for tr in self.idle.values():
             tr.to("cpu")
         self.train()
@@ -423,8 +424,9 @@ class VideoRecipe(DiffusionRecipe):
         return {"prompt_embeds": out["prompt_embeds"].to(dtype)}
 
 
-def contact_sheet(clips, per_row: int = 8):
-    """One row per clip: up to ``per_row`` frames evenly spaced from first to last."""
+def contact_sheet(clips, labels: list[str] | None = None, title: str = "", per_row: int = 8):
+    """One row per clip: up to ``per_row`` frames evenly spaced from first to last; with ``labels``
+    (one per clip) each row says what it is and each column which frame of the longest clip it shows."""
     import numpy as np
     from PIL import Image
 
@@ -436,4 +438,8 @@ def contact_sheet(clips, per_row: int = 8):
         picks = np.linspace(0, c.shape[0] - 1, min(cols, c.shape[0])).round().astype(int)
         for j, fi in enumerate(picks):
             sheet.paste(Image.fromarray(c[fi]), (j * w, r * h))
-    return sheet
+    if labels is None:
+        return sheet
+    n = max(c.shape[0] for c in clips)
+    frames = [str(int(fi) + 1) for fi in np.linspace(0, n - 1, cols).round().astype(int)]
+    return smp.labelled_grid(sheet, labels, frames, title, corner="frame")
