@@ -28,8 +28,9 @@ from lorapod.compute.phases import job_phases
 from lorapod.compute.provider import Instance, Provider
 from lorapod.compute.remote import RemoteWork
 from lorapod.compute.session import transport_for
-from lorapod.compute.transport import ConnectionLost, retrying
+from lorapod.compute.transport import ConnectionLost
 from lorapod.compute.trust import guarded_read
+from lorapod.compute.wait import retrying
 from lorapod.engine.trackers import wandb_url
 from lorapod.errors import LorapodError, ProviderError
 

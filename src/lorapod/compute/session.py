@@ -45,9 +45,9 @@ from lorapod.compute.transport import (
     Transport,
     ephemeral_key,
     public_key,
-    retrying,
 )
 from lorapod.compute.trust import guarded_read
+from lorapod.compute.wait import WaitTimedOut, backoff_until, retrying
 from lorapod.errors import BudgetError, LorapodError, ProviderError, RemoteError
 from lorapod.fsutil import append_text
 from lorapod.rundir import RunDir, new_job_id
@@ -59,10 +59,6 @@ class Interrupted(LorapodError):
     """Ctrl-C or SIGTERM: the job is stopped in order (checkpoint, pull, destroy)."""
 
     exit_code = 130
-
-
-class WaitTimedOut(RemoteError):
-    """A bounded wait ran out."""
 
 
 @dataclass
@@ -131,19 +127,6 @@ class Summary:
         from lorapod.engine.trackers import wandb_url
 
         return wandb_url(self.run_dir)
-
-
-def backoff_until(check: Callable[[], bool], deadline: float | dict[str, float], what: str, hint: str,
-                  first: float = 0.5, most: float = 10.0) -> None:
-    """Call ``check`` with exponential backoff until it is true or the monotonic ``deadline``
-    passes; a ``{"deadline": t}`` dict is re-read each round, so ``check`` may extend it."""
-    limit = deadline if isinstance(deadline, dict) else {"deadline": deadline}
-    delay = first
-    while not check():
-        if time.monotonic() >= limit["deadline"]:
-            raise WaitTimedOut(f"timed out waiting for {what}", hint=hint)
-        time.sleep(min(delay, max(0.0, limit["deadline"] - time.monotonic())))
-        delay = min(most, delay * 2)
 
 
 class Session:
