@@ -120,7 +120,7 @@ def run_doctor(provider: Provider, offer: Offer, ledger: Ledger | None = None, s
                poll_s: float = 2.0) -> Report:
     """Create one instance from ``offer``, check it, destroy it from inside, confirm; never longer
     than ``minutes`` before the destroy begins."""
-    from lorapod.compute.session import transport_for
+    from lorapod.compute.acquire import transport_for
     from lorapod.compute.transport import AuthRefused, ConnectionLost, ephemeral_key, public_key
 
     ledger = ledger or Ledger()

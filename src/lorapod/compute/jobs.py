@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lorapod.compute import provider as registry
+from lorapod.compute.acquire import transport_for
 from lorapod.compute.ledger import (
     InstanceRow,
     JobRow,
@@ -27,7 +28,6 @@ from lorapod.compute.ledger import (
 from lorapod.compute.phases import job_phases
 from lorapod.compute.provider import Instance, Provider
 from lorapod.compute.remote import RemoteWork
-from lorapod.compute.session import transport_for
 from lorapod.compute.transport import ConnectionLost
 from lorapod.compute.trust import guarded_read
 from lorapod.compute.wait import retrying
