@@ -28,9 +28,10 @@ from lorapod.compute.ledger import (
 from lorapod.compute.phases import job_phases
 from lorapod.compute.provider import Instance, Provider
 from lorapod.compute.remote import RemoteWork
+from lorapod.compute.teardown import destroy_confirmed
 from lorapod.compute.transport import ConnectionLost
 from lorapod.compute.trust import guarded_read
-from lorapod.compute.wait import retrying
+from lorapod.compute.wait import deadline_in, retrying
 from lorapod.engine.trackers import wandb_url
 from lorapod.errors import LorapodError, ProviderError
 
@@ -241,46 +242,15 @@ def follow_logs(ledger: Ledger, job_id: str, follow: bool, poll_s: float = 2.0,
 
 def destroy_row(ledger: Ledger, row: InstanceRow, note: str, deadline_s: float = 300.0,
                 say: Callable[[str], None] = print) -> bool:
-    """destroy -> confirm -> ledger, for one instance row. True when confirmed gone."""
-    prov = provider_for(row, ledger)
-    ledger.instance_destroying(row.id, note)
-    if not row.provider_id:
-        # create() never answered: the label lorapod gave it finds it, if it exists.
-        try:
-            label = instance_label(row.id, row.job_id)
-            found = [i for i in prov.list_instances() if i.label == label and i.live]
-        except LorapodError as exc:
-            say(f"cannot look for {row.id} at {row.provider}: {exc.message}")
-            return False
-        if not found:
-            ledger.instance_create_failed(row.id, "no instance with its label at the provider")
-            return True
-        ledger.instance_created(row.id, found[0].id)
-        row = ledger.instance(row.id) or row
-    inst = Instance(id=row.provider_id, provider=row.provider, state="running", ssh_host=row.ssh_host,
-                    ssh_port=row.ssh_port or 22, ssh_user=row.ssh_user or "root", label=row.job_id)
-    deadline = time.monotonic() + deadline_s
-    delay = 1.0
-    while True:
-        try:
-            prov.destroy(row.provider_id)
-            if prov.refresh(inst).state == "gone" or _absent_from_provider(prov, row):
-                ledger.instance_destroyed(row.id, note)
-                say(f"destroyed {row.provider} instance {row.provider_id} ({note})")
-                return True
-        except (LorapodError, ConnectionLost) as exc:
-            say(f"destroy of {row.provider_id} failed: {exc.message}")
-        if time.monotonic() + delay > deadline:
-            return False
-        time.sleep(delay)
-        delay = min(30.0, delay * 2)
-
-
-def _absent_from_provider(prov: Provider, row: InstanceRow) -> bool:
-    try:
-        return all(i.id != row.provider_id or not i.live for i in prov.list_instances())
-    except LorapodError:
-        return False
+    """destroy -> confirm -> ledger, for one instance row. True when confirmed gone, by the same
+    rule as ``lorapod run``'s teardown (:func:`lorapod.compute.teardown.destroy_confirmed`)."""
+    probe = None
+    if row.provider_id:
+        probe = Instance(id=row.provider_id, provider=row.provider, state="running", ssh_host=row.ssh_host,
+                         ssh_port=row.ssh_port or 22, ssh_user=row.ssh_user or "root", label=row.job_id)
+    return destroy_confirmed(provider_for(row, ledger), ledger, row.id, row.provider_id,
+                             instance_label(row.id, row.job_id), note=note, deadline=deadline_in(deadline_s),
+                             say=say, probe=probe).confirmed
 
 
 def down_job(ledger: Ledger, job_id: str, say: Callable[[str], None] = print) -> int:
