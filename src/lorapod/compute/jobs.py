@@ -28,7 +28,7 @@ from lorapod.compute.ledger import (
 from lorapod.compute.phases import job_phases
 from lorapod.compute.provider import Instance, Provider
 from lorapod.compute.remote import RemoteWork
-from lorapod.compute.teardown import destroy_confirmed
+from lorapod.compute.teardown import confirm_gone, destroy_confirmed
 from lorapod.compute.transport import ConnectionLost
 from lorapod.compute.trust import guarded_read
 from lorapod.compute.wait import deadline_in, retrying
@@ -107,22 +107,11 @@ def down_without_ledger(job_id: str | None, say: Callable[[str], None], confirm:
         raise LorapodError("nothing destroyed", hint="`lorapod down JOB` destroys one job's instances only")
     counts = {"destroyed": 0, "failed": 0}
     for name, inst in targets:
-        prov = registry.get(name)
-        deadline, delay = time.monotonic() + deadline_s, 1.0
-        while True:
-            try:
-                prov.destroy(inst.id)
-                if prov.refresh(inst).state == "gone":
-                    counts["destroyed"] += 1
-                    say(f"destroyed {name} instance {inst.id} ({inst.label}), confirmed; the ledger could not record it")
-                    break
-            except LorapodError as exc:
-                say(f"destroy of {inst.id} failed: {exc.message}")
-            if time.monotonic() + delay > deadline:
-                counts["failed"] += 1
-                break
-            time.sleep(delay)
-            delay = min(30.0, delay * 2)
+        if confirm_gone(registry.get(name), inst, deadline=deadline_in(deadline_s), say=say):
+            counts["destroyed"] += 1
+            say(f"destroyed {name} instance {inst.id} ({inst.label}), confirmed; the ledger could not record it")
+        else:
+            counts["failed"] += 1
     return counts
 
 

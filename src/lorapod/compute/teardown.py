@@ -86,21 +86,30 @@ def destroy_confirmed(provider: Provider, ledger: Ledger, ledger_id: str, provid
         ledger.instance_created(ledger_id, found.id, found.usd_per_hour or usd_per_hour)
         ledger.instance_destroying(ledger_id, note)
         provider_id, probe = found.id, found
-    probe = probe or Instance(provider_id, provider.name, "running", label=label)
+    if not confirm_gone(provider, probe or Instance(provider_id, provider.name, "running", label=label),
+                        deadline=deadline, say=say, give_up=give_up):
+        return Destroyed(False, provider_id)
+    ledger.instance_destroyed(ledger_id, note)
+    say(f"instance {provider_id} destroyed (confirmed)")
+    return Destroyed(True, provider_id)
+
+
+def confirm_gone(provider: Provider, inst: Instance, *, deadline: float, say: Callable[[str], None],
+                 give_up: Callable[[], bool] = _never) -> bool:
+    """The loop itself, without a ledger (``down`` when the ledger is damaged uses it alone):
+    destroy, then ask about that instance, until the provider says ``gone`` (the rule above)."""
     for _ in Backoff(deadline, first=1.0, most=30.0, give_up=give_up):
         try:
-            provider.destroy(provider_id)
-            if provider.refresh(probe).state == "gone":  # confirmed by the provider, not assumed
-                ledger.instance_destroyed(ledger_id, note)
-                say(f"instance {provider_id} destroyed (confirmed)")
-                return Destroyed(True, provider_id)
-            say(f"destroy of {provider_id}: the provider still lists it")
+            provider.destroy(inst.id)
+            if provider.refresh(inst).state == "gone":  # confirmed by the provider, not assumed
+                return True
+            say(f"destroy of {inst.id}: the provider still lists it")
         except AuthRefused as exc:
-            say(f"destroy of {provider_id} impossible: {exc.message}")
-            break
+            say(f"destroy of {inst.id} impossible: {exc.message}")
+            return False
         except LorapodError as exc:
-            say(f"destroy of {provider_id} failed: {exc.message}")
-    return Destroyed(False, provider_id)
+            say(f"destroy of {inst.id} failed: {exc.message}")
+    return False
 
 
 def destroy_claim(ctx: JobContext, claim: Claim, note: str, has_work: bool, watchdog_started: bool) -> Destroyed:
