@@ -11,13 +11,13 @@ import pytest
 from lorapod.compute import jobs
 from lorapod.compute.context import Claim, JobContext, RunOptions
 from lorapod.compute.ledger import Ledger
-from lorapod.compute.provider import Instance, Offer
+from lorapod.compute.provider import Capability, Instance, Offer, ProviderBase
 from lorapod.compute.teardown import destroy_claim
 from lorapod.errors import ProviderError
 from lorapod.rundir import RunDir
 
 
-class OneInstance:
+class OneInstance(ProviderBase):
     """A provider whose list and per-instance answer can disagree. RunPod's ``GET /pods`` and
     Vast.ai's ``GET /instances/`` are account views (paged, filtered by owner), and the ssh
     provider's list is an ``ls ... || true`` of its work root: each can omit an instance its own
@@ -27,6 +27,9 @@ class OneInstance:
 
     def __init__(self, refresh_state: str, listing: str) -> None:
         self.refresh_state, self.listing, self.destroys = refresh_state, listing, 0
+
+    def capabilities(self) -> list[Capability]:
+        return []
 
     def destroy(self, instance_id: str) -> None:
         self.destroys += 1

@@ -97,7 +97,7 @@ def _job_key(ctx: JobContext) -> tuple[Path | None, str]:
     if ctx.opts.identity is not None:
         identity = Path(ctx.opts.identity).expanduser()
         return identity, public_key(identity)
-    if getattr(ctx.provider, "borrowed", False):
+    if ctx.provider.traits.borrowed:
         return None, ""
     identity = ephemeral_key(job_key_dir(ctx.job_id), f"lorapod-{ctx.job_id}")
     ctx.say("made a fresh ed25519 key pair for this job")
@@ -147,7 +147,7 @@ def _create(ctx: JobContext, offer: Offer, identity: Path | None, pub: str) -> t
 
 
 def _look_up(ctx: JobContext, claim: Claim) -> Instance | None:
-    if getattr(ctx.provider, "borrowed", False):
+    if ctx.provider.traits.borrowed:  # a host's "instance" is only a name: nothing to look for
         return None
     return find_by_label(ctx.provider, claim.label, ctx.opts.create_settle_s, ctx.say)[0]
 
@@ -217,7 +217,7 @@ def _wait_ready(ctx: JobContext, claim: Claim, inst: Instance) -> Lease:
             state["auth_since"] = state["auth_since"] or now
             # only where the provider installs the key after the instance starts (a trait it
             # declares); elsewhere a refused key is the user's to fix, said at once
-            if not getattr(provider, "key_arrives_late", False) or now - state["auth_since"] > o.auth_grace_s:
+            if not provider.traits.key_arrives_late or now - state["auth_since"] > o.auth_grace_s:
                 raise
             progress("the instance to accept the job's SSH key")
             return False
@@ -262,8 +262,8 @@ def transport_for(provider: Provider, inst: Instance, identity: Path | None, led
     unless the provider brings its own transport (local shell, or an SSH host's shared pin)."""
     from lorapod.compute.ledger import lorapod_home
 
-    make = getattr(provider, "transport", None)
     known = lorapod_home() / "known_hosts" / ledger_id
-    if make is not None:
-        return make(inst, identity, known)
+    own = provider.transport(inst, identity, known)
+    if own is not None:
+        return own
     return SSHTransport(inst.ssh_host or "", inst.ssh_port, inst.ssh_user, identity, known)

@@ -139,4 +139,4 @@ class JobContext:
                         on_retry=lambda e: self.say(f"connection lost during {what}; reconnecting"))
 
     def console_link(self) -> str:
-        return getattr(self.provider, "console_url", None) or f"the {self.provider.name} host ({self.target})"
+        return self.provider.traits.console_url or f"the {self.provider.name} host ({self.target})"

@@ -259,7 +259,7 @@ class Follower:
             full = exc
         ctx, o, p = self.ctx, self.ctx.opts, self.progress
         p.disk_full = True
-        borrowed = bool(getattr(ctx.provider, "borrowed", False))
+        borrowed = ctx.provider.traits.borrowed
         if borrowed:  # the host's watchdog must not remove the only copy meanwhile
             mark_keep(ctx, self.work, True)
         grace = max(0.0, min(o.disk_full_grace_s, min([float("inf"), *self._seconds_left()]) - o.stop_margin_s))

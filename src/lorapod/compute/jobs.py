@@ -308,7 +308,7 @@ def down_orphans(ledger: Ledger, say: Callable[[str], None] = print, everything:
     # which control planes were asked: with no API key a sweep that asked nobody must not read as
     # "all clear" (all zeros)
     providers: dict[str, str] = {}
-    for name in ("runpod", "vast"):
+    for name in registry.rented_providers():
         try:
             prov = registry.get(name)
             found = prov.list_instances()

@@ -35,7 +35,7 @@ def labelled_instances(say: Callable[[str], None]) -> dict[str, list[Any]]:
 
     me = installation_id()
     found: dict[str, list[Any]] = {}
-    for name in ("runpod", "vast"):
+    for name in registry.rented_providers():
         try:
             listed = registry.get(name).list_instances()
         except LorapodError as exc:

@@ -21,7 +21,6 @@ from lorapod.compute.context import JobContext
 from lorapod.compute.guards import guard_script
 from lorapod.compute.ledger import lorapod_home
 from lorapod.compute.remote import PULL_EXCLUDES, Bootstrap, RemoteWork
-from lorapod.compute.runpod.volume_mount import cache_root_of
 from lorapod.compute.secrets import secrets_for
 from lorapod.errors import LorapodError
 
@@ -49,7 +48,7 @@ class Started:
 
 def open_work(ctx: JobContext, lease: Lease) -> RemoteWork:
     """The job's work folder on the instance (nothing is sent yet)."""
-    work = RemoteWork(lease.transport, ctx.job_id, cache_root=cache_root_of(ctx.provider))
+    work = RemoteWork(lease.transport, ctx.job_id, cache_root=ctx.provider.cache_root())
     ctx.ledger.job_update(ctx.job_id, remote_dir=work.dir, state="running")
     return work
 
@@ -60,8 +59,8 @@ def start_watchdog(ctx: JobContext, lease: Lease, work: RemoteWork) -> Watched:
     provider = ctx.provider
     boot = bootstrap_for(ctx.opts.bootstrap, provider, ctx.spec)
     host = None
-    if not getattr(provider, "runs_here", False):  # the image's facts, in its first seconds
-        container = not getattr(provider, "borrowed", False)  # ssh://: your PATH first
+    if not provider.traits.runs_here:  # the image's facts, in its first seconds
+        container = not provider.traits.borrowed  # ssh://: your PATH first
         boot, host, choice = ctx.remote(lambda: work.probe(boot, container), "probe the instance")
         ctx.say(f"instance facts: {host.describe()}")
         ctx.say(f"Python on the instance: {choice.why}")

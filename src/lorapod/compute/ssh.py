@@ -16,7 +16,15 @@ from typing import Any
 from urllib.parse import urlparse
 
 from lorapod.compute.ledger import lorapod_home
-from lorapod.compute.provider import Capability, Instance, InstanceSpec, Offer, Requirements
+from lorapod.compute.provider import (
+    Capability,
+    Instance,
+    InstanceSpec,
+    Offer,
+    ProviderBase,
+    Requirements,
+    Traits,
+)
 from lorapod.compute.remote import teardown_script, work_root
 from lorapod.compute.transport import SSHTransport, Transport
 from lorapod.errors import ProviderError
@@ -44,11 +52,11 @@ class SSHTarget:
         return f"ssh://{self.user}@{self.host}:{self.port}"
 
 
-class HostProvider:
+class HostProvider(ProviderBase):
     """A machine we borrow: instances are work folders ``~/.lorapod-work/<label>``."""
 
     name = "ssh"
-    borrowed = True  # the machine is not ours: destroy = remove our work folder
+    traits = Traits(borrowed=True)  # the machine is not ours: destroy = remove our work folder
 
     def __init__(self, usd_per_hour: float = 0.0) -> None:
         self.usd_per_hour = usd_per_hour

@@ -26,7 +26,7 @@ from typing import Any
 
 from lorapod.compute.context import Claim, JobContext
 from lorapod.compute.ledger import Ledger, lorapod_home
-from lorapod.compute.provider import Instance, Provider
+from lorapod.compute.provider import Instance, Provider, capability
 from lorapod.compute.remote import RemoteWork
 from lorapod.compute.transport import AuthRefused
 from lorapod.compute.trust import guarded_read
@@ -116,7 +116,7 @@ def destroy_claim(ctx: JobContext, claim: Claim, note: str, has_work: bool, watc
     """The job's own instance: destroyed with confirmation, or said loudly that it is not.
 
     A borrowed host (``ssh://``) where nothing was set up was only a name: nothing to destroy."""
-    borrowed = getattr(ctx.provider, "borrowed", False)
+    borrowed = ctx.provider.traits.borrowed
     inst = claim.instance
     row = ctx.ledger.instance(claim.ledger_id)
     provider_id = inst.id if inst else (row.provider_id if row else None)
@@ -133,7 +133,7 @@ def destroy_claim(ctx: JobContext, claim: Claim, note: str, has_work: bool, watc
     if not done.confirmed:
         ctx.unconfirmed = done.provider_id or claim.label
         backstop = ("the on-instance watchdog keeps trying to destroy it; " if watchdog_started
-                    and ctx.provider.name in ("runpod", "vast") else "")
+                    and capability(ctx.provider, "watchdog_api").supported else "")
         ctx.say(f"could NOT confirm that {done.provider_id or claim.label} is gone: it may still bill. {backstop}"
                 f"check {ctx.console_link()} and run `lorapod down {ctx.job_id}`")
     return done
@@ -178,7 +178,7 @@ def teardown(ctx: JobContext, work: RemoteWork | None, *, why: str, pulled: bool
     if work is not None and not pulled and ctx.signals < 2:
         fetch_logs(ctx, work)
     claim, billed_after_pull = ctx.claim, None
-    if claim is not None and keep_results and getattr(ctx.provider, "borrowed", False) and work is not None:
+    if claim is not None and keep_results and ctx.provider.traits.borrowed and work is not None:
         mark_keep(ctx, work, True)
         ctx.say(f"the results stay on {ctx.target} in {work.dir} (this machine's disk is full): free "
                 f"space here, then `lorapod pull {ctx.job_id}` and `lorapod down {ctx.job_id}`")
