@@ -16,7 +16,7 @@ from pathlib import Path
 
 from lorapod.compute.context import Claim, Interrupted, JobContext
 from lorapod.compute.httpapi import ApiError
-from lorapod.compute.ledger import instance_label
+from lorapod.compute.identity import instance_label
 from lorapod.compute.offers import choose_offers
 from lorapod.compute.provider import CreatedButUnusable, Instance, InstanceSpec, NoCapacity, Offer, Provider
 from lorapod.compute.teardown import destroy_claim, find_by_label, job_key_dir
@@ -260,7 +260,7 @@ def _bill_at_the_providers_price(ctx: JobContext, ledger_id: str, inst: Instance
 def transport_for(provider: Provider, inst: Instance, identity: Path | None, ledger_id: str) -> Transport:
     """SSH to the instance with a known_hosts file of its own (host key pinned on first use),
     unless the provider brings its own transport (local shell, or an SSH host's shared pin)."""
-    from lorapod.compute.ledger import lorapod_home
+    from lorapod.home import lorapod_home
 
     known = lorapod_home() / "known_hosts" / ledger_id
     own = provider.transport(inst, identity, known)

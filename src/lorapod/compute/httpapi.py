@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 
-from lorapod.compute.ledger import lorapod_home
 from lorapod.errors import ProviderError
+from lorapod.home import lorapod_home
 
 
 class ApiError(ProviderError):

@@ -16,15 +16,8 @@ from typing import Any
 
 from lorapod.compute import provider as registry
 from lorapod.compute.acquire import transport_for
-from lorapod.compute.ledger import (
-    InstanceRow,
-    JobRow,
-    Ledger,
-    controller_alive,
-    installation_id,
-    instance_label,
-    parse_label,
-)
+from lorapod.compute.identity import controller_alive, installation_id, instance_label, parse_label
+from lorapod.compute.ledger import InstanceRow, JobRow, Ledger
 from lorapod.compute.phases import job_phases
 from lorapod.compute.provider import Instance, Provider
 from lorapod.compute.remote import RemoteWork

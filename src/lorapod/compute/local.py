@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lorapod.compute.ledger import lorapod_home
 from lorapod.compute.provider import Instance, Traits, without
 from lorapod.compute.ssh import HostProvider
 from lorapod.compute.transport import LocalTransport, Transport
+from lorapod.home import lorapod_home
 
 
 class LocalProvider(HostProvider):

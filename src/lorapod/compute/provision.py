@@ -19,10 +19,10 @@ from lorapod.compute.acquire import Lease
 from lorapod.compute.bootstrap import bootstrap_for
 from lorapod.compute.context import JobContext
 from lorapod.compute.guards import guard_script
-from lorapod.compute.ledger import lorapod_home
 from lorapod.compute.remote import PULL_EXCLUDES, Bootstrap, RemoteWork
 from lorapod.compute.secrets import secrets_for
 from lorapod.errors import LorapodError
+from lorapod.home import lorapod_home
 
 
 @dataclass(frozen=True)

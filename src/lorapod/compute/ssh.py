@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from lorapod.compute.ledger import lorapod_home
 from lorapod.compute.provider import (
     Capability,
     Instance,
@@ -28,6 +27,7 @@ from lorapod.compute.provider import (
 from lorapod.compute.remote import teardown_script, work_root
 from lorapod.compute.transport import SSHTransport, Transport
 from lorapod.errors import ProviderError
+from lorapod.home import lorapod_home
 
 
 @dataclass(frozen=True)

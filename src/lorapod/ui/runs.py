@@ -237,7 +237,7 @@ class RunIndex:
     """The runs the dashboard knows: the ledger's jobs, then run folders found under ``roots``."""
 
     def __init__(self, roots: list[Path], ledger_path: Path | None = None) -> None:
-        from lorapod.compute.ledger import lorapod_home
+        from lorapod.home import lorapod_home
 
         self.roots = [Path(r).resolve() for r in roots]
         self.ledger_path = ledger_path or lorapod_home() / "ledger.db"
