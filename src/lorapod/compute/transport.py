@@ -33,7 +33,6 @@ from typing import Protocol
 from lorapod.compute.trust import RSYNC_BASE, excluded, receive_tar, scrub_tree
 from lorapod.errors import RemoteError
 
-SSH_LOST = {255}
 RSYNC_LOST = {10, 12, 30, 35, 255}
 
 
