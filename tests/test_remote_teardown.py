@@ -83,3 +83,23 @@ def test_run_and_down_confirm_a_destroy_by_the_same_rule(refresh_state, listing,
     assert down[0] is confirmed
     live = {"destroying"}  # still billed until confirmed
     assert (down[1] in live) is not confirmed
+
+
+def test_the_orphan_sweep_does_not_take_an_unlisted_instance_for_gone(monkeypatch):
+    """down --orphans reconciles by the same rule: a live job's instance that the list omits but
+    the provider still reports running is neither marked destroyed nor destroyed."""
+    from lorapod.compute.identity import controller_id
+
+    ledger = Ledger()
+    ledger.job_started("job1", "/tmp/run", "oneinst", "oneinst", None, None, None)
+    assert ledger.job("job1").controller == controller_id()  # followed by this (live) process
+    ledger_id = _row(ledger, "i-1")
+    ledger.job_update("job1", state="running", instance_id=ledger_id)
+    prov = OneInstance("running", "empty")
+    monkeypatch.setattr(jobs, "provider_for", lambda row, ledger: prov)
+    counts = jobs.down_orphans(ledger, say=lambda m: None)
+    assert (counts["reconciled"], counts["destroyed"], prov.destroys) == (0, 0, 0)
+    assert ledger.instance(ledger_id).live
+    prov.refresh_state = "gone"  # now the provider says so itself
+    assert jobs.down_orphans(ledger, say=lambda m: None)["reconciled"] == 1
+    assert not ledger.instance(ledger_id).live

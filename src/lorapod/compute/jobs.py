@@ -235,6 +235,17 @@ def destroy_row(ledger: Ledger, row: InstanceRow, note: str, deadline_s: float =
                              say=say, probe=probe).confirmed
 
 
+def _gone(prov: Provider, row: InstanceRow) -> bool:
+    """Whether the provider itself says this unlisted instance is gone (the confirm rule of
+    compute/teardown.py: not being listed is not enough)."""
+    probe = Instance(id=row.provider_id or row.id, provider=row.provider, state="running", ssh_host=row.ssh_host,
+                     ssh_port=row.ssh_port or 22, ssh_user=row.ssh_user or "root", label=row.job_id)
+    try:
+        return prov.refresh(probe).state == "gone"
+    except LorapodError:
+        return False
+
+
 def down_job(ledger: Ledger, job_id: str, say: Callable[[str], None] = print) -> int:
     job = find_job(ledger, job_id)
     n = 0
@@ -251,7 +262,8 @@ def down_orphans(ledger: Ledger, say: Callable[[str], None] = print, everything:
                  all_installations: bool = False) -> dict[str, Any]:
     """Reconcile the ledger with the providers.
 
-    * a live row whose provider says the instance is gone: marked destroyed (no API call);
+    * a live row whose instance the provider no longer lists and, asked about it (``refresh``),
+      says is gone: marked destroyed (no destroy call; compute/teardown.py's confirm rule);
     * a live row whose controller is dead (or all rows with ``everything``): destroyed;
     * an instance the ledger lacks whose label carries this installation's id: destroyed. Other
       lorapod instances (another machine, another LORAPOD_HOME, a teammate on the same account)
@@ -280,7 +292,7 @@ def down_orphans(ledger: Ledger, say: Callable[[str], None] = print, everything:
         ids = {i.id for i in listed[key] if i.live}
         job = ledger.job(row.job_id) if row.job_id else None
         running = job is not None and job.state in ("starting", "running", "stopping") and controller_alive(job.controller)
-        if row.provider_id and row.provider_id not in ids and row.state != "creating":
+        if row.provider_id and row.provider_id not in ids and row.state != "creating" and _gone(prov, row):
             ledger.instance_destroyed(row.id, "provider reports it gone (reconciled)")
             counts["reconciled"] += 1
             say(f"{row.provider} instance {row.provider_id} is already gone; ledger updated")
