@@ -9,7 +9,8 @@ confirm rule, the same on both paths:
     NOT confirm it: a list is a view of the account that a provider may page or filter, and one
     host's list is an ``ls`` that reads as empty when it fails, so "not listed" can be "not
     seen". Until it is confirmed the ledger keeps the row live (its dollars keep counting) and the
-    caller says so; it is never reported as success.
+    caller says so; it is never reported as success. ``lorapod down --orphans`` reconciles by
+    the same rule: a row the list omits is marked destroyed only once ``refresh`` says ``gone``.
 
 An instance whose create never answered has no provider id yet: its label (``identity.py``) is
 looked for first; when the provider can be asked and has no such instance, nothing was created.
