@@ -109,11 +109,19 @@ def down_without_ledger(job_id: str | None, say: Callable[[str], None], confirm:
 
 
 def provider_for(row: InstanceRow, ledger: Ledger) -> Provider:
-    access = ledger.access(row.id)
-    if row.provider == "ssh":
-        return registry.get("ssh", target=access.get("target"), identity=access.get("identity") or None,
+    """The provider of a ledger row, rebuilt: a borrowed host from the address the row recorded."""
+    traits = registry.declared_traits(row.provider)
+    if traits is not None and traits.borrowed:
+        access = ledger.access(row.id)
+        return registry.get(row.provider, target=access.get("target"), identity=access.get("identity") or None,
                             usd_per_hour=row.usd_per_hour)
     return registry.get(row.provider)
+
+
+def row_instance(row: InstanceRow, label: str | None = None) -> Instance:
+    """The instance a ledger row names, as last recorded (for ``refresh``, ``destroy``, SSH)."""
+    return Instance(id=row.provider_id or row.id, provider=row.provider, state="running", ssh_host=row.ssh_host,
+                    ssh_port=row.ssh_port or 22, ssh_user=row.ssh_user or "root", label=label or row.job_id)
 
 
 def find_job(ledger: Ledger, job_id: str) -> JobRow:
@@ -142,9 +150,7 @@ def reach(ledger: Ledger, job: JobRow) -> Reach | None:
     prov = provider_for(row, ledger)
     access = ledger.access(row.id)
     identity = Path(access["identity"]) if access.get("identity") else None
-    inst = Instance(id=row.provider_id or row.id, provider=row.provider, state="running", ssh_host=row.ssh_host,
-                    ssh_port=row.ssh_port or 22, ssh_user=row.ssh_user or "root", label=job.id)
-    t = transport_for(prov, inst, identity, row.id)
+    t = transport_for(prov, row_instance(row, job.id), identity, row.id)
     return Reach(RemoteWork(t, job.id, root=job.remote_dir.rsplit("/", 1)[0]) if job.remote_dir
                  else RemoteWork(t, job.id), row)
 
@@ -226,22 +232,16 @@ def destroy_row(ledger: Ledger, row: InstanceRow, note: str, deadline_s: float =
                 say: Callable[[str], None] = print) -> bool:
     """destroy -> confirm -> ledger, for one instance row. True when confirmed gone, by the same
     rule as ``lorapod run``'s teardown (:func:`lorapod.compute.teardown.destroy_confirmed`)."""
-    probe = None
-    if row.provider_id:
-        probe = Instance(id=row.provider_id, provider=row.provider, state="running", ssh_host=row.ssh_host,
-                         ssh_port=row.ssh_port or 22, ssh_user=row.ssh_user or "root", label=row.job_id)
     return destroy_confirmed(provider_for(row, ledger), ledger, row.id, row.provider_id,
                              instance_label(row.id, row.job_id), note=note, deadline=deadline_in(deadline_s),
-                             say=say, probe=probe).confirmed
+                             say=say, probe=row_instance(row) if row.provider_id else None).confirmed
 
 
 def _gone(prov: Provider, row: InstanceRow) -> bool:
     """Whether the provider itself says this unlisted instance is gone (the confirm rule of
     compute/teardown.py: not being listed is not enough)."""
-    probe = Instance(id=row.provider_id or row.id, provider=row.provider, state="running", ssh_host=row.ssh_host,
-                     ssh_port=row.ssh_port or 22, ssh_user=row.ssh_user or "root", label=row.job_id)
     try:
-        return prov.refresh(probe).state == "gone"
+        return prov.refresh(row_instance(row)).state == "gone"
     except LorapodError:
         return False
 
