@@ -147,7 +147,7 @@ class Session:
             state, message = self.follower.follow()
         except Interrupted as exc:
             state, message = "interrupted", str(exc.message)
-            if self.follower is not None:  # interrupted before the job ran: nothing to checkpoint or pull
+            if self.follower is not None:  # None: the job never ran, nothing to checkpoint or pull
                 self.follower.stop_in_order("interrupted")
         except BaseException as exc:
             state, message = "failed", exc.message if isinstance(exc, LorapodError) else f"{type(exc).__name__}: {exc}"
