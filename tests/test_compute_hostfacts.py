@@ -14,8 +14,9 @@ import pytest
 
 from lorapod.compute import hostfacts as hf
 from lorapod.compute.remote import RemoteWork, WatchdogNotRunning
-from lorapod.compute.transport import RemoteToolMissing, SSHTransport, retrying
+from lorapod.compute.transport import RemoteToolMissing, SSHTransport
 from lorapod.compute.trust import excluded, receive_tar
+from lorapod.compute.wait import retrying
 
 from .conftest_ssh import new_sshd, require_tools
 from .host_profiles import PROFILES, build

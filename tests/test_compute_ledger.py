@@ -72,13 +72,14 @@ class RecordingProvider:
 
 
 def test_ledger_row_exists_before_create_returns(tmp_path):
+    from lorapod.compute.acquire import _create
     from lorapod.compute.session import Session
 
     ledger = Ledger()
     spec = load_spec(raw={"model": {"id": "m"}, "data": {"path": "x"}, "output": {"dir": str(tmp_path), "name": "j"}})
     prov = RecordingProvider(ledger)
     s = Session(spec, prov, "rec", ledger=ledger, say=lambda m: None)
-    s._create(Offer("rec", "o1", "GPU", 1.5), "ssh-ed25519 AAAA")
+    _create(s.ctx, Offer("rec", "o1", "GPU", 1.5), None, "ssh-ed25519 AAAA")
     assert prov.seen == [("creating", None)]
     (row,) = ledger.instances()
     assert (row.state, row.provider_id, row.usd_per_hour) == ("live", "prov-1", 1.5)

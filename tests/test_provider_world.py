@@ -265,9 +265,10 @@ def test_a_catalogued_default_image_runs_its_own_interpreter(tmp_path):
     from lorapod.catalog.images import DEFAULTS
     from lorapod.compute import hostfacts
     from lorapod.compute.bootstrap import bootstrap_for
+    from lorapod.compute.provider import ProviderBase
     from lorapod.compute.remote import Bootstrap
 
-    class Prov:
+    class Prov(ProviderBase):
         image = DEFAULTS["runpod"]
 
     spec = load_spec(make_spec(tmp_path))

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from lorapod.compute.identity import instance_label
 from lorapod.compute.jobs import down_orphans, follow_logs
-from lorapod.compute.ledger import Ledger, instance_label
+from lorapod.compute.ledger import Ledger
 from lorapod.compute.provider import InstanceSpec, Offer
 from lorapod.compute.runpod.api import RunPodApi
 from lorapod.compute.runpod.provider import RunPodProvider

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from lorapod.compute.httpapi import ApiError
-from lorapod.compute.ledger import Ledger, instance_label
+from lorapod.compute.identity import instance_label
+from lorapod.compute.ledger import Ledger
 from lorapod.compute.runpod.api import RunPodApi
 from lorapod.compute.runpod.provider import RunPodProvider
 from lorapod.compute.session import run_remote

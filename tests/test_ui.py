@@ -218,7 +218,7 @@ def test_data_and_plan_pages_offer_the_users_own_specs_never_a_hosts(tmp_path):
 
 
 def test_a_damaged_ledger_is_said_and_the_run_folders_still_show(tmp_path):
-    from lorapod.compute.ledger import lorapod_home
+    from lorapod.home import lorapod_home
 
     run_folder(tmp_path)
     (lorapod_home() / "ledger.db").write_bytes(b"this is not a database" * 100)

@@ -78,7 +78,7 @@ def register(app: typer.Typer) -> None:
 
 
 def exc_path() -> Path:
-    from lorapod.compute.ledger import lorapod_home
+    from lorapod.home import lorapod_home
 
     return lorapod_home() / "ledger.db"
 

@@ -176,14 +176,14 @@ def bootstrap_for(boot: Any, provider: Any, spec: Any) -> Any:
     from dataclasses import replace
 
     boot = replace(boot, extra=extra_for(spec))
-    if getattr(provider, "runs_here", False):
+    if provider.traits.runs_here:
         boot = replace(boot, python=sys.executable, deps="none")
     elif boot.python == "auto":  # remote.AUTO_PYTHON (remote imports this module)
         # a catalogued image's own interpreter (with its torch) is tried first by the search
         # (runpod/pytorch 1.0.x: `python3` is Ubuntu's 3.10 without torch); an explicit --python wins
         from lorapod.catalog.images import KNOWN
 
-        image = KNOWN.get(getattr(getattr(spec, "compute", None), "image", None) or getattr(provider, "image", ""))
+        image = KNOWN.get(getattr(getattr(spec, "compute", None), "image", None) or provider.image or "")
         if image is not None and image.python_path:
             boot = replace(boot, image_python=image.python_path)
     return boot

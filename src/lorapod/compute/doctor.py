@@ -26,9 +26,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lorapod.compute.ledger import Ledger, instance_label, lorapod_home
+from lorapod.compute.identity import instance_label
+from lorapod.compute.ledger import Ledger
 from lorapod.compute.provider import Instance, InstanceSpec, Offer, Provider, Requirements, rank_offers
 from lorapod.errors import LorapodError, ProviderError
+from lorapod.home import lorapod_home
 
 MAX_MINUTES = 10.0
 DOCTOR_JOB = "doctor"
@@ -120,7 +122,7 @@ def run_doctor(provider: Provider, offer: Offer, ledger: Ledger | None = None, s
                poll_s: float = 2.0) -> Report:
     """Create one instance from ``offer``, check it, destroy it from inside, confirm; never longer
     than ``minutes`` before the destroy begins."""
-    from lorapod.compute.session import transport_for
+    from lorapod.compute.acquire import transport_for
     from lorapod.compute.transport import AuthRefused, ConnectionLost, ephemeral_key, public_key
 
     ledger = ledger or Ledger()
@@ -135,9 +137,9 @@ def run_doctor(provider: Provider, offer: Offer, ledger: Ledger | None = None, s
     ledger.job_started(job_id, str(lorapod_home() / DOCTOR_JOB), provider.name, provider.name, None,
                        report.cap_usd, minutes / 60.0)
     ledger.job_update(job_id, state="running")
-    iid = ledger.instance_creating(provider.name, job_id, offer.usd_per_hour, offer.gpu_name, offer.to_dict())
-    ledger.job_update(job_id, instance_id=iid)
-    label = instance_label(iid, job_id)
+    ledger_id = ledger.instance_creating(provider.name, job_id, offer.usd_per_hour, offer.gpu_name, offer.to_dict())
+    ledger.job_update(job_id, instance_id=ledger_id)
+    label = instance_label(ledger_id, job_id)
     inst: Instance | None = None
     destroyed = False
     try:
@@ -145,10 +147,10 @@ def run_doctor(provider: Provider, offer: Offer, ledger: Ledger | None = None, s
             inst = provider.create(offer, InstanceSpec(label=job_id, ssh_public_key=public_key(identity),
                                                        disk_gb=20.0, name=label))
         except LorapodError as exc:
-            ledger.instance_create_failed(iid, exc.message)
+            ledger.instance_create_failed(ledger_id, exc.message)
             report.add("create", False, exc.message)
             return report
-        ledger.instance_created(iid, inst.id, inst.usd_per_hour or offer.usd_per_hour)
+        ledger.instance_created(ledger_id, inst.id, inst.usd_per_hour or offer.usd_per_hour)
         report.add("create", True, f"instance {inst.id}")
         say(f"created {inst.id}; waiting for it (at most {minutes:g} min in all)")
         t0 = time.monotonic()
@@ -167,7 +169,7 @@ def run_doctor(provider: Provider, offer: Offer, ledger: Ledger | None = None, s
         first_auth_refusal: float | None = None
         route = 0
         host, port = routes[0]
-        t = make(provider, inst.with_(ssh_host=host, ssh_port=port), identity, iid)
+        t = make(provider, inst.with_(ssh_host=host, ssh_port=port), identity, ledger_id)
         while True:
             try:
                 t.run("true", timeout=15)
@@ -179,7 +181,7 @@ def run_doctor(provider: Provider, offer: Offer, ledger: Ledger | None = None, s
                     route += 1
                     host, port = routes[route]
                     t.close()
-                    t = make(provider, inst.with_(ssh_host=host, ssh_port=port), identity, iid)
+                    t = make(provider, inst.with_(ssh_host=host, ssh_port=port), identity, ledger_id)
             if time.monotonic() > deadline:
                 report.add("ssh + key", False, f"no SSH on {host}:{port} within the doctor's {minutes:g} min")
                 return report
@@ -188,7 +190,7 @@ def run_doctor(provider: Provider, offer: Offer, ledger: Ledger | None = None, s
                     if first_auth_refusal else "")
         report.add("ssh + key", True, f"root@{host}:{port} after {time.monotonic() - t0:.0f} s"
                    + (" (the proxy: the direct route did not answer)" if route else "") + key_wait)
-        ledger.instance_ready(iid, host, port, "root")
+        ledger.instance_ready(ledger_id, host, port, "root")
         facts = _probe(t, provider.name)
         report.add("rsync", bool(facts.get("rsync")), facts.get("rsync") or "not on the SSH session's PATH")
         py = facts.get("python")
@@ -207,17 +209,17 @@ def run_doctor(provider: Provider, offer: Offer, ledger: Ledger | None = None, s
             report.add("gone", destroyed, "the provider's GET says the instance no longer exists" if destroyed
                        else "the provider still lists the instance 60 s after the destroy")
             if destroyed:
-                ledger.instance_destroyed(iid, "doctor: destroyed from inside")
+                ledger.instance_destroyed(ledger_id, "doctor: destroyed from inside")
         return report
     finally:
         if inst is not None and not destroyed:
-            _destroy_with_account_key(provider, inst, ledger, iid, report, poll_s)
+            _destroy_with_account_key(provider, inst, ledger, ledger_id, report, poll_s)
         for f in key_dir.glob("id_ed25519*"):
             f.unlink(missing_ok=True)
         ledger.job_ended(job_id, "done" if report.passed else "failed",
                          "doctor passed" if report.passed else "doctor failed: " + ", ".join(
                              c.name for c in report.checks if c.ok is False))
-        ledger.event("doctor", json.dumps(report.to_dict()), job_id=job_id, instance_id=iid)
+        ledger.event("doctor", json.dumps(report.to_dict()), job_id=job_id, instance_id=ledger_id)
 
 
 def _probe(t: Any, provider: str) -> dict[str, Any]:
@@ -302,7 +304,7 @@ def _wait_gone(provider: Provider, inst: Instance, within_s: float, poll_s: floa
         time.sleep(poll_s)
 
 
-def _destroy_with_account_key(provider: Provider, inst: Instance, ledger: Ledger, iid: str, report: Report,
+def _destroy_with_account_key(provider: Provider, inst: Instance, ledger: Ledger, ledger_id: str, report: Report,
                               poll_s: float) -> None:
     for _ in range(5):
         try:
@@ -312,7 +314,7 @@ def _destroy_with_account_key(provider: Provider, inst: Instance, ledger: Ledger
             time.sleep(poll_s)
             continue
         if _wait_gone(provider, inst, 60.0, poll_s):
-            ledger.instance_destroyed(iid, "doctor: destroyed with the account key")
+            ledger.instance_destroyed(ledger_id, "doctor: destroyed with the account key")
             report.add("cleanup", True, "destroyed with the account key (the scoped key did not)")
             return
     report.add("cleanup", False, f"instance {inst.id} NOT confirmed destroyed: run `lorapod down --orphans`")

@@ -33,8 +33,6 @@ import subprocess
 import sys
 import time
 
-TORCH_NAMES = ("torch",)
-
 
 def redact(text: str) -> str:
     """Index URLs may carry credentials (https://user:token@mirror/simple): never print them."""

@@ -6,7 +6,7 @@ creates something (``idempotent=False``: RunPod ``POST /pods``, Vast.ai ``PUT /a
 never blindly retried: only a 429 or a connection that was never made is certain to have
 created nothing. A timeout or a 5xx after the request was sent raises an :class:`ApiError`
 with ``uncertain=True``, and the caller looks the instance up by its label before trying
-again (:meth:`lorapod.compute.session.Session._create`). 401/403 become a
+again (:func:`lorapod.compute.acquire.acquire`). 401/403 become a
 :class:`ProviderError` that says to check the key, never showing it. The key lives only in
 the ``Authorization`` header of an in-memory client: it is never logged, printed or written.
 """
@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 
-from lorapod.compute.ledger import lorapod_home
 from lorapod.errors import ProviderError
+from lorapod.home import lorapod_home
 
 
 class ApiError(ProviderError):

@@ -15,21 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from lorapod.compute import provider as registry
-from lorapod.compute.ledger import (
-    InstanceRow,
-    JobRow,
-    Ledger,
-    controller_alive,
-    installation_id,
-    instance_label,
-    parse_label,
-)
+from lorapod.compute.acquire import transport_for
+from lorapod.compute.identity import controller_alive, installation_id, instance_label, parse_label
+from lorapod.compute.ledger import InstanceRow, JobRow, Ledger
 from lorapod.compute.phases import job_phases
 from lorapod.compute.provider import Instance, Provider
 from lorapod.compute.remote import RemoteWork
-from lorapod.compute.session import transport_for
-from lorapod.compute.transport import ConnectionLost, retrying
+from lorapod.compute.teardown import confirm_gone, destroy_confirmed
+from lorapod.compute.transport import ConnectionLost
 from lorapod.compute.trust import guarded_read
+from lorapod.compute.wait import deadline_in, retrying
 from lorapod.engine.trackers import wandb_url
 from lorapod.errors import LorapodError, ProviderError
 
@@ -105,31 +100,28 @@ def down_without_ledger(job_id: str | None, say: Callable[[str], None], confirm:
         raise LorapodError("nothing destroyed", hint="`lorapod down JOB` destroys one job's instances only")
     counts = {"destroyed": 0, "failed": 0}
     for name, inst in targets:
-        prov = registry.get(name)
-        deadline, delay = time.monotonic() + deadline_s, 1.0
-        while True:
-            try:
-                prov.destroy(inst.id)
-                if prov.refresh(inst).state == "gone":
-                    counts["destroyed"] += 1
-                    say(f"destroyed {name} instance {inst.id} ({inst.label}), confirmed; the ledger could not record it")
-                    break
-            except LorapodError as exc:
-                say(f"destroy of {inst.id} failed: {exc.message}")
-            if time.monotonic() + delay > deadline:
-                counts["failed"] += 1
-                break
-            time.sleep(delay)
-            delay = min(30.0, delay * 2)
+        if confirm_gone(registry.get(name), inst, deadline=deadline_in(deadline_s), say=say):
+            counts["destroyed"] += 1
+            say(f"destroyed {name} instance {inst.id} ({inst.label}), confirmed; the ledger could not record it")
+        else:
+            counts["failed"] += 1
     return counts
 
 
 def provider_for(row: InstanceRow, ledger: Ledger) -> Provider:
-    access = ledger.access(row.id)
-    if row.provider == "ssh":
-        return registry.get("ssh", target=access.get("target"), identity=access.get("identity") or None,
+    """The provider of a ledger row, rebuilt: a borrowed host from the address the row recorded."""
+    traits = registry.declared_traits(row.provider)
+    if traits is not None and traits.borrowed:
+        access = ledger.access(row.id)
+        return registry.get(row.provider, target=access.get("target"), identity=access.get("identity") or None,
                             usd_per_hour=row.usd_per_hour)
     return registry.get(row.provider)
+
+
+def row_instance(row: InstanceRow, label: str | None = None) -> Instance:
+    """The instance a ledger row names, as last recorded (for ``refresh``, ``destroy``, SSH)."""
+    return Instance(id=row.provider_id or row.id, provider=row.provider, state="running", ssh_host=row.ssh_host,
+                    ssh_port=row.ssh_port or 22, ssh_user=row.ssh_user or "root", label=label or row.job_id)
 
 
 def find_job(ledger: Ledger, job_id: str) -> JobRow:
@@ -158,9 +150,7 @@ def reach(ledger: Ledger, job: JobRow) -> Reach | None:
     prov = provider_for(row, ledger)
     access = ledger.access(row.id)
     identity = Path(access["identity"]) if access.get("identity") else None
-    inst = Instance(id=row.provider_id or row.id, provider=row.provider, state="running", ssh_host=row.ssh_host,
-                    ssh_port=row.ssh_port or 22, ssh_user=row.ssh_user or "root", label=job.id)
-    t = transport_for(prov, inst, identity, row.id)
+    t = transport_for(prov, row_instance(row, job.id), identity, row.id)
     return Reach(RemoteWork(t, job.id, root=job.remote_dir.rsplit("/", 1)[0]) if job.remote_dir
                  else RemoteWork(t, job.id), row)
 
@@ -240,44 +230,18 @@ def follow_logs(ledger: Ledger, job_id: str, follow: bool, poll_s: float = 2.0,
 
 def destroy_row(ledger: Ledger, row: InstanceRow, note: str, deadline_s: float = 300.0,
                 say: Callable[[str], None] = print) -> bool:
-    """destroy -> confirm -> ledger, for one instance row. True when confirmed gone."""
-    prov = provider_for(row, ledger)
-    ledger.instance_destroying(row.id, note)
-    if not row.provider_id:
-        # create() never answered: the label lorapod gave it finds it, if it exists.
-        try:
-            label = instance_label(row.id, row.job_id)
-            found = [i for i in prov.list_instances() if i.label == label and i.live]
-        except LorapodError as exc:
-            say(f"cannot look for {row.id} at {row.provider}: {exc.message}")
-            return False
-        if not found:
-            ledger.instance_create_failed(row.id, "no instance with its label at the provider")
-            return True
-        ledger.instance_created(row.id, found[0].id)
-        row = ledger.instance(row.id) or row
-    inst = Instance(id=row.provider_id, provider=row.provider, state="running", ssh_host=row.ssh_host,
-                    ssh_port=row.ssh_port or 22, ssh_user=row.ssh_user or "root", label=row.job_id)
-    deadline = time.monotonic() + deadline_s
-    delay = 1.0
-    while True:
-        try:
-            prov.destroy(row.provider_id)
-            if prov.refresh(inst).state == "gone" or _absent_from_provider(prov, row):
-                ledger.instance_destroyed(row.id, note)
-                say(f"destroyed {row.provider} instance {row.provider_id} ({note})")
-                return True
-        except (LorapodError, ConnectionLost) as exc:
-            say(f"destroy of {row.provider_id} failed: {exc.message}")
-        if time.monotonic() + delay > deadline:
-            return False
-        time.sleep(delay)
-        delay = min(30.0, delay * 2)
+    """destroy -> confirm -> ledger, for one instance row. True when confirmed gone, by the same
+    rule as ``lorapod run``'s teardown (:func:`lorapod.compute.teardown.destroy_confirmed`)."""
+    return destroy_confirmed(provider_for(row, ledger), ledger, row.id, row.provider_id,
+                             instance_label(row.id, row.job_id), note=note, deadline=deadline_in(deadline_s),
+                             say=say, probe=row_instance(row) if row.provider_id else None).confirmed
 
 
-def _absent_from_provider(prov: Provider, row: InstanceRow) -> bool:
+def _gone(prov: Provider, row: InstanceRow) -> bool:
+    """Whether the provider itself says this unlisted instance is gone (the confirm rule of
+    compute/teardown.py: not being listed is not enough)."""
     try:
-        return all(i.id != row.provider_id or not i.live for i in prov.list_instances())
+        return prov.refresh(row_instance(row)).state == "gone"
     except LorapodError:
         return False
 
@@ -298,7 +262,8 @@ def down_orphans(ledger: Ledger, say: Callable[[str], None] = print, everything:
                  all_installations: bool = False) -> dict[str, Any]:
     """Reconcile the ledger with the providers.
 
-    * a live row whose provider says the instance is gone: marked destroyed (no API call);
+    * a live row whose instance the provider no longer lists and, asked about it (``refresh``),
+      says is gone: marked destroyed (no destroy call; compute/teardown.py's confirm rule);
     * a live row whose controller is dead (or all rows with ``everything``): destroyed;
     * an instance the ledger lacks whose label carries this installation's id: destroyed. Other
       lorapod instances (another machine, another LORAPOD_HOME, a teammate on the same account)
@@ -327,7 +292,7 @@ def down_orphans(ledger: Ledger, say: Callable[[str], None] = print, everything:
         ids = {i.id for i in listed[key] if i.live}
         job = ledger.job(row.job_id) if row.job_id else None
         running = job is not None and job.state in ("starting", "running", "stopping") and controller_alive(job.controller)
-        if row.provider_id and row.provider_id not in ids and row.state != "creating":
+        if row.provider_id and row.provider_id not in ids and row.state != "creating" and _gone(prov, row):
             ledger.instance_destroyed(row.id, "provider reports it gone (reconciled)")
             counts["reconciled"] += 1
             say(f"{row.provider} instance {row.provider_id} is already gone; ledger updated")
@@ -348,7 +313,7 @@ def down_orphans(ledger: Ledger, say: Callable[[str], None] = print, everything:
     # which control planes were asked: with no API key a sweep that asked nobody must not read as
     # "all clear" (all zeros)
     providers: dict[str, str] = {}
-    for name in ("runpod", "vast"):
+    for name in registry.rented_providers():
         try:
             prov = registry.get(name)
             found = prov.list_instances()

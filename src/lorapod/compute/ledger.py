@@ -8,12 +8,8 @@ while a run writes. Two invariants make teardown trustworthy:
    fills in the provider's id), so a crash between the two still leaves a row to sweep;
 2. an instance is marked ``destroyed`` only after the provider confirmed it is gone.
 
-Ownership: each lorapod home has an installation id (:func:`installation_id`, in
-``$LORAPOD_HOME/installation-id``) that goes into every instance's label at the provider, with
-the ledger's own instance id (:func:`instance_label`). The orphan sweep destroys only instances
-whose label carries this id, so two machines, two ``LORAPOD_HOME``s or two teammates on one
-account never sweep each other's instances; the label also finds an instance whose create call
-never answered.
+Ownership (the installation id in every instance's label, the controller that follows a job)
+is :mod:`lorapod.compute.identity`'s.
 
 Dollars are the instance's own price times the time from create to confirmed destroy (or now,
 while it lives). Nothing secret is ever written here.
@@ -23,8 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import socket
 import sqlite3
 import threading
 import time
@@ -35,7 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from lorapod.compute.identity import controller_alive, controller_id
 from lorapod.errors import LorapodError
+from lorapod.home import lorapod_home
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS instances (
@@ -102,12 +98,6 @@ CREATE TABLE IF NOT EXISTS prices (
 
 LIVE = ("creating", "live", "destroying")
 TABLES = ("instances", "jobs", "events", "measured_runs", "prices")
-
-
-def lorapod_home() -> Path:
-    home = Path(os.environ.get("LORAPOD_HOME") or Path.home() / ".lorapod").expanduser()
-    home.mkdir(parents=True, exist_ok=True)
-    return home
 
 
 @dataclass(frozen=True)
@@ -386,57 +376,57 @@ class Ledger:
     def instance_creating(self, provider: str, job_id: str | None, usd_per_hour: float,
                           gpu_name: str | None = None, offer: dict[str, Any] | None = None) -> str:
         """Write the row before asking the provider; returns lorapod's instance id."""
-        iid = "i-" + uuid.uuid4().hex[:12]
-        row = (iid, provider, job_id, gpu_name, usd_per_hour, json.dumps(offer or {}), time.time())
+        ledger_id = "i-" + uuid.uuid4().hex[:12]
+        row = (ledger_id, provider, job_id, gpu_name, usd_per_hour, json.dumps(offer or {}), time.time())
         self._write(lambda db: db.execute(
             "INSERT INTO instances (id, provider, job_id, state, gpu_name, usd_per_hour, offer_json, created_at)"
             " VALUES (?, ?, ?, 'creating', ?, ?, ?, ?)", row), "the instance row", queue=False)
-        self.event("instance", f"creating on {provider} at ${usd_per_hour:.3f}/h", job_id=job_id, instance_id=iid)
-        return iid
+        self.event("instance", f"creating on {provider} at ${usd_per_hour:.3f}/h", job_id=job_id, instance_id=ledger_id)
+        return ledger_id
 
-    def instance_created(self, iid: str, provider_id: str, usd_per_hour: float | None = None) -> None:
+    def instance_created(self, ledger_id: str, provider_id: str, usd_per_hour: float | None = None) -> None:
         if usd_per_hour is None:
             self._write(lambda db: db.execute("UPDATE instances SET provider_id=?, state='live' WHERE id=?",
-                                              (provider_id, iid)), "instance created")
+                                              (provider_id, ledger_id)), "instance created")
         else:
             self._write(lambda db: db.execute("UPDATE instances SET provider_id=?, state='live', usd_per_hour=?"
-                                              " WHERE id=?", (provider_id, usd_per_hour, iid)), "instance created")
-        self.event("instance", f"created: provider id {provider_id}", instance_id=iid)
+                                              " WHERE id=?", (provider_id, usd_per_hour, ledger_id)), "instance created")
+        self.event("instance", f"created: provider id {provider_id}", instance_id=ledger_id)
 
-    def instance_create_failed(self, iid: str, reason: str) -> None:
+    def instance_create_failed(self, ledger_id: str, reason: str) -> None:
         """The provider refused: nothing exists, nothing is billed (destroyed_at = created_at)."""
         self._write(lambda db: db.execute("UPDATE instances SET state='failed', destroyed_at=created_at, note=?"
-                                          " WHERE id=?", (reason[:500], iid)), "create failed")
-        self.event("instance", f"create failed: {reason[:200]}", instance_id=iid)
+                                          " WHERE id=?", (reason[:500], ledger_id)), "create failed")
+        self.event("instance", f"create failed: {reason[:200]}", instance_id=ledger_id)
 
-    def instance_access(self, iid: str, access: dict[str, Any]) -> None:
+    def instance_access(self, ledger_id: str, access: dict[str, Any]) -> None:
         text = json.dumps(access)
-        self._write(lambda db: db.execute("UPDATE instances SET access_json=? WHERE id=?", (text, iid)), "access")
+        self._write(lambda db: db.execute("UPDATE instances SET access_json=? WHERE id=?", (text, ledger_id)), "access")
 
-    def access(self, iid: str) -> dict[str, Any]:
-        row = self._db.execute("SELECT access_json FROM instances WHERE id=?", (iid,)).fetchone()
+    def access(self, ledger_id: str) -> dict[str, Any]:
+        row = self._db.execute("SELECT access_json FROM instances WHERE id=?", (ledger_id,)).fetchone()
         return json.loads(row[0]) if row and row[0] else {}
 
-    def instance_ready(self, iid: str, host: str, port: int, user: str) -> None:
-        args = (host, port, user, time.time(), iid)
+    def instance_ready(self, ledger_id: str, host: str, port: int, user: str) -> None:
+        args = (host, port, user, time.time(), ledger_id)
         self._write(lambda db: db.execute("UPDATE instances SET ssh_host=?, ssh_port=?, ssh_user=?,"
                                           " ready_at=COALESCE(ready_at, ?) WHERE id=?", args), "instance ready")
 
-    def instance_destroying(self, iid: str, note: str | None = None) -> None:
-        args = (time.time(), note, iid)
+    def instance_destroying(self, ledger_id: str, note: str | None = None) -> None:
+        args = (time.time(), note, ledger_id)
         self._write(lambda db: db.execute(
             "UPDATE instances SET state='destroying', destroy_requested_at=COALESCE(destroy_requested_at, ?),"
             " note=COALESCE(?, note) WHERE id=? AND state IN ('creating', 'live', 'destroying')", args), "destroying")
 
-    def instance_destroyed(self, iid: str, note: str | None = None, at: float | None = None) -> None:
+    def instance_destroyed(self, ledger_id: str, note: str | None = None, at: float | None = None) -> None:
         """Only after the provider confirmed: the dollars stop here."""
-        args = (at or time.time(), note, iid)
+        args = (at or time.time(), note, ledger_id)
         self._write(lambda db: db.execute("UPDATE instances SET state='destroyed', destroyed_at=COALESCE(destroyed_at, ?),"
                                           " note=COALESCE(?, note) WHERE id=?", args), "destroyed")
-        self.event("instance", "destroyed (confirmed by the provider)" + (f": {note}" if note else ""), instance_id=iid)
+        self.event("instance", "destroyed (confirmed by the provider)" + (f": {note}" if note else ""), instance_id=ledger_id)
 
-    def instance(self, iid: str) -> InstanceRow | None:
-        row = self._db.execute("SELECT * FROM instances WHERE id=?", (iid,)).fetchone()
+    def instance(self, ledger_id: str) -> InstanceRow | None:
+        row = self._db.execute("SELECT * FROM instances WHERE id=?", (ledger_id,)).fetchone()
         return _instance(row) if row else None
 
     def instances(self, live_only: bool = False, provider: str | None = None) -> list[InstanceRow]:
@@ -553,65 +543,6 @@ class Ledger:
         self._write(lambda db: db.executemany(
             "INSERT OR IGNORE INTO prices (provider, offer_id, gpu_name, usd_per_hour, seen_at) VALUES (?, ?, ?, ?, ?)",
             rows), "prices")
-
-
-def installation_id() -> str:
-    """This lorapod home's id (8 hex digits), made once; it is in every instance label."""
-    path = lorapod_home() / "installation-id"
-    try:
-        text = path.read_text().strip()
-        if re.fullmatch(r"[0-9a-f]{8}", text):
-            return text
-    except OSError:
-        pass
-    new = uuid.uuid4().hex[:8]
-    tmp = path.with_name(f".installation-id.{os.getpid()}")
-    tmp.write_text(new + "\n")
-    try:
-        os.link(tmp, path)  # first writer wins, even with two runs starting at once
-    except FileExistsError:
-        pass
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path.read_text().strip()
-
-
-_LABEL = re.compile(r"lorapod-([0-9a-f]{8})-([0-9a-f]{12})-(.+)")
-
-
-def instance_label(iid: str, job_id: str | None) -> str:
-    """The label an instance gets at the provider: ``lorapod-<installation>-<instance>-<job>``."""
-    return f"lorapod-{installation_id()}-{iid.removeprefix('i-')}-{job_id or 'x'}"
-
-
-def parse_label(label: str | None) -> tuple[str, str] | None:
-    """(installation id, ledger instance id) from a label made by :func:`instance_label`."""
-    m = _LABEL.fullmatch(label or "")
-    return (m.group(1), "i-" + m.group(2)) if m else None
-
-
-def controller_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def controller_alive(controller: str | None) -> bool:
-    """Whether the `lorapod run` that follows a job still runs (only knowable on its own host)."""
-    if not controller or ":" not in controller:
-        return False
-    host, _, pid = controller.rpartition(":")
-    if host != socket.gethostname():
-        return True  # another machine's controller: assume alive, never tear its job down by accident
-    try:
-        os.kill(int(pid), 0)
-    except (ProcessLookupError, ValueError):
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 def _instance(row: sqlite3.Row) -> InstanceRow:

@@ -14,8 +14,9 @@ even while another process writes, https://www.sqlite.org/backup.html), at most 
 the newest :data:`KEEP` kept, in ``backups/`` beside the ledger.
 
 What no backup holds comes back with :func:`rebuild`: the providers list instances by the label
-lorapod gave them (``lorapod-<installation>-<instance>-<job>``, :func:`instance_label`), and
-every run folder holds its job's id (the folder's name), spec and metrics.
+lorapod gave them (``lorapod-<installation>-<instance>-<job>``,
+:func:`lorapod.compute.identity.instance_label`), and every run folder holds its job's id (the
+folder's name), spec and metrics.
 """
 
 from __future__ import annotations

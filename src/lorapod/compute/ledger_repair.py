@@ -30,12 +30,12 @@ from lorapod.compute.ledger_file import (  # noqa: F401  (callers read them from
 def labelled_instances(say: Callable[[str], None]) -> dict[str, list[Any]]:
     """This installation's instances at each provider that has credentials here, by label."""
     from lorapod.compute import provider as registry
-    from lorapod.compute.ledger import installation_id, parse_label
+    from lorapod.compute.identity import installation_id, parse_label
     from lorapod.errors import LorapodError
 
     me = installation_id()
     found: dict[str, list[Any]] = {}
-    for name in ("runpod", "vast"):
+    for name in registry.rented_providers():
         try:
             listed = registry.get(name).list_instances()
         except LorapodError as exc:
@@ -78,7 +78,7 @@ def _last_step(run: Path) -> int | None:
 def check(ledger: Ledger, say: Callable[[str], None], roots: list[Path]) -> dict[str, Any]:
     """What the ledger lacks: this installation's live instances the providers list and run
     folders it has no job for. Nothing is changed."""
-    from lorapod.compute.ledger import parse_label
+    from lorapod.compute.identity import parse_label
 
     known = {r.provider_id for r in ledger.instances() if r.provider_id}
     missing_instances = [(name, i) for name, insts in labelled_instances(say).items() for i in insts
@@ -99,7 +99,7 @@ def check(ledger: Ledger, say: Callable[[str], None], roots: list[Path]) -> dict
 def rebuild(ledger: Ledger, say: Callable[[str], None], roots: list[Path]) -> dict[str, int]:
     """Add what :func:`check` finds missing: an instance row per labelled live instance (so
     ``ps`` shows it and ``down`` can destroy it) and a job row per run folder."""
-    from lorapod.compute.ledger import parse_label
+    from lorapod.compute.identity import parse_label
 
     known = {r.provider_id for r in ledger.instances() if r.provider_id}
     jobs = {j.id for j in ledger.jobs()}
@@ -110,10 +110,10 @@ def rebuild(ledger: Ledger, say: Callable[[str], None], roots: list[Path]) -> di
             if inst.id in known:
                 continue
             owner = parse_label(inst.label)
-            iid = owner[1] if owner else f"i-{inst.id}"
+            ledger_id = owner[1] if owner else f"i-{inst.id}"
             job_id = (inst.label or "").split("-", 3)[3] if owner else None
             job_id = None if job_id in (None, "x") else job_id
-            args = (iid, name, inst.id, job_id, inst.gpu_name, float(inst.usd_per_hour or 0.0), now,
+            args = (ledger_id, name, inst.id, job_id, inst.gpu_name, float(inst.usd_per_hour or 0.0), now,
                     "rebuilt from the provider's listing: billing since before this time")
             ledger._write(lambda db, a=args: db.execute(
                 "INSERT OR REPLACE INTO instances (id, provider, provider_id, job_id, state, gpu_name, usd_per_hour,"

@@ -9,15 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lorapod.compute.ledger import lorapod_home
-from lorapod.compute.provider import Instance, without
+from lorapod.compute.provider import Instance, Traits, without
 from lorapod.compute.ssh import HostProvider
 from lorapod.compute.transport import LocalTransport, Transport
+from lorapod.home import lorapod_home
 
 
 class LocalProvider(HostProvider):
     name = "local"
-    runs_here = True  # the job runs with this process's own interpreter, nothing is installed
+    traits = Traits(borrowed=True, runs_here=True)  # this process's own interpreter, nothing installed
 
     def __init__(self, home: str | Path | None = None, usd_per_hour: float = 0.0) -> None:
         super().__init__(usd_per_hour)

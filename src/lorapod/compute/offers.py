@@ -126,7 +126,7 @@ def rank_by_job_cost(spec, provider_name: str, offers: list[Offer], *, gpu_pinne
             continue  # known GPU the planner left out: its VRAM estimate does not fit
         if not opt.fits and not gpu_pinned:
             continue
-        # The estimate travels with the offer: the default cap is twice it (session.py).
+        # The estimate travels with the offer: the default cap is twice it (provision.py).
         priced.append((opt.usd_total, replace(o, extra={**o.extra, "plan_usd": round(opt.usd_total, 4),
                                                         "plan_hours": round(opt.hours_total, 4),
                                                         "plan_pull_gb": round(plan.job.pull_gb, 6)})))

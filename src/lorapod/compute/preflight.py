@@ -13,9 +13,12 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lorapod.errors import LorapodError
+
+if TYPE_CHECKING:
+    from lorapod.compute.provider import Provider
 from lorapod.plan.storage import ENV_GB, HEADROOM, TORCH_GB
 
 
@@ -29,12 +32,17 @@ class Preflight:
     disk_needed_gb: float | None = None
 
 
-def preflight(spec: Any, provider: str, force: bool = False, env: dict[str, str] | None = None,
+def preflight(spec: Any, provider: str | Provider, force: bool = False, env: dict[str, str] | None = None,
               deps: str = "auto") -> Preflight:
-    """Run every check for ``spec`` about to run on ``provider``; raise on the first refusal."""
+    """Run every check for ``spec`` about to run on ``provider`` (a provider, or its registered
+    name); raise on the first refusal. What applies is decided by the provider's declared traits."""
+    from lorapod.compute.provider import declared_traits
+
+    traits = declared_traits(provider) if isinstance(provider, str) else provider.traits
+    provider = provider if isinstance(provider, str) else provider.name
     env = dict(os.environ if env is None else env)
     out = Preflight()
-    if deps == "auto" and provider != "local":  # the lock the instance's env is built from is read here
+    if deps == "auto" and not (traits and traits.runs_here):  # the lock the instance's env is built from is read here
         from lorapod.compute.bootstrap import derive_lock, extra_for
 
         lock = derive_lock(extra_for(spec))
@@ -56,7 +64,7 @@ def preflight(spec: Any, provider: str, force: bool = False, env: dict[str, str]
         raise PreflightError(f"{spec.model.id} is gated on Hugging Face and HF_TOKEN is not set",
                              hint="accept the model's license on its Hub page, then export HF_TOKEN=hf_... "
                                   "(it travels to the instance over SSH, never on a command line)")
-    if provider in ("runpod", "vast"):  # on a borrowed host the disk is the host's, not asked for
+    if traits is not None and not traits.borrowed:  # on a borrowed host the disk is the host's, not asked for
         out.notes.extend(image_notes(spec, [provider]))
         _check_disk(spec, provider, out)
     return out

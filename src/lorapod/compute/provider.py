@@ -2,7 +2,14 @@
 
 A provider only *asks*: ``create`` returns as soon as the provider accepted the request and
 ``refresh`` reports what the instance looks like now. All waiting (deadlines, backoff, timeout
-errors) lives once, in :mod:`lorapod.compute.session`, so no provider can block forever.
+errors) lives once, in :mod:`lorapod.compute.wait`, used by the stages, so no provider can block
+forever.
+
+The whole contract is on :class:`Provider`: the six methods, the watchdog's config, what the
+provider *is* (:class:`Traits`, declared, never guessed from its name), what it *can* do
+(:meth:`Provider.capabilities`, read through :func:`capability`), and optionally its own
+``transport``. :class:`ProviderBase` gives the defaults of the optional parts; a new provider
+subclasses it, and is one package plus one line in :data:`BUILTINS` (docs/architecture.md).
 
 ``destroy`` is idempotent: an instance that is already gone is success, because teardown runs
 from several places (the controller's ``finally``, its signal handlers, the on-instance
@@ -14,9 +21,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from lorapod.errors import ProviderError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from lorapod.compute.transport import Transport
 
 #: Instance states, provider-neutral. ``gone`` means the provider confirmed it no longer exists.
 State = Literal["creating", "booting", "running", "exited", "error", "gone"]
@@ -134,11 +146,39 @@ class Capability:
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class Traits:
+    """What a provider is, declared once on its class; the stages read these, never its name.
+
+    The defaults describe a machine rented for the job (RunPod, Vast.ai): a fresh SSH key per
+    job, destroyed at the end, billed from create to confirmed destroy."""
+
+    #: the user's own machine (``ssh://``, ``local``): their SSH keys and agent apply (no fresh key),
+    #: "destroy" removes only lorapod's work folder, the disk is the host's (not asked for), and a
+    #: work folder whose results could not come home is kept (KEEP) for ``lorapod pull``
+    borrowed: bool = False
+    #: the job runs on this machine under this very interpreter: no probe of an image, nothing installed
+    runs_here: bool = False
+    #: the job's SSH key reaches the instance seconds after it starts (Vast.ai), so "Permission
+    #: denied" is retried for ``RunOptions.auth_grace_s``; elsewhere a refused key fails at once
+    key_arrives_late: bool = False
+    #: where a person checks and destroys an instance by hand (said when a destroy is unconfirmed)
+    console_url: str | None = None
+
+
 @runtime_checkable
 class Provider(Protocol):
-    """What every backend implements. Methods never sleep or poll."""
+    """What every backend implements. Methods never sleep or poll.
+
+    ``destroy`` is idempotent ("already gone" is success) and is confirmed only by ``refresh``
+    answering ``gone`` for that instance (compute/teardown.py); ``list_instances`` lists the
+    account's instances with the labels lorapod gave them, so a create that never answered can
+    be found by its label."""
 
     name: str
+    traits: Traits
+    #: the container image a create boots when the spec names none (None: the machine is what it is)
+    image: str | None
 
     def capabilities(self) -> list[Capability]: ...
 
@@ -156,12 +196,40 @@ class Provider(Protocol):
         """What the on-instance watchdog needs to destroy this instance from inside.
 
         Never the user's own API key: RunPod and Vast.ai give each instance a scoped one in
-        its environment, which the watchdog reads there.
+        its environment, which the watchdog reads there. A provider whose watchdog can destroy
+        the instance through its API declares the ``watchdog_api`` capability and puts its
+        self-destroy recipe under ``"destroy"`` (built from its ``api.py``, run by the
+        standard-library watchdog); without one the watchdog removes the work folder.
         """
         ...
 
+    def transport(self, inst: Instance, identity: Path | None, known_hosts: Path) -> Transport | None:
+        """How to reach the instance; None: OpenSSH to its address with a host-key file of its own."""
+        ...
+
+    def cache_root(self) -> str | None:
+        """A folder on the instance that outlives it (a mounted network volume) for the
+        environment, model and latent caches; None: the work folder's own."""
+        ...
+
+
+class ProviderBase:
+    """The documented defaults of the optional parts of :class:`Provider`: a rented machine
+    (``Traits()``), reached over OpenSSH (``transport`` None), with no persistent cache and no
+    default image."""
+
+    traits: ClassVar[Traits] = Traits()
+    image: str | None = None
+
+    def transport(self, inst: Instance, identity: Path | None, known_hosts: Path) -> Transport | None:
+        return None
+
+    def cache_root(self) -> str | None:
+        return None
+
 
 def capability(provider: Provider, name: str) -> Capability:
+    """The provider's declared capability ``name``; not declared means not supported, with why."""
     for cap in provider.capabilities():
         if cap.name == name:
             return cap
@@ -218,6 +286,27 @@ def get(name: str, **kwargs: Any) -> Provider:
             hint=f"use one of: {', '.join(names())}, or ssh://user@host:port",
         )
     return factory(**kwargs)
+
+
+def declared_traits(name: str) -> Traits | None:
+    """The traits a registered provider's class declares, without building it (no API key
+    needed); None for a name whose class cannot be read here (a plugin factory, an unknown name)."""
+    ref = BUILTINS.get(name)
+    if ref is None:
+        return None
+    import importlib
+
+    module, _, cls = ref.partition(":")
+    try:
+        return getattr(importlib.import_module(module), cls).traits
+    except (ImportError, AttributeError):
+        return None
+
+
+def rented_providers() -> list[str]:
+    """The built-in providers that rent machines from an account (not borrowed hosts): where
+    ``lorapod down --orphans`` and a damaged ledger's ``ps`` look for lorapod's labels."""
+    return [name for name in BUILTINS if (t := declared_traits(name)) is not None and not t.borrowed]
 
 
 def from_target(target: str, **kwargs: Any) -> Provider:

@@ -129,7 +129,7 @@ def _local_size(root: Path, rel: str) -> int | None:
 
 @dataclass
 class PullGuard:
-    """Every pull of one job goes through here (compute/session.py calls :meth:`pull`)."""
+    """Every pull of one job goes through here (compute/follow.py calls :meth:`pull`)."""
 
     work: Any
     run_root: Path

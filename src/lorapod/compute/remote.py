@@ -407,7 +407,9 @@ class RemoteWork:
         return out.stdout.decode(errors="replace")
 
     def teardown(self) -> None:
-        """Stop the job and the watchdog, remove the work folder. Idempotent."""
+        """Stop the job and the watchdog, remove the work folder. Idempotent. Used by the tests
+        only: a run's own teardown goes through its provider's ``destroy`` (ssh.py runs the same
+        :func:`teardown_script`)."""
         self.sh(teardown_script(self.dir), timeout=60)
 
 

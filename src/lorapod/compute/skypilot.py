@@ -169,9 +169,9 @@ def run_on_sky(spec: JobSpec, gpu: str | None = None, dry_run: bool = False, say
 
     import yaml
 
-    from lorapod.compute.ledger import lorapod_home
     from lorapod.compute.remote import build_wheel
     from lorapod.fsutil import atomic_write_text
+    from lorapod.home import lorapod_home
     from lorapod.rundir import RunDir
 
     require_sky()

@@ -15,11 +15,19 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from lorapod.compute.ledger import lorapod_home
-from lorapod.compute.provider import Capability, Instance, InstanceSpec, Offer, Requirements
+from lorapod.compute.provider import (
+    Capability,
+    Instance,
+    InstanceSpec,
+    Offer,
+    ProviderBase,
+    Requirements,
+    Traits,
+)
 from lorapod.compute.remote import teardown_script, work_root
 from lorapod.compute.transport import SSHTransport, Transport
 from lorapod.errors import ProviderError
+from lorapod.home import lorapod_home
 
 
 @dataclass(frozen=True)
@@ -44,14 +52,15 @@ class SSHTarget:
         return f"ssh://{self.user}@{self.host}:{self.port}"
 
 
-class HostProvider:
+class HostProvider(ProviderBase):
     """A machine we borrow: instances are work folders ``~/.lorapod-work/<label>``."""
 
     name = "ssh"
-    borrowed = True  # the machine is not ours: destroy = remove our work folder
+    traits = Traits(borrowed=True)  # the machine is not ours: destroy = remove our work folder
 
     def __init__(self, usd_per_hour: float = 0.0) -> None:
         self.usd_per_hour = usd_per_hour
+        self._created: set[str] = set()  # named by this process: the folder may not exist yet
         self._destroyed: set[str] = set()
 
     # subclasses: _transport(), _address()
@@ -79,17 +88,21 @@ class HostProvider:
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", spec.label):
             raise ProviderError(f"bad instance label {spec.label!r}")
         host, port, user = self._address()
+        self._created.add(spec.label)
         return Instance(id=f"{offer.id}/{spec.label}", provider=self.name, state="running",
                         usd_per_hour=offer.usd_per_hour, ssh_host=host, ssh_port=port, ssh_user=user,
                         gpu_name=offer.gpu_name, label=spec.label)
 
     def refresh(self, inst: Instance) -> Instance:
-        """Ready at once (the machine exists); ``gone`` once destroy() removed the work folder."""
-        if self._label(inst.id) not in self._destroyed:
+        """Ready at once (the machine exists) for an instance this process named, whose folder
+        the session has yet to make; otherwise what the host says: ``gone`` when the work folder
+        is not there (after destroy(), or seen from another process: ``lorapod down``)."""
+        label = self._label(inst.id)
+        if label in self._created and label not in self._destroyed:
             return inst
         t = self._transport()
         try:
-            out = t.run(f"test -d {shlex.quote(work_root() + '/' + self._label(inst.id))} && echo yes || echo no",
+            out = t.run(f"test -d {shlex.quote(work_root() + '/' + label)} && echo yes || echo no",
                         timeout=30)
         finally:
             t.close()

@@ -3,10 +3,10 @@
 We drive the system's OpenSSH client rather than a Python SSH library: it is what users already
 trust and configure, it multiplexes (ControlMaster) and it is what ``rsync -e ssh`` needs anyway.
 Every call is bounded by a timeout; a dropped connection (ssh exit 255, rsync 10/12/30/35/255)
-is a :class:`ConnectionLost`, which callers retry with :func:`retrying` until their deadline. A
-tool missing on the instance (rsync's "remote command not found", exit 127, or exit 12 with the
-remote shell's "command not found") is a :class:`RemoteToolMissing`: fatal at once, because no
-reconnect brings it back.
+is a :class:`ConnectionLost`, which callers retry with :func:`lorapod.compute.wait.retrying` until
+their deadline. A tool missing on the instance (rsync's "remote command not found", exit 127, or
+exit 12 with the remote shell's "command not found") is a :class:`RemoteToolMissing`: fatal at
+once, because no reconnect brings it back.
 
 Stock images often lack rsync (see :mod:`lorapod.compute.hostfacts`): with ``mover="tar"`` the
 same pushes and pulls go as a tar stream over the SSH connection, received by the one policy of
@@ -26,16 +26,13 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from lorapod.compute.trust import RSYNC_BASE, excluded, receive_tar, scrub_tree
 from lorapod.errors import RemoteError
 
-SSH_LOST = {255}
 RSYNC_LOST = {10, 12, 30, 35, 255}
 
 
@@ -84,26 +81,6 @@ def require_tool(name: str) -> str:
         raise RemoteError(f"'{name}' is not installed on this machine; remote runs need it",
                           hint="install OpenSSH client and rsync, e.g. `apt-get install openssh-client rsync`")
     return path
-
-
-_T = TypeVar("_T")
-
-
-def retrying(fn: Callable[[], _T], deadline: float, what: str, first_delay: float = 0.5,
-             max_delay: float = 10.0, on_retry: Callable[[Exception], None] | None = None) -> _T:
-    """Call ``fn`` until it stops raising :class:`ConnectionLost` or ``deadline`` (monotonic) passes."""
-    delay = first_delay
-    while True:
-        try:
-            return fn()
-        except ConnectionLost as exc:
-            if time.monotonic() + delay > deadline:
-                raise ConnectionLost(f"{what}: connection lost and not back before the deadline ({exc.message})",
-                                     hint="check the host is up and reachable, then `lorapod pull JOB`") from exc
-            if on_retry:
-                on_retry(exc)
-            time.sleep(delay)
-            delay = min(max_delay, delay * 2)
 
 
 def _rsync_cmd(excludes: tuple[str, ...], delete: bool) -> list[str]:

@@ -384,7 +384,7 @@ def destroy(cfg: dict[str, Any], reason: str, attempt: int = 1) -> bool:
         kill_job(reason)
     except Exception as exc:  # never let stopping the job stand between us and the delete
         log(f"could not stop the job ({type(exc).__name__}: {exc})")
-    if isinstance(cfg.get("destroy"), dict) or cfg["provider"] in ("runpod", "vast"):
+    if "destroy" in cfg:  # a rented machine: its provider wrote how to destroy it (a recipe)
         return destroy_through_api(cfg)
     # ssh / local: the machine is not ours; remove only our work folder, and not while the
     # controller says the results are not home yet (KEEP: its disk was full, compute/pulls.py).

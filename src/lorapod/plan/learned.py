@@ -202,7 +202,8 @@ def sync(ledger: Any) -> None:
 
 
 def _ledger():
-    from lorapod.compute.ledger import Ledger, lorapod_home
+    from lorapod.compute.ledger import Ledger
+    from lorapod.home import lorapod_home
 
     path = lorapod_home() / "ledger.db"
     return Ledger(path) if path.is_file() else None

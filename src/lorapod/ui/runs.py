@@ -98,20 +98,12 @@ class RunView:
 
 
 def console_url(provider: str) -> str | None:
-    """The provider's own console page (its class's ``console_url``), where a person can check
-    and destroy an instance by hand; None for hosts without one (ssh, local)."""
-    from lorapod.compute.provider import BUILTINS
+    """The provider's own console page (its declared ``traits.console_url``), where a person can
+    check and destroy an instance by hand; None for hosts without one (ssh, local)."""
+    from lorapod.compute.provider import declared_traits
 
-    ref = BUILTINS.get(provider)
-    if not ref:
-        return None
-    import importlib
-
-    module, _, cls = ref.partition(":")
-    try:
-        return getattr(getattr(importlib.import_module(module), cls), "console_url", None)
-    except (ImportError, AttributeError):
-        return None
+    traits = declared_traits(provider)
+    return traits.console_url if traits else None
 
 
 # ----------------------------------------------------------------------------- reading a run folder
@@ -245,7 +237,7 @@ class RunIndex:
     """The runs the dashboard knows: the ledger's jobs, then run folders found under ``roots``."""
 
     def __init__(self, roots: list[Path], ledger_path: Path | None = None) -> None:
-        from lorapod.compute.ledger import lorapod_home
+        from lorapod.home import lorapod_home
 
         self.roots = [Path(r).resolve() for r in roots]
         self.ledger_path = ledger_path or lorapod_home() / "ledger.db"

@@ -31,7 +31,9 @@ from lorapod.compute.provider import (
     InstanceSpec,
     NoCapacity,
     Offer,
+    ProviderBase,
     Requirements,
+    Traits,
     without,
 )
 from lorapod.compute.runpod.api import CUDA_VERSIONS, RunPodApi
@@ -51,9 +53,9 @@ def allowed_cuda(image: str) -> list[str] | None:
     return [v for v in CUDA_VERSIONS if tuple(int(x) for x in v.split(".")) >= floor]
 
 
-class RunPodProvider:
+class RunPodProvider(ProviderBase):
     name = "runpod"
-    console_url = "https://www.runpod.io/console/pods"
+    traits = Traits(console_url="https://www.runpod.io/console/pods")
     #: a network volume the run mounts (compute/runpod/volume_mount.py): limits offers, adds create fields
     volume = None
 
@@ -67,11 +69,16 @@ class RunPodProvider:
     def from_kwargs(cls, **kw: Any) -> RunPodProvider:
         return cls(**without(kw, *HOST_OPTIONS))
 
+    def cache_root(self) -> str | None:
+        """The mounted network volume's cache folder, when the run mounts one (volume_mount.py)."""
+        return self.volume.cache_root if self.volume is not None else None
+
     def capabilities(self) -> list[Capability]:
         return [
             Capability("destroy", True, "DELETE /pods/{id}"),
             Capability("stop", False, "a stopped pod still bills its volume; lorapod only destroys"),
             Capability("watchdog_api", True, "pod-scoped RUNPOD_API_KEY inside the pod"),
+            Capability("network_volume", True, "network volumes (/networkvolumes) mount in any pod of their datacenter"),
             Capability("spot", False, "interruptible pods are not used: a preempted job would need resume"),
         ]
 

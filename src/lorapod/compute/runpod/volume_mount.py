@@ -133,9 +133,11 @@ def attach(provider: Any, spec: Any, name: str, gpu: str | None = None, max_usd:
     """Find the volume called ``name`` (or create it where the GPU is) and attach it to ``provider``:
     its offers are limited to the volume's datacenter and its creates mount the volume."""
     from lorapod.compute.offers import choose_offers
+    from lorapod.compute.provider import capability
 
-    if getattr(provider, "name", "") != "runpod":
-        raise LorapodError(f"compute.volume works on RunPod only, not {getattr(provider, 'name', provider)}",
+    cap = capability(provider, "network_volume")
+    if not cap.supported:
+        raise LorapodError(f"compute.volume works on RunPod only, not {provider.name} ({cap.reason})",
                            hint="Vast.ai volumes live on one physical machine (docs/remote.md, Volumes); "
                                 "drop compute.volume / --volume for this provider")
     vols = NetworkVolumes(provider.api)
@@ -172,9 +174,3 @@ def attach(provider: Any, spec: Any, name: str, gpu: str | None = None, max_usd:
         say(f"created {mount.describe()}; it bills until `lorapod volumes --delete {vol.id}`")
     provider.volume = mount
     return mount
-
-
-def cache_root_of(provider: Any) -> str | None:
-    """The cache folder on the instance when the provider mounts a volume, else None."""
-    mount = getattr(provider, "volume", None)
-    return mount.cache_root if isinstance(mount, VolumeMount) else None

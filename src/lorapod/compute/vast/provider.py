@@ -28,7 +28,9 @@ from lorapod.compute.provider import (
     Instance,
     InstanceSpec,
     Offer,
+    ProviderBase,
     Requirements,
+    Traits,
     without,
 )
 from lorapod.compute.vast.api import VastApi
@@ -96,12 +98,11 @@ def is_secure(offer: dict[str, Any]) -> bool:
     return bool(offer.get("datacenter")) or (isinstance(ht, int | float) and ht >= 1)
 
 
-class VastProvider:
+class VastProvider(ProviderBase):
     name = "vast"
-    console_url = "https://cloud.vast.ai/instances/"
     #: the key attached after create reaches the container seconds later ("If authentication
     #: fails, try again after a few seconds", Vast's SSH banner): readiness waits for it
-    key_arrives_late = True
+    traits = Traits(key_arrives_late=True, console_url="https://cloud.vast.ai/instances/")
 
     def __init__(self, api: VastApi | None = None, image: str = DEFAULT_IMAGE, verified: bool = True) -> None:
         self.api = api or VastApi()
@@ -117,6 +118,7 @@ class VastProvider:
             Capability("destroy", True, "DELETE /api/v0/instances/{id}/"),
             Capability("stop", False, "Vast.ai bills storage on a stopped instance; lorapod only destroys"),
             Capability("watchdog_api", True, "CONTAINER_API_KEY inside the instance"),
+            Capability("network_volume", False, "a Vast.ai volume lives on one physical machine, not a region"),
         ]
 
     def offers(self, req: Requirements) -> list[Offer]:
