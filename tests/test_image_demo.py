@@ -34,7 +34,7 @@ def test_image_demo_writes_both_formats_and_a_rerun_reuses_every_cache(tmp_path)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     assert "LoRA, kohya format" in proc.stdout and "42 reused, 0 encoded" in proc.stdout
     shown = " ".join(proc.stdout.split())
-    assert "progress.png" in shown and "says nothing about the quality a real base model reaches" in shown
+    assert "progress-grid.png" in shown and "says nothing about the quality a real base model reaches" in shown
 
 
 def _disc(path: Path) -> float:

@@ -138,3 +138,17 @@ def test_planning_the_demo_model_says_what_it_is_instead_of_unknown_model():
         plan_job(load_spec(Path(__file__).resolve().parents[1] / "examples" / "demo.yaml"))
     assert "'lorapod:tiny-llama' is lorapod's built-in demo model" in err.value.message
     assert "lorapod demo" in (err.value.hint or "") and "unknown model" not in err.value.message
+
+
+def test_the_measurements_own_gpus_load_with_their_class_and_arch():
+    """GPUs only the measurements name (catalog/data/measurements.yaml ``gpus:``) are built field by
+    field: a positional build once slid ``class`` into ``aliases`` when a GPU field was removed, and
+    the speed fit quietly lost the class term of those cards."""
+    from lorapod.catalog.snapshot import load_data
+    from lorapod.plan.measurements import gpu_by_name
+
+    raw = load_data("measurements")[1].get("gpus", [])
+    assert raw
+    for g in raw:
+        got = gpu_by_name(g["name"])
+        assert (got.gpu_class, got.arch, got.aliases) == (g["class"], g["arch"], ())

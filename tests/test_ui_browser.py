@@ -351,7 +351,7 @@ def test_demo_then_ui_a_new_users_first_look(page, tmp_path):
         pngs = sorted((run / "samples").glob("*-0[0-9].png"))  # every 2 epochs of 8 steps: at step 16
         assert pngs and page.locator(".gallery img").count() == len(pngs)
         assert page.evaluate("[...document.querySelectorAll('.gallery img')].every(i => i.complete && i.naturalWidth > 0)")
-        assert "zxq, a red circle" in page.locator(".gallery").inner_text()  # the prompt from the PNG itself
+        assert "green" in page.locator(".gallery").first.inner_text()  # the prompt from the PNG itself
         page.screenshot(path=shots(tmp_path) / "run-demo.png", full_page=True)
     finally:
         proc.terminate()

@@ -199,7 +199,7 @@ def base_samples(model_dir: Path, folder: Path) -> list[Path]:
 
 
 def progress_sheet(folder: Path, base: list[Path]) -> Path:
-    """samples/progress.png: one row per prompt, the base model then every sampled checkpoint, each
+    """samples/progress-grid.png: one row per prompt, the base model then every sampled checkpoint, each
     cell at its own size and labelled (prompt, seed, step, LoRA strength)."""
     from lorapod.engine.diffusion import samples as smp
 
@@ -216,6 +216,6 @@ def progress_sheet(folder: Path, base: list[Path]) -> Path:
         images += [Image.open(paths[k]).convert("RGB") for _, paths in columns]
     sheet = smp.labelled_grid(smp.grid(images, cols=len(columns)), rows, col_labels,
                               "LoRA strength 1.0 in every step column; same seed across each row")
-    path = folder / "progress.png"
+    path = folder / "progress-grid.png"
     sheet.save(path)
     return path

@@ -92,8 +92,8 @@ def _extra_gpus() -> dict[str, GPU]:
     _, raw = load_data("measurements")
     out = {}
     for g in raw.get("gpus", []):
-        out[g["name"]] = GPU(g["name"], float(g["vram_gb"]), float(g["bf16_tflops"]), float(g["mem_bw_gbs"]),
-                             g["arch"], "", g["class"])
+        out[g["name"]] = GPU(name=g["name"], vram_gb=float(g["vram_gb"]), bf16_tflops=float(g["bf16_tflops"]),
+                             mem_bw_gbs=float(g["mem_bw_gbs"]), arch=g["arch"], gpu_class=g["class"])
     return out
 
 
