@@ -121,8 +121,8 @@ def cold_start(tmp: Path) -> list[tuple[float, float, dict[str, float]]]:
     """The real demo on a bare host: cold (environment built), then warm (reused)."""
     from tests.bare_host import caches, index_reachable, make_bare_python, pip_index_settings, setenv_line
 
-    from lorapod.compute.ledger import Ledger
-    from lorapod.compute.phases import job_phases
+    from lorapod.store.ledger import Ledger
+    from lorapod.store.phases import job_phases
 
     why = index_reachable(pip_index_settings())
     if why:

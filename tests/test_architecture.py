@@ -33,7 +33,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("lorapod", "lorapod.errors", "lorapod.fsutil", "lorapod.home"),
     ("lorapod.catalog",),
     ("lorapod.spec", "lorapod.prediction_type"),
-    ("lorapod.tokenizer", "lorapod.rundir", "lorapod.builtin", "lorapod.chat"),
+    # store/: the controller's records (the ledger, who owns what); the planner reads measured runs
+    # and boot times from it, compute writes them
+    ("lorapod.tokenizer", "lorapod.rundir", "lorapod.builtin", "lorapod.chat", "lorapod.store"),
     ("lorapod.data",),
     ("lorapod.plan",),
     # the two image LoRA file formats: the engine writes them at the end of training, export/
@@ -48,15 +50,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("lorapod.ui", "lorapod.cli", "lorapod.__main__"),
 )
 
-_PLAN_LEDGER = ("the ledger holds planner data (measured runs, boot times), so the planner reads it from "
-                "compute (lazily: `lorapod plan` loads no SSH code); move: the ledger's planner tables "
-                "to a store below plan (review 3)")
-
 # (importer, imported) -> why it is still there, and the move that removes it.
-ALLOWED: dict[tuple[str, str], str] = {
-    ("lorapod.plan.learned", "lorapod.compute.ledger"): _PLAN_LEDGER,
-    ("lorapod.plan.cost", "lorapod.compute.phases"): _PLAN_LEDGER,
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 Edges = Mapping[tuple[str, str], str]  # (importer, imported) -> "path:line" of the first such import
 

@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from lorapod.compute.ledger import Ledger
 from lorapod.rundir import new_job_id
+from lorapod.store.ledger import Ledger
 
 from .remote_helpers import cli_argv, cli_env
 

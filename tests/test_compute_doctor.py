@@ -10,11 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 from lorapod.compute.doctor import cheapest_offer, doctor_note, ever_passed, run_doctor
-from lorapod.compute.ledger import Ledger
 from lorapod.compute.runpod.api import RunPodApi
 from lorapod.compute.runpod.provider import RunPodProvider
 from lorapod.compute.vast.api import VastApi
 from lorapod.compute.vast.provider import VastProvider
+from lorapod.store.ledger import Ledger
 
 from .fakes.runpod_fake import RunPodFake
 from .fakes.vast_fake import VastFake

@@ -1,4 +1,4 @@
-"""compute/ledger.py: the ledger's invariants (a row before create returns, dollars from create to
+"""store/ledger.py: the ledger's invariants (a row before create returns, dollars from create to
 confirmed destroy, WAL and private, busy answers retried)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from lorapod.compute.ledger import Ledger
 from lorapod.compute.provider import Instance, Offer
 from lorapod.spec import load_spec
+from lorapod.store.ledger import Ledger
 
 
 def test_ledger_retries_sqlite_busy_answers_until_its_deadline():
@@ -19,7 +19,7 @@ def test_ledger_retries_sqlite_busy_answers_until_its_deadline():
     "database is locked" at once (no busy wait), which failed a parallel sweep in CI."""
     import sqlite3
 
-    from lorapod.compute.ledger import retry_busy
+    from lorapod.store.ledger import retry_busy
 
     calls = []
 
@@ -41,7 +41,7 @@ def test_many_processes_open_a_new_ledger_at_once(tmp_path):
     import subprocess
     import sys
 
-    code = "import sys; from lorapod.compute.ledger import Ledger; l = Ledger(sys.argv[1]); l.instances(); l.close()"
+    code = "import sys; from lorapod.store.ledger import Ledger; l = Ledger(sys.argv[1]); l.instances(); l.close()"
     path = tmp_path / "ledger.db"
     procs = [subprocess.Popen([sys.executable, "-c", code, str(path)], stderr=subprocess.PIPE) for _ in range(6)]
     for p in procs:

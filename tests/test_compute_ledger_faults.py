@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-import lorapod.compute.ledger as ledger_mod
-from lorapod.compute.ledger import Ledger, LedgerBusy, LedgerDamaged
+import lorapod.store.ledger as ledger_mod
 from lorapod.compute.ledger_repair import backup, backups, damage
 from lorapod.compute.local import LocalProvider
 from lorapod.compute.session import run_remote
 from lorapod.spec import load_spec
+from lorapod.store.ledger import Ledger, LedgerBusy, LedgerDamaged
 
 from .conftest_ssh import require_tools
 from .remote_helpers import cli_argv, cli_env, fake_command, fast_options, make_spec
@@ -185,8 +185,8 @@ def test_ledger_rebuild_recovers_what_bills_from_the_provider_and_the_run_folder
     """A 0-byte ledger and no backup: `ledger check` says what is missing, `ledger rebuild` records
     the pod the provider lists with this installation's label and the job of the run folder, and
     `down --orphans` then destroys the pod."""
-    from lorapod.compute.identity import instance_label
     from lorapod.compute.provider import InstanceSpec, Offer
+    from lorapod.store.identity import instance_label
 
     from .test_remote_faults import env_for, provider
 
@@ -225,8 +225,8 @@ def test_ledger_rebuild_recovers_what_bills_from_the_provider_and_the_run_folder
 def test_down_works_without_the_ledger_from_the_providers_labels(runpod_fake, tmp_path):
     """A damaged ledger in a read-only home (it cannot even be set aside): `down JOB` still
     destroys the job's pod, found by its label, with the provider's confirmation."""
-    from lorapod.compute.identity import instance_label
     from lorapod.compute.provider import InstanceSpec, Offer
+    from lorapod.store.identity import instance_label
 
     from .test_remote_faults import env_for, provider
 

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from lorapod.compute.ledger import Ledger
 from lorapod.compute.local import LocalProvider
 from lorapod.compute.remote import Bootstrap, RemoteWork, build_wheel
 from lorapod.compute.session import run_remote
 from lorapod.compute.transport import LocalTransport
 from lorapod.errors import RemoteError
 from lorapod.spec import load_spec
+from lorapod.store.ledger import Ledger
 
 from .conftest_ssh import require_tools
 from .remote_helpers import REPO, fake_command, fast_options, make_spec

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-from lorapod.compute.ledger import Ledger
-from lorapod.compute.phases import job_phases, measured_boot_min
 from lorapod.plan.choose import plan_job
 from lorapod.plan.cost import BOOT_MIN
 from lorapod.spec import load_spec
+from lorapod.store.ledger import Ledger
+from lorapod.store.phases import job_phases, measured_boot_min
 
 from .remote_helpers import REPO
 

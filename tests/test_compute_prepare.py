@@ -7,9 +7,9 @@ import subprocess
 import pytest
 from typer.testing import CliRunner
 
-from lorapod.compute.ledger import Ledger
 from lorapod.compute.session import RunOptions
 from lorapod.errors import LorapodError
+from lorapod.store.ledger import Ledger
 
 from .remote_helpers import cli_argv, cli_env, make_spec
 

@@ -9,8 +9,6 @@ import json
 
 import pytest
 
-from lorapod.compute.ledger import Ledger
-from lorapod.compute.phases import job_phases
 from lorapod.compute.runpod.api import RunPodApi
 from lorapod.compute.runpod.provider import RunPodProvider
 from lorapod.compute.runpod.volume_mount import attach, pick_datacenter
@@ -18,6 +16,8 @@ from lorapod.compute.runpod.volumes import NetworkVolumes
 from lorapod.compute.session import run_remote
 from lorapod.errors import LorapodError
 from lorapod.spec import load_spec
+from lorapod.store.ledger import Ledger
+from lorapod.store.phases import job_phases
 
 from .fakes.runpod_volumes_fake import RunPodWithVolumesFake
 from .remote_helpers import fake_command, fast_options, make_spec

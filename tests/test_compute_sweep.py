@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from lorapod.compute.ledger import Ledger
 from lorapod.compute.ssh import SSHProvider
 from lorapod.compute.sweep import Sweep, expand_grid
 from lorapod.errors import SpecError
 from lorapod.spec import load_spec
+from lorapod.store.ledger import Ledger
 
 from .fake_trainer import fake_val_loss
 from .remote_helpers import fake_command, fast_options, make_spec

@@ -214,10 +214,10 @@ def test_two_gpu_shaped_remote_run_over_loopback_ssh(assets, sshd, remote_root, 
     torchrun through the job-command seam; metrics, checkpoints, the adapter and teardown as for
     one process."""
     from lorapod.compute.launch import job_command_for
-    from lorapod.compute.ledger import Ledger
     from lorapod.compute.remote import default_job_command
     from lorapod.compute.session import run_remote
     from lorapod.compute.ssh import SSHProvider
+    from lorapod.store.ledger import Ledger
 
     from .remote_helpers import fast_options
 

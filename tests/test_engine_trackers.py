@@ -204,9 +204,9 @@ def test_report_to_and_mlflow(assets, tmp_path):
 
 def test_ps_json_and_the_summary_carry_the_wandb_url(tmp_path):
     from lorapod.compute.jobs import ps_rows
-    from lorapod.compute.ledger import Ledger
     from lorapod.compute.session import Summary
     from lorapod.engine.trackers import write_tracking
+    from lorapod.store.ledger import Ledger
 
     ledger = Ledger(tmp_path / "ledger.db")
     run_dir = tmp_path / "runs" / "job-1"

@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from lorapod.cli.main import build_app
-from lorapod.compute.ledger import Ledger
 from lorapod.plan.choose import plan_job
 from lorapod.spec import load_spec
+from lorapod.store.ledger import Ledger
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SDXL = EXAMPLES / "sdxl-object-lora.yaml"

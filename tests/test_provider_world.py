@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from lorapod.compute.httpapi import ApiError
-from lorapod.compute.ledger import Ledger
 from lorapod.compute.provider import InstanceSpec, NoCapacity, Offer, Requirements
 from lorapod.compute.runpod.api import RunPodApi
 from lorapod.compute.runpod.provider import RunPodProvider, allowed_cuda
@@ -21,6 +20,7 @@ from lorapod.compute.vast.api import VastApi
 from lorapod.compute.vast.provider import VastProvider, onstart_script
 from lorapod.compute.watchdog import run_recipe, run_step
 from lorapod.spec import load_spec
+from lorapod.store.ledger import Ledger
 
 from .fakes.runpod_fake import RunPodFake
 from .fakes.vast_fake import VastFake

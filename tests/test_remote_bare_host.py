@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from lorapod.compute.bootstrap import ENVS_DIR, derive_lock
-from lorapod.compute.ledger import Ledger
+from lorapod.store.ledger import Ledger
 
 from .bare_host import caches, index_reachable, make_bare_python, pip_index_settings, setenv_line
 from .remote_helpers import REPO, cli_argv, cli_env

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lorapod.compute.ledger import Ledger
+from lorapod.store.ledger import Ledger
 
 from .remote_helpers import cli_argv, cli_env, fake_command_template, has_module, make_spec
 

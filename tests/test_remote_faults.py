@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from lorapod.compute.identity import instance_label
 from lorapod.compute.jobs import down_orphans, follow_logs
-from lorapod.compute.ledger import Ledger
 from lorapod.compute.provider import InstanceSpec, Offer
 from lorapod.compute.runpod.api import RunPodApi
 from lorapod.compute.runpod.provider import RunPodProvider
 from lorapod.compute.session import run_remote
 from lorapod.spec import load_spec
+from lorapod.store.identity import instance_label
+from lorapod.store.ledger import Ledger
 
 from .fakes.base import Fault
 from .fakes.runpod_fake import RunPodFake

@@ -6,7 +6,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from lorapod.compute.ledger import Ledger
+from lorapod.store.ledger import Ledger
 
 from .remote_helpers import cli_argv, cli_env, make_spec
 from .test_remote_cli import lorapod, start_run, wait_for

@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 from lorapod.compute.jobs import ps_rows
-from lorapod.compute.ledger import Ledger
 from lorapod.compute.local import LocalProvider
 from lorapod.compute.session import run_remote
 from lorapod.spec import load_spec
+from lorapod.store.ledger import Ledger
 
 from .remote_helpers import fake_command, fake_command_template, fast_options, make_spec
 from .test_remote_faults import assert_nothing_bills, cli, env_for, start_run, wait_for

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from lorapod.compute.ledger import Ledger
 from lorapod.compute.metrics_feed import MAX_LINE_BYTES, POLL_BYTES, MetricsFeed, shown_number
 from lorapod.compute.remote import RemoteWork
 from lorapod.compute.session import run_remote
 from lorapod.compute.ssh import SSHProvider
 from lorapod.spec import load_spec
+from lorapod.store.ledger import Ledger
 
 from .remote_helpers import fast_options, make_spec
 

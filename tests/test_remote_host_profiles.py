@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lorapod.compute.ledger import Ledger
+from lorapod.store.ledger import Ledger
 
 from .conftest_ssh import new_sshd, require_tools
 from .fakes.runpod_fake import RunPodFake

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 from lorapod.compute.httpapi import ApiError
-from lorapod.compute.identity import instance_label
-from lorapod.compute.ledger import Ledger
 from lorapod.compute.runpod.api import RunPodApi
 from lorapod.compute.runpod.provider import RunPodProvider
 from lorapod.compute.session import run_remote
 from lorapod.compute.vast.api import VastApi
 from lorapod.compute.vast.provider import VastProvider
 from lorapod.spec import load_spec
+from lorapod.store.identity import instance_label
+from lorapod.store.ledger import Ledger
 
 from .fakes.runpod_fake import RunPodFake
 from .fakes.vast_fake import VastFake

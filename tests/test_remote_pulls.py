@@ -21,12 +21,12 @@ import yaml
 
 import lorapod.compute.pulls as pulls
 from lorapod.compute.jobs import down_job, pull_job
-from lorapod.compute.ledger import Ledger
 from lorapod.compute.local import LocalProvider
 from lorapod.compute.pulls import RESERVE_BYTES, LocalDiskFull
 from lorapod.compute.session import run_remote
 from lorapod.compute.ssh import SSHProvider
 from lorapod.spec import load_spec
+from lorapod.store.ledger import Ledger
 
 from .conftest_ssh import require_tools
 from .remote_helpers import FAKE_TRAINER, fast_options, make_spec

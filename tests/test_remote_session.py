@@ -7,11 +7,11 @@ import os
 import threading
 import time
 
-from lorapod.compute.ledger import Ledger
 from lorapod.compute.remote import local_manifest
 from lorapod.compute.session import run_remote
 from lorapod.compute.ssh import SSHProvider
 from lorapod.spec import load_spec
+from lorapod.store.ledger import Ledger
 
 from .remote_helpers import fake_command, fast_options, make_spec
 

@@ -10,11 +10,11 @@ import pytest
 
 from lorapod.compute import jobs
 from lorapod.compute.context import Claim, JobContext, RunOptions
-from lorapod.compute.ledger import Ledger
 from lorapod.compute.provider import Capability, Instance, Offer, ProviderBase
 from lorapod.compute.teardown import destroy_claim
 from lorapod.errors import ProviderError
 from lorapod.rundir import RunDir
+from lorapod.store.ledger import Ledger
 
 
 class OneInstance(ProviderBase):
@@ -88,7 +88,7 @@ def test_run_and_down_confirm_a_destroy_by_the_same_rule(refresh_state, listing,
 def test_the_orphan_sweep_does_not_take_an_unlisted_instance_for_gone(monkeypatch):
     """down --orphans reconciles by the same rule: a live job's instance that the list omits but
     the provider still reports running is neither marked destroyed nor destroyed."""
-    from lorapod.compute.identity import controller_id
+    from lorapod.store.identity import controller_id
 
     ledger = Ledger()
     ledger.job_started("job1", "/tmp/run", "oneinst", "oneinst", None, None, None)

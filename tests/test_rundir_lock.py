@@ -82,7 +82,7 @@ def test_lorapod_train_refuses_a_run_folder_another_process_writes(tmp_path):
 def test_a_second_controller_on_one_run_folder_is_refused(tmp_path):
     """The ledger says nobody follows the job (its controller died), but another process still
     writes its run folder: `run --resume` is refused before anything is rented."""
-    from lorapod.compute.ledger import Ledger
+    from lorapod.store.ledger import Ledger
 
     run = tmp_path / "runs" / "job-1"
     run.mkdir(parents=True)

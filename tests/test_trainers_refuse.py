@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lorapod.compute.ledger import Ledger
 from lorapod.errors import SpecError
 from lorapod.spec import load_spec
+from lorapod.store.ledger import Ledger
 from lorapod.trainers import Layout, TrainerRefused, prepare
 from lorapod.trainers.contracts import ContractError
 

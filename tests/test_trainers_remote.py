@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lorapod.compute.ledger import Ledger
 from lorapod.compute.session import run_remote
 from lorapod.compute.ssh import SSHProvider
 from lorapod.spec import load_spec
+from lorapod.store.ledger import Ledger
 from lorapod.trainers.on_instance import trainer_job_command
 
 from .remote_helpers import cli_argv, cli_env, fast_options

@@ -138,7 +138,7 @@ def test_png_prompt_is_read_from_the_text_chunk_latin1_or_not(tmp_path):
 
 
 def test_runs_page_running_first_unconfirmed_destroy_in_red_and_sweeps_under_their_cap(tmp_path):
-    from lorapod.compute.ledger import Ledger
+    from lorapod.store.ledger import Ledger
 
     runs = tmp_path / "runs"
     old = run_folder(runs, name="old-20261130-100000-0001")
@@ -200,7 +200,7 @@ def test_cli_missing_extra_names_it_and_another_host_warns(tmp_path, monkeypatch
 def test_data_and_plan_pages_offer_the_users_own_specs_never_a_hosts(tmp_path):
     import yaml
 
-    from lorapod.compute.ledger import Ledger
+    from lorapod.store.ledger import Ledger
 
     mine, planted = tmp_path / "mine" / "photos", tmp_path / "private"
     mine.mkdir(parents=True)

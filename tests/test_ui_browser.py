@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from playwright import sync_api as playwright
 
-from lorapod.compute.ledger import Ledger
+from lorapod.store.ledger import Ledger
 
 from .fakes.runpod_fake import RunPodFake
 from .remote_helpers import cli_argv, cli_env, fake_command_template, make_spec

@@ -24,9 +24,9 @@ def register(app: typer.Typer) -> None:
         provider's GET after it, the price reported against the price offered. Prints the cap in
         cents first; nothing is rented without --yes."""
         from lorapod.compute.doctor import MAX_MINUTES, SCOPED, cap_usd, cheapest_offer, run_doctor
-        from lorapod.compute.ledger import Ledger
         from lorapod.compute.provider import get
         from lorapod.errors import LorapodError
+        from lorapod.store.ledger import Ledger
 
         if provider not in SCOPED:
             raise LorapodError(f"lorapod doctor checks a rented instance; '{provider}' is not one",

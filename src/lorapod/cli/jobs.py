@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
         read-only LORAPOD_HOME will do); with a damaged ledger, what RunPod and Vast.ai list."""
         from lorapod.cli.volumes import monthly_line
         from lorapod.compute.jobs import ps_rows, ps_rows_from_providers
-        from lorapod.compute.ledger import Ledger, LedgerDamaged
+        from lorapod.store.ledger import Ledger, LedgerDamaged
 
         ledger: Ledger | None = None
         try:
@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
             if r.get("unconfirmed"):
                 console.print(f"[bold red]job {r['job']}: instance {', '.join(r['unconfirmed'])} not confirmed "
                               f"destroyed; it may still bill.[/] Run `lorapod down {r['job']}`")
-        from lorapod.compute.phases import describe
+        from lorapod.store.phases import describe
 
         for r in rows:
             if r["setup_s"]:
@@ -74,7 +74,7 @@ def register(app: typer.Typer) -> None:
         """Progress (step/total, loss, val loss, ETA, $ so far of the cap, $ to finish) and the job's log,
         live from the instance or from the pulled run folder."""
         from lorapod.compute.jobs import find_job, follow_logs
-        from lorapod.compute.ledger import Ledger
+        from lorapod.store.ledger import Ledger
 
         ledger = Ledger()
         show = _MetricsLines(ledger, find_job(ledger, job)) if not raw else None
@@ -90,7 +90,7 @@ def register(app: typer.Typer) -> None:
     def pull(job: str = typer.Argument(..., help="Job id (or a unique prefix).")) -> None:
         """Fetch checkpoints, samples and metrics from the instance now."""
         from lorapod.compute.jobs import pull_job
-        from lorapod.compute.ledger import Ledger
+        from lorapod.store.ledger import Ledger
 
         n = pull_job(Ledger(), job)
         err.print(f"pulled {n} file(s)")
@@ -111,8 +111,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Destroy instances: one job's, orphans', or all of them; or a serverless endpoint."""
         from lorapod.compute.jobs import down_job, down_orphans, down_without_ledger
-        from lorapod.compute.ledger import Ledger, LedgerDamaged, LedgerUnusable
         from lorapod.errors import LorapodError
+        from lorapod.store.ledger import Ledger, LedgerDamaged, LedgerUnusable
 
         def say(msg: str) -> None:
             err.print(msg, markup=False)

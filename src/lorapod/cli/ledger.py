@@ -26,10 +26,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Whether the ledger file is whole, and what it lacks: this installation's live instances
         that RunPod / Vast.ai list by label, and run folders it has no job for. Changes nothing."""
-        from lorapod.compute.ledger import Ledger, LedgerDamaged
         from lorapod.compute.ledger_repair import backups
         from lorapod.compute.ledger_repair import check as check_ledger
         from lorapod.errors import LorapodError
+        from lorapod.store.ledger import Ledger, LedgerDamaged
 
         def say(msg: str) -> None:
             err.print(msg, markup=False)
@@ -57,9 +57,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Set a damaged ledger aside (restoring the newest backup), then record what it lacks:
         live instances the providers list with this installation's label, and run folders."""
-        from lorapod.compute.ledger import Ledger
         from lorapod.compute.ledger_repair import backup
         from lorapod.compute.ledger_repair import rebuild as rebuild_ledger
+        from lorapod.store.ledger import Ledger
 
         def say(msg: str) -> None:
             err.print(msg, markup=False)

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from lorapod.compute.context import Claim, Interrupted, JobContext
 from lorapod.compute.httpapi import ApiError
-from lorapod.compute.identity import instance_label
 from lorapod.compute.offers import choose_offers
 from lorapod.compute.provider import CreatedButUnusable, Instance, InstanceSpec, NoCapacity, Offer, Provider
 from lorapod.compute.teardown import destroy_claim, find_by_label, job_key_dir
@@ -30,6 +29,7 @@ from lorapod.compute.transport import (
 )
 from lorapod.compute.wait import WaitTimedOut, backoff_until
 from lorapod.errors import BudgetError, LorapodError, ProviderError
+from lorapod.store.identity import instance_label
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lorapod.compute.ledger import Ledger
 from lorapod.compute.provider import Instance, Offer, Provider
 from lorapod.compute.remote import Bootstrap, job_command_from_env
 from lorapod.compute.transport import Transport
@@ -25,6 +24,7 @@ from lorapod.compute.wait import deadline_in, retrying
 from lorapod.errors import LorapodError
 from lorapod.fsutil import append_text
 from lorapod.rundir import RunDir
+from lorapod.store.ledger import Ledger
 
 JobCommand = Callable[[str, str, str, bool], list[str]]
 

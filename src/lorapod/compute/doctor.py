@@ -26,11 +26,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lorapod.compute.identity import instance_label
-from lorapod.compute.ledger import Ledger
 from lorapod.compute.provider import Instance, InstanceSpec, Offer, Provider, Requirements, rank_offers
 from lorapod.errors import LorapodError, ProviderError
 from lorapod.home import lorapod_home
+from lorapod.store.identity import instance_label
+from lorapod.store.ledger import Ledger
 
 MAX_MINUTES = 10.0
 DOCTOR_JOB = "doctor"

@@ -16,9 +16,6 @@ from typing import Any
 
 from lorapod.compute import provider as registry
 from lorapod.compute.acquire import transport_for
-from lorapod.compute.identity import controller_alive, installation_id, instance_label, parse_label
-from lorapod.compute.ledger import InstanceRow, JobRow, Ledger
-from lorapod.compute.phases import job_phases
 from lorapod.compute.provider import Instance, Provider
 from lorapod.compute.remote import RemoteWork
 from lorapod.compute.teardown import confirm_gone, destroy_confirmed
@@ -27,6 +24,9 @@ from lorapod.compute.trust import guarded_read
 from lorapod.compute.wait import deadline_in, retrying
 from lorapod.engine.trackers import wandb_url
 from lorapod.errors import LorapodError, ProviderError
+from lorapod.store.identity import controller_alive, installation_id, instance_label, parse_label
+from lorapod.store.ledger import InstanceRow, JobRow, Ledger
+from lorapod.store.phases import job_phases
 
 #: What one `lorapod logs` poll reads of each file on the instance: the host decides their size.
 LOG_CHUNK = 1 << 20

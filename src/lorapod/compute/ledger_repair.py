@@ -1,6 +1,6 @@
 """Rebuilding the ledger from what bills: the providers' instances by label and the run folders.
 
-What no backup holds (:mod:`lorapod.compute.ledger_file`) comes back with :func:`rebuild`: the
+What no backup holds (:mod:`lorapod.store.ledger_file`) comes back with :func:`rebuild`: the
 providers list instances by the label lorapod gave them (``lorapod-<installation>-<instance>-<job>``,
 :func:`instance_label`), and every run folder holds its job's id (the folder's name), spec and metrics.
 """
@@ -14,8 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lorapod.compute.ledger import Ledger
-from lorapod.compute.ledger_file import (  # noqa: F401  (callers read them from here too)
+from lorapod.store.ledger import Ledger
+from lorapod.store.ledger_file import (  # noqa: F401  (callers read them from here too)
     KEEP,
     backup,
     backups,
@@ -30,8 +30,8 @@ from lorapod.compute.ledger_file import (  # noqa: F401  (callers read them from
 def labelled_instances(say: Callable[[str], None]) -> dict[str, list[Any]]:
     """This installation's instances at each provider that has credentials here, by label."""
     from lorapod.compute import provider as registry
-    from lorapod.compute.identity import installation_id, parse_label
     from lorapod.errors import LorapodError
+    from lorapod.store.identity import installation_id, parse_label
 
     me = installation_id()
     found: dict[str, list[Any]] = {}
@@ -78,7 +78,7 @@ def _last_step(run: Path) -> int | None:
 def check(ledger: Ledger, say: Callable[[str], None], roots: list[Path]) -> dict[str, Any]:
     """What the ledger lacks: this installation's live instances the providers list and run
     folders it has no job for. Nothing is changed."""
-    from lorapod.compute.identity import parse_label
+    from lorapod.store.identity import parse_label
 
     known = {r.provider_id for r in ledger.instances() if r.provider_id}
     missing_instances = [(name, i) for name, insts in labelled_instances(say).items() for i in insts
@@ -99,7 +99,7 @@ def check(ledger: Ledger, say: Callable[[str], None], roots: list[Path]) -> dict
 def rebuild(ledger: Ledger, say: Callable[[str], None], roots: list[Path]) -> dict[str, int]:
     """Add what :func:`check` finds missing: an instance row per labelled live instance (so
     ``ps`` shows it and ``down`` can destroy it) and a job row per run folder."""
-    from lorapod.compute.identity import parse_label
+    from lorapod.store.identity import parse_label
 
     known = {r.provider_id for r in ledger.instances() if r.provider_id}
     jobs = {j.id for j in ledger.jobs()}

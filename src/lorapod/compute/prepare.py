@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lorapod.compute.launch import job_command_for
-from lorapod.compute.ledger import Ledger
 from lorapod.compute.provider import Provider, from_target
 from lorapod.compute.remote import Bootstrap
 from lorapod.compute.session import RunOptions
 from lorapod.errors import LorapodError, SpecError
 from lorapod.spec import JobSpec, apply_report_to, load_spec
+from lorapod.store.ledger import Ledger
 
 Say = Callable[[str], None]
 SKY = "sky"  # the --on value SkyPilot takes: compute/skypilot.py runs the whole lifecycle
@@ -173,8 +173,8 @@ def _resumed(ledger: Ledger, job_id: str, on: str | None, overrides: list[str], 
     """A job from the ledger, to continue from its last pulled checkpoint: its resolved spec, its
     target unless ``on`` names another, and the trainer it was started with."""
     from lorapod.compute.jobs import find_job
-    from lorapod.compute.ledger import controller_alive
     from lorapod.rundir import RunDir
+    from lorapod.store.ledger import controller_alive
     from lorapod.trainers import for_resume
 
     job = find_job(ledger, job_id)

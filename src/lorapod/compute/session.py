@@ -29,7 +29,6 @@ from typing import Any
 from lorapod.compute.acquire import Lease, acquire
 from lorapod.compute.context import Interrupted, JobContext, RunOptions
 from lorapod.compute.follow import Follower, Progress
-from lorapod.compute.ledger import Ledger, LedgerBusy
 from lorapod.compute.ledger_repair import backup as backup_ledger
 from lorapod.compute.metrics_feed import MetricsFeed
 from lorapod.compute.provider import Provider
@@ -40,6 +39,7 @@ from lorapod.compute.remote import RemoteWork
 from lorapod.compute.teardown import salvage, teardown
 from lorapod.errors import BudgetError, LorapodError
 from lorapod.rundir import RunDir, new_job_id
+from lorapod.store.ledger import Ledger, LedgerBusy
 
 
 @dataclass

@@ -32,13 +32,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lorapod.compute.ledger import Ledger
 from lorapod.compute.provider import Provider
 from lorapod.compute.session import RunOptions, Session
 from lorapod.engine.metrics import read_metrics
 from lorapod.errors import LorapodError, SpecError
 from lorapod.rundir import new_job_id
 from lorapod.spec import JobSpec, load_spec
+from lorapod.store.ledger import Ledger
 
 LOSS_KEYS = ("val_loss", "fixed_noise_loss")  # LLM, image
 MIN_ALLOTMENT_USD = 0.01  # below a cent a job cannot do anything useful

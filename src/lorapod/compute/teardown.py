@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from lorapod.compute.context import Claim, JobContext
-from lorapod.compute.ledger import Ledger
 from lorapod.compute.provider import Instance, Provider, capability
 from lorapod.compute.remote import RemoteWork
 from lorapod.compute.transport import AuthRefused
@@ -34,6 +33,7 @@ from lorapod.compute.trust import guarded_read
 from lorapod.compute.wait import Backoff, deadline_in
 from lorapod.errors import LorapodError
 from lorapod.home import lorapod_home
+from lorapod.store.ledger import Ledger
 
 
 def _never() -> bool:

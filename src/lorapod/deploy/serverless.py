@@ -292,8 +292,8 @@ class Deployed:
 def deploy(dep: Deployment, serverless: Any = None, ledger: Any = None) -> Deployed:
     """Create the template, then the endpoint (each once); a refused endpoint removes the template.
     The ledger records both (``lorapod ps``, ``lorapod down --endpoint ID``)."""
-    from lorapod.compute.ledger import Ledger
     from lorapod.compute.runpod.serverless import Serverless
+    from lorapod.store.ledger import Ledger
 
     sv = serverless or Serverless()
     ledger = ledger or Ledger()
@@ -339,8 +339,8 @@ def endpoint_cost(rec: dict[str, Any]) -> str:
 
 def down_endpoint(endpoint_id: str, serverless: Any = None, ledger: Any = None) -> bool:
     """Delete the endpoint, then its template; True when RunPod confirmed the endpoint's delete."""
-    from lorapod.compute.ledger import Ledger
     from lorapod.compute.runpod.serverless import Serverless
+    from lorapod.store.ledger import Ledger
 
     sv = serverless or Serverless()
     ledger = ledger or Ledger()

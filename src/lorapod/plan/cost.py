@@ -93,7 +93,7 @@ def price_job(job: Job, price: PriceEntry, speed: Speed | None = None) -> tuple[
     gpu = find_gpu(price.gpu)
     speed = speed or step_speed(job.model, job.settings, gpu, job.estimate)
     warnings: list[str] = []
-    from lorapod.compute.phases import measured_boot_min
+    from lorapod.store.phases import measured_boot_min
 
     measured = measured_boot_min(price.provider)
     if measured is not None and job.spec.compute.phases.boot_min is None:

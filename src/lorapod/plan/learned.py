@@ -177,7 +177,7 @@ def record_job(ledger: Any, job_id: str) -> Measured | None:
 def record_local(run_dir: str | Path) -> tuple[Measured | None, str]:
     """A local ``lorapod train`` that ended, into this machine's ledger (``$LORAPOD_HOME/ledger.db``,
     made if need be); returns the measurement (None when not recorded) and what was or why not."""
-    from lorapod.compute.ledger import Ledger
+    from lorapod.store.ledger import Ledger
 
     root = Path(run_dir)
     if os.environ.get(IN_REMOTE_JOB):
@@ -202,8 +202,8 @@ def sync(ledger: Any) -> None:
 
 
 def _ledger():
-    from lorapod.compute.ledger import Ledger
     from lorapod.home import lorapod_home
+    from lorapod.store.ledger import Ledger
 
     path = lorapod_home() / "ledger.db"
     return Ledger(path) if path.is_file() else None

@@ -1,6 +1,6 @@
 """``lorapod ui``: a local web dashboard over the ledger and the run folders.
 
-It holds no state of its own: every page is read from the ledger (``compute/ledger.py``) and the
+It holds no state of its own: every page is read from the ledger (``store/ledger.py``) and the
 run folders (``rundir.py``) when it is asked for, and every action (pull now, STOP at the next
 save, destroy now) goes through the same functions as ``lorapod pull``, the session's STOP and
 ``lorapod down`` (``compute/jobs.py``). Run folders hold what a rented host sent, so files are

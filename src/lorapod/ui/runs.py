@@ -247,7 +247,7 @@ class RunIndex:
         """A fresh connection (one per request); None when no ledger exists yet (the UI never makes
         one). Pages read it read-only (a damaged ledger is said, never repaired from a page view);
         ``write``: an action (pull, stop, destroy) that records what it did, as the CLI does."""
-        from lorapod.compute.ledger import Ledger
+        from lorapod.store.ledger import Ledger
 
         if not self.ledger_path.is_file():
             return None
@@ -282,7 +282,7 @@ class RunIndex:
         views: list[RunView] = []
         seen: set[str] = set()
         self.ledger_error = None
-        from lorapod.compute.ledger import LedgerDamaged
+        from lorapod.store.ledger import LedgerDamaged
 
         try:
             ledger = self.ledger()

@@ -11,9 +11,9 @@ import json
 import statistics
 from typing import Any
 
-from lorapod.compute.ledger import Ledger
 from lorapod.errors import LorapodError
 from lorapod.home import lorapod_home
+from lorapod.store.ledger import Ledger
 
 ORDER = ("boot", "ssh ready", "environment", "data sync", "first step")
 #: What the planner's "boot + install" phase covers (the first step is in its own phases).

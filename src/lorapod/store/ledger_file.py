@@ -1,5 +1,5 @@
 """The ledger's file kept usable: damage detected, the file set aside, backups (no Ledger import:
-:mod:`lorapod.compute.ledger` calls this before it opens the file; the rebuild from the providers
+:mod:`lorapod.store.ledger` calls this before it opens the file; the rebuild from the providers
 is :mod:`lorapod.compute.ledger_repair`).
 
 A ledger file can be truncated (a full disk, a copy cut short), overwritten, or emptied to 0
@@ -15,7 +15,7 @@ the newest :data:`KEEP` kept, in ``backups/`` beside the ledger.
 
 What no backup holds comes back with :func:`rebuild`: the providers list instances by the label
 lorapod gave them (``lorapod-<installation>-<instance>-<job>``,
-:func:`lorapod.compute.identity.instance_label`), and every run folder holds its job's id (the
+:func:`lorapod.store.identity.instance_label`), and every run folder holds its job's id (the
 folder's name), spec and metrics.
 """
 
@@ -31,7 +31,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-#: a compute.ledger.Ledger (ledger.py imports this module to check its file, so not the reverse)
+#: a store.ledger.Ledger (ledger.py imports this module to check its file, so not the reverse)
 Ledger = Any
 
 KEEP = 5

@@ -9,7 +9,7 @@ while a run writes. Two invariants make teardown trustworthy:
 2. an instance is marked ``destroyed`` only after the provider confirmed it is gone.
 
 Ownership (the installation id in every instance's label, the controller that follows a job)
-is :mod:`lorapod.compute.identity`'s.
+is :mod:`lorapod.store.identity`'s.
 
 Dollars are the instance's own price times the time from create to confirmed destroy (or now,
 while it lives). Nothing secret is ever written here.
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from lorapod.compute.identity import controller_alive, controller_id
 from lorapod.errors import LorapodError
 from lorapod.home import lorapod_home
+from lorapod.store.identity import controller_alive, controller_id
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS instances (
@@ -219,7 +219,7 @@ class Ledger:
         self._pending: list[tuple[Write, str]] = []
         self._lock = threading.RLock()
         if repair:
-            from lorapod.compute.ledger_file import repair_if_damaged
+            from lorapod.store.ledger_file import repair_if_damaged
 
             try:
                 self.notice = repair_if_damaged(self.path)
@@ -255,7 +255,7 @@ class Ledger:
         """The ledger opened for reading only (``lorapod ps``): nothing is created, changed or
         locked for writing, so it works in a read-only ``LORAPOD_HOME`` and beside a run that
         writes. A missing file reads as an empty ledger; a damaged one raises :class:`LedgerDamaged`."""
-        from lorapod.compute.ledger_file import damage
+        from lorapod.store.ledger_file import damage
 
         self = cls.__new__(cls)
         home = Path(os.environ.get("LORAPOD_HOME") or Path.home() / ".lorapod").expanduser()
