@@ -9,7 +9,7 @@ from pathlib import Path
 from lorapod.store.ledger import Ledger
 
 from .remote_helpers import cli_argv, cli_env, make_spec
-from .test_remote_cli import lorapod, start_run, wait_for
+from .test_cli_run_remote import lorapod, start_run, wait_for
 
 
 def test_logs_follow_and_pull_during_a_run(sshd, tmp_path):

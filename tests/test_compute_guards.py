@@ -22,7 +22,7 @@ from lorapod.spec import load_spec
 from lorapod.store.ledger import Ledger
 
 from .remote_helpers import fake_command, fake_command_template, fast_options, make_spec
-from .test_remote_faults import assert_nothing_bills, cli, env_for, start_run, wait_for
+from .test_compute_session_faults import assert_nothing_bills, cli, env_for, start_run, wait_for
 
 
 def kill_watchdog(work_root: Path) -> int:

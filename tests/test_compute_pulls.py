@@ -206,7 +206,7 @@ def test_on_a_billing_instance_the_grace_is_bounded_then_it_is_destroyed(sshd_fa
     from lorapod.errors import LorapodError
 
     from .fakes.runpod_fake import RunPodFake
-    from .test_remote_faults import assert_nothing_bills, provider
+    from .test_compute_session_faults import assert_nothing_bills, provider
 
     fake = RunPodFake(sshd_factory, remote_root)
     try:

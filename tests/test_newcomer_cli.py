@@ -337,7 +337,7 @@ def test_image_eval_and_export_say_what_they_show_without_library_chatter(tmp_pa
 def test_plan_an_llm_the_catalog_does_not_know_fetches_only_its_config_json(tmp_path):
     import json
 
-    from .test_tokenizer_loader import FakeHub
+    from .test_tokenizer import FakeHub
 
     cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 2048,
            "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4,

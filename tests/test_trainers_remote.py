@@ -19,8 +19,8 @@ from lorapod.store.ledger import Ledger
 from lorapod.trainers.on_instance import trainer_job_command
 
 from .remote_helpers import cli_argv, cli_env, fast_options
-from .test_remote_cli import FAST
-from .test_remote_session import assert_clean
+from .test_cli_run_remote import FAST
+from .test_compute_session import assert_clean
 
 STANDIN = Path(__file__).resolve().parent / "standins" / "sd-scripts"
 

@@ -5,7 +5,7 @@ classes mean the family, whether it is video, its training resolution, the guida
 use by default, and the names kohya-style metadata gives its base model. The spec, the data
 checks, the planner, the engine, export and inspect read this table; the engine's
 ``engine/diffusion/families/`` holds only the code (loading, encoding, the denoiser call) and
-has one class per row (``tests/test_families.py`` fails if a row has no class, or a class no row).
+has one class per row (``tests/test_catalog_families.py`` fails if a row has no class, or a class no row).
 
 The table is built once, at import, and never changed afterwards (a ``MappingProxyType``):
 nothing registers a family into it from elsewhere.

@@ -188,7 +188,7 @@ def test_ledger_rebuild_recovers_what_bills_from_the_provider_and_the_run_folder
     from lorapod.compute.provider import InstanceSpec, Offer
     from lorapod.store.identity import instance_label
 
-    from .test_remote_faults import env_for, provider
+    from .test_compute_session_faults import env_for, provider
 
     env = env_for(runpod_fake)
     label = instance_label("i-0123456789ab", "lost-job")
@@ -228,7 +228,7 @@ def test_down_works_without_the_ledger_from_the_providers_labels(runpod_fake, tm
     from lorapod.compute.provider import InstanceSpec, Offer
     from lorapod.store.identity import instance_label
 
-    from .test_remote_faults import env_for, provider
+    from .test_compute_session_faults import env_for, provider
 
     offer = Offer("runpod", "NVIDIA GeForce RTX 3090|COMMUNITY", "RTX 3090", 0.22)
     key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJ0 t"
