@@ -350,7 +350,10 @@ def test_demo_then_ui_a_new_users_first_look(page, tmp_path):
         assert page.evaluate("window.lorapod.lastStep") == 16
         pngs = sorted((run / "samples").glob("*-0[0-9].png"))  # every 2 epochs of 8 steps: at step 16
         assert pngs and page.locator(".gallery img").count() == len(pngs)
-        assert page.evaluate("[...document.querySelectorAll('.gallery img')].every(i => i.complete && i.naturalWidth > 0)")
+        # the images are loading="lazy": bring the last one into view, then every one must load
+        page.locator(".gallery img").last.scroll_into_view_if_needed()
+        page.wait_for_function("[...document.querySelectorAll('.gallery img')].every(i => i.complete && i.naturalWidth > 0)",
+                               timeout=15_000)
         assert "green" in page.locator(".gallery").first.inner_text()  # the prompt from the PNG itself
         page.screenshot(path=shots(tmp_path) / "run-demo.png", full_page=True)
     finally:

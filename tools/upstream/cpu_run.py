@@ -36,7 +36,7 @@ import sys
 from pathlib import Path
 from lorapod.spec import load_spec
 from lorapod.trainers.axolotl import Axolotl
-from lorapod.trainers.contracts import dump_yaml
+from lorapod.trainers.job import dump_yaml
 from lorapod.trainers.runner import run_trainer
 
 build = Axolotl.build
@@ -63,11 +63,12 @@ def axolotl_spec(root: Path, steps: int) -> Path:
 
     sys.path.insert(0, str(REPO / "src"))
     from lorapod import demo
+    from lorapod.builtin import llm
 
-    train, val = demo.build_dataset()
+    train, val = llm.build_dataset()
     model = root / "base"
     if not model.is_dir():
-        demo.build_base_model(model, demo.demo_texts(train, val), hidden=32, layers=2)
+        llm.build_base_model(model, llm.demo_texts(train, val), hidden=32, layers=2)
         demo.write_jsonl(root / "chats.jsonl", train)
     spec = {"model": {"id": str(model), "family": "llm"},
             "method": {"type": "lora", "r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear"},
