@@ -33,3 +33,10 @@ def spec_dict(model_dir: Path, train: Path, val: Path, out: Path, **train_overri
         "save": {"every_steps": 3, "every_epochs": None, "keep_last": 10},
         "output": {"dir": str(out), "name": "t"},
     }
+
+
+def make_assets(root: Path) -> tuple[Path, Path, Path, Path]:
+    """(root, model folder, train.jsonl, val.jsonl): what the engine tests' module fixtures share."""
+    model_dir = make_model_dir(root)
+    train, val = write_data(root)
+    return root, model_dir, train, val

@@ -30,17 +30,14 @@ from lorapod.errors import SpecError
 from lorapod.rundir import RunDir
 from lorapod.spec import load_spec
 
-from .llm_fixtures import make_model_dir, spec_dict, write_data
+from .llm_fixtures import make_assets, spec_dict
 
 TOL = {"rel": 1e-5, "abs": 1e-6}
 
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ddp")
-    model_dir = make_model_dir(root)
-    train, val = write_data(root)
-    return root, model_dir, train, val
+    return make_assets(tmp_path_factory.mktemp("ddp"))
 
 
 def _spec_file(assets, out: Path, **train) -> Path:

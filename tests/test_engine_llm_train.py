@@ -15,15 +15,12 @@ from lorapod.errors import CheckpointError, HardwareError
 from lorapod.rundir import RunDir
 from lorapod.spec import load_spec
 
-from .llm_fixtures import make_model_dir, spec_dict, write_data
+from .llm_fixtures import make_assets, spec_dict
 
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("llm")
-    model_dir = make_model_dir(root)
-    train, val = write_data(root)
-    return root, model_dir, train, val
+    return make_assets(tmp_path_factory.mktemp("llm"))
 
 
 def _run(assets, tmp_path, **train):

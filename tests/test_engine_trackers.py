@@ -20,7 +20,7 @@ from lorapod.errors import SpecError
 from lorapod.rundir import RunDir
 from lorapod.spec import WandbSpec, apply_report_to, load_spec
 
-from .llm_fixtures import make_model_dir, spec_dict, write_data
+from .llm_fixtures import make_assets, spec_dict
 
 wandb = pytest.importorskip("wandb")
 
@@ -60,10 +60,7 @@ def history(records: list[dict]) -> dict[int, dict]:
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("llm")
-    model_dir = make_model_dir(root)
-    train, val = write_data(root)
-    return root, model_dir, train, val
+    return make_assets(tmp_path_factory.mktemp("llm"))
 
 
 def _spec(assets, tmp_path, **extra):
