@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from lorapod.builtin import build_once
 from lorapod.builtin.sd import TOY_COLOURS, build_toy_sd15
 
 
@@ -126,16 +127,9 @@ def demo_spec_dict(out: Path, model_id: str, steps: int | None) -> dict:
 
 def base_model(folder: Path, log) -> Path:
     """The toy base model's folder, written unless this build is already there."""
-    stamp = folder / "lorapod-build.json"
-    if (folder / "model_index.json").is_file() and stamp.is_file() and json.loads(stamp.read_text()) == BASE_BUILD:
-        log(f"base model: {folder} (written before, reused)")
-        return folder
-    log("writing a tiny Stable-Diffusion-style base model locally (no download): a hand-set pixel codec as its VAE "
-        "and a small UNet pretrained from scratch on flat colours (lorapod.builtin.sd)...")
-    shutil.rmtree(folder, ignore_errors=True)
-    build_toy_sd15(folder)
-    stamp.write_text(json.dumps(BASE_BUILD), encoding="utf-8")
-    return folder
+    return build_once(folder, BASE_BUILD, build_toy_sd15, log,
+                      "writing a tiny Stable-Diffusion-style base model locally (no download): a hand-set pixel codec as its VAE "
+                      "and a small UNet pretrained from scratch on flat colours (lorapod.builtin.sd)...")
 
 
 def run_image_demo(out: Path, steps: int | None = None, log=print, show_progress: bool | None = None) -> ImageDemoResult:

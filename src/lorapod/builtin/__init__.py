@@ -21,8 +21,11 @@ planner take a folder or a hub id; giving them ids is one line here each once th
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import shutil
+from collections.abc import Callable
+from pathlib import Path
 
 from lorapod.catalog.models import BUILTIN_PREFIX, is_builtin
 from lorapod.errors import ModelLoadError
@@ -73,3 +76,19 @@ def resolve(model_id: str) -> str:
 def _built(folder) -> bool:
     """A folder that exists holds a finished build (it appears only by the rename)."""
     return folder.is_dir() and any(folder.iterdir())
+
+
+def build_once(folder: Path, recipe: dict, build: Callable[[Path], object], log: Callable[[str], object],
+               what: str) -> Path:
+    """``folder`` holding a model that ``build`` writes, reused while the stamp beside it says it was
+    built from this ``recipe`` (the demos' toy bases: a new recipe writes the folder again). ``what``
+    is the line said before building."""
+    stamp = folder / "lorapod-build.json"
+    if (folder / "model_index.json").is_file() and stamp.is_file() and json.loads(stamp.read_text()) == recipe:
+        log(f"base model: {folder} (written before, reused)")
+        return folder
+    log(what)
+    shutil.rmtree(folder, ignore_errors=True)
+    build(folder)
+    stamp.write_text(json.dumps(recipe), encoding="utf-8")
+    return folder

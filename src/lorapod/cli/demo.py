@@ -19,8 +19,9 @@ def demo(
     steps: int | None = typer.Option(None, "--steps", help="Stop after this many optimizer steps."),
     image: bool = typer.Option(False, "--image", help="The image path instead: a toy SD-style base model, a shapes dataset, "
                                "samples that visibly learn it and ComfyUI-ready LoRA files (offline, CPU, under a minute)."),
-    video: bool = typer.Option(False, "--video", help="The video path: tiny Wan2.1 pipeline, generated clips, an MP4 "
-                               "sample and both LoRA files (offline, CPU, under a minute)."),
+    video: bool = typer.Option(False, "--video", help="The video path instead: a toy Wan2.1 base model, generated "
+                               "clips, MP4 samples that visibly learn them and both LoRA files (offline, CPU, about a "
+                               "minute)."),
 ) -> None:
     """Build a tiny model locally, train a LoRA on a bundled dataset, show what came out."""
     if video:
@@ -70,12 +71,15 @@ IMAGE_PICTURES_NOTE = ("about the pictures: the base model is a 64 px toy writte
                        "disc on blue, rough at 8 x 8 colour blocks), while 'green' stays green. That shows the "
                        "training loop, the LoRA, sampling and both exports work; it says nothing about the quality a "
                        "real base model reaches. For that, train one: lorapod train examples/sdxl-object-lora.yaml.")
-VIDEO_PICTURES_NOTE = ("about the pictures: the video demo's Wan is built in code with random weights, so its clip and "
-                       "contact sheet (labelled with prompt, seed, step and LoRA strength) are small coloured noise, "
-                       "much the same from one checkpoint to the next. They show that sampling, caching, buckets and "
-                       "both LoRA files work, and the fixed-noise loss above shows the LoRA learned; they say nothing "
-                       "about a concept being learned. For that, train on a real base model "
-                       "(lorapod train examples/wan21-video-lora.yaml); the image demo (--image) shows one learned.")
+VIDEO_PICTURES_NOTE = ("about the pictures: the base model is a 64 px toy Wan2.1 written by lorapod.builtin.wan (a "
+                       "hand-set codec as its VAE, a small transformer pretrained from scratch on flat colours and "
+                       "coloured squares), so it draws those. progress-clips.png shows, for the same prompts and "
+                       "seeds, the base's clip and then each checkpoint's, frame by frame (labelled with prompt, seed, "
+                       "step and LoRA strength): with the trigger zxq the clips turn from the base's flat grey into "
+                       "the training clips' red squares on blue, standing still from frame to frame, while 'green' "
+                       "stays green. That shows the training loop, the LoRA, sampling and both LoRA files work; it "
+                       "says nothing about motion or about what a real Wan learns. For that, train one: "
+                       "lorapod train examples/wan21-video-lora.yaml.")
 
 
 def _image_demo(out: Path, steps: int | None) -> None:
@@ -104,10 +108,10 @@ def _video_demo(out: Path, steps: int | None) -> None:
     with interrupt_says_how_to_resume(console):
         res = run_video_demo(out, steps=steps, log=lambda m: console.print(m, highlight=False))
     rows = [
-        ("base model (tiny WanPipeline folder)", res.out / "base-model"),
+        ("base model (toy WanPipeline folder)", res.out / "base-model"),
         ("dataset (clips + stills + .txt captions)", res.out / "data"),
-        (f"sample clips ({len(res.clips)} MP4)", ", ".join(str(c) for c in res.clips) or "(none)"),
-        ("contact sheet (frames of each sample)", ", ".join(str(c) for c in res.contact_sheets) or "(none)"),
+        (f"samples ({len(res.clips)} MP4 + base ones, {len(res.contact_sheets)} contact sheets)", res.run / "samples"),
+        ("base vs each checkpoint, frame by frame", res.progress or "(none)"),
         ("LoRA, diffusers format", res.diffusers_file),
         ("LoRA, ComfyUI format (lora_unet_*)", res.comfy_file),
         ("cache sizes, predicted vs actual", res.run / "cache.json"),

@@ -50,7 +50,10 @@ class Wan21(Family):
                                                  "image_processor": getattr(pipe, "image_processor", None) if i2v else None})
 
     def text_len(self, c: Components) -> int:
-        return min(TEXT_LEN, int(getattr(c.tokenizers[0], "model_max_length", TEXT_LEN)))
+        """WanPipeline's ``max_sequence_length``: it pads every prompt to 512 whatever the tokenizer's
+        ``model_max_length`` says, and so must training, or the LoRA learns with a different number
+        of padding tokens in the cross-attention than every pipeline samples with."""
+        return TEXT_LEN
 
     def encode_text(self, c, captions, device):
         """umT5 states as WanPipeline makes them: real tokens kept, the padding zeroed; ``length``
