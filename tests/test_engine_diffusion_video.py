@@ -309,3 +309,22 @@ def test_fp8_storage_covers_the_wan_blocks_and_keeps_the_output_close(assets):
     assert tr.blocks[0].attn1.to_q.weight.dtype == torch.float8_e4m3fn
     assert tr.proj_out.weight.dtype == torch.float32  # outside the blocks: untouched
     assert (got - want).abs().mean() < 0.05 * want.abs().mean()
+
+
+def test_training_text_is_what_wanpipeline_samples_with_whatever_the_tokenizer_says(assets):
+    """WanPipeline pads every prompt to 512 tokens, whatever ``model_max_length`` its tokenizer has
+    (the tiny one here says 16); training on other padding teaches the cross-attention a different
+    number of padding keys than every pipeline (diffusers, ComfyUI) samples with."""
+    from diffusers import WanPipeline
+
+    from lorapod.engine.diffusion.families import Wan21
+
+    pipe = WanPipeline.from_pretrained(str(assets["wan21"]))
+    assert pipe.tokenizer.model_max_length == 16
+    fam = Wan21()
+    c = fam.components(pipe, str(assets["wan21"]))
+    ours = fam.encode_text(c, ["zxq, a red square"], torch.device("cpu"))["prompt_embeds"]
+    with torch.no_grad():
+        theirs, _ = pipe.encode_prompt("zxq, a red square", do_classifier_free_guidance=False, max_sequence_length=512)
+    assert ours.shape == theirs.shape == (1, 512, 32)
+    assert torch.allclose(ours, theirs, atol=1e-6)
