@@ -142,6 +142,31 @@ def test_stop_file_saves_and_stops(assets, tmp_path):
     assert CheckpointManager(run.checkpoints).latest().state.step == 2
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_ctrl_c_whose_keyboardinterrupt_python_drops_still_saves_and_stops(assets, tmp_path):
+    """Python drops (prints "Exception ignored") a KeyboardInterrupt raised while it runs a
+    ``__del__``: the Ctrl-C that arrives then must still end the run at the next step, with a
+    checkpoint, not leave it training (a CI run once trained on for minutes after its Ctrl-C)."""
+    import signal
+
+    from lorapod.engine.loop import Interrupted
+
+    spec, run = _run(assets, tmp_path, epochs=2)
+
+    class CtrlCWhileCollected:
+        def __del__(self):
+            signal.raise_signal(signal.SIGINT)  # the handler runs here, inside __del__
+
+    def press(state, loss):
+        if state.step == 2:
+            CtrlCWhileCollected()  # collected at once; its KeyboardInterrupt goes nowhere
+
+    with pytest.raises(Interrupted) as got:
+        train_llm(spec, run, device="cpu", on_step=press, show_progress=False, log=lambda m: None)
+    assert got.value.how == "Ctrl-C" and got.value.step == 2
+    assert CheckpointManager(run.checkpoints).latest().state.step == 2
+
+
 def test_qlora_on_cpu_is_a_clear_error(assets, tmp_path):
     spec, run = _run(assets, tmp_path, epochs=1)
     spec.method.type = "qlora"

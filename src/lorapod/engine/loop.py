@@ -56,21 +56,31 @@ class Interrupted(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def _sigterm_as_ctrl_c():
-    """SIGTERM (what ``timeout``, SLURM and Kubernetes send before SIGKILL) ends training the way
-    Ctrl-C does: a checkpoint, then out. Python only lets the main thread set handlers."""
+def _interrupts_as_ctrl_c():
+    """SIGINT (Ctrl-C) and SIGTERM (what ``timeout``, SLURM and Kubernetes send before SIGKILL) end
+    training the same way: a checkpoint, then out. The handler raises KeyboardInterrupt and also
+    notes the signal in the list it yields, which the loop checks before every step: Python drops,
+    with an "Exception ignored" line, a KeyboardInterrupt raised while it runs a ``__del__`` or a
+    weakref callback, and a Ctrl-C lost that way left a run training on (seen once in CI). A SIGINT
+    that was ignored when training began (a background job of a shell) stays ignored. Python only
+    lets the main thread set handlers."""
+    pending: list[str] = []
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield pending
         return
 
     def handler(signum, frame):
-        raise KeyboardInterrupt("SIGTERM")
+        name = "SIGTERM" if signum == signal.SIGTERM else "SIGINT"
+        pending.append(name)
+        raise KeyboardInterrupt(*(("SIGTERM",) if name == "SIGTERM" else ()))
 
-    old = signal.signal(signal.SIGTERM, handler)
+    sigs = [signal.SIGTERM] + ([signal.SIGINT] if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN else [])
+    old = {sig: signal.signal(sig, handler) for sig in sigs}
     try:
-        yield
+        yield pending
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for sig, h in old.items():
+            signal.signal(sig, h)
 
 
 @contextlib.contextmanager
@@ -218,10 +228,12 @@ def fit(
 
     stop_file = run.root / STOP_FILE
     try:
-        with _sigterm_as_ctrl_c(), progress:
+        with _interrupts_as_ctrl_c() as pending, progress:
             while state.step < total_steps and state.epoch < n_epochs:
                 batches = recipe.epoch_batches(state.epoch)
                 while state.batch_in_epoch < len(batches) and state.step < total_steps:
+                    if pending:  # a signal whose KeyboardInterrupt was swallowed on its way here
+                        raise KeyboardInterrupt(*(("SIGTERM",) if pending[-1] == "SIGTERM" else ()))
                     window = batches[state.batch_in_epoch : state.batch_in_epoch + train.grad_accum]
                     t0 = time.perf_counter()
                     world.seed_step(train.seed, state.step)
