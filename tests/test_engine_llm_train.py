@@ -161,8 +161,13 @@ def test_a_ctrl_c_whose_keyboardinterrupt_python_drops_still_saves_and_stops(ass
         if state.step == 2:
             CtrlCWhileCollected()  # collected at once; its KeyboardInterrupt goes nowhere
 
-    with pytest.raises(Interrupted) as got:
-        train_llm(spec, run, device="cpu", on_step=press, show_progress=False, log=lambda m: None)
+    # as at a terminal: pytest started as a shell's background job has SIGINT ignored, and lorapod leaves that alone
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(Interrupted) as got:
+            train_llm(spec, run, device="cpu", on_step=press, show_progress=False, log=lambda m: None)
+    finally:
+        signal.signal(signal.SIGINT, old)
     assert got.value.how == "Ctrl-C" and got.value.step == 2
     assert CheckpointManager(run.checkpoints).latest().state.step == 2
 

@@ -156,6 +156,11 @@ def test_ctrl_c_in_a_terminal_saves_says_how_to_resume_and_exits_130(tmp_path):
     spec = _tiny_llm_spec(tmp_path)
     pid, fd = pty.fork()
     if pid == 0:  # the child: lorapod on a terminal, as a user runs it
+        import signal
+
+        # a user's shell starts it with SIGINT at its default; pytest run as a background job of a
+        # shell without job control has it ignored, and an ignored signal stays ignored across exec
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.environ.update(PYTHONPATH=SRC, COLUMNS="100")
         os.execv(sys.executable, [sys.executable, "-m", "lorapod", "train", str(spec)])
     seen = _read_until(fd, lambda b: re.search(rb"\b[1-9]\d*/100000", b) is not None, 240)
