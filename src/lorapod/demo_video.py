@@ -257,12 +257,12 @@ def progress_sheet(folder: Path, base: list[Path]) -> Path:
     from lorapod.engine.diffusion.video import contact_sheet
 
     tags = sorted({p.name.rsplit("-", 1)[0] for p in folder.glob("*-00.mp4") if not p.name.startswith("base-")})
+    columns = [("base model, no LoRA", base)] + [(_checkpoint(folder / f"{tag}-frames.png"),
+                                                  [folder / f"{tag}-{k:02d}.mp4" for k in range(len(base))]) for tag in tags]
     clips, labels = [], []
     for k, vp in enumerate(_prompts()):
-        for tag in ["base", *tags]:
-            path = folder / f"{tag}-{k:02d}.mp4"
-            clips.append(np.stack([np.asarray(f) for f in read_frames(path, list(range(vp.frames)))]))
-            when = "base model, no LoRA" if tag == "base" else _checkpoint(folder / f"{tag}-frames.png")
+        for when, paths in columns:
+            clips.append(np.stack([np.asarray(f) for f in read_frames(paths[k], list(range(vp.frames)))]))
             labels.append(f"{when}\n{smp.sample_label(vp.prompt)}")
     sheet = contact_sheet(clips, labels, "each prompt: the base model, then every sampled checkpoint (same seed)",
                           per_row=FRAMES)
