@@ -251,3 +251,23 @@ def test_plan_prints_both_tiers_and_the_choice(monkeypatch):
     assert "min_bid" in out and "0.1 (0.011-0.23)" in out
     assert "tier: spot (compute.spot: auto): spot on RTX 4090 on vast" in out
     assert "lorapod run rents on-demand" in out
+
+
+def test_the_monte_carlo_agrees_with_the_closed_form():
+    """bench/spot_expected.py plays the process out preemption by preemption; its mean must match
+    the algebra within the simulation's error (fixed seed: deterministic)."""
+    import importlib.util
+    import random
+    import statistics
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "spot_expected.py"
+    mod_spec = importlib.util.spec_from_file_location("spot_expected", path)
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    rng = random.Random(1)
+    runs = [mod.simulate(JOB, 0.5, 0.5, rng) for _ in range(4000)]
+    cf = expected(JOB, 0.5, 0.5)
+    for i, want in ((0, cf.hours), (1, cf.billed_hours), (2, cf.usd), (3, cf.preemptions)):
+        xs = [r[i] for r in runs]
+        se = statistics.stdev(xs) / math.sqrt(len(xs))
+        assert abs(statistics.fmean(xs) - want) < 4 * se, (i, statistics.fmean(xs), want, se)
