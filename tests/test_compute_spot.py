@@ -219,3 +219,25 @@ def test_vast_bid_below_min_bid_never_runs(vast):
     assert prov.refresh(inst).state == "exited"  # created, outbid from the start: a husk to destroy
     prov.destroy(inst.id)
     assert vast.live() == [] and vast.violations == []
+
+
+def test_run_refuses_spot_always_before_renting_and_rents_on_demand_for_auto(runpod, tmp_path, monkeypatch):
+    from lorapod.compute.prepare import RunFlags, prepare_run
+    from lorapod.store.ledger import Ledger
+
+    from .remote_helpers import make_spec
+
+    monkeypatch.setenv("RUNPOD_API_KEY", runpod.account_key)
+    monkeypatch.setenv("LORAPOD_RUNPOD_URL", runpod.url)
+    monkeypatch.setenv("LORAPOD_RUNPOD_GRAPHQL_URL", runpod.graphql_url)
+    spec = make_spec(tmp_path, model="lorapod:tiny-llama")
+    with pytest.raises(SpecError, match="cannot rent spot yet"):
+        prepare_run(spec, "runpod", RunFlags(set_=["compute.spot=always"]), ledger=Ledger(), say=lambda m: None,
+                    note=lambda m: None)
+    notes: list[str] = []
+    prepared = prepare_run(spec, "runpod", RunFlags(set_=["compute.spot=auto"]), ledger=Ledger(),
+                           say=lambda m: None, note=notes.append)
+    assert any("rents on-demand" in n for n in notes)
+    assert prepared.spec.compute.spot == "auto"
+    assert not any("podRentInterruptable" in str(b) for b in runpod.bodies)  # nothing rented on spot
+    assert runpod.instances == {}

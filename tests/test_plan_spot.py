@@ -185,8 +185,8 @@ def test_the_bid_ceiling_leaves_spot_out():
 # -- the choice
 
 def _opt(gpu, usd, worst, spot=None):
-    return SimpleNamespace(gpu=gpu, provider="vast", fits=True, usd_total=usd, usd_range=[usd * 0.6, worst],
-                           spot=spot)
+    return SimpleNamespace(gpu=gpu, provider="vast", fits=True, usd_total=usd, hours_total=1.0,
+                           usd_range=[usd * 0.6, worst], spot=spot)
 
 
 def _quote(exp_usd, hi_usd, hi_hours=1.0):
@@ -271,3 +271,16 @@ def test_the_monte_carlo_agrees_with_the_closed_form():
         xs = [r[i] for r in runs]
         se = statistics.stdev(xs) / math.sqrt(len(xs))
         assert abs(statistics.fmean(xs) - want) < 4 * se, (i, statistics.fmean(xs), want, se)
+
+
+def test_the_choice_follows_the_options_as_printed():
+    """--sort time reorders the options after planning: the choice still names the right one and
+    still compares with the cheapest on-demand option, not the first."""
+    plan = plan_job(load_spec(SDXL, ["compute.spot=auto"]), images=25)
+    chosen = plan.options[plan.tier.option]
+    cheapest = plan.best
+    plan.options.sort(key=lambda o: (not o.fits, o.hours_total, o.usd_total))
+    assert plan.options[0] is not cheapest
+    assert plan.options[plan.tier.option] is chosen
+    assert f"on-demand's ${cheapest.usd_range[1]:.2f} ({cheapest.gpu} on {cheapest.provider})" in plan.tier.reason
+    assert plan.to_json()["tier"]["option"] == plan.options.index(chosen)

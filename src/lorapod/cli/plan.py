@@ -193,10 +193,11 @@ def _print_spot(plan: Plan) -> None:
         console.print(table)
         first = next(o.spot for o in plan.options if o.spot is not None)
         console.print(f"[dim]preemption rate: {escape(first.rate.basis)}[/]", highlight=False)
-    if plan.tier is not None and (rows or plan.tier.policy != "never"):
-        console.print(f"[bold]tier:[/] {plan.tier.tier} (compute.spot: {plan.tier.policy}): {escape(plan.tier.reason)}",
+    tier = plan.tier
+    if tier is not None and (rows or tier.policy != "never"):
+        console.print(f"[bold]tier:[/] {tier.tier} (compute.spot: {tier.policy}): {escape(tier.reason)}",
                       highlight=False)
-        if rows or plan.tier.tier == "spot":
+        if rows or tier.tier == "spot":
             console.print(f"[dim]{RUNTIME_NOTE}[/]", highlight=False)
 
 

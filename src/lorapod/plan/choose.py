@@ -116,9 +116,6 @@ class Plan:
     snapshot_note: str
     warnings: list[str] = field(default_factory=list)
     fixes: dict[str, Suggestion | None] = field(default_factory=dict)  # GPU -> change that makes it fit
-    #: on-demand or spot, and why (compute.spot); ``best`` stays the cheapest on-demand option
-    tier: TierChoice | None = None
-
     def to_json(self) -> dict[str, Any]:
         return {"options": [o.to_json() for o in self.options], "snapshot_date": self.snapshot_date,
                 "tier": self.tier.to_json() if self.tier is not None else None}
@@ -141,6 +138,14 @@ class Plan:
             "warnings": self.warnings,
             "prices": self.snapshot_note,
         }
+
+    @property
+    def tier(self) -> TierChoice | None:
+        """On-demand or spot, and why (``compute.spot``), over the options as they are now (a
+        re-sort or a filter after planning changes the indices); ``best`` stays the cheapest
+        on-demand option, what a run rents."""
+        c = self.job.spec.compute
+        return decide(self.options, c.spot, c.max_usd, c.max_hours)
 
     @property
     def best(self) -> Option | None:
@@ -246,8 +251,7 @@ def plan_job(
     if not plan.options:
         raise _nothing_fits(job, entries)
     plan.options.sort(key=lambda o: (not o.fits, o.usd_total, o.hours_total))
-    c = spec.compute
-    plan.tier = decide(plan.options, c.spot, c.max_usd, c.max_hours)
+
     best = plan.best
     if best:
         plan.warnings.append(

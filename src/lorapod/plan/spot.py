@@ -324,7 +324,7 @@ def decide(options: list[Any], policy: str, max_usd: float | None, max_hours: fl
     fitting = [o for o in options if o.fits]
     if not fitting:
         return None
-    best = fitting[0]
+    best = min(fitting, key=lambda o: (o.usd_total, o.hours_total))  # whatever order the options are in
     spots = sorted((o for o in fitting if o.spot is not None), key=lambda o: o.spot.expected.usd)
 
     def where(o: Any) -> str:
