@@ -18,7 +18,7 @@ from lorapod.cli.main import build_app
 ROOT = Path(__file__).resolve().parents[1]
 SDXL = str(ROOT / "examples" / "sdxl-object-lora.yaml")
 KEYS = {"provider", "gpu", "tier", "usd_per_hour", "fits", "vram_peak_gb", "hours_total", "usd_total", "phases", "warnings",
-        "hours_total_range", "usd_total_range", "vram_peak_gb_range", "speed"}
+        "hours_total_range", "usd_total_range", "vram_peak_gb_range", "speed", "spot"}
 
 
 @pytest.fixture(autouse=True)
@@ -43,7 +43,7 @@ def test_json_follows_the_schema():
     r = _run("plan", SDXL, "--json", "--images", "25")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
-    assert set(out) == {"options", "snapshot_date", "volume", "sort", "fastest_under_cap"}
+    assert set(out) == {"options", "snapshot_date", "volume", "sort", "fastest_under_cap", "tier"}
     assert out["snapshot_date"] == "2026-09-15"
     assert out["options"]
     for o in out["options"]:

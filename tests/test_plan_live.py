@@ -171,6 +171,10 @@ def test_live_prices_feed_the_ranking(fakes):
     bw = next(p for p in vast.phases if p.name == "bandwidth")
     assert bw.usd == pytest.approx((6.9 + plan.job.upload_gb) * 0.01 + plan.job.pull_gb * 0.02)
     assert not any("host's rate" in w for w in vast.warnings)
+    # RunPod's spot price is the spot quote of its RTX 4090 options, not an offer of its own
+    assert not any(o.tier == "spot" for o in plan.options)
+    secure = next(o for o in plan.options if o.provider == "runpod" and o.tier == "secure")
+    assert secure.spot is not None and secure.spot.bid_per_gpu_hour == 0.29
 
 
 def test_refused_key_falls_back_to_the_snapshot_without_showing_the_key(fakes, monkeypatch):

@@ -211,6 +211,19 @@ class ComputeSpec(_Section):
         "between sessions; created in a datacenter that has the GPU when none has this name (docs/remote.md).")
     volume_gb: Annotated[int | None, Field(ge=10, le=4000)] = Field(
         None, description="Size of a volume lorapod creates (default: what the model, environment and caches need).")
+    spot: Literal["never", "auto", "always"] = Field(
+        "never", description="Interruptible (spot) GPUs: never; auto = plan picks spot only when its expected cost at "
+        "the worst end of its range still beats on-demand within max_usd and max_hours; always. `lorapod run` rents "
+        "on-demand until recovery from preemption is built (docs/remote.md, Spot).")
+    max_bid_per_gpu_hour: Annotated[float | None, Field(gt=0)] = Field(
+        None, description="Highest bid per GPU-hour for a spot instance (RunPod bidPerGpu, Vast price); offers whose "
+        "minimum bid is above it are not planned on spot.")
+    preemptions_per_hour: Annotated[float | None, Field(gt=0, le=60)] = Field(
+        None, description="Your prior for spot preemptions per hour (default 0.1, an assumption: providers publish "
+        "none); the preemptions your ledger has measured for the provider, GPU and tier update it.")
+    spot_checkpoint_min: Annotated[float | None, Field(gt=0)] = Field(
+        None, description="Minutes of training between resume checkpoints on spot (default: Young/Daly, "
+        "sqrt(2 x checkpoint cost x mean time between preemptions)).")
 
 
 class WandbSpec(_Section):

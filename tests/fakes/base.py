@@ -165,10 +165,21 @@ class FakeInstance:
     pulled_at: float = 0.0  # until then the image is being pulled
     why_not: str | None = None  # why a never-ready container does not start (the provider's words)
     proxy: TcpForwarder | None = None
+    #: when the provider stopped (RunPod) or paused (Vast.ai) the container; None while it runs
+    stopped_at: float | None = None
+    stopped_hours: float = 0.0  # every stop so far, ended ones: what storage-only billing covered
+    #: what the processes in it received when it was stopped: (pid, "TERM" | "KILL")
+    signals: list[tuple[int, str]] = field(default_factory=list)
 
     @property
     def ready(self) -> bool:
-        return not self.never_ready and self.ready_at is not None and time.time() >= self.ready_at
+        return (not self.never_ready and self.stopped_at is None and self.ready_at is not None
+                and time.time() >= self.ready_at)
+
+    def hours_stopped(self, now: float | None = None) -> float:
+        """Hours the container has been stopped or paused, all stops together (storage-only billing)."""
+        now = time.time() if now is None else now
+        return self.stopped_hours + ((now - self.stopped_at) / 3600 if self.stopped_at is not None else 0.0)
 
     @property
     def pulling(self) -> bool:
@@ -349,18 +360,55 @@ class FakeControlPlane:
         inst.deleted_by = by
         if inst.proxy is not None:
             inst.proxy.close()
-        inst.sshd.drop_connections()
+        if inst.sshd.proc is not None:  # a stopped container's sshd is down already
+            inst.sshd.drop_connections()
         inst.sshd.stop()
+        dirs = self._work_dirs(inst)
+        for pid in marked_pids(inst.marker):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+    def _work_dirs(self, inst: FakeInstance) -> set[Path]:
         dirs = set()
         for pid in marked_pids(inst.marker):
             with contextlib.suppress(OSError):
                 cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
                 if self.work_root in cwd.parents:
                     dirs.add(self.work_root / cwd.relative_to(self.work_root).parts[0])
+        return dirs
+
+    def stop_container(self, inst: FakeInstance, grace_s: float, erase_disk: bool) -> None:
+        """What a provider stopping a container does (``docker stop``): SIGTERM to every process in
+        it, SIGKILL to those still alive ``grace_s`` later; SSH goes down with it. ``erase_disk``:
+        its work folders go too (a disk that does not outlive a stop). Called by a test, outside
+        the HTTP lock, so the API keeps answering during the grace."""
+        dirs = self._work_dirs(inst) if erase_disk else set()
+        inst.stopped_at = time.time()
+        for pid in marked_pids(inst.marker):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGTERM)
+                inst.signals.append((pid, "TERM"))
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and marked_pids(inst.marker):
+            time.sleep(0.05)
+        for pid in marked_pids(inst.marker):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+                inst.signals.append((pid, "KILL"))
+        if inst.sshd.proc is not None:  # a stopped container's sshd is down already
+            inst.sshd.drop_connections()
+        inst.sshd.stop()
         for d in dirs:
             shutil.rmtree(d, ignore_errors=True)
+
+    def start_container(self, inst: FakeInstance) -> None:
+        """A stopped container running again on the same disk (its sshd on the same port and keys)."""
+        if inst.stopped_at is not None:
+            inst.stopped_hours += (time.time() - inst.stopped_at) / 3600
+        inst.stopped_at = None
+        inst.sshd.start()
 
     def live(self) -> list[FakeInstance]:
         return [i for i in self.instances.values() if not i.deleted]

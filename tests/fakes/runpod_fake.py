@@ -24,6 +24,25 @@ can tell; docs/remote.md lists those):
   ``scoped_rest=True`` is the kinder world.
 * While an image is pulled the pod is RUNNING with no IP and no port (dstack's
   ``wait_for_instance``: "the image must be pulled" before it runs); REST says nothing else.
+
+Spot (interruptible) pods:
+
+* GraphQL ``podRentInterruptable(input: PodRentInterruptableInput)`` with ``bidPerGpu`` rents one (the
+  input's fields as SkyPilot's provisioner sends them, ``sky/provision/runpod/api/pods.py``; the
+  current runpod-python has no such call); REST v1 ``POST /pods`` with ``interruptible: true`` too,
+  at the listed spot price (the v1 document has no bid). A type with no
+  ``lowestPrice.minimumBidPrice`` (the A40 here) and a type in ``no_spot_capacity_gpus`` answer
+  the no-capacity message; a bid below the cloud's spot price (``secureSpotPrice`` /
+  ``communitySpotPrice``) is refused with a GraphQL error (200 with ``errors``, as GraphQL answers;
+  RunPod's wording for it is not published, so lorapod only ever bids the listed price).
+* A spot pod bills its bid x GPUs (``costPerHr``): dstack issue 1890 shows a spot pod billed at
+  its bid, not at the price shown.
+* :meth:`RunPodFake.preempt` is RunPod taking it back (runpod/docs pods/pricing.mdx): "5-second
+  warning (SIGTERM signal, followed by SIGKILL)", then the pod is stopped: ``desiredStatus:
+  EXITED``, no IP or port (the GPU is released: pods/troubleshooting/zero-gpus.mdx), the container
+  disk erased and the volume disk kept. Stopped, it bills only its volume disk, $0.20/GB-month
+  (RunPod's storage prices, catalog/data/storage.yaml: container disk $0 stopped):
+  :meth:`RunPodFake.stopped_usd_per_hour`. It stays listed until deleted.
 """
 
 from __future__ import annotations
@@ -80,8 +99,12 @@ class RunPodFake(FakeControlPlane):
     unvalidated = (r"/graphql",)  # GraphQL is not in the REST document (contracts/README.md)
 
     def __init__(self, *a: Any, never_ready_gpus: tuple[str, ...] = (), no_capacity_gpus: tuple[str, ...] = (),
-                 scoped_rest: bool = False, machines: list[Machine] | None = None, **kw: Any) -> None:
+                 scoped_rest: bool = False, machines: list[Machine] | None = None,
+                 no_spot_capacity_gpus: tuple[str, ...] = (), **kw: Any) -> None:
         super().__init__(*a, **kw)
+        self.no_spot_capacity_gpus = set(no_spot_capacity_gpus)  # on-demand rentable, spot not
+        self.spot: dict[str, float] = {}  # pod id -> bid per GPU of an interruptible pod
+        self.volume_gb: dict[str, int] = {}  # pod id -> its volume disk (kept while stopped)
         self.never_ready_gpus = set(never_ready_gpus)
         self.no_capacity_gpus = set(no_capacity_gpus)  # listed in stock, but create finds no machine
         self.scoped_rest = scoped_rest
@@ -140,16 +163,56 @@ class RunPodFake(FakeControlPlane):
             return 200, {"data": {"podTerminate": None}}
         if auth != self.account_key:
             return 401, {"errors": [{"message": "Unauthorized"}]}
+        if "podRentInterruptable" in q:
+            return self._rent_interruptable((body.get("variables") or {}).get("input") or {})
         return 200, {"data": {"gpuTypes": GPU_TYPES}}
 
-    def _create(self, body: dict) -> tuple[int, Any]:
+    def _rent_interruptable(self, inp: dict) -> tuple[int, Any]:
+        """GraphQL answers 200 either way; a refusal is ``errors`` with ``data`` null."""
+        need = ("name", "imageName", "gpuTypeId", "bidPerGpu", "volumeMountPath")  # SkyPilot's required fields
+        missing = [k for k in need if inp.get(k) in (None, "")]
+        if missing:
+            return 200, {"errors": [{"message": f"missing {', '.join(missing)}"}], "data": None}
+        body = {"gpuTypeIds": [inp["gpuTypeId"]], "cloudType": inp.get("cloudType") or "SECURE",
+                "allowedCudaVersions": inp.get("allowedCudaVersions"), "imageName": inp["imageName"],
+                "minRAMPerGPU": int(inp.get("minMemoryInGb") or 8) // max(1, int(inp.get("gpuCount") or 1)),
+                "minVCPUPerGPU": int(inp.get("minVcpuCount") or 2) // max(1, int(inp.get("gpuCount") or 1)),
+                "env": {e["key"]: e["value"] for e in inp.get("env") or []}, "name": inp["name"],
+                "volumeInGb": inp.get("volumeInGb") or 0}
+        status, out = self._create(body, bid=float(inp["bidPerGpu"]))
+        if status != 201:
+            return 200, {"errors": [{"message": out["error"]}], "data": None}
+        return 200, {"data": {"podRentInterruptable": {k: out[k] for k in ("id", "desiredStatus", "costPerHr")}
+                              | {"machineId": "m-" + out["id"]}}}
+
+    def preempt(self, pod_id: str, grace_s: float = 5.0) -> None:
+        """RunPod takes the spot pod back: SIGTERM, SIGKILL ``grace_s`` later, then stopped."""
+        inst = self.instances[pod_id]
+        assert pod_id in self.spot, "only a spot pod is preempted"
+        self.stop_container(inst, grace_s, erase_disk=True)  # the container disk is erased on stop
+
+    def stopped_usd_per_hour(self, pod_id: str) -> float:
+        """What a stopped pod bills: its volume disk at $0.20/GB-month (container disk: $0 stopped)."""
+        return self.volume_gb.get(pod_id, 0) * 0.20 / 730
+
+    def _create(self, body: dict, bid: float | None = None) -> tuple[int, Any]:
         gpu_id = body["gpuTypeIds"][0]
         gpu = next((g for g in GPU_TYPES if g["id"] == gpu_id), None)
         if gpu is None:
             return 400, {"error": f"no such GPU type {gpu_id}"}
         cloud = body.get("cloudType") or "SECURE"
-        price = gpu["communityPrice"] if cloud == "COMMUNITY" else gpu["securePrice"]
-        stocked = (gpu.get("lowestPrice") or {}).get("uninterruptablePrice") is not None
+        spot = bid is not None or bool(body.get("interruptible"))
+        if spot:
+            price = gpu["communitySpotPrice"] if cloud == "COMMUNITY" else gpu["secureSpotPrice"]
+            stocked = (gpu.get("lowestPrice") or {}).get("minimumBidPrice") is not None
+            if not price or not stocked or gpu_id in self.no_spot_capacity_gpus:
+                return 400, {"error": NO_CAPACITY}
+            if bid is not None and bid < price:
+                return 400, {"error": f"bid ${bid} per GPU is below the current spot price"}
+            price = bid if bid is not None else price
+        else:
+            price = gpu["communityPrice"] if cloud == "COMMUNITY" else gpu["securePrice"]
+            stocked = (gpu.get("lowestPrice") or {}).get("uninterruptablePrice") is not None
         if not price or not stocked or gpu_id in self.no_capacity_gpus:
             return 400, {"error": NO_CAPACITY}
         allowed = [float(v) for v in body.get("allowedCudaVersions") or []]
@@ -169,12 +232,16 @@ class RunPodFake(FakeControlPlane):
         inst = self.start_instance(pod_id, (body.get("env") or {}).get("PUBLIC_KEY"), env, float(price),
                                    gpu["displayName"], body.get("name", ""),
                                    never_ready=gpu_id in self.never_ready_gpus or too_old)
+        if spot:
+            self.spot[pod_id] = float(price)
+        self.volume_gb[pod_id] = int(body.get("volumeInGb") or 0)
         return 201, self._pod(inst)
 
     def _pod(self, inst) -> dict[str, Any]:
         ready = inst.ready
         return {
-            "id": inst.id, "name": inst.label, "desiredStatus": "RUNNING", "costPerHr": inst.usd_per_hour,
+            "id": inst.id, "name": inst.label, "desiredStatus": "EXITED" if inst.stopped_at else "RUNNING",
+            "interruptible": inst.id in self.spot, "costPerHr": inst.usd_per_hour,
             "adjustedCostPerHr": inst.usd_per_hour, "image": "runpod/pytorch", "ports": ["22/tcp"],
             "publicIp": "127.0.0.1" if ready else None, "portMappings": {"22": inst.sshd.port} if ready else None,
             "gpu": {"id": inst.gpu, "count": 1, "displayName": inst.gpu},

@@ -26,6 +26,18 @@ What it does because the real one does (vast-ai/vast-cli ``vast.py`` @5567983, v
   when it names none (OpenAPI: "Default is 8GB"; vast.py always sends it), at the offer's
   ``storage_cost`` ($/GB/month); the instance then bills for the ``disk`` it was created with. Here
   the table's ``dph_total`` is the GPU part.
+* Interruptible: a search with ``type: "bid"`` (vast.py ``--interruptible``) prices each offer at
+  its ``min_bid`` plus the disk (gpuhunt PR 242, "Include disk price in spot offer price"); a create
+  with ``price`` (the bid per machine, the OpenAPI's "Only for interruptible instances") makes an
+  interruptible instance (``is_bid``). A bid below ``min_bid`` still creates it, but it never runs
+  (dstack PR 4036 cleans up "stale spot instances that failed to start due to insufficient bid").
+  :meth:`VastFake.outbid` is a higher bid winning the machine: the instance is **paused**
+  ("data preserved when paused but instance not functional", vast-ai/docs instance-types.mdx):
+  ``actual_status: stopped``, "Disk charges continue; no GPU charges" (docs.vast.ai show-instance),
+  its processes stopped with no documented warning, its disk kept. It resumes by itself when the
+  competing bid goes (:meth:`VastFake.outbid_ends`) or when ``PUT /api/v0/instances/bid_price/{id}/``
+  (vast.py ``change__bid``) raises its bid above it. :meth:`VastFake.paused_storage_usd` is what the
+  pauses billed.
 * Searches honour every ``{op: value}`` filter on an offer field (vast.py ``parse_query`` builds
   exactly these: eq, neq, gt, gte, lt, lte, in, notin); ``gpu_ram`` is in MB, the unit vast.py
   multiplies by (``offers_mult["gpu_ram"] = 1000``) and displays divided by 1000.
@@ -36,6 +48,7 @@ from __future__ import annotations
 import itertools
 import re
 import secrets
+import time
 from typing import Any
 
 from .base import Erratum, FakeControlPlane, TcpForwarder
@@ -43,27 +56,27 @@ from .base import Erratum, FakeControlPlane, TcpForwarder
 #: offers as the search returns them; 9000 is the cheapest but its driver stops at CUDA 12.4, 9003
 #: is an "external" (unverified, non-default) offer, 9004 a host with a poor reliability score.
 OFFERS = [
-    {"id": 9000, "ask_contract_id": 9000, "cpu_ram": 32000, "gpu_name": "RTX 3090", "num_gpus": 1, "gpu_ram": 24576, "dph_total": 0.12,
+    {"id": 9000, "ask_contract_id": 9000, "min_bid": 0.06, "cpu_ram": 32000, "gpu_name": "RTX 3090", "num_gpus": 1, "gpu_ram": 24576, "dph_total": 0.12,
      "reliability": 0.99, "storage_cost": 0.1, "inet_down_cost": 0.004, "inet_up_cost": 0.004,
      "geolocation": "Poland, PL", "rentable": True, "rented": False, "verified": True, "external": False,
      "verification": "verified", "cuda_max_good": 12.4, "direct_port_count": 10, "datacenter": False,
      "hosting_type": 0},
-    {"id": 9001, "ask_contract_id": 9001, "cpu_ram": 64000, "gpu_name": "RTX 3090", "num_gpus": 1, "gpu_ram": 24576, "dph_total": 0.19,
+    {"id": 9001, "ask_contract_id": 9001, "min_bid": 0.09, "cpu_ram": 64000, "gpu_name": "RTX 3090", "num_gpus": 1, "gpu_ram": 24576, "dph_total": 0.19,
      "reliability": 0.995, "storage_cost": 0.1, "inet_down_cost": 0.005, "inet_up_cost": 0.005,
      "geolocation": "Spain, ES", "rentable": True, "rented": False, "verified": True, "external": False,
      "verification": "verified", "cuda_max_good": 12.8, "direct_port_count": 20, "datacenter": False,
      "hosting_type": 0},
-    {"id": 9002, "ask_contract_id": 9002, "cpu_ram": 128000, "gpu_name": "RTX 4090", "num_gpus": 1, "gpu_ram": 24564, "dph_total": 0.35,
+    {"id": 9002, "ask_contract_id": 9002, "min_bid": 0.12, "cpu_ram": 128000, "gpu_name": "RTX 4090", "num_gpus": 1, "gpu_ram": 24564, "dph_total": 0.35,
      "reliability": 0.998, "storage_cost": 0.15, "inet_down_cost": 0.002, "inet_up_cost": 0.002,
      "geolocation": "US", "rentable": True, "rented": False, "verified": True, "external": False,
      "verification": "verified", "cuda_max_good": 12.9, "direct_port_count": 40, "datacenter": True,
      "hosting_type": 1},
-    {"id": 9003, "ask_contract_id": 9003, "cpu_ram": 32000, "gpu_name": "RTX 3090", "num_gpus": 1, "gpu_ram": 24576, "dph_total": 0.10,
+    {"id": 9003, "ask_contract_id": 9003, "min_bid": 0.05, "cpu_ram": 32000, "gpu_name": "RTX 3090", "num_gpus": 1, "gpu_ram": 24576, "dph_total": 0.10,
      "reliability": 0.99, "storage_cost": 0.1, "inet_down_cost": 0.0, "inet_up_cost": 0.0,
      "geolocation": "US", "rentable": True, "rented": False, "verified": True, "external": True,
      "verification": "verified", "cuda_max_good": 12.8, "direct_port_count": 4, "datacenter": False,
      "hosting_type": 0},
-    {"id": 9004, "ask_contract_id": 9004, "cpu_ram": 32000, "gpu_name": "RTX 3090", "num_gpus": 1, "gpu_ram": 24576, "dph_total": 0.11,
+    {"id": 9004, "ask_contract_id": 9004, "min_bid": 0.05, "cpu_ram": 32000, "gpu_name": "RTX 3090", "num_gpus": 1, "gpu_ram": 24576, "dph_total": 0.11,
      "reliability": 0.80, "storage_cost": 0.1, "inet_down_cost": 0.0, "inet_up_cost": 0.0,
      "geolocation": "BR", "rentable": True, "rented": False, "verified": True, "external": False,
      "verification": "verified", "cuda_max_good": 12.8, "direct_port_count": 4, "datacenter": False,
@@ -121,6 +134,9 @@ class VastFake(FakeControlPlane):
         self.refuse_destroys = refuse_destroys  # this many DELETEs answer 200 success:false and do nothing
         self.scoped: dict[str, str] = {}
         self.created_from: list[int] = []  # the offer id of every instance created
+        self.bids: dict[str, float] = {}  # instance id -> its bid per machine (interruptible only)
+        self.disks: dict[str, tuple[float, float]] = {}  # instance id -> (disk GB, storage $/GB-month)
+        self.competing: dict[str, float] = {}  # instance id -> the higher bid that took its machine
         self._ids = itertools.count(70001)
 
     def route(self, method: str, path: str, body: Any, query: dict, auth: str) -> tuple[int, Any]:
@@ -144,7 +160,9 @@ class VastFake(FakeControlPlane):
             return 401, {"success": False, "error": "auth_error", "msg": "Invalid user key"}
         if path == "/api/v0/bundles" and method == "POST":
             allocated = float((body or {}).get("allocated_storage") or 8.0)
-            priced = [{**o, "dph_total": price(o, allocated)} for o in OFFERS]
+            bid = (body or {}).get("type") == "bid"
+            priced = [{**o, "dph_total": price({**o, "dph_total": o["min_bid"]} if bid else o, allocated)}
+                      for o in OFFERS]
             return 200, {"offers": [o for o in priced if self._match(o, body or {})]}
         m2 = re.fullmatch(r"/api/v0/asks/(\d+)", path)
         if m2 and method == "PUT":
@@ -153,22 +171,39 @@ class VastFake(FakeControlPlane):
                 return 404, {"success": False, "error": "invalid_args", "msg": "no_such_ask"}
             iid = str(next(self._ids))
             key = "ck-" + secrets.token_hex(12)
+            bid = body.get("price")
             self.scoped[key] = iid
             self.created_from.append(offer["id"])
             need = image_cuda(body.get("image", ""))
             old = need is not None and offer["cuda_max_good"] < need
             why = (f"nvidia-container-cli: requirement error: unsatisfied condition: cuda>={need:g}, please "
                    f"update your driver to a newer version" if old else None)
+            disk = float(body.get("disk") or 8.0)
+            rate = price({**offer, "dph_total": float(bid)} if bid is not None else offer, disk)
             inst = self.start_instance(iid, None, {"CONTAINER_ID": iid, "CONTAINER_API_KEY": key},
-                                       price(offer, float(body.get("disk") or 8.0)), offer["gpu_name"],
-                                       body.get("label", ""),
+                                       rate, offer["gpu_name"], body.get("label", ""),
                                        never_ready=offer["id"] in self.dead_offers or old, why_not=why)
+            self.disks[iid] = (disk, offer["storage_cost"])
+            if bid is not None:
+                self.bids[iid] = float(bid)
+                if float(bid) < offer["min_bid"]:  # outbid from the start: created, never runs
+                    self.competing[iid] = offer["min_bid"]
+                    inst.stopped_at = time.time()
             inst.proxy = TcpForwarder(inst.sshd.port)
             if self.direct_blocked:
                 from ..conftest_ssh import free_port
 
                 inst.closed_port = free_port()  # nothing listens there: the direct route is down
             return 200, {"success": True, "new_contract": int(iid)}
+        m4 = re.fullmatch(r"/api/v0/instances/bid_price/(\d+)", path)
+        if m4 and method == "PUT":
+            inst = self.instances.get(m4.group(1))
+            if inst is None or inst.deleted or inst.id not in self.bids:
+                return 400, {"success": False, "error": "invalid_args", "msg": "not an interruptible instance"}
+            self.bids[inst.id] = float(body["price"])
+            if inst.id in self.competing and self.bids[inst.id] > self.competing[inst.id]:
+                self._resume(inst)
+            return 200, {"success": True}
         m3 = re.fullmatch(r"/api/v0/instances/(\d+)/ssh", path)
         if m3 and method == "POST":
             inst = self.instances.get(m3.group(1))
@@ -187,6 +222,30 @@ class VastFake(FakeControlPlane):
                          "next_token": None, "instances": items}
         return 404, {"success": False, "error": "not_found", "msg": path, "_undocumented": True}
 
+    def outbid(self, iid: str, competing: float, grace_s: float = 0.0) -> bool:
+        """A bid of ``competing`` for this instance's machine; above its own, the instance pauses
+        (no documented warning: ``grace_s`` 0 by default). True when it paused."""
+        inst = self.instances[iid]
+        if competing <= self.bids[iid]:
+            return False
+        self.competing[iid] = competing
+        self.stop_container(inst, grace_s, erase_disk=False)  # data preserved when paused
+        return True
+
+    def outbid_ends(self, iid: str) -> None:
+        """The competing bid goes away: the paused instance resumes by itself."""
+        self._resume(self.instances[iid])
+
+    def _resume(self, inst) -> None:
+        self.competing.pop(inst.id, None)
+        if inst.stopped_at is not None and not inst.deleted:
+            self.start_container(inst)
+
+    def paused_storage_usd(self, iid: str) -> float:
+        """What the pauses billed: the disk only, at the offer's storage_cost per GB-month."""
+        disk, per_gb_month = self.disks[iid]
+        return self.instances[iid].hours_stopped() * disk * per_gb_month / 730
+
     def _match(self, offer: dict, q: dict) -> bool:
         for field, cond in q.items():
             if not isinstance(cond, dict) or field not in offer:
@@ -200,7 +259,8 @@ class VastFake(FakeControlPlane):
         return True
 
     def _instance(self, inst) -> dict[str, Any]:
-        status = ("exited" if inst.never_ready and not inst.pulling else "loading" if not inst.ready else "running")
+        status = ("stopped" if inst.stopped_at is not None else
+                  "exited" if inst.never_ready and not inst.pulling else "loading" if not inst.ready else "running")
         ports: dict[str, Any] = {}
         if self.direct_ssh:
             host_port = getattr(inst, "closed_port", None) or inst.sshd.port
@@ -209,4 +269,5 @@ class VastFake(FakeControlPlane):
                 "ssh_host": "localhost", "ssh_port": inst.proxy.port, "public_ipaddr": "127.0.0.1", "ports": ports,
                 "image_runtype": "ssh_direct ssh", "status_msg": inst.why_not if status == "exited" else
                 ("Pulling image" if status == "loading" else "success, running"),
-                "dph_total": inst.usd_per_hour, "gpu_name": inst.gpu, "num_gpus": 1}
+                "dph_total": inst.usd_per_hour, "gpu_name": inst.gpu, "num_gpus": 1, "is_bid": inst.id in self.bids,
+                "cur_state": "stopped" if status == "stopped" else "running"}

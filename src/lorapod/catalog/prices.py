@@ -27,6 +27,10 @@ class PriceEntry:
     download_mb_s: float | None = None  # the host's measured download speed, when known
     offer_id: str | None = None
     storage_included: bool = False  # Vast.ai live offers: dph_total already covers the disk asked for
+    #: an interruptible (spot) price: the planner quotes it beside the on-demand offer of the same GPU x
+    #: provider, with the preemptions' expected cost (plan/spot.py), never as a plain offer
+    interruptible: bool = False
+    as_of: str | None = None  # the date of an interruptible figure (it has its own source)
 
 
 @cache
@@ -35,6 +39,9 @@ def load_prices() -> tuple[Snapshot, tuple[PriceEntry, ...]]:
     out = []
     for p in raw["prices"]:
         out.append(PriceEntry(p["provider"], p["tier"], find_gpu(p["gpu"]).name, float(p["usd_per_hour"])))
+    for p in raw.get("interruptible") or []:
+        out.append(PriceEntry(p["provider"], p["tier"], find_gpu(p["gpu"]).name, float(p["usd_per_hour"]),
+                              interruptible=True, as_of=str(p["as_of"])))
     return snap, tuple(out)
 
 

@@ -125,6 +125,7 @@ def _print_plan(plan: Plan, notes: list[str], sort: str = "usd") -> None:
         left = "speed, train time, VRAM headroom and the likely range" if narrow else "the likely range per row"
         console.print(f"[dim]{left} left out at {console.width} columns: {140 if not narrow else 120}+ columns "
                       "show them, --json has everything[/]", highlight=False)
+    _print_spot(plan)
     fastest = _fastest_under_cap(plan)
     if fastest is not None and fastest is not (plan.best or plan.options[0]):
         i = plan.options.index(fastest) + 1
@@ -158,6 +159,46 @@ def _print_plan(plan: Plan, notes: list[str], sort: str = "usd") -> None:
         console.print(f"[dim]live: {n}[/]", highlight=False)
     console.print(f"[dim]{plan.snapshot_note}{' (* = live)' if notes else ''}; assumptions: docs/planner.md[/]",
                   highlight=False)
+
+
+def _print_spot(plan: Plan) -> None:
+    """The interruptible tier of each GPU x provider that has one (plan/spot.py), once per pair,
+    then which tier the plan would pick and why, and that runs stay on-demand for now."""
+    from lorapod.plan.cost import cents
+    from lorapod.plan.spot import RUNTIME_NOTE
+
+    seen: set[tuple[str, str]] = set()
+    rows = []
+    for o in plan.options:
+        if o.spot is None or not o.fits or (o.provider, o.gpu) in seen:
+            continue
+        seen.add((o.provider, o.gpu))
+        q = o.spot
+        every = q.expected.interval * 60
+        rows.append([o.provider, o.gpu, q.tier, f"{q.bid_per_gpu_hour:.2f}",
+                     f"{q.rate.per_hour:.2g} ({q.rate.low:.2g}-{q.rate.high:.2g})",
+                     f"{every:.0f}m" if every < 10_000 else "-", f"{q.expected.preemptions:.2f}",
+                     _fmt_min(q.expected.hours), f"${cents(q.expected.usd)}",
+                     f"${cents(q.low.usd)}-{cents(q.high.usd)}", f"${cents(o.usd_total)}"])
+    if rows:
+        cols = ["provider", "GPU", "tier", "bid/h", "preempt/h", "ckpt", "preempt", "total", "$/job", "likely",
+                "on-demand"]
+        keep = cols if console.width >= 120 else ["provider", "GPU", "bid/h", "total", "$/job", "likely", "on-demand"]
+        table = Table(title="Spot (interruptible): expected per job, preemptions included", title_justify="left",
+                      box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=console.width >= 120)
+        for col in keep:
+            table.add_column(col, justify="left" if col in ("provider", "GPU", "tier") else "right", no_wrap=True)
+        for r in rows:
+            table.add_row(*[v for c, v in zip(cols, r, strict=True) if c in keep])
+        console.print(table)
+        first = next(o.spot for o in plan.options if o.spot is not None)
+        console.print(f"[dim]preemption rate: {escape(first.rate.basis)}[/]", highlight=False)
+    tier = plan.tier
+    if tier is not None and (rows or tier.policy != "never"):
+        console.print(f"[bold]tier:[/] {tier.tier} (compute.spot: {tier.policy}): {escape(tier.reason)}",
+                      highlight=False)
+        if rows or tier.tier == "spot":
+            console.print(f"[dim]{RUNTIME_NOTE}[/]", highlight=False)
 
 
 def _fastest_under_cap(plan: Plan):

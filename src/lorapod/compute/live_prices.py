@@ -89,7 +89,8 @@ def fetch_runpod(api_key: str, timeout_s: float = TIMEOUT_S) -> list[PriceEntry]
         }
         for tier, price in tiers.items():
             if _num(price):
-                out.append(PriceEntry("runpod", tier, g.name, float(price), source="live", offer_id=str(t.get("id"))))
+                out.append(PriceEntry("runpod", tier, g.name, float(price), source="live", offer_id=str(t.get("id")),
+                                      interruptible=tier == "spot"))  # priced as spot quotes (plan/spot.py)
     return out
 
 

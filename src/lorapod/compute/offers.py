@@ -150,3 +150,20 @@ def rank_by_job_cost(spec, provider_name: str, offers: list[Offer], *, gpu_pinne
 
 def _rate(v: object) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 else None
+
+
+def spot_requirements(spec, gpu: str | None = None, max_usd: float | None = None,
+                      max_hours: float | None = None) -> Requirements:
+    """:func:`requirements` for the interruptible tier, as ``compute.spot`` allows it: every bid at
+    most ``compute.max_bid_per_gpu_hour`` and at most the hourly rate the dollar cap allows
+    (``max_usd / max_hours`` per GPU). ``compute.spot: never`` is refused. Nothing in ``lorapod
+    run`` calls this until recovery from a preemption is built (docs/remote.md, Spot)."""
+    from lorapod.errors import SpecError
+
+    c = spec.compute
+    if c.spot == "never":
+        raise SpecError("compute.spot is never: no spot offers", hint="set compute.spot: auto or always")
+    req = requirements(spec, gpu, max_usd, max_hours)
+    ceilings = [x for x in (c.max_bid_per_gpu_hour,
+                            req.max_usd_per_hour / max(1, c.gpus) if req.max_usd_per_hour else None) if x]
+    return replace(req, interruptible=True, max_bid_per_gpu_hour=min(ceilings) if ceilings else None)

@@ -149,6 +149,10 @@ def prepare_run(spec: Path | JobSpec | None = None, on: str | None = None, flags
         spec_obj.compute.volume = flags.volume
     rate = flags.usd_per_hour if flags.usd_per_hour is not None else (spec_obj.compute.usd_per_hour or 0.0)
     provider = provider_for(target, flags.identity, rate)
+    from lorapod.plan.spot import runtime_tier
+
+    if text := runtime_tier(spec_obj, provider.name):  # compute.spot: always is refused until recovery exists
+        note(text)
     if trainer:  # what the trainer cannot do is refused first, before the data check and renting
         from lorapod.trainers.on_instance import print_trainer_job
 

@@ -48,6 +48,10 @@ class Requirements:
     image: str | None = None
     #: host RAM per GPU the job needs (the planner's estimate; 0: the provider's default)
     host_ram_gb: float = 0.0
+    #: interruptible (spot) offers instead of on-demand ones, each bidding at most this per GPU-hour
+    #: (docs/remote.md, Spot); ``lorapod run`` never asks for them until recovery is built
+    interruptible: bool = False
+    max_bid_per_gpu_hour: float | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,9 @@ class Instance:
     #: other (host, port) routes to the same sshd, tried when the first does not answer
     #: (Vast.ai: direct ``public_ipaddr:HostPort`` first, its ``sshN.vast.ai`` proxy after)
     ssh_alternates: tuple[tuple[str, int], ...] = ()
+    #: rented on the interruptible tier: ``exited`` then means the provider took it back (RunPod:
+    #: stopped; Vast.ai: paused, outbid), not that the job ended
+    interruptible: bool = False
 
     @property
     def live(self) -> bool:

@@ -20,6 +20,7 @@ from lorapod.plan.fit import spread
 from lorapod.plan.job import Job, build_job
 from lorapod.plan.scale import choose_parallel, multi_gpu, shardable, sharded
 from lorapod.plan.speed import family_of
+from lorapod.plan.spot import SpotQuote, TierChoice, decide, quote_option
 from lorapod.plan.vram import Suggestion, make_fit
 from lorapod.spec import JobSpec
 
@@ -43,6 +44,9 @@ class Option:
     # when the spec fixes the training minutes.
     train_range: tuple[float, float] = (1.0, 1.0)
     vram_range_gb: tuple[float, float] = (0.0, 0.0)
+    #: the interruptible tier of this GPU x provider, preemptions included (plan/spot.py); None
+    #: when it has no interruptible price, or its bid is above compute.max_bid_per_gpu_hour
+    spot: SpotQuote | None = None
 
     @property
     def fits(self) -> bool:
@@ -100,6 +104,7 @@ class Option:
                 "basis": self.speed.basis,
                 "runs": [r.job_id for r in self.speed.runs],
             },
+            "spot": self.spot.to_json() if self.spot is not None else None,
         }
 
 
@@ -111,9 +116,9 @@ class Plan:
     snapshot_note: str
     warnings: list[str] = field(default_factory=list)
     fixes: dict[str, Suggestion | None] = field(default_factory=dict)  # GPU -> change that makes it fit
-
     def to_json(self) -> dict[str, Any]:
-        return {"options": [o.to_json() for o in self.options], "snapshot_date": self.snapshot_date}
+        return {"options": [o.to_json() for o in self.options], "snapshot_date": self.snapshot_date,
+                "tier": self.tier.to_json() if self.tier is not None else None}
 
     def to_record(self) -> dict[str, Any]:
         """What ``plan.json`` in a run folder holds: the ranking plus the job it was made for."""
@@ -133,6 +138,14 @@ class Plan:
             "warnings": self.warnings,
             "prices": self.snapshot_note,
         }
+
+    @property
+    def tier(self) -> TierChoice | None:
+        """On-demand or spot, and why (``compute.spot``), over the options as they are now (a
+        re-sort or a filter after planning changes the indices); ``best`` stays the cheapest
+        on-demand option, what a run rents."""
+        c = self.job.spec.compute
+        return decide(self.options, c.spot, c.max_usd, c.max_hours)
 
     @property
     def best(self) -> Option | None:
@@ -186,6 +199,8 @@ def plan_job(
         entries = [e for e in entries if find_gpu(e.gpu).name == pinned.name]
     if prov:
         entries = [e for e in entries if e.provider == prov]
+    interruptible = [e for e in entries if e.interruptible]
+    entries = [e for e in entries if not e.interruptible]
     if not entries:
         where = " x ".join(x for x in (pinned.name if pinned else "", prov or "") if x)
         raise PlanError(
@@ -223,19 +238,20 @@ def plan_job(
                 warns.append(f"{e.tier}: {desc}")
             age = f"price from the {snap.date.isoformat()} snapshot ({snap.age_days(today)} days old)"
             warns.append(age + (": stale, check --live" if stale else ""))
-        if e.tier == "spot":
-            warns.append("spot: interruptible; a lost instance loses the work since the last checkpoint")
         warns = [*job.warnings, *warns, *_budget_warnings(spec, phases)]
         if speed.basis == "your runs":
             warns.append(f"speed from your {len(speed.runs)} run(s) with these settings: "
                          + ", ".join(r.job_id for r in speed.runs[:3]) + " (lorapod plan --explain)")
         fixed = spec.compute.phases.train_min is not None
         train_range = (1.0, 1.0) if fixed else (speed.low / speed.seconds_per_step, speed.high / speed.seconds_per_step)
-        plan.options.append(Option(e.provider, g.name, e.tier, e.usd_per_hour, verdict, round(est.headroom_gb(g), 2),
-                                   est.peak_gb, speed, phases, warns, e.source, train_range, vram_range))
+        opt = Option(e.provider, g.name, e.tier, e.usd_per_hour, verdict, round(est.headroom_gb(g), 2),
+                     est.peak_gb, speed, phases, warns, e.source, train_range, vram_range)
+        _add_spot(job, opt, e, interruptible)
+        plan.options.append(opt)
     if not plan.options:
         raise _nothing_fits(job, entries)
     plan.options.sort(key=lambda o: (not o.fits, o.usd_total, o.hours_total))
+
     best = plan.best
     if best:
         plan.warnings.append(
@@ -243,6 +259,22 @@ def plan_job(
             f"${cents(left_running_usd(LEFT_RUNNING_HOURS, best.usd_per_hour))}: lorapod destroys it when the job ends"
         )
     return plan
+
+
+def _add_spot(job: Job, opt: Option, ondemand: PriceEntry, interruptible: list[PriceEntry]) -> None:
+    """The option's spot quote from the lowest interruptible price of its GPU x provider, when the
+    bid ceiling allows it (a warning says when it does not)."""
+    same = sorted((x for x in interruptible if x.provider == opt.provider and find_gpu(x.gpu).name == opt.gpu),
+                  key=lambda x: x.usd_per_hour)
+    if not same:
+        return
+    ceiling = job.spec.compute.max_bid_per_gpu_hour
+    ok = [x for x in same if ceiling is None or x.usd_per_hour <= ceiling]
+    if not ok:
+        opt.warnings.append(f"spot: the lowest bid ${same[0].usd_per_hour:.3f}/GPU-h is above "
+                            f"compute.max_bid_per_gpu_hour ${ceiling:g}")
+        return
+    opt.spot = quote_option(job, opt, ok[0], ondemand.storage_per_gb_month)
 
 
 def _budget_warnings(spec: JobSpec, phases: list[Phase]) -> list[str]:

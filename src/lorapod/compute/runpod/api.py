@@ -22,6 +22,13 @@ CUDA_VERSIONS = ("13.0", "12.9", "12.8", "12.7", "12.6", "12.5", "12.4", "12.3",
 #: runpodctl ``api/pod.go`` ``RemovePod``, the mutation ``runpodctl remove pod`` sends
 POD_TERMINATE = "mutation terminatePod($podId: String!) { podTerminate(input: {podId: $podId}) }"
 
+#: A spot pod: REST v1's ``PodCreateInput`` has ``interruptible`` but no bid, so the bid goes through
+#: GraphQL ``podRentInterruptable`` with ``bidPerGpu``, as SkyPilot's RunPod provisioner does
+#: (``sky/provision/runpod/api/pods.py``: "Spot pods have no v2 endpoint yet and still go through the
+#: GraphQL API"); the input's fields are those it sends (``PodRentInterruptableInput``)
+RENT_INTERRUPTABLE = ("mutation BidPod($input: PodRentInterruptableInput!) { podRentInterruptable(input: $input) "
+                      "{ id desiredStatus costPerHr machineId } }")
+
 GPU_TYPES_QUERY = (
     "query GpuTypes { gpuTypes { id displayName memoryInGb securePrice communityPrice secureSpotPrice "
     "communitySpotPrice lowestPrice(input: {gpuCount: 1}) { minimumBidPrice uninterruptablePrice } } }"
@@ -44,6 +51,22 @@ class RunPodApi(HttpApi):
         if body.get("errors"):
             raise self.error(resp, "POST", "graphql gpuTypes")
         return list(((body.get("data") or {}).get("gpuTypes")) or [])
+
+    def rent_interruptable(self, pod_input: dict[str, Any]) -> dict[str, Any]:
+        """GraphQL ``podRentInterruptable`` (a spot pod at ``bidPerGpu``); the pod, or ApiError
+        carrying GraphQL's own message (it answers 200 with ``errors``)."""
+        resp = self.request("POST", self.graphql_url, json_body={"query": RENT_INTERRUPTABLE,
+                                                                 "variables": {"input": pod_input}},
+                            idempotent=False)
+        body = resp.json()
+        pod = (body.get("data") or {}).get("podRentInterruptable")
+        if body.get("errors") or not isinstance(pod, dict):
+            err = self.error(resp, "POST", "graphql podRentInterruptable")
+            msgs = [str(e.get("message")) for e in body.get("errors") or [] if isinstance(e, dict)]
+            if msgs:
+                err.message = f"runpod refused the spot pod: {'; '.join(msgs)[:300]}"
+            raise err
+        return pod
 
     def create_pod(self, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /pods`` (operationId CreatePod; body PodCreateInput; 201 -> Pod)."""

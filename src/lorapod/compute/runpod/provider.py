@@ -13,6 +13,15 @@ the image (``allowedCudaVersions`` from the image's CUDA) with enough RAM and vC
 the v1 defaults are 8 GB and 2). A create refused for capacity is :class:`NoCapacity`: nothing
 was rented, the next offer is tried.
 
+Spot (``Requirements.interruptible``): the offers are the GPU types with a spot price in each cloud
+(``secureSpotPrice`` / ``communitySpotPrice``, the type having a ``lowestPrice.minimumBidPrice``),
+each bid at that price if it is within ``max_bid_per_gpu_hour``, and created through GraphQL
+``podRentInterruptable`` with ``bidPerGpu`` (:data:`~lorapod.compute.runpod.api.RENT_INTERRUPTABLE`).
+A spot pod bills its bid per GPU (dstack issue 1890: a spot pod billed the bid, not the listed
+price). RunPod preempts one by stopping it (``desiredStatus: EXITED``; runpod/docs pods/pricing.mdx:
+SIGTERM, SIGKILL 5 s later, the volume disk kept): :meth:`RunPodProvider.refresh` reports it
+``exited`` with ``interruptible`` set, so a controller can tell it from a lost connection.
+
 Inside the pod the watchdog destroys it with the pod-scoped ``RUNPOD_API_KEY`` RunPod puts in the
 container's environment, through the recipe :meth:`RunPodProvider.self_destroy` builds; the
 user's own key never leaves this machine.
@@ -79,7 +88,8 @@ class RunPodProvider(ProviderBase):
             Capability("stop", False, "a stopped pod still bills its volume; lorapod only destroys"),
             Capability("watchdog_api", True, "pod-scoped RUNPOD_API_KEY inside the pod"),
             Capability("network_volume", True, "network volumes (/networkvolumes) mount in any pod of their datacenter"),
-            Capability("spot", False, "interruptible pods are not used: a preempted job would need resume"),
+            Capability("spot", False, "spot offers and bids exist (Requirements.interruptible), but lorapod run "
+                                      "does not rent them until recovery from a preemption is built"),
         ]
 
     def offers(self, req: Requirements) -> list[Offer]:
@@ -87,6 +97,9 @@ class RunPodProvider(ProviderBase):
         image = req.image or self.image
         ram = max(MIN_RAM_PER_GPU_GB, int(-(-req.host_ram_gb // 1)))
         for g in self.api.gpu_types():
+            if req.interruptible:
+                out += self._spot_offers(g, req, image, ram)
+                continue
             if not in_stock(g):
                 continue
             prices = {"SECURE": g.get("securePrice"), "COMMUNITY": g.get("communityPrice")}
@@ -102,6 +115,47 @@ class RunPodProvider(ProviderBase):
                                         "min_ram_per_gpu_gb": ram},
                                  secure=cloud == "SECURE"))
         return self.volume.limit(out) if self.volume is not None else out
+
+    def _spot_offers(self, g: dict[str, Any], req: Requirements, image: str, ram: int) -> list[Offer]:
+        """The type's spot offers, one per cloud with a spot price, bid at that price when it is
+        within the ceiling. A type without ``lowestPrice.minimumBidPrice`` has no spot capacity."""
+        if not isinstance(g.get("lowestPrice"), dict) or g["lowestPrice"].get("minimumBidPrice") is None:
+            return []
+        out = []
+        for cloud in self.cloud_types:
+            bid = g.get("secureSpotPrice" if cloud == "SECURE" else "communitySpotPrice")
+            if not isinstance(bid, int | float) or isinstance(bid, bool) or bid <= 0:
+                continue
+            if req.max_bid_per_gpu_hour is not None and bid > req.max_bid_per_gpu_hour:
+                continue
+            out.append(Offer(self.name, f"{g['id']}|{cloud}", g.get("displayName") or g["id"],
+                             float(bid) * req.gpu_count, vram_gb=float(g.get("memoryInGb") or 0),
+                             gpu_count=req.gpu_count, region=cloud.lower(),
+                             extra={"gpu_type_id": g["id"], "cloud_type": cloud, "image": image,
+                                    "min_ram_per_gpu_gb": ram, "interruptible": True, "bid_per_gpu": float(bid)},
+                             secure=cloud == "SECURE"))
+        return out
+
+    def _rent_spot(self, offer: Offer, body: dict[str, Any]) -> dict[str, Any]:
+        """The REST body as ``PodRentInterruptableInput`` (SkyPilot's fields: ports a string, env a
+        list of key/value pairs, memory and vCPUs per pod), with the offer's bid."""
+        gpus = body["gpuCount"]
+        pod_input: dict[str, Any] = {
+            "name": body["name"], "imageName": body["imageName"], "gpuTypeId": body["gpuTypeIds"][0],
+            "bidPerGpu": float(offer.extra["bid_per_gpu"]), "cloudType": body["cloudType"], "gpuCount": gpus,
+            "containerDiskInGb": body["containerDiskInGb"], "volumeInGb": 0, "volumeMountPath": "/workspace",
+            "ports": ",".join(body["ports"]), "supportPublicIp": True,
+            "env": [{"key": k, "value": v} for k, v in body["env"].items()],
+            "minMemoryInGb": body["minRAMPerGPU"] * gpus, "minVcpuCount": body["minVCPUPerGPU"] * gpus,
+        }
+        if body.get("allowedCudaVersions"):
+            pod_input["allowedCudaVersions"] = body["allowedCudaVersions"]
+        for rest, gql in (("networkVolumeId", "networkVolumeId"), ("volumeMountPath", "volumeMountPath")):
+            if rest in body and self.volume is not None:
+                pod_input[gql] = body[rest]
+        if self.volume is not None and body.get("dataCenterIds"):
+            pod_input["dataCenterId"] = body["dataCenterIds"][0]
+        return self.api.rent_interruptable(pod_input)
 
     def create(self, offer: Offer, spec: InstanceSpec) -> Instance:
         gpu_type, _, cloud = offer.id.partition("|")
@@ -125,17 +179,19 @@ class RunPodProvider(ProviderBase):
             body["allowedCudaVersions"] = cuda
         if self.volume is not None:
             body.update(self.volume.create_fields())
+        spot = bool(offer.extra.get("interruptible"))
         try:
-            pod = self.api.create_pod(body)
+            pod = self._rent_spot(offer, body) if spot else self.api.create_pod(body)
         except ApiError as exc:
-            if exc.status == 400 and is_no_capacity(exc.message):
+            if (exc.status == 400 or spot) and is_no_capacity(exc.message):
                 raise NoCapacity(f"RunPod has no {offer.gpu_name} ({cloud.lower()}) for this pod right now",
                                  hint="lorapod tries the next offer") from exc
             raise
         if not pod.get("id"):
             raise NoCapacity(f"RunPod did not return a pod id for {offer.gpu_name}",
                              hint="no capacity for this GPU right now; lorapod tries the next offer")
-        return self._instance(pod, offer.usd_per_hour)
+        inst = self._instance(pod, offer.usd_per_hour)
+        return inst.with_(interruptible=True) if spot else inst
 
     def refresh(self, inst: Instance) -> Instance:
         pod = self.api.get_pod(inst.id)
@@ -167,7 +223,7 @@ class RunPodProvider(ProviderBase):
         if status == "TERMINATED":
             state = "gone"
         elif status == "EXITED":
-            state = "exited"
+            state = "exited"  # for a spot pod: preempted (stopped by RunPod), its volume kept
         elif status == "RUNNING" and ip and port:
             state = "running"
         else:
@@ -178,7 +234,10 @@ class RunPodProvider(ProviderBase):
         return Instance(id=str(pod["id"]), provider=self.name, state=state,
                         usd_per_hour=float(pod.get("costPerHr") or usd or 0.0),
                         ssh_host=ip if state == "running" else None, ssh_port=int(port or 22), ssh_user="root",
-                        gpu_name=(pod.get("gpu") or {}).get("displayName"), label=pod.get("name"), **kw)
+                        gpu_name=(pod.get("gpu") or {}).get("displayName"), label=pod.get("name"),
+                        interruptible=bool(pod.get("interruptible")),
+                        message="stopped by RunPod: a spot pod preempted (volume kept, GPU released)"
+                        if status == "EXITED" and pod.get("interruptible") else None, **kw)
 
 
 def in_stock(gpu_type: dict[str, Any]) -> bool:

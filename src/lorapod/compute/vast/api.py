@@ -36,6 +36,12 @@ class VastApi(HttpApi):
             raise self.error(resp, "PUT", f"/api/v0/asks/{ask_id}/")
         return int(data["new_contract"])
 
+    def change_bid(self, instance_id: int, price: float) -> None:
+        """``PUT /api/v0/instances/bid_price/{id}/`` (change bid; vast.py ``change__bid`` sends
+        ``{"client_id": "me", "price": ...}``): an interruptible instance's bid per machine, $/h."""
+        self.request("PUT", f"/api/v0/instances/bid_price/{instance_id}/",
+                     json_body={"client_id": "me", "price": round(float(price), 4)})
+
     def attach_ssh_key(self, instance_id: int, public_key: str) -> None:
         """``POST /api/v0/instances/{id}/ssh/`` (attach ssh-key)."""
         self.request("POST", f"/api/v0/instances/{instance_id}/ssh/", json_body={"ssh_key": public_key})

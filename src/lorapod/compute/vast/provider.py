@@ -14,6 +14,16 @@ into a file only root can read (:data:`INSTANCE_ENV_FILE`, mode 0600; never the 
 ``/etc/environment``) so the watchdog, started over SSH, can destroy the instance from inside. Vast.ai
 bills storage while an instance exists in any state, so lorapod never stops, only destroys; an
 ``actual_status`` of exited/unknown/offline never becomes running and is treated as failed.
+
+Interruptible (``Requirements.interruptible``): the search asks ``type: "bid"`` (vast.py
+``search offers --interruptible``), each offer is bid at its ``min_bid`` when that is within
+``max_bid_per_gpu_hour`` per GPU, and the create is the same ``PUT /asks/{id}/`` with ``price``, the
+bid per machine ("Only for interruptible instances", the OpenAPI; vast.py ``create instance
+--bid_price``; dstack PR 4025). Outbid, the instance is paused ("data preserved when paused but
+instance not functional", vast-ai/docs instance-types.mdx): ``actual_status: stopped`` ("Disk
+charges continue; no GPU charges", docs.vast.ai show-instance) with ``is_bid``, which
+:meth:`VastProvider.refresh` reports as ``exited`` with ``interruptible`` set; it resumes by itself
+if its bid wins again, or after :meth:`VastProvider.change_bid` raises it.
 """
 
 from __future__ import annotations
@@ -68,7 +78,7 @@ def offer_query(req: Requirements, image: str, verified: bool = True, limit: int
         "disk_space": {"gte": req.disk_gb},
         "reliability": {"gte": MIN_RELIABILITY},
         "direct_port_count": {"gte": 1},
-        "type": OFFER_TYPE,
+        "type": "bid" if req.interruptible else OFFER_TYPE,  # vast.py: --interruptible is type "bid"
         "allocated_storage": float(req.disk_gb),
         "order": [["dph_total", "asc"], ["reliability", "desc"]],
         "limit": limit,
@@ -129,6 +139,12 @@ class VastProvider(ProviderBase):
                 continue
             extra = {k: o[k] for k in ("inet_down_cost", "inet_up_cost", "cuda_max_good", "datacenter")
                      if isinstance(o.get(k), int | float | bool)}
+            if req.interruptible:
+                bid = _num(o.get("min_bid"))
+                per_gpu = bid / max(1, int(_num(o.get("num_gpus")) or 1))
+                if not bid or (req.max_bid_per_gpu_hour is not None and per_gpu > req.max_bid_per_gpu_hour):
+                    continue
+                extra.update(interruptible=True, bid=bid)
             out.append(Offer(self.name, str(o["id"]), str(o.get("gpu_name") or "?"), _num(o.get("dph_total")),
                              vram_gb=_num(o.get("gpu_ram")) / 1000, gpu_count=int(_num(o.get("num_gpus")) or 1),
                              storage_usd_per_gb_month=o.get("storage_cost"), reliability=o.get("reliability"),
@@ -145,9 +161,12 @@ class VastProvider(ProviderBase):
             "cancel_unavail": True,
             "onstart": onstart_script(),
         }
+        spot = bool(offer.extra.get("interruptible"))
+        if spot:
+            body["price"] = float(offer.extra["bid"])  # the bid per machine, $/h
         new_id = self.api.create_instance(int(offer.id), body)
         inst = Instance(id=str(new_id), provider=self.name, state="booting", usd_per_hour=offer.usd_per_hour,
-                        gpu_name=offer.gpu_name, label=body["label"])
+                        gpu_name=offer.gpu_name, label=body["label"], interruptible=spot)
         try:
             self.api.attach_ssh_key(new_id, spec.ssh_public_key)
         except ProviderError as exc:
@@ -166,6 +185,10 @@ class VastProvider(ProviderBase):
     def destroy(self, instance_id: str) -> None:
         self.api.destroy_instance(int(instance_id))
 
+    def change_bid(self, instance_id: str, price: float) -> None:
+        """Raise (or lower) an interruptible instance's bid per machine; a paused one resumes when it wins."""
+        self.api.change_bid(int(instance_id), price)
+
     def list_instances(self) -> list[Instance]:
         return [self._instance(d, None) for d in self.api.list_instances()]
 
@@ -176,7 +199,10 @@ class VastProvider(ProviderBase):
     def _instance(self, d: dict[str, Any], prev: Instance | None) -> Instance:
         status = str(d.get("actual_status") or "").lower()
         routes = ssh_routes(d)
-        if status in DEAD:
+        bid = bool(d.get("is_bid"))
+        if bid and status == "stopped":
+            state = "exited"  # paused: outbid; data kept, storage billed, resumes if the bid wins again
+        elif status in DEAD:
             state = "error"
         elif status == "running" and routes:
             state = "running"
@@ -184,12 +210,13 @@ class VastProvider(ProviderBase):
             state = "booting"
         kw: dict[str, Any] = {"created_at": prev.created_at} if prev else {}
         host, port = routes[0] if routes and state == "running" else (None, 22)
-        msg = d.get("status_msg")
+        msg = "paused: outbid (data kept, storage billed)" if state == "exited" else d.get("status_msg")
         return Instance(id=str(d["id"]), provider=self.name, state=state,
                         usd_per_hour=_num(d.get("dph_total")) or (prev.usd_per_hour if prev else 0.0),
                         ssh_host=host, ssh_port=port, ssh_user="root", gpu_name=d.get("gpu_name"),
                         label=d.get("label"), message=str(msg)[:300] if msg else None,
-                        pulling=status == "loading", ssh_alternates=tuple(routes[1:]) if state == "running" else (), **kw)
+                        pulling=status == "loading", ssh_alternates=tuple(routes[1:]) if state == "running" else (),
+                        interruptible=bid or bool(prev and prev.interruptible), **kw)
 
 
 def ssh_routes(d: dict[str, Any]) -> list[tuple[str, int]]:
