@@ -16,7 +16,7 @@ from pathlib import Path
 
 from lorapod.compute.context import Claim, Interrupted, JobContext
 from lorapod.compute.httpapi import ApiError
-from lorapod.compute.offers import choose_offers
+from lorapod.compute.offers import OfferEstimate, choose_offers
 from lorapod.compute.provider import CreatedButUnusable, Instance, InstanceSpec, NoCapacity, Offer, Provider
 from lorapod.compute.teardown import destroy_claim, find_by_label, job_key_dir
 from lorapod.compute.transport import (
@@ -44,22 +44,26 @@ class Lease:
     identity: Path | None
     transport: Transport
     created_at_mono: float
+    #: the planner's estimate for the offer rented (None: it cannot estimate this job or GPU);
+    #: the default $ cap and the pull guard read it
+    estimate: OfferEstimate | None = None
 
 
 def acquire(ctx: JobContext) -> Lease:
     o = ctx.opts
-    offers = choose_offers(ctx.spec, ctx.provider, o.gpu, ctx.max_usd, ctx.max_hours)
-    ctx.ledger.record_prices(offers)
+    ranked = choose_offers(ctx.spec, ctx.provider, o.gpu, ctx.max_usd, ctx.max_hours, job=ctx.job)
+    ctx.ledger.record_prices([r.offer for r in ranked])
     identity, pub = _job_key(ctx)
     errors = []
     tried = 0
-    for offer in offers:
+    for choice in ranked:
+        offer = choice.offer
         if tried >= o.max_offers:
             break
         try:
             claim, inst = _create(ctx, offer, identity, pub)
             tried += 1
-            return _wait_ready(ctx, claim, inst)
+            return _wait_ready(ctx, claim, inst, choice.estimate)
         except NoCapacity as exc:  # nothing was rented: this offer does not count
             errors.append(f"{offer.gpu_name} ({offer.id}): {exc.message}")
             ctx.say(f"offer {offer.id}: {exc.message}; trying the next")
@@ -163,7 +167,7 @@ def _refused(ctx: JobContext, claim: Claim, exc: LorapodError) -> None:
     ctx.claim = None
 
 
-def _wait_ready(ctx: JobContext, claim: Claim, inst: Instance) -> Lease:
+def _wait_ready(ctx: JobContext, claim: Claim, inst: Instance, estimate: OfferEstimate | None = None) -> Lease:
     """Boot, then SSH, under one deadline (``ready_deadline_s``), extended by at most
     ``pull_extension_s`` while the provider reports an image pull; a progress line every
     ``progress_every_s`` says what the wait has cost. Once SSH answers, "Permission denied" is
@@ -241,7 +245,7 @@ def _wait_ready(ctx: JobContext, claim: Claim, inst: Instance) -> Lease:
     ctx.ledger.instance_ready(claim.ledger_id, ready_inst.ssh_host or "", ready_inst.ssh_port, ready_inst.ssh_user)
     ctx.say(f"instance {ready_inst.id} answers on {ready_inst.ssh_user}@{ready_inst.ssh_host}:{ready_inst.ssh_port}")
     return Lease(claim.ledger_id, ready_inst.id, ready_inst, claim.offer, claim.label, claim.identity, transport,
-                 claim.created_at_mono)
+                 claim.created_at_mono, estimate)
 
 
 def _bill_at_the_providers_price(ctx: JobContext, ledger_id: str, inst: Instance) -> None:
