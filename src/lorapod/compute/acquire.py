@@ -208,7 +208,7 @@ def _wait_ready(ctx: JobContext, claim: Claim, inst: Instance, estimate: OfferEs
     conn = [transport_for(provider, booted_inst, claim.identity, claim.ledger_id)]
     claim.transport = conn[0]
     booted = time.monotonic()
-    state = {"route": 0, "since": booted, "auth_since": None}
+    state = _Routes(since=booted)
 
     def ssh_answers() -> bool:
         transport, now_inst = conn[0], seen[0]
@@ -218,19 +218,19 @@ def _wait_ready(ctx: JobContext, claim: Claim, inst: Instance, estimate: OfferEs
         except AuthRefused:
             # sshd answered but does not know the key yet: wait for it, for a bounded time
             now = time.monotonic()
-            state["auth_since"] = state["auth_since"] or now
+            state.auth_since = state.auth_since or now
             # only where the provider installs the key after the instance starts (a trait it
             # declares); elsewhere a refused key is the user's to fix, said at once
-            if not provider.traits.key_arrives_late or now - state["auth_since"] > o.auth_grace_s:
+            if not provider.traits.key_arrives_late or now - state.auth_since > o.auth_grace_s:
                 raise
             progress("the instance to accept the job's SSH key")
             return False
         except ConnectionLost:
             now = time.monotonic()
-            if state["route"] + 1 < len(routes) and now - state["since"] >= o.direct_ssh_s:
-                state["route"] += 1
-                state["since"] = now
-                host, port = routes[state["route"]]
+            if state.route + 1 < len(routes) and now - state.since >= o.direct_ssh_s:
+                state.route += 1
+                state.since = now
+                host, port = routes[state.route]
                 ctx.say(f"SSH on {now_inst.ssh_host}:{now_inst.ssh_port} does not answer; trying {host}:{port}")
                 now_inst = seen[0] = claim.instance = now_inst.with_(ssh_host=host, ssh_port=port)
                 with contextlib.suppress(Exception):
@@ -246,6 +246,15 @@ def _wait_ready(ctx: JobContext, claim: Claim, inst: Instance, estimate: OfferEs
     ctx.say(f"instance {ready_inst.id} answers on {ready_inst.ssh_user}@{ready_inst.ssh_host}:{ready_inst.ssh_port}")
     return Lease(claim.ledger_id, ready_inst.id, ready_inst, claim.offer, claim.label, claim.identity, transport,
                  claim.created_at_mono, estimate)
+
+
+@dataclass
+class _Routes:
+    """Where the SSH wait is: the route tried (its index), since when, and since when the key was refused."""
+
+    since: float
+    route: int = 0
+    auth_since: float | None = None
 
 
 def _bill_at_the_providers_price(ctx: JobContext, ledger_id: str, inst: Instance) -> None:

@@ -21,12 +21,17 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packaging.requirements import Requirement
 from packaging.version import Version
 
 from lorapod.errors import LorapodError, RemoteError
+
+if TYPE_CHECKING:
+    from lorapod.compute.provider import Provider
+    from lorapod.compute.remote import Bootstrap
+    from lorapod.spec import JobSpec
 
 #: transformers 5 and diffusers 0.42 refuse an older torch (their dependency tables say torch>=2.6).
 ENGINE_MIN_TORCH = "2.6"
@@ -39,7 +44,7 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def extra_for(spec: Any) -> str:
+def extra_for(spec: JobSpec) -> str:
     """The install extras a job's engine needs: ``image`` for diffusion families, else ``llm``;
     ``,track`` (the W&B client) when the spec logs to W&B."""
     extra = "image" if spec.is_image else "llm"
@@ -169,7 +174,7 @@ def parse_result(stdout: str, stderr: str, python: str) -> EnvResult:
                      installer=out.get("installer"), env=out.get("env"))
 
 
-def bootstrap_for(boot: Any, provider: Any, spec: Any) -> Any:
+def bootstrap_for(boot: Bootstrap, provider: Provider, spec: JobSpec) -> Bootstrap:
     """The bootstrap for this job on this provider: the engine's extra from the spec; the local
     provider runs the job with this very interpreter (``sys.executable``) and installs nothing."""
     import sys
@@ -183,7 +188,7 @@ def bootstrap_for(boot: Any, provider: Any, spec: Any) -> Any:
         # (runpod/pytorch 1.0.x: `python3` is Ubuntu's 3.10 without torch); an explicit --python wins
         from lorapod.catalog.images import KNOWN
 
-        image = KNOWN.get(getattr(getattr(spec, "compute", None), "image", None) or provider.image or "")
+        image = KNOWN.get(spec.compute.image or provider.image or "")
         if image is not None and image.python_path:
             boot = replace(boot, image_python=image.python_path)
     return boot

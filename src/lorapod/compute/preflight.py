@@ -80,7 +80,7 @@ def _image_note(image: str | None) -> str | None:
     return image_note(image, ENGINE_MIN_TORCH) if image else None
 
 
-def image_notes(spec: Any, providers: list[str]) -> list[str]:
+def image_notes(spec: JobSpec, providers: list[str]) -> list[str]:
     """What the catalog says about the image each provider would boot (``plan`` prints these too)."""
     from lorapod.catalog.images import default_image, image_note
     from lorapod.compute.bootstrap import ENGINE_MIN_TORCH
@@ -94,7 +94,7 @@ def image_notes(spec: Any, providers: list[str]) -> list[str]:
     return notes
 
 
-def _check_data(spec: Any, paths: list[Path], force: bool, out: Preflight) -> None:
+def _check_data(spec: JobSpec, paths: list[Path], force: bool, out: Preflight) -> None:
     from lorapod.data.check import check_path
 
     val = Path(spec.data.val_path) if spec.data.val_path else None
@@ -116,7 +116,7 @@ def _check_data(spec: Any, paths: list[Path], force: bool, out: Preflight) -> No
         out.notes.append(msg + " (--force: going on)")
 
 
-def _check_model(spec: Any, env: dict[str, str], out: Preflight) -> bool:
+def _check_model(spec: JobSpec, env: dict[str, str], out: Preflight) -> bool:
     """True when the model is gated. A model that exists nowhere is refused."""
     from lorapod.catalog.models import find_model, is_builtin
     from lorapod.errors import PlanError

@@ -24,7 +24,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
 from lorapod.compute.launch import job_command_for
 from lorapod.compute.offers import planned_job
@@ -54,9 +54,9 @@ class RunFlags:
     gpus: int | None = None
     max_usd: float | None = None
     max_hours: float | None = None
-    bootstrap: str = "source"
+    bootstrap: Literal["source", "wheel"] = "source"
     python: str = "auto"
-    deps: str = "auto"
+    deps: Literal["auto", "none"] = "auto"
     image: str | None = None
     volume: str | None = None
     force: bool = False
@@ -65,7 +65,7 @@ class RunFlags:
     trainer: str | None = None
     trainer_src: str | None = None
     #: :class:`RunOptions` fields set by the hidden test flags (``poll_s`` ...); absent ones keep their default
-    knobs: Mapping[str, float] = field(default_factory=dict)
+    knobs: Mapping[str, Any] = field(default_factory=dict)
     #: overrides of ``watchdog.DEFAULTS`` (``heartbeat_timeout_s``, ``poll_s``, ``stall_s``)
     watchdog: Mapping[str, float] = field(default_factory=dict)
 
@@ -168,8 +168,8 @@ def prepare_run(spec: Path | JobSpec | None = None, on: str | None = None, flags
     job = planned_job(spec_obj)  # once per run: every room below reads this one
     for text in preflight(spec_obj, provider, job, force=flags.force, deps=flags.deps).notes:
         note(text)
-    if text := doctor_note(ledger, provider.name):
-        note(text)
+    if doc := doctor_note(ledger, provider.name):
+        note(doc)
     if spec_obj.compute.volume:  # after the checks above: a new volume bills from its creation
         if not isinstance(provider, SupportsVolumes):
             why = capability(provider, "network_volume").reason

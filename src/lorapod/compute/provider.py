@@ -185,7 +185,7 @@ class Provider(Protocol):
     be found by its label."""
 
     name: str
-    traits: Traits
+    traits: ClassVar[Traits]
     #: the container image a create boots when the spec names none (None: the machine is what it is)
     image: str | None
 
@@ -274,9 +274,14 @@ class SupportsPriceList(Protocol):
 
 # ----------------------------------------------------------------------------- registry
 
-#: What a registry entry is: a provider class, built with ``from_kwargs`` (the CLI's options) and
-#: read without building for its ``traits`` (no API key needed for that).
-ProviderClass = type
+class ProviderClass(Protocol):
+    """What a registry entry is: a provider class, built with ``from_kwargs`` (the CLI's options)
+    and read without building for its ``traits`` (no API key needed for that)."""
+
+    traits: ClassVar[Traits]
+
+    def from_kwargs(self, **kwargs: Any) -> Provider: ...
+
 
 _REGISTRY: dict[str, ProviderClass] = {}
 
@@ -301,7 +306,7 @@ def register(name: str, cls: ProviderClass) -> None:
     if name in _REGISTRY or name in BUILTINS:
         raise ValueError(f"provider '{name}' is already registered; pick another name")
     if not isinstance(cls, type) or not callable(getattr(cls, "from_kwargs", None)) \
-            or not isinstance(getattr(cls, "traits", None), Traits):
+            or not isinstance(getattr(cls, "traits", None), Traits):  # a factory function's traits cannot be read
         raise ValueError(f"provider '{name}' must be a class with from_kwargs() and declared traits "
                          "(subclass ProviderBase)")
     _REGISTRY[name] = cls
@@ -325,7 +330,8 @@ def provider_class(name: str) -> ProviderClass:
         import importlib
 
         module, _, cls = BUILTINS[name].partition(":")
-        return getattr(importlib.import_module(module), cls)
+        builtin: ProviderClass = getattr(importlib.import_module(module), cls)
+        return builtin
     found = _REGISTRY.get(name)
     if found is None:
         raise ProviderError(

@@ -210,7 +210,7 @@ class RemoteWork:
                 return f"rsync was missing; installed it with {manager} in {time.monotonic() - t0:.0f} s"
             if out is not None:
                 why = f"{manager} could not install it"
-        self.transport.mover = "tar"  # type: ignore[attr-defined]
+        self.transport.mover = "tar"
         return f"rsync is not on the instance ({why}): files move with tar over the SSH connection"
 
     # ------------------------------------------------------------------ setup

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from lorapod.plan.job import Job
+    from lorapod.spec import JobSpec
 
 DEFAULT_SESSIONS = 4.0
 VAST_NOTE = ("Vast.ai: no volume is used; Vast.ai volumes live on one host's machine (usable only while that "
@@ -64,7 +65,7 @@ class VolumeAdvice:
         return out
 
 
-def default_size_gb(spec: Any, job: Job | None = None) -> int:
+def default_size_gb(spec: JobSpec, job: Job | None = None) -> int:
     """What the model, the environment and the caches need, +15%, in tens of GB (at least 20).
     ``job``: the run's planned job when it has one (built once, in ``prepare_run``)."""
     if spec.compute.volume_gb:

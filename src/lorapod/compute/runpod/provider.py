@@ -34,6 +34,7 @@ from lorapod.compute.provider import (
     Offer,
     ProviderBase,
     Requirements,
+    State,
     Traits,
     without,
 )
@@ -108,8 +109,8 @@ class RunPodProvider(ProviderBase):
                 "spot": lowest.get("minimumBidPrice") or t.get("communitySpotPrice"),
             }
             for tier, price in tiers.items():
-                if num(price):
-                    out.append(PriceEntry("runpod", tier, g.name, float(price), source="live",
+                if usd := num(price):
+                    out.append(PriceEntry("runpod", tier, g.name, usd, source="live",
                                           offer_id=str(t.get("id"))))
         return out
 
@@ -159,7 +160,7 @@ class RunPodProvider(ProviderBase):
 
     def create(self, offer: Offer, spec: InstanceSpec) -> Instance:
         gpu_type, _, cloud = offer.id.partition("|")
-        image = spec.image or self.image
+        image = spec.image or self.image or DEFAULT_IMAGE
         body: dict[str, Any] = {
             "name": spec.provider_label[:190],
             "imageName": image,
@@ -218,6 +219,7 @@ class RunPodProvider(ProviderBase):
         status = pod.get("desiredStatus")
         port = (pod.get("portMappings") or {}).get("22")
         ip = pod.get("publicIp")
+        state: State
         if status == "TERMINATED":
             state = "gone"
         elif status == "EXITED":

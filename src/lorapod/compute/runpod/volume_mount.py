@@ -149,11 +149,11 @@ def find_or_create(provider: Provider, api: RunPodApi, spec: JobSpec, name: str,
                            hint="delete the extra ones with `lorapod volumes --delete ID`, or pick another name")
     if found:
         vol = found[0]
-        stock = stock_by_datacenter(api, [vol.datacenter], gpu_count).get(vol.datacenter, set())
-        if not stock:
+        here = stock_by_datacenter(api, [vol.datacenter], gpu_count).get(vol.datacenter, set())
+        if not here:
             raise ProviderError(f"no GPU is in stock in {vol.datacenter}, where network volume {name} is",
                                 hint="try again later; a pod with this volume can only run there")
-        mount = VolumeMount(vol, mount_path(), frozenset(stock))
+        mount = VolumeMount(vol, mount_path(), frozenset(here))
         say(f"using {mount.describe()}")
         return mount
     ranked = [r for r in choose_offers(spec, provider, gpu, max_usd, max_hours, job=job)

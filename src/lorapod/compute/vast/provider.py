@@ -30,6 +30,7 @@ from lorapod.compute.provider import (
     Offer,
     ProviderBase,
     Requirements,
+    State,
     Traits,
     without,
 )
@@ -186,7 +187,7 @@ class VastProvider(ProviderBase):
         ]
 
     def offers(self, req: Requirements) -> list[Offer]:
-        query = offer_query(req, req.image or self.image, self.verified)
+        query = offer_query(req, req.image or self.image or DEFAULT_IMAGE, self.verified)
         out = []
         for o in self.api.search_offers(query):
             if not isinstance(o, dict) or "id" not in o:
@@ -212,7 +213,7 @@ class VastProvider(ProviderBase):
         }
         new_id = self.api.create_instance(int(offer.id), body)
         inst = Instance(id=str(new_id), provider=self.name, state="booting", usd_per_hour=offer.usd_per_hour,
-                        gpu_name=offer.gpu_name, label=body["label"])
+                        gpu_name=offer.gpu_name, label=spec.provider_label)
         try:
             self.api.attach_ssh_key(new_id, spec.ssh_public_key)
         except ProviderError as exc:
@@ -241,6 +242,7 @@ class VastProvider(ProviderBase):
     def _instance(self, d: dict[str, Any], prev: Instance | None) -> Instance:
         status = str(d.get("actual_status") or "").lower()
         routes = ssh_routes(d)
+        state: State
         if status in DEAD:
             state = "error"
         elif status == "running" and routes:
