@@ -21,7 +21,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from packaging.requirements import Requirement
 from packaging.version import Version
@@ -30,8 +30,30 @@ from lorapod.errors import LorapodError, RemoteError
 
 if TYPE_CHECKING:
     from lorapod.compute.provider import Provider
-    from lorapod.compute.remote import Bootstrap
     from lorapod.spec import JobSpec
+
+AUTO_PYTHON = "auto"  # find the instance's interpreter the way the image has it (compute/hostfacts.py)
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """How lorapod and what it needs get onto the instance, so both ends run the same versions.
+
+    ``strategy`` is how lorapod itself travels: ``source`` rsyncs this very package into ``pkg/``;
+    ``wheel`` builds a wheel of this source tree (cached by content) and ``pip install --no-deps
+    --target pkg/``. ``python`` is the instance's interpreter the job's environment is built from;
+    ``auto`` finds it the way the image has it (:mod:`lorapod.compute.hostfacts`).
+    ``deps``: ``auto`` gives the job its dependencies when ``python`` lacks them (a virtualenv with
+    the image's torch, cached by lock; see :mod:`lorapod.compute.bootstrap`), ``none`` runs the job
+    with ``python`` as it is. ``extra`` is the install extra of the job's engine (``llm``, ``image``).
+    """
+
+    strategy: Literal["source", "wheel"] = "source"
+    python: str = AUTO_PYTHON
+    deps: Literal["auto", "none"] = "auto"
+    extra: str = "llm"
+    #: the interpreter the image's build files put torch in (catalog/images.py), tried first by ``auto``
+    image_python: str = ""
 
 #: transformers 5 and diffusers 0.42 refuse an older torch (their dependency tables say torch>=2.6).
 ENGINE_MIN_TORCH = "2.6"
@@ -183,7 +205,7 @@ def bootstrap_for(boot: Bootstrap, provider: Provider, spec: JobSpec) -> Bootstr
     boot = replace(boot, extra=extra_for(spec))
     if provider.traits.runs_here:
         boot = replace(boot, python=sys.executable, deps="none")
-    elif boot.python == "auto":  # remote.AUTO_PYTHON (remote imports this module)
+    elif boot.python == AUTO_PYTHON:
         # a catalogued image's own interpreter (with its torch) is tried first by the search
         # (runpod/pytorch 1.0.x: `python3` is Ubuntu's 3.10 without torch); an explicit --python wins
         from lorapod.catalog.images import KNOWN
