@@ -72,7 +72,7 @@ def acquire(ctx: JobContext) -> Lease:
         except (AuthRefused, BudgetError, Interrupted):
             raise
         except (WaitTimedOut, ProviderError, ConnectionLost) as exc:
-            if getattr(exc, "fatal", False):  # bad key, no balance: no other offer will do better
+            if isinstance(exc, ApiError) and exc.fatal:  # bad key, no balance: no other offer will do better
                 if ctx.claim is not None and destroy_claim(ctx, ctx.claim, "create refused", False, False).confirmed:
                     ctx.claim = None
                 raise

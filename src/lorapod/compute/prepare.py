@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from lorapod.compute.launch import job_command_for
 from lorapod.compute.offers import planned_job
-from lorapod.compute.provider import Provider, SupportsVolumes, capability, from_target
+from lorapod.compute.provider import Provider, SupportsVolumes, capability, from_target, on_hint
 from lorapod.compute.remote import Bootstrap
 from lorapod.compute.session import RunOptions
 from lorapod.errors import LorapodError, SpecError
@@ -141,7 +141,7 @@ def prepare_run(spec: Path | JobSpec | None = None, on: str | None = None, flags
         target = on or spec_obj.compute.provider
     spec_obj = apply_report_to(spec_obj, flags.report_to)
     if target in (None, ""):
-        raise SpecError("where should it run?", hint="--on vast | runpod | ssh://user@host:port")
+        raise SpecError("where should it run?", hint=f"--on {on_hint()}")
     if spec_obj.is_video and not resume_job:  # before renting: the clips give windows, the job fits the GPU
         from lorapod.engine.diffusion.video_preflight import preflight as video_preflight
 
@@ -226,7 +226,7 @@ def prepare_sweep(spec: Path, grid: Sequence[str], on: Sequence[str], flags: Run
     targets = list(on) or [base.compute.provider]
     if SKY in targets:
         raise SpecError("sweeps do not run on sky yet: SkyPilot runs each job's lifecycle itself",
-                        hint="--on vast | runpod | local | ssh://user@host:port, or `lorapod run --on sky` per trial")
+                        hint=f"--on {on_hint()}, or `lorapod run --on sky` per trial")
     said: set[str] = set()
 
     def once(text: str) -> None:

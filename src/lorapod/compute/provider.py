@@ -324,6 +324,11 @@ def names() -> list[str]:
     return sorted({*BUILTINS, *_REGISTRY})
 
 
+def on_hint() -> str:
+    """What ``--on`` takes, from the registry (built-ins and plugins), for hints."""
+    return " | ".join([*(n for n in names() if n != "ssh"), "ssh://user@host:port"])
+
+
 def provider_class(name: str) -> ProviderClass:
     """The class registered as ``name``, built-in or plugin (imported on first use)."""
     if name in BUILTINS:

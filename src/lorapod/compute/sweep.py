@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lorapod.compute.offers import planned_job
-from lorapod.compute.provider import Provider
+from lorapod.compute.provider import Provider, on_hint
 from lorapod.compute.session import RunOptions, Session
 from lorapod.engine.metrics import read_metrics
 from lorapod.errors import LorapodError, SpecError
@@ -158,7 +158,7 @@ class Sweep:
                  ledger_factory: Callable[[], Ledger] = Ledger, spec_path: str | None = None,
                  say: Callable[[str], None] = print) -> None:
         if not targets:
-            raise SpecError("a sweep needs somewhere to run", hint="--on local | vast | runpod | ssh://user@host")
+            raise SpecError("a sweep needs somewhere to run", hint=f"--on {on_hint()}")
         if parallel < 1:
             raise SpecError("--parallel must be at least 1")
         self.spec = spec
