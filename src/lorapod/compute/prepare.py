@@ -208,6 +208,8 @@ class PreparedSweep:
     targets: list[tuple[str, Provider]]
     options: Callable[[], RunOptions]
     spec_path: str
+    #: each grid job's planned job (its data counted once, here), in the grid's order, for :class:`Sweep`
+    jobs: list[Job | None] = field(default_factory=list)
 
 
 def prepare_sweep(spec: Path, grid: Sequence[str], on: Sequence[str], flags: RunFlags | None = None, *,
@@ -248,4 +250,5 @@ def prepare_sweep(spec: Path, grid: Sequence[str], on: Sequence[str], flags: Run
     first = prepared[: len(targets)]
     base_options = run_options(base, flags)
     return PreparedSweep(base, [(p.target, p.provider) for p in first if p.provider is not None],
-                         lambda: dataclasses.replace(base_options, watchdog=dict(base_options.watchdog)), str(spec))
+                         lambda: dataclasses.replace(base_options, watchdog=dict(base_options.watchdog)), str(spec),
+                         [p.job for p in prepared[:: len(targets)]])

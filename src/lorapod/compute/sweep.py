@@ -156,7 +156,9 @@ class Sweep:
     def __init__(self, spec: JobSpec, grid: Sequence[str], targets: Sequence[tuple[str, Provider]], *,
                  parallel: int = 1, max_usd: float | None = None, options: Callable[[], RunOptions] = RunOptions,
                  ledger_factory: Callable[[], Ledger] = Ledger, spec_path: str | None = None,
-                 say: Callable[[str], None] = print) -> None:
+                 say: Callable[[str], None] = print, planned: Sequence[Job | None] = ()) -> None:
+        """``planned``: each grid job's planned job, in order, when the caller planned them already
+        (``prepare_sweep``); the others are planned here, once each."""
         if not targets:
             raise SpecError("a sweep needs somewhere to run", hint=f"--on {on_hint()}")
         if parallel < 1:
@@ -175,7 +177,8 @@ class Sweep:
         for i, (ov, job_spec) in enumerate(job_specs(spec, grid), 1):
             self.specs.append(job_spec)
             self.jobs.append(SweepJob(i, ov))
-        self._planned: dict[int, Job | None] = {}  # each job's planned job, built once (its data read once)
+        # each job's planned job, built once (its data read once)
+        self._planned: dict[int, Job | None] = {i: job for i, job in enumerate(planned, 1)}
         self.root = Path(spec.output.dir) / new_job_id(f"sweep-{self.base_name}")
         self._sessions: dict[int, Session] = {}
         self._busy: dict[str, int] = {t: 0 for t, _ in self.targets}
