@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from lorapod.compute.offers import OfferEstimate, RankedOffer, choose_offers, planned_job
-from lorapod.compute.provider import Offer
+from lorapod.compute.provider import Offer, Traits
 from lorapod.errors import BudgetError
 from lorapod.spec import load_spec
 
@@ -115,8 +115,6 @@ class Plugin:
     name = "plugin_planned"
     image = None
     attached: list = []
-
-    from lorapod.compute.provider import Traits
     traits = Traits()
 
     @classmethod

@@ -255,9 +255,9 @@ class SupportsVolumes(Protocol):
     never by the provider's name, and nothing outside the provider changes its state."""
 
     def attach_volume(self, spec: JobSpec, name: str, job: Job | None, gpu: str | None,
-                      max_usd: float | None, max_hours: float | None, say: Callable[[str], None]) -> Any:
+                      max_usd: float | None, max_hours: float | None, say: Callable[[str], None]) -> object:
         """Find the volume called ``name`` (or create it where the job's GPU is) and use it from
-        now on; returns what was attached (its ``describe()`` says where)."""
+        now on (said through ``say``); returns what was attached, the provider's own description."""
         ...
 
 
