@@ -284,3 +284,48 @@ def test_imports_are_read_wherever_they_are(source, name, is_package, expected):
     known = {"lorapod", "lorapod.plan", "lorapod.plan.fit", "lorapod.plan.learned", "lorapod.plan.speed",
              "lorapod.engine.diffusion", "lorapod.engine.diffusion.export", "lorapod.engine.diffusion.video"}
     assert imports_of(source, name, is_package, known) == expected
+
+
+# ----------------------------------------------------------------------------- provider names
+
+# Where a built-in provider's name (one with its own package, compute/<name>/) may be written
+# outside that package, and why: the registry, or data about the provider. docs/architecture.md
+# ("A new provider") points here; the stages, preflight, `down` and the planner's choice of which
+# offers to price never read a name.
+PROVIDER_NAMES_OUTSIDE: dict[str, str] = {
+    "lorapod/compute/provider.py": "BUILTINS: the registry, one line per built-in",
+    "lorapod/catalog/prices.py": "the snapshot's provider list and RunPod's network-volume price",
+    "lorapod/catalog/images.py": "the default image per provider",
+    "lorapod/compute/doctor.py": "SCOPED: the in-instance variables `lorapod doctor` looks for",
+    "lorapod/plan/cost.py": "how each provider bills storage (catalog/data/storage.yaml is keyed by provider)",
+    "lorapod/plan/storage.py": "RunPod's disk and network-volume prices in the storage advice",
+    "lorapod/plan/volume.py": "RunPod's network-volume advice (and Vast.ai's note)",
+    "lorapod/cli/plan.py": "prints that volume advice under each provider's name",
+    "lorapod/plan/spot.py": "how a preemption looks per provider (Vast.ai pauses, RunPod stops) in the spot model",
+}
+
+
+def provider_names_outside(src: Path = SRC) -> dict[str, int]:
+    """Modules outside the providers' own packages with a string that is exactly a provider's name
+    (any case), with the first line."""
+    compute = src / "lorapod" / "compute"
+    names = {d.name for d in compute.iterdir() if (d / "__init__.py").is_file()}
+    out: dict[str, int] = {}
+    for path in sorted((src / "lorapod").rglob("*.py")):
+        rel = path.relative_to(src).as_posix()
+        if any(rel.startswith(f"lorapod/compute/{n}/") for n in names):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.lower() in names:
+                out.setdefault(rel, node.lineno)
+    return out
+
+
+def test_provider_names_appear_outside_their_packages_only_where_listed():
+    found = provider_names_outside()
+    unlisted = {f"{rel}:{line}" for rel, line in found.items() if rel not in PROVIDER_NAMES_OUTSIDE}
+    assert not unlisted, f"a provider's name outside its package: {sorted(unlisted)}; move the decision into the " \
+                         "provider (a trait, a capability, an optional interface) or list it here with why"
+    stale = set(PROVIDER_NAMES_OUTSIDE) - set(found)
+    assert not stale, f"no provider name left in {sorted(stale)}: take it off PROVIDER_NAMES_OUTSIDE"
+    assert all(PROVIDER_NAMES_OUTSIDE.values())

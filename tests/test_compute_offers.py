@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from lorapod.compute.offers import choose_offers
+from lorapod.compute.offers import choose_offers as choose
 from lorapod.compute.provider import Offer, Requirements, rank_offers
 from lorapod.errors import PlanError
 from lorapod.spec import load_spec
+
+
+def choose_offers(spec, provider, **kw) -> list[Offer]:
+    return [r.offer for r in choose(spec, provider, job=None, **kw)]
 
 
 class OffersOnly:

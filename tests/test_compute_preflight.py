@@ -11,10 +11,20 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import yaml
 
-from lorapod.compute.preflight import PreflightError, preflight
+from lorapod.compute.offers import planned_job
+from lorapod.compute.preflight import PreflightError
+from lorapod.compute.preflight import preflight as preflight_on
+from lorapod.compute.runpod.provider import RunPodProvider
+from lorapod.compute.ssh import SSHProvider
 from lorapod.spec import load_spec
 
 from .remote_helpers import cli_argv, cli_env, make_spec
+
+
+def preflight(spec, where: str, **kw):
+    """The check as prepare_run calls it: with the provider object and the run's planned job."""
+    provider = RunPodProvider(api=object()) if where == "runpod" else SSHProvider("ssh://u@h:22")
+    return preflight_on(spec, provider, planned_job(spec), **kw)
 
 
 class Hub(BaseHTTPRequestHandler):

@@ -12,14 +12,29 @@ from lorapod.compute.provider import Capability, InstanceSpec
 from lorapod.errors import ProviderError
 
 
-def test_registry_refuses_duplicates_and_builtin_names():
+class Plugged(registry.ProviderBase):
+    """A plugin's provider class: built with from_kwargs, its traits read without building it."""
+
+    traits = registry.Traits(borrowed=True)
+
+    @classmethod
+    def from_kwargs(cls, **kw):
+        return "x"
+
+
+def test_registry_takes_classes_and_refuses_duplicates_and_builtin_names(monkeypatch):
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     name = f"myprov_{os.getpid()}_{time.monotonic_ns()}"
-    registry.register(name, lambda **kw: "x")
+    registry.register(name, Plugged)
     with pytest.raises(ValueError, match="already registered"):
-        registry.register(name, lambda **kw: "y")
+        registry.register(name, Plugged)
     with pytest.raises(ValueError, match="already registered"):
-        registry.register("runpod", lambda **kw: "z")
+        registry.register("runpod", Plugged)
+    with pytest.raises(ValueError, match="must be a class"):
+        registry.register(name + "_f", lambda **kw: "y")  # a factory's traits cannot be read: refused
     assert registry.get(name) == "x"
+    assert registry.declared_traits(name) == Plugged.traits  # a plugin's traits, read like a built-in's
+    assert name not in registry.rented_providers()  # it declares a borrowed host
     assert {"ssh", "local", "runpod", "vast", name} <= set(registry.names())
 
 

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from lorapod.compute import provider as registry
+from lorapod.compute.offers import planned_job
 from lorapod.compute.preflight import PreflightError, preflight
 from lorapod.compute.provider import Capability, Provider, ProviderBase, Traits, capability
 from lorapod.spec import load_spec
@@ -75,9 +76,31 @@ def _too_small_disk(tmp_path) -> object:
 
 def test_preflight_checks_the_disk_of_a_rented_machine_by_its_traits_not_its_name(tmp_path):
     spec = _too_small_disk(tmp_path)
+    job = planned_job(spec)
     with pytest.raises(PreflightError, match="disk_gb"):
-        preflight(spec, Newcomer(), env={"HF_HUB_OFFLINE": "1"})
-    assert preflight(spec, BorrowedRunpod(), env={"HF_HUB_OFFLINE": "1"}).disk_needed_gb is None
+        preflight(spec, Newcomer(), job, env={"HF_HUB_OFFLINE": "1"})
+    assert preflight(spec, BorrowedRunpod(), job, env={"HF_HUB_OFFLINE": "1"}).disk_needed_gb is None
+
+
+def test_preflight_takes_the_provider_object_only():
+    """No name-based path is left: a name is refused by the type (production passes the object,
+    compute/prepare.py), so a plugin gets the disk check a built-in gets."""
+    import inspect
+
+    assert str(inspect.signature(preflight).parameters["provider"].annotation) == "Provider"
+
+
+@pytest.mark.parametrize("name", sorted(registry.BUILTINS))
+def test_a_declared_network_volume_is_the_optional_interface_implemented(name):
+    """``network_volume`` is declared supported exactly where the provider implements
+    SupportsVolumes (dstack's ComputeWithVolumeSupport): no capability leads into another
+    provider's code."""
+    from lorapod.compute.provider import SupportsPriceList, SupportsVolumes
+
+    cls = _builtin(name)
+    prov = cls(api=object()) if name in ("runpod", "vast") else cls.from_kwargs(target="ssh://u@h:22")
+    assert capability(prov, "network_volume").supported == isinstance(prov, SupportsVolumes)
+    assert isinstance(cls, SupportsPriceList) == (name in ("runpod", "vast"))
 
 
 def test_capability_reads_what_is_declared_and_refuses_the_rest_with_a_reason():

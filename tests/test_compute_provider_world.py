@@ -238,14 +238,14 @@ def test_vast_key_that_never_works_fails_within_the_auth_grace(sshd_factory, rem
 
 
 def test_vast_bandwidth_is_in_the_dollars_per_job():
-    from lorapod.compute.offers import rank_by_job_cost
+    from lorapod.compute.offers import planned_job, rank_by_job_cost
 
     spec = load_spec(Path(__file__).resolve().parents[1] / "examples" / "sdxl-object-lora.yaml")
     dear = Offer("vast", "dear", "RTX 4090", 0.31, 24, extra={"inet_down_cost": 0.5, "inet_up_cost": 0.5})
     cheap = Offer("vast", "cheap", "RTX 4090", 0.31, 24, extra={"inet_down_cost": 0.0, "inet_up_cost": 0.0})
-    ranked = rank_by_job_cost(spec, "vast", [dear, cheap])
-    assert [o.id for o in ranked] == ["cheap", "dear"]
-    assert ranked[1].extra["plan_usd"] > ranked[0].extra["plan_usd"]
+    ranked = rank_by_job_cost(spec, planned_job(spec), "vast", [dear, cheap])
+    assert [r.offer.id for r in ranked] == ["cheap", "dear"]
+    assert ranked[1].estimate.usd_total > ranked[0].estimate.usd_total
 
 
 def test_default_images_record_their_facts():

@@ -11,7 +11,7 @@ import pytest
 
 from lorapod.compute.runpod.api import RunPodApi
 from lorapod.compute.runpod.provider import RunPodProvider
-from lorapod.compute.runpod.volume_mount import attach, pick_datacenter
+from lorapod.compute.runpod.volume_mount import pick_datacenter
 from lorapod.compute.runpod.volumes import NetworkVolumes
 from lorapod.compute.session import run_remote
 from lorapod.errors import LorapodError
@@ -42,7 +42,7 @@ def provider(fake) -> RunPodProvider:
 def session(fake, spec_path, notes: list[str]):
     spec = load_spec(spec_path)
     prov = provider(fake)
-    mount = attach(prov, spec, spec.compute.volume, say=notes.append)
+    mount = prov.attach_volume(spec, spec.compute.volume, say=notes.append)
     opts = fast_options(job_command=fake_command(0.05, extra=("--hf-model", "org/base-model",
                                                               "--download-s", str(DOWNLOAD_S))))
     ledger = Ledger()
@@ -86,11 +86,11 @@ def test_existing_volume_limits_offers_to_its_datacenter(fake, tmp_path):
     vol = NetworkVolumes(provider(fake).api).create("models", 50, "EU-RO-1")  # EU-RO-1 has only RTX 4090s
     spec = load_spec(make_spec(tmp_path, volume="models"))
     prov = provider(fake)
-    mount = attach(prov, spec, "models", say=lambda m: None)
-    assert mount.volume.id == vol.id and not mount.created
-    from lorapod.compute.offers import choose_offers
+    mount = prov.attach_volume(spec, "models", say=lambda m: None)
+    assert mount.volume.id == vol.id and not mount.created and prov.volume is mount
+    from lorapod.compute.offers import choose_offers, planned_job
 
-    offers = choose_offers(spec, prov)
+    offers = [r.offer for r in choose_offers(spec, prov, job=planned_job(spec))]
     assert {(o.gpu_name, o.extra["cloud_type"]) for o in offers} == {("RTX 4090", "SECURE")}
     assert mount.create_fields()["dataCenterIds"] == ["EU-RO-1"]
 
@@ -100,7 +100,7 @@ def test_two_volumes_with_one_name_are_refused(fake, tmp_path):
     NetworkVolumes(api).create("dup", 10, "EU-RO-1")
     NetworkVolumes(api).create("dup", 10, "US-TX-3")  # RunPod allows it: names need not be unique
     with pytest.raises(LorapodError, match="2 RunPod network volumes are named 'dup'"):
-        attach(provider(fake), load_spec(make_spec(tmp_path, volume="dup")), "dup", say=lambda m: None)
+        provider(fake).attach_volume(load_spec(make_spec(tmp_path, volume="dup")), "dup", say=lambda m: None)
 
 
 def test_pod_without_the_volumes_datacenter_is_refused_by_the_fake(fake):
@@ -125,7 +125,7 @@ def test_run_with_a_volume_on_vast_is_refused_before_renting(tmp_path, capsys, m
     monkeypatch.setenv("VAST_API_KEY", "k")
     monkeypatch.setenv("LORAPOD_VAST_URL", "http://127.0.0.1:9")  # nothing may be called
     code, _out, err = run_cli(["run", str(make_spec(tmp_path)), "--on", "vast", "--volume", "models", "--force"], capsys)
-    assert code != 0 and "compute.volume works on RunPod only" in err and "one physical machine" in err
+    assert code != 0 and "compute.volume is not supported on vast" in err and "one physical machine" in err
 
 
 class _Recorder:

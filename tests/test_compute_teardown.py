@@ -103,3 +103,54 @@ def test_the_orphan_sweep_does_not_take_an_unlisted_instance_for_gone(monkeypatc
     prov.refresh_state = "gone"  # now the provider says so itself
     assert jobs.down_orphans(ledger, say=lambda m: None)["reconciled"] == 1
     assert not ledger.instance(ledger_id).live
+
+
+class LabelledPlugin(ProviderBase):
+    """A plugin provider (registered as a class) renting from an account, whose account holds one
+    instance with this installation's label that the ledger never heard of (a create that crashed
+    before the ledger learned its id). ``refresh_state`` is what the provider says after a destroy."""
+
+    name = "plugin_swept"
+    refresh_state = "running"
+    destroys: list[str] = []
+
+    @classmethod
+    def from_kwargs(cls, **kw):
+        return cls()
+
+    def capabilities(self) -> list[Capability]:
+        return []
+
+    def destroy(self, instance_id: str) -> None:
+        self.destroys.append(instance_id)
+
+    def refresh(self, inst: Instance) -> Instance:
+        return inst.with_(state=self.refresh_state)
+
+    def list_instances(self) -> list[Instance]:
+        from lorapod.store.identity import instance_label
+
+        return [Instance("p-1", self.name, "running", label=instance_label("i-0123456789ab", "lost-job"))]
+
+
+@pytest.mark.parametrize("refresh_state", ["running", "gone"])
+def test_an_unknown_instance_counts_as_destroyed_only_when_the_provider_confirms(refresh_state, monkeypatch):
+    """down --orphans' sweep of labelled instances the ledger lacks goes through the same confirm
+    rule: a destroy the provider does not confirm is reported as not confirmed (failed, named),
+    never as destroyed. Plugins are swept like built-ins (their class's traits say they rent)."""
+    from lorapod.compute import provider as registry
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    registry.register(LabelledPlugin.name, LabelledPlugin)
+    monkeypatch.setattr(LabelledPlugin, "refresh_state", refresh_state)
+    monkeypatch.setattr(LabelledPlugin, "destroys", [])
+    assert LabelledPlugin.name in registry.rented_providers()
+    said: list[str] = []
+    counts = jobs.down_orphans(Ledger(), say=said.append, deadline_s=0.01)
+    assert counts["providers"][LabelledPlugin.name].startswith("asked")
+    assert LabelledPlugin.destroys  # the plugin's account was swept
+    if refresh_state == "gone":
+        assert (counts["unknown_destroyed"], counts["failed"], counts["unconfirmed"]) == (1, 0, [])
+    else:
+        assert (counts["unknown_destroyed"], counts["failed"], counts["unconfirmed"]) == (0, 1, ["p-1"])
+        assert any("could NOT confirm" in m and "p-1" in m for m in said)

@@ -320,3 +320,60 @@ def test_image_eval_scores_with_a_local_clip_model(sd15_run, tmp_path):
     assert all(-1.0 <= c.clip_text <= 1.0 and -1.0 <= c.clip_train <= 1.0 for c in cells)
     assert cells[0].clip_base is None and all(c.clip_base is not None for c in cells[1:])
     assert "CLIP scores from" in (run / "eval" / "images.html").read_text()
+
+
+@pytest.fixture(scope="module")
+def wan_runs(tmp_path_factory):
+    """Tiny Wan 2.1 and Wan 2.2 (two experts) runs trained by lorapod's engine: one 1-frame
+    window, one epoch, so each ends with a checkpoint and the engine's ComfyUI file(s)."""
+    pytest.importorskip("av")
+    from lorapod.builtin.wan import build_wan
+    from lorapod.demo_video import write_clips
+    from lorapod.rundir import RunDir
+    from lorapod.spec import load_spec
+
+    from .image_fixtures import train_cpu
+
+    root = tmp_path_factory.mktemp("wanexp")
+    data = write_clips(root / "data", n=1, frames=8, sizes=[(48, 48)], images=0)
+    runs = {}
+    for family in ("wan21", "wan22"):
+        model = build_wan(root / family, family)
+        spec = load_spec(raw={
+            "model": {"id": str(model), "family": family},
+            "method": {"r": 4, "alpha": 8, "dropout": 0.0},
+            "data": {"path": str(data), "format": "video", "resolution": 64, "trigger": "zxq",
+                     "target_frames": [1], "fps": 16},
+            "train": {"epochs": 1, "micro_batch_size": 1, "learning_rate": 5e-2, "seed": 0, "precision": "fp32"},
+            "save": {"every_epochs": 1},
+            "output": {"dir": str(root / "runs" / family), "name": "t"},
+        })
+        run = RunDir.create(spec.output.dir, "t")
+        run.write_spec(spec)
+        train_cpu(spec, run, root / family)
+        runs[family] = (model, run)
+    return runs
+
+
+@pytest.mark.parametrize("family", ["wan21", "wan22"])
+def test_wan_engine_file_is_the_export_file_and_comfyui_maps_every_key(wan_runs, family):
+    """One key rule (export/kohya.py WAN_RULES): the file the engine writes at the end of training
+    equals `lorapod export --to comfyui`'s, one file per Wan 2.2 expert, and ComfyUI's Wan key map
+    (tests/comfy_consumer.py) loads every key of each onto its expert's weights."""
+    from diffusers import DiffusionPipeline
+
+    from lorapod.export.targets import export_run
+
+    model, run = wan_runs[family]
+    names = ["t_high_noise.safetensors", "t_low_noise.safetensors"] if family == "wan22" else ["t.safetensors"]
+    exported = export_run(run.root, "comfyui")
+    assert sorted(exported.files) == sorted(names)
+    pipe = DiffusionPipeline.from_pretrained(str(model))
+    experts = [pipe.transformer, pipe.transformer_2] if family == "wan22" else [pipe.transformer]
+    for name, transformer in zip(names, experts, strict=True):
+        engine, export = load_file(str(run.adapter / name)), load_file(str(exported.out / name))
+        assert engine.keys() == export.keys()
+        assert all(torch.equal(engine[k], export[k]) for k in engine)
+        patches, dropped = comfy.load(export, comfy.wan_keys(transformer))
+        assert dropped == [] and len(patches) == len(export) // 3  # lora_down, lora_up, alpha per module
+        assert {path for _, path in patches} >= {"blocks.0.attn1.to_q", "blocks.0.ffn.net.2"}

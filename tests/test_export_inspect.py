@@ -108,7 +108,6 @@ def test_wan_kohya_file_is_judged_by_comfyuis_wan_key_map_and_reproduces_the_lor
     from peft import LoraConfig, get_peft_model_state_dict, inject_adapter_in_model
 
     from lorapod.builtin.wan import tiny_wan_transformer
-    from lorapod.engine.diffusion import wan
     from lorapod.engine.diffusion.families.wan import WAN_TARGETS
 
     from . import comfy_consumer as comfy
@@ -122,9 +121,9 @@ def test_wan_kohya_file_is_judged_by_comfyuis_wan_key_map_and_reproduces_the_lor
                 p.normal_(0, 0.3)
     sd = get_peft_model_state_dict(tuned)
     f = tmp_path / "wan.safetensors"
-    save_file(kohya.to_kohya({"transformer": wan.to_comfy(sd)}, "wan21", 8.0, False, dtype=torch.float32), str(f))
+    save_file(kohya.to_kohya({"transformer": sd}, "wan21", 8.0, False, dtype=torch.float32), str(f))
     patches, dropped = comfy.load(load_file(str(f)), comfy.wan_keys(base))
-    assert dropped == [] and len(patches) == len(wan.to_comfy(sd)) // 2
+    assert dropped == [] and len(patches) == len(sd) // 2
     fresh = copy.deepcopy(base)
     comfy.apply({"transformer": fresh}, patches)
     torch.manual_seed(2)

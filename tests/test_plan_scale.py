@@ -57,7 +57,7 @@ def test_runpod_rents_n_gpus_at_n_times_the_price():
     api = _Api()
     prov = RunPodProvider(api)  # type: ignore[arg-type]
     spec = load_spec(EXAMPLES / "llm-chat-lora.yaml", ["compute.gpus=4"])
-    req = requirements(spec, gpu="A100")
+    req = requirements(spec, gpu="A100", job=None)
     assert req.gpu_count == 4
     offers = prov.offers(req)
     assert sorted((o.usd_per_hour, o.gpu_count) for o in offers) == [(4.8, 4), (6.0, 4)]

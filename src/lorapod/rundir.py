@@ -31,9 +31,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lorapod.errors import LorapodError
 from lorapod.fsutil import append_text, atomic_write_text
+
+if TYPE_CHECKING:
+    from lorapod.spec import JobSpec
 
 LOCK_NAME = ".lock"
 
@@ -152,7 +156,7 @@ class RunDir:
                 self.event(msg)
         return WriterLock(path, fd, holder)
 
-    def write_spec(self, spec) -> None:
+    def write_spec(self, spec: JobSpec) -> None:
         atomic_write_text(self.spec_file, spec.to_yaml())
 
     def write_trainer(self, name: str) -> None:

@@ -158,7 +158,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(counts))
         else:
-            err.print(", ".join(f"{k}: {v}" for k, v in counts.items() if k != "providers"))
+            err.print(", ".join(f"{k}: {v}" for k, v in counts.items() if k not in ("providers", "unconfirmed")))
             asked = [n for n, v in providers.items() if v.startswith("asked")]
             if providers:
                 err.print(f"providers asked: {', '.join(asked) or 'none'}"
@@ -175,6 +175,10 @@ def register(app: typer.Typer) -> None:
         if live and all_:
             raise LorapodError(f"{len(live)} instance(s) still live in the ledger",
                                hint="check the provider's console; `lorapod ps` lists them")
+        if unconfirmed := counts.get("unconfirmed"):
+            raise LorapodError(f"{len(unconfirmed)} destroy(s) not confirmed by the provider: {', '.join(unconfirmed)}",
+                               hint="they may still bill: check the provider's console; `lorapod down --orphans` "
+                                    "tries again")
 
 
 METRICS_TAG = "[metrics.jsonl] "

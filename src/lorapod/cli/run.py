@@ -107,7 +107,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"run folder: {sky_run.root}", markup=False)
             return
         summary = run_remote(prepared.spec, prepared.provider, prepared.target, prepared.options, prepared.ledger,
-                             prepared.spec_path, say=dim, resume_job=prepared.resume_job)
+                             prepared.spec_path, say=dim, resume_job=prepared.resume_job, job=prepared.job)
         if as_json:
             typer.echo(json.dumps(summary.to_dict()))
         else:

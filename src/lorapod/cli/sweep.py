@@ -58,7 +58,7 @@ def register(app: typer.Typer) -> None:
         prepared = prepare_sweep(spec, grid, on, flags, say=dim,
                                  note=lambda m: console.print(f"note: {m}", style="yellow", markup=False))
         result = Sweep(prepared.spec, grid, prepared.targets, parallel=parallel, max_usd=max_usd,
-                       options=prepared.options, spec_path=prepared.spec_path,
+                       options=prepared.options, spec_path=prepared.spec_path, planned=prepared.jobs,
                        say=lambda m: console.print(m, style="dim", markup=False)).run()
         if as_json:
             typer.echo(json.dumps(result.to_dict()))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from lorapod.compute.context import Claim, Interrupted, JobContext
 from lorapod.compute.httpapi import ApiError
-from lorapod.compute.offers import choose_offers
+from lorapod.compute.offers import OfferEstimate, choose_offers
 from lorapod.compute.provider import CreatedButUnusable, Instance, InstanceSpec, NoCapacity, Offer, Provider
 from lorapod.compute.teardown import destroy_claim, find_by_label, job_key_dir
 from lorapod.compute.transport import (
@@ -44,22 +44,26 @@ class Lease:
     identity: Path | None
     transport: Transport
     created_at_mono: float
+    #: the planner's estimate for the offer rented (None: it cannot estimate this job or GPU);
+    #: the default $ cap and the pull guard read it
+    estimate: OfferEstimate | None = None
 
 
 def acquire(ctx: JobContext) -> Lease:
     o = ctx.opts
-    offers = choose_offers(ctx.spec, ctx.provider, o.gpu, ctx.max_usd, ctx.max_hours)
-    ctx.ledger.record_prices(offers)
+    ranked = choose_offers(ctx.spec, ctx.provider, o.gpu, ctx.max_usd, ctx.max_hours, job=ctx.job)
+    ctx.ledger.record_prices([r.offer for r in ranked])
     identity, pub = _job_key(ctx)
     errors = []
     tried = 0
-    for offer in offers:
+    for choice in ranked:
+        offer = choice.offer
         if tried >= o.max_offers:
             break
         try:
             claim, inst = _create(ctx, offer, identity, pub)
             tried += 1
-            return _wait_ready(ctx, claim, inst)
+            return _wait_ready(ctx, claim, inst, choice.estimate)
         except NoCapacity as exc:  # nothing was rented: this offer does not count
             errors.append(f"{offer.gpu_name} ({offer.id}): {exc.message}")
             ctx.say(f"offer {offer.id}: {exc.message}; trying the next")
@@ -68,7 +72,7 @@ def acquire(ctx: JobContext) -> Lease:
         except (AuthRefused, BudgetError, Interrupted):
             raise
         except (WaitTimedOut, ProviderError, ConnectionLost) as exc:
-            if getattr(exc, "fatal", False):  # bad key, no balance: no other offer will do better
+            if isinstance(exc, ApiError) and exc.fatal:  # bad key, no balance: no other offer will do better
                 if ctx.claim is not None and destroy_claim(ctx, ctx.claim, "create refused", False, False).confirmed:
                     ctx.claim = None
                 raise
@@ -163,7 +167,7 @@ def _refused(ctx: JobContext, claim: Claim, exc: LorapodError) -> None:
     ctx.claim = None
 
 
-def _wait_ready(ctx: JobContext, claim: Claim, inst: Instance) -> Lease:
+def _wait_ready(ctx: JobContext, claim: Claim, inst: Instance, estimate: OfferEstimate | None = None) -> Lease:
     """Boot, then SSH, under one deadline (``ready_deadline_s``), extended by at most
     ``pull_extension_s`` while the provider reports an image pull; a progress line every
     ``progress_every_s`` says what the wait has cost. Once SSH answers, "Permission denied" is
@@ -204,7 +208,7 @@ def _wait_ready(ctx: JobContext, claim: Claim, inst: Instance) -> Lease:
     conn = [transport_for(provider, booted_inst, claim.identity, claim.ledger_id)]
     claim.transport = conn[0]
     booted = time.monotonic()
-    state = {"route": 0, "since": booted, "auth_since": None}
+    state = _Routes(since=booted)
 
     def ssh_answers() -> bool:
         transport, now_inst = conn[0], seen[0]
@@ -214,19 +218,19 @@ def _wait_ready(ctx: JobContext, claim: Claim, inst: Instance) -> Lease:
         except AuthRefused:
             # sshd answered but does not know the key yet: wait for it, for a bounded time
             now = time.monotonic()
-            state["auth_since"] = state["auth_since"] or now
+            state.auth_since = state.auth_since or now
             # only where the provider installs the key after the instance starts (a trait it
             # declares); elsewhere a refused key is the user's to fix, said at once
-            if not provider.traits.key_arrives_late or now - state["auth_since"] > o.auth_grace_s:
+            if not provider.traits.key_arrives_late or now - state.auth_since > o.auth_grace_s:
                 raise
             progress("the instance to accept the job's SSH key")
             return False
         except ConnectionLost:
             now = time.monotonic()
-            if state["route"] + 1 < len(routes) and now - state["since"] >= o.direct_ssh_s:
-                state["route"] += 1
-                state["since"] = now
-                host, port = routes[state["route"]]
+            if state.route + 1 < len(routes) and now - state.since >= o.direct_ssh_s:
+                state.route += 1
+                state.since = now
+                host, port = routes[state.route]
                 ctx.say(f"SSH on {now_inst.ssh_host}:{now_inst.ssh_port} does not answer; trying {host}:{port}")
                 now_inst = seen[0] = claim.instance = now_inst.with_(ssh_host=host, ssh_port=port)
                 with contextlib.suppress(Exception):
@@ -241,7 +245,16 @@ def _wait_ready(ctx: JobContext, claim: Claim, inst: Instance) -> Lease:
     ctx.ledger.instance_ready(claim.ledger_id, ready_inst.ssh_host or "", ready_inst.ssh_port, ready_inst.ssh_user)
     ctx.say(f"instance {ready_inst.id} answers on {ready_inst.ssh_user}@{ready_inst.ssh_host}:{ready_inst.ssh_port}")
     return Lease(claim.ledger_id, ready_inst.id, ready_inst, claim.offer, claim.label, claim.identity, transport,
-                 claim.created_at_mono)
+                 claim.created_at_mono, estimate)
+
+
+@dataclass
+class _Routes:
+    """Where the SSH wait is: the route tried (its index), since when, and since when the key was refused."""
+
+    since: float
+    route: int = 0
+    auth_since: float | None = None
 
 
 def _bill_at_the_providers_price(ctx: JobContext, ledger_id: str, inst: Instance) -> None:

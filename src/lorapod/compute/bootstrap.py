@@ -21,12 +21,39 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from packaging.requirements import Requirement
 from packaging.version import Version
 
 from lorapod.errors import LorapodError, RemoteError
+
+if TYPE_CHECKING:
+    from lorapod.compute.provider import Provider
+    from lorapod.spec import JobSpec
+
+AUTO_PYTHON = "auto"  # find the instance's interpreter the way the image has it (compute/hostfacts.py)
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """How lorapod and what it needs get onto the instance, so both ends run the same versions.
+
+    ``strategy`` is how lorapod itself travels: ``source`` rsyncs this very package into ``pkg/``;
+    ``wheel`` builds a wheel of this source tree (cached by content) and ``pip install --no-deps
+    --target pkg/``. ``python`` is the instance's interpreter the job's environment is built from;
+    ``auto`` finds it the way the image has it (:mod:`lorapod.compute.hostfacts`).
+    ``deps``: ``auto`` gives the job its dependencies when ``python`` lacks them (a virtualenv with
+    the image's torch, cached by lock; see :mod:`lorapod.compute.bootstrap`), ``none`` runs the job
+    with ``python`` as it is. ``extra`` is the install extra of the job's engine (``llm``, ``image``).
+    """
+
+    strategy: Literal["source", "wheel"] = "source"
+    python: str = AUTO_PYTHON
+    deps: Literal["auto", "none"] = "auto"
+    extra: str = "llm"
+    #: the interpreter the image's build files put torch in (catalog/images.py), tried first by ``auto``
+    image_python: str = ""
 
 #: transformers 5 and diffusers 0.42 refuse an older torch (their dependency tables say torch>=2.6).
 ENGINE_MIN_TORCH = "2.6"
@@ -39,7 +66,7 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def extra_for(spec: Any) -> str:
+def extra_for(spec: JobSpec) -> str:
     """The install extras a job's engine needs: ``image`` for diffusion families, else ``llm``;
     ``,track`` (the W&B client) when the spec logs to W&B."""
     extra = "image" if spec.is_image else "llm"
@@ -169,7 +196,7 @@ def parse_result(stdout: str, stderr: str, python: str) -> EnvResult:
                      installer=out.get("installer"), env=out.get("env"))
 
 
-def bootstrap_for(boot: Any, provider: Any, spec: Any) -> Any:
+def bootstrap_for(boot: Bootstrap, provider: Provider, spec: JobSpec) -> Bootstrap:
     """The bootstrap for this job on this provider: the engine's extra from the spec; the local
     provider runs the job with this very interpreter (``sys.executable``) and installs nothing."""
     import sys
@@ -178,12 +205,12 @@ def bootstrap_for(boot: Any, provider: Any, spec: Any) -> Any:
     boot = replace(boot, extra=extra_for(spec))
     if provider.traits.runs_here:
         boot = replace(boot, python=sys.executable, deps="none")
-    elif boot.python == "auto":  # remote.AUTO_PYTHON (remote imports this module)
+    elif boot.python == AUTO_PYTHON:
         # a catalogued image's own interpreter (with its torch) is tried first by the search
         # (runpod/pytorch 1.0.x: `python3` is Ubuntu's 3.10 without torch); an explicit --python wins
         from lorapod.catalog.images import KNOWN
 
-        image = KNOWN.get(getattr(getattr(spec, "compute", None), "image", None) or provider.image or "")
+        image = KNOWN.get(spec.compute.image or provider.image or "")
         if image is not None and image.python_path:
             boot = replace(boot, image_python=image.python_path)
     return boot

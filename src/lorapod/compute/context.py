@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lorapod.compute.provider import Instance, Offer, Provider
 from lorapod.compute.remote import Bootstrap, job_command_from_env
@@ -25,6 +25,10 @@ from lorapod.errors import LorapodError
 from lorapod.fsutil import append_text
 from lorapod.rundir import RunDir
 from lorapod.store.ledger import Ledger
+
+if TYPE_CHECKING:
+    from lorapod.plan.job import Job
+    from lorapod.spec import JobSpec
 
 JobCommand = Callable[[str, str, str, bool], list[str]]
 
@@ -93,7 +97,7 @@ class Claim:
 
 @dataclass
 class JobContext:
-    spec: Any
+    spec: JobSpec
     provider: Provider
     target: str
     opts: RunOptions
@@ -110,6 +114,8 @@ class JobContext:
     signals: int = 0  # SIGINT/SIGTERM/SIGHUP received so far
     in_teardown: bool = False
     hard_deadline: float | None = None  # set once stopping: nothing may wait past it
+    #: the planner's job for ``spec``, planned once per run (None: the planner cannot estimate it)
+    job: Job | None = None
 
     @property
     def ledger_id(self) -> str | None:

@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import time
+from typing import Any
 
 
 def redact(text: str) -> str:
@@ -60,7 +61,7 @@ def norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def last_json(stdout: str):
+def last_json(stdout: str) -> Any:
     """The last JSON line a child Python printed: an interpreter (a wrapper, a ``sitecustomize``)
     may print a banner on stdout first."""
     for line in reversed(stdout.strip().splitlines()):
@@ -233,9 +234,9 @@ def make_env(python: str, env: str) -> str:
     is_venv, dirs = last_json(subprocess.run([python, "-c", probe], capture_output=True, text=True,
                                              timeout=60).stdout)
     if is_venv and dirs:
-        site_dir = subprocess.run([env_python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                  capture_output=True, text=True, timeout=60).stdout.strip().splitlines()[-1:] or ['']
-        site_dir = site_dir[0]
+        site_lines = subprocess.run([env_python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                    capture_output=True, text=True, timeout=60).stdout.strip().splitlines()[-1:] or ['']
+        site_dir = site_lines[0]
         with open(os.path.join(site_dir, "_lorapod_base.pth"), "w") as fh:
             fh.write("\n".join(dirs) + "\n")
     return env_python

@@ -23,7 +23,7 @@ from lorapod.compute.transport import ConnectionLost
 from lorapod.compute.trust import guarded_read
 from lorapod.compute.wait import deadline_in, retrying
 from lorapod.engine.trackers import wandb_url
-from lorapod.errors import LorapodError, ProviderError
+from lorapod.errors import LorapodError
 from lorapod.store.identity import controller_alive, installation_id, instance_label, parse_label
 from lorapod.store.ledger import InstanceRow, JobRow, Ledger
 from lorapod.store.phases import job_phases
@@ -259,19 +259,29 @@ def down_job(ledger: Ledger, job_id: str, say: Callable[[str], None] = print) ->
 
 
 def down_orphans(ledger: Ledger, say: Callable[[str], None] = print, everything: bool = False,
-                 all_installations: bool = False) -> dict[str, Any]:
-    """Reconcile the ledger with the providers.
-
-    * a live row whose instance the provider no longer lists and, asked about it (``refresh``),
-      says is gone: marked destroyed (no destroy call; compute/teardown.py's confirm rule);
-    * a live row whose controller is dead (or all rows with ``everything``): destroyed;
-    * an instance the ledger lacks whose label carries this installation's id: destroyed. Other
-      lorapod instances (another machine, another LORAPOD_HOME, a teammate on the same account)
-      are left alone unless ``all_installations``.
+                 all_installations: bool = False, deadline_s: float = 300.0) -> dict[str, Any]:
+    """Reconcile the ledger with the providers (:func:`reconcile_rows`, then
+    :func:`sweep_unlabelled`). Every destroy goes through compute/teardown.py's confirm rule: an
+    instance counts as destroyed only once the provider's own answer about it says ``gone``; one
+    that is not confirmed is counted in ``failed``, named in ``unconfirmed`` and said.
 
     ``counts["providers"]`` says, per provider, whether its account was asked and why not.
     """
-    counts: dict[str, Any] = {"reconciled": 0, "destroyed": 0, "unknown_destroyed": 0, "failed": 0}
+    counts: dict[str, Any] = {"reconciled": 0, "destroyed": 0, "unknown_destroyed": 0, "failed": 0,
+                              "others_left": 0, "unconfirmed": []}
+    reconcile_rows(ledger, counts, say, everything, deadline_s)
+    counts["providers"] = sweep_unlabelled(ledger, counts, say, all_installations, deadline_s)
+    return counts
+
+
+def reconcile_rows(ledger: Ledger, counts: dict[str, Any], say: Callable[[str], None], everything: bool = False,
+                   deadline_s: float = 300.0) -> None:
+    """The ledger's live rows against their providers:
+
+    * a row whose instance the provider no longer lists and, asked about it (``refresh``), says
+      is gone: marked destroyed (no destroy call; the confirm rule);
+    * a row whose controller is dead (or every row with ``everything``): destroyed, confirmed.
+    """
     listed: dict[tuple[str, str], list[Instance]] = {}
     for row in ledger.instances(live_only=True):
         try:
@@ -301,24 +311,31 @@ def down_orphans(ledger: Ledger, say: Callable[[str], None] = print, everything:
                                                     f"the instance; resume with `lorapod run --resume {job.id}`")
             continue
         if everything or not running:
-            ok = destroy_row(ledger, row, "orphan sweep" if not everything else "down --all", say=say)
+            ok = destroy_row(ledger, row, "orphan sweep" if not everything else "down --all", deadline_s, say=say)
             counts["destroyed" if ok else "failed"] += 1
+            if not ok:
+                counts["unconfirmed"].append(row.provider_id or row.id)
             if job is not None and job.state in ("starting", "running", "stopping"):
                 ledger.job_ended(job.id, "stopped", f"instance destroyed by `lorapod down`; resume with "
                                                     f"`lorapod run --resume {job.id}`")
-    # Instances with our label that the ledger never heard of (e.g. a crash inside create()).
+
+
+def sweep_unlabelled(ledger: Ledger, counts: dict[str, Any], say: Callable[[str], None],
+                     all_installations: bool = False, deadline_s: float = 300.0) -> dict[str, str]:
+    """Instances with lorapod's label that the ledger never heard of (e.g. a crash inside
+    ``create()``), on every registered provider that rents from an account, built-in or plugin:
+    destroyed, confirmed by the provider (compute/teardown.py). Other installations' are left
+    alone unless ``all_installations``. Returns, per provider, whether it was asked (with no API
+    key a sweep that asked nobody must not read as "all clear")."""
     known = {r.provider_id for r in ledger.instances() if r.provider_id}
     me = installation_id()
-    counts["others_left"] = 0
-    # which control planes were asked: with no API key a sweep that asked nobody must not read as
-    # "all clear" (all zeros)
     providers: dict[str, str] = {}
     for name in registry.rented_providers():
         try:
             prov = registry.get(name)
             found = prov.list_instances()
-        except (LorapodError, ProviderError) as exc:
-            why = getattr(exc, "message", str(exc)) + (f"; {exc.hint}" if getattr(exc, "hint", None) else "")
+        except LorapodError as exc:
+            why = exc.message + (f"; {exc.hint}" if exc.hint else "")
             providers[name] = f"not asked: {why}"
             say(f"{name}: not asked ({why}); its instances were not checked")
             continue
@@ -332,16 +349,20 @@ def down_orphans(ledger: Ledger, say: Callable[[str], None] = print, everything:
                 say(f"left {name} instance {inst.id} ({inst.label}): another lorapod installation's "
                     "(--all-installations to include it)")
                 continue
-            try:
-                prov.destroy(inst.id)
-            except LorapodError as exc:
-                say(f"could not destroy unknown {name} instance {inst.id}: {exc.message}")
+            row = ledger.instance(owner[1]) if owner is not None and owner[0] == me else None
+            deadline = deadline_in(deadline_s)
+            if row is not None:  # the row whose create never answered: the one destroy loop, with the ledger
+                ledger.instance_created(row.id, inst.id)
+                confirmed = destroy_confirmed(prov, ledger, row.id, inst.id, inst.label or "", deadline=deadline,
+                                              note="found by its label", say=say, probe=inst).confirmed
+            else:
+                confirmed = confirm_gone(prov, inst, deadline=deadline, say=say)
+            if confirmed:
+                counts["unknown_destroyed"] += 1
+                say(f"destroyed {name} instance {inst.id} ({inst.label}) that the ledger did not know (confirmed)")
+            else:
                 counts["failed"] += 1
-                continue
-            counts["unknown_destroyed"] += 1
-            if owner is not None and owner[0] == me and ledger.instance(owner[1]) is not None:
-                ledger.instance_created(owner[1], inst.id)  # the row whose create never answered
-                ledger.instance_destroyed(owner[1], "found by its label and destroyed")
-            say(f"destroyed {name} instance {inst.id} ({inst.label}) that the ledger did not know")
-    counts["providers"] = providers  # type: ignore[assignment]
-    return counts
+                counts["unconfirmed"].append(inst.id)
+                say(f"could NOT confirm that {name} instance {inst.id} ({inst.label}) is gone: it may still bill; "
+                    f"check {prov.traits.console_url or name} and run `lorapod down --orphans` again")
+    return providers

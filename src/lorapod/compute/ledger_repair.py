@@ -7,8 +7,10 @@ providers list instances by the label lorapod gave them (``lorapod-<installation
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +28,10 @@ from lorapod.store.ledger_file import (  # noqa: F401  (callers read them from h
 
 # ----------------------------------------------------------------------------- check and rebuild
 
+
+
+def _execute(sql: str, args: tuple[Any, ...], db: sqlite3.Connection) -> None:
+    db.execute(sql, args)
 
 def labelled_instances(say: Callable[[str], None]) -> dict[str, list[Any]]:
     """This installation's instances at each provider that has credentials here, by label."""
@@ -113,22 +119,22 @@ def rebuild(ledger: Ledger, say: Callable[[str], None], roots: list[Path]) -> di
             ledger_id = owner[1] if owner else f"i-{inst.id}"
             job_id = (inst.label or "").split("-", 3)[3] if owner else None
             job_id = None if job_id in (None, "x") else job_id
-            args = (ledger_id, name, inst.id, job_id, inst.gpu_name, float(inst.usd_per_hour or 0.0), now,
-                    "rebuilt from the provider's listing: billing since before this time")
-            ledger._write(lambda db, a=args: db.execute(
-                "INSERT OR REPLACE INTO instances (id, provider, provider_id, job_id, state, gpu_name, usd_per_hour,"
-                " created_at, note) VALUES (?, ?, ?, ?, 'live', ?, ?, ?, ?)", a), "rebuilt instance")
+            args: tuple[Any, ...] = (ledger_id, name, inst.id, job_id, inst.gpu_name, float(inst.usd_per_hour or 0.0),
+                                     now, "rebuilt from the provider's listing: billing since before this time")
+            ledger._write(functools.partial(_execute, "INSERT OR REPLACE INTO instances (id, provider, provider_id, "
+                                            "job_id, state, gpu_name, usd_per_hour, created_at, note) VALUES "
+                                            "(?, ?, ?, ?, 'live', ?, ?, ?, ?)", args), "rebuilt instance")
             added["instances"] += 1
             say(f"recorded {name} instance {inst.id} ({inst.label})")
     for run in run_folders(roots):
         if run.name in jobs:
             continue
         step = _last_step(run)
-        args = (run.name, str(run / "spec.yaml"), str(run), "unknown", step, run.stat().st_mtime,
-                f"rebuilt from the run folder (last step {step})")
-        ledger._write(lambda db, a=args: db.execute(
-            "INSERT OR IGNORE INTO jobs (id, spec_path, run_dir, provider, state, last_step, started_at, summary)"
-            " VALUES (?, ?, ?, ?, 'interrupted', ?, ?, ?)", a), "rebuilt job")
+        job_args: tuple[Any, ...] = (run.name, str(run / "spec.yaml"), str(run), "unknown", step,
+                                     run.stat().st_mtime, f"rebuilt from the run folder (last step {step})")
+        ledger._write(functools.partial(_execute, "INSERT OR IGNORE INTO jobs (id, spec_path, run_dir, provider, "
+                                        "state, last_step, started_at, summary) VALUES (?, ?, ?, ?, 'interrupted', "
+                                        "?, ?, ?)", job_args), "rebuilt job")
         added["jobs"] += 1
         say(f"recorded job {run.name} from {run}")
     ledger.event("ledger", f"rebuilt: {added['instances']} instance(s), {added['jobs']} job(s) added")

@@ -1,51 +1,81 @@
-"""Which offers to try, in order.
+"""Which offers to try, in order, and the planner's estimate for each.
 
 The provider's own offers are filtered by the pinned GPU name, VRAM and the hourly price the
-budget allows. Then, when the planner can estimate the job (a model it knows), they are ranked by
-its **dollars per job** on each offer's GPU at that offer's price (a faster card at a higher hourly
-rate is often cheaper per job), offers whose GPU the VRAM estimate says cannot fit are dropped, and
-a job whose cheapest estimate crosses ``max_usd`` / ``max_hours`` is refused before anything is
-rented. When the planner cannot say (a model outside its catalog, a GPU it does not know), the
-order is the cheapest hourly price first. A pinned GPU that matches nothing is an error naming
-what exists.
+budget allows. Then every offer whose GPU the catalog knows is priced by the planner: ranked by its
+**dollars per job** on that GPU at that offer's price (a faster card at a higher hourly rate is
+often cheaper per job), offers whose GPU the VRAM estimate says cannot fit are dropped, and a job
+whose cheapest estimate crosses ``max_usd`` / ``max_hours`` is refused before anything is rented.
+Which offers get an estimate is decided by data (a catalog GPU), never by the provider's name: a
+plugin or a priced ``ssh://`` host with a known GPU gets one, and with it the default $ cap. When
+the planner cannot say (a model outside its catalog, a GPU it does not know), the order is the
+cheapest hourly price first. A pinned GPU that matches nothing is an error naming what exists.
+
+The estimate travels as a typed value beside its offer (:class:`RankedOffer`), built from the
+job the run planned once (``prepare_run``); the acquire stage puts it on the ``Lease``, where the
+default cap (``provision``) and the pull guard (``session``) read it. Nothing planner-made rides
+in the provider's free-form ``Offer.extra``.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from lorapod.compute.provider import Offer, Provider, Requirements, rank_offers
 from lorapod.errors import BudgetError, LorapodError, PlanError
 
+if TYPE_CHECKING:
+    from lorapod.plan.job import Job
+    from lorapod.spec import JobSpec
+
 log = logging.getLogger(__name__)
-PLANNED_PROVIDERS = ("runpod", "vast")
 
 
-def requirements(spec, gpu: str | None = None, max_usd: float | None = None,
-                 max_hours: float | None = None) -> Requirements:
+@dataclass(frozen=True)
+class OfferEstimate:
+    """The planner's whole-job figures on one offer: the default $ cap is twice ``usd_total`` /
+    ``hours_total`` (provision.py), the pull guard's bound is from ``pull_gb`` (pulls.py)."""
+
+    usd_total: float
+    hours_total: float
+    pull_gb: float
+
+
+@dataclass(frozen=True)
+class RankedOffer:
+    """An offer in the order to try it, with the planner's estimate on it (None: it cannot say)."""
+
+    offer: Offer
+    estimate: OfferEstimate | None = None
+
+
+def planned_job(spec: JobSpec) -> Job | None:
+    """The planner's job for ``spec`` (the model resolved, the data counted), or None when it cannot
+    plan it (a model outside its catalog, data it cannot read). Built once per run, in
+    ``prepare_run``, and handed to every room that needs it."""
+    from lorapod.plan.job import build_job
+
+    try:
+        return build_job(spec)
+    except (LorapodError, OSError, ValueError):
+        return None
+
+
+def requirements(spec: JobSpec, gpu: str | None = None, max_usd: float | None = None,
+                 max_hours: float | None = None, *, job: Job | None = None) -> Requirements:
     c = spec.compute
     max_rate = None
     usd, hours = max_usd or c.max_usd, max_hours or c.max_hours
     if usd and hours:
         max_rate = usd / hours  # anything pricier cannot run the allowed hours within the budget
     pinned = gpu or c.gpu
-    need = vram_needed_gb(spec)
+    need = round(float(job.estimate.peak_gb), 1) if job is not None else 0.0
     # The planner's peak VRAM, so providers drop cards that cannot hold the job before ranking.
     # A pinned GPU is the user's call (the planner then says what would make it fit).
     return Requirements(gpu=pinned, max_usd_per_hour=max_rate, disk_gb=c.disk_gb,
                         min_vram_gb=0.0 if pinned else need, gpu_count=c.gpus,
                         image=getattr(c, "image", None), host_ram_gb=host_ram_needed_gb(need))
-
-
-def vram_needed_gb(spec) -> float:
-    """The planner's peak VRAM estimate for the job; 0 when it cannot estimate (unknown model)."""
-    from lorapod.plan.job import build_job
-
-    try:
-        return round(float(build_job(spec).estimate.peak_gb), 1)
-    except (LorapodError, OSError, ValueError):
-        return 0.0
 
 
 def host_ram_needed_gb(vram_gb: float) -> float:
@@ -55,13 +85,17 @@ def host_ram_needed_gb(vram_gb: float) -> float:
     return round(vram_gb * 1.25, 1) if vram_gb > 0 else 0.0
 
 
-def choose_offers(spec, provider: Provider, gpu: str | None = None, max_usd: float | None = None,
-                  max_hours: float | None = None) -> list[Offer]:
-    req = requirements(spec, gpu, max_usd, max_hours)
+def choose_offers(spec: JobSpec, provider: Provider, gpu: str | None = None, max_usd: float | None = None,
+                  max_hours: float | None = None, *, job: Job | None) -> list[RankedOffer]:
+    """The offers to try, in order, each with its estimate. ``job`` is the run's planned job
+    (:func:`planned_job`; None: the planner cannot estimate it, so cheapest $/h first)."""
+    req = requirements(spec, gpu, max_usd, max_hours, job=job)
     offers = provider.offers(req)
     ranked = rank_offers(offers, req)
     if ranked:
-        return rank_by_job_cost(spec, provider.name, ranked, gpu_pinned=bool(req.gpu),
+        if job is None:
+            return [RankedOffer(o) for o in ranked]
+        return rank_by_job_cost(spec, job, provider.name, ranked, gpu_pinned=bool(req.gpu),
                                 max_usd=max_usd or spec.compute.max_usd,
                                 max_hours=max_hours or spec.compute.max_hours)
     if req.gpu and offers and not rank_offers(offers, Requirements(gpu=req.gpu)):
@@ -77,13 +111,14 @@ def choose_offers(spec, provider: Provider, gpu: str | None = None, max_usd: flo
                     hint="try again in a few minutes, or another provider (--on)")
 
 
-def rank_by_job_cost(spec, provider_name: str, offers: list[Offer], *, gpu_pinned: bool = False,
-                     max_usd: float | None = None, max_hours: float | None = None) -> list[Offer]:
+def rank_by_job_cost(spec: JobSpec, job: Job, provider_name: str, offers: list[Offer], *,
+                     gpu_pinned: bool = False, max_usd: float | None = None,
+                     max_hours: float | None = None) -> list[RankedOffer]:
     """Order ``offers`` by the planner's $ per job; drop GPUs it says do not fit; refuse a job
-    whose cheapest estimate crosses the caps. Offers the planner cannot price keep $/h order,
-    after the priced ones."""
-    if provider_name not in PLANNED_PROVIDERS or not offers:
-        return offers
+    whose cheapest estimate crosses the caps. Offers whose GPU the catalog does not know keep
+    $/h order, after the priced ones, without an estimate."""
+    if not offers:
+        return []
     from lorapod.catalog.gpus import find_gpu
     from lorapod.catalog.prices import PriceEntry
     from lorapod.plan.choose import NothingFits, plan_job
@@ -103,36 +138,35 @@ def rank_by_job_cost(spec, provider_name: str, offers: list[Offer], *, gpu_pinne
                           # dph_total, which already covers the disk asked for (allocated_storage)
                           download_per_gb=_rate(o.extra.get("inet_down_cost")),
                           upload_per_gb=_rate(o.extra.get("inet_up_cost")),
-                          storage_included=provider_name == "vast")
+                          storage_included=o.storage_included)
                for o in offers if o.id in known]
     if not entries:
-        return offers
+        return [RankedOffer(o) for o in offers]
     try:
-        plan = plan_job(spec, prices=entries, provider=provider_name)
+        plan = plan_job(spec, prices=entries, provider=provider_name, job=job)
     except NothingFits as exc:
         raise PlanError(f"none of {provider_name}'s matching offers can hold this job: {exc.message}",
                         hint=exc.hint) from exc
     except PlanError as exc:
         log.info("planner cannot rank this job (%s): cheapest $/h first", exc.message)
-        return offers
+        return [RankedOffer(o) for o in offers]
     by_offer = {opt.tier: opt for opt in plan.options}
-    priced: list[tuple[float, Offer]] = []
-    unpriced: list[Offer] = []
+    priced: list[tuple[float, RankedOffer]] = []
+    unpriced: list[RankedOffer] = []
     for o in offers:
         opt = by_offer.get(o.id)
         if opt is None:
             if o.id not in known:
-                unpriced.append(o)  # a GPU the catalog does not know: no estimate either way
+                unpriced.append(RankedOffer(o))  # a GPU the catalog does not know: no estimate either way
             continue  # known GPU the planner left out: its VRAM estimate does not fit
         if not opt.fits and not gpu_pinned:
             continue
         # The estimate travels with the offer: the default cap is twice it (provision.py).
-        priced.append((opt.usd_total, replace(o, extra={**o.extra, "plan_usd": round(opt.usd_total, 4),
-                                                        "plan_hours": round(opt.hours_total, 4),
-                                                        "plan_pull_gb": round(plan.job.pull_gb, 6)})))
-    priced.sort(key=lambda t: (t[0], t[1].usd_per_hour))
+        est = OfferEstimate(round(opt.usd_total, 4), round(opt.hours_total, 4), round(plan.job.pull_gb, 6))
+        priced.append((opt.usd_total, RankedOffer(o, est)))
+    priced.sort(key=lambda t: (t[0], t[1].offer.usd_per_hour))
     if priced:
-        best = by_offer[priced[0][1].id]
+        best = by_offer[priced[0][1].offer.id]
         if max_usd is not None and best.usd_total > max_usd:
             raise BudgetError(
                 f"the planner estimates ${best.usd_total:.2f} for this job on the cheapest offer "
@@ -145,14 +179,14 @@ def rank_by_job_cost(spec, provider_name: str, offers: list[Offer], *, gpu_pinne
                 f"({best.gpu}), over the {max_hours:g} h cap",
                 hint="raise --max-hours, or pin a faster --gpu; `lorapod plan` compares them",
             )
-    return [o for _, o in priced] + unpriced
+    return [r for _, r in priced] + unpriced
 
 
 def _rate(v: object) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 else None
 
 
-def spot_requirements(spec, gpu: str | None = None, max_usd: float | None = None,
+def spot_requirements(spec: JobSpec, gpu: str | None = None, max_usd: float | None = None,
                       max_hours: float | None = None) -> Requirements:
     """:func:`requirements` for the interruptible tier, as ``compute.spot`` allows it: every bid at
     most ``compute.max_bid_per_gpu_hour`` and at most the hourly rate the dollar cap allows

@@ -19,6 +19,8 @@ from lorapod.errors import LorapodError
 
 if TYPE_CHECKING:
     from lorapod.compute.provider import Provider
+    from lorapod.plan.job import Job
+    from lorapod.spec import JobSpec
 from lorapod.plan.storage import ENV_GB, HEADROOM, TORCH_GB
 
 
@@ -32,17 +34,16 @@ class Preflight:
     disk_needed_gb: float | None = None
 
 
-def preflight(spec: Any, provider: str | Provider, force: bool = False, env: dict[str, str] | None = None,
-              deps: str = "auto") -> Preflight:
-    """Run every check for ``spec`` about to run on ``provider`` (a provider, or its registered
-    name); raise on the first refusal. What applies is decided by the provider's declared traits."""
-    from lorapod.compute.provider import declared_traits
-
-    traits = declared_traits(provider) if isinstance(provider, str) else provider.traits
-    provider = provider if isinstance(provider, str) else provider.name
+def preflight(spec: JobSpec, provider: Provider, job: Job | None = None, force: bool = False,
+               env: dict[str, str] | None = None, deps: str = "auto") -> Preflight:
+    """Run every check for ``spec`` about to run on ``provider``; raise on the first refusal.
+    What applies is decided by the provider's declared traits, never its name, and the disk it
+    boots is its own default image's. ``job`` is the run's planned job (None: the planner cannot
+    estimate it, so the disk is not checked)."""
+    traits = provider.traits
     env = dict(os.environ if env is None else env)
     out = Preflight()
-    if deps == "auto" and not (traits and traits.runs_here):  # the lock the instance's env is built from is read here
+    if deps == "auto" and not traits.runs_here:  # the lock the instance's env is built from is read here
         from lorapod.compute.bootstrap import derive_lock, extra_for
 
         lock = derive_lock(extra_for(spec))
@@ -64,13 +65,22 @@ def preflight(spec: Any, provider: str | Provider, force: bool = False, env: dic
         raise PreflightError(f"{spec.model.id} is gated on Hugging Face and HF_TOKEN is not set",
                              hint="accept the model's license on its Hub page, then export HF_TOKEN=hf_... "
                                   "(it travels to the instance over SSH, never on a command line)")
-    if traits is not None and not traits.borrowed:  # on a borrowed host the disk is the host's, not asked for
-        out.notes.extend(image_notes(spec, [provider]))
-        _check_disk(spec, provider, out)
+    if not traits.borrowed:  # on a borrowed host the disk is the host's, not asked for
+        image = spec.compute.image or provider.image
+        if note := _image_note(image):
+            out.notes.append(f"{provider.name}: {note}")
+        _check_disk(spec, job, image, out)
     return out
 
 
-def image_notes(spec: Any, providers: list[str]) -> list[str]:
+def _image_note(image: str | None) -> str | None:
+    from lorapod.catalog.images import image_note
+    from lorapod.compute.bootstrap import ENGINE_MIN_TORCH
+
+    return image_note(image, ENGINE_MIN_TORCH) if image else None
+
+
+def image_notes(spec: JobSpec, providers: list[str]) -> list[str]:
     """What the catalog says about the image each provider would boot (``plan`` prints these too)."""
     from lorapod.catalog.images import default_image, image_note
     from lorapod.compute.bootstrap import ENGINE_MIN_TORCH
@@ -84,7 +94,7 @@ def image_notes(spec: Any, providers: list[str]) -> list[str]:
     return notes
 
 
-def _check_data(spec: Any, paths: list[Path], force: bool, out: Preflight) -> None:
+def _check_data(spec: JobSpec, paths: list[Path], force: bool, out: Preflight) -> None:
     from lorapod.data.check import check_path
 
     val = Path(spec.data.val_path) if spec.data.val_path else None
@@ -106,7 +116,7 @@ def _check_data(spec: Any, paths: list[Path], force: bool, out: Preflight) -> No
         out.notes.append(msg + " (--force: going on)")
 
 
-def _check_model(spec: Any, env: dict[str, str], out: Preflight) -> bool:
+def _check_model(spec: JobSpec, env: dict[str, str], out: Preflight) -> bool:
     """True when the model is gated. A model that exists nowhere is refused."""
     from lorapod.catalog.models import find_model, is_builtin
     from lorapod.errors import PlanError
@@ -155,18 +165,14 @@ def _hub_lookup(model_id: str, env: dict[str, str]) -> tuple[int, Any] | None:
     return r.status_code, body
 
 
-def _check_disk(spec: Any, provider: str, out: Preflight) -> None:
-    from lorapod.catalog.images import KNOWN, default_image
+def _check_disk(spec: JobSpec, job: Job | None, image_name: str | None, out: Preflight) -> None:
+    from lorapod.catalog.images import KNOWN
     from lorapod.compute.bootstrap import ENGINE_MIN_TORCH
-    from lorapod.errors import PlanError
-    from lorapod.plan.job import build_job
 
-    try:
-        job = build_job(spec)
-    except PlanError:
+    if job is None:
         out.notes.append("the planner does not know this model, so the disk size was not checked")
         return
-    image = KNOWN.get(spec.compute.image or default_image(provider) or "")
+    image = KNOWN.get(image_name or "")
     from packaging.version import Version
 
     torch_gb = 0.0 if image is not None and Version(image.torch) >= Version(ENGINE_MIN_TORCH) else TORCH_GB

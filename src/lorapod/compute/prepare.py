@@ -1,12 +1,13 @@
 """Everything ``lorapod run`` does before it rents: arguments in, a checked job ready to start out.
 
-:func:`prepare_run` is ``lorapod run`` as a library call (the review's M5; litgpt's CLI is the same
+:func:`prepare_run` is ``lorapod run`` as a library call (litgpt's CLI is the same
 thin layer over ``setup()`` with the same parameter names). In order: the resume lookup (the
 job's own spec, target and trainer), the spec and its overrides, the video pre-flight (its clips
 give windows, the job fits the GPU: :mod:`lorapod.engine.diffusion.video_preflight`), the
 SkyPilot branch (SkyPilot runs the lifecycle itself), the provider for ``--on`` with the options
 that kind of target takes, the external trainer's refusals, the pre-flight (data, model, token,
-disk: :mod:`lorapod.compute.preflight`), a RunPod volume, and the run's :class:`RunOptions` with
+disk: :mod:`lorapod.compute.preflight`), a network volume where the provider mounts one
+(:class:`~lorapod.compute.provider.SupportsVolumes`), and the run's :class:`RunOptions` with
 the trainer's job command swapped in. Every refusal comes before anything is created.
 
 :func:`prepare_sweep` prepares every job of a sweep on every target with :func:`prepare_run`
@@ -23,14 +24,19 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 from lorapod.compute.launch import job_command_for
-from lorapod.compute.provider import Provider, from_target
+from lorapod.compute.offers import planned_job
+from lorapod.compute.provider import Provider, SupportsVolumes, capability, from_target, on_hint
 from lorapod.compute.remote import Bootstrap
 from lorapod.compute.session import RunOptions
 from lorapod.errors import LorapodError, SpecError
 from lorapod.spec import JobSpec, apply_report_to, load_spec
 from lorapod.store.ledger import Ledger
+
+if TYPE_CHECKING:
+    from lorapod.plan.job import Job
 
 Say = Callable[[str], None]
 SKY = "sky"  # the --on value SkyPilot takes: compute/skypilot.py runs the whole lifecycle
@@ -48,9 +54,9 @@ class RunFlags:
     gpus: int | None = None
     max_usd: float | None = None
     max_hours: float | None = None
-    bootstrap: str = "source"
+    bootstrap: Literal["source", "wheel"] = "source"
     python: str = "auto"
-    deps: str = "auto"
+    deps: Literal["auto", "none"] = "auto"
     image: str | None = None
     volume: str | None = None
     force: bool = False
@@ -59,7 +65,7 @@ class RunFlags:
     trainer: str | None = None
     trainer_src: str | None = None
     #: :class:`RunOptions` fields set by the hidden test flags (``poll_s`` ...); absent ones keep their default
-    knobs: Mapping[str, float] = field(default_factory=dict)
+    knobs: Mapping[str, Any] = field(default_factory=dict)
     #: overrides of ``watchdog.DEFAULTS`` (``heartbeat_timeout_s``, ``poll_s``, ``stall_s``)
     watchdog: Mapping[str, float] = field(default_factory=dict)
 
@@ -77,6 +83,9 @@ class PreparedRun:
     spec_path: str | None
     resume_job: str | None
     ledger: Ledger
+    #: the planner's job, planned once here (the data counted once) and carried to the session's
+    #: offer ranking; None on sky, or where the planner cannot estimate the job
+    job: Job | None = None
 
     @property
     def on_sky(self) -> bool:
@@ -132,7 +141,7 @@ def prepare_run(spec: Path | JobSpec | None = None, on: str | None = None, flags
         target = on or spec_obj.compute.provider
     spec_obj = apply_report_to(spec_obj, flags.report_to)
     if target in (None, ""):
-        raise SpecError("where should it run?", hint="--on vast | runpod | ssh://user@host:port")
+        raise SpecError("where should it run?", hint=f"--on {on_hint()}")
     if spec_obj.is_video and not resume_job:  # before renting: the clips give windows, the job fits the GPU
         from lorapod.engine.diffusion.video_preflight import preflight as video_preflight
 
@@ -160,16 +169,20 @@ def prepare_run(spec: Path | JobSpec | None = None, on: str | None = None, flags
     from lorapod.compute.doctor import doctor_note
     from lorapod.compute.preflight import preflight
 
-    for text in preflight(spec_obj, provider.name, force=flags.force, deps=flags.deps).notes:
+    job = planned_job(spec_obj)  # once per run: every room below reads this one
+    for text in preflight(spec_obj, provider, job, force=flags.force, deps=flags.deps).notes:
         note(text)
-    if text := doctor_note(ledger, provider.name):
-        note(text)
+    if doc := doctor_note(ledger, provider.name):
+        note(doc)
     if spec_obj.compute.volume:  # after the checks above: a new volume bills from its creation
-        from lorapod.compute.runpod.volume_mount import attach
-
-        attach(provider, spec_obj, spec_obj.compute.volume, flags.gpu, flags.max_usd, flags.max_hours, say=say)
+        if not isinstance(provider, SupportsVolumes):
+            why = capability(provider, "network_volume").reason
+            raise SpecError(f"compute.volume is not supported on {provider.name} ({why})",
+                            hint="drop compute.volume / --volume for this provider (docs/remote.md, Volumes)")
+        provider.attach_volume(spec_obj, spec_obj.compute.volume, job, flags.gpu, flags.max_usd, flags.max_hours,
+                               say)
     return PreparedRun(spec_obj, provider, target, run_options(spec_obj, flags, trainer), trainer, spec_path,
-                       resume_job, ledger)
+                       resume_job, ledger, job)
 
 
 def _resumed(ledger: Ledger, job_id: str, on: str | None, overrides: list[str], trainer: str | None,
@@ -199,6 +212,8 @@ class PreparedSweep:
     targets: list[tuple[str, Provider]]
     options: Callable[[], RunOptions]
     spec_path: str
+    #: each grid job's planned job (its data counted once, here), in the grid's order, for :class:`Sweep`
+    jobs: list[Job | None] = field(default_factory=list)
 
 
 def prepare_sweep(spec: Path, grid: Sequence[str], on: Sequence[str], flags: RunFlags | None = None, *,
@@ -217,7 +232,7 @@ def prepare_sweep(spec: Path, grid: Sequence[str], on: Sequence[str], flags: Run
     targets = list(on) or [base.compute.provider]
     if SKY in targets:
         raise SpecError("sweeps do not run on sky yet: SkyPilot runs each job's lifecycle itself",
-                        hint="--on vast | runpod | local | ssh://user@host:port, or `lorapod run --on sky` per trial")
+                        hint=f"--on {on_hint()}, or `lorapod run --on sky` per trial")
     said: set[str] = set()
 
     def once(text: str) -> None:
@@ -239,4 +254,5 @@ def prepare_sweep(spec: Path, grid: Sequence[str], on: Sequence[str], flags: Run
     first = prepared[: len(targets)]
     base_options = run_options(base, flags)
     return PreparedSweep(base, [(p.target, p.provider) for p in first if p.provider is not None],
-                         lambda: dataclasses.replace(base_options, watchdog=dict(base_options.watchdog)), str(spec))
+                         lambda: dataclasses.replace(base_options, watchdog=dict(base_options.watchdog)), str(spec),
+                         [p.job for p in prepared[:: len(targets)]])

@@ -9,7 +9,9 @@ The whole contract is on :class:`Provider`: the six methods, the watchdog's conf
 provider *is* (:class:`Traits`, declared, never guessed from its name), what it *can* do
 (:meth:`Provider.capabilities`, read through :func:`capability`), and optionally its own
 ``transport``. :class:`ProviderBase` gives the defaults of the optional parts; a new provider
-subclasses it, and is one package plus one line in :data:`BUILTINS` (docs/architecture.md).
+subclasses it, and is one package plus one line in :data:`BUILTINS` (or a plugin's
+:func:`register`; docs/architecture.md). What only some providers do is an optional interface
+they implement (:class:`SupportsVolumes`, :class:`SupportsPriceList`), detected by type.
 
 ``destroy`` is idempotent: an instance that is already gone is success, because teardown runs
 from several places (the controller's ``finally``, its signal handlers, the on-instance
@@ -28,7 +30,11 @@ from lorapod.errors import ProviderError
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from lorapod.catalog.gpus import GPU
+    from lorapod.catalog.prices import PriceEntry
     from lorapod.compute.transport import Transport
+    from lorapod.plan.job import Job
+    from lorapod.spec import JobSpec
 
 #: Instance states, provider-neutral. ``gone`` means the provider confirmed it no longer exists.
 State = Literal["creating", "booting", "running", "exited", "error", "gone"]
@@ -71,6 +77,9 @@ class Offer:
     #: run by the provider or a host it verified (RunPod secure cloud, Vast.ai verified); secrets
     #: go only to these unless the user names them with --forward-env
     secure: bool = True
+    #: the hourly price already covers the disk asked for (Vast.ai's ``dph_total`` with
+    #: ``allocated_storage``), so the planner adds no storage charge
+    storage_included: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -183,7 +192,7 @@ class Provider(Protocol):
     be found by its label."""
 
     name: str
-    traits: Traits
+    traits: ClassVar[Traits]
     #: the container image a create boots when the spec names none (None: the machine is what it is)
     image: str | None
 
@@ -243,12 +252,48 @@ def capability(provider: Provider, name: str) -> Capability:
     return Capability(name, False, f"{provider.name} does not declare '{name}'")
 
 
+# ----------------------------------------------------------------------------- optional interfaces
+
+@runtime_checkable
+class SupportsVolumes(Protocol):
+    """A provider that mounts a network volume a run names (``compute.volume``): it finds or
+    creates the volume, limits its own offers to where the volume is and mounts it in its creates.
+    Callers detect it by type (dstack's ``ComputeWithVolumeSupport``, SkyPilot's ``supports()``),
+    never by the provider's name, and nothing outside the provider changes its state."""
+
+    def attach_volume(self, spec: JobSpec, name: str, job: Job | None, gpu: str | None,
+                      max_usd: float | None, max_hours: float | None, say: Callable[[str], None]) -> object:
+        """Find the volume called ``name`` (or create it where the job's GPU is) and use it from
+        now on (said through ``say``); returns what was attached, the provider's own description."""
+        ...
+
+
+@runtime_checkable
+class SupportsPriceList(Protocol):
+    """A provider class whose current prices ``lorapod plan --live`` can read with the user's
+    key from ``price_key_env`` (a classmethod: no instance, nothing rented)."""
+
+    price_key_env: ClassVar[str]
+
+    @classmethod
+    def price_list(cls, api_key: str, gpus: list[GPU], disk_gb: float, timeout_s: float) -> list[PriceEntry]: ...
+
+
 # ----------------------------------------------------------------------------- registry
 
-ProviderFactory = Callable[..., Provider]
-_REGISTRY: dict[str, ProviderFactory] = {}
+class ProviderClass(Protocol):
+    """What a registry entry is: a provider class, built with ``from_kwargs`` (the CLI's options)
+    and read without building for its ``traits`` (no API key needed for that)."""
 
-#: Built-ins go through the same registry as plugins; each is imported only when first used.
+    traits: ClassVar[Traits]
+
+    def from_kwargs(self, **kwargs: Any) -> Provider: ...
+
+
+_REGISTRY: dict[str, ProviderClass] = {}
+
+#: Built-ins and plugins are looked up alike (:func:`provider_class`); a built-in is imported
+#: only when first used.
 BUILTINS: dict[str, str] = {
     "ssh": "lorapod.compute.ssh:SSHProvider",
     "local": "lorapod.compute.local:LocalProvider",
@@ -257,14 +302,21 @@ BUILTINS: dict[str, str] = {
 }
 
 
-def register(name: str, factory: ProviderFactory) -> None:
-    """Add a provider under ``name``. A second registration of the same name (or a built-in's
-    name) is refused, so a plugin can never silently replace one and send teardown elsewhere."""
+def register(name: str, cls: ProviderClass) -> None:
+    """Add a provider class under ``name`` (as :data:`BUILTINS` names theirs): it is built with
+    ``cls.from_kwargs(**options)``, and its declared ``traits`` decide where it applies, so a
+    plugin is preflighted and swept by ``down --orphans`` like a built-in. A second
+    registration of the same name (or a built-in's name) is refused, so a plugin can never
+    silently replace one and send teardown elsewhere."""
     if not name or not name.isidentifier():
         raise ValueError(f"provider name {name!r} must be a simple identifier")
     if name in _REGISTRY or name in BUILTINS:
         raise ValueError(f"provider '{name}' is already registered; pick another name")
-    _REGISTRY[name] = factory
+    if not isinstance(cls, type) or not callable(getattr(cls, "from_kwargs", None)) \
+            or not isinstance(getattr(cls, "traits", None), Traits):  # a factory function's traits cannot be read
+        raise ValueError(f"provider '{name}' must be a class with from_kwargs() and declared traits "
+                         "(subclass ProviderBase)")
+    _REGISTRY[name] = cls
 
 
 HOST_OPTIONS = ("target", "identity", "usd_per_hour")  # what `lorapod run --on ssh://...` passes
@@ -279,41 +331,49 @@ def names() -> list[str]:
     return sorted({*BUILTINS, *_REGISTRY})
 
 
-def get(name: str, **kwargs: Any) -> Provider:
-    """Build the provider registered as ``name`` (``kwargs`` go to its ``from_kwargs``)."""
+def on_hint() -> str:
+    """What ``--on`` takes, from the registry (built-ins and plugins), for hints."""
+    return " | ".join([*(n for n in names() if n != "ssh"), "ssh://user@host:port"])
+
+
+def provider_class(name: str) -> ProviderClass:
+    """The class registered as ``name``, built-in or plugin (imported on first use)."""
     if name in BUILTINS:
         import importlib
 
         module, _, cls = BUILTINS[name].partition(":")
-        return getattr(importlib.import_module(module), cls).from_kwargs(**kwargs)
-    factory = _REGISTRY.get(name)
-    if factory is None:
+        builtin: ProviderClass = getattr(importlib.import_module(module), cls)
+        return builtin
+    found = _REGISTRY.get(name)
+    if found is None:
         raise ProviderError(
             f"unknown provider '{name}'",
             hint=f"use one of: {', '.join(names())}, or ssh://user@host:port",
         )
-    return factory(**kwargs)
+    return found
+
+
+def get(name: str, **kwargs: Any) -> Provider:
+    """Build the provider registered as ``name`` (``kwargs`` go to its ``from_kwargs``)."""
+    return provider_class(name).from_kwargs(**kwargs)
 
 
 def declared_traits(name: str) -> Traits | None:
     """The traits a registered provider's class declares, without building it (no API key
-    needed); None for a name whose class cannot be read here (a plugin factory, an unknown name)."""
-    ref = BUILTINS.get(name)
-    if ref is None:
-        return None
-    import importlib
-
-    module, _, cls = ref.partition(":")
+    needed); None for an unknown name or a class that cannot be imported here."""
     try:
-        return getattr(importlib.import_module(module), cls).traits
-    except (ImportError, AttributeError):
+        traits = provider_class(name).traits
+    except (ImportError, AttributeError, ProviderError):
         return None
+    return traits if isinstance(traits, Traits) else None
 
 
 def rented_providers() -> list[str]:
-    """The built-in providers that rent machines from an account (not borrowed hosts): where
-    ``lorapod down --orphans`` and a damaged ledger's ``ps`` look for lorapod's labels."""
-    return [name for name in BUILTINS if (t := declared_traits(name)) is not None and not t.borrowed]
+    """The registered providers, built-in or plugin, that rent machines from an account (not
+    borrowed hosts): where ``lorapod down --orphans`` and a damaged ledger's ``ps`` look for
+    lorapod's labels."""
+    return [name for name in [*BUILTINS, *sorted(_REGISTRY)]
+            if (t := declared_traits(name)) is not None and not t.borrowed]
 
 
 def from_target(target: str, **kwargs: Any) -> Provider:

@@ -176,9 +176,9 @@ def _effective_caps(ctx: JobContext, lease: Lease) -> tuple[float | None, float 
     if ctx.max_usd or ctx.max_hours:
         parts = [f"${ctx.max_usd:g}" if ctx.max_usd else "", f"{ctx.max_hours:g} h" if ctx.max_hours else ""]
         return ctx.max_usd, ctx.max_hours, "cap " + " / ".join(p for p in parts if p)
-    extra = lease.offer.extra
-    if extra.get("plan_usd"):
-        usd, hours = 2 * float(extra["plan_usd"]), 2 * float(extra["plan_hours"])
+    est = lease.estimate
+    if est is not None and est.usd_total > 0:
+        usd, hours = 2 * est.usd_total, 2 * est.hours_total
         return usd, hours, (f"default cap ${usd:.2f} / {hours:.1f} h: twice the planner's estimate; "
                             "set --max-usd / --max-hours to change it")
     hours = ctx.opts.default_cap_hours

@@ -29,12 +29,15 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lorapod.compute.remote import PULL_EXCLUDES
 from lorapod.compute.transport import SyncStats
 from lorapod.compute.trust import RUN_FILES_PY, safe_relpath
 from lorapod.errors import RemoteError
+
+if TYPE_CHECKING:
+    from lorapod.spec import JobSpec
 
 #: Size and allocated bytes of every regular file of the run folder, walked as the checksum list
 #: walks it (compute/trust.py RUN_FILES_PY; env.log is left out of the sizes too).
@@ -179,7 +182,7 @@ class PullGuard:
             raise
 
 
-def cap_bytes(spec: Any, plan_pull_gb: float | None) -> int | None:
+def cap_bytes(spec: JobSpec, plan_pull_gb: float | None) -> int | None:
     """The pull cap: ``output.max_pull_gb``, else a margin over the planner's estimate, else none."""
     set_gb = getattr(spec.output, "max_pull_gb", None)
     if set_gb:

@@ -34,8 +34,9 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from lorapod.compute.bootstrap import AUTO_PYTHON, Bootstrap
 from lorapod.compute.guards import parse_probe, watchdog_probe
 from lorapod.compute.transport import SyncStats, Transport
 from lorapod.compute.trust import MANIFEST_PY, guarded_read, is_regular, safe_relpath
@@ -43,7 +44,6 @@ from lorapod.errors import RemoteError
 
 WORK_ROOT = ".lorapod-work"
 #: ``--python auto``: the interpreter is found on the instance (:mod:`lorapod.compute.hostfacts`).
-AUTO_PYTHON = "auto"
 #: How long the watchdog has to prove it runs (its pid answers ``kill -0``, its first log line is there).
 WATCHDOG_PROOF_S = 20.0
 #: How long installing rsync may take (``apt-get update`` on a cold mirror is the slow part).
@@ -95,27 +95,6 @@ def job_command_from_env(python: str, spec: str, run_dir: str, resume: bool) -> 
         return default_job_command(python, spec, run_dir, resume)
     values = {"python": python, "spec": spec, "run_dir": run_dir, "resume": "--resume" if resume else ""}
     return [arg for arg in (part.format(**values) for part in shlex.split(template)) if arg]
-
-
-@dataclass(frozen=True)
-class Bootstrap:
-    """How lorapod and what it needs get onto the instance, so both ends run the same versions.
-
-    ``strategy`` is how lorapod itself travels: ``source`` rsyncs this very package into ``pkg/``;
-    ``wheel`` builds a wheel of this source tree (cached by content) and ``pip install --no-deps
-    --target pkg/``. ``python`` is the instance's interpreter the job's environment is built from;
-    ``auto`` finds it the way the image has it (:mod:`lorapod.compute.hostfacts`).
-    ``deps``: ``auto`` gives the job its dependencies when ``python`` lacks them (a virtualenv with
-    the image's torch, cached by lock; see :mod:`lorapod.compute.bootstrap`), ``none`` runs the job
-    with ``python`` as it is. ``extra`` is the install extra of the job's engine (``llm``, ``image``).
-    """
-
-    strategy: Literal["source", "wheel"] = "source"
-    python: str = AUTO_PYTHON
-    deps: Literal["auto", "none"] = "auto"
-    extra: str = "llm"
-    #: the interpreter the image's build files put torch in (catalog/images.py), tried first by ``auto``
-    image_python: str = ""
 
 
 class WatchdogNotRunning(RemoteError):
@@ -210,7 +189,7 @@ class RemoteWork:
                 return f"rsync was missing; installed it with {manager} in {time.monotonic() - t0:.0f} s"
             if out is not None:
                 why = f"{manager} could not install it"
-        self.transport.mover = "tar"  # type: ignore[attr-defined]
+        self.transport.mover = "tar"
         return f"rsync is not on the instance ({why}): files move with tar over the SSH connection"
 
     # ------------------------------------------------------------------ setup

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from lorapod.compute.provider import Offer
 from lorapod.errors import LorapodError
+from lorapod.spec import JobSpec
 
 
-def needs_hf_token(spec) -> bool:
+def needs_hf_token(spec: JobSpec) -> bool:
     """True when the catalog marks the model gated (a private model: pass --forward-env HF_TOKEN)."""
     from lorapod.catalog.models import find_model
 
@@ -25,13 +26,13 @@ def needs_hf_token(spec) -> bool:
     return bool(getattr(lic, "gated", False))
 
 
-def needs_wandb_key(spec) -> bool:
+def needs_wandb_key(spec: JobSpec) -> bool:
     """True when the job logs to W&B online: an offline W&B run writes files and needs no key."""
     wandb = spec.tracking.wandb
     return wandb is not None and wandb.mode != "offline"
 
 
-def secrets_for(spec, offer: Offer | None, explicit: tuple[str, ...] | None) -> tuple[list[str], str | None]:
+def secrets_for(spec: JobSpec, offer: Offer | None, explicit: tuple[str, ...] | None) -> tuple[list[str], str | None]:
     """(names to send, a sentence about what is withheld and why, or None)."""
     if explicit is not None:
         return list(dict.fromkeys(explicit)), None

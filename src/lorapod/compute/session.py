@@ -24,13 +24,15 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import EllipsisType
+from typing import TYPE_CHECKING, Any
 
 from lorapod.compute.acquire import Lease, acquire
 from lorapod.compute.context import Interrupted, JobContext, RunOptions
 from lorapod.compute.follow import Follower, Progress
 from lorapod.compute.ledger_repair import backup as backup_ledger
 from lorapod.compute.metrics_feed import MetricsFeed
+from lorapod.compute.offers import planned_job
 from lorapod.compute.provider import Provider
 from lorapod.compute.provision import Watched, open_work, provision, start_watchdog
 from lorapod.compute.pulls import PullGuard
@@ -40,6 +42,10 @@ from lorapod.compute.teardown import salvage, teardown
 from lorapod.errors import BudgetError, LorapodError
 from lorapod.rundir import RunDir, new_job_id
 from lorapod.store.ledger import Ledger, LedgerBusy
+
+if TYPE_CHECKING:
+    from lorapod.plan.job import Job
+    from lorapod.spec import JobSpec
 
 
 @dataclass
@@ -72,9 +78,12 @@ class Summary:
 class Session:
     """One remote job: the run folder and ledger rows it owns, and :meth:`run_job`, its stages in order."""
 
-    def __init__(self, spec, provider: Provider, target: str, opts: RunOptions | None = None,
+    def __init__(self, spec: JobSpec, provider: Provider, target: str, opts: RunOptions | None = None,
                  ledger: Ledger | None = None, spec_path: str | None = None,
-                 say: Callable[[str], None] = print, resume_job: str | None = None) -> None:
+                 say: Callable[[str], None] = print, resume_job: str | None = None,
+                 job: Job | EllipsisType | None = ...) -> None:
+        """``job``: the planner's job for ``spec``, planned once by the caller (``prepare_run``;
+        None: the planner cannot estimate it); ``...``: not planned yet, so planned here."""
         ledger = ledger or Ledger()
         self.spec_path = spec_path
         self.progress = Progress()
@@ -104,7 +113,7 @@ class Session:
             if opts and opts.trainer:
                 run.write_trainer(opts.trainer)
         self.ctx = JobContext(spec, provider, target, opts or RunOptions(), ledger, run, job_id, say,
-                              resume=bool(resume_job))
+                              resume=bool(resume_job), job=planned_job(spec) if job is ... else job)
         self.job_id, self.run = job_id, run
         self.lease: Lease | None = None
         self.work: RemoteWork | None = None
@@ -125,7 +134,7 @@ class Session:
     def _pulls_for(self, work: RemoteWork) -> PullGuard:
         """Every pull goes through one guard: bounded, sparse-aware, free space checked first."""
         if self._pulls is None:
-            plan_gb = self.lease.offer.extra.get("plan_pull_gb") if self.lease else None
+            plan_gb = self.lease.estimate.pull_gb if self.lease and self.lease.estimate else None
             python = (self.watched.boot if self.watched else self.ctx.opts.bootstrap).python
             self._pulls = PullGuard(work, self.run.root, python, pull_cap_bytes(self.ctx.spec, plan_gb),
                                     self.ctx.say)
@@ -270,11 +279,11 @@ def _end_of_last_line(path: Path, chunk: int = 1 << 16) -> int:
     return 0
 
 
-def run_remote(spec, provider: Provider, target: str, opts: RunOptions | None = None, ledger: Ledger | None = None,
-               spec_path: str | None = None, say: Callable[[str], None] = print,
-               resume_job: str | None = None) -> Summary:
+def run_remote(spec: JobSpec, provider: Provider, target: str, opts: RunOptions | None = None,
+               ledger: Ledger | None = None, spec_path: str | None = None, say: Callable[[str], None] = print,
+               resume_job: str | None = None, job: Job | EllipsisType | None = ...) -> Summary:
     """Run ``spec`` on ``provider`` and bring the run folder home; see :class:`Session`."""
-    return Session(spec, provider, target, opts, ledger, spec_path, say, resume_job).run_job()
+    return Session(spec, provider, target, opts, ledger, spec_path, say, resume_job, job).run_job()
 
 
 __all__ = ["Interrupted", "RunOptions", "Session", "Summary", "new_job_id", "run_remote"]

@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import shlex
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lorapod.errors import LorapodError, PlanError
 from lorapod.spec import JobSpec
+
+if TYPE_CHECKING:
+    from lorapod.rundir import RunDir
 
 INSTALL_HINT = "pip install 'lorapod[sky]' (SkyPilot), then `sky check` to see which clouds it can use"
 RDZV_PORT = 29500
@@ -160,7 +164,8 @@ def cluster_name(job_id: str) -> str:
     return ("lorapod-" + re.sub(r"[^a-z0-9-]+", "-", job_id.lower())).strip("-")[:60]
 
 
-def run_on_sky(spec: JobSpec, gpu: str | None = None, dry_run: bool = False, say=print):
+def run_on_sky(spec: JobSpec, gpu: str | None = None, dry_run: bool = False,
+               say: Callable[[str], None] = print) -> RunDir:
     """Stage, build the task, launch it, follow its log, pull the run folder, down the cluster.
 
     With ``dry_run`` only the task is built and written to ``<run>/sky-task.yaml``.

@@ -30,15 +30,19 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lorapod.compute.provider import Provider
+from lorapod.compute.offers import planned_job
+from lorapod.compute.provider import Provider, on_hint
 from lorapod.compute.session import RunOptions, Session
 from lorapod.engine.metrics import read_metrics
 from lorapod.errors import LorapodError, SpecError
 from lorapod.rundir import new_job_id
 from lorapod.spec import JobSpec, load_spec
 from lorapod.store.ledger import Ledger
+
+if TYPE_CHECKING:
+    from lorapod.plan.job import Job
 
 LOSS_KEYS = ("val_loss", "fixed_noise_loss")  # LLM, image
 MIN_ALLOTMENT_USD = 0.01  # below a cent a job cannot do anything useful
@@ -130,17 +134,17 @@ def last_loss(run_dir: Path) -> tuple[str | None, float | None]:
     return None, None
 
 
-def estimate_usd(spec: JobSpec, target: str) -> float | None:
-    """The planner's dollars for this job on the cheapest fitting offer of a rented provider;
-    None for hosts it cannot price (``local``, ``ssh://``) or models outside its catalog."""
-    from lorapod.compute.offers import PLANNED_PROVIDERS
-
-    if target not in PLANNED_PROVIDERS:
+def estimate_usd(spec: JobSpec, target: str, job: Job | None) -> float | None:
+    """The planner's dollars for this job (``job``: planned once, None when it cannot be) on the
+    cheapest fitting offer the catalog prices for ``target``; None where the catalog has no prices
+    for it (``local``, ``ssh://``, a plugin) or the planner cannot estimate the job. The same
+    rule as a run's offers: decided by the catalog's data, never the target's name."""
+    if job is None:
         return None
     try:
         from lorapod.plan.choose import plan_job
 
-        best = plan_job(spec, provider=target).best
+        best = plan_job(spec, provider=target, job=job).best
     except LorapodError:
         return None
     return best.usd_total if best else None
@@ -152,9 +156,11 @@ class Sweep:
     def __init__(self, spec: JobSpec, grid: Sequence[str], targets: Sequence[tuple[str, Provider]], *,
                  parallel: int = 1, max_usd: float | None = None, options: Callable[[], RunOptions] = RunOptions,
                  ledger_factory: Callable[[], Ledger] = Ledger, spec_path: str | None = None,
-                 say: Callable[[str], None] = print) -> None:
+                 say: Callable[[str], None] = print, planned: Sequence[Job | None] = ()) -> None:
+        """``planned``: each grid job's planned job, in order, when the caller planned them already
+        (``prepare_sweep``); the others are planned here, once each."""
         if not targets:
-            raise SpecError("a sweep needs somewhere to run", hint="--on local | vast | runpod | ssh://user@host")
+            raise SpecError("a sweep needs somewhere to run", hint=f"--on {on_hint()}")
         if parallel < 1:
             raise SpecError("--parallel must be at least 1")
         self.spec = spec
@@ -171,6 +177,8 @@ class Sweep:
         for i, (ov, job_spec) in enumerate(job_specs(spec, grid), 1):
             self.specs.append(job_spec)
             self.jobs.append(SweepJob(i, ov))
+        # each job's planned job, built once (its data read once)
+        self._planned: dict[int, Job | None] = {i: job for i, job in enumerate(planned, 1)}
         self.root = Path(spec.output.dir) / new_job_id(f"sweep-{self.base_name}")
         self._sessions: dict[int, Session] = {}
         self._busy: dict[str, int] = {t: 0 for t, _ in self.targets}
@@ -201,17 +209,17 @@ class Sweep:
             job.message = f"not started: the planner's ${job.estimate_usd:.2f} is over the ${left:.2f} left of the cap"
             return -1.0
         allot = max(share, job.estimate_usd or 0.0)
-        if allot < max(MIN_ALLOTMENT_USD, self._least_useful_usd(spec, target, provider)):
+        if allot < max(MIN_ALLOTMENT_USD, self._least_useful_usd(spec, target, provider, self._planned_job(job, spec))):
             job.message = f"not started: ${left:.2f} left of the ${self.max_usd:g} cap, too little for a job"
             return -1.0
         return allot
 
-    def _least_useful_usd(self, spec: JobSpec, target: str, provider: Provider) -> float:
+    def _least_useful_usd(self, spec: JobSpec, target: str, provider: Provider, planned: Job | None) -> float:
         """What MIN_MARGINS stop margins cost on the target's cheapest matching offer (0 if unknown)."""
         from lorapod.compute.offers import requirements
 
         try:
-            rates = [o.usd_per_hour for o in provider.offers(requirements(spec))]
+            rates = [o.usd_per_hour for o in provider.offers(requirements(spec, job=planned))]
         except LorapodError:
             return 0.0
         return min(rates, default=0.0) * MIN_MARGINS * self.options().stop_margin_s / 3600
@@ -222,6 +230,11 @@ class Sweep:
         target, provider = min(self.targets, key=lambda tp: self._busy[tp[0]])
         return target, provider
 
+    def _planned_job(self, job: SweepJob, spec: JobSpec) -> Job | None:
+        if job.index not in self._planned:
+            self._planned[job.index] = planned_job(spec)
+        return self._planned[job.index]
+
     def _run_one(self, job: SweepJob, spec: JobSpec, target: str, provider: Provider) -> None:
         opts = self.options()
         opts.max_usd = job.allotted_usd
@@ -229,7 +242,7 @@ class Sweep:
         ledger = self.ledger_factory()
         try:
             session = Session(spec, provider, target, opts, ledger, self.spec_path,
-                              say=lambda m: self._say(f"[{job.index}] {m}"))
+                              say=lambda m: self._say(f"[{job.index}] {m}"), job=self._planned_job(job, spec))
             job.job_id, job.run_dir = session.job_id, str(session.run.root)
             with self._lock:
                 self._sessions[job.index] = session
@@ -266,7 +279,7 @@ class Sweep:
         result = SweepResult(self.root, self.jobs, self.max_usd)
         for job, spec in zip(self.jobs, self.specs, strict=True):
             if self.max_usd is not None:
-                job.estimate_usd = estimate_usd(spec, self._target()[0])
+                job.estimate_usd = estimate_usd(spec, self._target()[0], self._planned_job(job, spec))
         cap = f" under ${self.max_usd:g}" if self.max_usd is not None else ""
         self.say(f"sweep {self.root.name}: {len(self.jobs)} jobs, {self.parallel} at a time{cap}")
         old = self._install_signal_handlers()

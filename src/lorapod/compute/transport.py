@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -142,7 +143,7 @@ class _KillAfter:
         self._timer.cancel()
 
 
-def _tree(local: Path, root_name: str | None, excludes: tuple[str, ...]):
+def _tree(local: Path, root_name: str | None, excludes: tuple[str, ...]) -> Iterator[tuple[Path, str]]:
     """(path, name in the archive) for a push: a file as ``root_name``, or a folder's regular files
     and folders (links, FIFOs, devices are skipped, as rsync ``-rt`` skips them)."""
     if root_name is not None:
@@ -165,7 +166,7 @@ def _tree(local: Path, root_name: str | None, excludes: tuple[str, ...]):
                 yield p, rel
 
 
-def _local_files(root: Path):
+def _local_files(root: Path) -> Iterator[tuple[str, int, int]]:
     """(relative name, size, whole-second mtime) of each regular file already pulled under ``root``."""
     for dirpath, _dirs, filenames in os.walk(root, followlinks=False):
         for f in filenames:
@@ -357,7 +358,7 @@ class SSHTransport:
 
         threading.Thread(target=feed, daemon=True).start()
         try:
-            files, size, refused = receive_tar(proc.stdout, local, excludes)
+            files, size, refused = receive_tar(proc.stdout, local, excludes)  # type: ignore[arg-type]
             with contextlib.suppress(OSError):
                 proc.stdout.read()  # type: ignore[union-attr]
             rc = proc.wait()

@@ -27,6 +27,7 @@ import shlex
 import shutil
 import stat
 from pathlib import Path
+from typing import IO
 
 #: rsync options for every transfer, both ways (see the module docstring for why not ``-a``).
 RSYNC_BASE = ("-rt", "--protect-args", "--partial-dir=.rsync-partial", "--stats")
@@ -142,7 +143,7 @@ def excluded(rel: str, patterns: tuple[str, ...]) -> bool:
     return False
 
 
-def receive_tar(stream, dest: Path, excludes: tuple[str, ...] = ()) -> tuple[int, int, list[str]]:
+def receive_tar(stream: IO[bytes], dest: Path, excludes: tuple[str, ...] = ()) -> tuple[int, int, list[str]]:
     """Unpack a tar stream from the instance into ``dest`` by the same rules as an rsync pull.
 
     Only regular files and folders, under plain relative names (:func:`safe_relpath`), are
@@ -183,7 +184,7 @@ def receive_tar(stream, dest: Path, excludes: tuple[str, ...] = ()) -> tuple[int
             tmp = target.with_name(f".lp-tar-{os.getpid()}-{target.name}"[:250])
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
             with os.fdopen(fd, "wb") as out:
-                shutil.copyfileobj(src, out, 1 << 20)  # type: ignore[misc]
+                shutil.copyfileobj(src, out, 1 << 20)  # type: ignore[arg-type]
             os.utime(tmp, (m.mtime, m.mtime))
             if target.is_symlink() or (target.exists() and not target.is_file()):
                 refused.append(name)

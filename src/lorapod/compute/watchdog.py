@@ -239,9 +239,9 @@ def instance_env(name: str, env_file: str | None = None) -> str | None:
         pass
     text = read_small(env_file, 1 << 16) if env_file else None
     for line in (text or "").splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == name and value.strip():
-            return value.strip().strip("'\"")
+        k, _, v = line.partition("=")
+        if k.strip() == name and v.strip():
+            return v.strip().strip("'\"")
     return None
 
 

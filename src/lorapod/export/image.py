@@ -17,7 +17,7 @@ from lorapod.export.diffusers import save_diffusers
 from lorapod.export.kohya import split_peft_key, trained_scale
 from lorapod.export.source import Source, read_safetensors
 
-COMPONENTS = ("unet", "transformer", "text_encoder", "text_encoder_2")
+COMPONENTS = ("unet", "transformer", "transformer_2", "text_encoder", "text_encoder_2")
 
 
 def parts_of(state: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
@@ -31,12 +31,19 @@ def parts_of(state: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor
 
 
 def family_of(src: Source):
-    from lorapod.engine.diffusion.families import resolve_family
+    """The run's family as its spec names it (the engine trained that one); only ``auto`` is
+    detected from the base model."""
+    from lorapod.engine.diffusion.families import FAMILIES, resolve_family
 
-    return resolve_family(src.spec.model.family, src.spec.model.id, src.spec.model.revision)
+    named = src.spec.model.family
+    if named in FAMILIES:
+        return FAMILIES[named]()
+    return resolve_family(named, src.spec.model.id, src.spec.model.revision)
 
 
 def write_comfyui(src: Source, out: Path) -> Path:
+    """The kohya file(s) (``kohya.files_of``: one per Wan 2.2 expert, named as the engine names
+    them); returns the first."""
     fam = family_of(src)
     m = src.spec.method
     sizes = None
@@ -44,17 +51,21 @@ def write_comfyui(src: Source, out: Path) -> Path:
         from lorapod.export.convert import base_modules
 
         sizes = base_modules(fam.name, str(src.spec.model.id))[1]
-    tensors = kohya.to_kohya(parts_of(src.state()), fam.name, m.alpha, m.rslora, out_features=sizes)
+    parts = parts_of(src.state())
+    two = fam.name == "wan22" and ("transformer_2" in parts or src.spec.train.experts != "both")
     name = src.spec.output.name or "lora"
-    engine_file = src.run.root / "exports" / src.label / f"{name}.safetensors"
-    if engine_file.is_file():  # the metadata the engine wrote at that step (tags, counts)
-        meta = read_safetensors(engine_file)[1]
-    else:
-        meta = kohya.kohya_metadata(src.spec, fam.name, _prediction(src), 0, src.step or 0, 0)
-    meta["ss_network_alpha"] = str(trained_scale(m.alpha, m.r, m.rslora) * m.r)
-    path = out / f"{name}.safetensors"
-    save_file(tensors, str(path), metadata=meta)
-    return path
+    paths = []
+    for suffix, file_parts in kohya.files_of(parts, two).items():
+        tensors = kohya.to_kohya(file_parts, fam.name, m.alpha, m.rslora, out_features=sizes)
+        engine_file = src.run.root / "exports" / src.label / f"{name}{suffix}.safetensors"
+        if engine_file.is_file():  # the metadata the engine wrote at that step (tags, counts)
+            meta = read_safetensors(engine_file)[1]
+        else:
+            meta = kohya.kohya_metadata(src.spec, fam.name, _prediction(src), 0, src.step or 0, 0)
+        meta["ss_network_alpha"] = str(trained_scale(m.alpha, m.r, m.rslora) * m.r)
+        paths.append(out / f"{name}{suffix}.safetensors")
+        save_file(tensors, str(paths[-1]), metadata=meta)
+    return paths[0]
 
 
 def _prediction(src: Source) -> str:

@@ -121,6 +121,25 @@ FLUX2_RULES: list[Rule] = [
 ]
 
 
+# Wan 2.1 / 2.2: diffusers' WanTransformer3DModel paths -> the original Wan module paths
+# (``blocks.N.self_attn.q``, ``cross_attn.k_img``, ``ffn.0``, ``head.head``) that ComfyUI's WanModel
+# maps under ``lora_unet_`` (comfy/lora.py model_lora_keys_unet) and diffusers' own loader reads
+# back (diffusers/loaders/lora_conversion_utils.py ``_convert_non_diffusers_wan_lora_to_diffusers``
+# at the installed version: self_attn/cross_attn q, k, v, o; k_img/v_img <- add_k_proj/add_v_proj;
+# ffn.0/ffn.2 <- ffn.net.0.proj/ffn.net.2; time_projection.1 <- condition_embedder.time_proj;
+# head.head <- proj_out). One rule for the engine's file and ``lorapod export --to comfyui``.
+WAN_RULES: list[Rule] = [
+    *((rf"blocks\.(\d+)\.{attn}\.{d}", f"blocks.{{0}}.{w}.{o}", 0, 1)
+      for attn, w in (("attn1", "self_attn"), ("attn2", "cross_attn"))
+      for d, o in (("to_q", "q"), ("to_k", "k"), ("to_v", "v"), (r"to_out\.0", "o"),
+                   ("add_k_proj", "k_img"), ("add_v_proj", "v_img"))),
+    (r"blocks\.(\d+)\.ffn\.net\.0\.proj", "blocks.{0}.ffn.0", 0, 1),
+    (r"blocks\.(\d+)\.ffn\.net\.2", "blocks.{0}.ffn.2", 0, 1),
+    (r"condition_embedder\.time_proj", "time_projection.1", 0, 1),
+    (r"proj_out", "head.head", 0, 1),
+]
+
+
 @dataclass(frozen=True)
 class Layout:
     """How one family's components are named in a kohya file."""
@@ -156,12 +175,28 @@ LAYOUTS: dict[str, Layout] = {
     "sdxl": Layout("sdxl", "unet", ("lora_te1", "lora_te2")),
     "flux1": Layout("flux1", "transformer", (), tuple(FLUX1_RULES)),
     "flux2": Layout("flux2", "transformer", (), tuple(FLUX2_RULES)),
-    # Wan: the video engine renames diffusers paths to Wan's own module paths first
-    # (lorapod.engine.diffusion.wan.to_comfy: blocks.N.self_attn.q ...), which is what ComfyUI's Wan
-    # loader maps under ``lora_unet_``; both experts of Wan2.2 use the same layout, one file each.
-    "wan21": Layout("wan21", "transformer"),
-    "wan22": Layout("wan22", "transformer"),
+    # Wan: both experts of Wan 2.2 (transformer, transformer_2) use the same layout, one file each
+    # (:data:`EXPERT_FILES`)
+    "wan21": Layout("wan21", "transformer", (), tuple(WAN_RULES)),
+    "wan22": Layout("wan22", "transformer", (), tuple(WAN_RULES)),
 }
+
+
+#: Wan 2.2's two experts, each its own file: the component -> the file name's suffix (the
+#: high-noise expert is ``transformer``, the low-noise one ``transformer_2``, as WanPipeline names them)
+EXPERT_FILES = {"transformer": "_high_noise", "transformer_2": "_low_noise"}
+
+
+def files_of(parts: dict[str, dict[str, torch.Tensor]], two_experts: bool = False
+             ) -> dict[str, dict[str, dict[str, torch.Tensor]]]:
+    """The kohya files an adapter makes: file-name suffix -> the parts :func:`to_kohya` takes. One
+    file, except for a Wan 2.2 model with two experts (``two_experts``): one file per expert
+    trained, each expert's transformer under the layout's one denoiser name."""
+    if not two_experts:
+        return {"": parts}
+    if set(parts) - set(EXPERT_FILES):
+        raise ExportError(f"a Wan 2.2 adapter holds only its experts, not {sorted(set(parts) - set(EXPERT_FILES))}")
+    return {EXPERT_FILES[c]: {"transformer": parts[c]} for c in EXPERT_FILES if c in parts}
 
 
 def layout(family: str) -> Layout:

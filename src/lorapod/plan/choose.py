@@ -152,7 +152,11 @@ class Plan:
         return next((o for o in self.options if o.fits), None)
 
 
-def _check_provider(name: str) -> str:
+def _check_provider(name: str, priced: set[str] | frozenset[str] = frozenset()) -> str:
+    """The provider's key among those with prices (the snapshot's, or ``priced``: the providers of
+    the prices given, e.g. a plugin's live offers)."""
+    if name in priced:
+        return name
     key = name.strip().lower().replace(".ai", "")
     if key in PROVIDERS:
         return key
@@ -173,19 +177,21 @@ def plan_job(
     examples: int | None = None,
     today: dt.date | None = None,
     trainer: str | None = None,
+    job: Job | None = None,
 ) -> Plan:
     """Estimate the job on every priced GPU and rank the offers that fit by $ per job.
 
     ``prices`` replaces the snapshot (e.g. live offers from :mod:`lorapod.compute.live_prices`); ``gpu``
     and ``provider`` (or the spec's ``compute.gpu`` / ``compute.provider``) narrow the offers.
     A pinned GPU is shown even when it does not fit, with the change that would make it fit.
-    Raises PlanError when nothing fits, naming what would.
+    ``job`` is the job already built for ``spec`` (a run plans it once; ``images`` / ``examples``
+    then do not apply). Raises PlanError when nothing fits, naming what would.
     """
     if trainer:  # an external trainer: its setup time and VRAM extras (plan/trainer_profile.py)
         from lorapod.plan.trainer_profile import add_overhead, with_trainer
 
         spec = with_trainer(spec, trainer)
-    job = build_job(spec, images=images, examples=examples)
+    job = job if job is not None else build_job(spec, images=images, examples=examples)
     if trainer:
         job = add_overhead(job, trainer)
     snap, snapshot_prices = load_prices()
@@ -194,7 +200,7 @@ def plan_job(
     pinned = find_gpu(gpu) if gpu else None
     if provider is None and spec.compute.provider in PROVIDERS:
         provider = spec.compute.provider
-    prov = _check_provider(provider) if provider else None
+    prov = _check_provider(provider, {e.provider for e in prices or ()}) if provider else None
     if pinned:
         entries = [e for e in entries if find_gpu(e.gpu).name == pinned.name]
     if prov:

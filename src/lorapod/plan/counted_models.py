@@ -69,7 +69,7 @@ UNET_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-def _unet(family: str, resolution: int, batch: int, rank: int, checkpointing: bool):
+def _unet(family: str, resolution: int, batch: int, rank: int, checkpointing: bool) -> Any:
     """The U-Net with LoRA on ``meta`` and a forward over cached latents / text embeddings."""
     from diffusers import UNet2DConditionModel
     from peft import LoraConfig
@@ -139,7 +139,7 @@ def vae_encode(resolution: int, config: dict[str, Any] = SD_VAE_CONFIG) -> Forwa
 COMPUTE_BOUND = (*MATMULS, "convolution.default", "convolution_backward.default")
 
 
-def memory_bound_traffic(forward) -> tuple[float, float]:
+def memory_bound_traffic(forward: Any) -> tuple[float, float]:
     """Bytes (GB) the operators other than matmuls, convolutions and fused attention move in one
     forward and in the backward that follows (input gradients, the base frozen): norms, their
     float32 casts, activations, modulation, rotary embedding, residual adds, the LoRA branch's
@@ -191,7 +191,7 @@ FLUX_IMAGE_TOKENS = 4096  # 1024 px
 WAN_LATENT = (21, 30, 52)  # 81 frames at 832x480
 
 
-def _dit(key: str):
+def _dit(key: str) -> Any:
     """The DiT on ``meta`` with LoRA, its forward, and the tokens that pass through its linears."""
     from peft import LoraConfig
 

@@ -29,13 +29,16 @@ import os
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lorapod.catalog.gpus import GPU, find_gpu, gpu_from_device_name
 from lorapod.catalog.models import ImageModel, LLMArch, find_model
 from lorapod.errors import LorapodError
 from lorapod.plan.speed import Params, predict
 from lorapod.plan.vram import Settings
+
+if TYPE_CHECKING:
+    from lorapod.store.ledger import Ledger
 
 # Steps skipped at the start of a run (compilation, allocator warm-up, first caching).
 WARMUP_STEPS = 3
@@ -201,7 +204,7 @@ def sync(ledger: Any) -> None:
             record_job(ledger, job.id)
 
 
-def _ledger():
+def _ledger() -> Ledger | None:
     from lorapod.home import lorapod_home
     from lorapod.store.ledger import Ledger
 

@@ -174,7 +174,8 @@ def terms(work: Work, gpu: GPU, effs: tuple[float, float], host_us: float, dequa
 def predict(model: ImageModel | LLMArch, s: Settings, gpu: GPU, params: Params) -> tuple[float, dict[str, float], float]:
     """(seconds per step, terms, matmul efficiency); a mix of buckets is the mean over its buckets."""
     variants = s.variants()
-    total, parts, eff = 0.0, {}, 0.0
+    total, eff = 0.0, 0.0
+    parts: dict[str, float] = {}
     host = params.host_us(kind_of(model))
     for v in variants:
         work = step_work(model, v)

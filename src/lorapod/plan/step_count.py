@@ -104,7 +104,7 @@ def fused_attention() -> Iterator[None]:
     import torch.nn.functional as F
 
     original = F.scaled_dot_product_attention
-    F.scaled_dot_product_attention = _fused_sdpa
+    F.scaled_dot_product_attention = _fused_sdpa  # type: ignore[assignment]  # the stand-in takes the same arguments
     try:
         yield
     finally:

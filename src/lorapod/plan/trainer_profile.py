@@ -9,9 +9,14 @@ Figures are in ``catalog/data/trainers.yaml``.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from lorapod.catalog.trainers import load_trainers, trainer_aliases
 from lorapod.errors import PlanError
+
+if TYPE_CHECKING:
+    from lorapod.plan.job import Job
+    from lorapod.spec import JobSpec
 
 
 def profiles() -> dict:
@@ -26,7 +31,7 @@ def profile(name: str) -> dict:
     return found
 
 
-def with_trainer(spec, name: str):
+def with_trainer(spec: JobSpec, name: str) -> JobSpec:
     """The spec as the planner should see it when ``name`` runs it (a copy)."""
     p = profile(name)
     spec = spec.model_copy(deep=True)
@@ -35,7 +40,7 @@ def with_trainer(spec, name: str):
     return spec
 
 
-def add_overhead(job, name: str):
+def add_overhead(job: Job, name: str) -> Job:
     est = job.estimate
     extra = float(profile(name)["vram_overhead_gb"])
     parts = {**est.parts, f"{name} overhead": extra}

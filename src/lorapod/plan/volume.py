@@ -15,7 +15,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lorapod.plan.job import Job
+    from lorapod.spec import JobSpec
 
 DEFAULT_SESSIONS = 4.0
 VAST_NOTE = ("Vast.ai: no volume is used; Vast.ai volumes live on one host's machine (usable only while that "
@@ -61,18 +65,20 @@ class VolumeAdvice:
         return out
 
 
-def default_size_gb(spec: Any) -> int:
-    """What the model, the environment and the caches need, +15%, in tens of GB (at least 20)."""
+def default_size_gb(spec: JobSpec, job: Job | None = None) -> int:
+    """What the model, the environment and the caches need, +15%, in tens of GB (at least 20).
+    ``job``: the run's planned job when it has one (built once, in ``prepare_run``)."""
     if spec.compute.volume_gb:
         return int(spec.compute.volume_gb)
     from lorapod.errors import PlanError
     from lorapod.plan.job import build_job
     from lorapod.plan.storage import ENV_GB, HEADROOM, TORCH_GB
 
-    try:
-        job = build_job(spec)
-    except PlanError:
-        return 100
+    if job is None:
+        try:
+            job = build_job(spec)
+        except PlanError:
+            return 100
     cache = job.download_gb * 0.1 if spec.is_image else 0.0
     need = (job.download_gb + cache + ENV_GB + TORCH_GB) * HEADROOM
     return max(20, int(math.ceil(need / 10) * 10))

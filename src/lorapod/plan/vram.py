@@ -71,7 +71,7 @@ class Settings:
     gradient_checkpointing: bool
     batch: int
     seq_len: int = 2048
-    resolution: int = 1024
+    resolution: int | tuple[int, ...] = 1024  # a tuple: a mix of buckets (variants() splits it)
     cache_latents: bool = True
     cache_text_encoder_outputs: bool = True
     train_text_encoder: bool = False
@@ -98,7 +98,7 @@ class Settings:
 
     @classmethod
     def from_spec(cls, spec: JobSpec, model: ImageModel | LLMArch) -> Settings:
-        dtype = spec.model.dtype
+        dtype: str = spec.model.dtype
         if spec.method.type == "qlora":
             dtype = "nf4"
         elif dtype == "auto":

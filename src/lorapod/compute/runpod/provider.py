@@ -29,7 +29,8 @@ user's own key never leaves this machine.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from lorapod.catalog.images import DEFAULTS, image_cuda
 from lorapod.compute.httpapi import ApiError
@@ -42,10 +43,18 @@ from lorapod.compute.provider import (
     Offer,
     ProviderBase,
     Requirements,
+    State,
     Traits,
     without,
 )
 from lorapod.compute.runpod.api import CUDA_VERSIONS, RunPodApi
+
+if TYPE_CHECKING:
+    from lorapod.catalog.gpus import GPU
+    from lorapod.catalog.prices import PriceEntry
+    from lorapod.compute.runpod.volume_mount import VolumeMount
+    from lorapod.plan.job import Job
+    from lorapod.spec import JobSpec
 
 DEFAULT_IMAGE = DEFAULTS["runpod"]
 MIN_VCPU_PER_GPU = 4  # SkyPilot's minVcpuCountPerGpu; the v1 default of 2 starves data loading
@@ -63,10 +72,15 @@ def allowed_cuda(image: str) -> list[str] | None:
 
 
 class RunPodProvider(ProviderBase):
+    """RunPod pods; implements the optional :class:`~lorapod.compute.provider.SupportsVolumes`
+    (network volumes) and :class:`~lorapod.compute.provider.SupportsPriceList`."""
+
     name = "runpod"
     traits = Traits(console_url="https://www.runpod.io/console/pods")
-    #: a network volume the run mounts (compute/runpod/volume_mount.py): limits offers, adds create fields
-    volume = None
+    #: the key ``lorapod plan --live`` reads RunPod's prices with (:meth:`price_list`)
+    price_key_env = "RUNPOD_API_KEY"
+    #: the network volume this run mounts (set by :meth:`attach_volume` only): limits offers, adds create fields
+    volume: VolumeMount | None = None
 
     def __init__(self, api: RunPodApi | None = None, image: str = DEFAULT_IMAGE,
                  cloud_types: tuple[str, ...] = ("COMMUNITY", "SECURE")) -> None:
@@ -77,6 +91,48 @@ class RunPodProvider(ProviderBase):
     @classmethod
     def from_kwargs(cls, **kw: Any) -> RunPodProvider:
         return cls(**without(kw, *HOST_OPTIONS))
+
+    @classmethod
+    def price_list(cls, api_key: str, gpus: list[GPU], disk_gb: float, timeout_s: float) -> list[PriceEntry]:
+        """Current per-GPU prices of the types in stock (listed is not rentable: :func:`in_stock`),
+        one entry per tier (secure, community, spot)."""
+        from lorapod.catalog.prices import PriceEntry
+        from lorapod.compute.live_prices import match_gpu, num
+
+        api = RunPodApi(api_key, retries=1, backoff_s=0.2, timeout=timeout_s)
+        try:
+            types = api.gpu_types()
+        finally:
+            api.close()
+        out = []
+        for t in types:
+            if not isinstance(t, dict) or not in_stock(t):
+                continue
+            g = match_gpu(str(t.get("displayName") or t.get("id")), num(t.get("memoryInGb")))
+            if g is None:
+                continue
+            lowest = t.get("lowestPrice") or {}
+            tiers = {
+                "secure": t.get("securePrice"),
+                "community": t.get("communityPrice"),
+                "spot": lowest.get("minimumBidPrice") or t.get("communitySpotPrice"),
+            }
+            for tier, price in tiers.items():
+                if usd := num(price):
+                    out.append(PriceEntry("runpod", tier, g.name, usd, source="live",
+                                          offer_id=str(t.get("id")),
+                                          interruptible=tier == "spot"))  # priced as spot quotes (plan/spot.py)
+        return out
+
+    def attach_volume(self, spec: JobSpec, name: str, job: Job | None = None, gpu: str | None = None,
+                      max_usd: float | None = None, max_hours: float | None = None,
+                      say: Callable[[str], None] = print) -> VolumeMount:
+        """Find the network volume ``name`` (or create it where the job's GPU is in stock) and mount
+        it in this run's pods: offers are limited to its datacenter from now on."""
+        from lorapod.compute.runpod.volume_mount import find_or_create
+
+        self.volume = find_or_create(self, self.api, spec, name, job, gpu, max_usd, max_hours, say)
+        return self.volume
 
     def cache_root(self) -> str | None:
         """The mounted network volume's cache folder, when the run mounts one (volume_mount.py)."""
@@ -94,7 +150,7 @@ class RunPodProvider(ProviderBase):
 
     def offers(self, req: Requirements) -> list[Offer]:
         out = []
-        image = req.image or self.image
+        image = req.image or self.image or DEFAULT_IMAGE
         ram = max(MIN_RAM_PER_GPU_GB, int(-(-req.host_ram_gb // 1)))
         for g in self.api.gpu_types():
             if req.interruptible:
@@ -159,7 +215,7 @@ class RunPodProvider(ProviderBase):
 
     def create(self, offer: Offer, spec: InstanceSpec) -> Instance:
         gpu_type, _, cloud = offer.id.partition("|")
-        image = spec.image or self.image
+        image = spec.image or self.image or DEFAULT_IMAGE
         body: dict[str, Any] = {
             "name": spec.provider_label[:190],
             "imageName": image,
@@ -220,6 +276,7 @@ class RunPodProvider(ProviderBase):
         status = pod.get("desiredStatus")
         port = (pod.get("portMappings") or {}).get("22")
         ip = pod.get("publicIp")
+        state: State
         if status == "TERMINATED":
             state = "gone"
         elif status == "EXITED":

@@ -41,7 +41,7 @@ def _str(raw: dict[str, Any], key: str, limit: int = 191) -> str:
 def _endpoint(raw: Any) -> Endpoint:
     if not isinstance(raw, dict) or not isinstance(raw.get("id"), str):
         raise LorapodError(f"RunPod sent an endpoint lorapod cannot read: {str(raw)[:200]}", hint=f"check {CONSOLE}")
-    gpus = raw.get("gpuTypeIds") if isinstance(raw.get("gpuTypeIds"), list) else []
+    gpus = raw["gpuTypeIds"] if isinstance(raw.get("gpuTypeIds"), list) else []
     return Endpoint(raw["id"][:64], _str(raw, "name"), _str(raw, "templateId", 64),
                     int(raw.get("workersMin") or 0), int(raw.get("workersMax") or 0),
                     tuple(str(g)[:64] for g in gpus[:32]))

@@ -26,12 +26,18 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lorapod.compute.provider import Offer
 from lorapod.compute.runpod.volumes import NetworkVolumes, Volume
 from lorapod.errors import LorapodError, ProviderError
 from lorapod.plan.volume import default_size_gb
+
+if TYPE_CHECKING:
+    from lorapod.compute.provider import Provider
+    from lorapod.compute.runpod.api import RunPodApi
+    from lorapod.plan.job import Job
+    from lorapod.spec import JobSpec
 
 #: PodCreateInput.dataCenterIds' enum in RunPod's OpenAPI document (every datacenter a pod may ask for)
 DATACENTERS = ("EU-RO-1", "CA-MTL-1", "EU-SE-1", "US-IL-1", "EUR-IS-1", "EU-CZ-1", "US-TX-3", "EUR-IS-2",
@@ -115,8 +121,6 @@ class VolumeMount:
                 f"offers limited to Secure Cloud GPUs in stock there")
 
 
-
-
 def pick_datacenter(ranked_gpu_types: list[str], stock: dict[str, set[str]]) -> tuple[str, str] | None:
     """(datacenter, GPU type) for the best-ranked type in stock anywhere; among datacenters that
     have it, the one with most of the ranked types in stock; ties in RunPod's own order."""
@@ -128,19 +132,15 @@ def pick_datacenter(ranked_gpu_types: list[str], stock: dict[str, set[str]]) -> 
     return None
 
 
-def attach(provider: Any, spec: Any, name: str, gpu: str | None = None, max_usd: float | None = None,
-           max_hours: float | None = None, say: Callable[[str], None] = print) -> VolumeMount:
-    """Find the volume called ``name`` (or create it where the GPU is) and attach it to ``provider``:
-    its offers are limited to the volume's datacenter and its creates mount the volume."""
+def find_or_create(provider: Provider, api: RunPodApi, spec: JobSpec, name: str, job: Job | None = None,
+                   gpu: str | None = None, max_usd: float | None = None, max_hours: float | None = None,
+                   say: Callable[[str], None] = print) -> VolumeMount:
+    """The volume called ``name`` with what its datacenter has in stock, or a new one created where
+    the planner's best Secure Cloud GPU among ``provider``'s offers is (RunPodProvider.attach_volume
+    mounts it)."""
     from lorapod.compute.offers import choose_offers
-    from lorapod.compute.provider import capability
 
-    cap = capability(provider, "network_volume")
-    if not cap.supported:
-        raise LorapodError(f"compute.volume works on RunPod only, not {provider.name} ({cap.reason})",
-                           hint="Vast.ai volumes live on one physical machine (docs/remote.md, Volumes); "
-                                "drop compute.volume / --volume for this provider")
-    vols = NetworkVolumes(provider.api)
+    vols = NetworkVolumes(api)
     found = vols.find(name)
     gpu_count = max(1, int(spec.compute.gpus))
     if len(found) > 1:
@@ -149,28 +149,27 @@ def attach(provider: Any, spec: Any, name: str, gpu: str | None = None, max_usd:
                            hint="delete the extra ones with `lorapod volumes --delete ID`, or pick another name")
     if found:
         vol = found[0]
-        stock = stock_by_datacenter(provider.api, [vol.datacenter], gpu_count).get(vol.datacenter, set())
-        if not stock:
+        here = stock_by_datacenter(api, [vol.datacenter], gpu_count).get(vol.datacenter, set())
+        if not here:
             raise ProviderError(f"no GPU is in stock in {vol.datacenter}, where network volume {name} is",
                                 hint="try again later; a pod with this volume can only run there")
-        mount = VolumeMount(vol, mount_path(), frozenset(stock))
+        mount = VolumeMount(vol, mount_path(), frozenset(here))
         say(f"using {mount.describe()}")
-    else:
-        ranked = [o for o in choose_offers(spec, provider, gpu, max_usd, max_hours)
-                  if o.extra.get("cloud_type") == "SECURE"]
-        if not ranked:
-            raise ProviderError("no Secure Cloud offer fits this job, and network volumes are Secure Cloud only",
-                                hint="drop compute.volume, or pick another --gpu")
-        types = list(dict.fromkeys(str(o.extra["gpu_type_id"]) for o in ranked))
-        stock = stock_by_datacenter(provider.api, DATACENTERS, gpu_count)
-        choice = pick_datacenter(types, stock)
-        if choice is None:
-            raise ProviderError(f"no RunPod datacenter has {', '.join(o.gpu_name for o in ranked[:3])} in stock now",
-                                hint="try again later or another --gpu; no volume was created")
-        dc, _gpu = choice
-        size = default_size_gb(spec)
-        vol = vols.create(name, size, dc)
-        mount = VolumeMount(vol, mount_path(), frozenset(stock[dc]), created=True)
-        say(f"created {mount.describe()}; it bills until `lorapod volumes --delete {vol.id}`")
-    provider.volume = mount
+        return mount
+    ranked = [r for r in choose_offers(spec, provider, gpu, max_usd, max_hours, job=job)
+              if r.offer.extra.get("cloud_type") == "SECURE"]
+    if not ranked:
+        raise ProviderError("no Secure Cloud offer fits this job, and network volumes are Secure Cloud only",
+                            hint="drop compute.volume, or pick another --gpu")
+    types = list(dict.fromkeys(str(r.offer.extra["gpu_type_id"]) for r in ranked))
+    stock = stock_by_datacenter(api, DATACENTERS, gpu_count)
+    choice = pick_datacenter(types, stock)
+    if choice is None:
+        raise ProviderError(f"no RunPod datacenter has {', '.join(r.offer.gpu_name for r in ranked[:3])} in stock now",
+                            hint="try again later or another --gpu; no volume was created")
+    dc, _gpu = choice
+    size = default_size_gb(spec, job)
+    vol = vols.create(name, size, dc)
+    mount = VolumeMount(vol, mount_path(), frozenset(stock[dc]), created=True)
+    say(f"created {mount.describe()}; it bills until `lorapod volumes --delete {vol.id}`")
     return mount

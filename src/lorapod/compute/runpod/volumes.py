@@ -13,6 +13,7 @@ and reported, so nothing bills unseen and nothing is deleted twice by mistake.
 
 from __future__ import annotations
 
+import builtins
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -57,11 +58,11 @@ class NetworkVolumes:
     def __init__(self, api: RunPodApi | None = None) -> None:
         self.api = api or RunPodApi()
 
-    def list(self) -> list[Volume]:
+    def list(self) -> builtins.list[Volume]:
         """``GET /networkvolumes`` (ListNetworkVolumes)."""
         return [_volume(v) for v in (self.api.request("GET", "/networkvolumes").json() or [])]
 
-    def find(self, name: str) -> list[Volume]:
+    def find(self, name: str) -> builtins.list[Volume]:
         return [v for v in self.list() if v.name == name]
 
     def create(self, name: str, size_gb: int, datacenter: str) -> Volume:

@@ -28,7 +28,7 @@ if its bid wins again, or after :meth:`VastProvider.change_bid` raises it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lorapod.catalog.images import DEFAULTS, image_cuda
 from lorapod.compute.provider import (
@@ -40,11 +40,16 @@ from lorapod.compute.provider import (
     Offer,
     ProviderBase,
     Requirements,
+    State,
     Traits,
     without,
 )
 from lorapod.compute.vast.api import VastApi
 from lorapod.errors import ProviderError
+
+if TYPE_CHECKING:
+    from lorapod.catalog.gpus import GPU
+    from lorapod.catalog.prices import PriceEntry
 
 DEFAULT_IMAGE = DEFAULTS["vast"]
 INSTANCE_ENV_FILE = "/root/.lorapod-instance.env"
@@ -65,6 +70,23 @@ def onstart_script(path: str = INSTANCE_ENV_FILE) -> str:
 
 
 DEAD = ("exited", "unknown", "offline")
+
+
+# Vast.ai's gpu_name for each catalog GPU (40 GB and 80 GB A100s share names; gpu_ram tells them apart).
+GPU_NAMES = {
+    "RTX 3090": ["RTX 3090"],
+    "RTX 4090": ["RTX 4090"],
+    "RTX 5090": ["RTX 5090"],
+    "RTX A6000": ["RTX A6000"],
+    "A40": ["A40"],
+    "L4": ["L4"],
+    "L40S": ["L40S"],
+    "A100 40GB": ["A100 PCIE", "A100 SXM4"],
+    "A100 80GB": ["A100 PCIE", "A100 SXM4", "A100X"],
+    "H100 PCIe": ["H100 PCIE", "H100 NVL"],
+    "H100 SXM": ["H100 SXM"],
+    "H200": ["H200", "H200 NVL"],
+}
 
 
 def offer_query(req: Requirements, image: str, verified: bool = True, limit: int = 64,
@@ -100,6 +122,14 @@ def offer_query(req: Requirements, image: str, verified: bool = True, limit: int
     return query
 
 
+def price_request(gpus: list[GPU], disk_gb: float, limit: int = 200) -> dict[str, Any]:
+    """The price list's search body: the runner's own query (single-GPU, the default image's
+    hosts), for the GPUs asked for."""
+    names = sorted({n for g in gpus for n in GPU_NAMES.get(g.name, [])})
+    return offer_query(Requirements(disk_gb=float(disk_gb), gpu_count=1), DEFAULTS["vast"], limit=limit,
+                       gpu_names=names)
+
+
 def is_secure(offer: dict[str, Any]) -> bool:
     """A host fit for the job's secrets: a datacenter (SkyPilot's ``secure_only`` for Vast means
     ``datacenter`` / ``hosting_type >= 1``). "Verified" is only identity-checked: a third party
@@ -114,6 +144,9 @@ class VastProvider(ProviderBase):
     #: fails, try again after a few seconds", Vast's SSH banner): readiness waits for it
     traits = Traits(key_arrives_late=True, console_url="https://cloud.vast.ai/instances/")
 
+    #: the key ``lorapod plan --live`` reads Vast's prices with (:meth:`price_list`)
+    price_key_env = "VAST_API_KEY"
+
     def __init__(self, api: VastApi | None = None, image: str = DEFAULT_IMAGE, verified: bool = True) -> None:
         self.api = api or VastApi()
         self.image = image
@@ -122,6 +155,38 @@ class VastProvider(ProviderBase):
     @classmethod
     def from_kwargs(cls, **kw: Any) -> VastProvider:
         return cls(**without(kw, *HOST_OPTIONS))
+
+    @classmethod
+    def price_list(cls, api_key: str, gpus: list[GPU], disk_gb: float, timeout_s: float) -> list[PriceEntry]:
+        """The cheapest current offer per catalog GPU, found by the runner's own search
+        (:func:`price_request`), priced ``dph_total`` with the job's disk in it."""
+        from lorapod.catalog.prices import PriceEntry
+        from lorapod.compute.live_prices import match_gpu, num
+
+        api = VastApi(api_key, retries=1, backoff_s=0.2, timeout=timeout_s)
+        try:
+            offers = api.search_offers(price_request(gpus, disk_gb))
+        finally:
+            api.close()
+        best: dict[str, PriceEntry] = {}
+        for o in offers:
+            if not isinstance(o, dict):
+                continue
+            ram = num(o.get("gpu_ram"))
+            g = match_gpu(str(o.get("gpu_name", "")), ram / 1000 if ram else None)  # MB, as vast.py counts
+            if g is None or not num(o.get("dph_total")):
+                continue
+            e = PriceEntry(
+                "vast", "ondemand", g.name, float(o["dph_total"]), source="live",
+                storage_per_gb_month=num(o.get("storage_cost")),
+                download_per_gb=num(o.get("inet_down_cost")),
+                upload_per_gb=num(o.get("inet_up_cost")),
+                offer_id=str(o.get("id")),
+                storage_included=True,
+            )
+            if g.name not in best or e.usd_per_hour < best[g.name].usd_per_hour:
+                best[g.name] = e
+        return list(best.values())
 
     def capabilities(self) -> list[Capability]:
         return [
@@ -132,7 +197,7 @@ class VastProvider(ProviderBase):
         ]
 
     def offers(self, req: Requirements) -> list[Offer]:
-        query = offer_query(req, req.image or self.image, self.verified)
+        query = offer_query(req, req.image or self.image or DEFAULT_IMAGE, self.verified)
         out = []
         for o in self.api.search_offers(query):
             if not isinstance(o, dict) or "id" not in o:
@@ -148,7 +213,8 @@ class VastProvider(ProviderBase):
             out.append(Offer(self.name, str(o["id"]), str(o.get("gpu_name") or "?"), _num(o.get("dph_total")),
                              vram_gb=_num(o.get("gpu_ram")) / 1000, gpu_count=int(_num(o.get("num_gpus")) or 1),
                              storage_usd_per_gb_month=o.get("storage_cost"), reliability=o.get("reliability"),
-                             region=o.get("geolocation"), extra=extra, secure=is_secure(o)))
+                             region=o.get("geolocation"), extra=extra, secure=is_secure(o),
+                             storage_included=True))  # dph_total prices allocated_storage (offer_query)
         return out
 
     def create(self, offer: Offer, spec: InstanceSpec) -> Instance:
@@ -166,7 +232,7 @@ class VastProvider(ProviderBase):
             body["price"] = float(offer.extra["bid"])  # the bid per machine, $/h
         new_id = self.api.create_instance(int(offer.id), body)
         inst = Instance(id=str(new_id), provider=self.name, state="booting", usd_per_hour=offer.usd_per_hour,
-                        gpu_name=offer.gpu_name, label=body["label"], interruptible=spot)
+                        gpu_name=offer.gpu_name, label=spec.provider_label, interruptible=spot)
         try:
             self.api.attach_ssh_key(new_id, spec.ssh_public_key)
         except ProviderError as exc:
@@ -200,6 +266,7 @@ class VastProvider(ProviderBase):
         status = str(d.get("actual_status") or "").lower()
         routes = ssh_routes(d)
         bid = bool(d.get("is_bid"))
+        state: State
         if bid and status == "stopped":
             state = "exited"  # paused: outbid; data kept, storage billed, resumes if the bid wins again
         elif status in DEAD:

@@ -356,11 +356,11 @@ class VideoRecipe(DiffusionRecipe):
         two = self.family.name == "wan22" and self.c.extra.get("transformer_2") is not None
         for comp, sd in parts.items():
             config = json.loads(json.dumps(self.lora_modules[comp].peft_config["default"].to_dict(), default=list))
-            suffix = "" if not two else ("_high_noise" if comp == "transformer" else "_low_noise")
+            suffix = kohya.EXPERT_FILES[comp] if two else ""
             WanPipeline.save_lora_weights(str(out_dir), transformer_lora_layers=sd, safe_serialization=True,
                                           weight_name=f"pytorch_lora_weights{suffix}.safetensors",
                                           transformer_lora_adapter_metadata=config)
-            tensors = kohya.to_kohya({"transformer": wan.to_comfy(sd)}, self.family.name, m.alpha, m.rslora)
+            tensors = kohya.to_kohya({"transformer": sd}, self.family.name, m.alpha, m.rslora)
             kohya.save_kohya(out_dir / f"{name}{suffix}.safetensors", tensors, meta)
 
     # -- samples

@@ -1,4 +1,4 @@
-"""Wan's memory savers and file layout (the family itself is ``engine/diffusion/families/wan.py``).
+"""Wan's memory savers (the family itself is ``engine/diffusion/families/wan.py``).
 
 - ``store_fp8``: the blocks' frozen Linear weights in float8 (Ada/Hopper), as the image engine does.
 - ``BlockSwap``: the frozen weights of the last N blocks live in CPU RAM and visit the GPU only
@@ -6,14 +6,14 @@
 - ``check_fits``: refuse, before anything loads, a job that would not fit the GPU even with the
   most blocks swapped: the planner's memory model (``plan/vram.py``) on the planner's description
   of the model (``memory_model``), with the engine's own settings; there is no second Wan model.
-- ``comfy_name``: the original Wan module names (``blocks.0.self_attn.q``) that ComfyUI's loader,
-  musubi-tuner and diffusers' converters use, for the ``lora_unet_*`` file.
+
+The ComfyUI file's key rule (diffusers paths -> the original Wan module names) is
+``export/kohya.py: WAN_RULES``, shared with ``lorapod export --to comfyui``.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -135,33 +135,3 @@ def check_fits(spec, model: ImageModel, vram_gb: float, *, dtype: str, tokens: i
 
     s = replace(Settings.from_spec(spec, model), base_dtype=dtype, framework="lorapod", image_tokens=tokens)
     return fits(model, s, vram_gb, what)
-
-
-# ----------------------------------------------------------------------------- file layout
-
-_ATTN = {"to_q": "q", "to_k": "k", "to_v": "v", "to_out.0": "o", "add_k_proj": "k_img", "add_v_proj": "v_img"}
-_FFN = {"net.0.proj": "0", "net.2": "2"}
-_DIFFUSERS_PATH = re.compile(r"^blocks\.(\d+)\.(attn1|attn2|ffn)\.(.+)$")
-
-
-def comfy_name(module: str) -> str:
-    """diffusers module path -> original Wan path: ``blocks.3.attn1.to_q`` -> ``blocks.3.self_attn.q``,
-    ``blocks.3.ffn.net.0.proj`` -> ``blocks.3.ffn.0``. ComfyUI maps ``lora_unet_`` + this path with
-    dots as underscores onto ``diffusion_model.<path>.weight`` (comfy/lora.py, model_lora_keys_unet)."""
-    m = _DIFFUSERS_PATH.match(module)
-    if not m:
-        raise ValueError(f"no ComfyUI name for Wan module {module!r}")
-    i, part, rest = m.groups()
-    if part == "ffn":
-        return f"blocks.{i}.ffn.{_FFN[rest]}"
-    return f"blocks.{i}.{'self_attn' if part == 'attn1' else 'cross_attn'}.{_ATTN[rest]}"
-
-
-def to_comfy(peft_sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A transformer's PEFT state dict renamed to Wan module paths (still ``.lora_A/B.weight``)."""
-    out = {}
-    for k, v in peft_sd.items():
-        for tag in (".lora_A.weight", ".lora_B.weight"):
-            if k.endswith(tag):
-                out[comfy_name(k[: -len(tag)]) + tag] = v
-    return out

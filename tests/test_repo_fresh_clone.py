@@ -25,7 +25,7 @@ def test_provider_tests_pass_on_a_fresh_clone(tmp_path):
     env["PYTHONPATH"] = str(clone / "src")  # the clone's lorapod, not this checkout's
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
-         "tests/test_compute_providers.py", "tests/test_plan_live.py",
+         "tests/test_compute_providers.py", "tests/test_compute_live_prices.py",
          "-k", "bad_key or unknown_gpu or contract_violation or idempotent or insufficient or live_prices"],
         cwd=clone, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
