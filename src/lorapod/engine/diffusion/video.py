@@ -256,7 +256,9 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
         if t.blocks_to_swap:
             swap = wan.BlockSwap(tr.blocks, t.blocks_to_swap, dev)
             swaps.append(swap)
-        if t.gradient_checkpointing or t.blocks_to_swap:
+        if swap is not None:  # its own checkpointing: loads and drops around each block's backward
+            tr.enable_gradient_checkpointing(swap.checkpoint)
+        elif t.gradient_checkpointing:
             tr.enable_gradient_checkpointing()
         _place(tr, dev, swap)
     if swaps and not t.gradient_checkpointing:
@@ -333,7 +335,8 @@ class VideoRecipe(DiffusionRecipe):
         for tr, lo, hi in self.experts.values():
             sel = ((s >= lo) & ((s < hi) | (hi >= 1.0))).nonzero().flatten()
             if len(sel):
-                out = self.family.forward(self.c, noisy[sel].to(tr.dtype), s[sel].to(tr.dtype),
+                # sigma in fp32: the transformer takes sigma * 1000, which bf16 would round to steps of 4
+                out = self.family.forward(self.c, noisy[sel].to(tr.dtype), s[sel].float(),
                                           {k: v[sel] for k, v in cond.items()}, {}, model=tr)
                 pred = pred.index_put((sel,), out.float())
         target = noise - x0
