@@ -345,6 +345,35 @@ def test_block_swap_prefetches_the_next_block_on_the_side_stream_while_one_compu
     assert all(torch.isfinite(p.grad).all() for p in tr.parameters() if p.requires_grad)
 
 
+def test_wan22_idle_expert_samples_block_by_block_and_is_never_moved_whole(assets, tmp_path, monkeypatch):
+    """G16: with one Wan2.2 expert trained, the other waits in CPU RAM; to sample it used to go to
+    the device whole (``tr.to(device)``: a 14B expert beside the trained one on a 24 GB card). Now
+    it samples through a block swap: ``.to`` is never called on it (recorded), its swapped blocks
+    are loaded only around their own forward (the D1 probe: NaN after a drop, so a block read
+    unloaded would give a NaN clip) and nothing stays loaded afterwards."""
+    from lorapod.data.clips import probe
+    from lorapod.engine.checkpoint import TrainState
+    from lorapod.engine.diffusion.video import prepare_video
+
+    monkeypatch.setattr(wanmod, "BlockSwap", _Probe)
+    spec, run = _spec(assets, tmp_path, family="wan22", max_steps=1, experts="low_noise")
+    spec.samples.prompts = ["zxq, a red square --w 32 --h 32 --f 5 --d 3 --s 3 --l 1"]
+    recipe, _, _ = prepare_video(spec, run, device="cpu", log=lambda m: None, cache_root=tmp_path / "cache")
+    idle = recipe.idle["transformer"]
+    moved = []
+    monkeypatch.setattr(idle, "to", lambda *a, **k: moved.append((a, k)) or idle)
+    uses = []
+    for b in idle.blocks:
+        b.register_forward_hook(lambda m, a, out: uses.append(torch.isfinite(out).all().item()))
+    clip = recipe.write_samples(TrainState(step=1), "t")[0]
+    assert not moved
+    swap = recipe._idle_swaps["transformer"]
+    assert isinstance(swap, _Probe) and len(swap.blocks) == len(idle.blocks) - 1 and swap.moves > 0
+    assert uses and all(uses)
+    assert all(not torch.isfinite(p.data).all() for b in swap.blocks for p, _ in swap._frozen(b))  # all dropped
+    assert probe(clip).frames == 5
+
+
 WAN14B = {"num_attention_heads": 40, "attention_head_dim": 128, "ffn_dim": 13824, "num_layers": 40,
           "text_dim": 4096, "freq_dim": 256, "in_channels": 16, "patch_size": [1, 2, 2]}
 

@@ -133,6 +133,21 @@ def _place(model: torch.nn.Module, device: torch.device, swap: wan.BlockSwap | N
         b.data = b.data.to(device)
 
 
+def idle_swap_count(tr: torch.nn.Module, device: torch.device) -> int:
+    """How many of an idle Wan2.2 expert's blocks to keep in CPU RAM while it samples: on CUDA as
+    few as leave half of the free memory for sampling with the rest resident (the trained expert
+    is on the card already: a whole 14B expert does not fit beside it on 24 GB); elsewhere all
+    but one, which changes nothing there but runs the same path."""
+    n = len(tr.blocks)
+    if device.type != "cuda":
+        return n - 1
+    free, _ = torch.cuda.mem_get_info(device)
+    per_block = max(sum(p.numel() * p.element_size() for p in b.parameters()) for b in tr.blocks)
+    rest = sum(p.numel() * p.element_size() for p in tr.parameters()) - per_block * n
+    fit = int((free / 2 - rest) // per_block) if per_block else n
+    return min(n, max(0, n - fit))
+
+
 def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
                   cache_root: Path | None = None) -> tuple[VideoRecipe, list[Finding], dcache.DiskCache]:
     quiet()
@@ -286,8 +301,9 @@ class VideoRecipe(DiffusionRecipe):
         super().__init__(spec, run, precision, comps, items, latents, text, [vp.prompt for vp in prompts],
                          sample_text, live_captions)
         # an expert not being trained stays in CPU RAM (two 14B experts do not share a 24 GB card);
-        # it visits the GPU only to sample
+        # it visits the GPU only to sample, block by block (``idle_swap``)
         self.idle = {n: v[0] for n, v in comps.family.experts(comps, "both").items() if n not in experts}
+        self._idle_swaps: dict[str, wan.BlockSwap] = {}
         self.text_len = comps.family.text_len(comps)
 
     def _lora_modules(self) -> dict[str, torch.nn.Module]:
@@ -380,8 +396,11 @@ class VideoRecipe(DiffusionRecipe):
         out_dir = self.run.samples
         out_dir.mkdir(parents=True, exist_ok=True)
         rows, paths = [], []
-        for tr in self.idle.values():
-            tr.to(self.precision.device)
+        dev = self.precision.device
+        for name, tr in self.idle.items():
+            if name not in self._idle_swaps:
+                self._idle_swaps[name] = wan.BlockSwap(tr.blocks, idle_swap_count(tr, dev), dev)
+            _place(tr, dev, self._idle_swaps[name])
         with torch.random.fork_rng(devices=[self.precision.device] if self.precision.device.type == "cuda" else []):
             for mod in self.lora_modules.values():
                 mod.eval()
@@ -402,8 +421,11 @@ class VideoRecipe(DiffusionRecipe):
             labels = [f"{smp.sample_label(vp.prompt)}, {vp.frames} frames" for vp in self.video_prompts]
             contact_sheet(rows, labels, f"{tag}: step {state.step}, epoch {state.epoch}, LoRA strength 1.0").save(
                 out_dir / f"{tag}-frames.png", pnginfo=smp.png_info(self.video_prompts[0].prompt, state.step, state.epoch))
-        for tr in self.idle.values():
-            tr.to("cpu")
+        for name, tr in self.idle.items():  # back to CPU RAM (its swapped blocks never left it)
+            self._idle_swaps[name].settle()
+            _place(tr, torch.device("cpu"), self._idle_swaps[name])
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
         self.train()
         self.run.event(f"samples {tag}: {len(paths)} clip(s) in {out_dir}")
         return paths

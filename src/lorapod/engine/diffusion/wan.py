@@ -179,6 +179,12 @@ class BlockSwap:
         flat, spec = pytree.tree_flatten(args)
         return _SwappedBlock.apply(self, block, spec, self._anchor, *flat)
 
+    def settle(self) -> None:
+        """Drop whatever is still loaded or in flight (after sampling: nothing stays on the device)."""
+        self._pending.clear()
+        for i in list(self._loaded):
+            self._drop(self.blocks[i])
+
     def remove(self) -> None:
         for h in self._hooks:
             h.remove()
