@@ -374,6 +374,23 @@ def test_wan22_idle_expert_samples_block_by_block_and_is_never_moved_whole(asset
     assert probe(clip).frames == 5
 
 
+def test_wan_timesteps_reach_a_bf16_transformer_in_fp32(assets, tmp_path):
+    """G23: sigma was cast to the transformer's dtype before ``* 1000``: bf16 (8 mantissa bits)
+    rounds the timesteps to steps of 4 above 512, where WanPipeline feeds fp32 timesteps."""
+    from lorapod.engine.diffusion.video import prepare_video
+
+    spec, run = _spec(assets, tmp_path, max_steps=1)
+    recipe, _, _ = prepare_video(spec, run, device="cpu", log=lambda m: None, cache_root=tmp_path / "cache")
+    tr = recipe.c.denoiser.to(torch.bfloat16)
+    seen = []
+    tr.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["timestep"]), with_kwargs=True)
+    t = torch.tensor([0.6013])
+    with torch.no_grad():
+        recipe.per_sample_loss(recipe.epoch_batches(0)[0], 0, fixed_t=t)
+    assert seen[0].dtype == torch.float32
+    assert float(seen[0][0]) == pytest.approx(601.3, abs=1e-3)
+
+
 WAN14B = {"num_attention_heads": 40, "attention_head_dim": 128, "ffn_dim": 13824, "num_layers": 40,
           "text_dim": 4096, "freq_dim": 256, "in_channels": 16, "patch_size": [1, 2, 2]}
 
