@@ -27,6 +27,7 @@ from lorapod.data.findings import Finding
 from lorapod.engine.checkpoint import TrainState
 from lorapod.engine.device import Precision, pick_device, resolve_precision
 from lorapod.engine.diffusion import cache as dcache
+from lorapod.engine.diffusion import outside_autocast, refuse_fp16
 from lorapod.engine.diffusion import samples as smp
 from lorapod.engine.diffusion import video_data as vd
 from lorapod.engine.diffusion import wan
@@ -159,6 +160,7 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
     if not getattr(family, "video", False):
         raise SpecError(f"{spec.model.id} is a {family.name} model, not Wan",
                         hint="use a Wan2.1/Wan2.2 model (diffusers layout) for video")
+    refuse_fp16(family, precision)
     m, d, t = spec.method, spec.data, spec.train
     if m.type != "lora":
         raise SpecError(f"method.type {m.type} is for LLMs; video LoRAs use method.type: lora")
@@ -198,6 +200,7 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
     if fp8:
         n = sum(wan.store_fp8(tr) for tr, _, _ in family.experts(comps, "both").values())
         log(f"fp8: {n} linear layers of the transformer blocks stored in float8")
+    outside_autocast(comps.vae, [*comps.text_encoders, comps.extra.get("image_encoder")])
     comps.vae.to(dev)
     te = comps.text_encoders[0]
     te.to(dev)
