@@ -305,7 +305,7 @@ def test_block_swap_prefetches_the_next_block_on_the_side_stream_while_one_compu
     or in flight (the resident block's recomputation does not fetch the next step's block early)."""
     from lorapod.builtin.wan import tiny_wan_transformer
     from lorapod.engine.diffusion.families.wan import WAN_TARGETS
-    from lorapod.engine.diffusion.lora import attach_lora, lora_config
+    from lorapod.engine.diffusion.lora import attach_lora
 
     log: list = []
 
