@@ -345,6 +345,24 @@ def test_block_swap_prefetches_the_next_block_on_the_side_stream_while_one_compu
     assert all(torch.isfinite(p.grad).all() for p in tr.parameters() if p.requires_grad)
 
 
+def test_block_swap_refuses_a_grad_forward_outside_its_own_checkpointing():
+    """diffusers' own checkpointing (or none) would keep every swapped block's weights on the GPU
+    after its forward: a loud error naming the fix, not a swap that silently saves nothing."""
+    from lorapod.builtin.wan import tiny_wan_transformer
+
+    tr = tiny_wan_transformer(layers=2)
+    tr.requires_grad_(False)
+    tr.proj_out.weight.requires_grad_(True)
+    wanmod.BlockSwap(tr.blocks, 1, torch.device("cpu"))
+    tr.enable_gradient_checkpointing()
+    args = {"hidden_states": torch.randn(1, 4, 1, 8, 8), "timestep": torch.tensor([500.0]),
+            "encoder_hidden_states": torch.randn(1, 16, 32)}
+    with torch.no_grad():
+        tr(**args)  # sampling and evaluation: the hooks alone
+    with pytest.raises(RuntimeError, match=r"enable_gradient_checkpointing\(swap\.checkpoint\)"):
+        tr(**args)
+
+
 def test_wan22_idle_expert_samples_block_by_block_and_is_never_moved_whole(assets, tmp_path, monkeypatch):
     """G16: with one Wan2.2 expert trained, the other waits in CPU RAM; to sample it used to go to
     the device whole (``tr.to(device)``: a 14B expert beside the trained one on a 24 GB card). Now

@@ -270,11 +270,9 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
     for tr, _, _ in experts.values():
         attach_lora(tr, lora_config(spec, targets))
         swap = None
-        if t.blocks_to_swap:
-            swap = wan.BlockSwap(tr.blocks, t.blocks_to_swap, dev)
+        if t.blocks_to_swap:  # with its own checkpointing: loads and drops around each block's backward
+            swap = wan.swap_blocks(tr, t.blocks_to_swap, dev)
             swaps.append(swap)
-        if swap is not None:  # its own checkpointing: loads and drops around each block's backward
-            tr.enable_gradient_checkpointing(swap.checkpoint)
         elif t.gradient_checkpointing:
             tr.enable_gradient_checkpointing()
         _place(tr, dev, swap)

@@ -128,6 +128,10 @@ class BlockSwap:
     def _before(self, block: torch.nn.Module) -> None:
         if self._replaying:  # inside ``_SwappedBlock.backward``: it loads and prefetches itself
             return
+        if torch.is_grad_enabled():  # ``_SwappedBlock.forward`` runs without grad; anything else saves nothing
+            raise RuntimeError("a swapped Wan block ran with gradients outside BlockSwap's checkpointing, which would "
+                               "keep its weights on the GPU: install it with "
+                               "transformer.enable_gradient_checkpointing(swap.checkpoint) (wan.swap_blocks does)")
         self._load(block)
         self._prefetch(self._index[id(block)] + 1)
 
@@ -191,6 +195,14 @@ class BlockSwap:
         self._pending.clear()
         for b in self.blocks:
             self._load(b)
+
+
+def swap_blocks(transformer: torch.nn.Module, n: int, device: torch.device, streams=None) -> BlockSwap:
+    """Block swap for the last ``n`` blocks of a Wan transformer, with the gradient checkpointing it
+    needs installed (``BlockSwap.checkpoint``)."""
+    swap = BlockSwap(transformer.blocks, n, device, streams)
+    transformer.enable_gradient_checkpointing(swap.checkpoint)
+    return swap
 
 
 class _SwappedBlock(torch.autograd.Function):
