@@ -363,6 +363,31 @@ def test_block_swap_refuses_a_grad_forward_outside_its_own_checkpointing():
         tr(**args)
 
 
+def test_block_swap_removed_leaves_every_block_resident_through_forward_and_backward():
+    """After ``remove`` the swap's checkpoint function is torch's plain one: a backward must not drop
+    (here: poison) the blocks it loaded back."""
+    from peft import LoraConfig
+
+    from lorapod.builtin.wan import tiny_wan_transformer
+    from lorapod.engine.diffusion.families.wan import WAN_TARGETS
+    from lorapod.engine.diffusion.lora import attach_lora
+
+    tr = tiny_wan_transformer(layers=3)
+    tr.requires_grad_(False)
+    attach_lora(tr, LoraConfig(r=2, lora_alpha=2, target_modules=WAN_TARGETS, init_lora_weights="gaussian"))
+    swap = wanmod.swap_blocks(tr, 2, torch.device("cpu"))
+    swap.__class__ = _Probe
+    args = {"hidden_states": torch.randn(1, 4, 1, 8, 8), "timestep": torch.tensor([500.0]),
+            "encoder_hidden_states": torch.randn(1, 16, 32)}
+    tr(**args).sample.square().mean().backward()
+    swap.remove()
+    for _ in range(2):
+        tr(**args).sample.square().mean().backward()
+    frozen = [p for b in swap.blocks for p, _ in swap._frozen(b)]
+    assert frozen and all(torch.isfinite(p).all() for p in frozen)
+    assert all(torch.isfinite(p.grad).all() for p in tr.parameters() if p.requires_grad)
+
+
 def test_wan22_idle_expert_samples_block_by_block_and_is_never_moved_whole(assets, tmp_path, monkeypatch):
     """G16: with one Wan2.2 expert trained, the other waits in CPU RAM; to sample it used to go to
     the device whole (``tr.to(device)``: a 14B expert beside the trained one on a 24 GB card). Now

@@ -99,6 +99,7 @@ class BlockSwap:
         self._pending: dict[int, tuple[list[torch.Tensor], object]] = {}
         self._loaded: set[int] = set()
         self._replaying = False
+        self._removed = False
         self._anchor = torch.zeros((), requires_grad=True)  # makes a swapped block's output need grad
         pin = self.device.type == "cuda"
         for b in self.blocks:
@@ -178,7 +179,7 @@ class BlockSwap:
     def checkpoint(self, block: torch.nn.Module, *args):
         """diffusers' ``gradient_checkpointing_func``: swapped blocks through ``_SwappedBlock``,
         the others through torch's non-reentrant checkpoint (diffusers' own default)."""
-        if id(block) not in self._index:
+        if id(block) not in self._index or self._removed:
             return torch_checkpoint(block.__call__, *args, use_reentrant=False)
         flat, spec = pytree.tree_flatten(args)
         return _SwappedBlock.apply(self, block, spec, self._anchor, *flat)
@@ -190,11 +191,13 @@ class BlockSwap:
             self._drop(self.blocks[i])
 
     def remove(self) -> None:
+        """Every block resident again; ``checkpoint`` becomes torch's plain checkpoint."""
         for h in self._hooks:
             h.remove()
         self._pending.clear()
         for b in self.blocks:
             self._load(b)
+        self._removed = True
 
 
 def swap_blocks(transformer: torch.nn.Module, n: int, device: torch.device, streams=None) -> BlockSwap:
