@@ -24,7 +24,7 @@ from lorapod.engine.diffusion import samples as smp
 from lorapod.engine.diffusion.families import Components, resolve_family
 from lorapod.engine.diffusion.fp8 import store_fp8
 from lorapod.engine.diffusion.lora import attach_lora, lora_config
-from lorapod.engine.diffusion.nocast import wrap_outside_autocast
+from lorapod.engine.diffusion.precision import outside_autocast, refuse_fp16
 from lorapod.engine.diffusion.quiet import quiet
 from lorapod.engine.diffusion.recipe import DiffusionRecipe, describe
 from lorapod.engine.loop import FitResult, fit
@@ -185,27 +185,6 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
     log(f"data: {info['images']} images, {info['samples_per_epoch']} samples per epoch (repeats), "
         f"buckets {info['buckets']}")
     return recipe, findings, disk
-
-
-def refuse_fp16(family, precision: Precision) -> None:
-    """FLUX and Wan overflow in fp16 (their activations exceed its range; the pipelines are
-    published in bf16): refuse before anything loads, rather than train on NaN."""
-    if precision.compute == "fp16" and (family.flow or getattr(family, "video", False)):
-        raise SpecError(f"{family.name} does not train in fp16 (it overflows to NaN)",
-                        hint="use a GPU with bf16 (Ampere or newer: RTX 30xx/40xx, A100, L4, H100) and "
-                             "train.precision: bf16 or auto")
-
-
-def outside_autocast(vae: torch.nn.Module, encoders) -> None:
-    """Run the VAE's encode/decode and the text encoders' forward with autocast off, in their own
-    dtype, wherever they are called (latent and text caching, live captions, the sampling
-    pipelines). Autocast casts every conv and linear to its dtype whatever the weights are, which
-    undid the fp32 VAE of the fp16 path (sd-scripts' --no_half_vae; the SD/SDXL VAEs overflow in
-    fp16) and T5's / umT5's fp32 ``wo`` layers (transformers' ``_keep_in_fp32_modules``)."""
-    wrap_outside_autocast(vae, "encode", "decode")
-    for te in encoders:
-        if te is not None:
-            wrap_outside_autocast(te, "forward")
 
 
 def is_video(spec: JobSpec) -> bool:

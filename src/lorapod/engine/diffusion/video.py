@@ -27,12 +27,13 @@ from lorapod.data.findings import Finding
 from lorapod.engine.checkpoint import TrainState
 from lorapod.engine.device import Precision, pick_device, resolve_precision
 from lorapod.engine.diffusion import cache as dcache
-from lorapod.engine.diffusion import outside_autocast, refuse_fp16, wan
 from lorapod.engine.diffusion import samples as smp
 from lorapod.engine.diffusion import video_data as vd
+from lorapod.engine.diffusion import wan
 from lorapod.engine.diffusion.families import Components, resolve_family
 from lorapod.engine.diffusion.families import wan as wan_family
 from lorapod.engine.diffusion.lora import attach_lora, lora_config
+from lorapod.engine.diffusion.precision import outside_autocast, refuse_fp16
 from lorapod.engine.diffusion.quiet import quiet
 from lorapod.engine.diffusion.recipe import Batch, DiffusionRecipe, sample_sigmas
 from lorapod.errors import SpecError
