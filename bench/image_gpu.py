@@ -1,8 +1,15 @@
-"""SDXL LoRA step speed and peak VRAM on a GPU, for comparison with the published 1.1-1.4 it/s
-(sd-scripts, RTX 4090, 1024 px, batch 1, cached latents and text-encoder outputs).
+"""SDXL LoRA step speed and peak VRAM on a GPU, beside the planner's prediction for the same job
+on the same card (and the published 1.1-1.4 it/s: sd-scripts, RTX 4090, 1024 px, batch 1, cached
+latents and text-encoder outputs).
 
     PYTHONPATH=src python bench/image_gpu.py                 # CUDA: full-size SDXL UNet, 1024 px
-    PYTHONPATH=src python bench/image_gpu.py --tiny          # CPU check of the same code path
+    PYTHONPATH=src python bench/image_gpu.py --smoke         # CPU, seconds: checks the script (CI)
+
+The planner's columns: its it/s for ``lorapod`` on this GPU (``plan.estimate.step_speed``; with
+``--smoke``, or a GPU the catalog does not know, for ``--gpu``) and its peak read as
+``torch.cuda.max_memory_allocated`` reads it (``Estimate.read_as("allocated")``: no CUDA context,
+no allocator slack), next to the measured median it/s (after 3 warm-up steps) and allocated peak
+(reset after the model is built, so it is the training steps' own).
 
 The UNet is built from SDXL base 1.0's published config with random weights (nothing is
 downloaded; speed and memory do not depend on the weight values). Each step is what lorapod's
@@ -36,14 +43,34 @@ TINY_UNET = dict(SDXL_UNET, attention_head_dim=[2, 4, 4], block_out_channels=[32
                  transformer_layers_per_block=[1, 1, 1], addition_embed_type_num_heads=8)
 
 
-def main() -> None:
+def planned(res: int, optimizer: str, fp8: bool, gpu_name: str) -> dict:
+    """The planner's it/s (with its likely range) and peak for this bench's job on ``gpu_name``."""
+    from lorapod.catalog.gpus import find_gpu, gpu_from_device_name
+    from lorapod.catalog.models import find_model
+    from lorapod.plan.estimate import step_speed
+    from lorapod.plan.vram import Settings, estimate
+
+    gpu = gpu_from_device_name(gpu_name) or find_gpu(gpu_name)
+    model = find_model("sdxl")
+    s = Settings(base_dtype="fp8" if fp8 else "bf16", r=16, targets="all-linear", optimizer=optimizer,
+                 gradient_checkpointing=True, batch=1, resolution=res, framework="lorapod")
+    est = estimate(model, s)
+    speed = step_speed(model, s, gpu, est, learn=False)
+    return {"gpu": gpu.name, "it_s": speed.it_per_s, "it_s_low": 1 / speed.high, "it_s_high": 1 / speed.low,
+            "peak_allocated_gib": est.read_as("allocated"), "peak_device_gib": est.peak_gb}
+
+
+def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tiny", action="store_true", help="a small UNet of the same shape, on CPU (checks the script)")
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--smoke", "--tiny", action="store_true", dest="smoke",
+                    help="a small UNet of the same shape, on CPU, 32 px, 3 steps (checks the script)")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps (default 30; 3 with --smoke)")
     ap.add_argument("--resolution", type=int, default=1024)
     ap.add_argument("--optimizer", default="adamw", choices=["adamw", "adamw_8bit"])
     ap.add_argument("--fp8", action="store_true", help="store the transformer blocks' linear weights in float8")
-    args = ap.parse_args()
+    ap.add_argument("--gpu", default="H200", help="the planner's GPU when this one is not a catalog GPU (or --smoke)")
+    args = ap.parse_args(argv)
+    steps = args.steps or (3 if args.smoke else 30)
 
     from diffusers import DDPMScheduler, UNet2DConditionModel
 
@@ -55,17 +82,19 @@ def main() -> None:
     from lorapod.spec import load_spec
 
     quiet()
-    cuda = torch.cuda.is_available() and not args.tiny
-    if not cuda and not args.tiny:
-        sys.exit("no CUDA GPU here: run with --tiny to check the script on CPU")
+    cuda = torch.cuda.is_available() and not args.smoke
+    if not cuda and not args.smoke:
+        sys.exit("no CUDA GPU here: run with --smoke to check the script on CPU")
     device = torch.device("cuda" if cuda else "cpu")
     precision = resolve_precision("bf16" if cuda else "fp32", "auto", device)
-    res = 64 if args.tiny else args.resolution
+    res = 32 if args.smoke else args.resolution
+    if args.smoke:
+        torch.set_num_threads(1)  # a tiny model: more threads only contend on a shared CI machine
     spec = load_spec(raw={"model": {"id": "x", "family": "sdxl"}, "data": {"path": "x"},
                           "method": {"r": 16, "alpha": 8, "dropout": 0.0},
                           "train": {"optimizer": args.optimizer, "learning_rate": 1e-4, "min_snr_gamma": 5.0}})
     torch.manual_seed(0)
-    unet = UNet2DConditionModel(**(TINY_UNET if args.tiny else SDXL_UNET)).to(device, precision.weights)
+    unet = UNet2DConditionModel(**(TINY_UNET if args.smoke else SDXL_UNET)).to(device, precision.weights)
     unet.requires_grad_(False)
     if args.fp8:
         store_fp8(unet)
@@ -84,8 +113,9 @@ def main() -> None:
 
     times = []
     if cuda:
+        torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-    for _ in range(args.steps):
+    for _ in range(steps):
         t0 = time.perf_counter()
         x0 = torch.randn(1, 4, lat, lat, device=device)
         noise = torch.randn_like(x0)
@@ -107,12 +137,20 @@ def main() -> None:
         times.append(time.perf_counter() - t0)
     steady = statistics.median(times[3:]) if len(times) > 4 else statistics.median(times)
     name = torch.cuda.get_device_name(device) if cuda else "CPU (tiny UNet, script check only)"
-    peak = f"{torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB" if cuda else "-"
-    print("| device | model | resolution | optimizer | fp8 | it/s | peak VRAM |")
-    print("|---|---|---:|---|---|---:|---:|")
-    print(f"| {name} | SDXL UNet{' (tiny)' if args.tiny else ''}, LoRA r16 | {res} | {args.optimizer} | "
-          f"{'yes' if args.fp8 else 'no'} | {1 / steady:.2f} | {peak} |")
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
+    plan = planned(args.resolution, args.optimizer, args.fp8, name if cuda else args.gpu)
+    row = {"device": name, "resolution": res, "optimizer": args.optimizer, "fp8": args.fp8, "it_s": 1 / steady,
+           "peak_allocated_gib": peak, "planner": plan}
+    print("| device | model | resolution | optimizer | fp8 | it/s | planner it/s (range) | peak allocated "
+          "| planner peak allocated (device) |")
+    print("|---|---|---:|---|---|---:|---:|---:|---:|")
+    print(f"| {name} | SDXL UNet{' (tiny)' if args.smoke else ''}, LoRA r16 | {res} | {args.optimizer} | "
+          f"{'yes' if args.fp8 else 'no'} | {1 / steady:.2f} | {plan['it_s']:.2f} ({plan['it_s_low']:.2f}-"
+          f"{plan['it_s_high']:.2f}) on {plan['gpu']} at {args.resolution} px | "
+          f"{'-' if peak is None else f'{peak:.1f} GiB'} | {plan['peak_allocated_gib']:.1f} GiB "
+          f"({plan['peak_device_gib']:.1f}) |")
     print("\npublished (sd-scripts, RTX 4090, 1024 px, batch 1): 1.1-1.4 it/s")
+    return row
 
 
 if __name__ == "__main__":

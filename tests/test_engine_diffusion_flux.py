@@ -151,3 +151,56 @@ def test_fp8_base_path_trains_and_samples(assets, tmp_path, monkeypatch):
     assert tr.dtype == torch.bfloat16  # what the pipeline allocates latents in
     assert all(torch.isfinite(torch.tensor(out.result.losses)))
     assert (run.samples / "step000002-00.png").is_file()
+
+
+@pytest.mark.parametrize("family", ["flux1", "flux2"])
+def test_denoiser_and_text_encoders_are_never_on_the_accelerator_together(assets, tmp_path, monkeypatch, family):
+    """G2: ``prepare`` moved the transformer, the VAE and every text encoder to the GPU before caching
+    (FLUX.1: 22 GiB + 9 GiB of CLIP and T5 on a card the plan sized for the transformer alone). A
+    recorder on ``nn.Module.to`` follows where each one is sent: the engine's device (a
+    ``torch.device``, here the CPU standing in for the GPU) or back to ``"cpu"``; the denoiser must
+    arrive only after the encoders have left, and the latents and texts must be cached by then."""
+    from lorapod.engine.diffusion import prepare
+
+    moves: list[tuple[int, str]] = []
+    real_to = torch.nn.Module.to
+
+    def to(self, *args, **kwargs):
+        where = kwargs.get("device", args[0] if args else None)
+        if isinstance(where, torch.device):
+            moves.append((id(self), "device"))
+        elif where == "cpu":
+            moves.append((id(self), "host"))
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "to", to)
+    raw = image_spec(assets[family], assets["data"], tmp_path / "runs", family)
+    spec = load_spec(raw=raw)
+    run = RunDir.create(spec.output.dir, "t")
+    recipe, _, _ = prepare(spec, run, device="cpu", log=lambda m: None, cache_root=tmp_path / "cache")
+    monkeypatch.setattr(torch.nn.Module, "to", real_to)
+    den, encoders = id(recipe.c.denoiser), {id(te) for te in recipe.c.text_encoders}
+    on: set[int] = set()
+    for who, where in moves:
+        (on.add if where == "device" else on.discard)(who)
+        assert not (den in on and on & encoders), "denoiser and a text encoder on the accelerator together"
+    assert den in on and (den, "device") in moves
+    assert recipe.text is not None and len(recipe.latents) == 6
+
+
+def test_flux_refuses_fp16_before_loading(assets, tmp_path, monkeypatch):
+    """G13: FLUX overflows in fp16 (as Wan does); a T4/V100 run is refused with the reason instead
+    of training on NaN."""
+    import lorapod.engine.diffusion as engine
+    from lorapod.engine.device import Precision
+    from lorapod.errors import SpecError
+
+    monkeypatch.setattr(engine, "resolve_precision", lambda *a: Precision(torch.device("cpu"), "fp16", torch.float16))
+    loaded = []
+    monkeypatch.setattr(type(engine.resolve_family("flux1", str(assets["flux1"]), None)), "load",
+                        lambda *a: loaded.append(a))
+    spec = load_spec(raw=image_spec(assets["flux1"], assets["data"], tmp_path / "runs", "flux1"))
+    with pytest.raises(SpecError, match="fp16") as exc:
+        engine.prepare(spec, RunDir.create(spec.output.dir, "t"), device="cpu", log=lambda m: None,
+                       cache_root=tmp_path / "cache")
+    assert "bf16" in exc.value.hint and not loaded

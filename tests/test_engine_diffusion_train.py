@@ -257,3 +257,29 @@ def test_lorapod_train_cli_trains_an_image_spec(assets, tmp_path, capsys):
     assert "adapter:" in err and "fixed-noise loss: base" in err
     adapters = list((tmp_path / "runs").glob("t-*/adapter/t.safetensors"))
     assert len(adapters) == 1
+
+
+def test_vae_and_text_encoder_compute_in_their_own_dtype_under_the_training_autocast(assets, tmp_path, monkeypatch):
+    """G13: autocast casts every conv and linear to its dtype whatever the weights are, so the fp32
+    VAE of the fp16 path (sd-scripts' --no_half_vae) computed in fp16 anyway, in latent caching and
+    every sample decode (black samples), and so did T5's fp32 layers. CPU autocast in bf16 stands in
+    for CUDA's fp16: latents are cached as the fp32 VAE makes them, and the VAE and text encoder
+    give fp32 inside the engine's autocast, where the pipelines call them."""
+    import lorapod.engine.diffusion as engine
+    from lorapod.engine.device import Precision
+    from lorapod.engine.diffusion import dataset
+
+    precision = Precision(torch.device("cpu"), "bf16", torch.float32)
+    monkeypatch.setattr(engine, "resolve_precision", lambda *a: precision)
+    spec, run = _run(assets, tmp_path)
+    recipe, _, _ = engine.prepare(spec, run, device="cpu", log=lambda m: None, cache_root=tmp_path / "cache")
+    c = recipe.c
+    px = dataset.load_pixels(recipe.items[0], False).unsqueeze(0)
+    with torch.no_grad():
+        want = c.vae.encode(px).latent_dist.mean * c.vae.config.scaling_factor
+        assert torch.allclose(recipe.latents[(0, False)], want[0], atol=1e-5)
+        with precision.autocast():
+            img = c.vae.decode(want.to(torch.bfloat16)).sample
+            ids = c.tokenizers[0](["zxq"], return_tensors="pt").input_ids
+            states = c.text_encoders[0](ids)[0]
+    assert img.dtype == torch.float32 and states.dtype == torch.float32

@@ -4,6 +4,7 @@ output, Wan2.2's experts train on their own noise ranges, and a job that cannot 
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import replace
 
@@ -217,6 +218,220 @@ def test_block_swap_runs_through_its_hooks_and_changes_nothing_numerically(asset
     assert held and all(prm.data.data_ptr() == host.data_ptr() for prm, host in held)  # between uses: the host copy
     assert swapped.recipe.c.denoiser.is_gradient_checkpointing
     assert swapped.result.losses == pytest.approx(plain, rel=1e-5)
+
+
+class _Probe(wanmod.BlockSwap):
+    """The review's D1 probe (../shared/reviews/gpu-2026-12-02.md): a load that makes a copy (as the
+    GPU copy is one) and a drop that leaves NaN behind, so that on a CPU a weight still loaded after
+    the backward pass, or read by it after its drop, shows."""
+
+    def _load(self, block):
+        for prm, host in self._frozen(block):
+            prm.data = host.clone()
+        self.moves += 1
+
+    def _drop(self, block):
+        for prm, host in self._frozen(block):
+            prm.data = torch.full_like(host, float("nan"))
+        self.moves += 1
+
+
+def _one_step_grads(assets, tmp_path, monkeypatch, **train):
+    """One forward and backward of the engine's own recipe (prepare_video, as a run builds it)."""
+    from lorapod.engine.diffusion.video import prepare_video
+
+    monkeypatch.setattr(wanmod, "BlockSwap", _Probe)
+    spec, run = _spec(assets, tmp_path, max_steps=1, **train)
+    spec = spec.model_copy(update={"method": spec.method.model_copy(update={"dropout": 0.1})})
+    recipe, _, _ = prepare_video(spec, run, device="cpu", log=lambda m: None, cache_root=tmp_path / "cache")
+    recipe.train()
+    batch = recipe.epoch_batches(0)[0]
+    recipe.loss(batch).loss_sum.backward()
+    grads = {n: p.grad.clone() for n, p in recipe.c.denoiser.named_parameters() if p.requires_grad}
+    return recipe, grads
+
+
+@pytest.mark.parametrize("early_stop", [True, False])
+def test_block_swap_drops_each_block_after_its_backward_and_backward_reads_loaded_weights(
+        assets, tmp_path, monkeypatch, early_stop):
+    """G1: torch's checkpoint stops recomputing at the last saved tensor, before the drop hook, so
+    with diffusers' checkpointing every swapped block stayed loaded after backward (the probe: all
+    of them); with early stop off the drop ran inside the recomputation and the backward read the
+    dropped (here NaN) weights. Now: none left loaded, gradients finite and equal to the run without
+    block swap (LoRA dropout on, so the recomputation must replay the forward's random draws)."""
+    from torch.utils.checkpoint import set_checkpoint_early_stop
+
+    _, plain = _one_step_grads(assets, tmp_path / "plain", monkeypatch, gradient_checkpointing=True)
+    with set_checkpoint_early_stop(early_stop):
+        recipe, grads = _one_step_grads(assets, tmp_path / "swap", monkeypatch, blocks_to_swap=1)
+    swap = recipe.swaps[0]
+    frozen = swap._frozen(swap.blocks[0])
+    assert frozen and isinstance(swap, _Probe)
+    loaded = [p for p, host in frozen if p.data.data_ptr() != host.data_ptr() and torch.isfinite(p.data).all()]
+    assert not loaded, f"{len(loaded)}/{len(frozen)} swapped weights still on the device after backward"
+    assert all(torch.isfinite(g).all() for g in grads.values())
+    assert grads.keys() == plain.keys()
+    for n, g in grads.items():
+        assert torch.allclose(g, plain[n], rtol=1e-4, atol=1e-7), n
+
+
+class _Streams:
+    """Stands in for ``wan.CudaStreams`` (its three methods) on a CPU and logs what would run on the
+    side stream and when the compute stream would wait for it."""
+
+    def __init__(self, log: list) -> None:
+        self.log = log
+        self.on_side = False
+
+    @contextlib.contextmanager
+    def side(self):
+        self.on_side = True
+        try:
+            yield
+        finally:
+            self.on_side = False
+
+    def record(self):
+        return object()
+
+    def use(self, tensors, event):
+        self.log.append(("wait", len(tensors)))
+
+
+def test_block_swap_prefetches_the_next_block_on_the_side_stream_while_one_computes():
+    """G12: each swapped block's copy is issued on the side stream before the block ahead of it
+    (forward: the previous one, backward: the next one) computes, and is waited for before its own
+    use; no copy runs on the compute stream, and after the backward nothing is left on the device
+    or in flight (the resident block's recomputation does not fetch the next step's block early)."""
+    from lorapod.builtin.wan import tiny_wan_transformer
+    from lorapod.engine.diffusion.families.wan import WAN_TARGETS
+    from lorapod.engine.diffusion.lora import attach_lora
+
+    log: list = []
+
+    class Logged(wanmod.BlockSwap):
+        def _copy(self, host):
+            i = next(k for k, b in enumerate(self.blocks) if any(h is host for _, h in self._frozen(b)))
+            e = ("side" if self.streams.on_side else "sync", i)
+            if self.log[-1:] != [e]:  # one entry per block, not per weight
+                self.log.append(e)
+            return host.clone()
+
+    from peft import LoraConfig
+
+    tr = tiny_wan_transformer(layers=4)
+    attach_lora(tr, LoraConfig(r=2, lora_alpha=2, target_modules=WAN_TARGETS, init_lora_weights="gaussian"))
+    tr.requires_grad_(False)
+    for n, p in tr.named_parameters():
+        p.requires_grad_("lora_" in n)
+    swap = Logged(tr.blocks, 3, torch.device("cpu"), streams=_Streams(log))
+    swap.log = log
+    for k, b in enumerate(tr.blocks):
+        b.register_forward_pre_hook(lambda m, a, k=k: log.append(("compute", k - 1)))
+    tr.enable_gradient_checkpointing(swap.checkpoint)
+    x = torch.randn(1, 4, 1, 8, 8)
+    out = tr(hidden_states=x, timestep=torch.tensor([500.0]), encoder_hidden_states=torch.randn(1, 16, 32)).sample
+    fwd = len(log)
+    out.square().mean().backward()
+    assert ("sync", 0) not in log and not [e for e in log if e[0] == "sync"]
+    forward, backward = log[:fwd], log[fwd:]
+    for i in range(3):  # forward: block i's copy issued before block i-1 computes, waited for before block i
+        assert forward.index(("side", i)) < forward.index(("compute", i - 1)) < forward.index(("compute", i))
+    assert [e for e in forward if e[0] == "wait"] == [("wait", len(swap._frozen(swap.blocks[0])))] * 3
+    assert forward[-1] == ("side", 2)  # fetched again for the backward, which starts with it
+    steps = [e for e in backward if e[0] in ("side", "compute")]
+    assert steps == [("side", 1), ("compute", 2), ("side", 0), ("compute", 1), ("compute", 0), ("compute", -1)]
+    assert not swap._pending and not swap._loaded
+    assert all(torch.isfinite(p.grad).all() for p in tr.parameters() if p.requires_grad)
+
+
+def test_block_swap_refuses_a_grad_forward_outside_its_own_checkpointing():
+    """diffusers' own checkpointing (or none) would keep every swapped block's weights on the GPU
+    after its forward: a loud error naming the fix, not a swap that silently saves nothing."""
+    from lorapod.builtin.wan import tiny_wan_transformer
+
+    tr = tiny_wan_transformer(layers=2)
+    tr.requires_grad_(False)
+    tr.proj_out.weight.requires_grad_(True)
+    wanmod.BlockSwap(tr.blocks, 1, torch.device("cpu"))
+    tr.enable_gradient_checkpointing()
+    args = {"hidden_states": torch.randn(1, 4, 1, 8, 8), "timestep": torch.tensor([500.0]),
+            "encoder_hidden_states": torch.randn(1, 16, 32)}
+    with torch.no_grad():
+        tr(**args)  # sampling and evaluation: the hooks alone
+    with pytest.raises(RuntimeError, match=r"enable_gradient_checkpointing\(swap\.checkpoint\)"):
+        tr(**args)
+
+
+def test_block_swap_removed_leaves_every_block_resident_through_forward_and_backward():
+    """After ``remove`` the swap's checkpoint function is torch's plain one: a backward must not drop
+    (here: poison) the blocks it loaded back."""
+    from peft import LoraConfig
+
+    from lorapod.builtin.wan import tiny_wan_transformer
+    from lorapod.engine.diffusion.families.wan import WAN_TARGETS
+    from lorapod.engine.diffusion.lora import attach_lora
+
+    tr = tiny_wan_transformer(layers=3)
+    tr.requires_grad_(False)
+    attach_lora(tr, LoraConfig(r=2, lora_alpha=2, target_modules=WAN_TARGETS, init_lora_weights="gaussian"))
+    swap = wanmod.swap_blocks(tr, 2, torch.device("cpu"))
+    swap.__class__ = _Probe
+    args = {"hidden_states": torch.randn(1, 4, 1, 8, 8), "timestep": torch.tensor([500.0]),
+            "encoder_hidden_states": torch.randn(1, 16, 32)}
+    tr(**args).sample.square().mean().backward()
+    swap.remove()
+    for _ in range(2):
+        tr(**args).sample.square().mean().backward()
+    frozen = [p for b in swap.blocks for p, _ in swap._frozen(b)]
+    assert frozen and all(torch.isfinite(p).all() for p in frozen)
+    assert all(torch.isfinite(p.grad).all() for p in tr.parameters() if p.requires_grad)
+
+
+def test_wan22_idle_expert_samples_block_by_block_and_is_never_moved_whole(assets, tmp_path, monkeypatch):
+    """G16: with one Wan2.2 expert trained, the other waits in CPU RAM; to sample it used to go to
+    the device whole (``tr.to(device)``: a 14B expert beside the trained one on a 24 GB card). Now
+    it samples through a block swap: ``.to`` is never called on it (recorded), its swapped blocks
+    are loaded only around their own forward (the D1 probe: NaN after a drop, so a block read
+    unloaded would give a NaN clip) and nothing stays loaded afterwards."""
+    from lorapod.data.clips import probe
+    from lorapod.engine.checkpoint import TrainState
+    from lorapod.engine.diffusion.video import prepare_video
+
+    monkeypatch.setattr(wanmod, "BlockSwap", _Probe)
+    spec, run = _spec(assets, tmp_path, family="wan22", max_steps=1, experts="low_noise")
+    spec.samples.prompts = ["zxq, a red square --w 32 --h 32 --f 5 --d 3 --s 3 --l 1"]
+    recipe, _, _ = prepare_video(spec, run, device="cpu", log=lambda m: None, cache_root=tmp_path / "cache")
+    idle = recipe.idle["transformer"]
+    moved = []
+    monkeypatch.setattr(idle, "to", lambda *a, **k: moved.append((a, k)) or idle)
+    uses = []
+    for b in idle.blocks:
+        b.register_forward_hook(lambda m, a, out: uses.append(torch.isfinite(out).all().item()))
+    clip = recipe.write_samples(TrainState(step=1), "t")[0]
+    assert not moved
+    swap = recipe._idle_swaps["transformer"]
+    assert isinstance(swap, _Probe) and len(swap.blocks) == len(idle.blocks) - 1 and swap.moves > 0
+    assert uses and all(uses)
+    assert all(not torch.isfinite(p.data).all() for b in swap.blocks for p, _ in swap._frozen(b))  # all dropped
+    assert probe(clip).frames == 5
+
+
+def test_wan_timesteps_reach_a_bf16_transformer_in_fp32(assets, tmp_path):
+    """G23: sigma was cast to the transformer's dtype before ``* 1000``: bf16 (8 mantissa bits)
+    rounds the timesteps to steps of 4 above 512, where WanPipeline feeds fp32 timesteps."""
+    from lorapod.engine.diffusion.video import prepare_video
+
+    spec, run = _spec(assets, tmp_path, max_steps=1)
+    recipe, _, _ = prepare_video(spec, run, device="cpu", log=lambda m: None, cache_root=tmp_path / "cache")
+    tr = recipe.c.denoiser.to(torch.bfloat16)
+    seen = []
+    tr.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["timestep"]), with_kwargs=True)
+    t = torch.tensor([0.6013])
+    with torch.no_grad():
+        recipe.per_sample_loss(recipe.epoch_batches(0)[0], 0, fixed_t=t)
+    assert seen[0].dtype == torch.float32
+    assert float(seen[0][0]) == pytest.approx(601.3, abs=1e-3)
 
 
 WAN14B = {"num_attention_heads": 40, "attention_head_dim": 128, "ffn_dim": 13824, "num_layers": 40,

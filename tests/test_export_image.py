@@ -377,3 +377,18 @@ def test_wan_engine_file_is_the_export_file_and_comfyui_maps_every_key(wan_runs,
         patches, dropped = comfy.load(export, comfy.wan_keys(transformer))
         assert dropped == [] and len(patches) == len(export) // 3  # lora_down, lora_up, alpha per module
         assert {path for _, path in patches} >= {"blocks.0.attn1.to_q", "blocks.0.ffn.net.2"}
+
+
+def test_partly_trained_fused_flux_module_exports_beside_the_adapter_on_its_device():
+    """G4: a FLUX.1 single block with q, k, v trained but not ``proj_mlp`` fills the missing part of
+    the fused ``linear1`` with zeros; they were made on the CPU and concatenated with the adapter's
+    tensors, which live on the GPU during training (every checkpoint exports). ``meta`` tensors
+    stand in for CUDA ones (the review's D3: "Tensor on device cpu is not on the expected device meta")."""
+    h, r, mlp = 24, 4, 96
+    parts = {"transformer": {f"single_transformer_blocks.0.attn.{m}.lora_{k}.weight":
+                             torch.empty((r, h) if k == "A" else (h, r), device="meta")
+                             for m in ("to_q", "to_k", "to_v") for k in ("A", "B")}}
+    out = kohya.to_kohya(parts, "flux1", 8.0, False, out_features={"single_transformer_blocks.0.proj_mlp": mlp})
+    down, up = out["lora_unet_single_blocks_0_linear1.lora_down.weight"], out["lora_unet_single_blocks_0_linear1.lora_up.weight"]
+    assert down.device.type == up.device.type == "meta"
+    assert down.shape == (4 * r, h) and up.shape == (3 * h + mlp, 4 * r)

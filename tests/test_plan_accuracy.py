@@ -286,3 +286,36 @@ def test_fp8_matmuls_run_at_the_fp8_peak_only_where_there_are_fp8_tensor_cores()
     assert parts_fp8["attention compute"] == parts_bf16["attention compute"]  # attention stays bf16
     assert predict(m, fp8, a100, params)[0] == predict(m, bf16, a100, params)[0]  # Ampere has no fp8 cores
     assert t_fp8 < t_bf16
+
+
+def test_block_swap_time_is_max_when_the_trainer_prefetches_else_the_sum(monkeypatch):
+    """G12: a trainer that copies each block on the compute stream right before it runs pays copy +
+    compute; one that prefetches the next block on a side stream (kohya's offloader; lorapod's
+    engine on CUDA, engine/diffusion/wan.py) pays the larger of the two."""
+    from lorapod.plan import frameworks
+    from lorapod.plan.fit import fitted
+
+    wan, gpu = find_model("wan21-14b"), find_gpu("RTX 4090")
+    s = Settings("fp8", 16, "all-linear", "adamw_8bit", True, 1, resolution=960, blocks_to_swap=20, framework="lorapod")
+    assert frameworks.framework("lorapod").prefetches_blocks
+    t_overlap, parts, _ = predict(wan, s, gpu, fitted())
+    swap_s = step_work(wan, s).swap_gb / 25.0
+    core = sum(v for k, v in parts.items() if not k.startswith("block swap"))
+    assert t_overlap == pytest.approx(max(core, swap_s), rel=1e-6)
+    monkeypatch.setitem(frameworks.FRAMEWORKS, "lorapod",
+                        replace(frameworks.FRAMEWORKS["lorapod"], prefetches_blocks=False))
+    t_serial, parts, _ = predict(wan, s, gpu, fitted())
+    assert t_serial == pytest.approx(core + swap_s, rel=1e-6)
+    assert parts["block swap (copies, not overlapped)"] == pytest.approx(swap_s)
+
+
+def test_lorapod_block_swap_counts_the_two_blocks_in_transit():
+    """lorapod's engine holds the computing swapped block and the prefetched next one on the GPU;
+    kohya's offloader exchanges a leaving block's weights into the arriving one's buffers."""
+    wan = find_model("wan21-14b")
+    s = Settings("bf16", 16, "all-linear", "adamw", True, 1, resolution=960, blocks_to_swap=20)
+    ours = estimate(wan, replace(s, framework="lorapod"))
+    musubi = estimate(wan, replace(s, framework="musubi-tuner"))
+    weights = next(v for k, v in ours.parts.items() if k.startswith("base weights"))
+    assert ours.parts["block swap (blocks in transit)"] == pytest.approx(weights * 2 / wan.blocks, rel=1e-3)
+    assert "block swap (blocks in transit)" not in musubi.parts

@@ -269,7 +269,10 @@ def _stack(name: str, got: dict[int, tuple[str, torch.Tensor, torch.Tensor]], n:
             _, d, u = got[i]
         else:  # an untrained part: zeros, so loaders that split recover the trained parts exactly
             rows = _missing_rows(name, i, got, out_features)
-            d, u = torch.zeros(r, d_in), torch.zeros(rows, r)
+            # beside the trained parts, wherever they are (the adapter's, on the GPU during training)
+            like = next(iter(got.values()))[1]
+            d = torch.zeros(r, d_in, device=like.device, dtype=like.dtype)
+            u = torch.zeros(rows, r, device=like.device, dtype=like.dtype)
         downs.append(d)
         ups.append(u)
     return torch.cat(downs, 0), torch.block_diag(*ups)

@@ -32,6 +32,7 @@ import numpy as np
 
 from lorapod.fsutil import atomic_write_text
 from lorapod.home import lorapod_home
+from lorapod.plan.frameworks import framework
 from lorapod.plan.measurements import Observation, load_measurements
 from lorapod.plan.speed import (
     ATTENTION_PRIOR,
@@ -167,6 +168,8 @@ def _row(o: Observation) -> _Row:
                          (w.stream_gb + w.optimizer_gb) / gpu.mem_bw_gbs, w.swap_gb / PCIE_GB_S,
                          w.elementwise_gb / gpu.mem_bw_gbs])
     acc /= len(vs)
+    if not framework(o.settings.framework).prefetches_blocks:  # transfers add to the step (plan/speed.py)
+        acc[5], acc[6] = acc[5] + acc[6], 0.0
     peak = gpu.bf16_tflops
     return _Row(features(o.model, o.settings, gpu), f"host:{kind_of(o.model)}", acc[0] / peak, acc[1] / peak,
                 acc[2] / peak, acc[3], tuple(dequant_terms(o.settings.base_dtype)), acc[4], acc[5], acc[6], o.value,

@@ -23,6 +23,13 @@ class Framework:
     # Gradient checkpoints (each layer's input) are kept in CPU RAM, not on the GPU.
     offloads_checkpoints: bool = False
     why: str = ""
+    # Block swap: whether the next block's weights are copied to the GPU while the current block
+    # computes (a side stream), so a step takes max(compute, transfers), not their sum; and how many
+    # swapped blocks are on the GPU at once beyond the resident ones (kohya's offloader, in
+    # sd-scripts and musubi-tuner, swaps a leaving block's weights into the arriving one's
+    # buffers: none; lorapod's engine holds the computing block and the arriving one: two).
+    prefetches_blocks: bool = True
+    swap_in_flight: int = 0
 
 
 FRAMEWORKS: dict[str, Framework] = {
@@ -39,7 +46,9 @@ FRAMEWORKS: dict[str, Framework] = {
     "lorapod": Framework(
         "lorapod", 12.0,
         why="lorapod's engine: bf16 logits (2) at label positions only, their fp32 upcast (4), log-softmax (4); the "
-        "backward's peak is log-softmax and two float32 gradients",
+        "backward's peak is log-softmax and two float32 gradients. Block swap (engine/diffusion/wan.py): the next "
+        "block is prefetched on a CUDA side stream, two swapped blocks on the GPU at a time",
+        prefetches_blocks=True, swap_in_flight=2,
     ),
     "qwen-remote-code": Framework(
         "qwen-remote-code", 12.0,

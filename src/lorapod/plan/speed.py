@@ -19,7 +19,9 @@ out, every P above 1 fits the published steps worse (docs/planner.md: 75 of 125 
 P = 1, 66 at 1.5, 62 at 2, 56 at 4): the trainers behind them behave as if the host's time per
 operator were not hidden (their per-operator Python work, nn.Module and autograd bookkeeping sit
 between kernels the GPU runs in microseconds), so P is 1 and the host's time adds. Then block
-swap's host transfers, which overlap the compute: max(that, swapped bytes / PCIe).
+swap's host transfers: max(that, swapped bytes / PCIe) for a trainer that prefetches the next block
+while one computes (kohya's offloader; lorapod's engine on CUDA), their sum for one that does not
+(plan/frameworks.py: ``prefetches_blocks``).
 
 The work terms are plan/work.py's physics. The efficiency is not assumed: it is
 exp(kind + GPU architecture + GPU class + trainer), each term fitted to the published
@@ -42,6 +44,7 @@ from dataclasses import dataclass
 
 from lorapod.catalog.gpus import GPU
 from lorapod.catalog.models import ImageModel, LLMArch
+from lorapod.plan.frameworks import framework
 from lorapod.plan.vram import Settings
 from lorapod.plan.work import Work, step_work
 
@@ -185,9 +188,13 @@ def predict(model: ImageModel | LLMArch, s: Settings, gpu: GPU, params: Params) 
                   math.exp(params.theta.get(ELEMENTWISE, 0.0)), params.kernel_min_us())
         core = sum(t.values())
         swap = work.swap_gb / PCIE_GB_S
-        if swap:
+        if swap and framework(v.framework).prefetches_blocks:
             t["block swap (beyond overlap)"] = max(0.0, swap - core)
-        total += max(core, swap)
+            total += max(core, swap)
+        else:  # copied on the compute stream, right before each block: copy, then compute
+            if swap:
+                t["block swap (copies, not overlapped)"] = swap
+            total += core + swap
         for k, x in t.items():
             parts[k] = parts.get(k, 0.0) + x / len(variants)
     return total / len(variants), parts, eff

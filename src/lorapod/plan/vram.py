@@ -219,8 +219,11 @@ def _image_parts(m: ImageModel, s: Settings) -> dict[str, float]:
     label = f"{m.kind}, {s.base_dtype}" + (f", {n_exp} experts" if n_exp > 1 else "")
     parts: dict[str, float] = {f"base weights ({label})": weights}
     if m.blocks and s.blocks_to_swap:
-        swapped = min(s.blocks_to_swap, m.blocks - 1) / m.blocks
-        parts["block swap (kept in CPU RAM)"] = -weights * swapped
+        n_swap = min(s.blocks_to_swap, m.blocks - 1)
+        parts["block swap (kept in CPU RAM)"] = -weights * n_swap / m.blocks
+        visiting = min(n_swap, framework(s.framework).swap_in_flight)
+        if visiting:  # the block computing and the one arriving (plan/frameworks.py)
+            parts["block swap (blocks in transit)"] = weights / resident_experts(m, s) * visiting / m.blocks
     if not s.cache_text_encoder_outputs or s.train_text_encoder:
         te_bpp = min(bpp, 2.0) if s.base_dtype != "fp32" else 4.0
         parts["text encoder(s)"] = (m.text_encoder_params_b + m.image_encoder_params_b) * 1e9 * te_bpp / GiB

@@ -24,6 +24,7 @@ from lorapod.engine.diffusion import samples as smp
 from lorapod.engine.diffusion.families import Components, resolve_family
 from lorapod.engine.diffusion.fp8 import store_fp8
 from lorapod.engine.diffusion.lora import attach_lora, lora_config
+from lorapod.engine.diffusion.precision import outside_autocast, refuse_fp16
 from lorapod.engine.diffusion.quiet import quiet
 from lorapod.engine.diffusion.recipe import DiffusionRecipe, describe
 from lorapod.engine.loop import FitResult, fit
@@ -80,6 +81,7 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
     m, d = spec.method, spec.data
     if m.type != "lora":
         raise SpecError(f"method.type {m.type} is for LLMs; image LoRAs use method.type: lora")
+    refuse_fp16(family, precision)
     if m.train_text_encoder and not family.kohya_te_prefixes:
         raise SpecError(f"method.train_text_encoder is not supported for {family.name} (its text encoder is an LLM)",
                         hint="set method.train_text_encoder: false")
@@ -101,7 +103,9 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
     dev = precision.device
     if precision.weights == torch.float16:
         comps.vae.to(torch.float32)  # SD/SDXL VAEs overflow to NaN in fp16 (sd-scripts' --no_half_vae)
-    comps.denoiser.to(dev)
+    outside_autocast(comps.vae, comps.text_encoders)
+    # only the encoders visit the GPU while caching; the denoiser stays in CPU RAM until they have
+    # left (FLUX.1: 22 GiB of transformer and 9 GiB of CLIP + T5 do not share a 24 GB card)
     comps.vae.to(dev)
     for te in comps.text_encoders:
         te.to(dev)
@@ -155,10 +159,11 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
         wanted = sorted({p.prompt for p in prompts} | {p.negative for p in prompts})
         if wanted:
             sample_text = dict(zip(wanted, encode_captions(wanted), strict=True))
-        if dev.type == "cuda":  # the encoders are not needed on the GPU any more
-            for te in comps.text_encoders:
-                te.to("cpu")
+        for te in comps.text_encoders:  # not needed on the GPU any more
+            te.to("cpu")
+        if dev.type == "cuda":
             torch.cuda.empty_cache()
+    comps.denoiser.to(dev)
 
     targets = family.default_targets if m.target_modules == "all-linear" else m.target_modules
     # The adapter's initial weights from the seed alone, whatever loading the model, the data and

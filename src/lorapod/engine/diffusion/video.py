@@ -33,6 +33,7 @@ from lorapod.engine.diffusion import wan
 from lorapod.engine.diffusion.families import Components, resolve_family
 from lorapod.engine.diffusion.families import wan as wan_family
 from lorapod.engine.diffusion.lora import attach_lora, lora_config
+from lorapod.engine.diffusion.precision import outside_autocast, refuse_fp16
 from lorapod.engine.diffusion.quiet import quiet
 from lorapod.engine.diffusion.recipe import Batch, DiffusionRecipe, sample_sigmas
 from lorapod.errors import SpecError
@@ -133,6 +134,21 @@ def _place(model: torch.nn.Module, device: torch.device, swap: wan.BlockSwap | N
         b.data = b.data.to(device)
 
 
+def idle_swap_count(tr: torch.nn.Module, device: torch.device) -> int:
+    """How many of an idle Wan2.2 expert's blocks to keep in CPU RAM while it samples: on CUDA as
+    few as leave half of the free memory for sampling with the rest resident (the trained expert
+    is on the card already: a whole 14B expert does not fit beside it on 24 GB); elsewhere all
+    but one, which changes nothing there but runs the same path."""
+    n = len(tr.blocks)
+    if device.type != "cuda":
+        return n - 1
+    free, _ = torch.cuda.mem_get_info(device)
+    per_block = max(sum(p.numel() * p.element_size() for p in b.parameters()) for b in tr.blocks)
+    rest = sum(p.numel() * p.element_size() for p in tr.parameters()) - per_block * n
+    fit = int((free / 2 - rest) // per_block) if per_block else n
+    return min(n, max(0, n - fit))
+
+
 def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
                   cache_root: Path | None = None) -> tuple[VideoRecipe, list[Finding], dcache.DiskCache]:
     quiet()
@@ -144,6 +160,7 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
     if not getattr(family, "video", False):
         raise SpecError(f"{spec.model.id} is a {family.name} model, not Wan",
                         hint="use a Wan2.1/Wan2.2 model (diffusers layout) for video")
+    refuse_fp16(family, precision)
     m, d, t = spec.method, spec.data, spec.train
     if m.type != "lora":
         raise SpecError(f"method.type {m.type} is for LLMs; video LoRAs use method.type: lora")
@@ -183,6 +200,7 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
     if fp8:
         n = sum(wan.store_fp8(tr) for tr, _, _ in family.experts(comps, "both").values())
         log(f"fp8: {n} linear layers of the transformer blocks stored in float8")
+    outside_autocast(comps.vae, [*comps.text_encoders, comps.extra.get("image_encoder")])
     comps.vae.to(dev)
     te = comps.text_encoders[0]
     te.to(dev)
@@ -253,10 +271,10 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
     for tr, _, _ in experts.values():
         attach_lora(tr, lora_config(spec, targets))
         swap = None
-        if t.blocks_to_swap:
-            swap = wan.BlockSwap(tr.blocks, t.blocks_to_swap, dev)
+        if t.blocks_to_swap:  # with its own checkpointing: loads and drops around each block's backward
+            swap = wan.swap_blocks(tr, t.blocks_to_swap, dev)
             swaps.append(swap)
-        if t.gradient_checkpointing or t.blocks_to_swap:
+        elif t.gradient_checkpointing:
             tr.enable_gradient_checkpointing()
         _place(tr, dev, swap)
     if swaps and not t.gradient_checkpointing:
@@ -284,8 +302,9 @@ class VideoRecipe(DiffusionRecipe):
         super().__init__(spec, run, precision, comps, items, latents, text, [vp.prompt for vp in prompts],
                          sample_text, live_captions)
         # an expert not being trained stays in CPU RAM (two 14B experts do not share a 24 GB card);
-        # it visits the GPU only to sample
+        # it visits the GPU only to sample, block by block (``idle_swap``)
         self.idle = {n: v[0] for n, v in comps.family.experts(comps, "both").items() if n not in experts}
+        self._idle_swaps: dict[str, wan.BlockSwap] = {}
         self.text_len = comps.family.text_len(comps)
 
     def _lora_modules(self) -> dict[str, torch.nn.Module]:
@@ -333,7 +352,8 @@ class VideoRecipe(DiffusionRecipe):
         for tr, lo, hi in self.experts.values():
             sel = ((s >= lo) & ((s < hi) | (hi >= 1.0))).nonzero().flatten()
             if len(sel):
-                out = self.family.forward(self.c, noisy[sel].to(tr.dtype), s[sel].to(tr.dtype),
+                # sigma in fp32: the transformer takes sigma * 1000, which bf16 would round to steps of 4
+                out = self.family.forward(self.c, noisy[sel].to(tr.dtype), s[sel].float(),
                                           {k: v[sel] for k, v in cond.items()}, {}, model=tr)
                 pred = pred.index_put((sel,), out.float())
         target = noise - x0
@@ -377,8 +397,11 @@ class VideoRecipe(DiffusionRecipe):
         out_dir = self.run.samples
         out_dir.mkdir(parents=True, exist_ok=True)
         rows, paths = [], []
-        for tr in self.idle.values():
-            tr.to(self.precision.device)
+        dev = self.precision.device
+        for name, tr in self.idle.items():
+            if name not in self._idle_swaps:
+                self._idle_swaps[name] = wan.BlockSwap(tr.blocks, idle_swap_count(tr, dev), dev)
+            _place(tr, dev, self._idle_swaps[name])
         with torch.random.fork_rng(devices=[self.precision.device] if self.precision.device.type == "cuda" else []):
             for mod in self.lora_modules.values():
                 mod.eval()
@@ -399,8 +422,11 @@ class VideoRecipe(DiffusionRecipe):
             labels = [f"{smp.sample_label(vp.prompt)}, {vp.frames} frames" for vp in self.video_prompts]
             contact_sheet(rows, labels, f"{tag}: step {state.step}, epoch {state.epoch}, LoRA strength 1.0").save(
                 out_dir / f"{tag}-frames.png", pnginfo=smp.png_info(self.video_prompts[0].prompt, state.step, state.epoch))
-        for tr in self.idle.values():
-            tr.to("cpu")
+        for name, tr in self.idle.items():  # back to CPU RAM (its swapped blocks never left it)
+            self._idle_swaps[name].settle()
+            _place(tr, torch.device("cpu"), self._idle_swaps[name])
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
         self.train()
         self.run.event(f"samples {tag}: {len(paths)} clip(s) in {out_dir}")
         return paths

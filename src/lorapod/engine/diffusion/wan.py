@@ -2,7 +2,8 @@
 
 - ``store_fp8``: the blocks' frozen Linear weights in float8 (Ada/Hopper), as the image engine does.
 - ``BlockSwap``: the frozen weights of the last N blocks live in CPU RAM and visit the GPU only
-  for their own forward (and its recomputation under gradient checkpointing, which it requires).
+  for their own forward and, under its own gradient checkpointing, their own backward; on CUDA the
+  next block's copy runs on a side stream while the current block computes.
 - ``check_fits``: refuse, before anything loads, a job that would not fit the GPU even with the
   most blocks swapped: the planner's memory model (``plan/vram.py``) on the planner's description
   of the model (``memory_model``), with the engine's own settings; there is no second Wan model.
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from torch.utils import _pytree as pytree
+from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from lorapod.catalog import families
 from lorapod.errors import ModelLoadError
@@ -38,21 +41,66 @@ def store_fp8(transformer: torch.nn.Module) -> int:
     return store(transformer, lambda name: name.startswith("blocks."))
 
 
+class CudaStreams:
+    """The side stream block swap prefetches on, as musubi-tuner's offloader does
+    (``modules/custom_offloading_utils.py``: one ``torch.cuda.Stream``, an event per transfer that
+    the compute stream waits on). ``record_stream`` tells the caching allocator that the compute
+    stream uses a copy made on the side stream, so its memory is not handed out again while the
+    block's kernels still read it."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+
+    def side(self):
+        return torch.cuda.stream(self.stream)
+
+    def record(self):
+        return self.stream.record_event()
+
+    def use(self, tensors: list[torch.Tensor], event) -> None:
+        compute = torch.cuda.current_stream(self.device)
+        compute.wait_event(event)
+        for t in tensors:
+            t.record_stream(compute)
+
+
 class BlockSwap:
     """Keep the frozen weights of the last ``n`` transformer blocks in CPU RAM (pinned) and bring
-    each block's weights to ``device`` just for its forward. The weights are frozen, so the CPU copy
+    each block's weights to ``device`` just for its own use. The weights are frozen, so the CPU copy
     is made once and "offloading" only drops the GPU copy: nothing is copied back. LoRA weights
-    (trainable) never move, so the optimizer and gradients are untouched. Under gradient
-    checkpointing the backward pass recomputes the block's forward, which runs the same hooks;
-    without it autograd would keep the GPU copies alive and nothing would be saved, so the caller
-    turns checkpointing on."""
+    (trainable) never move, so the optimizer and gradients are untouched.
 
-    def __init__(self, blocks: torch.nn.ModuleList, n: int, device: torch.device) -> None:
+    When: a block is loaded by a forward pre-hook; under ``torch.no_grad`` (samples, evaluation) a
+    forward hook drops it again. Training goes through ``checkpoint`` (install it with
+    ``transformer.enable_gradient_checkpointing(swap.checkpoint)``): a swapped block runs without
+    saving anything, and its backward loads the weights, recomputes the block, runs the block's
+    backward and only then drops them. (torch's non-reentrant checkpoint, diffusers' default,
+    stops its recomputation at the last saved tensor, before any forward hook could drop the
+    weights, so every swapped block stayed on the GPU after backward; and a drop inside the
+    recomputation would leave the backward reading host tensors.)
+
+    Prefetch: on CUDA the next block's copy (forward: the following block, backward: the previous
+    one) is issued on a side stream while the current block computes, so at most two swapped
+    blocks are on the GPU at a time and copies overlap compute. Elsewhere (CPU) the copies are
+    plain and nothing is prefetched. ``streams``: the stream object (``CudaStreams``' interface),
+    for tests."""
+
+    def __init__(self, blocks: torch.nn.ModuleList, n: int, device: torch.device, streams=None) -> None:
         self.device = torch.device(device)
-        self.blocks = list(blocks)[len(blocks) - n :] if n > 0 else []
+        every = list(blocks)
+        self.blocks = every[len(every) - n :] if n > 0 else []
+        self._index = {id(b): i for i, b in enumerate(self.blocks)}
         self.moves = 0
+        self.streams = streams if streams is not None else (
+            CudaStreams(self.device) if self.device.type == "cuda" and self.blocks else None)
         self._hooks = []
         self._cpu: dict[int, tuple[torch.nn.Parameter, torch.Tensor]] = {}
+        self._pending: dict[int, tuple[list[torch.Tensor], object]] = {}
+        self._loaded: set[int] = set()
+        self._replaying = False
+        self._removed = False
+        self._anchor = torch.zeros((), requires_grad=True)  # makes a swapped block's output need grad
         pin = self.device.type == "cuda"
         for b in self.blocks:
             for prm in b.parameters():
@@ -60,27 +108,155 @@ class BlockSwap:
                     host = prm.data.to("cpu")
                     self._cpu[id(prm)] = (prm, host.pin_memory() if pin else host)
                     prm.data = self._cpu[id(prm)][1]
-            self._hooks.append(b.register_forward_pre_hook(lambda m, args: self._load(m)))
-            self._hooks.append(b.register_forward_hook(lambda m, args, out: self._drop(m)))
+            self._hooks.append(b.register_forward_pre_hook(lambda m, args: self._before(m)))
+            self._hooks.append(b.register_forward_hook(lambda m, args, out: self._after(m)))
+        self._after_backward = False
+        if self.blocks and len(every) > n:  # the last resident block's turn: fetch the first swapped one
+            self._hooks.append(every[len(every) - n - 1].register_forward_pre_hook(lambda m, args: self._boundary()))
 
     def _frozen(self, block: torch.nn.Module):
         return [self._cpu[id(p)] for p in block.parameters() if id(p) in self._cpu]
 
+    # -- hooks (every call of a swapped block)
+    def _boundary(self) -> None:
+        """The block before the first swapped one starts: prefetch that one, except when this is
+        the block's recomputation in the backward pass that has just finished with the swapped ones."""
+        if self._after_backward:
+            self._after_backward = False
+            return
+        self._prefetch(0)
+
+    def _before(self, block: torch.nn.Module) -> None:
+        if self._replaying:  # inside ``_SwappedBlock.backward``: it loads and prefetches itself
+            return
+        if torch.is_grad_enabled():  # ``_SwappedBlock.forward`` runs without grad; anything else saves nothing
+            raise RuntimeError("a swapped Wan block ran with gradients outside BlockSwap's checkpointing, which would "
+                               "keep its weights on the GPU: install it with "
+                               "transformer.enable_gradient_checkpointing(swap.checkpoint) (wan.swap_blocks does)")
+        self._load(block)
+        self._prefetch(self._index[id(block)] + 1)
+
+    def _after(self, block: torch.nn.Module) -> None:
+        if not torch.is_grad_enabled():
+            self._drop(block)
+
+    # -- moves
+    def _copy(self, host: torch.Tensor) -> torch.Tensor:
+        return host.to(self.device, non_blocking=True)
+
+    def _prefetch(self, i: int) -> None:
+        """Issue block ``i``'s copy on the side stream (CUDA only; a no-op when it is there already)."""
+        if self.streams is None or not 0 <= i < len(self.blocks) or i in self._loaded or i in self._pending:
+            return
+        with self.streams.side():
+            copies = [self._copy(host) for _, host in self._frozen(self.blocks[i])]
+            event = self.streams.record()
+        self._pending[i] = (copies, event)
+
     def _load(self, block: torch.nn.Module) -> None:
-        for prm, host in self._frozen(block):
-            prm.data = host.to(self.device, non_blocking=True)
+        i = self._index[id(block)]
+        if i in self._loaded:
+            return
+        frozen = self._frozen(block)
+        pending = self._pending.pop(i, None)
+        if pending is not None:
+            copies, event = pending
+            self.streams.use(copies, event)
+        else:
+            copies = [self._copy(host) for _, host in frozen]
+        for (prm, _), c in zip(frozen, copies, strict=True):
+            prm.data = c
+        self._loaded.add(i)
         self.moves += 1
 
     def _drop(self, block: torch.nn.Module) -> None:
         for prm, host in self._frozen(block):
             prm.data = host
+        self._loaded.discard(self._index[id(block)])
         self.moves += 1
 
+    # -- training
+    def checkpoint(self, block: torch.nn.Module, *args):
+        """diffusers' ``gradient_checkpointing_func``: swapped blocks through ``_SwappedBlock``,
+        the others through torch's non-reentrant checkpoint (diffusers' own default)."""
+        if id(block) not in self._index or self._removed:
+            return torch_checkpoint(block.__call__, *args, use_reentrant=False)
+        flat, spec = pytree.tree_flatten(args)
+        return _SwappedBlock.apply(self, block, spec, self._anchor, *flat)
+
+    def settle(self) -> None:
+        """Drop whatever is still loaded or in flight (after sampling: nothing stays on the device)."""
+        self._pending.clear()
+        for i in list(self._loaded):
+            self._drop(self.blocks[i])
+
     def remove(self) -> None:
+        """Every block resident again; ``checkpoint`` becomes torch's plain checkpoint."""
         for h in self._hooks:
             h.remove()
+        self._pending.clear()
         for b in self.blocks:
             self._load(b)
+        self._removed = True
+
+
+def swap_blocks(transformer: torch.nn.Module, n: int, device: torch.device, streams=None) -> BlockSwap:
+    """Block swap for the last ``n`` blocks of a Wan transformer, with the gradient checkpointing it
+    needs installed (``BlockSwap.checkpoint``)."""
+    swap = BlockSwap(transformer.blocks, n, device, streams)
+    transformer.enable_gradient_checkpointing(swap.checkpoint)
+    return swap
+
+
+class _SwappedBlock(torch.autograd.Function):
+    """Gradient checkpointing for one swapped block with the load and drop in the right places:
+    forward without saving activations (the hooks load and drop), backward = load (prefetch the
+    block before it), recompute with the forward's RNG and autocast state, run the block's
+    backward, drop. The LoRA gradients accumulate inside, as in torch's reentrant checkpoint."""
+
+    @staticmethod
+    def forward(ctx, swap: BlockSwap, block, spec, anchor, *flat):
+        ctx.swap, ctx.block, ctx.spec = swap, block, spec
+        ctx.is_tensor = [isinstance(x, torch.Tensor) for x in flat]
+        ctx.others = [None if t else x for t, x in zip(ctx.is_tensor, flat, strict=True)]
+        ctx.save_for_backward(*[x for x in flat if isinstance(x, torch.Tensor)])
+        kind = swap.device.type
+        ctx.autocast = {"device_type": kind, "enabled": torch.is_autocast_enabled(kind),
+                        "dtype": torch.get_autocast_dtype(kind), "cache_enabled": torch.is_autocast_cache_enabled()}
+        ctx.rng = (torch.get_rng_state(), torch.cuda.get_rng_state(swap.device) if kind == "cuda" else None)
+        out = block(*pytree.tree_unflatten(list(flat), spec))
+        if swap._index[id(block)] == len(swap.blocks) - 1:
+            swap._prefetch(len(swap.blocks) - 1)  # the backward starts with the last block: fetch it again now
+        return out
+
+    @staticmethod
+    def backward(ctx, *grads):
+        swap, block = ctx.swap, ctx.block
+        saved = iter(ctx.saved_tensors)
+        flat = [next(saved) if t else x for t, x in zip(ctx.is_tensor, ctx.others, strict=True)]
+        inputs = [x.detach().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x for x in flat]
+        swap._load(block)
+        swap._prefetch(swap._index[id(block)] - 1)
+        cuda = swap.device.type == "cuda"
+        swap._replaying = True
+        try:
+            with torch.random.fork_rng(devices=[swap.device] if cuda else [], device_type=swap.device.type):
+                torch.set_rng_state(ctx.rng[0])
+                if cuda:
+                    torch.cuda.set_rng_state(ctx.rng[1], swap.device)
+                with torch.enable_grad(), torch.autocast(**ctx.autocast):
+                    out = block(*pytree.tree_unflatten(inputs, ctx.spec))
+            outs = out if isinstance(out, tuple) else (out,)
+            pairs = [(o, g) for o, g in zip(outs, grads, strict=False)
+                     if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
+            if pairs:
+                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        finally:
+            swap._replaying = False
+            swap._drop(block)
+        swap._after_backward = swap._index[id(block)] == 0
+        return (None, None, None, None,
+                *[x.grad if isinstance(x, torch.Tensor) and x.requires_grad else None for x in inputs])
 
 
 def component_config(model_id: str, revision: str | None = None, sub: str = "transformer") -> dict:
