@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import re
 import socket
@@ -61,15 +62,26 @@ def _env() -> Environment:
     env = Environment(loader=PackageLoader("lorapod.ui", "templates"), autoescape=select_autoescape(default=True))
     env.filters["usd"] = lambda v: "-" if v is None else (f"${v:.4f}" if v < 1 else f"${v:.2f}")
     env.filters["dur"] = _dur
-    env.filters["clock"] = lambda t: "-" if not t else time.strftime("%H:%M", time.localtime(t))
-    env.filters["when"] = lambda t: "-" if not t else time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+    env.filters["clock"] = lambda t: _strftime("%H:%M", t)
+    env.filters["when"] = lambda t: _strftime("%Y-%m-%d %H:%M", t)
     env.filters["num"] = lambda v, d=4: "-" if v is None else f"{v:.{d}f}"
     env.filters["pct"] = lambda v: 0 if v is None else round(100 * v, 1)
     return env
 
 
+def _strftime(fmt: str, t: float | None) -> str:
+    """A time of day, or "-" for none and for one no calendar holds (runs.py bounds what a host
+    writes before it gets here; this is the last guard, so a page never answers 500)."""
+    if not t:
+        return "-"
+    try:
+        return time.strftime(fmt, time.localtime(t))
+    except (OverflowError, ValueError, OSError):
+        return "-"
+
+
 def _dur(seconds: float | None) -> str:
-    if seconds is None:
+    if seconds is None or not math.isfinite(seconds):
         return "-"
     s = int(seconds)
     if s < 90:
