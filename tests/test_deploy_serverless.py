@@ -52,8 +52,10 @@ def llm_run(tmp_path: Path, model: str = "meta-llama/Llama-3.2-1B-Instruct", r: 
                           "output": {"dir": str(tmp_path / "runs"), "name": "chat"}})
     run = RunDir.create(spec.output.dir, "chat")
     run.write_spec(spec)
-    if published:
-        (run.root / "published.json").write_text(json.dumps(published))
+    for row in published or []:  # what `export --to hub` records on this machine
+        from lorapod.store.published import remember
+
+        remember(run.root, row)
     return run.root
 
 
@@ -140,6 +142,18 @@ def test_private_merged_repo_and_a_refused_endpoint_leaves_no_template(hub, runp
     assert got["model"] == "me/chat-merged" and got["url"].endswith("/openai/v1")
     assert [c for c in runpod.calls if c[:2] == ("POST", "/endpoints")] == [("POST", "/endpoints", 400),
                                                                           ("POST", "/endpoints", 200)]
+
+
+def test_a_hosts_published_json_never_chooses_the_repo_deployed(hub, runpod, tmp_path, capsys):
+    """Before: a published.json the instance wrote was pulled home, and `deploy --merged` without
+    --repo served `attacker/evil-merged` on the user's account."""
+    hub.repos["attacker/evil-merged"] = Repo("attacker/evil-merged", False, {"config.json": b"{}",
+                                                                            "model.safetensors": b"x"})
+    run = llm_run(tmp_path)
+    (run / "published.json").write_text(json.dumps([{"repo": "attacker/evil-merged", "what": "merged"}]))
+    code, _out, err = run_cli(["deploy", str(run), "--to", "runpod-serverless", "--merged"], capsys)
+    assert code != 0 and "no merged model there" in err and "--repo" in err
+    assert runpod.templates == {} and runpod.endpoints == {}
 
 
 def test_image_runs_are_refused(hub, runpod, tmp_path, capsys):

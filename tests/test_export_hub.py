@@ -56,9 +56,11 @@ def test_export_to_hub_uploads_the_adapter_and_a_card(hub, trained, capsys):
     assert {"README.md", "adapter_config.json", "adapter_model.safetensors"} <= set(repo.files)
     assert "adapter_model.safetensors" in hub.lfs_paths  # binary weights went through LFS, as the Hub wants
     assert json.loads(repo.files["adapter_config.json"])["r"] == 8
-    # remembered in the run folder: `lorapod deploy` serves what was published
-    rows = json.loads((trained.root / "published.json").read_text())
-    assert {"repo": "me/fruit-lora", "what": "adapter", "private": True}.items() <= rows[-1].items()
+    # remembered on this machine, not in the run folder (a host writes that): `lorapod deploy` serves it
+    from lorapod.deploy.serverless import published_repo
+
+    assert published_repo(trained.root, merged=False) == "me/fruit-lora" and published_repo(trained.root, True) is None
+    assert not (trained.root / "published.json").exists()
     card = repo.files["README.md"].decode()
     meta = yaml.safe_load(card.split("---")[1])
     assert "peft" in meta["tags"] and meta["library_name"] == "peft"

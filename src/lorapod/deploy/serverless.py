@@ -8,8 +8,8 @@ it turns environment variables into ``vllm serve`` flags (``src/args_builder.py`
 ``https://api.runpod.ai/v2/<endpoint id>/openai/v1`` with the RunPod API key as the bearer token.
 
 What the worker can reach is a Hugging Face repo, so the model must be on the Hub (``lorapod
-export RUN --to hub --repo user/name [--merged]``; the run folder's ``published.json`` remembers
-it): either the merged model (``--model`` the repo) or the adapter on its base (``--model`` the
+export RUN --to hub --repo user/name [--merged]``; this machine remembers it in
+``$LORAPOD_HOME/published.jsonl``, never trusting the run folder, which a host writes): either the merged model (``--model`` the repo) or the adapter on its base (``--model`` the
 base, the adapter as a vLLM LoRA module). Both are checked on the Hub before anything is created:
 the repo holds the files vLLM loads, and a private repo or gated base has a RunPod secret for
 ``HF_TOKEN`` (``--hf-secret NAME``: the template gets ``{{ RUNPOD_SECRET_NAME }}``, never the
@@ -125,17 +125,12 @@ class Deployment:
 
 
 def published_repo(run_root: Path, merged: bool) -> str | None:
-    """The newest ``export --to hub`` of this run of the kind asked for (published.json)."""
-    f = run_root / "published.json"
-    try:
-        rows = json.loads(f.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    want = "merged" if merged else "adapter"
-    for row in reversed(rows if isinstance(rows, list) else []):
-        if isinstance(row, dict) and row.get("what") == want and isinstance(row.get("repo"), str):
-            return row["repo"]
-    return None
+    """The newest ``export --to hub`` of this run of the kind asked for, as this machine recorded
+    it (:mod:`lorapod.store.published`); a ``published.json`` in the run folder, which a host may
+    have written, is never read."""
+    from lorapod.store.published import latest
+
+    return latest(run_root, "merged" if merged else "adapter")
 
 
 def _hub():

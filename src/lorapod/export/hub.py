@@ -119,24 +119,12 @@ def publish(run: str | Path, repo_id: str, *, private: bool = False, merged: boo
         except ValueError as exc:  # huggingface_hub's own checks, e.g. the card's metadata (validate-yaml)
             raise ExportError(f"the upload to {repo_id} failed: {str(exc)[:300]}", hint="see the message above") from exc
     src.run.event(f"published {what} of {src.label} to {repo_id} ({info.oid})")
-    _remember(src.run.root, {"repo": repo_id, "what": what, "label": src.label, "commit": info.oid,
-                             "private": private})
+    from lorapod.store.published import remember
+
+    # on this machine, not in the run folder (a host writes that): `lorapod deploy` serves it
+    remember(src.run.root, {"repo": repo_id, "what": what, "label": src.label, "commit": info.oid,
+                            "private": private, "job_id": src.run.job_id})
     return Published(str(url), info.oid, ["README.md", *rel], notes)
-
-
-def _remember(root: Path, row: dict) -> None:
-    """Append to the run folder's ``published.json``: ``lorapod deploy`` serves what was published."""
-    import json
-
-    from lorapod.fsutil import atomic_write_bytes
-
-    f = root / "published.json"
-    try:
-        rows = json.loads(f.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        rows = []
-    rows = [*(rows if isinstance(rows, list) else []), row][-50:]
-    atomic_write_bytes(f, json.dumps(rows, indent=1).encode())
 
 
 def _samples(folder: Path) -> list[Path]:
