@@ -156,6 +156,26 @@ def test_a_hosts_published_json_never_chooses_the_repo_deployed(hub, runpod, tmp
     assert runpod.templates == {} and runpod.endpoints == {}
 
 
+def test_max_model_len_is_bounded_and_checked_against_the_model_before_anything_is_created(hub, runpod, tmp_path,
+                                                                                          capsys):
+    """Before: `--max-model-len -5` or `10^9` created an endpoint whose worker could not start."""
+    adapter_repo(hub)
+    base_repo(hub, gated=False)
+    run = llm_run(tmp_path, published=[{"repo": "me/chat-lora", "what": "adapter"}])
+    deploy = ["deploy", str(run), "--to", "runpod-serverless", "--max-model-len"]
+    for bad in ("-5", "0", str(10**9)):
+        code, _out, err = run_cli([*deploy, bad], capsys)
+        assert code != 0 and f"--max-model-len {bad}" in err and "between 16 and" in err, err
+    # Llama 3.2 1B: 16 layers x 8 KV heads x 64 x 2 (K, V) x 2 bytes = 32 KiB a token; 131072 of them is 4.3 GB
+    code, _out, err = run_cli([*deploy, "400000"], capsys)
+    assert code != 0 and "KV cache" in err, err
+    assert runpod.templates == {} and runpod.endpoints == {}
+    code, _out, err = run_cli([*deploy, "131072"], capsys)
+    assert code == 0, err
+    (tpl,) = runpod.templates.values()
+    assert tpl["env"]["MAX_MODEL_LEN"] == "131072"
+
+
 def test_image_runs_are_refused(hub, runpod, tmp_path, capsys):
     spec = load_spec(raw={"model": {"id": "stabilityai/stable-diffusion-xl-base-1.0", "family": "sdxl"},
                           "data": {"path": str(tmp_path)}, "output": {"dir": str(tmp_path / "runs")}})

@@ -226,9 +226,9 @@ def plan_deployment(run: str | Path, *, repo: str | None = None, merged: bool = 
                               hint="store it as a RunPod secret (console: Secrets) and pass --hf-secret NAME; "
                                    "lorapod never puts the token itself in a template")
         env["HF_TOKEN"] = "{{ RUNPOD_SECRET_" + hf_secret + " }}"
-    env["MAX_MODEL_LEN"] = str(max_model_len or max(spec.data.sequence_len, 2048))
     weights_gb = _weights_gb(spec, weights_repo)
     cls = pick_class(weights_gb, gpu)
+    env["MAX_MODEL_LEN"] = str(check_max_model_len(max_model_len, spec, cls, weights_gb))
     job = rd.job_id
     if workers_min > 0 and not yes:
         month = workers_min * cls.active * 86400 * 30
@@ -246,6 +246,48 @@ def plan_deployment(run: str | Path, *, repo: str | None = None, merged: bool = 
     notes = [f"the model: {what_text(merged, repo, base)}"]
     return Deployment(job, repo, "merged" if merged else "adapter", served, cls, workers_min, workers_max,
                       template, endpoint, notes)
+
+
+#: The shortest context worth serving, and the longest any model lorapod trains was made for.
+MIN_MODEL_LEN = 16
+MAX_MODEL_LEN = 1 << 20
+
+
+def check_max_model_len(asked: int | None, spec: Any, cls: GpuClass, weights_gb: float) -> int:
+    """``MAX_MODEL_LEN`` for the worker: the asked length, or the training ``sequence_len`` (at least
+    2048). Refused before anything is created when vLLM could not start with it: not a positive
+    length within :data:`MAX_MODEL_LEN`, or (for a model the catalog knows) more tokens than the KV
+    cache of one sequence can hold in what the GPU class leaves after the weights; vLLM's engine
+    refuses such a length at start ("... larger than the maximum number of tokens that can be
+    stored in KV cache"), so the worker would restart, and bill, in a loop."""
+    n = asked if asked is not None else max(spec.data.sequence_len, 2048)
+    if asked is not None and not MIN_MODEL_LEN <= asked <= MAX_MODEL_LEN:
+        raise DeployError(f"--max-model-len {asked}", hint=f"a context length between {MIN_MODEL_LEN} and "
+                                                            f"{MAX_MODEL_LEN:,} tokens")
+    per_token = _kv_bytes_per_token(spec)
+    if per_token:
+        free = cls.vram_gb * GPU_MEMORY_UTILIZATION * 1e9 - weights_gb * 1e9 * 1.1
+        most = int(max(0.0, free) // per_token)
+        if n > most:
+            raise DeployError(f"a context of {n:,} tokens needs {n * per_token / 1e9:.1f} GB of KV cache; "
+                              f"{cls.name} leaves about {max(0.0, free) / 1e9:.1f} GB after the weights "
+                              f"(at most {most:,} tokens)",
+                              hint="a smaller --max-model-len, or --gpu with more memory")
+    return n
+
+
+def _kv_bytes_per_token(spec: Any) -> int | None:
+    """K and V of every layer for one token in bf16, for an LLM the catalog knows; else None."""
+    from lorapod.catalog.models import LLMArch, find_model
+    from lorapod.errors import PlanError
+
+    try:
+        arch = find_model(spec.model.id, "llm")
+    except PlanError:
+        return None
+    if not isinstance(arch, LLMArch):
+        return None
+    return 2 * arch.layers * arch.kv_heads * arch.head_dim * 2
 
 
 def what_text(merged: bool, repo: str, base: str) -> str:
