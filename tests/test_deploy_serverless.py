@@ -176,6 +176,133 @@ def test_max_model_len_is_bounded_and_checked_against_the_model_before_anything_
     assert tpl["env"]["MAX_MODEL_LEN"] == "131072"
 
 
+def _ready(hub, tmp_path):
+    adapter_repo(hub)
+    base_repo(hub, gated=False)
+    return llm_run(tmp_path, published=[{"repo": "me/chat-lora", "what": "adapter"}])
+
+
+def test_a_locked_ledger_stops_the_deploy_before_anything_bills(hub, runpod, tmp_path, capsys, monkeypatch):
+    """Before: the ledger row came after the create; with the ledger locked the deploy exited 0 and
+    the queued row was dropped at exit: an endpoint billed that no lorapod command knew."""
+    import sqlite3
+
+    from lorapod.store.ledger import Ledger
+
+    run = _ready(hub, tmp_path)
+    Ledger().close()
+    monkeypatch.setenv("LORAPOD_LEDGER_BUSY_S", "0.3")
+    holder = sqlite3.connect(Ledger().path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # a backup, a `sqlite3` shell
+    try:
+        code, _out, err = run_cli(["deploy", str(run), "--to", "runpod-serverless", "--workers-min", "1", "--yes"],
+                                  capsys)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert code != 0 and "could not be recorded" in " ".join(err.split()), err
+    assert runpod.templates == {} and runpod.endpoints == {}
+
+
+def test_a_lost_answer_is_looked_up_by_name_and_ps_shows_the_endpoint(hub, runpod, tmp_path, capsys):
+    """RunPod acted on the create but its gateway answered 524: the endpoint is found by the name
+    lorapod gave it, recorded, and `ps` (and `ps --json`) show it. Before: "check `lorapod ps`",
+    which could not show it."""
+    from .fakes.base import Fault
+
+    run = _ready(hub, tmp_path)
+    runpod.faults.append(Fault("POST", "/endpoints", 524, body={"error": "A timeout occurred"}, acted=True))
+    code, out, err = run_cli(["deploy", str(run), "--to", "runpod-serverless", "--workers-min", "1", "--yes"], capsys)
+    assert code == 0, err
+    (ep,) = runpod.endpoints.values()
+    assert ep["id"] in out and "found endpoint" in " ".join(err.split())
+    code, out, _err = run_cli(["ps"], capsys)
+    assert f"serverless endpoint {ep['id']}" in out and "$285.12/month always" in out
+    code, out, _err = run_cli(["ps", "--json"], capsys)
+    (row,) = [r for r in json.loads(out) if r.get("kind") == "endpoint"]
+    assert row["instance"] == ep["id"] and row["workers_min"] == 1 and row["state"] == "live"
+
+
+def test_an_answer_lost_while_runpod_cannot_list_stays_pending_until_down_orphans_settles_it(
+        hub, runpod, tmp_path, capsys, monkeypatch):
+    import lorapod.deploy.serverless as sl
+
+    from .fakes.base import Fault
+
+    run = _ready(hub, tmp_path)
+    runpod.faults += [Fault("POST", "/endpoints", 524, body={"error": "A timeout occurred"}, acted=True),
+                      Fault("GET", "/endpoints", 404, body={"error": "not found"})]  # (documented for it)
+    code, _out, err = run_cli(["deploy", str(run), "--to", "runpod-serverless"], capsys)
+    assert code != 0 and "answer was lost" in err and "lorapod ps" in err
+    (ep,) = runpod.endpoints.values()  # it bills: the template is kept (its endpoint uses it)
+    code, out, _err = run_cli(["ps"], capsys)
+    assert "its create never answered, so it may exist and bill" in out
+    code, out, _err = run_cli(["ps", "--json"], capsys)
+    (row,) = json.loads(out)
+    assert row["kind"] == "endpoint" and row["instance"] is None and row["unconfirmed"]
+    runpod.faults.clear()
+    monkeypatch.setattr(sl, "SETTLE_S", 0.0)
+    code, _out, err = run_cli(["down", "--orphans", "--json"], capsys)
+    assert code == 0 and f"exists as {ep['id']}" in " ".join(err.split()), err
+    code, out, _err = run_cli(["ps"], capsys)
+    assert f"lorapod down --endpoint {ep['id']}" in out
+    code, _out, err = run_cli(["down", "--endpoint", ep["id"]], capsys)
+    assert code == 0 and runpod.endpoints == {} and runpod.templates == {}
+
+
+def test_ctrl_c_during_the_create_deletes_what_it_made(hub, runpod, tmp_path, capsys, monkeypatch):
+    """Ctrl-C arrives while RunPod makes the endpoint (the create went out, its answer never came
+    back to lorapod): it is found by its name and deleted, with its template."""
+    from lorapod.compute.runpod.serverless import Serverless
+
+    run = _ready(hub, tmp_path)
+    real = Serverless.create_endpoint
+
+    def interrupted(self, body):
+        real(self, body)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Serverless, "create_endpoint", interrupted)
+    code, _out, _err = run_cli(["deploy", str(run), "--to", "runpod-serverless", "--workers-min", "1", "--yes"],
+                               capsys)
+    assert code != 0
+    assert runpod.endpoints == {} and runpod.templates == {}
+    code, out, _err = run_cli(["ps", "--json"], capsys)
+    assert json.loads(out) == []
+
+
+def test_ps_on_a_damaged_ledger_lists_endpoints_from_runpod(hub, runpod, tmp_path, capsys):
+    from lorapod.store.ledger import Ledger
+
+    run = _ready(hub, tmp_path)
+    code, out, err = run_cli(["deploy", str(run), "--to", "runpod-serverless", "--workers-min", "1", "--yes"], capsys)
+    assert code == 0, err
+    (ep,) = runpod.endpoints.values()
+    runpod.endpoints["other"] = {**ep, "id": "other", "name": "someone-elses"}  # not lorapod's: not shown
+    ledger = Ledger()
+    ledger._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    ledger.close()
+    ledger.path.write_bytes(b"this is not a database" * 100)
+    code, out, err = run_cli(["ps"], capsys)
+    assert "damaged" in err and f"serverless endpoint {ep['id']}" in out and "other" not in out
+    code, out, err = run_cli(["ps", "--json"], capsys)
+    assert [r["instance"] for r in json.loads(out) if r.get("kind") == "endpoint"] == [ep["id"]]
+    del runpod.endpoints["other"]
+
+
+def test_a_bogus_endpoint_id_is_refused_before_any_request(runpod, capsys):
+    """Before: `down --endpoint ../templates/ID` sent DELETE /templates/ID and recorded the bogus id
+    as deleted."""
+    from lorapod.store.ledger import Ledger
+
+    runpod.templates["ID"] = {"id": "ID", "name": "mine"}
+    for bad in ("../templates/ID", "a?b=1", "x/../y", "-rf"):
+        code, _out, err = run_cli(["down", "--endpoint", bad], capsys)
+        assert code != 0 and "is not a RunPod endpoint id" in err, err
+    assert runpod.calls == [] and "ID" in runpod.templates
+    assert not [e for e in Ledger().events() if e["kind"] == "endpoint"]
+
+
 def test_image_runs_are_refused(hub, runpod, tmp_path, capsys):
     spec = load_spec(raw={"model": {"id": "stabilityai/stable-diffusion-xl-base-1.0", "family": "sdxl"},
                           "data": {"path": str(tmp_path)}, "output": {"dir": str(tmp_path / "runs")}})

@@ -30,6 +30,9 @@ import math
 import os
 import re
 import secrets
+import time
+import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -326,32 +329,79 @@ class Deployed:
     curl: str
 
 
-def deploy(dep: Deployment, serverless: Any = None, ledger: Any = None) -> Deployed:
+def deploy(dep: Deployment, serverless: Any = None, ledger: Any = None,
+           say: Callable[[str], None] = lambda m: None) -> Deployed:
     """Create the template, then the endpoint (each once); a refused endpoint removes the template.
-    The ledger records both (``lorapod ps``, ``lorapod down --endpoint ID``)."""
-    from lorapod.compute.runpod.serverless import Serverless
+
+    The endpoint is in the ledger **before** the create call (a pending row with the unique name
+    it gets, ``lorapod-<installation>-<key>-<job>``, :func:`lorapod.store.identity.instance_label`'s
+    form), as instances are: a ledger that cannot take that row stops the deploy before anything
+    exists. When RunPod's answer is lost or Ctrl-C comes during the create, the endpoint is looked
+    up by that name: found after a lost answer, it is recorded and the deploy goes on; found after
+    Ctrl-C, it is deleted (the user stopped the deploy). Not found while RunPod could be asked:
+    nothing was created. RunPod not answering: the pending row stays, so ``lorapod ps`` shows it
+    and ``lorapod down --orphans`` settles it from RunPod's own list."""
+    from lorapod.compute.runpod.serverless import CreateUncertain, Serverless
+    from lorapod.store.identity import instance_label
     from lorapod.store.ledger import Ledger
 
     sv = serverless or Serverless()
     ledger = ledger or Ledger()
-    tid = sv.create_template(dep.template)
+    key = uuid.uuid4().hex[:12]
+    name = instance_label("i-" + key, dep.job_id)[:191]
+    rec = {"name": name, "model": dep.model, "gpu": dep.gpu.name, "workers_min": dep.workers_min,
+           "workers_max": dep.workers_max, "usd_per_s": dep.gpu.flex, "active_usd_per_s": dep.gpu.active,
+           "repo": dep.repo, "job": dep.job_id}
+    ledger.event_before_create("endpoint", json.dumps({"action": "creating", "key": key, **rec}),
+                               f"the pending row of endpoint {name}")  # LedgerBusy: nothing created yet
     try:
-        ep = sv.create_endpoint({**dep.endpoint, "templateId": tid})
-    except BaseException:
-        with contextlib.suppress(Exception):  # a template bills nothing; the endpoint's error is the one to report
-            sv.delete_template(tid)
+        tid = sv.create_template({**dep.template, "name": f"{name[:180]}-vllm"})
+    except BaseException as exc:  # a template bills nothing; no endpoint was asked for
+        _record(ledger, "create_failed", key=key, why=str(getattr(exc, "message", exc))[:300])
         raise
+    try:
+        ep = sv.create_endpoint({**dep.endpoint, "name": name, "templateId": tid})
+    except BaseException as exc:
+        uncertain = isinstance(exc, CreateUncertain | KeyboardInterrupt)
+        found, asked = _look_up(sv, name) if uncertain else (None, True)
+        if found is not None and not isinstance(exc, KeyboardInterrupt):
+            say(f"RunPod's answer to the create was lost; found endpoint {found.id} by its name {name}")
+            ep = found
+        else:
+            if found is not None:  # Ctrl-C: the deploy was stopped, so what it made goes
+                with contextlib.suppress(Exception):
+                    _record(ledger, "created", key=key, id=found.id, template_id=tid, url=URL.format(id=found.id),
+                            **rec)
+                    if sv.delete_endpoint(found.id):
+                        _record(ledger, "deleted", id=found.id, confirmed=True)
+            if asked:
+                with contextlib.suppress(Exception):  # the endpoint's error is the one to report
+                    sv.delete_template(tid)
+                if found is None:
+                    _record(ledger, "create_failed", key=key, why=str(getattr(exc, "message", exc))[:300])
+            raise
     url = URL.format(id=ep.id)
-    ledger.event("endpoint", json.dumps({"action": "created", "id": ep.id, "template_id": tid, "name": ep.name,
-                                         "url": url, "model": dep.model, "gpu": dep.gpu.name,
-                                         "workers_min": dep.workers_min, "workers_max": dep.workers_max,
-                                         "usd_per_s": dep.gpu.flex, "active_usd_per_s": dep.gpu.active,
-                                         "repo": dep.repo}), job_id=None)
+    _record(ledger, "created", key=key, id=ep.id, template_id=tid, url=url, **{**rec, "name": ep.name or name})
     return Deployed(ep.id, tid, url, dep.model, curl_example(ep.id, dep.model))
 
 
+def _record(ledger: Any, action: str, **fields: Any) -> None:
+    ledger.event("endpoint", json.dumps({"action": action, **fields}), job_id=None)
+
+
+def _look_up(sv: Any, name: str) -> tuple[Any, bool]:
+    """The endpoint named ``name`` on the account, and whether RunPod could be asked at all."""
+    try:
+        listed = sv.list_endpoints()
+    except (LorapodError, OSError):
+        return None, False
+    return next((e for e in listed if e.name == name), None), True
+
+
 def live_endpoints(ledger: Any) -> list[dict[str, Any]]:
-    """Endpoints lorapod created and has not seen deleted, from the ledger's events."""
+    """Endpoints lorapod created, or began to create, and has not seen deleted or refused, from
+    the ledger's events; a pending one (its create never answered) has ``id`` None and
+    ``state`` ``creating``."""
     out: dict[str, dict[str, Any]] = {}
     for e in ledger.events():
         if e["kind"] != "endpoint":
@@ -360,11 +410,111 @@ def live_endpoints(ledger: Any) -> list[dict[str, Any]]:
             rec = json.loads(e["message"])
         except ValueError:
             continue
-        if rec.get("action") == "created":
-            out[str(rec["id"])] = rec
-        elif rec.get("action") == "deleted":
-            out.pop(str(rec.get("id")), None)
+        if not isinstance(rec, dict):
+            continue
+        action, key = rec.get("action"), str(rec.get("key") or rec.get("id"))
+        rec.pop("action", None)
+        if action == "creating":
+            out[key] = {**rec, "id": None, "state": "creating", "since": e["ts"]}
+        elif action == "created":
+            out[key] = {**out.get(key, {}), **rec, "state": "live"}
+        elif action == "create_failed":
+            out.pop(key, None)
+        elif action == "deleted":
+            for k in [k for k, r in out.items() if r.get("id") == rec.get("id")]:
+                out.pop(k)
     return list(out.values())
+
+
+def endpoint_rows(endpoints: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``ps --json`` rows for endpoints: the keys a job's row has, ``kind`` "endpoint"."""
+    return [{"kind": "endpoint", "job": ep.get("job"), "state": ep.get("state", "live"), "target": "runpod-serverless",
+             "instance": ep.get("id"), "instance_state": ep.get("state", "live"), "gpu": ep.get("gpu"),
+             "usd_per_hour": float(ep.get("usd_per_s") or 0) * 3600, "usd": None, "last_step": None,
+             "live_instances": 0, "controller_alive": False, "unconfirmed": [] if ep.get("id") else [ep.get("name")],
+             "run_dir": None, "summary": endpoint_cost(ep), "setup_s": {}, "name": ep.get("name"),
+             "url": ep.get("url"), "model": ep.get("model"), "workers_min": ep.get("workers_min")}
+            for ep in endpoints]
+
+
+def describe_endpoint(ep: dict[str, Any]) -> str:
+    """One `ps` line."""
+    if ep.get("id") is None:
+        return (f"serverless endpoint {ep.get('name')} ({ep.get('model')}, {ep.get('gpu')}): its create never "
+                f"answered, so it may exist and bill ({endpoint_cost(ep)}); `lorapod down --orphans` looks it up "
+                "by its name")
+    return (f"serverless endpoint {ep['id']} ({ep.get('model')}, {ep.get('gpu')}): {endpoint_cost(ep)}; "
+            f"{ep.get('url')}; `lorapod down --endpoint {ep['id']}` removes it")
+
+
+def labelled_endpoints(say: Callable[[str], None], serverless: Any = None) -> list[dict[str, Any]]:
+    """This installation's endpoints as RunPod lists them, by the name lorapod gave them; [] when
+    RunPod has no key here or does not answer (said). What ``ps`` shows without a ledger."""
+    from lorapod.compute.runpod.serverless import Serverless
+    from lorapod.store.identity import installation_id, parse_label
+
+    try:
+        sv = serverless or Serverless()
+        listed = sv.list_endpoints()
+    except LorapodError as exc:
+        say(f"runpod-serverless: endpoints not listed ({exc.message})")
+        return []
+    me = installation_id()
+    return [{"id": e.id, "name": e.name, "template_id": e.template_id, "workers_min": e.workers_min,
+             "workers_max": e.workers_max, "url": URL.format(id=e.id), "state": "live", "gpu": ", ".join(e.gpu_type_ids[:2]),
+             "job": e.name.split("-", 3)[3] if e.name.count("-") >= 3 else None}
+            for e in listed if (parse_label(e.name) or ("",))[0] == me]
+
+
+#: A pending endpoint younger than this may be a deploy still waiting for RunPod's answer.
+SETTLE_S = 120.0
+
+
+def reconcile_endpoints(ledger: Any, say: Callable[[str], None], serverless: Any = None) -> dict[str, int]:
+    """``down --orphans``: the ledger's pending endpoints settled from RunPod's own list by name
+    (found: recorded with its id; not there: nothing was created), and this installation's
+    endpoints the ledger lacks (a damaged ledger restored from a backup, a row a locked ledger
+    dropped) recorded, so `ps` and `down --endpoint` know them. Nothing is deleted: an endpoint
+    is a service someone deployed on purpose."""
+    from lorapod.compute.runpod.serverless import Serverless
+    from lorapod.store.identity import installation_id, parse_label
+
+    counts = {"endpoints_found": 0, "endpoints_settled": 0}
+    try:
+        sv = serverless or Serverless()
+        listed = {e.name: e for e in sv.list_endpoints()}
+    except LorapodError as exc:
+        if any(ep["id"] is None for ep in live_endpoints(ledger)):
+            say(f"runpod-serverless: not asked ({exc.message}); pending endpoints were not checked")
+        return counts
+    known = live_endpoints(ledger)
+    ids = {ep["id"] for ep in known if ep["id"]}
+    for ep in known:
+        if ep["id"] is not None or time.time() - float(ep.get("since") or 0) < SETTLE_S:
+            continue  # created, or a deploy may still be waiting for its answer
+        found = listed.get(ep.get("name"))
+        if found is None:
+            _record(ledger, "create_failed", key=ep.get("key"), why="not on RunPod's list: never created")
+            say(f"endpoint {ep.get('name')} was never created (RunPod does not list it); ledger updated")
+        else:
+            _record(ledger, "created", key=ep.get("key"), id=found.id, template_id=found.template_id,
+                    url=URL.format(id=found.id), **{k: v for k, v in ep.items()
+                                                    if k not in ("id", "state", "key", "template_id", "url", "since")})
+            ids.add(found.id)
+            say(f"endpoint {ep.get('name')} exists as {found.id}; recorded (`lorapod down --endpoint {found.id}` "
+                "removes it)")
+        counts["endpoints_settled"] += 1
+    me = installation_id()
+    for e in listed.values():
+        if e.id in ids or (parse_label(e.name) or ("",))[0] != me:
+            continue
+        _record(ledger, "created", key=e.id, id=e.id, template_id=e.template_id, name=e.name, url=URL.format(id=e.id),
+                workers_min=e.workers_min, workers_max=e.workers_max, gpu=", ".join(e.gpu_type_ids[:2]),
+                note="found by its name; not in the ledger")
+        counts["endpoints_found"] += 1
+        say(f"endpoint {e.id} ({e.name}) is lorapod's and was not in the ledger; recorded (`lorapod down "
+            f"--endpoint {e.id}` removes it)")
+    return counts
 
 
 def endpoint_cost(rec: dict[str, Any]) -> str:
@@ -375,10 +525,12 @@ def endpoint_cost(rec: dict[str, Any]) -> str:
 
 
 def down_endpoint(endpoint_id: str, serverless: Any = None, ledger: Any = None) -> bool:
-    """Delete the endpoint, then its template; True when RunPod confirmed the endpoint's delete."""
-    from lorapod.compute.runpod.serverless import Serverless
+    """Delete the endpoint, then its template; True when RunPod confirmed the endpoint's delete.
+    An id that cannot be RunPod's (``../templates/ID``) is refused before any request."""
+    from lorapod.compute.runpod.serverless import Serverless, checked_id
     from lorapod.store.ledger import Ledger
 
+    checked_id(endpoint_id)
     sv = serverless or Serverless()
     ledger = ledger or Ledger()
     known = {r["id"]: r for r in live_endpoints(ledger)}
