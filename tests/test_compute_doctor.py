@@ -17,8 +17,8 @@ from lorapod.compute.vast.provider import VastProvider
 from lorapod.store.ledger import Ledger
 
 from .fakes.runpod_fake import RunPodFake
-from .remote_helpers import cli_env
 from .fakes.vast_fake import VastFake
+from .remote_helpers import cli_env
 
 
 def _names(report):
@@ -95,7 +95,7 @@ def test_doctor_cli_prints_the_cap_rents_nothing_without_yes_and_the_table_with_
         fake.close()
 
 
-def _runpod(fake):
+def _runpod(fake) -> RunPodProvider:
     return RunPodProvider(RunPodApi(fake.account_key, base_url=fake.url, graphql_url=fake.graphql_url,
                                     backoff_s=0.05, timeout=10))
 
