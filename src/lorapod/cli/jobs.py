@@ -59,6 +59,10 @@ def register(app: typer.Typer) -> None:
             if r.get("watchdog") == "down":
                 console.print(f"[bold red]job {r['job']}: the watchdog on its instance is down;[/] nothing there "
                               "destroys it if the controller dies (`lorapod down` stops it)")
+            elif r.get("watchdog") == "unknown":
+                console.print(f"[bold yellow]job {r['job']}: no controller follows it, so nobody checks the watchdog "
+                              "on its instance;[/] `lorapod down --orphans` destroys it, `lorapod run --resume "
+                              f"{r['job']}` follows it again")
             if r.get("unconfirmed"):
                 console.print(f"[bold red]job {r['job']}: instance {', '.join(r['unconfirmed'])} not confirmed "
                               f"destroyed; it may still bill.[/] Run `lorapod down {r['job']}`")
