@@ -91,3 +91,63 @@ def test_a_run_folder_named_with_spaces_and_symbols_has_a_working_page(tmp_path)
     assert (root / "spec.yaml").is_file()
     for bad in ("%2e%2e", "a%2Fb", "x" * 300):  # still only a run the index lists, by its exact name
         assert c.get("/runs/" + bad).status_code in (404, 405)
+
+
+def _events(c: TestClient, url: str, most_quiet: int = 2):
+    """(kind, data) of a stream's events until ``most_quiet`` status or ping events came in a row."""
+    quiet = 0
+    with c.stream("GET", url) as r:
+        kind = None
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                kind = line[len("event: "):]
+            elif line.startswith("data: ") and kind:
+                yield kind, json.loads(line[len("data: "):])
+                quiet = quiet + 1 if kind == "status" else 0
+                kind = None
+            elif line.startswith(": ping"):
+                quiet += 1
+            if quiet >= most_quiet:
+                return
+
+
+def test_a_metrics_line_over_4_mb_does_not_freeze_the_live_chart(tmp_path):
+    """Before: the stream read 4 MB, found no line end and kept the same offset for good: no step
+    after the long line ever reached the chart."""
+    runs = tmp_path / "runs"
+    root = run_folder(runs, name="long-20261201-120000-0001")
+    offset = (root / "metrics.jsonl").stat().st_size
+    with open(root / "metrics.jsonl", "a") as fh:
+        fh.write(json.dumps({"step": 21, "loss": 0.3, "note": "x" * (5 * 1024 * 1024)}) + "\n")
+        for step in range(22, 26):
+            fh.write(json.dumps({"time": time.time(), "step": step, "loss": 0.2}) + "\n")
+    steps: list[int] = []
+    for kind, d in _events(client(runs), f"/runs/{root.name}/stream?offset={offset}"):
+        steps += [r["step"] for r in d["rows"]] if kind == "metrics" else []
+        if 25 in steps:
+            break
+    assert steps == [22, 23, 24, 25]
+
+
+def test_a_100_mb_metrics_file_costs_a_bounded_read_and_the_note_never_calls_a_sample_the_total(tmp_path):
+    """Before: every chart request read 64 MB and parsed every line (5-7 s, ~600 MB more memory;
+    bench/ui_metrics.py), and the note called the lines it had read "N metrics lines"."""
+    runs = tmp_path / "runs"
+    root = run_folder(runs, name="huge-20261201-120000-0001", steps=0)
+    line = json.dumps({"time": 1.0, "step": 7, "loss": 0.5, "lr": 1e-4, "step_time_s": 0.5, "tokens_per_s": 900.0})
+    block = ((line + "\n") * 10_000).encode()
+    with open(root / "metrics.jsonl", "wb") as fh:
+        while fh.tell() < 100 * 1024 * 1024:
+            fh.write(block)
+        fh.write(json.dumps({"time": 2.0, "step": 123456, "loss": 0.25}).encode() + b"\n")
+    size = (root / "metrics.jsonl").stat().st_size
+    c = client(runs)
+    t = time.perf_counter()
+    got = c.get(f"/runs/{root.name}/metrics").json()
+    took = time.perf_counter() - t
+    assert got["sampled"] is True and got["bytes"] == size and got["offset"] == size
+    assert got["rows"] < 60_000 and got["last_step"] == 123456  # read: about 3 MB of 100
+    assert got["series"]["loss"]["x"][-1] == 123456
+    assert took < 8.0, took  # 0.8 s on the shared 2-core build machine; 16-34 s before
+    page = c.get(f"/runs/{root.name}").text
+    assert 'id="chart-note"' in page

@@ -16,6 +16,7 @@ import re
 import sqlite3
 import statistics
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,21 +114,25 @@ def console_url(provider: str) -> str | None:
 # ----------------------------------------------------------------------------- reading a run folder
 
 
-def read_metrics(root: Path) -> list[dict[str, Any]]:
-    text = read_text(root, "metrics.jsonl", limit=64 * 1024 * 1024) or ""
+def read_metrics(root: Path, limit: int = 4 * 1024 * 1024) -> list[dict[str, Any]]:
+    """The last ``limit`` bytes of metrics.jsonl, parsed (the Compare page's last validation loss)."""
+    text = read_text(root, "metrics.jsonl", limit=limit, tail=True) or ""
     return parse_metrics(text)
 
 
 def parse_metrics(text: str) -> list[dict[str, Any]]:
-    out = []
+    return list(iter_metrics(text))
+
+
+def iter_metrics(text: str) -> Iterator[dict[str, Any]]:
+    """Each JSON object line of ``text``; torn or foreign lines are skipped."""
     for line in text.splitlines():
         try:
             rec = json.loads(line)
         except ValueError:
             continue  # a torn last line
         if isinstance(rec, dict):
-            out.append(rec)
-    return out
+            yield rec
 
 
 def _num(v: Any) -> float | None:
@@ -406,8 +411,9 @@ def downsample(xs: list[float], ys: list[float], limit: int = MAX_POINTS) -> tup
     return ox, oy
 
 
-def series(metrics: list[dict[str, Any]], limit: int = MAX_POINTS) -> dict[str, dict[str, list[float]]]:
-    """``{key: {"x": steps, "y": values}}`` for every charted key the metrics have, downsampled."""
+def series(metrics: Iterable[dict[str, Any]], limit: int = MAX_POINTS) -> dict[str, dict[str, list[float]]]:
+    """``{key: {"x": steps, "y": values}}`` for every charted key the metrics have, downsampled.
+    ``metrics`` is read once: a generator keeps only the columns in memory, never every record."""
     out: dict[str, dict[str, list[float]]] = {}
     keys = [k for ks in CHART_KEYS.values() for k in ks]
     cols: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in keys}

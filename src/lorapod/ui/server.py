@@ -32,7 +32,7 @@ from starlette.staticfiles import StaticFiles
 from lorapod.catalog import families
 from lorapod.errors import LorapodError
 from lorapod.ui import actions
-from lorapod.ui.files import Refused, is_real_dir, read_from, serve
+from lorapod.ui.files import Refused, is_real_dir, read_from, sample_lines, serve
 from lorapod.ui.guard import Guard
 from lorapod.ui.live import GIVE_UP_AFTER, RemoteTail
 from lorapod.ui.runs import (
@@ -41,6 +41,7 @@ from lorapod.ui.runs import (
     RunIndex,
     RunView,
     evaluation,
+    iter_metrics,
     logs,
     parse_metrics,
     read_metrics,
@@ -56,6 +57,11 @@ POLL_S = 0.5  # how often a stream looks at metrics.jsonl
 STATUS_EVERY_S = 2.0
 STREAM_S = 300.0  # a stream ends after this; EventSource reconnects with its Last-Event-ID
 STATIC = Path(__file__).parent / "static"
+#: A run's chart reads at most the last CHART_TAIL bytes of metrics.jsonl in full and MAX_POINTS
+#: stretches of CHART_WINDOW bytes of the rest (ui/files.py sample_lines): a few MB and tens of
+#: milliseconds per request whatever the file's size (bench/ui_metrics.py).
+CHART_TAIL = 2 * 1024 * 1024
+CHART_WINDOW = 1024
 
 
 def _env() -> Environment:
@@ -330,9 +336,20 @@ def run_metrics(dash: Dashboard, request: Request) -> Response:
     view = dash.index.find(request.path_params["job"])
     if view is None:
         return JSONResponse({"error": "no such run"}, 404)
-    data, offset = read_from(view.root, "metrics.jsonl", 0, limit=64 * 1024 * 1024)
-    rows = parse_metrics(data.decode("utf-8", errors="replace"))
-    return JSONResponse({"offset": offset, "rows": len(rows), "max_points": MAX_POINTS, "series": series(rows)})
+    data, offset, size, sampled = sample_lines(view.root, "metrics.jsonl", CHART_TAIL, MAX_POINTS, CHART_WINDOW)
+    seen = {"rows": 0, "last_step": None}
+
+    def rows() -> Iterator[dict[str, Any]]:  # counted as the series take them: no list of every record
+        for rec in iter_metrics(data.decode("utf-8", errors="replace")):
+            seen["rows"] += 1
+            step = rec.get("step")
+            if isinstance(step, int) and not isinstance(step, bool):
+                seen["last_step"] = step if seen["last_step"] is None else max(seen["last_step"], step)
+            yield rec
+
+    out = series(rows())
+    return JSONResponse({"offset": offset, "rows": seen["rows"], "sampled": sampled, "bytes": size, "tail_bytes": CHART_TAIL,
+                         "last_step": seen["last_step"], "max_points": MAX_POINTS, "series": out})
 
 
 def run_file(dash: Dashboard, request: Request) -> Response:

@@ -149,7 +149,13 @@
       const loss = m.series.loss;
       if (loss) window.lorapod.lastStep = loss.x[loss.x.length - 1];
       const note = document.getElementById("chart-note");
-      if (note) note.textContent = m.rows > maxPoints ? m.rows + " metrics lines, drawn as at most " + maxPoints + " points per series (the lowest and highest of each stretch kept)" : "";
+      if (note) {
+        // what was read, never more: a sampled file's line count is not the run's
+        const mb = (m.bytes / 1048576).toFixed(1);
+        note.textContent = m.sampled
+          ? "metrics.jsonl is " + mb + " MB: its last " + (m.tail_bytes / 1048576).toFixed(0) + " MB read in full and stretches of the rest sampled (" + m.rows + " lines read), up to step " + m.last_step + "; at most " + maxPoints + " points per series"
+          : m.rows > maxPoints ? m.rows + " metrics lines, drawn as at most " + maxPoints + " points per series (the lowest and highest of each stretch kept)" : "";
+      }
       return m.offset;
     });
   }
