@@ -101,16 +101,17 @@ class Dashboard:
     """The app's state: where runs are, which specs and data folders the Plan and Data pages offer."""
 
     def __init__(self, index: RunIndex, token: str, data_folders: list[Path] | None = None,
-                 spec_files: list[Path] | None = None) -> None:
+                 spec_files: list[Path] | None = None, prefix: str = "") -> None:
         self.index = index
         self.token = token
+        self.prefix = prefix.rstrip("/")  # every page's URLs start with it (ui/guard.py: the cookie's path)
         self.extra_data = [Path(p).resolve() for p in data_folders or []]
         self.extra_specs = [Path(p).resolve() for p in spec_files or []]
         self.env = _env()
         self._plans: dict[tuple[str, int], dict[str, Any]] = {}
 
     def render(self, name: str, **ctx: Any) -> str:
-        return self.env.get_template(name).render(token=self.token, now=time.time(), **ctx)
+        return self.env.get_template(name).render(token=self.token, now=time.time(), root=self.prefix, **ctx)
 
     def page(self, name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
         return HTMLResponse(self.render(name, **ctx), status)
@@ -491,7 +492,7 @@ def build_app(dash: Dashboard, hosts: set[str], port: int) -> Guard:
         Route("/data/report/{n}", bind(data_report)),
         Mount("/static", StaticFiles(directory=STATIC, follow_symlink=False), name="static"),
     ]
-    return Guard(Starlette(routes=routes), dash.token, hosts, port)
+    return Guard(Starlette(routes=routes), dash.token, hosts, port, dash.prefix)
 
 
 def allowed_hosts(host: str, port: int) -> set[str]:

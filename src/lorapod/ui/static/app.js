@@ -49,7 +49,7 @@
   for (const el of document.querySelectorAll(".chart[data-runs]")) {
     const jobs = el.dataset.runs.split(",").filter(Boolean);
     const keys = el.dataset.key.split(",");
-    Promise.all(jobs.map((j) => fetch("/runs/" + encodeURIComponent(j) + "/metrics").then((r) => r.json()))).then((all) => {
+    Promise.all(jobs.map((j) => fetch(document.body.dataset.root + "/runs/" + encodeURIComponent(j) + "/metrics").then((r) => r.json()))).then((all) => {
       const tables = [], labels = [];
       all.forEach((m, i) => {
         const k = keys.find((k) => m.series[k]);
