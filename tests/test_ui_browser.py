@@ -227,6 +227,52 @@ def _check_dialog(dialog, words: str) -> None:
     assert words in dialog.message, dialog.message
 
 
+def test_a_long_metrics_line_does_not_freeze_the_chart_and_a_sampled_file_is_said(page, tmp_path):
+    """A host writes metrics.jsonl. Before: a line over 4 MB stopped the live chart for good, and
+    the note called the lines read of a large file its total. Now the chart moves past the line,
+    and the note of a 3 MB file (more than the 2 MB read in full) says it was sampled, to which step."""
+    runs = tmp_path / "runs"
+    root = run_folder(runs, steps=0)
+    with open(root / "metrics.jsonl", "w") as fh:
+        step = 0
+        while fh.tell() < 3 * 1024 * 1024:
+            step += 1
+            fh.write(json.dumps({"time": time.time(), "step": step, "loss": 1.0 / step, "lr": 1e-4,
+                                 "step_time_s": 0.5, "pad": "x" * 100}) + "\n")
+    ui = Dashboard(str(runs))
+    try:
+        page.goto(ui.url)
+        page.goto(f"{ui.base}/runs/{root.name}")
+        page.wait_for_function(f"() => window.lorapod && window.lorapod.lastStep === {step}")
+        page.wait_for_function("() => window.lorapod.statusEvents > 0")  # the stream follows the file
+        with open(root / "metrics.jsonl", "a") as fh:
+            fh.write(json.dumps({"step": step + 1, "loss": 0.5, "junk": "y" * (5 * 1024 * 1024)}) + "\n")
+            for k in range(2, 6):
+                fh.write(json.dumps({"time": time.time(), "step": step + k, "loss": 0.1}) + "\n")
+        wait_for(lambda: page.evaluate("window.lorapod.lastStep") == step + 5, 10.0, "the steps after the long line")
+        page.reload()
+        page.wait_for_function(f"() => window.lorapod && window.lorapod.lastStep === {step + 5}")
+        note = page.inner_text("#chart-note")
+        assert "sampled" in note and f"up to step {step + 5}" in note and "8.0 MB" in note, note
+    finally:
+        ui.close()
+
+
+def test_a_run_folder_named_with_spaces_opens_from_the_runs_page(page, tmp_path):
+    """Before: listed, but its link led to a 404."""
+    runs = tmp_path / "runs"
+    root = run_folder(runs, name="my run (v2) #1 & co", samples=1)
+    ui = Dashboard(str(runs))
+    try:
+        page.goto(ui.url)
+        page.click("tr.run a")
+        page.wait_for_function("() => window.lorapod && window.lorapod.lastStep === 20")
+        assert page.inner_text("h1") == root.name
+        page.wait_for_function("[...document.querySelectorAll('.gallery img')].every(i => i.complete && i.naturalWidth > 0)")
+    finally:
+        ui.close()
+
+
 class OtherServer:
     """Another program's web server on 127.0.0.1 (another port): it records the Cookie header of
     every request the browser sends it."""

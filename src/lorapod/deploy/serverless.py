@@ -382,6 +382,9 @@ def deploy(dep: Deployment, serverless: Any = None, ledger: Any = None,
             raise
     url = URL.format(id=ep.id)
     _record(ledger, "created", key=key, id=ep.id, template_id=tid, url=url, **{**rec, "name": ep.name or name})
+    if ledger.pending and not ledger.flush(wait_s=5.0):  # locked since the pending row: it stays pending
+        say(f"the ledger is locked, so endpoint {ep.id} is recorded as pending only; `lorapod down --orphans` "
+            "records it from RunPod's list once the ledger is free")
     return Deployed(ep.id, tid, url, dep.model, curl_example(ep.id, dep.model))
 
 
