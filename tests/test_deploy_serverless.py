@@ -287,6 +287,12 @@ def test_ps_on_a_damaged_ledger_lists_endpoints_from_runpod(hub, runpod, tmp_pat
     assert "damaged" in err and f"serverless endpoint {ep['id']}" in out and "other" not in out
     code, out, err = run_cli(["ps", "--json"], capsys)
     assert [r["instance"] for r in json.loads(out) if r.get("kind") == "endpoint"] == [ep["id"]]
+    # a writing command sets the damaged file aside; the orphan sweep records the endpoint again
+    code, _out, err = run_cli(["down", "--orphans"], capsys)
+    assert code == 0 and f"endpoint {ep['id']}" in err and "was not in the ledger; recorded" in " ".join(err.split())
+    code, out, err = run_cli(["ps"], capsys)
+    assert "damaged" not in err and f"lorapod down --endpoint {ep['id']}" in out and "other" not in out
+    assert ep["id"] in runpod.endpoints  # found and recorded, never deleted: it was deployed on purpose
     del runpod.endpoints["other"]
 
 

@@ -136,6 +136,11 @@ def register(app: typer.Typer) -> None:
                 raise
             say(f"warning: {exc.message}; destroying from the providers' listings instead (RunPod, Vast.ai)")
             counts = down_without_ledger(job, say, lambda q: yes or typer.confirm(q, default=False, err=True))
+            if orphans and _has_runpod_key():  # endpoints bill too: said, as the ledger cannot record them
+                from lorapod.deploy.serverless import describe_endpoint, labelled_endpoints
+
+                for ep in labelled_endpoints(say):
+                    say(describe_endpoint(ep))
             if as_json:
                 typer.echo(json.dumps(counts))
             else:

@@ -442,11 +442,12 @@ def endpoint_rows(endpoints: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def describe_endpoint(ep: dict[str, Any]) -> str:
     """One `ps` line."""
+    what = ", ".join(str(v) for v in (ep.get("model"), ep.get("gpu")) if v) or "found by its name"
     if ep.get("id") is None:
-        return (f"serverless endpoint {ep.get('name')} ({ep.get('model')}, {ep.get('gpu')}): its create never "
+        return (f"serverless endpoint {ep.get('name')} ({what}): its create never "
                 f"answered, so it may exist and bill ({endpoint_cost(ep)}); `lorapod down --orphans` looks it up "
                 "by its name")
-    return (f"serverless endpoint {ep['id']} ({ep.get('model')}, {ep.get('gpu')}): {endpoint_cost(ep)}; "
+    return (f"serverless endpoint {ep['id']} ({what}): {endpoint_cost(ep)}; "
             f"{ep.get('url')}; `lorapod down --endpoint {ep['id']}` removes it")
 
 
