@@ -271,6 +271,30 @@ def test_ctrl_c_during_the_create_deletes_what_it_made(hub, runpod, tmp_path, ca
     assert json.loads(out) == []
 
 
+def test_ctrl_c_before_runpod_made_it_stays_pending_until_the_sweep_finds_nothing(hub, runpod, tmp_path, capsys,
+                                                                                   monkeypatch):
+    """Not on RunPod's list right after Ctrl-C may be not listed *yet*: `ps` keeps saying it may
+    bill until `down --orphans` asks RunPod again and finds nothing."""
+    import lorapod.deploy.serverless as sl
+    from lorapod.compute.runpod.serverless import Serverless
+
+    run = _ready(hub, tmp_path)
+
+    def interrupted(self, body):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Serverless, "create_endpoint", interrupted)
+    code, _out, _err = run_cli(["deploy", str(run), "--to", "runpod-serverless"], capsys)
+    assert code != 0 and runpod.endpoints == {} and runpod.templates == {}
+    code, out, _err = run_cli(["ps"], capsys)
+    assert "may exist and bill" in out
+    monkeypatch.setattr(sl, "SETTLE_S", 0.0)
+    code, _out, err = run_cli(["down", "--orphans"], capsys)
+    assert code == 0 and "was never created" in " ".join(err.split()), err
+    code, out, _err = run_cli(["ps", "--json"], capsys)
+    assert json.loads(out) == []
+
+
 def test_ps_on_a_damaged_ledger_lists_endpoints_from_runpod(hub, runpod, tmp_path, capsys):
     from lorapod.store.ledger import Ledger
 

@@ -338,9 +338,10 @@ def deploy(dep: Deployment, serverless: Any = None, ledger: Any = None,
     form), as instances are: a ledger that cannot take that row stops the deploy before anything
     exists. When RunPod's answer is lost or Ctrl-C comes during the create, the endpoint is looked
     up by that name: found after a lost answer, it is recorded and the deploy goes on; found after
-    Ctrl-C, it is deleted (the user stopped the deploy). Not found while RunPod could be asked:
-    nothing was created. RunPod not answering: the pending row stays, so ``lorapod ps`` shows it
-    and ``lorapod down --orphans`` settles it from RunPod's own list."""
+    Ctrl-C, it is deleted (the user stopped the deploy). Not found (a list may lag a create), or
+    RunPod not answering: the pending row stays, so ``lorapod ps`` shows it and ``lorapod down
+    --orphans`` settles it from RunPod's own list. A create RunPod refused records that nothing
+    exists."""
     from lorapod.compute.runpod.serverless import CreateUncertain, Serverless
     from lorapod.store.identity import instance_label
     from lorapod.store.ledger import Ledger
@@ -377,7 +378,8 @@ def deploy(dep: Deployment, serverless: Any = None, ledger: Any = None,
             if asked:
                 with contextlib.suppress(Exception):  # the endpoint's error is the one to report
                     sv.delete_template(tid)
-                if found is None:
+                if found is None and not uncertain:  # refused: nothing exists. Not listed after a lost
+                    # answer may be not listed *yet*: the row stays pending for `down --orphans`
                     _record(ledger, "create_failed", key=key, why=str(getattr(exc, "message", exc))[:300])
             raise
     url = URL.format(id=ep.id)
