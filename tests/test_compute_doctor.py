@@ -18,6 +18,7 @@ from lorapod.store.ledger import Ledger
 
 from .fakes.runpod_fake import RunPodFake
 from .fakes.vast_fake import VastFake
+from .remote_helpers import cli_env
 
 
 def _names(report):
@@ -91,4 +92,79 @@ def test_doctor_cli_prints_the_cap_rents_nothing_without_yes_and_the_table_with_
         assert "FAIL" not in out.output and "passed: stored in the ledger" in out.output
         assert fake.live() == [] and fake.account_key not in out.output
     finally:
+        fake.close()
+
+
+def _runpod(fake) -> RunPodProvider:
+    return RunPodProvider(RunPodApi(fake.account_key, base_url=fake.url, graphql_url=fake.graphql_url,
+                                    backoff_s=0.05, timeout=10))
+
+
+def test_an_interrupted_doctor_is_never_recorded_as_passed(sshd_factory, remote_root):
+    """Ctrl-C right after the create: offer, create and cleanup held and nothing else ran. Before,
+    that was recorded as a pass, and `lorapod run` stopped warning that the provider never passed."""
+    fake = RunPodFake(sshd_factory, remote_root)
+    try:
+        prov = _runpod(fake)
+        ledger = Ledger()
+
+        def say(msg: str) -> None:
+            if msg.startswith("created "):
+                raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            run_doctor(prov, cheapest_offer(prov), ledger, say=say, poll_s=0.2)
+        assert fake.live() == [] and ledger.instances(live_only=True) == []  # cleaned up with the account key
+        (ev,) = [e for e in ledger.events() if e["kind"] == "doctor"]
+        rep = json.loads(ev["message"])
+        assert rep["passed"] is False and {"create": True, "cleanup": True, "finished": False}.items() <= {
+            c["name"]: c["ok"] for c in rep["checks"]}.items()
+        assert not ever_passed(ledger, "runpod") and "never passed" in doctor_note(ledger, "runpod")
+        (job,) = ledger.jobs()
+        assert job.state == "failed"
+    finally:
+        fake.close()
+
+
+def test_a_doctor_killed_outright_leaves_a_watchdog_that_destroys_its_instance(sshd_factory, remote_root):
+    """SIGKILL once the doctor's instance answers SSH: no `finally`, no account-key cleanup. The
+    watchdog it started, capped at the doctor's minutes, destroys the pod from inside with the
+    pod-scoped key. Before: the doctor started no watchdog and the pod billed on."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    fake = RunPodFake(sshd_factory, remote_root)
+    child = (
+        "import sys\n"
+        "from lorapod.compute.doctor import cheapest_offer, run_doctor\n"
+        "from lorapod.compute.runpod.api import RunPodApi\n"
+        "from lorapod.compute.runpod.provider import RunPodProvider\n"
+        f"prov = RunPodProvider(RunPodApi({fake.account_key!r}, base_url={fake.url!r}, "
+        f"graphql_url={fake.graphql_url!r}, backoff_s=0.05, timeout=10))\n"
+        "run_doctor(prov, cheapest_offer(prov), say=lambda m: print(m, flush=True), minutes=0.1, poll_s=0.2)\n"
+        "print('DOCTOR-DONE', flush=True)\n")
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=cli_env())
+    seen = []
+    try:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            seen.append(line)
+            if line.startswith("DOCTOR-DONE"):
+                break
+            if line.startswith("watchdog started on the instance"):
+                proc.send_signal(signal.SIGKILL)  # the doctor dies before its own self-destroy check
+                break
+        proc.wait(10)
+        assert any(x.startswith("watchdog started") for x in seen), seen
+        end = time.monotonic() + 45
+        while fake.live() and time.monotonic() < end:
+            time.sleep(0.2)
+        (pod,) = fake.instances.values()
+        assert fake.live() == [] and pod.deleted_by == "pod-scoped key", (pod.deleted_by, seen)
+        assert fake.violations == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
         fake.close()

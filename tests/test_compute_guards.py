@@ -152,3 +152,63 @@ def test_file_clock_places_changes_on_the_monotonic_clock():
     assert c.place("hb", 1000.0, mono_now=60.0, wall_now=500.0) == 40.0  # wall clock stepped back: unchanged
     assert c.place("hb", 400.0, mono_now=61.0, wall_now=500.0) == 61.0  # touched again: now
     assert c.place("hb", None, mono_now=62.0, wall_now=500.0) is None
+
+
+def test_a_restart_the_host_undoes_is_down_in_ps_not_up(tmp_path):
+    """The host kills the watchdog and keeps its lock (so guard.sh's and the controller's restarts
+    exit at once, as the watchdog does when another holds watchdog.lock). Before: the controller
+    recorded "restarted" without looking, and `ps` said the watchdog was up while none ran."""
+    import fcntl
+
+    work = tmp_path / "machine" / ".lorapod-work"
+    lines: list[str] = []
+    seen: list[str | None] = []
+    held: list = []
+
+    def say(msg: str) -> None:
+        lines.append(msg)
+        if msg.startswith("step 3") and not held:
+            kill_watchdog(work)
+            (lock,) = work.glob("*/watchdog.lock")
+            fh = open(lock, "a")  # held past this call, closed below
+            end = time.monotonic() + 10
+            while True:  # the killed watchdog's lock goes with it
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError:
+                    if time.monotonic() > end:
+                        raise
+                    time.sleep(0.02)
+            held.append(fh)
+        elif msg.startswith("step") and held and not seen and any("starting it again" in x for x in lines):
+            (row,) = ps_rows(Ledger.read_only())
+            seen.append(row["watchdog"])
+
+    try:
+        summary = local_run(tmp_path, say, watchdog_restarts=1)
+    finally:
+        for fh in held:
+            fh.close()
+    assert summary.state == "done", summary.message
+    assert seen == ["down"], lines
+    assert any("did not stay up" in x for x in lines), lines
+    kinds = [e["message"] for e in Ledger().events(summary.job_id) if e["kind"] == "watchdog"]
+    assert kinds[:2] == ["down: restarting", "down: the restart did not take"], kinds
+
+
+def test_ps_says_unknown_not_up_when_no_controller_follows_the_job(tmp_path):
+    """The controller is gone (killed) and the host killed the watchdog and guard.sh: nobody looks,
+    so `ps` cannot say "up". Before: "up", from the absence of any event."""
+    import socket
+
+    ledger = Ledger()
+    ledger.job_started("orphan-job", str(tmp_path / "run"), "runpod", "runpod", None, 1.0, None)
+    ledger.job_update("orphan-job", state="running", controller=f"{socket.gethostname()}:999999999")  # gone
+    ledger.instance_created(ledger.instance_creating("runpod", "orphan-job", 0.5, "RTX 4090"), "pod-1")
+    (row,) = ps_rows(Ledger.read_only())
+    assert row["watchdog"] == "unknown"
+    from .remote_helpers import cli_env
+
+    out = cli("ps", env=cli_env(COLUMNS="200"))
+    assert "nobody checks the watchdog" in " ".join(out.stdout.split()), out.stdout

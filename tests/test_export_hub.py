@@ -56,9 +56,11 @@ def test_export_to_hub_uploads_the_adapter_and_a_card(hub, trained, capsys):
     assert {"README.md", "adapter_config.json", "adapter_model.safetensors"} <= set(repo.files)
     assert "adapter_model.safetensors" in hub.lfs_paths  # binary weights went through LFS, as the Hub wants
     assert json.loads(repo.files["adapter_config.json"])["r"] == 8
-    # remembered in the run folder: `lorapod deploy` serves what was published
-    rows = json.loads((trained.root / "published.json").read_text())
-    assert {"repo": "me/fruit-lora", "what": "adapter", "private": True}.items() <= rows[-1].items()
+    # remembered on this machine, not in the run folder (a host writes that): `lorapod deploy` serves it
+    from lorapod.deploy.serverless import published_repo
+
+    assert published_repo(trained.root, merged=False) == "me/fruit-lora" and published_repo(trained.root, True) is None
+    assert not (trained.root / "published.json").exists()
     card = repo.files["README.md"].decode()
     meta = yaml.safe_load(card.split("---")[1])
     assert "peft" in meta["tags"] and meta["library_name"] == "peft"
@@ -122,3 +124,30 @@ def test_merged_and_gguf_are_exclusive(trained):
 
     with pytest.raises(ExportError, match="two different uploads"):
         publish(trained.root, "me/x", merged=True, gguf=True)
+
+
+def test_only_real_sample_images_under_the_bound_go_and_lorapods_names_choose_them(hub, trained, capsys):
+    """A remote run's samples/ is what the host wrote. Before: a file of zeros named as the newest
+    sample was uploaded whatever its size (2 GB seen), and a name that sorted last (`zzzz-00.png`)
+    chose which samples went."""
+    from PIL import Image
+
+    samples = trained.root / "samples"
+    samples.mkdir(exist_ok=True)
+    made = [samples / n for n in ("step000004-00.png", "step000009-00.png", "step000009-01.png", "zzzz-00.png")]
+    try:
+        Image.new("RGB", (8, 8), "red").save(made[0])
+        with open(made[1], "wb") as fh:  # zeros past the bound (sparse: no disk is spent)
+            fh.truncate(25 * 1024 * 1024)  # over MAX_SAMPLE_BYTES (20 MB)
+        made[2].write_bytes(b"\0" * 4096)  # small, but no image
+        code, _out, err = run_cli(["export", str(trained.root), "--to", "hub", "--repo", "me/fruit-samples"], capsys)
+        assert code == 0, err
+        sent = {f for f in hub.repos["me/fruit-samples"].files if f.startswith("samples/")}
+        assert sent == {"samples/step000004-00.png"}  # the newest step with a real image
+        Image.new("RGB", (8, 8), "blue").save(made[3])  # a host-chosen name that sorts last
+        code, _out, err = run_cli(["export", str(trained.root), "--to", "hub", "--repo", "me/fruit-samples2"], capsys)
+        assert code == 0, err
+        assert {f for f in hub.repos["me/fruit-samples2"].files if f.startswith("samples/")} == sent
+    finally:
+        for p in made:
+            p.unlink(missing_ok=True)

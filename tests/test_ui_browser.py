@@ -64,11 +64,13 @@ class Dashboard:
         self.proc = subprocess.Popen([*cli_argv(), "ui", "--port", "0", *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=cli_env(**(env or {})))
         line = self.proc.stdout.readline()  # type: ignore[union-attr]
-        m = re.search(r"(http://127\.0\.0\.1:(\d+))/\?token=(\S+)", line)
+        m = re.search(r"(http://127\.0\.0\.1:(\d+))(/[A-Za-z0-9_-]{16})?/\?token=(\S+)", line)
         if not m:
             self.close()
             raise AssertionError(f"no address printed: {line!r} {self.proc.stderr.read()}")  # type: ignore[union-attr]
-        self.base, self.port, self.token = m.group(1), int(m.group(2)), m.group(3)
+        # origin: http://127.0.0.1:PORT; base: with the dashboard's random prefix (ui/guard.py)
+        self.origin, self.port, self.prefix, self.token = m.group(1), int(m.group(2)), m.group(3) or "", m.group(4)
+        self.base = self.origin + self.prefix
         self.url = f"{self.base}/?token={self.token}"
 
     def close(self) -> None:
@@ -129,6 +131,7 @@ def test_local_run_live_chart_pages_and_safety(page, tmp_path):
         # No token: 403, for pages, files and the stream alike.
         for path in ("/", f"/runs/{root.name}", f"/runs/{root.name}/stream", "/static/app.js"):
             assert page.goto(ui.base + path).status == 403, path
+            assert page.goto(ui.origin + path).status == 403, path
         page.goto(ui.url)
         assert page.url == ui.base + "/"  # the token left the address bar for a cookie
         assert page.locator("tr.run").count() == 2
@@ -153,9 +156,10 @@ def test_local_run_live_chart_pages_and_safety(page, tmp_path):
         print(f"new metrics lines on the chart after {seen:.2f} s")
         # A traversal path and a planted link are refused from the browser too.
         # (a browser folds "../" and "%2e%2e/" itself; "%2f" reaches the server as "/", so ".." arrives)
-        assert page.evaluate(f"fetch('/runs/{root.name}/file/samples%2f..%2f..%2f..%2foutside.png')"
+        assert page.evaluate(f"fetch('{ui.prefix}/runs/{root.name}/file/samples%2f..%2f..%2f..%2foutside.png')"
                              ".then(r => r.status)") == 404
-        assert page.evaluate(f"fetch('/runs/{root.name}/file/samples/planted.png').then(r => r.status)") == 404
+        assert page.evaluate(f"fetch('{ui.prefix}/runs/{root.name}/file/samples/planted.png').then(r => r.status)") \
+            == 404
         assert page.locator("img[src$='planted.png']").count() == 0
         assert page.locator(".gallery img").count() == 6
         assert page.locator("figure.grid img").count() == 1  # the eval grid
@@ -221,6 +225,137 @@ def test_runs_overview_sweep_under_its_cap_and_an_unconfirmed_destroy_in_red(pag
 
 def _check_dialog(dialog, words: str) -> None:
     assert words in dialog.message, dialog.message
+
+
+def test_a_long_metrics_line_does_not_freeze_the_chart_and_a_sampled_file_is_said(page, tmp_path):
+    """A host writes metrics.jsonl. Before: a line over 4 MB stopped the live chart for good, and
+    the note called the lines read of a large file its total. Now the chart moves past the line,
+    and the note of a 3 MB file (more than the 2 MB read in full) says it was sampled, to which step."""
+    runs = tmp_path / "runs"
+    root = run_folder(runs, steps=0)
+    with open(root / "metrics.jsonl", "w") as fh:
+        step = 0
+        while fh.tell() < 3 * 1024 * 1024:
+            step += 1
+            fh.write(json.dumps({"time": time.time(), "step": step, "loss": 1.0 / step, "lr": 1e-4,
+                                 "step_time_s": 0.5, "pad": "x" * 100}) + "\n")
+    ui = Dashboard(str(runs))
+    try:
+        page.goto(ui.url)
+        page.goto(f"{ui.base}/runs/{root.name}")
+        page.wait_for_function(f"() => window.lorapod && window.lorapod.lastStep === {step}")
+        page.wait_for_function("() => window.lorapod.statusEvents > 0")  # the stream follows the file
+        with open(root / "metrics.jsonl", "a") as fh:
+            fh.write(json.dumps({"step": step + 1, "loss": 0.5, "junk": "y" * (5 * 1024 * 1024)}) + "\n")
+            for k in range(2, 6):
+                fh.write(json.dumps({"time": time.time(), "step": step + k, "loss": 0.1}) + "\n")
+        wait_for(lambda: page.evaluate("window.lorapod.lastStep") == step + 5, 10.0, "the steps after the long line")
+        page.reload()
+        page.wait_for_function(f"() => window.lorapod && window.lorapod.lastStep === {step + 5}")
+        note = page.inner_text("#chart-note")
+        assert "sampled" in note and f"up to step {step + 5}" in note and "8.0 MB" in note, note
+    finally:
+        ui.close()
+
+
+def test_a_run_folder_named_with_spaces_opens_from_the_runs_page(page, tmp_path):
+    """Before: listed, but its link led to a 404."""
+    runs = tmp_path / "runs"
+    root = run_folder(runs, name="my run (v2) #1 & co", samples=1)
+    ui = Dashboard(str(runs))
+    try:
+        page.goto(ui.url)
+        page.click("tr.run a")
+        page.wait_for_function("() => window.lorapod && window.lorapod.lastStep === 20")
+        assert page.inner_text("h1") == root.name
+        page.wait_for_function("[...document.querySelectorAll('.gallery img')].every(i => i.complete && i.naturalWidth > 0)")
+    finally:
+        ui.close()
+
+
+class OtherServer:
+    """Another program's web server on 127.0.0.1 (another port): it records the Cookie header of
+    every request the browser sends it."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        seen = self.cookies = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                seen.append((self.path, self.headers.get("cookie") or ""))
+                body = b"<!doctype html><title>other</title><p>another server"
+                self.send_response(200)
+                self.send_header("content-type", "text/html")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_another_server_on_127_0_0_1_never_gets_the_dashboards_cookie(page, tmp_path):
+    """Chromium scopes cookies by host and path, not port. Before: the cookie (Path=/) went to any
+    server on 127.0.0.1, and whoever held it passed every check. Now it lives under the dashboard's
+    random path prefix; the other server sees it on none of its own paths."""
+    run_folder(tmp_path / "runs")
+    ui = Dashboard(str(tmp_path / "runs"))
+    other = OtherServer()
+    try:
+        page.goto(ui.url)
+        assert page.url == ui.base + "/" and page.locator("tr.run").count() == 1
+        (cookie,) = [c for c in page.context.cookies() if c["name"] == f"lorapod_ui_{ui.port}"]
+        assert cookie["path"] == ui.prefix + "/" and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        for path in ("/", "/runs/x", "/static/app.js", "/favicon.ico"):
+            page.goto(other.base + path)
+        # what the browser sends of its own accord to another port: what another user's server would read
+        page.evaluate("fetch('/anything', {credentials: 'include'})")
+        page.goto(ui.base + "/")  # the dashboard still works
+        assert page.locator("tr.run").count() == 1
+        assert other.cookies and all(ui.token not in c for _, c in other.cookies), other.cookies
+        # the cookie ports do not scope (what the prefix is for): Chromium sends a Path=/ one anywhere
+        page.context.add_cookies([{"name": "probe", "value": "1", "domain": "127.0.0.1", "path": "/"}])
+        page.goto(other.base + "/probe")
+        assert "probe=1" in other.cookies[-1][1]
+    finally:
+        other.close()
+        ui.close()
+
+
+def test_ui_open_never_puts_the_token_in_the_browsers_argv(page, tmp_path):
+    """`lorapod ui --open` runs the browser with an argument every local user can read
+    (/proc/PID/cmdline). Before: the token URL. Now: a file only this user can read, which sends
+    the browser on to the dashboard."""
+    browser = tmp_path / "browser.sh"
+    argv_file = tmp_path / "argv.txt"
+    browser.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {argv_file}\n')
+    browser.chmod(0o755)
+    run_folder(tmp_path / "runs")
+    ui = Dashboard(str(tmp_path / "runs"), "--open", env={"BROWSER": f"{browser} %s"})
+    try:
+        wait_for(argv_file.is_file, 10, "the browser to be started")
+        argv = argv_file.read_text().split()
+        assert argv and all(ui.token not in a for a in argv), argv
+        (target,) = argv
+        assert target.startswith("file://")
+        opener = Path(target.removeprefix("file://"))
+        assert opener.stat().st_mode & 0o077 == 0 and opener.parent.stat().st_mode & 0o077 == 0  # this user's only
+        page.goto(target)
+        page.wait_for_url(ui.base + "/")
+        assert page.locator("tr.run").count() == 1
+    finally:
+        ui.close()
 
 
 # ----------------------------------------------------------------------------- remote runs on the fakes

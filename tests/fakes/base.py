@@ -146,6 +146,10 @@ class Fault:
     #: with ``status=0``: answer normally, but only ``delay_s`` after acting on the request
     #: (a create the provider accepted whose answer comes after the client gave up)
     delay_s: float = 0.0
+    #: with a status: act on the request first, then answer that status instead of the result (a
+    #: gateway that gave up on a backend that did the work: Cloudflare, in front of RunPod's API,
+    #: answers 524 "A timeout occurred" while the origin goes on and completes the request)
+    acted: bool = False
 
 
 @dataclass
@@ -264,6 +268,14 @@ class FakeControlPlane:
         delay = 0.0
         if status == 0:
             delay, status, out = float(out), None, None
+        if isinstance(out, tuple):  # an acted fault: the real work, then the fault's answer
+            out = out[1]
+            with self.lock:
+                try:
+                    self.route(h.command, path, body, query, auth)
+                except Exception as exc:
+                    self.violations.append(f"fake crashed on {h.command} {path}: {exc!r}")
+            validate = False  # the answer is the gateway's, not the API's
         if status is None:
             with self.lock:
                 try:
@@ -302,6 +314,8 @@ class FakeControlPlane:
             for f in self.faults:
                 if f.times > 0 and f.method == method and re.fullmatch(f.path, path):
                     f.times -= 1
+                    if f.acted:
+                        return f.status, ("acted", f.body)
                     return f.status, (f.delay_s if f.status == 0 else f.body)
         return None, None
 

@@ -4,7 +4,8 @@ against the published OpenAPI document by :class:`~tests.fakes.base.FakeControlP
 As the document describes them: ``POST /templates`` (TemplateCreateInput) answers 200 with the
 ``Template``, whose name "needs to be unique" (a second template with the same name: 400);
 ``POST /endpoints`` (EndpointCreateInput, ``templateId`` required) answers 200 with the ``Endpoint``
-(an unknown template: 400); ``GET /endpoints/{id}`` 200 or 404; ``DELETE /endpoints/{id}`` and
+(an unknown template: 400); ``GET /endpoints/{id}`` 200 or 404;
+``GET /endpoints`` (ListEndpoints) the array of them; ``DELETE /endpoints/{id}`` and
 ``DELETE /templates/{id}`` answer 204, and 400 ("Invalid ... ID") for ids that do not exist, the
 only failures those operations document. A template an endpoint still uses is refused (400) as
 well: lorapod deletes the endpoint first.
@@ -56,6 +57,8 @@ class RunPodServerlessFake(FakeControlPlane):
                 "allowedCudaVersions": list(body.get("allowedCudaVersions") or []), "env": dict(tpl["env"]),
                 "createdAt": "2026-12-01T00:00:00.000Z", "userId": "user_fake", "version": 0, "workers": []}
             return 200, dict(self.endpoints[eid])
+        if path == "/endpoints" and method == "GET":  # ListEndpoints: an array of Endpoint
+            return 200, [dict(e) for e in self.endpoints.values()]
         if path.startswith("/endpoints/"):
             eid = path.rsplit("/", 1)[1]
             if method == "GET":

@@ -46,7 +46,7 @@ def register(app: typer.Typer) -> None:
                               max_model_len=max_model_len)
         for n in dep.notes:
             err.print(n, markup=False)
-        done = create(dep)
+        done = create(dep, say=lambda m: err.print(m, markup=False))
         if as_json:
             typer.echo(json.dumps({"endpoint_id": done.endpoint_id, "template_id": done.template_id, "url": done.url,
                                    "model": done.model, "costs": dep.costs(), "curl": done.curl}))

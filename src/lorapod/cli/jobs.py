@@ -23,28 +23,34 @@ def register(app: typer.Typer) -> None:
         read-only LORAPOD_HOME will do); with a damaged ledger, what RunPod and Vast.ai list."""
         from lorapod.cli.volumes import monthly_line
         from lorapod.compute.jobs import ps_rows, ps_rows_from_providers
+        from lorapod.deploy.serverless import (
+            describe_endpoint,
+            endpoint_rows,
+            labelled_endpoints,
+            live_endpoints,
+        )
         from lorapod.store.ledger import Ledger, LedgerDamaged
 
         ledger: Ledger | None = None
         try:
             ledger = Ledger.read_only()
             rows = ps_rows(ledger, all_jobs=all_)
+            endpoints = live_endpoints(ledger)
         except LedgerDamaged as exc:
             err.print(f"[bold red]warning:[/] {exc.message}; showing what the providers list instead", markup=True,
                       highlight=False, soft_wrap=True)
             err.print(f"  -> {exc.hint}", markup=False, highlight=False, soft_wrap=True)
             rows = ps_rows_from_providers(say=lambda m: err.print(m, markup=False))
+            # endpoints bill too: RunPod lists them by the name lorapod gave them (ps only reads)
+            endpoints = labelled_endpoints(say=lambda m: err.print(m, markup=False)) if _has_runpod_key() else []
         if as_json:
-            typer.echo(json.dumps(rows))
+            typer.echo(json.dumps(rows + endpoint_rows(endpoints)))
             return
         volumes = monthly_line()
         if volumes:
             console.print(volumes, markup=False, soft_wrap=True)
-        from lorapod.deploy.serverless import endpoint_cost, live_endpoints
-
-        for ep in live_endpoints(ledger) if ledger is not None else []:  # ps only reads
-            console.print(f"serverless endpoint {ep['id']} ({ep.get('model')}, {ep.get('gpu')}): {endpoint_cost(ep)}; "
-                          f"{ep.get('url')}; `lorapod down --endpoint {ep['id']}` removes it", markup=False, soft_wrap=True)
+        for ep in endpoints:
+            console.print(describe_endpoint(ep), markup=False, soft_wrap=True)
         if not rows:
             console.print("no jobs yet (lorapod run SPEC --on ...)")
             return
@@ -53,6 +59,10 @@ def register(app: typer.Typer) -> None:
             if r.get("watchdog") == "down":
                 console.print(f"[bold red]job {r['job']}: the watchdog on its instance is down;[/] nothing there "
                               "destroys it if the controller dies (`lorapod down` stops it)")
+            elif r.get("watchdog") == "unknown":
+                console.print(f"[bold yellow]job {r['job']}: no controller follows it, so nobody checks the watchdog "
+                              "on its instance;[/] `lorapod down --orphans` destroys it, `lorapod run --resume "
+                              f"{r['job']}` follows it again")
             if r.get("unconfirmed"):
                 console.print(f"[bold red]job {r['job']}: instance {', '.join(r['unconfirmed'])} not confirmed "
                               f"destroyed; it may still bill.[/] Run `lorapod down {r['job']}`")
@@ -126,6 +136,11 @@ def register(app: typer.Typer) -> None:
                 raise
             say(f"warning: {exc.message}; destroying from the providers' listings instead (RunPod, Vast.ai)")
             counts = down_without_ledger(job, say, lambda q: yes or typer.confirm(q, default=False, err=True))
+            if orphans and _has_runpod_key():  # endpoints bill too: said, as the ledger cannot record them
+                from lorapod.deploy.serverless import describe_endpoint, labelled_endpoints
+
+                for ep in labelled_endpoints(say):
+                    say(describe_endpoint(ep))
             if as_json:
                 typer.echo(json.dumps(counts))
             else:
@@ -154,6 +169,10 @@ def register(app: typer.Typer) -> None:
             counts = {"destroyed": down_job(ledger, job, say=say)}
         else:
             counts = down_orphans(ledger, say=say, everything=all_, all_installations=all_installations)
+            if orphans and _has_runpod_key():
+                from lorapod.deploy.serverless import reconcile_endpoints
+
+                counts.update(reconcile_endpoints(ledger, say))
         providers = counts.get("providers") or {}
         if as_json:
             typer.echo(json.dumps(counts))
@@ -179,6 +198,18 @@ def register(app: typer.Typer) -> None:
             raise LorapodError(f"{len(unconfirmed)} destroy(s) not confirmed by the provider: {', '.join(unconfirmed)}",
                                hint="they may still bill: check the provider's console; `lorapod down --orphans` "
                                     "tries again")
+
+
+def _has_runpod_key() -> bool:
+    """Whether RunPod can be asked here (its key in the environment or lorapod's credentials)."""
+    from lorapod.compute.httpapi import api_key
+    from lorapod.errors import LorapodError
+
+    try:
+        api_key("RUNPOD_API_KEY", "runpod")
+    except LorapodError:
+        return False
+    return True
 
 
 METRICS_TAG = "[metrics.jsonl] "

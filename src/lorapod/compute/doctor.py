@@ -12,7 +12,10 @@ instance against what it offered) -> ``self-destroy`` (the provider's watchdog r
 instance with the scoped key) -> ``gone`` (the provider's GET after it).
 
 Whatever happens, the instance is destroyed with the account key if the scoped key did not do it,
-and confirmed; it is in the ledger before the create call, like any other. The report is stored in
+and confirmed; it is in the ledger before the create call, like any other, and once Python is
+found it runs a job's watchdog, capped at the doctor's minutes and fed by a heartbeat, so a doctor
+killed outright still leaves nothing billing past them. A run that did not finish every check
+(interrupted, or stopped by an exception) is never recorded as a pass. The report is stored in
 the ledger (event ``doctor``), and ``lorapod run`` warns while a provider has never passed.
 """
 
@@ -36,6 +39,13 @@ MAX_MINUTES = 10.0
 DOCTOR_JOB = "doctor"
 #: the provider's in-instance variables: their presence is checked, their values never read here
 SCOPED = {"runpod": ("RUNPOD_POD_ID", "RUNPOD_API_KEY"), "vast": ("CONTAINER_ID", "CONTAINER_API_KEY")}
+#: The checks a doctor run makes, in order; it passed only when every one ran and held (a run that
+#: was interrupted, or stopped at an earlier failure, never records a pass). ``cleanup`` may follow.
+CHECKS = ("offer", "create", "ssh + key", "rsync", "python", "scoped key", "price", "self-destroy", "gone")
+#: The doctor's instance gets a job's watchdog (compute/watchdog.py) with these, and its cap: the
+#: doctor's own minutes from the create. A doctor killed (SIGKILL, a closed laptop) stops the
+#: heartbeat, and the watchdog destroys the instance from inside.
+WATCHDOG = {"heartbeat_timeout_s": 120.0, "poll_s": 2.0, "cap_margin_s": 0.0, "stop_wait_s": 0.0}
 #: interpreters the official images have (catalog/images.py) and the usual names
 PYTHONS = ("python3", "python", "/usr/local/bin/python", "/venv/main/bin/python", "/opt/conda/bin/python")
 
@@ -56,7 +66,8 @@ class Report:
 
     @property
     def passed(self) -> bool:
-        return bool(self.checks) and all(c.ok for c in self.checks)
+        names = [c.name for c in self.checks]
+        return all(n in names for n in CHECKS) and all(c.ok for c in self.checks)
 
     def add(self, name: str, ok: bool | None, evidence: str) -> Check:
         c = Check(name, ok, evidence[:300])
@@ -142,6 +153,9 @@ def run_doctor(provider: Provider, offer: Offer, ledger: Ledger | None = None, s
     label = instance_label(ledger_id, job_id)
     inst: Instance | None = None
     destroyed = False
+    finished = False
+    heartbeat = None
+    created_at = time.monotonic()
     try:
         try:
             inst = provider.create(offer, InstanceSpec(label=job_id, ssh_public_key=public_key(identity),
@@ -196,6 +210,9 @@ def run_doctor(provider: Provider, offer: Offer, ledger: Ledger | None = None, s
         py = facts.get("python")
         report.add("python", bool(py), (f"{py} (Python {facts.get('python_version', '?')})" if py else
                                        "no interpreter found") + f"; PID 1's PATH: {facts.get('pid1_path') or '?'}")
+        if py:  # the watchdog a job gets, before the checks that may hang
+            heartbeat = _start_watchdog(t, provider, inst, job_id, py, minutes, offer, time.monotonic() - created_at,
+                                        say)
         names = SCOPED.get(provider.name, ())
         seen = facts.get("scoped", {})
         report.add("scoped key", all(seen.get(n) for n in names),
@@ -210,8 +227,14 @@ def run_doctor(provider: Provider, offer: Offer, ledger: Ledger | None = None, s
                        else "the provider still lists the instance 60 s after the destroy")
             if destroyed:
                 ledger.instance_destroyed(ledger_id, "doctor: destroyed from inside")
+        finished = True
         return report
     finally:
+        if heartbeat is not None:
+            heartbeat.set()
+        if not finished and not any(c.ok is False for c in report.checks):
+            # an exception or Ctrl-C: what did not run did not pass (before: recorded as passed)
+            report.add("finished", False, "interrupted before every check ran")
         if inst is not None and not destroyed:
             _destroy_with_account_key(provider, inst, ledger, ledger_id, report, poll_s)
         for f in key_dir.glob("id_ed25519*"):
@@ -220,6 +243,29 @@ def run_doctor(provider: Provider, offer: Offer, ledger: Ledger | None = None, s
                          "doctor passed" if report.passed else "doctor failed: " + ", ".join(
                              c.name for c in report.checks if c.ok is False))
         ledger.event("doctor", json.dumps(report.to_dict()), job_id=job_id, instance_id=ledger_id)
+
+
+def _start_watchdog(t: Any, provider: Provider, inst: Instance, job_id: str, python: str, minutes: float,
+                    offer: Offer, since_create_s: float, say: Callable[[str], None]) -> Any:
+    """Start lorapod's watchdog on the doctor's instance, as a job's is started
+    (:meth:`RemoteWork.start_watchdog`), capped at the doctor's ``minutes`` counted from the create,
+    with a heartbeat from this process; returns the heartbeat's stop event (None when it could not
+    start: the run goes on, the account key still destroys it, and the report says so)."""
+    from lorapod.compute.provision import _start_heartbeat
+    from lorapod.compute.remote import RemoteWork
+
+    work = RemoteWork(t, job_id)
+    cfg = {**provider.watchdog_config(inst), **WATCHDOG, "max_hours": minutes / 60.0,
+           "usd_per_hour": inst.usd_per_hour or offer.usd_per_hour, "elapsed_at_start_s": max(0.0, since_create_s)}
+    try:
+        work.start_watchdog(cfg, python)
+        pid = work.watchdog_alive()
+    except LorapodError as exc:
+        say(f"the watchdog did not start on the instance: {exc.message}")
+        return None
+    say(f"watchdog started on the instance (pid {pid}): it destroys it after {minutes:g} min, or "
+        f"{WATCHDOG['heartbeat_timeout_s']:.0f} s after this process stops")
+    return _start_heartbeat(work, WATCHDOG["heartbeat_timeout_s"])
 
 
 def _probe(t: Any, provider: str) -> dict[str, Any]:

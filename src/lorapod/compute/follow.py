@@ -19,7 +19,7 @@ from lorapod.compute.guards import beat_limit_s, restart_watchdog
 from lorapod.compute.metrics_feed import POLL_BYTES, MetricsFeed
 from lorapod.compute.provision import Started, Watched, watchdog_config
 from lorapod.compute.pulls import LocalDiskFull, PullGuard
-from lorapod.compute.remote import RemoteWork, local_manifest
+from lorapod.compute.remote import RemoteWork, WatchdogNotRunning, local_manifest
 from lorapod.compute.teardown import fetch_logs, mark_keep
 from lorapod.compute.wait import deadline_in
 from lorapod.errors import LorapodError, RemoteError
@@ -189,9 +189,15 @@ class Follower:
         cfg, _ = watchdog_config(ctx, self.lease)  # the caps counted from the instance's creation, as before
         python = self.watched.boot.python
         ctx.remote(lambda: restart_watchdog(self.work, cfg, python), "restart the watchdog")
-        ctx.ledger.event("watchdog", "restarted", **event)
         wd.unknown_since = None
         wd.grace_until = time.monotonic() + limit
+        try:  # the same proof as at the start: a restart the host undoes at once is not "up"
+            ctx.remote(lambda: self.work.watchdog_alive(limit), "check the watchdog")
+        except WatchdogNotRunning as exc:
+            ctx.say(f"the watchdog started again did not stay up ({exc.message})")
+            ctx.ledger.event("watchdog", "down: the restart did not take", **event)
+            return
+        ctx.ledger.event("watchdog", "restarted", **event)
 
     def _check_budget(self) -> None:
         if self.progress.stop_reason:

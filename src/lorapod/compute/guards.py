@@ -70,7 +70,10 @@ def restart_watchdog(work: Any, cfg: dict[str, Any], python: str) -> None:
 
     files = {"watchdog.py": (Path(wd.__file__).read_bytes(), 0o600),
              "watchdog.json": (json.dumps(cfg).encode(), 0o600)}
-    work.put_files(files, then=f"{{ setsid nohup {shlex.quote(python)} watchdog.py >> watchdog.log 2>&1 < /dev/null & }}")
+    # the dead one's pid file goes first, so the proof that follows (RemoteWork.watchdog_alive)
+    # reads the new watchdog's pid, or its launch pid, never the killed one's
+    work.put_files(files, then=f"rm -f watchdog.pid && {{ setsid nohup {shlex.quote(python)} watchdog.py >> "
+                               "watchdog.log 2>&1 < /dev/null & echo $! > watchdog.launch; }")
 
 
 def guard_script(python: str, stale_s: float, every_s: float, most: int = 20) -> bytes:

@@ -54,16 +54,20 @@ def ps_rows(ledger: Ledger, all_jobs: bool = True) -> list[dict[str, Any]]:
                             if i.state == "destroying" or job.state not in ("starting", "running", "stopping")],
             "run_dir": job.run_dir, "summary": job.summary, "setup_s": job_phases(ledger, job.id),
             "wandb_url": wandb_url(Path(job.run_dir)) if job.run_dir else None,  # from the pulled tracking.json
-            "watchdog": _watchdog_state(ledger, job.id) if live and job.state in ("starting", "running") else None,
+            "watchdog": _watchdog_state(ledger, job.id, controller_alive(job.controller))
+            if live and job.state in ("starting", "running") else None,
         })
     return rows
 
 
-def _watchdog_state(ledger: Ledger, job_id: str) -> str:
-    """'down' when the controller last found the job's watchdog dead and could not restart it
-    (compute/guards.py), else 'up'."""
+def _watchdog_state(ledger: Ledger, job_id: str, watched: bool = True) -> str:
+    """What the controller last saw of the job's watchdog (compute/guards.py): 'down' when it found
+    it dead, or a restart did not stay up; 'up' otherwise; 'unknown' when no controller follows
+    the job, so nobody has looked since (a host may have killed the watchdog and guard.sh)."""
     last = [e["message"] for e in ledger.events(job_id) if e["kind"] == "watchdog"]
-    return "down" if last and last[-1].startswith("down") else "up"
+    if last and last[-1].startswith("down"):
+        return "down"
+    return "up" if watched else "unknown"
 
 
 def ps_rows_from_providers(say: Callable[[str], None] = print) -> list[dict[str, Any]]:

@@ -8,8 +8,8 @@ it turns environment variables into ``vllm serve`` flags (``src/args_builder.py`
 ``https://api.runpod.ai/v2/<endpoint id>/openai/v1`` with the RunPod API key as the bearer token.
 
 What the worker can reach is a Hugging Face repo, so the model must be on the Hub (``lorapod
-export RUN --to hub --repo user/name [--merged]``; the run folder's ``published.json`` remembers
-it): either the merged model (``--model`` the repo) or the adapter on its base (``--model`` the
+export RUN --to hub --repo user/name [--merged]``; this machine remembers it in
+``$LORAPOD_HOME/published.jsonl``, never trusting the run folder, which a host writes): either the merged model (``--model`` the repo) or the adapter on its base (``--model`` the
 base, the adapter as a vLLM LoRA module). Both are checked on the Hub before anything is created:
 the repo holds the files vLLM loads, and a private repo or gated base has a RunPod secret for
 ``HF_TOKEN`` (``--hf-secret NAME``: the template gets ``{{ RUNPOD_SECRET_NAME }}``, never the
@@ -30,6 +30,9 @@ import math
 import os
 import re
 import secrets
+import time
+import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,17 +128,12 @@ class Deployment:
 
 
 def published_repo(run_root: Path, merged: bool) -> str | None:
-    """The newest ``export --to hub`` of this run of the kind asked for (published.json)."""
-    f = run_root / "published.json"
-    try:
-        rows = json.loads(f.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    want = "merged" if merged else "adapter"
-    for row in reversed(rows if isinstance(rows, list) else []):
-        if isinstance(row, dict) and row.get("what") == want and isinstance(row.get("repo"), str):
-            return row["repo"]
-    return None
+    """The newest ``export --to hub`` of this run of the kind asked for, as this machine recorded
+    it (:mod:`lorapod.store.published`); a ``published.json`` in the run folder, which a host may
+    have written, is never read."""
+    from lorapod.store.published import latest
+
+    return latest(run_root, "merged" if merged else "adapter")
 
 
 def _hub():
@@ -231,9 +229,9 @@ def plan_deployment(run: str | Path, *, repo: str | None = None, merged: bool = 
                               hint="store it as a RunPod secret (console: Secrets) and pass --hf-secret NAME; "
                                    "lorapod never puts the token itself in a template")
         env["HF_TOKEN"] = "{{ RUNPOD_SECRET_" + hf_secret + " }}"
-    env["MAX_MODEL_LEN"] = str(max_model_len or max(spec.data.sequence_len, 2048))
     weights_gb = _weights_gb(spec, weights_repo)
     cls = pick_class(weights_gb, gpu)
+    env["MAX_MODEL_LEN"] = str(check_max_model_len(max_model_len, spec, cls, weights_gb))
     job = rd.job_id
     if workers_min > 0 and not yes:
         month = workers_min * cls.active * 86400 * 30
@@ -251,6 +249,48 @@ def plan_deployment(run: str | Path, *, repo: str | None = None, merged: bool = 
     notes = [f"the model: {what_text(merged, repo, base)}"]
     return Deployment(job, repo, "merged" if merged else "adapter", served, cls, workers_min, workers_max,
                       template, endpoint, notes)
+
+
+#: The shortest context worth serving, and the longest any model lorapod trains was made for.
+MIN_MODEL_LEN = 16
+MAX_MODEL_LEN = 1 << 20
+
+
+def check_max_model_len(asked: int | None, spec: Any, cls: GpuClass, weights_gb: float) -> int:
+    """``MAX_MODEL_LEN`` for the worker: the asked length, or the training ``sequence_len`` (at least
+    2048). Refused before anything is created when vLLM could not start with it: not a positive
+    length within :data:`MAX_MODEL_LEN`, or (for a model the catalog knows) more tokens than the KV
+    cache of one sequence can hold in what the GPU class leaves after the weights; vLLM's engine
+    refuses such a length at start ("... larger than the maximum number of tokens that can be
+    stored in KV cache"), so the worker would restart, and bill, in a loop."""
+    n = asked if asked is not None else max(spec.data.sequence_len, 2048)
+    if asked is not None and not MIN_MODEL_LEN <= asked <= MAX_MODEL_LEN:
+        raise DeployError(f"--max-model-len {asked}", hint=f"a context length between {MIN_MODEL_LEN} and "
+                                                            f"{MAX_MODEL_LEN:,} tokens")
+    per_token = _kv_bytes_per_token(spec)
+    if per_token:
+        free = cls.vram_gb * GPU_MEMORY_UTILIZATION * 1e9 - weights_gb * 1e9 * 1.1
+        most = int(max(0.0, free) // per_token)
+        if n > most:
+            raise DeployError(f"a context of {n:,} tokens needs {n * per_token / 1e9:.1f} GB of KV cache; "
+                              f"{cls.name} leaves about {max(0.0, free) / 1e9:.1f} GB after the weights "
+                              f"(at most {most:,} tokens)",
+                              hint="a smaller --max-model-len, or --gpu with more memory")
+    return n
+
+
+def _kv_bytes_per_token(spec: Any) -> int | None:
+    """K and V of every layer for one token in bf16, for an LLM the catalog knows; else None."""
+    from lorapod.catalog.models import LLMArch, find_model
+    from lorapod.errors import PlanError
+
+    try:
+        arch = find_model(spec.model.id, "llm")
+    except PlanError:
+        return None
+    if not isinstance(arch, LLMArch):
+        return None
+    return 2 * arch.layers * arch.kv_heads * arch.head_dim * 2
 
 
 def what_text(merged: bool, repo: str, base: str) -> str:
@@ -289,32 +329,84 @@ class Deployed:
     curl: str
 
 
-def deploy(dep: Deployment, serverless: Any = None, ledger: Any = None) -> Deployed:
+def deploy(dep: Deployment, serverless: Any = None, ledger: Any = None,
+           say: Callable[[str], None] = lambda m: None) -> Deployed:
     """Create the template, then the endpoint (each once); a refused endpoint removes the template.
-    The ledger records both (``lorapod ps``, ``lorapod down --endpoint ID``)."""
-    from lorapod.compute.runpod.serverless import Serverless
+
+    The endpoint is in the ledger **before** the create call (a pending row with the unique name
+    it gets, ``lorapod-<installation>-<key>-<job>``, :func:`lorapod.store.identity.instance_label`'s
+    form), as instances are: a ledger that cannot take that row stops the deploy before anything
+    exists. When RunPod's answer is lost or Ctrl-C comes during the create, the endpoint is looked
+    up by that name: found after a lost answer, it is recorded and the deploy goes on; found after
+    Ctrl-C, it is deleted (the user stopped the deploy). Not found (a list may lag a create), or
+    RunPod not answering: the pending row stays, so ``lorapod ps`` shows it and ``lorapod down
+    --orphans`` settles it from RunPod's own list. A create RunPod refused records that nothing
+    exists."""
+    from lorapod.compute.runpod.serverless import CreateUncertain, Serverless
+    from lorapod.store.identity import instance_label
     from lorapod.store.ledger import Ledger
 
     sv = serverless or Serverless()
     ledger = ledger or Ledger()
-    tid = sv.create_template(dep.template)
+    key = uuid.uuid4().hex[:12]
+    name = instance_label("i-" + key, dep.job_id)[:191]
+    rec = {"name": name, "model": dep.model, "gpu": dep.gpu.name, "workers_min": dep.workers_min,
+           "workers_max": dep.workers_max, "usd_per_s": dep.gpu.flex, "active_usd_per_s": dep.gpu.active,
+           "repo": dep.repo, "job": dep.job_id}
+    ledger.event_before_create("endpoint", json.dumps({"action": "creating", "key": key, **rec}),
+                               f"the pending row of endpoint {name}")  # LedgerBusy: nothing created yet
     try:
-        ep = sv.create_endpoint({**dep.endpoint, "templateId": tid})
-    except BaseException:
-        with contextlib.suppress(Exception):  # a template bills nothing; the endpoint's error is the one to report
-            sv.delete_template(tid)
+        tid = sv.create_template({**dep.template, "name": f"{name[:180]}-vllm"})
+    except BaseException as exc:  # a template bills nothing; no endpoint was asked for
+        _record(ledger, "create_failed", key=key, why=str(getattr(exc, "message", exc))[:300])
         raise
+    try:
+        ep = sv.create_endpoint({**dep.endpoint, "name": name, "templateId": tid})
+    except BaseException as exc:
+        uncertain = isinstance(exc, CreateUncertain | KeyboardInterrupt)
+        found, asked = _look_up(sv, name) if uncertain else (None, True)
+        if found is not None and not isinstance(exc, KeyboardInterrupt):
+            say(f"RunPod's answer to the create was lost; found endpoint {found.id} by its name {name}")
+            ep = found
+        else:
+            if found is not None:  # Ctrl-C: the deploy was stopped, so what it made goes
+                with contextlib.suppress(Exception):
+                    _record(ledger, "created", key=key, id=found.id, template_id=tid, url=URL.format(id=found.id),
+                            **rec)
+                    if sv.delete_endpoint(found.id):
+                        _record(ledger, "deleted", id=found.id, confirmed=True)
+            if asked:
+                with contextlib.suppress(Exception):  # the endpoint's error is the one to report
+                    sv.delete_template(tid)
+                if found is None and not uncertain:  # refused: nothing exists. Not listed after a lost
+                    # answer may be not listed *yet*: the row stays pending for `down --orphans`
+                    _record(ledger, "create_failed", key=key, why=str(getattr(exc, "message", exc))[:300])
+            raise
     url = URL.format(id=ep.id)
-    ledger.event("endpoint", json.dumps({"action": "created", "id": ep.id, "template_id": tid, "name": ep.name,
-                                         "url": url, "model": dep.model, "gpu": dep.gpu.name,
-                                         "workers_min": dep.workers_min, "workers_max": dep.workers_max,
-                                         "usd_per_s": dep.gpu.flex, "active_usd_per_s": dep.gpu.active,
-                                         "repo": dep.repo}), job_id=None)
+    _record(ledger, "created", key=key, id=ep.id, template_id=tid, url=url, **{**rec, "name": ep.name or name})
+    if ledger.pending and not ledger.flush(wait_s=5.0):  # locked since the pending row: it stays pending
+        say(f"the ledger is locked, so endpoint {ep.id} is recorded as pending only; `lorapod down --orphans` "
+            "records it from RunPod's list once the ledger is free")
     return Deployed(ep.id, tid, url, dep.model, curl_example(ep.id, dep.model))
 
 
+def _record(ledger: Any, action: str, **fields: Any) -> None:
+    ledger.event("endpoint", json.dumps({"action": action, **fields}), job_id=None)
+
+
+def _look_up(sv: Any, name: str) -> tuple[Any, bool]:
+    """The endpoint named ``name`` on the account, and whether RunPod could be asked at all."""
+    try:
+        listed = sv.list_endpoints()
+    except (LorapodError, OSError):
+        return None, False
+    return next((e for e in listed if e.name == name), None), True
+
+
 def live_endpoints(ledger: Any) -> list[dict[str, Any]]:
-    """Endpoints lorapod created and has not seen deleted, from the ledger's events."""
+    """Endpoints lorapod created, or began to create, and has not seen deleted or refused, from
+    the ledger's events; a pending one (its create never answered) has ``id`` None and
+    ``state`` ``creating``."""
     out: dict[str, dict[str, Any]] = {}
     for e in ledger.events():
         if e["kind"] != "endpoint":
@@ -323,11 +415,112 @@ def live_endpoints(ledger: Any) -> list[dict[str, Any]]:
             rec = json.loads(e["message"])
         except ValueError:
             continue
-        if rec.get("action") == "created":
-            out[str(rec["id"])] = rec
-        elif rec.get("action") == "deleted":
-            out.pop(str(rec.get("id")), None)
+        if not isinstance(rec, dict):
+            continue
+        action, key = rec.get("action"), str(rec.get("key") or rec.get("id"))
+        rec.pop("action", None)
+        if action == "creating":
+            out[key] = {**rec, "id": None, "state": "creating", "since": e["ts"]}
+        elif action == "created":
+            out[key] = {**out.get(key, {}), **rec, "state": "live"}
+        elif action == "create_failed":
+            out.pop(key, None)
+        elif action == "deleted":
+            for k in [k for k, r in out.items() if r.get("id") == rec.get("id")]:
+                out.pop(k)
     return list(out.values())
+
+
+def endpoint_rows(endpoints: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``ps --json`` rows for endpoints: the keys a job's row has, ``kind`` "endpoint"."""
+    return [{"kind": "endpoint", "job": ep.get("job"), "state": ep.get("state", "live"), "target": "runpod-serverless",
+             "instance": ep.get("id"), "instance_state": ep.get("state", "live"), "gpu": ep.get("gpu"),
+             "usd_per_hour": float(ep.get("usd_per_s") or 0) * 3600, "usd": None, "last_step": None,
+             "live_instances": 0, "controller_alive": False, "unconfirmed": [] if ep.get("id") else [ep.get("name")],
+             "run_dir": None, "summary": endpoint_cost(ep), "setup_s": {}, "name": ep.get("name"),
+             "url": ep.get("url"), "model": ep.get("model"), "workers_min": ep.get("workers_min")}
+            for ep in endpoints]
+
+
+def describe_endpoint(ep: dict[str, Any]) -> str:
+    """One `ps` line."""
+    what = ", ".join(str(v) for v in (ep.get("model"), ep.get("gpu")) if v) or "found by its name"
+    if ep.get("id") is None:
+        return (f"serverless endpoint {ep.get('name')} ({what}): its create never "
+                f"answered, so it may exist and bill ({endpoint_cost(ep)}); `lorapod down --orphans` looks it up "
+                "by its name")
+    return (f"serverless endpoint {ep['id']} ({what}): {endpoint_cost(ep)}; "
+            f"{ep.get('url')}; `lorapod down --endpoint {ep['id']}` removes it")
+
+
+def labelled_endpoints(say: Callable[[str], None], serverless: Any = None) -> list[dict[str, Any]]:
+    """This installation's endpoints as RunPod lists them, by the name lorapod gave them; [] when
+    RunPod has no key here or does not answer (said). What ``ps`` shows without a ledger."""
+    from lorapod.compute.runpod.serverless import Serverless
+    from lorapod.store.identity import installation_id, parse_label
+
+    try:
+        sv = serverless or Serverless()
+        listed = sv.list_endpoints()
+    except LorapodError as exc:
+        say(f"runpod-serverless: endpoints not listed ({exc.message})")
+        return []
+    me = installation_id()
+    return [{"id": e.id, "name": e.name, "template_id": e.template_id, "workers_min": e.workers_min,
+             "workers_max": e.workers_max, "url": URL.format(id=e.id), "state": "live", "gpu": ", ".join(e.gpu_type_ids[:2]),
+             "job": e.name.split("-", 3)[3] if e.name.count("-") >= 3 else None}
+            for e in listed if (parse_label(e.name) or ("",))[0] == me]
+
+
+#: A pending endpoint younger than this may be a deploy still waiting for RunPod's answer.
+SETTLE_S = 120.0
+
+
+def reconcile_endpoints(ledger: Any, say: Callable[[str], None], serverless: Any = None) -> dict[str, int]:
+    """``down --orphans``: the ledger's pending endpoints settled from RunPod's own list by name
+    (found: recorded with its id; not there: nothing was created), and this installation's
+    endpoints the ledger lacks (a damaged ledger restored from a backup, a row a locked ledger
+    dropped) recorded, so `ps` and `down --endpoint` know them. Nothing is deleted: an endpoint
+    is a service someone deployed on purpose."""
+    from lorapod.compute.runpod.serverless import Serverless
+    from lorapod.store.identity import installation_id, parse_label
+
+    counts = {"endpoints_found": 0, "endpoints_settled": 0}
+    try:
+        sv = serverless or Serverless()
+        listed = {e.name: e for e in sv.list_endpoints()}
+    except LorapodError as exc:
+        if any(ep["id"] is None for ep in live_endpoints(ledger)):
+            say(f"runpod-serverless: not asked ({exc.message}); pending endpoints were not checked")
+        return counts
+    known = live_endpoints(ledger)
+    ids = {ep["id"] for ep in known if ep["id"]}
+    for ep in known:
+        if ep["id"] is not None or time.time() - float(ep.get("since") or 0) < SETTLE_S:
+            continue  # created, or a deploy may still be waiting for its answer
+        found = listed.get(ep.get("name"))
+        if found is None:
+            _record(ledger, "create_failed", key=ep.get("key"), why="not on RunPod's list: never created")
+            say(f"endpoint {ep.get('name')} was never created (RunPod does not list it); ledger updated")
+        else:
+            _record(ledger, "created", key=ep.get("key"), id=found.id, template_id=found.template_id,
+                    url=URL.format(id=found.id), **{k: v for k, v in ep.items()
+                                                    if k not in ("id", "state", "key", "template_id", "url", "since")})
+            ids.add(found.id)
+            say(f"endpoint {ep.get('name')} exists as {found.id}; recorded (`lorapod down --endpoint {found.id}` "
+                "removes it)")
+        counts["endpoints_settled"] += 1
+    me = installation_id()
+    for e in listed.values():
+        if e.id in ids or (parse_label(e.name) or ("",))[0] != me:
+            continue
+        _record(ledger, "created", key=e.id, id=e.id, template_id=e.template_id, name=e.name, url=URL.format(id=e.id),
+                workers_min=e.workers_min, workers_max=e.workers_max, gpu=", ".join(e.gpu_type_ids[:2]),
+                note="found by its name; not in the ledger")
+        counts["endpoints_found"] += 1
+        say(f"endpoint {e.id} ({e.name}) is lorapod's and was not in the ledger; recorded (`lorapod down "
+            f"--endpoint {e.id}` removes it)")
+    return counts
 
 
 def endpoint_cost(rec: dict[str, Any]) -> str:
@@ -338,10 +531,12 @@ def endpoint_cost(rec: dict[str, Any]) -> str:
 
 
 def down_endpoint(endpoint_id: str, serverless: Any = None, ledger: Any = None) -> bool:
-    """Delete the endpoint, then its template; True when RunPod confirmed the endpoint's delete."""
-    from lorapod.compute.runpod.serverless import Serverless
+    """Delete the endpoint, then its template; True when RunPod confirmed the endpoint's delete.
+    An id that cannot be RunPod's (``../templates/ID``) is refused before any request."""
+    from lorapod.compute.runpod.serverless import Serverless, checked_id
     from lorapod.store.ledger import Ledger
 
+    checked_id(endpoint_id)
     sv = serverless or Serverless()
     ledger = ledger or Ledger()
     known = {r["id"]: r for r in live_endpoints(ledger)}

@@ -22,6 +22,14 @@ from lorapod.export.card import CardFile, read_metrics_file, render
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 SAMPLE_EXTS = (".png", ".jpg", ".jpeg", ".webp")
 MAX_SAMPLES = 8
+#: A sample image larger than this is not uploaded: lorapod's own are a few MB at 1024 px.
+MAX_SAMPLE_BYTES = 20 * 1024 * 1024
+#: Nor one wider or taller than this (read from the header; no pixel is decoded).
+MAX_SAMPLE_SIDE = 8192
+#: The names lorapod's engines give samples (engine/diffusion/recipe.py, engine/llm.py):
+#: ``step000200-00.png``; the step picks the newest, never the order of names a host chose.
+SAMPLE_NAME = re.compile(r"step(\d{1,12})-(\d{2,4})\.(png|jpg|jpeg|webp)")
+_PIL_FORMAT = {"png": "PNG", "jpg": "JPEG", "jpeg": "JPEG", "webp": "WEBP"}
 
 
 @dataclass
@@ -119,32 +127,51 @@ def publish(run: str | Path, repo_id: str, *, private: bool = False, merged: boo
         except ValueError as exc:  # huggingface_hub's own checks, e.g. the card's metadata (validate-yaml)
             raise ExportError(f"the upload to {repo_id} failed: {str(exc)[:300]}", hint="see the message above") from exc
     src.run.event(f"published {what} of {src.label} to {repo_id} ({info.oid})")
-    _remember(src.run.root, {"repo": repo_id, "what": what, "label": src.label, "commit": info.oid,
-                             "private": private})
+    from lorapod.store.published import remember
+
+    # on this machine, not in the run folder (a host writes that): `lorapod deploy` serves it
+    remember(src.run.root, {"repo": repo_id, "what": what, "label": src.label, "commit": info.oid,
+                            "private": private, "job_id": src.run.job_id})
     return Published(str(url), info.oid, ["README.md", *rel], notes)
 
 
-def _remember(root: Path, row: dict) -> None:
-    """Append to the run folder's ``published.json``: ``lorapod deploy`` serves what was published."""
-    import json
-
-    from lorapod.fsutil import atomic_write_bytes
-
-    f = root / "published.json"
-    try:
-        rows = json.loads(f.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        rows = []
-    rows = [*(rows if isinstance(rows, list) else []), row][-50:]
-    atomic_write_bytes(f, json.dumps(rows, indent=1).encode())
-
-
 def _samples(folder: Path) -> list[Path]:
-    """The newest sample images (the last tag's), at most MAX_SAMPLES."""
-    if not folder.is_dir():
+    """The newest step's sample images, at most MAX_SAMPLES: only files named as lorapod names
+    samples, regular files (no links) under :data:`MAX_SAMPLE_BYTES`, that open as the image their
+    suffix says and are at most :data:`MAX_SAMPLE_SIDE` px a side. A remote run's ``samples/`` is
+    what the host wrote: before, a 2 GB file of zeros was uploaded as a sample, and a file name
+    that sorted last chose which samples went."""
+    import stat
+
+    if not folder.is_dir() or folder.is_symlink():
         return []
-    images = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in SAMPLE_EXTS and not p.is_symlink())
-    if not images:
-        return []
-    last_tag = images[-1].name.split("-")[0]
-    return [p for p in images if p.name.split("-")[0] == last_tag][:MAX_SAMPLES]
+    by_step: dict[int, list[tuple[int, Path]]] = {}
+    for p in folder.iterdir():
+        m = SAMPLE_NAME.fullmatch(p.name)
+        if m is None:
+            continue
+        try:
+            st = p.lstat()
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and 0 < st.st_size <= MAX_SAMPLE_BYTES:
+            by_step.setdefault(int(m.group(1)), []).append((int(m.group(2)), p))
+    for step in sorted(by_step, reverse=True):  # the newest step with a real image
+        good = [p for _, p in sorted(by_step[step]) if _is_image(p)][:MAX_SAMPLES]
+        if good:
+            return good
+    return []
+
+
+def _is_image(path: Path) -> bool:
+    """Whether ``path`` is an image of the format its suffix names, of a sane size (header only)."""
+    from PIL import Image, UnidentifiedImageError
+
+    fmt = _PIL_FORMAT[path.suffix.lower().lstrip(".")]
+    try:
+        with Image.open(path, formats=[fmt]) as im:
+            w, h = im.size
+            im.verify()  # the file's structure (chunks, CRCs), without decoding pixels
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+        return False
+    return 0 < w <= MAX_SAMPLE_SIDE and 0 < h <= MAX_SAMPLE_SIDE

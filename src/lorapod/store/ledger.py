@@ -517,6 +517,14 @@ class Ledger:
         self._write(lambda db: db.execute("INSERT INTO events (ts, job_id, instance_id, kind, message)"
                                           " VALUES (?, ?, ?, ?, ?)", args), "event")
 
+    def event_before_create(self, kind: str, message: str, what: str, job_id: str | None = None) -> None:
+        """An event that must be written before a provider's create call (invariant 1, for what is
+        not an instance: a serverless endpoint's pending row): never queued, :class:`LedgerBusy`
+        instead, before anything is created."""
+        args = (time.time(), job_id, None, kind, message)
+        self._write(lambda db: db.execute("INSERT INTO events (ts, job_id, instance_id, kind, message)"
+                                          " VALUES (?, ?, ?, ?, ?)", args), what, queue=False)
+
     def events(self, job_id: str | None = None) -> list[dict[str, Any]]:
         if job_id:
             rows = self._db.execute("SELECT * FROM events WHERE job_id=? ORDER BY seq", (job_id,))

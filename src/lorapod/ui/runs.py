@@ -16,6 +16,7 @@ import re
 import sqlite3
 import statistics
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,10 @@ SCAN_DEPTH = 3
 PROGRESS_TAIL = 128 * 1024
 #: Points per chart series sent to the browser; longer series are downsampled to this.
 MAX_POINTS = 1500
+#: The longest ETA or planned duration a page shows (a year). A host writes the metrics and the
+#: plan of a remote run: a step time of 1e308 s or 1e14 s must not reach the page's clock and
+#: duration filters (``time.localtime`` raises past year 9999; ``int(inf)`` raises).
+MAX_SHOWN_S = 365 * 86400.0
 CHART_KEYS = {
     "loss": ("loss", "val_loss", "fixed_noise_loss"),
     "lr": ("lr",),
@@ -109,27 +114,47 @@ def console_url(provider: str) -> str | None:
 # ----------------------------------------------------------------------------- reading a run folder
 
 
-def read_metrics(root: Path) -> list[dict[str, Any]]:
-    text = read_text(root, "metrics.jsonl", limit=64 * 1024 * 1024) or ""
+def read_metrics(root: Path, limit: int = 4 * 1024 * 1024) -> list[dict[str, Any]]:
+    """The last ``limit`` bytes of metrics.jsonl, parsed (the Compare page's last validation loss)."""
+    text = read_text(root, "metrics.jsonl", limit=limit, tail=True) or ""
     return parse_metrics(text)
 
 
 def parse_metrics(text: str) -> list[dict[str, Any]]:
-    out = []
+    return list(iter_metrics(text))
+
+
+def iter_metrics(text: str) -> Iterator[dict[str, Any]]:
+    """Each JSON object line of ``text``; torn or foreign lines are skipped."""
     for line in text.splitlines():
         try:
             rec = json.loads(line)
         except ValueError:
             continue  # a torn last line
         if isinstance(rec, dict):
-            out.append(rec)
-    return out
+            yield rec
 
 
 def _num(v: Any) -> float | None:
     if isinstance(v, bool) or not isinstance(v, int | float):
         return None
-    return float(v) if math.isfinite(v) else None
+    try:
+        f = float(v)
+    except OverflowError:  # an int past a float's range (JSON allows 10**400)
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _step(v: Any) -> int | None:
+    """A step number as the metrics feed accepts one (compute/metrics_feed.py): 0..MAX_STEP."""
+    from lorapod.compute.metrics_feed import MAX_STEP
+
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_STEP else None
+
+
+def bounded_s(v: float | None) -> float | None:
+    """A duration a page may show: finite, 0..:data:`MAX_SHOWN_S`; None (shown as "-") otherwise."""
+    return v if v is not None and math.isfinite(v) and 0 <= v <= MAX_SHOWN_S else None
 
 
 def read_spec(root: Path) -> dict[str, Any]:
@@ -165,11 +190,12 @@ def read_json(root: Path, rel: str, limit: int = 8 * 1024 * 1024) -> Any:
 
 def _total_steps(root: Path, spec: dict[str, Any]) -> int | None:
     plan = read_json(root, "plan.json")
-    steps = ((plan or {}).get("job") or {}).get("steps") if isinstance(plan, dict) else None
-    if isinstance(steps, int) and steps > 0:
+    job = plan.get("job") if isinstance(plan, dict) else None
+    steps = _step(job.get("steps")) if isinstance(job, dict) else None
+    if steps:
         return steps
     ms = (spec.get("train") or {}).get("max_steps") if isinstance(spec.get("train"), dict) else None
-    return ms if isinstance(ms, int) and ms > 0 else None
+    return _step(ms) or None
 
 
 def _plan_estimate(root: Path, gpu: str | None, provider: str) -> tuple[float | None, float | None]:
@@ -182,7 +208,10 @@ def _plan_estimate(root: Path, gpu: str | None, provider: str) -> tuple[float | 
     pick = (same or [o for o in opts if o.get("fits")] or opts or [None])[0]
     if pick is None:
         return None, None
-    return _num(pick.get("usd_total")), _num(pick.get("hours_total"))
+    usd, hours = _num(pick.get("usd_total")), _num(pick.get("hours_total"))
+    if usd is None or hours is None or bounded_s(hours * 3600) is None:  # both, or neither (a host wrote it)
+        return None, None
+    return usd, hours
 
 
 def fill_progress(view: RunView, metrics: list[dict[str, Any]] | None = None, now: float | None = None) -> None:
@@ -193,7 +222,7 @@ def fill_progress(view: RunView, metrics: list[dict[str, Any]] | None = None, no
         metrics = parse_metrics(read_text(view.root, "metrics.jsonl", limit=PROGRESS_TAIL, tail=True) or "")
     spec = read_spec(view.root)
     view.total_steps = _total_steps(view.root, spec)
-    steps = [r for r in metrics if _num(r.get("loss")) is not None and isinstance(r.get("step"), int)]
+    steps = [r for r in metrics if _num(r.get("loss")) is not None and _step(r.get("step")) is not None]
     if steps:
         view.last_step = max(view.last_step or 0, steps[-1]["step"])
         view.last_loss = _num(steps[-1]["loss"])
@@ -208,8 +237,9 @@ def fill_progress(view: RunView, metrics: list[dict[str, Any]] | None = None, no
                if (ta := _num(a.get("time"))) and (tb := _num(b.get("time"))) and tb > ta]
     if view.total_steps and view.last_step is not None and dts and view.state in ACTIVE:
         left = max(0, view.total_steps - view.last_step)
-        view.eta_s = left * statistics.median(dts)
-        view.finish_usd = view.usd + view.eta_s / 3600 * (view.usd_per_hour or 0.0)
+        view.eta_s = bounded_s(left * statistics.median(dts))  # None past a year: "-", never a 500
+        if view.eta_s is not None:
+            view.finish_usd = view.usd + view.eta_s / 3600 * (view.usd_per_hour or 0.0)
 
 
 def sweeps(parents: set[Path]) -> list[dict[str, Any]]:
@@ -340,7 +370,9 @@ class RunIndex:
         return views
 
     def find(self, job_id: str) -> RunView | None:
-        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,200}", job_id):
+        """The run named exactly ``job_id`` (a ledger job id or a run folder's name, which may hold
+        spaces and other characters: the URL carries it percent-encoded), or None."""
+        if not 0 < len(job_id) <= 255 or "/" in job_id or "\0" in job_id or job_id in (".", ".."):
             return None
         return next((v for v in self.views(progress=job_id) if v.job_id == job_id), None)
 
@@ -379,8 +411,9 @@ def downsample(xs: list[float], ys: list[float], limit: int = MAX_POINTS) -> tup
     return ox, oy
 
 
-def series(metrics: list[dict[str, Any]], limit: int = MAX_POINTS) -> dict[str, dict[str, list[float]]]:
-    """``{key: {"x": steps, "y": values}}`` for every charted key the metrics have, downsampled."""
+def series(metrics: Iterable[dict[str, Any]], limit: int = MAX_POINTS) -> dict[str, dict[str, list[float]]]:
+    """``{key: {"x": steps, "y": values}}`` for every charted key the metrics have, downsampled.
+    ``metrics`` is read once: a generator keeps only the columns in memory, never every record."""
     out: dict[str, dict[str, list[float]]] = {}
     keys = [k for ks in CHART_KEYS.values() for k in ks]
     cols: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in keys}

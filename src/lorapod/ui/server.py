@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import re
 import socket
@@ -31,7 +32,7 @@ from starlette.staticfiles import StaticFiles
 from lorapod.catalog import families
 from lorapod.errors import LorapodError
 from lorapod.ui import actions
-from lorapod.ui.files import Refused, is_real_dir, read_from, serve
+from lorapod.ui.files import Refused, is_real_dir, read_from, sample_lines, serve
 from lorapod.ui.guard import Guard
 from lorapod.ui.live import GIVE_UP_AFTER, RemoteTail
 from lorapod.ui.runs import (
@@ -40,6 +41,7 @@ from lorapod.ui.runs import (
     RunIndex,
     RunView,
     evaluation,
+    iter_metrics,
     logs,
     parse_metrics,
     read_metrics,
@@ -55,21 +57,37 @@ POLL_S = 0.5  # how often a stream looks at metrics.jsonl
 STATUS_EVERY_S = 2.0
 STREAM_S = 300.0  # a stream ends after this; EventSource reconnects with its Last-Event-ID
 STATIC = Path(__file__).parent / "static"
+#: A run's chart reads at most the last CHART_TAIL bytes of metrics.jsonl in full and MAX_POINTS
+#: stretches of CHART_WINDOW bytes of the rest (ui/files.py sample_lines): a few MB and tens of
+#: milliseconds per request whatever the file's size (bench/ui_metrics.py).
+CHART_TAIL = 2 * 1024 * 1024
+CHART_WINDOW = 1024
 
 
 def _env() -> Environment:
     env = Environment(loader=PackageLoader("lorapod.ui", "templates"), autoescape=select_autoescape(default=True))
     env.filters["usd"] = lambda v: "-" if v is None else (f"${v:.4f}" if v < 1 else f"${v:.2f}")
     env.filters["dur"] = _dur
-    env.filters["clock"] = lambda t: "-" if not t else time.strftime("%H:%M", time.localtime(t))
-    env.filters["when"] = lambda t: "-" if not t else time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+    env.filters["clock"] = lambda t: _strftime("%H:%M", t)
+    env.filters["when"] = lambda t: _strftime("%Y-%m-%d %H:%M", t)
     env.filters["num"] = lambda v, d=4: "-" if v is None else f"{v:.{d}f}"
     env.filters["pct"] = lambda v: 0 if v is None else round(100 * v, 1)
     return env
 
 
+def _strftime(fmt: str, t: float | None) -> str:
+    """A time of day, or "-" for none and for one no calendar holds (runs.py bounds what a host
+    writes before it gets here; this is the last guard, so a page never answers 500)."""
+    if not t:
+        return "-"
+    try:
+        return time.strftime(fmt, time.localtime(t))
+    except (OverflowError, ValueError, OSError):
+        return "-"
+
+
 def _dur(seconds: float | None) -> str:
-    if seconds is None:
+    if seconds is None or not math.isfinite(seconds):
         return "-"
     s = int(seconds)
     if s < 90:
@@ -83,16 +101,17 @@ class Dashboard:
     """The app's state: where runs are, which specs and data folders the Plan and Data pages offer."""
 
     def __init__(self, index: RunIndex, token: str, data_folders: list[Path] | None = None,
-                 spec_files: list[Path] | None = None) -> None:
+                 spec_files: list[Path] | None = None, prefix: str = "") -> None:
         self.index = index
         self.token = token
+        self.prefix = prefix.rstrip("/")  # every page's URLs start with it (ui/guard.py: the cookie's path)
         self.extra_data = [Path(p).resolve() for p in data_folders or []]
         self.extra_specs = [Path(p).resolve() for p in spec_files or []]
         self.env = _env()
         self._plans: dict[tuple[str, int], dict[str, Any]] = {}
 
     def render(self, name: str, **ctx: Any) -> str:
-        return self.env.get_template(name).render(token=self.token, now=time.time(), **ctx)
+        return self.env.get_template(name).render(token=self.token, now=time.time(), root=self.prefix, **ctx)
 
     def page(self, name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
         return HTMLResponse(self.render(name, **ctx), status)
@@ -318,9 +337,20 @@ def run_metrics(dash: Dashboard, request: Request) -> Response:
     view = dash.index.find(request.path_params["job"])
     if view is None:
         return JSONResponse({"error": "no such run"}, 404)
-    data, offset = read_from(view.root, "metrics.jsonl", 0, limit=64 * 1024 * 1024)
-    rows = parse_metrics(data.decode("utf-8", errors="replace"))
-    return JSONResponse({"offset": offset, "rows": len(rows), "max_points": MAX_POINTS, "series": series(rows)})
+    data, offset, size, sampled = sample_lines(view.root, "metrics.jsonl", CHART_TAIL, MAX_POINTS, CHART_WINDOW)
+    seen = {"rows": 0, "last_step": None}
+
+    def rows() -> Iterator[dict[str, Any]]:  # counted as the series take them: no list of every record
+        for rec in iter_metrics(data.decode("utf-8", errors="replace")):
+            seen["rows"] += 1
+            step = rec.get("step")
+            if isinstance(step, int) and not isinstance(step, bool):
+                seen["last_step"] = step if seen["last_step"] is None else max(seen["last_step"], step)
+            yield rec
+
+    out = series(rows())
+    return JSONResponse({"offset": offset, "rows": seen["rows"], "sampled": sampled, "bytes": size, "tail_bytes": CHART_TAIL,
+                         "last_step": seen["last_step"], "max_points": MAX_POINTS, "series": out})
 
 
 def run_file(dash: Dashboard, request: Request) -> Response:
@@ -462,7 +492,7 @@ def build_app(dash: Dashboard, hosts: set[str], port: int) -> Guard:
         Route("/data/report/{n}", bind(data_report)),
         Mount("/static", StaticFiles(directory=STATIC, follow_symlink=False), name="static"),
     ]
-    return Guard(Starlette(routes=routes), dash.token, hosts, port)
+    return Guard(Starlette(routes=routes), dash.token, hosts, port, dash.prefix)
 
 
 def allowed_hosts(host: str, port: int) -> set[str]:

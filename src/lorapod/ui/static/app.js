@@ -49,7 +49,7 @@
   for (const el of document.querySelectorAll(".chart[data-runs]")) {
     const jobs = el.dataset.runs.split(",").filter(Boolean);
     const keys = el.dataset.key.split(",");
-    Promise.all(jobs.map((j) => fetch("/runs/" + encodeURIComponent(j) + "/metrics").then((r) => r.json()))).then((all) => {
+    Promise.all(jobs.map((j) => fetch(document.body.dataset.root + "/runs/" + encodeURIComponent(j) + "/metrics").then((r) => r.json()))).then((all) => {
       const tables = [], labels = [];
       all.forEach((m, i) => {
         const k = keys.find((k) => m.series[k]);
@@ -149,7 +149,13 @@
       const loss = m.series.loss;
       if (loss) window.lorapod.lastStep = loss.x[loss.x.length - 1];
       const note = document.getElementById("chart-note");
-      if (note) note.textContent = m.rows > maxPoints ? m.rows + " metrics lines, drawn as at most " + maxPoints + " points per series (the lowest and highest of each stretch kept)" : "";
+      if (note) {
+        // what was read, never more: a sampled file's line count is not the run's
+        const mb = (m.bytes / 1048576).toFixed(1);
+        note.textContent = m.sampled
+          ? "metrics.jsonl is " + mb + " MB: its last " + (m.tail_bytes / 1048576).toFixed(0) + " MB read in full and stretches of the rest sampled (" + m.rows + " lines read), up to step " + m.last_step + "; at most " + maxPoints + " points per series"
+          : m.rows > maxPoints ? m.rows + " metrics lines, drawn as at most " + maxPoints + " points per series (the lowest and highest of each stretch kept)" : "";
+      }
       return m.offset;
     });
   }
