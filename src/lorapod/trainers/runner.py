@@ -45,6 +45,8 @@ _EXC_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?(?P<cls>[A-Z]\w*(?:Error|Excepti
 # accelerate's launcher re-raises a failed child as this (accelerate/commands/launch.py
 # simple_launcher): the child's own exception, printed before it, is the trainer's reason.
 _LAUNCHER_ERRORS = ("CalledProcessError",)
+# the checkpoint key of the state a kohya trainer saves when it ends (KohyaOutputs.artifacts)
+FINAL_STATE = "last"
 
 
 def trainer_reason(lines: list[str]) -> str | None:
@@ -109,7 +111,12 @@ class Mirror:
             _link_tree(art.path, key_dir / "state" if art.kind == "state" else key_dir)
 
     def _rotate(self) -> None:
-        keys = sorted((p for p in (self.run / "checkpoints").iterdir() if p.is_dir() and not p.name.startswith(".")),
+        """Keep the newest ``keep_last`` step/epoch checkpoints. The trainer's final state (``last``,
+        the kohya trainers' ``NAME-state``) is not one of them: counting it would delete a step
+        the trainer itself kept (sd-scripts keeps ``--save_last_n_steps`` saves *and* the final
+        state; tests/recorded/sd15)."""
+        keys = sorted((p for p in (self.run / "checkpoints").iterdir()
+                       if p.is_dir() and not p.name.startswith(".") and p.name != FINAL_STATE),
                       key=lambda p: p.stat().st_mtime)
         for old in keys[: max(0, len(keys) - self.keep_last)]:
             shutil.rmtree(old, ignore_errors=True)
