@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -48,62 +49,148 @@ def bar_value(x: float) -> float:
     return float(f"{x:.3g}")
 
 
-@pytest.mark.parametrize("case", ["sd15"])
-def test_kohya_bridge_gives_each_step_the_loss_the_trainer_logged(case):
+def phase(case: str, name: str = "two-steps") -> dict:
+    return files(case)["runs"][name]
+
+
+def test_kohya_bridge_gives_each_step_the_loss_the_trainer_logged():
     """The trainer redraws its bar on update(1) with the previous step's avr_loss before it sets the
     new one: lorapod's record for every step, the last included, carries that step's own loss, the
     ``loss/average`` the trainer wrote to TensorBoard (to the bar's 3 significant digits)."""
-    logged = files(case)["trainer_logged"]["steps"]
+    (logged,) = phase("sd15")["trainer_logged"]
     assert [s for s, _ in logged] == [1, 2]
     for chunk in (4096, 7):
-        recs = bridged(KohyaProgress(), log(case), chunk)
-        assert [r["step"] for r in recs] == [s for s, _ in logged]
+        recs = bridged(KohyaProgress(), log("sd15"), chunk)
+        assert [r["step"] for r in recs] == [1, 2]
         assert [r.get("loss") for r in recs] == [bar_value(v) for _, v in logged]
+        assert recs == phase("sd15")["metrics"]
 
 
-def replay_kohya(out: Path, listing: list[str], name: str) -> list[list[str]]:
+def state_of(tmp_path: Path, case: str, name: str, key: str) -> Path:
+    """A checkpoint folder with the train_state.json sd-scripts wrote for it (its values from the
+    trainer's own log line "save train state to .../NAME-step0000000N-state/train_state.json at epoch E step N")."""
+    n = int(key.split("-")[1])
+    m = re.search(rf"step{n:08d}-state/train_state\.json at epoch (\d+) step (\d+)", log(case, name))
+    ckpt = tmp_path / "pulled" / key
+    (ckpt / "state").mkdir(parents=True)
+    (ckpt / "state" / "train_state.json").write_text(json.dumps({"current_epoch": int(m.group(1)),
+                                                                  "current_step": int(m.group(2))}))
+    return ckpt
+
+
+def resumed_job(tmp_path: Path):
+    from lorapod.trainers.job import Command, TrainerJob
+
+    job = TrainerJob("sd-scripts", {}, [], [Command("train", ["python", "train_network.py"], "train")],
+                     str(tmp_path / "out"), "real")
+    get("sd-scripts").resume(job, state_of(tmp_path, "sd15", "two-steps", "step-2"))
+    return job
+
+
+def test_sd_scripts_resume_continues_at_the_states_step(tmp_path):
+    """Resumed from step 2, sd-scripts counts its bar and its step saves from 0 again (its log:
+    "skipping 2 steps", then steps 1/4 and 2/4, files step00000001/2); lorapod records steps 3 and 4
+    with the losses the resumed trainer logged, and the bar's total, 4."""
+    job = resumed_job(tmp_path)
+    assert job.commands[-1].argv[-3:] == ["--resume", str(tmp_path / "pulled" / "step-2" / "state"),
+                                          "--skip_until_initial_step"]
+    assert job.step_offset == 2
+    assert "skipping 2 steps" in log("sd15", "resume")
+    _first, resumed = phase("sd15", "resume")["trainer_logged"]
+    assert [s for s, _ in resumed] == [1, 2]  # the trainer's own numbering after the resume
+    recs = bridged(get("sd-scripts").metrics_parser(job), log("sd15", "resume"))
+    assert [(r["step"], r["total_steps"]) for r in recs] == [(3, 4), (4, 4)]
+    assert [r["loss"] for r in recs] == [bar_value(v) for _, v in resumed]
+    assert phase("sd15", "resume")["metrics"] == phase("sd15")["metrics"] + recs
+
+
+def replay(mirror: Mirror, out: Path, listing: list[str], name: str) -> None:
     """The trainer's files in the order it wrote them: each step's LoRA and state, then the final
-    LoRA and state (train_network.py: step saves in the loop, save_state_on_train_end at the end)."""
+    LoRA and state (train_network.py: step saves in the loop, save_state_on_train_end at the end),
+    the mirror polling in between as the runner does."""
     def step_of(rel: str) -> int:
         m = re.match(rf"{name}-step(\d+)", rel)
         return int(m.group(1)) if m else 10 ** 9
     groups: dict[int, list[str]] = {}
     for rel in listing:
         groups.setdefault(step_of(rel), []).append(rel)
-    return [groups[k] for k in sorted(groups)]
-
-
-def test_kohya_final_state_does_not_count_against_keep_last(tmp_path):
-    """keep_last 2 with saves every step: sd-scripts kept step 1 and step 2 and its final state;
-    the run folder keeps both steps too (the final state is not one of keep_last)."""
-    rec = files("sd15")
-    trainer = get("sd-scripts")
-    layout = Layout(str(tmp_path))
-    out = Path(layout.out)
-    mirror = Mirror(trainer, layout, "real", tmp_path / "run", keep_last=2)
-    for group in replay_kohya(out, rec["trainer_out"], "real"):
-        for rel in group:
+    for k in sorted(groups):
+        for rel in groups[k]:
             p = out / rel
             if rel.endswith("/"):
                 p.mkdir(parents=True, exist_ok=True)
             else:
                 p.parent.mkdir(parents=True, exist_ok=True)
                 p.write_bytes(rel.encode())
-        final = any(not re.search(r"-step\d+", r) for r in group)
         mirror.sync()
         time.sleep(0.02)
-        mirror.sync(final=final)
+        mirror.sync(final=k == 10 ** 9)
+
+
+def run_listing(run: Path) -> list[str]:
+    return sorted(str(p.relative_to(run)) + ("/" if p.is_dir() else "") for p in run.rglob("*")
+                  if p.relative_to(run).parts[0] in ("checkpoints", "adapter"))
+
+
+def recorded_listing(case: str, name: str) -> list[str]:
+    return sorted(r for r in phase(case, name)["run"] if r.startswith(("checkpoints/", "adapter/")))
+
+
+def test_kohya_final_state_does_not_count_against_keep_last(tmp_path):
+    """keep_last 2 with saves every step: sd-scripts kept step 1 and step 2 and its final state;
+    the run folder keeps both steps too (the final state is not one of keep_last)."""
+    rec = phase("sd15")
+    layout = Layout(str(tmp_path))
+    mirror = Mirror(get("sd-scripts"), layout, "real", tmp_path / "run", keep_last=2)
+    replay(mirror, Path(layout.out), rec["trainer_out"], "real")
     kept_by_trainer = sorted(f"step-{int(m.group(1))}" for r in rec["trainer_out"]
                              if (m := re.fullmatch(r"real-step(\d+)\.safetensors", r)))
     assert kept_by_trainer == ["step-1", "step-2"]
     ckpts = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
     assert ckpts == sorted([*kept_by_trainer, "last"])
-    assert sorted(p.name for p in (tmp_path / "run" / "adapter").iterdir()) == ["real.safetensors"]
-    want = sorted(r for r in rec["run"] if r.startswith(("checkpoints/", "adapter/")))
-    got = sorted(str(p.relative_to(tmp_path / "run")) + ("/" if p.is_dir() else "")
-                 for p in (tmp_path / "run").rglob("*") if p.relative_to(tmp_path / "run").parts[0]
-                 in ("checkpoints", "adapter"))
-    assert got == want  # what the real run's folder holds
+    assert run_listing(tmp_path / "run") == recorded_listing("sd15", "two-steps")
+
+
+def test_kohya_resumed_saves_are_the_runs_next_steps_and_leave_earlier_ones_alone(tmp_path):
+    """The resumed sd-scripts writes real-step00000001/2 again (its own count): they are the run's
+    steps 3 and 4, and the run folder's step 1/2 files, hard links of the trainer's, are not
+    rewritten through those names (the runner unlinks the trainer's old copies first)."""
+    from lorapod.trainers.runner import _clear_outputs
+
+    layout = Layout(str(tmp_path))
+    trainer = get("sd-scripts")
+    run = tmp_path / "run"
+    replay(Mirror(trainer, layout, "real", run, keep_last=2), Path(layout.out), phase("sd15")["trainer_out"], "real")
+    step1 = run / "checkpoints" / "step-1" / "real-step00000001.safetensors"
+    before = step1.read_bytes()
+    job = resumed_job(tmp_path)
+    _clear_outputs(trainer, layout, "real")
+    assert not any(Path(layout.out).iterdir())
+    mirror = Mirror(trainer, layout, "real", run, keep_last=4, step_offset=job.step_offset)
+    replay(mirror, Path(layout.out), phase("sd15", "resume")["trainer_out"], "real")
+    assert step1.read_bytes() == before
+    ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert ckpts == ["last", "step-1", "step-2", "step-3", "step-4"]
+    # with the spec's keep_last (2), as the real run's folder
+    shutil.rmtree(run)
+    replay(Mirror(trainer, layout, "real", run, keep_last=2), Path(layout.out), phase("sd15")["trainer_out"], "real")
+    _clear_outputs(trainer, layout, "real")
+    replay(Mirror(trainer, layout, "real", run, keep_last=2, step_offset=2), Path(layout.out),
+           phase("sd15", "resume")["trainer_out"], "real")
+    assert run_listing(run) == recorded_listing("sd15", "resume")
+
+
+def test_mirror_relinking_the_same_file_leaves_no_temporary(tmp_path):
+    """Mirroring a file already linked in place (a resumed runner's first sync) is a no-op; rename()
+    of a hard link onto the same file does nothing, and left the .tmp- link behind (seen in the
+    real resume's run folder)."""
+    from lorapod.trainers.runner import _link_file
+
+    src, dest = tmp_path / "a.safetensors", tmp_path / "run" / "a.safetensors"
+    src.write_bytes(b"x")
+    _link_file(src, dest)
+    _link_file(src, dest)
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["a.safetensors"]
 
 
 def write_lora(path: Path, keys: dict[str, list[int]]) -> None:
@@ -127,9 +214,9 @@ def sd15_unet_meta():
 def test_sd_scripts_real_lora_loads_in_comfyui_and_inspect(tmp_path):
     """The LoRA sd-scripts saved (its key names and shapes): ComfyUI's key rule finds every module
     on SD 1.5's U-Net and drops none; ``lorapod inspect`` reads it as a kohya SD 1.5 LoRA."""
-    from .comfy_consumer import unet_keys
-
     from lorapod.export.inspect import inspect_file
+
+    from .comfy_consumer import unet_keys
 
     keys = files("sd15")["lora"]["keys"]
     assert keys and all(k.startswith("lora_unet_") for k in keys)  # --network_train_unet_only

@@ -1,6 +1,6 @@
 """Random weights in the real shapes, and tokenizers built here, for the real trainer runs.
 
-    TRAINER_PYTHON tools/upstream/real_models.py sd15|sdxl DEST HF_HOME
+    TRAINER_PYTHON tools/upstream/real_models.py sd15|sdxl|wan DEST HF_HOME
 
 Runs under the trainer's own Python (its diffusers/transformers write the files its loader reads).
 Nothing is downloaded: every model is built from its published configuration with random weights.
@@ -15,6 +15,14 @@ Nothing is downloaded: every model is built from its published configuration wit
   2.6 B U-Net do not fit the machine's memory with the rest: bigG keeps its width 1280 and
   projection 1280 (what the U-Net consumes) with 2 layers instead of 32 (sd-scripts reads the
   penultimate hidden state, so 2 is the fewest that has one).
+- Wan2.1 T2V 1.3B (``wan``): the files musubi-tuner loads (wan_train_network.py, wan/modules):
+  the DiT as a safetensors file of musubi's own ``WanModel`` with ``WAN_CONFIGS["t2v-1.3B"]``
+  (1.4 B parameters; written tensor by tensor, in fp32 where the downloaded file is bf16: a CPU
+  trains in fp32, and the file name lorapod downloads is kept), and the VAE as the ``.pth`` state
+  dict of musubi's ``WanVAE_`` with Wan's configuration (127 M), both real shapes. The umT5-XXL
+  text encoder (5.7 B parameters, 11 GB in bf16) is not built: tools/upstream/cpu_shims.py
+  ``umt5_random`` answers musubi's ``T5EncoderModel`` with random outputs of its shape (one
+  ``[tokens, 4096]`` bf16 tensor per caption), and musubi's own cache step writes them.
 - The tokenizers: sd-scripts loads ``openai/clip-vit-large-patch14`` (and for SDXL
   ``laion/CLIP-ViT-bigG-14-laion2B-39B-b160k``) by hub id (library/strategy_sd.py, strategy_sdxl.py),
   and lorapod's job passes no ``--tokenizer_cache_dir``. So a CLIP BPE tokenizer (CLIPTokenizer's
@@ -137,6 +145,61 @@ def sd_folder(dest: Path, family: str) -> None:
     (dest / "model_index.json").write_text(json.dumps(index))
 
 
+def write_safetensors(path: Path, tensors) -> None:
+    """The safetensors format (8-byte header length, JSON header, raw data), written one tensor at a
+    time: a 1.4 B-parameter model never needs a second copy in memory."""
+    import struct
+
+    import torch
+
+    names = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+    items = list(tensors)  # (name, shape, dtype, make)
+    header, offset = {}, 0
+    for name, shape, dtype, _ in items:
+        size = int(torch.tensor(shape).prod().item()) * dtype.itemsize if shape else dtype.itemsize
+        header[name] = {"dtype": names[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with path.open("wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        for _name, _shape, _dtype, make in items:
+            f.write(make().contiguous().view(torch.uint8).numpy().tobytes())
+
+
+def wan_files(dest: Path) -> None:
+    import torch
+    from musubi_tuner.wan.configs import WAN_CONFIGS
+    from musubi_tuner.wan.modules.model import WanModel
+    from musubi_tuner.wan.modules.vae import WanVAE_
+
+    torch.manual_seed(0)
+    cfg = WAN_CONFIGS["t2v-1.3B"]
+    with torch.device("meta"):
+        model = WanModel(model_type="t2v", dim=cfg.dim, eps=cfg.eps, ffn_dim=cfg.ffn_dim, freq_dim=cfg.freq_dim,
+                         in_dim=cfg.in_dim, num_heads=cfg.num_heads, num_layers=cfg.num_layers, out_dim=cfg.out_dim,
+                         text_len=cfg.text_len)
+
+    def init(name: str, shape: tuple[int, ...]):
+        def make():
+            if name.endswith("bias"):
+                return torch.zeros(shape)
+            if len(shape) == 1:  # norms and modulation vectors
+                return torch.ones(shape)
+            return torch.randn(shape) * 0.02
+        return make
+
+    dit = dest / "split_files" / "diffusion_models" / "wan2.1_t2v_1.3B_bf16.safetensors"
+    dit.parent.mkdir(parents=True, exist_ok=True)
+    write_safetensors(dit, [(n, tuple(t.shape), torch.float32, init(n, tuple(t.shape)))
+                            for n, t in model.state_dict().items()])
+    vae = WanVAE_(dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+                  temperal_downsample=[False, True, True], dropout=0.0)
+    torch.save(vae.state_dict(), dest / "Wan2.1_VAE.pth")
+    # lorapod's job downloads it; the stand-in (cpu_shims umt5_random) never reads it
+    (dest / "models_t5_umt5-xxl-enc-bf16.pth").write_bytes(b"")
+
+
 def main() -> None:
     kind, dest, hf_home = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     hub_cache(hf_home, "openai/clip-vit-large-patch14", clip_tokenizer)
@@ -144,6 +207,8 @@ def main() -> None:
         if kind == "sdxl":
             hub_cache(hf_home, "laion/CLIP-ViT-bigG-14-laion2B-39B-b160k", clip_tokenizer)
         sd_folder(dest, kind)
+    elif kind == "wan":
+        wan_files(dest)
     else:
         raise SystemExit(f"unknown model {kind}")
     (dest / ".built").write_text("ok\n")

@@ -41,7 +41,7 @@ TRAINER = {"sd15": "sd-scripts", "sdxl": "sd-scripts", "wan": "musubi-tuner",
 # what each trainer's TensorBoard/database calls the loss lorapod's bridge reads
 TB_LOSS = {"sd-scripts": "loss/average", "musubi-tuner": "loss/average"}
 # the start-up stand-ins each trainer needs on a CPU torch (tools/upstream/cpu_shims.py says why)
-SHIMS = {"sd-scripts": "torchvision", "musubi-tuner": "torchvision,cuda_device", "ai-toolkit": "torchvision,torchaudio"}
+SHIMS = {"sd-scripts": "torchvision", "musubi-tuner": "torchvision,cuda_device,umt5_random", "ai-toolkit": "torchvision,torchaudio"}
 
 
 def install_shims(python: str) -> None:
@@ -65,6 +65,25 @@ def make_images(folder: Path, n: int = 2, size: int = 256, caption: str = "zxq_m
     return folder
 
 
+def make_clips(folder: Path, size: int = 128) -> Path:
+    """Two 2-second 30 fps clips and two stills, with captions (what examples/wan21-video-clips.yaml trains on)."""
+    import numpy as np
+    from PIL import Image
+
+    sys.path.insert(0, str(REPO / "src"))
+    from lorapod.data.clips import write_clip
+
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(2):
+        Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(folder / f"still{i}.png")
+        (folder / f"still{i}.txt").write_text("zxq standing")
+        write_clip(folder / f"clip{i}.mp4", [rng.integers(0, 255, (size, size, 3), dtype=np.uint8) for _ in range(60)],
+                   fps=30.0)
+        (folder / f"clip{i}.txt").write_text("zxq walking")
+    return folder
+
+
 def spec_for(case: str, root: Path, steps: int) -> dict:
     """The job: a user's spec, small (2 images, 2 steps, rank 4), saving every step."""
     common = {"method": {"type": "lora", "r": 4, "alpha": 4, "dropout": 0.0, "target_modules": "all-linear"},
@@ -79,6 +98,12 @@ def spec_for(case: str, root: Path, steps: int) -> dict:
                          "repeats": 1, "buckets": True, "trigger": "zxq_mug", "cache_latents": True,
                          "cache_text_encoder_outputs": False},
                 "train": train}
+    if case == "wan":  # examples/wan21-video-clips.yaml, small
+        return {**common, "model": {"id": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "family": "wan21"},
+                "data": {"path": str(make_clips(root / "clips")), "format": "video", "resolution": 128,
+                         "target_frames": [1, 5], "frame_extraction": "head", "fps": 16, "trigger": "zxq",
+                         "buckets": True},
+                "train": {**train, "timestep_sampling": "shift", "timestep_shift": 3.0}}
     raise SystemExit(f"unknown case {case}")
 
 
@@ -93,17 +118,32 @@ def run_lorapod(python: str, args: list[str], env: dict, cwd: Path) -> tuple[int
     return proc.returncode, proc.stdout, secs, int(m.group(1)) if m else 0
 
 
-def tb_losses(logs: Path, tag: str) -> list[tuple[int, float]]:
-    """The trainer's own logged loss per step, from every TensorBoard event file under ``logs``."""
+def tb_runs(logs: Path, tag: str) -> list[list[tuple[int, float]]]:
+    """The trainer's own logged loss per step, one list per launch (each writes its own timestamped
+    TensorBoard folder), oldest first."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    out: dict[int, float] = {}
-    for events in sorted(logs.rglob("events.out.tfevents.*")):
-        acc = EventAccumulator(str(events.parent), size_guidance={"scalars": 0})
+    runs = []
+    for folder in sorted({e.parent for e in logs.rglob("events.out.tfevents.*")}):
+        acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
         acc.Reload()
         if tag in acc.Tags().get("scalars", []):
-            out.update({e.step: e.value for e in acc.Scalars(tag)})
-    return sorted(out.items())
+            runs.append(sorted({e.step: e.value for e in acc.Scalars(tag)}.items()))
+    return runs
+
+
+def aitk_losses(db: Path) -> list[tuple[int, float]]:
+    """ai-toolkit's own log (its UILogger's loss_log.db): ``loss/loss`` per step as it numbers them."""
+    import sqlite3
+
+    if not db.is_file():
+        return []
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return [(int(s), float(v)) for s, v in con.execute(
+            "SELECT step, value_real FROM metrics WHERE key = 'loss/loss' ORDER BY step")]
+    finally:
+        con.close()
 
 
 def metrics(run: Path) -> list[dict]:
@@ -119,6 +159,12 @@ def same_losses(got: list[dict], logged: list[tuple[int, float]], bar: bool) -> 
     mine = [(m["step"], m.get("loss")) for m in got]
     theirs = [(s, float(f"{v:.3g}") if bar else v) for s, v in logged]
     return bool(logged) and mine == theirs
+
+
+def absolute(runs: list[list[tuple[int, float]]], offsets: list[int]) -> list[tuple[int, float]]:
+    """The launches' logged steps as steps of the run: a resumed kohya trainer counts from 0 again
+    (docs/trainers.md), so launch i's step n is n + the step it resumed from."""
+    return [(s + off, v) for run, off in zip(runs, offsets, strict=False) for s, v in run]
 
 
 def listing(root: Path) -> list[str]:
@@ -166,6 +212,10 @@ def main() -> int:
     spec = work / "spec.yaml"
     spec.write_text(yaml.safe_dump(spec_for(ns.case, root, steps)))
     run = work / "run"
+    if fam == "wan":  # the files lorapod's job downloads, already where it puts them (offline: kept as they are)
+        models = work / f".{run.name}-trainer" / "trainer" / "models"
+        models.parent.mkdir(parents=True, exist_ok=True)
+        models.symlink_to(model)
     phases = [("two-steps", ["train", str(spec), "--trainer", trainer, "--trainer-src", ns.src, "--run-dir", str(run)])]
     if ns.case == "sd15":
         phases.append(("resume", ["train", "--resume", str(run), "--trainer-src", ns.src,
@@ -176,10 +226,13 @@ def main() -> int:
     for name, args in phases:
         rc, out, secs, peak = run_lorapod(ns.python, args, env, work)
         got = metrics(run)
-        logged = tb_losses(trainer_out / "logs", TB_LOSS[trainer]) if trainer in TB_LOSS else []
+        runs = tb_runs(trainer_out / "logs", TB_LOSS[trainer]) if trainer in TB_LOSS else \
+            [aitk_losses(trainer_out / "out" / "real" / "loss_log.db")]
+        logged = absolute(runs, [0] + [int(m.group(1)) for m in re.finditer(
+            rb"resuming .* \(step (\d+):", b"".join(r["log"] for r in results.values()) + out)])
         results[name] = {"rc": rc, "seconds": round(secs), "peak_rss_mb": round(peak / 1024),
                          "trainer_out": listing(trainer_out / "out"), "run": listing(run), "metrics": got,
-                         "trainer_logged": logged, "log": out.replace(str(root).encode(), b"/r")}
+                         "trainer_logged": runs, "log": out.replace(str(root).encode(), b"/r")}
         tail = out.decode(errors="replace").strip().splitlines()[-3:]
         print(f"{ns.case} {name}: exit {rc} in {secs:.0f} s, peak {peak / 1024 / 1024:.1f} GB; " + " | ".join(tail))
         print("  lorapod metrics:", [(m["step"], m.get("loss")) for m in got])

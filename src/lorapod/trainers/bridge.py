@@ -84,11 +84,12 @@ class KohyaProgress(LineBridge):
     ``loss/average`` unrounded to TensorBoard.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, offset: int = 0, total_offset: int = 0) -> None:
         super().__init__()
         self.step = 0
         self.epoch: int | None = None
         self._pending: dict[str, Any] | None = None
+        self.offset, self.total_offset = offset, total_offset  # a resumed job (TrainerJob.step_offset)
 
     def line(self, line: str) -> list[dict[str, Any]]:
         m = _BAR.search(line)
@@ -104,7 +105,7 @@ class KohyaProgress(LineBridge):
         if n > self.step:
             out = self._done()
             self.step = n
-            self._pending = {"step": n, "total_steps": int(m.group("total"))}
+            self._pending = {"step": n + self.offset, "total_steps": int(m.group("total")) + self.total_offset}
             if self.epoch is not None:
                 self._pending["epoch"] = self.epoch
         loss = re.search(rf"avr_loss=({_NUM})", m.group("inner"))

@@ -54,7 +54,7 @@ class KohyaOutputs:
     resume_kind = "state"
 
     def metrics_parser(self, job: TrainerJob) -> KohyaProgress:
-        return KohyaProgress()
+        return KohyaProgress(offset=job.step_offset, total_offset=job.total_offset)
 
     def artifacts(self, layout: Layout, name: str) -> list[Artifact]:
         out = Path(layout.out)
@@ -86,6 +86,20 @@ class KohyaOutputs:
             raise TrainerRefused(f"{checkpoint} holds no trainer state to resume from",
                                  hint="it was saved without --save_state; start a new run")
         job.commands[-1].argv += ["--resume", str(state)]
+        job.step_offset = resumed_step(checkpoint)
+
+
+def resumed_step(checkpoint: Path) -> int:
+    """The optimizer step a kohya state was saved at: its ``train_state.json`` ``current_step``
+    (sd-scripts train_network.py / musubi-tuner trainer_base.py save it with every state), else the
+    checkpoint's key (``step-N``)."""
+    import json
+
+    try:
+        return int(json.loads((checkpoint / "state" / "train_state.json").read_text())["current_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        key = checkpoint.name
+        return int(key.split("-")[1]) if key.startswith("step-") and key.split("-")[1].isdigit() else 0
 
 
 class SdScripts(KohyaOutputs, Trainer):
@@ -100,6 +114,15 @@ class SdScripts(KohyaOutputs, Trainer):
     refusals: ClassVar[dict[str, str]] = {
         TE_CACHE_REFUSAL: "--set data.cache_text_encoder_outputs=false, or data.shuffle_captions=false and "
                           "data.caption_dropout=0, then `lorapod run --resume JOB`"}
+
+    def resume(self, job: TrainerJob, checkpoint: Path) -> None:
+        """``--resume STATE --skip_until_initial_step``: without the skip, train_network.py skips
+        only whole epochs (``initial_step = 0  # do not skip``) and trains the resumed epoch's
+        first steps again. Either way it numbers its steps from 0 again (``global_step =
+        initial_step`` after the skipped epochs were subtracted), and its bar runs to
+        ``max_train_steps`` (tests/recorded/sd15/resume.log): lorapod adds the state's step."""
+        super().resume(job, checkpoint)
+        job.commands[-1].argv.append("--skip_until_initial_step")
 
     def refuse(self, spec) -> list[str]:
         r = super().refuse(spec)
