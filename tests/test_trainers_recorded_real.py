@@ -53,17 +53,31 @@ def phase(case: str, name: str = "two-steps") -> dict:
     return files(case)["runs"][name]
 
 
-def test_kohya_bridge_gives_each_step_the_loss_the_trainer_logged():
-    """The trainer redraws its bar on update(1) with the previous step's avr_loss before it sets the
-    new one: lorapod's record for every step, the last included, carries that step's own loss, the
-    ``loss/average`` the trainer wrote to TensorBoard (to the bar's 3 significant digits)."""
-    (logged,) = phase("sd15")["trainer_logged"]
+@pytest.mark.parametrize("case", ["sd15", "wan"])
+def test_kohya_bridge_gives_each_step_the_loss_the_trainer_logged(case):
+    """The trainer (sd-scripts; musubi-tuner) redraws its bar on update(1) with the previous step's
+    avr_loss before it sets the new one: lorapod's record for every step, the last included, carries
+    that step's own loss, the ``loss/average`` the trainer wrote to TensorBoard (to the bar's 3
+    significant digits)."""
+    (logged,) = phase(case)["trainer_logged"]
     assert [s for s, _ in logged] == [1, 2]
     for chunk in (4096, 7):
-        recs = bridged(KohyaProgress(), log("sd15"), chunk)
+        recs = bridged(KohyaProgress(), log(case), chunk)
         assert [r["step"] for r in recs] == [1, 2]
         assert [r.get("loss") for r in recs] == [bar_value(v) for _, v in logged]
-        assert recs == phase("sd15")["metrics"]
+        assert recs == phase(case)["metrics"]
+
+
+def test_wan_clips_job_as_musubis_dataset_code_reads_it():
+    """examples/wan21-video-clips.yaml's job (2 real 30 fps clips + 2 stills in one folder) through
+    musubi-tuner's own config sanitizer, datasets and caching: the clips as a video dataset at
+    source_fps 30 (resampled to 16) with target_frames 1 and 5, the stills as an image dataset over
+    the same folder; 6 items (2 clips x 2 windows + 2 stills), each cached once, all trained."""
+    text = log("wan")
+    assert 'video_directory: "/r/clips"' in text and 'image_directory: "/r/clips"' in text
+    assert "target_frames: (1, 5)" in text and "source_fps: 30.0" in text
+    assert re.search(r"num train items / \S+: 6\b", text)
+    assert "lorapod trainer-run: done at step 2" in text
 
 
 def state_of(tmp_path: Path, case: str, name: str, key: str) -> Path:
@@ -237,7 +251,9 @@ UPSTREAM = os.environ.get("LORAPOD_UPSTREAM_DIR")
 
 @pytest.mark.upstream
 @pytest.mark.slow
-@pytest.mark.parametrize("case,trainer,checkout", [("sd15", "SD_SCRIPTS", "sd-scripts")])
+@pytest.mark.parametrize("case,trainer,checkout", [("sd15", "SD_SCRIPTS", "sd-scripts"),
+                                                   ("wan", "MUSUBI_TUNER", "musubi-tuner"),
+                                                   ("aitk-sd15", "AI_TOOLKIT", "ai-toolkit")])
 def test_real_run_through_lorapods_job(case, trainer, checkout, tmp_path):
     """Two real steps through ``lorapod train --trainer``: exits 0, lorapod's metrics equal the
     trainer's logged loss at every step (tools/upstream/real_run.py checks it and exits 1 if not)."""

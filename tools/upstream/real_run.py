@@ -232,6 +232,7 @@ def main() -> int:
             rb"resuming .* \(step (\d+):", b"".join(r["log"] for r in results.values()) + out)])
         results[name] = {"rc": rc, "seconds": round(secs), "peak_rss_mb": round(peak / 1024),
                          "trainer_out": listing(trainer_out / "out"), "run": listing(run), "metrics": got,
+                         "cache": listing(trainer_out / "cache"),  # musubi's latent / text-encoder cache files
                          "trainer_logged": runs, "log": out.replace(str(root).encode(), b"/r")}
         tail = out.decode(errors="replace").strip().splitlines()[-3:]
         print(f"{ns.case} {name}: exit {rc} in {secs:.0f} s, peak {peak / 1024 / 1024:.1f} GB; " + " | ".join(tail))

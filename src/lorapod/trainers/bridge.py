@@ -165,7 +165,12 @@ _AITK_KEYS = {"loss/loss": "loss", "learning_rate": "lr"}
 
 
 class AiToolkitSqlite(LineBridge):
-    """ai-toolkit: new steps of ``loss_log.db`` on every poll (read-only, never locks the writer)."""
+    """ai-toolkit: new steps of ``loss_log.db`` on every poll (read-only, never locks the writer).
+
+    ai-toolkit numbers its steps from 0 (BaseSDTrainProcess.run: ``for step in range(start_step,
+    steps)``, the step logged after that iteration's update) and logs nothing for its first
+    (``if self.step_num != self.start_step``): its step k is lorapod's step k + 1, so a 2-step run
+    logs only step 2 (tests/recorded/aitk-sd15, a real run) and ends at step 2, not 1."""
 
     def __init__(self, db: Path) -> None:
         super().__init__()
@@ -191,7 +196,8 @@ class AiToolkitSqlite(LineBridge):
         for step, key, value in rows:
             name = _AITK_KEYS.get(key, re.sub(r"[^A-Za-z0-9_]+", "_", key))
             if _float(str(value)) is not None:
-                by_step.setdefault(int(step), {"step": int(step)})[name] = float(value)
+                # its step k is the (k+1)-th optimizer step (see the class docstring)
+                by_step.setdefault(int(step), {"step": int(step) + 1})[name] = float(value)
         if by_step:
             self.step = max(by_step)
         return [by_step[s] for s in sorted(by_step)]

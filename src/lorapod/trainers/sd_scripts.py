@@ -91,8 +91,8 @@ class KohyaOutputs:
 
 def resumed_step(checkpoint: Path) -> int:
     """The optimizer step a kohya state was saved at: its ``train_state.json`` ``current_step``
-    (sd-scripts train_network.py / musubi-tuner trainer_base.py save it with every state), else the
-    checkpoint's key (``step-N``)."""
+    (sd-scripts saves one with every state), else the checkpoint's key (``step-N``; musubi-tuner's
+    states hold no train_state.json, tests/recorded/wan)."""
     import json
 
     try:
