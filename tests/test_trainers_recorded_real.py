@@ -207,6 +207,40 @@ def test_mirror_relinking_the_same_file_leaves_no_temporary(tmp_path):
     assert sorted(p.name for p in dest.parent.iterdir()) == ["a.safetensors"]
 
 
+def test_ai_toolkit_real_two_step_run_ends_at_step_2(tmp_path):
+    """A real ai-toolkit run of 2 steps logs its loss once, at its step 1 (its steps count from 0 and
+    the first is not logged), and saves NAME_000000001 after its second update: lorapod's metrics are
+    step 2 with that loss, the checkpoint is step-2, and the job ends "done at step 2"."""
+    import sqlite3
+
+    from lorapod.trainers.bridge import AiToolkitSqlite
+
+    rec = phase("aitk-sd15")
+    ((logged,),) = [rec["trainer_logged"]]
+    assert [s for s, _ in logged] == [1]
+    db = tmp_path / "loss_log.db"
+    con = sqlite3.connect(db, isolation_level=None)
+    schema = (RECORDED / "ai-toolkit" / "loss_log.sql").read_text()  # the real UILogger's tables
+    con.executescript("".join(x + ";\n" for x in schema.split(";\n") if x.lstrip().startswith("CREATE")))
+    for step, loss in logged:  # the rows it wrote in the real run
+        con.execute("INSERT INTO steps VALUES (?, 0)", (step,))
+        con.executemany("INSERT INTO metrics VALUES (?, ?, ?, NULL)", [(step, "learning_rate", 1e-4),
+                                                                        (step, "loss/loss", loss)])
+    con.close()
+    assert AiToolkitSqlite(db).poll() == rec["metrics"] == [{"step": 2, "lr": 1e-4, "loss": logged[0][1]}]
+    assert "lorapod trainer-run: done at step 2" in log("aitk-sd15")
+    layout = Layout(str(tmp_path / "w"))
+    out = Path(layout.out)
+    for rel in rec["trainer_out"]:
+        (out / rel).mkdir(parents=True, exist_ok=True) if rel.endswith("/") else (out / rel).write_bytes(b"x")
+    run = tmp_path / "run"
+    mirror = Mirror(get("ai-toolkit"), layout, "real", run, keep_last=2)
+    mirror.sync()
+    time.sleep(0.02)
+    mirror.sync(final=True)
+    assert run_listing(run) == recorded_listing("aitk-sd15", "two-steps")
+
+
 def write_lora(path: Path, keys: dict[str, list[int]]) -> None:
     import torch
     from safetensors.torch import save_file
@@ -234,6 +268,7 @@ def test_sd_scripts_real_lora_loads_in_comfyui_and_inspect(tmp_path):
 
     keys = files("sd15")["lora"]["keys"]
     assert keys and all(k.startswith("lora_unet_") for k in keys)  # --network_train_unet_only
+    assert files("aitk-sd15")["lora"]["keys"].keys() == keys.keys()  # ai-toolkit's sd1 LoRA: the same modules
     key_map = unet_keys(sd15_unet_meta())
     modules = {k.split(".")[0] for k in keys}
     assert sorted(m for m in modules if m not in key_map) == []
@@ -265,3 +300,35 @@ def test_real_run_through_lorapods_job(case, trainer, checkout, tmp_path):
     r = subprocess.run([sys.executable, str(REPO / "tools" / "upstream" / "real_run.py"), case, "--src", str(src),
                         "--python", python, "--work", str(tmp_path)], capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def sd_scripts_bucket_check(resolution: int, min_reso: int, max_reso: int, steps: int = 64) -> None:
+    """sd-scripts' own rule, library/train_util.py adjust_min_max_bucket_reso_by_steps at 48d368fa
+    (restated, not copied): min rounded down and max rounded up to the step, then asserted."""
+    min_reso -= min_reso % steps
+    if max_reso % steps:
+        max_reso += steps - max_reso % steps
+    assert resolution >= min_reso, "min_bucket_reso must be equal or less than resolution"
+    assert resolution <= max_reso, "max_bucket_reso must be equal or greater than resolution"
+
+
+@pytest.mark.parametrize("resolution", [64, 100, 128, 200, 255, 256, 512, 1024, 1100, 1536])
+def test_sd_scripts_bucket_bounds_hold_for_every_resolution(tmp_path, resolution):
+    """data.resolution below 256 (or above 1024) with buckets: the dataset TOML's bucket bounds pass
+    sd-scripts' start-up assertion (sd-scripts' defaults 256/1024 are used when not written)."""
+    import tomllib
+
+    import yaml
+
+    from lorapod.spec import load_spec
+    from lorapod.trainers import prepare
+
+    (tmp_path / "mug").mkdir()
+    raw = {"model": {"id": "stable-diffusion-v1-5/stable-diffusion-v1-5", "family": "sd15"},
+           "data": {"path": str(tmp_path / "mug"), "format": "images", "resolution": resolution, "buckets": True,
+                    "cache_text_encoder_outputs": False},
+           "train": {"max_steps": 2}, "output": {"name": "m"}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    _, job = prepare(load_spec(tmp_path / "s.yaml"), "sd-scripts", Layout(str(tmp_path / "w")))
+    ds = tomllib.loads(next(t for p, t in job.files.items() if p.endswith("dataset.toml")))["datasets"][0]
+    sd_scripts_bucket_check(resolution, ds.get("min_bucket_reso", 256), ds.get("max_bucket_reso", 1024))

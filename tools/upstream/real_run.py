@@ -228,7 +228,9 @@ def main() -> int:
         got = metrics(run)
         runs = tb_runs(trainer_out / "logs", TB_LOSS[trainer]) if trainer in TB_LOSS else \
             [aitk_losses(trainer_out / "out" / "real" / "loss_log.db")]
-        logged = absolute(runs, [0] + [int(m.group(1)) for m in re.finditer(
+        # ai-toolkit's step k is its (k+1)-th update (BaseSDTrainProcess.run loops from 0)
+        first = 1 if trainer == "ai-toolkit" else 0
+        logged = absolute(runs, [first] + [int(m.group(1)) for m in re.finditer(
             rb"resuming .* \(step (\d+):", b"".join(r["log"] for r in results.values()) + out)])
         results[name] = {"rc": rc, "seconds": round(secs), "peak_rss_mb": round(peak / 1024),
                          "trainer_out": listing(trainer_out / "out"), "run": listing(run), "metrics": got,

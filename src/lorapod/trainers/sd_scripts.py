@@ -176,6 +176,7 @@ class SdScripts(KohyaOutputs, Trainer):
                    "subsets": [{"image_dir": str(p), "num_repeats": d.repeats} for p in spec.data_paths()]}
         if d.buckets:
             dataset["bucket_no_upscale"] = True
+            dataset.update(bucket_bounds(d.resolution))
         files = {f"{layout.job}/dataset.toml": tomlw.dumps({"general": general, "datasets": [dataset]})}
 
         prec = precision(spec)
@@ -263,6 +264,25 @@ class SdScripts(KohyaOutputs, Trainer):
         train = Command("train", [*accel, f"{layout.src}/{script}", *a], "train", cwd=layout.src, script=script)
         return TrainerJob(self.name, files, self.setup_commands(layout, layout.python), [*prepare, train],
                           layout.out, name, notes)
+
+
+# sd-scripts' dataset defaults (library/config_util.py DreamBoothDatasetParams)
+MIN_BUCKET_RESO, MAX_BUCKET_RESO, BUCKET_RESO_STEPS = 256, 1024, 64
+
+
+def bucket_bounds(resolution: int) -> dict[str, int]:
+    """``min_bucket_reso`` / ``max_bucket_reso`` for a resolution outside sd-scripts' defaults
+    (256..1024). With buckets on, every dataset asserts ``min(resolution) >= min_bucket_reso`` and
+    ``max(resolution) <= max_bucket_reso`` after rounding min down and max up to a multiple of
+    ``bucket_reso_steps`` (library/train_util.py adjust_min_max_bucket_reso_by_steps), even with
+    bucket_no_upscale: data.resolution 128 stopped at start-up with "min_bucket_reso must be equal
+    or less than resolution". The bound is the resolution itself, on the 64 grid."""
+    out: dict[str, int] = {}
+    if resolution < MIN_BUCKET_RESO:
+        out["min_bucket_reso"] = max(BUCKET_RESO_STEPS, resolution - resolution % BUCKET_RESO_STEPS)
+    if resolution > MAX_BUCKET_RESO:
+        out["max_bucket_reso"] = resolution + (-resolution % BUCKET_RESO_STEPS)
+    return out
 
 
 def last_n_steps(keep_last: int, every_steps: int) -> int:
