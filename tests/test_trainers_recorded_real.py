@@ -332,3 +332,14 @@ def test_sd_scripts_bucket_bounds_hold_for_every_resolution(tmp_path, resolution
     _, job = prepare(load_spec(tmp_path / "s.yaml"), "sd-scripts", Layout(str(tmp_path / "w")))
     ds = tomllib.loads(next(t for p, t in job.files.items() if p.endswith("dataset.toml")))["datasets"][0]
     sd_scripts_bucket_check(resolution, ds.get("min_bucket_reso", 256), ds.get("max_bucket_reso", 1024))
+
+
+def test_sd_scripts_trains_at_resolution_128_with_buckets():
+    """The real run at data.resolution 128 with buckets: sd-scripts read lorapod's min_bucket_reso
+    128 (its own dataset printout), made a (128, 128) bucket and trained both steps; before, it
+    stopped at start-up ("min_bucket_reso must be equal or less than resolution")."""
+    text = log("sd15-128")
+    assert re.search(r"min_bucket_reso: 128\b", text)
+    assert re.search(r"bucket 0: resolution \(128, 128\), count: 2", text)
+    assert "lorapod trainer-run: done at step 2" in text
+    assert phase("sd15-128")["metrics"][-1]["step"] == 2

@@ -5,7 +5,8 @@
 CASE is ``sd15`` (sd-scripts train_network.py: two steps, then ``lorapod train --resume`` of
 that run folder for two more), ``sdxl`` (sd-scripts sdxl_train_network.py), ``wan``
 (musubi-tuner wan_train_network.py, Wan2.1 T2V 1.3B on clips and stills) or ``aitk-sd15``
-(ai-toolkit run.py, arch sd1). CHECKOUT is the trainer at lorapod's pinned commit
+(ai-toolkit run.py, arch sd1) or ``sd15-128`` (sd-scripts at data.resolution 128 with buckets,
+below sd-scripts' default min_bucket_reso). CHECKOUT is the trainer at lorapod's pinned commit
 (``python tools/upstream_check.py fetch`` prints how to get it) and TRAINER_PYTHON a CPU Python
 with its requirements (docs/trainers.md, "Real runs", has the recipes).
 
@@ -36,7 +37,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 RECORDED = REPO / "tests" / "recorded"
 MODELS = Path(__file__).with_name("real_models.py")
-TRAINER = {"sd15": "sd-scripts", "sdxl": "sd-scripts", "wan": "musubi-tuner",
+TRAINER = {"sd15": "sd-scripts", "sd15-128": "sd-scripts", "sdxl": "sd-scripts", "wan": "musubi-tuner",
            "aitk-sd15": "ai-toolkit"}
 # what each trainer's TensorBoard/database calls the loss lorapod's bridge reads
 TB_LOSS = {"sd-scripts": "loss/average", "musubi-tuner": "loss/average"}
@@ -91,10 +92,11 @@ def spec_for(case: str, root: Path, steps: int) -> dict:
               "output": {"dir": str(root / "runs"), "name": "real"}}
     train = {"max_steps": steps, "micro_batch_size": 1, "grad_accum": 1, "optimizer": "adamw", "precision": "fp32",
              "learning_rate": 1e-4, "scheduler": "constant", "gradient_checkpointing": True, "seed": 42}
-    if case in ("sd15", "sdxl", "aitk-sd15"):
+    if case in ("sd15", "sd15-128", "sdxl", "aitk-sd15"):
         fam = "sdxl" if case == "sdxl" else "sd15"
         return {**common, "model": {"id": str(root / f"{fam}-model"), "family": fam},
-                "data": {"path": str(make_images(root / "mug")), "format": "images", "resolution": 256,
+                "data": {"path": str(make_images(root / "mug")), "format": "images",
+                         "resolution": 128 if case == "sd15-128" else 256,
                          "repeats": 1, "buckets": True, "trigger": "zxq_mug", "cache_latents": True,
                          "cache_text_encoder_outputs": False},
                 "train": train}
