@@ -343,3 +343,25 @@ def test_sd_scripts_trains_at_resolution_128_with_buckets():
     assert re.search(r"bucket 0: resolution \(128, 128\), count: 2", text)
     assert "lorapod trainer-run: done at step 2" in text
     assert phase("sd15-128")["metrics"][-1]["step"] == 2
+
+
+def test_musubi_resume_trains_the_steps_left_and_counts_on(tmp_path):
+    """musubi-tuner's --resume restores the state but starts at step 0 and would train
+    max_train_steps again; lorapod asks for the steps left (4 - 2) and counts them as 3 and 4: the
+    real resumed run logged its steps 1 and 2 (bar 2/2), recorded as the run's 3 and 4 of 4."""
+    from lorapod.trainers.job import Command, TrainerJob
+
+    ckpt = tmp_path / "step-2"
+    (ckpt / "state").mkdir(parents=True)  # musubi's state folder holds no train_state.json
+    job = TrainerJob("musubi-tuner", {}, [], [Command("train", ["python", "wan_train_network.py",
+                                                                "--max_train_steps", "4"], "train")], "/o", "real")
+    trainer = get("musubi-tuner")
+    trainer.resume(job, ckpt)
+    assert job.commands[-1].argv[2:] == ["--max_train_steps", "2", "--resume", str(ckpt / "state")]
+    _first, resumed = phase("wan", "resume")["trainer_logged"]
+    assert [s for s, _ in resumed] == [1, 2]
+    recs = bridged(trainer.metrics_parser(job), log("wan", "resume"))
+    assert [(r["step"], r["total_steps"]) for r in recs] == [(3, 4), (4, 4)]
+    assert [r["loss"] for r in recs] == [bar_value(v) for _, v in resumed]
+    assert phase("wan", "resume")["metrics"] == phase("wan")["metrics"] + recs
+    assert "checkpoints/step-4/state/" in phase("wan", "resume")["run"]

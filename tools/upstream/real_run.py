@@ -4,7 +4,7 @@
 
 CASE is ``sd15`` (sd-scripts train_network.py: two steps, then ``lorapod train --resume`` of
 that run folder for two more), ``sdxl`` (sd-scripts sdxl_train_network.py), ``wan``
-(musubi-tuner wan_train_network.py, Wan2.1 T2V 1.3B on clips and stills) or ``aitk-sd15``
+(musubi-tuner wan_train_network.py, Wan2.1 T2V 1.3B on clips and stills; resumed for two more too) or ``aitk-sd15``
 (ai-toolkit run.py, arch sd1) or ``sd15-128`` (sd-scripts at data.resolution 128 with buckets,
 below sd-scripts' default min_bucket_reso). CHECKOUT is the trainer at lorapod's pinned commit
 (``python tools/upstream_check.py fetch`` prints how to get it) and TRAINER_PYTHON a CPU Python
@@ -219,7 +219,7 @@ def main() -> int:
         models.parent.mkdir(parents=True, exist_ok=True)
         models.symlink_to(model)
     phases = [("two-steps", ["train", str(spec), "--trainer", trainer, "--trainer-src", ns.src, "--run-dir", str(run)])]
-    if ns.case == "sd15":
+    if ns.case in ("sd15", "wan"):
         phases.append(("resume", ["train", "--resume", str(run), "--trainer-src", ns.src,
                                   "--set", f"train.max_steps={2 * steps}"]))
     results = {}
