@@ -36,10 +36,12 @@ KOHYA = (
 
 
 def test_kohya_bar_becomes_one_record_per_step_in_any_chunking():
-    whole = KohyaProgress().feed(KOHYA)
+    one = KohyaProgress()
+    whole = one.feed(KOHYA) + one.flush()  # a step's record is out when the bar moves on, or at the end
     pieces, bridge = [], KohyaProgress()
     for i in range(0, len(KOHYA), 7):  # output arrives in arbitrary chunks
         pieces += bridge.feed(KOHYA[i:i + 7])
+    pieces += bridge.flush()
     assert pieces == whole == [
         {"step": 1, "total_steps": 2000, "loss": 0.0912, "epoch": 1},
         {"step": 2, "total_steps": 2000, "loss": 0.0877, "epoch": 1},
@@ -78,11 +80,12 @@ def test_ai_toolkit_loss_db_is_read_incrementally(tmp_path):
     assert bridge.poll() == []  # not written yet
     con = sqlite3.connect(db, isolation_level=None)
     con.executescript((RECORDED / "ai-toolkit" / "loss_log.sql").read_text())
-    assert bridge.poll() == [{"step": 0, "lr": 2e-05, "loss": 0.5}, {"step": 1, "lr": 2e-05, "loss": 0.4375}]
+    # its steps are numbered from 0: step k is the run's k + 1 (tests/recorded/aitk-sd15)
+    assert bridge.poll() == [{"step": 1, "lr": 2e-05, "loss": 0.5}, {"step": 2, "lr": 2e-05, "loss": 0.4375}]
     # the next step as UILogger._flush writes it; another loss term keeps its own name
     con.execute("INSERT INTO steps VALUES (2, ?)", (time.time(),))
     con.executemany("INSERT INTO metrics VALUES (2, ?, ?, NULL)", [("loss/loss", 0.3), ("loss/diff_output", 0.2)])
-    assert bridge.poll() == [{"step": 2, "loss": 0.3, "loss_diff_output": 0.2}]
+    assert bridge.poll() == [{"step": 3, "loss": 0.3, "loss_diff_output": 0.2}]
     assert bridge.poll() == []
     con.close()
 
@@ -101,12 +104,13 @@ def test_ai_toolkit_outputs_land_in_the_run_folder(tmp_path):
     run = tmp_path / "run"
     mirror = _mirror("ai-toolkit", tmp_path, "mug", run)
     assert mirror.sync() == []  # first sight: not yet known to be complete
-    assert mirror.sync() == [("checkpoint", "step-250"), ("checkpoint", "step-500")]
+    # mug_<k> is saved after ai-toolkit's step k, the run's step k + 1
+    assert mirror.sync() == [("checkpoint", "step-251"), ("checkpoint", "step-501")]
     (root / "mug.safetensors").write_bytes(b"final")
     mirror.sync()
     assert not (run / "adapter").exists()  # the final file only once the trainer has exited
     mirror.sync(final=True)
-    assert (run / "checkpoints" / "step-500" / "mug_000000500.safetensors").stat().st_size == 500
+    assert (run / "checkpoints" / "step-501" / "mug_000000500.safetensors").stat().st_size == 500
     assert (run / "samples" / "1764547200000__000000250_0.jpg").read_bytes() == b"jpg"
     assert (run / "adapter" / "mug.safetensors").read_bytes() == b"final"
 

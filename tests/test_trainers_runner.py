@@ -41,10 +41,11 @@ def test_ai_toolkit_job_fills_the_run_folder(tmp_path, monkeypatch):
     assert state == "done", lines
     run = tmp_path / "run"
     recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in recs] == list(range(30))
-    assert recs[3]["loss"] == 0.125 and recs[3]["lr"] == 2e-4  # the spec default, through the config
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-10", "step-20"]
-    assert (run / "checkpoints" / "step-20" / "mug_000000020.safetensors").is_file()
+    # ai-toolkit's step k (from 0, the first never logged) is the run's step k + 1
+    assert [r["step"] for r in recs] == list(range(2, 31))
+    assert recs[2]["step"] == 4 and recs[2]["loss"] == 0.125 and recs[2]["lr"] == 2e-4  # the spec default
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-11", "step-21"]
+    assert (run / "checkpoints" / "step-21" / "mug_000000020.safetensors").is_file()
     assert len(list((run / "samples").glob("*__0000000[12]0_0.jpg"))) == 2
     assert (run / "adapter" / "mug.safetensors").read_bytes() == b"final"
 
@@ -75,7 +76,7 @@ def test_stop_waits_for_the_next_save_then_resume_continues(tmp_path, monkeypatc
     job = trainer.build(spec, Layout(str(tmp_path / "work")))
     trainer.resume(job, newest_checkpoint(run))
     link = [p for p, text in job.files.items() if text.startswith("@link:")]
-    assert link == [f"{tmp_path / 'work'}/trainer/out/mug/mug_{int(keys[-1].split('-')[1]):09d}.safetensors"]
+    assert link == [f"{tmp_path / 'work'}/trainer/out/mug/mug_{int(keys[-1].split('-')[1]) - 1:09d}.safetensors"]
 
 
 @pytest.mark.slow

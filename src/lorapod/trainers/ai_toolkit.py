@@ -194,7 +194,8 @@ class AiToolkit(Trainer):
         for p in sorted(root.iterdir()):
             m = pat.match(p.name)
             if m:
-                found.append(Artifact("checkpoint", f"step-{int(m.group(1))}", p))
+                # NAME_<its step k>: saved after k + 1 updates (AiToolkitSqlite says why)
+                found.append(Artifact("checkpoint", f"step-{int(m.group(1)) + 1}", p))
             elif p.name == f"{name}.safetensors":
                 found.append(Artifact("final", p.name, p))
         samples = root / "samples"

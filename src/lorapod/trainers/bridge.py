@@ -5,7 +5,8 @@ written from them are in tests/test_trainers_bridge.py):
 
 - kohya sd-scripts and musubi-tuner print a tqdm bar ``desc="steps"`` whose postfix is
   ``avr_loss=<moving average>`` (sd-scripts train_network.py: ``progress_bar.set_postfix(**logs)``
-  with ``logs = {"avr_loss": avr_loss}``; musubi-tuner trainer_base.py the same), and
+  with ``logs = {"avr_loss": avr_loss}``, set after ``update(1)`` redrew the bar with the previous
+  step's: see KohyaProgress; musubi-tuner the same), and
   ``epoch N/M`` at the start of each epoch (``accelerator.print``).
 - axolotl (the Hugging Face Trainer) prints each log as a Python dict,
   ``{'loss': 1.23, 'grad_norm': 0.4, 'learning_rate': 0.0002, 'epoch': 0.05}``, and eval results
@@ -71,12 +72,24 @@ class LineBridge:
 
 
 class KohyaProgress(LineBridge):
-    """sd-scripts / musubi-tuner: one record per new step of the ``steps`` bar."""
+    """sd-scripts / musubi-tuner: one record per step of the ``steps`` bar, once the step's loss is out.
 
-    def __init__(self) -> None:
+    Both trainers call ``progress_bar.update(1)`` when a step ends, which redraws the bar with the
+    postfix it had (the *previous* step's ``avr_loss``; none at step 1), and only then
+    ``progress_bar.set_postfix(avr_loss=...)``, which redraws it with this step's (sd-scripts
+    train_network.py, musubi-tuner training/trainer_base.py; a real run's output is
+    tests/recorded/sd15/two-steps.log). So the last line drawn for a step carries its loss: a step's
+    record is written when the bar moves on, or at the end of the output (``flush``). The bar shows
+    tqdm's ``format_num`` of the value (3 significant digits); the trainer logs the same
+    ``loss/average`` unrounded to TensorBoard.
+    """
+
+    def __init__(self, offset: int = 0, total_offset: int = 0) -> None:
         super().__init__()
         self.step = 0
         self.epoch: int | None = None
+        self._pending: dict[str, Any] | None = None
+        self.offset, self.total_offset = offset, total_offset  # a resumed job (TrainerJob.step_offset)
 
     def line(self, line: str) -> list[dict[str, Any]]:
         m = _BAR.search(line)
@@ -86,16 +99,26 @@ class KohyaProgress(LineBridge):
                 self.epoch = int(e.group(1))
             return []
         n = int(m.group("n"))
-        if n <= self.step:
+        if n < self.step or n == 0:
             return []
-        self.step = n
-        rec: dict[str, Any] = {"step": n, "total_steps": int(m.group("total"))}
+        out: list[dict[str, Any]] = []
+        if n > self.step:
+            out = self._done()
+            self.step = n
+            self._pending = {"step": n + self.offset, "total_steps": int(m.group("total")) + self.total_offset}
+            if self.epoch is not None:
+                self._pending["epoch"] = self.epoch
         loss = re.search(rf"avr_loss=({_NUM})", m.group("inner"))
-        if loss and _float(loss.group(1)) is not None:
-            rec["loss"] = _float(loss.group(1))
-        if self.epoch is not None:
-            rec["epoch"] = self.epoch
-        return [rec]
+        if loss and _float(loss.group(1)) is not None and self._pending is not None:
+            self._pending["loss"] = _float(loss.group(1))  # the step's last drawing wins
+        return out
+
+    def flush(self) -> list[dict[str, Any]]:
+        return super().flush() + self._done()
+
+    def _done(self) -> list[dict[str, Any]]:
+        rec, self._pending = self._pending, None
+        return [rec] if rec else []
 
 
 _HF_KEYS = {"loss": "loss", "learning_rate": "lr", "grad_norm": "grad_norm", "epoch": "epoch", "eval_loss": "val_loss"}
@@ -142,7 +165,12 @@ _AITK_KEYS = {"loss/loss": "loss", "learning_rate": "lr"}
 
 
 class AiToolkitSqlite(LineBridge):
-    """ai-toolkit: new steps of ``loss_log.db`` on every poll (read-only, never locks the writer)."""
+    """ai-toolkit: new steps of ``loss_log.db`` on every poll (read-only, never locks the writer).
+
+    ai-toolkit numbers its steps from 0 (BaseSDTrainProcess.run: ``for step in range(start_step,
+    steps)``, the step logged after that iteration's update) and logs nothing for its first
+    (``if self.step_num != self.start_step``): its step k is lorapod's step k + 1, so a 2-step run
+    logs only step 2 (tests/recorded/aitk-sd15, a real run) and ends at step 2, not 1."""
 
     def __init__(self, db: Path) -> None:
         super().__init__()
@@ -168,7 +196,8 @@ class AiToolkitSqlite(LineBridge):
         for step, key, value in rows:
             name = _AITK_KEYS.get(key, re.sub(r"[^A-Za-z0-9_]+", "_", key))
             if _float(str(value)) is not None:
-                by_step.setdefault(int(step), {"step": int(step)})[name] = float(value)
+                # its step k is the (k+1)-th optimizer step (see the class docstring)
+                by_step.setdefault(int(step), {"step": int(step) + 1})[name] = float(value)
         if by_step:
             self.step = max(by_step)
         return [by_step[s] for s in sorted(by_step)]

@@ -66,6 +66,10 @@ class TrainerJob:
     output_name: str
     notes: list[str] = field(default_factory=list)
     config: dict[str, Any] | None = None  # the YAML config (ai-toolkit, axolotl), for checks and import
+    # a resumed kohya job: the trainer counts its steps (bar, file names) from 0 again, so its step
+    # n is step n + step_offset of the run, and its bar's total is total_offset short
+    step_offset: int = 0
+    total_offset: int = 0
 
     def relocate(self, paths: dict[str, str]) -> None:
         """Rewrite local paths (the data folders the job was built from) to where they will be on

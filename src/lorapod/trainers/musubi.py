@@ -91,6 +91,17 @@ class MusubiTuner(KohyaOutputs, Trainer):
     install = ("-e", ".")
     torch = "torch>=2.5"
 
+    def resume(self, job: TrainerJob, checkpoint: Path) -> None:
+        """musubi-tuner's ``--resume`` restores the state but starts its loop at step 0 and epoch 0
+        (training/trainer_base.py: ``global_step = 0``, "TODO skip until initial step"), so it
+        would train ``max_train_steps`` more: lorapod asks for the steps left, and counts on."""
+        super().resume(job, checkpoint)
+        argv = job.commands[-1].argv
+        if "--max_train_steps" in argv:
+            i = argv.index("--max_train_steps") + 1
+            argv[i] = str(max(1, int(argv[i]) - job.step_offset))
+            job.total_offset = job.step_offset
+
     def refuse(self, spec) -> list[str]:
         r = super().refuse(spec)
         if r:

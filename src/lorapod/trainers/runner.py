@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from lorapod.errors import LorapodError, RemoteError
@@ -45,6 +45,8 @@ _EXC_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?(?P<cls>[A-Z]\w*(?:Error|Excepti
 # accelerate's launcher re-raises a failed child as this (accelerate/commands/launch.py
 # simple_launcher): the child's own exception, printed before it, is the trainer's reason.
 _LAUNCHER_ERRORS = ("CalledProcessError",)
+# the checkpoint key of the state a kohya trainer saves when it ends (KohyaOutputs.artifacts)
+FINAL_STATE = "last"
 
 
 def trainer_reason(lines: list[str]) -> str | None:
@@ -74,6 +76,7 @@ class Mirror:
     name: str
     run: Path
     keep_last: int
+    step_offset: int = 0  # a resumed kohya job numbers its step saves from 0 again (TrainerJob.step_offset)
     _seen: dict[Path, tuple] = field(default_factory=dict)
     done: set[Path] = field(default_factory=set)
 
@@ -89,6 +92,8 @@ class Mirror:
             if not (final or settled) and self._seen.get(art.path) != sig:
                 self._seen[art.path] = sig
                 continue
+            if self.step_offset and art.key.startswith("step-"):
+                art = replace(art, key=f"step-{int(art.key[5:]) + self.step_offset}")
             self._place(art)
             self.done.add(art.path)
             if art.kind in ("checkpoint", "state"):
@@ -109,7 +114,12 @@ class Mirror:
             _link_tree(art.path, key_dir / "state" if art.kind == "state" else key_dir)
 
     def _rotate(self) -> None:
-        keys = sorted((p for p in (self.run / "checkpoints").iterdir() if p.is_dir() and not p.name.startswith(".")),
+        """Keep the newest ``keep_last`` step/epoch checkpoints. The trainer's final state (``last``,
+        the kohya trainers' ``NAME-state``) is not one of them: counting it would delete a step
+        the trainer itself kept (sd-scripts keeps ``--save_last_n_steps`` saves *and* the final
+        state; tests/recorded/sd15)."""
+        keys = sorted((p for p in (self.run / "checkpoints").iterdir()
+                       if p.is_dir() and not p.name.startswith(".") and p.name != FINAL_STATE),
                       key=lambda p: p.stat().st_mtime)
         for old in keys[: max(0, len(keys) - self.keep_last)]:
             shutil.rmtree(old, ignore_errors=True)
@@ -140,6 +150,9 @@ def _link_tree(src: Path, dest: Path) -> None:
 
 def _link_file(src: Path, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        if os.path.samefile(src, dest):  # linked already: rename() onto the same file does nothing
+            return
     tmp = dest.with_name(f".tmp-{dest.name}")
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
@@ -265,7 +278,11 @@ def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: s
     resume_step = int(ckpt.name.split("-")[1]) if ckpt is not None and ckpt.name.startswith("step-") else None
     if ckpt is not None:
         trainer.resume(job, ckpt.resolve())
-        say(f"lorapod trainer-run: resuming {trainer.title} from {ckpt.name}")
+        say(f"lorapod trainer-run: resuming {trainer.title} from {ckpt.name}"
+            + (f" (step {job.step_offset}: its steps count on from there)" if job.step_offset else ""))
+        if trainer.resume_kind == "state":
+            _clear_outputs(trainer, layout, job.output_name)
+        resume_step = job.step_offset or resume_step
     write_files(job)
     for d in (layout.out, layout.logs, layout.models):
         Path(d).mkdir(parents=True, exist_ok=True)
@@ -290,7 +307,7 @@ def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: s
     # on resume, lines logged after the checkpoint go: the trainer logs those steps again
     metrics = MetricsWriter(run_dir / "metrics.jsonl", resume_step=resume_step,
                             trackers=_forwarded_trackers(spec, trainer.name, run_dir))
-    mirror = Mirror(trainer, layout, job.output_name, run_dir, spec.save.keep_last)
+    mirror = Mirror(trainer, layout, job.output_name, run_dir, spec.save.keep_last, job.step_offset)
     bridge = trainer.metrics_parser(job)
     lock = threading.Lock()
     last_step = [0]
@@ -354,6 +371,21 @@ def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: s
                             f"({job.output_dir}/{job.output_name}…)", hint="see job.log")
     say(f"lorapod trainer-run: done at step {last_step[0]}; adapter in {run_dir / 'adapter'}")
     return "done"
+
+
+def _clear_outputs(trainer: Trainer, layout: Layout, name: str) -> None:
+    """Before a kohya trainer resumes in the same work folder: its earlier saves are in the run
+    folder already (hard links), and the resumed trainer numbers its saves from 0 again, so it
+    would write into those very files (truncating them: the run's checkpoints would change under
+    their names). Unlinking its copies keeps the run folder's."""
+    for art in trainer.artifacts(layout, name):
+        if art.kind == "sample":
+            continue
+        if art.path.is_dir():
+            shutil.rmtree(art.path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                art.path.unlink()
 
 
 def _with_src(trainer: Trainer, spec, layout: Layout, src: str) -> TrainerJob:

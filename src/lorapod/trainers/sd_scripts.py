@@ -54,7 +54,7 @@ class KohyaOutputs:
     resume_kind = "state"
 
     def metrics_parser(self, job: TrainerJob) -> KohyaProgress:
-        return KohyaProgress()
+        return KohyaProgress(offset=job.step_offset, total_offset=job.total_offset)
 
     def artifacts(self, layout: Layout, name: str) -> list[Artifact]:
         out = Path(layout.out)
@@ -86,6 +86,20 @@ class KohyaOutputs:
             raise TrainerRefused(f"{checkpoint} holds no trainer state to resume from",
                                  hint="it was saved without --save_state; start a new run")
         job.commands[-1].argv += ["--resume", str(state)]
+        job.step_offset = resumed_step(checkpoint)
+
+
+def resumed_step(checkpoint: Path) -> int:
+    """The optimizer step a kohya state was saved at: its ``train_state.json`` ``current_step``
+    (sd-scripts saves one with every state), else the checkpoint's key (``step-N``; musubi-tuner's
+    states hold no train_state.json, tests/recorded/wan)."""
+    import json
+
+    try:
+        return int(json.loads((checkpoint / "state" / "train_state.json").read_text())["current_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        key = checkpoint.name
+        return int(key.split("-")[1]) if key.startswith("step-") and key.split("-")[1].isdigit() else 0
 
 
 class SdScripts(KohyaOutputs, Trainer):
@@ -100,6 +114,15 @@ class SdScripts(KohyaOutputs, Trainer):
     refusals: ClassVar[dict[str, str]] = {
         TE_CACHE_REFUSAL: "--set data.cache_text_encoder_outputs=false, or data.shuffle_captions=false and "
                           "data.caption_dropout=0, then `lorapod run --resume JOB`"}
+
+    def resume(self, job: TrainerJob, checkpoint: Path) -> None:
+        """``--resume STATE --skip_until_initial_step``: without the skip, train_network.py skips
+        only whole epochs (``initial_step = 0  # do not skip``) and trains the resumed epoch's
+        first steps again. Either way it numbers its steps from 0 again (``global_step =
+        initial_step`` after the skipped epochs were subtracted), and its bar runs to
+        ``max_train_steps`` (tests/recorded/sd15/resume.log): lorapod adds the state's step."""
+        super().resume(job, checkpoint)
+        job.commands[-1].argv.append("--skip_until_initial_step")
 
     def refuse(self, spec) -> list[str]:
         r = super().refuse(spec)
@@ -153,6 +176,7 @@ class SdScripts(KohyaOutputs, Trainer):
                    "subsets": [{"image_dir": str(p), "num_repeats": d.repeats} for p in spec.data_paths()]}
         if d.buckets:
             dataset["bucket_no_upscale"] = True
+            dataset.update(bucket_bounds(d.resolution))
         files = {f"{layout.job}/dataset.toml": tomlw.dumps({"general": general, "datasets": [dataset]})}
 
         prec = precision(spec)
@@ -240,6 +264,25 @@ class SdScripts(KohyaOutputs, Trainer):
         train = Command("train", [*accel, f"{layout.src}/{script}", *a], "train", cwd=layout.src, script=script)
         return TrainerJob(self.name, files, self.setup_commands(layout, layout.python), [*prepare, train],
                           layout.out, name, notes)
+
+
+# sd-scripts' dataset defaults (library/config_util.py DreamBoothDatasetParams)
+MIN_BUCKET_RESO, MAX_BUCKET_RESO, BUCKET_RESO_STEPS = 256, 1024, 64
+
+
+def bucket_bounds(resolution: int) -> dict[str, int]:
+    """``min_bucket_reso`` / ``max_bucket_reso`` for a resolution outside sd-scripts' defaults
+    (256..1024). With buckets on, every dataset asserts ``min(resolution) >= min_bucket_reso`` and
+    ``max(resolution) <= max_bucket_reso`` after rounding min down and max up to a multiple of
+    ``bucket_reso_steps`` (library/train_util.py adjust_min_max_bucket_reso_by_steps), even with
+    bucket_no_upscale: data.resolution 128 stopped at start-up with "min_bucket_reso must be equal
+    or less than resolution". The bound is the resolution itself, on the 64 grid."""
+    out: dict[str, int] = {}
+    if resolution < MIN_BUCKET_RESO:
+        out["min_bucket_reso"] = max(BUCKET_RESO_STEPS, resolution - resolution % BUCKET_RESO_STEPS)
+    if resolution > MAX_BUCKET_RESO:
+        out["max_bucket_reso"] = resolution + (-resolution % BUCKET_RESO_STEPS)
+    return out
 
 
 def last_n_steps(keep_last: int, every_steps: int) -> int:

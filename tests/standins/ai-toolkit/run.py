@@ -7,7 +7,8 @@
 ``loss_log.db`` (WAL, tables steps / metric_keys / metrics as toolkit/logging_aitk.py UILogger
 creates them, keys ``learning_rate`` and ``loss/loss`` as jobs/process/BaseSDTrainProcess.py logs
 them; tests/recorded/ai-toolkit/loss_log.sql is the real logger's) when ``logging.use_ui_logger`` is true, and the final ``<name>.safetensors``. One step per
-LORAPOD_STANDIN_STEP_S seconds (default 0.05).
+LORAPOD_STANDIN_STEP_S seconds (default 0.05). Steps are numbered from 0 and the first is neither
+logged nor saved, as ai-toolkit does (tests/recorded/aitk-sd15: a real 2-step run logs step 1 only).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def main() -> int:
         loss = 0.5 / (1 + step)
         print(f"{name}:  {100 * step // steps}%|#| {step}/{steps} [00:01<00:01, 2.0it/s, lr: 1.0e-04 loss: {loss:.3e}]",
               flush=True)
-        if db is not None:
+        if db is not None and step:  # BaseSDTrainProcess logs nothing at its first step (step_num == start_step)
             db.execute("INSERT INTO steps VALUES (?, ?)", (step, time.time()))
             db.executemany("INSERT INTO metrics VALUES (?, ?, ?, NULL)",
                            [(step, "learning_rate", p["train"]["lr"]), (step, "loss/loss", loss)])

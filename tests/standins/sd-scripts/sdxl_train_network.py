@@ -8,7 +8,7 @@ with fake weights, at a few steps per second:
   OUT/NAME-step00000004.safetensors (+ -state) every N steps
   OUT/sample/NAME_e000001_00_<stamp>.png when sample prompts are given
   OUT/NAME.safetensors at the end
-``--resume DIR`` continues after the epoch/step in DIR/train_state.json. With
+``--resume DIR`` continues after the epoch/step in DIR/train_state.json, counting its steps as sd-scripts does (from the step within that epoch). With
 ``--cache_text_encoder_outputs`` and caption shuffle or dropout in the dataset it fails as
 SdxlNetworkTrainer.assert_extra_args does (sdxl_train_network.py at 48d368fa, its message verbatim). The pace comes from
 LORAPOD_STANDIN_STEP_S (default 0.1 s).
@@ -82,11 +82,17 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     every_e, every_s = int(a.get("save_every_n_epochs", 0)), int(a.get("save_every_n_steps", 0))
     step, first_epoch, skip = 0, 0, 0
+    bar, bar_total = 0, total
     if a.get("resume"):
         st = json.loads((Path(a["resume"]) / "train_state.json").read_text())
         step = st["current_step"]
         first_epoch, skip = divmod(step, per_epoch)
         print(f"resumed from {a['resume']}: epoch {first_epoch + 1}, step {step}")
+        # train_network.py (--skip_until_initial_step): whole epochs skipped, then global_step =
+        # the step within the epoch; its bar counts from 0 to max_train_steps - that (the real
+        # run: tests/recorded/sd15/resume.log)
+        step = skip
+    bar, bar_total = 0, total - step
     pace = float(os.environ.get("LORAPOD_STANDIN_STEP_S", "0.1"))
     t0 = time.time()
     for epoch in range(first_epoch, epochs):
@@ -94,10 +100,11 @@ def main() -> int:
         for _ in range(per_epoch - skip):
             time.sleep(pace)
             step += 1
+            bar += 1
             loss = 0.2 / math.sqrt(step)
             el = time.time() - t0
-            sys.stdout.write(f"\rsteps: {100 * step // total:3d}%|{'#' * (10 * step // total):10s}| {step}/{total} "
-                             f"[00:{int(el):02d}<00:00, {step / max(el, 1e-3):5.2f}it/s, avr_loss={loss:.3g}]")
+            sys.stdout.write(f"\rsteps: {100 * bar // bar_total:3d}%|{'#' * (10 * bar // bar_total):10s}| {bar}/{bar_total} "
+                             f"[00:{int(el):02d}<00:00, {bar / max(el, 1e-3):5.2f}it/s, avr_loss={loss:.3g}]")
             sys.stdout.flush()
             if every_s and step % every_s == 0 and step < total:
                 weights(out / f"{name}-step{step:08d}.safetensors", f"s{step}")

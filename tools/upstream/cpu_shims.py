@@ -1,0 +1,95 @@
+"""Start-up stand-ins for running the trainers on a CPU torch, in the trainer's own processes.
+
+Installed into a trainer's CPU virtualenv by tools/upstream/real_run.py (``--setup-shims``) as
+``lorapod_cpu_shims.py`` plus a ``.pth`` line that imports it, so they apply in every process the
+trainer starts (``accelerate launch`` starts its own Python). They act only when
+``LORAPOD_CPU_SHIMS`` names them (real_run.py sets it), so the virtualenv is otherwise untouched.
+The same three stand-ins as tools/upstream/probes.py, each for a reason the trainer's code gives:
+
+- ``torchvision``: the PyPI torchvision wheel is built against CUDA torch; its
+  ``_meta_registrations`` (fake ops for ``torchvision::nms`` ...) fail on CPU torch at import.
+  The trainers use torchvision's transforms only, which need none: the module is left empty.
+- ``cuda_device``: musubi-tuner's wan/modules/t5.py calls ``torch.cuda.current_device()`` at
+  import time (a default argument); on CPU torch it raises. It answers 0; nothing then runs on it
+  (the run's device is the CPU).
+- ``umt5_random``: musubi-tuner's umT5-XXL text encoder has 5.7 B parameters (11 GB in bf16),
+  more than this machine runs beside a training job. ``T5EncoderModel`` (wan/modules/t5.py) is
+  answered by a stand-in that returns what the real one returns, a ``[tokens, 4096]`` bf16 tensor
+  per caption (``u[:v]`` of its ``__call__``), random, seeded by the caption; musubi's own
+  wan_cache_text_encoder_outputs.py runs around it and writes its cache files.
+- ``torchaudio``: ai-toolkit's toolkit/config_modules.py imports it at the top; there is no
+  torchaudio wheel for CPU torch 2.13, and no image-LoRA path calls it. An empty module.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import types
+
+_ON = set(filter(None, os.environ.get("LORAPOD_CPU_SHIMS", "").split(",")))
+
+
+def _empty(name: str) -> types.ModuleType:
+    mod = types.ModuleType(name)
+    mod.__spec__ = importlib.machinery.ModuleSpec(name, None)
+    return mod
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``patch(module)`` once ``name`` has been imported (nothing is imported early)."""
+
+    def __init__(self, name: str, patch) -> None:
+        self.name, self.patch = name, patch
+
+    def find_spec(self, name, path, target=None):
+        if name != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        load, patch = spec.loader.exec_module, self.patch
+
+        def exec_module(module):
+            load(module)
+            patch(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _cuda_device(module) -> None:
+    module.current_device = lambda: 0
+
+
+def _umt5_random(module) -> None:
+    import torch
+
+    class RandomUmT5:
+        """The stand-in for ``T5EncoderModel`` (see the module docstring)."""
+
+        def __init__(self, text_len, dtype=torch.bfloat16, device="cpu", **kwargs) -> None:
+            self.text_len, self.dtype = text_len, dtype
+
+        def __call__(self, texts, device):
+            out = []
+            for text in texts:
+                g = torch.Generator().manual_seed(sum(text.encode()) % (2 ** 31))
+                n = min(len(text.split()) + 1, self.text_len)  # the words + </s>
+                out.append(torch.randn(n, 4096, generator=g).to(self.dtype))
+            return out
+
+    module.T5EncoderModel = RandomUmT5
+
+
+if "torchvision" in _ON:
+    sys.modules.setdefault("torchvision._meta_registrations", _empty("torchvision._meta_registrations"))
+if "torchaudio" in _ON:
+    sys.modules.setdefault("torchaudio", _empty("torchaudio"))
+if "cuda_device" in _ON:
+    sys.meta_path.insert(0, _AfterImport("torch.cuda", _cuda_device))
+if "umt5_random" in _ON:
+    sys.meta_path.insert(0, _AfterImport("musubi_tuner.wan.modules.t5", _umt5_random))

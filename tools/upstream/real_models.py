@@ -1,0 +1,218 @@
+"""Random weights in the real shapes, and tokenizers built here, for the real trainer runs.
+
+    TRAINER_PYTHON tools/upstream/real_models.py sd15|sdxl|wan DEST HF_HOME
+
+Runs under the trainer's own Python (its diffusers/transformers write the files its loader reads).
+Nothing is downloaded: every model is built from its published configuration with random weights.
+
+- SD 1.5 (``sd15``): a diffusers folder (what ``StableDiffusionPipeline.from_pretrained`` reads,
+  sd-scripts library/train_util.py ``_load_target_model``): the U-Net from SD 1.5's own
+  unet/config.json (860 M parameters; sd-scripts converts it into its fixed-size original U-Net,
+  so nothing smaller loads), CLIP ViT-L/14's text model (12 layers, width 768, 123 M) and SD 1.5's
+  VAE (83 M), all real shapes.
+- SDXL (``sdxl``): the same with SDXL base's U-Net config (2.6 B), CLIP ViT-L/14 and OpenCLIP
+  bigG's text models. Stand-in, because two 2-core runs of the real 695 M bigG encoder plus a
+  2.6 B U-Net do not fit the machine's memory with the rest: bigG keeps its width 1280 and
+  projection 1280 (what the U-Net consumes) with 2 layers instead of 32 (sd-scripts reads the
+  penultimate hidden state, so 2 is the fewest that has one).
+- Wan2.1 T2V 1.3B (``wan``): the files musubi-tuner loads (wan_train_network.py, wan/modules):
+  the DiT as a safetensors file of musubi's own ``WanModel`` with ``WAN_CONFIGS["t2v-1.3B"]``
+  (1.4 B parameters; written tensor by tensor, in fp32 where the downloaded file is bf16: a CPU
+  trains in fp32, and the file name lorapod downloads is kept), and the VAE as the ``.pth`` state
+  dict of musubi's ``WanVAE_`` with Wan's configuration (127 M), both real shapes. The umT5-XXL
+  text encoder (5.7 B parameters, 11 GB in bf16) is not built: tools/upstream/cpu_shims.py
+  ``umt5_random`` answers musubi's ``T5EncoderModel`` with random outputs of its shape (one
+  ``[tokens, 4096]`` bf16 tensor per caption), and musubi's own cache step writes them.
+- The tokenizers: sd-scripts loads ``openai/clip-vit-large-patch14`` (and for SDXL
+  ``laion/CLIP-ViT-bigG-14-laion2B-39B-b160k``) by hub id (library/strategy_sd.py, strategy_sdxl.py),
+  and lorapod's job passes no ``--tokenizer_cache_dir``. So a CLIP BPE tokenizer (CLIPTokenizer's
+  vocab.json/merges.txt format: the 256 byte symbols, each also with ``</w>``, the two special
+  tokens, no merges, so every word is spelled out by its bytes) is put into a Hugging Face cache
+  under that id, and the run uses it with ``HF_HUB_OFFLINE=1``: the trainer's own loader reads it
+  exactly as it would read the downloaded one.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+# SD 1.5's unet/config.json (stable-diffusion-v1-5/stable-diffusion-v1-5), the fields that shape it
+SD15_UNET = {"sample_size": 64, "in_channels": 4, "out_channels": 4, "layers_per_block": 2,
+             "block_out_channels": [320, 640, 1280, 1280], "attention_head_dim": 8, "cross_attention_dim": 768,
+             "down_block_types": ["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"],
+             "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"],
+             "norm_num_groups": 32, "act_fn": "silu", "center_input_sample": False, "downsample_padding": 1,
+             "flip_sin_to_cos": True, "freq_shift": 0, "mid_block_scale_factor": 1, "norm_eps": 1e-05}
+# SDXL base 1.0's unet/config.json (stabilityai/stable-diffusion-xl-base-1.0)
+SDXL_UNET = {"sample_size": 128, "in_channels": 4, "out_channels": 4, "layers_per_block": 2,
+             "block_out_channels": [320, 640, 1280], "attention_head_dim": [5, 10, 20], "cross_attention_dim": 2048,
+             "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+             "up_block_types": ["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
+             "transformer_layers_per_block": [1, 2, 10], "use_linear_projection": True,
+             "addition_embed_type": "text_time", "addition_time_embed_dim": 256,
+             "projection_class_embeddings_input_dim": 2816, "norm_num_groups": 32, "act_fn": "silu",
+             "flip_sin_to_cos": True, "freq_shift": 0}
+# SD 1.5's vae/config.json (SDXL's VAE has the same shape)
+VAE = {"in_channels": 3, "out_channels": 3, "latent_channels": 4, "layers_per_block": 2,
+       "block_out_channels": [128, 256, 512, 512], "sample_size": 512, "norm_num_groups": 32, "act_fn": "silu",
+       "down_block_types": ["DownEncoderBlock2D"] * 4, "up_block_types": ["UpDecoderBlock2D"] * 4}
+# openai/clip-vit-large-patch14 text_config
+CLIP_L = {"vocab_size": 49408, "hidden_size": 768, "intermediate_size": 3072, "num_attention_heads": 12,
+          "num_hidden_layers": 12, "max_position_embeddings": 77, "hidden_act": "quick_gelu", "projection_dim": 768}
+# laion/CLIP-ViT-bigG-14-laion2B-39B-b160k text_config, 2 layers instead of 32 (see the docstring)
+CLIP_G = {"vocab_size": 49408, "hidden_size": 1280, "intermediate_size": 5120, "num_attention_heads": 20,
+          "num_hidden_layers": 2, "max_position_embeddings": 77, "hidden_act": "gelu", "projection_dim": 1280}
+SCHEDULER = {"_class_name": "DDPMScheduler", "beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear",
+             "num_train_timesteps": 1000, "clip_sample": False, "set_alpha_to_one": False, "steps_offset": 1}
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2/CLIP's byte -> printable character table (transformers' CLIPTokenizer uses the same)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs), strict=True))
+
+
+def clip_tokenizer(folder: Path) -> None:
+    chars = list(bytes_to_unicode().values())
+    vocab = {c: i for i, c in enumerate(chars)}
+    vocab.update({c + "</w>": i + 256 for i, c in enumerate(chars)})
+    vocab.update({"<|startoftext|>": 512, "<|endoftext|>": 513})
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    (folder / "merges.txt").write_text("#version: 0.2\n")
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "CLIPTokenizer", "model_max_length": 77, "bos_token": "<|startoftext|>",
+        "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
+        "do_lower_case": True}))
+    (folder / "special_tokens_map.json").write_text(json.dumps({
+        "bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>",
+        "pad_token": "<|endoftext|>"}))
+
+
+def hub_cache(hf_home: Path, repo_id: str, make) -> None:
+    """Lay ``make(folder)``'s files out as huggingface_hub's cache holds a downloaded repo."""
+    repo = hf_home / "hub" / f"models--{repo_id.replace('/', '--')}"
+    rev = "0" * 40
+    make(repo / "snapshots" / rev)
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(rev)
+
+
+def text_model(cfg: dict, with_projection: bool):
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    conf = CLIPTextConfig(**cfg, bos_token_id=512, eos_token_id=513, pad_token_id=513)
+    return (CLIPTextModelWithProjection if with_projection else CLIPTextModel)(conf)
+
+
+def sd_folder(dest: Path, family: str) -> None:
+    import torch
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+
+    torch.manual_seed(0)
+    dest.mkdir(parents=True, exist_ok=True)
+    unet = UNet2DConditionModel(**(SD15_UNET if family == "sd15" else SDXL_UNET))
+    unet.save_pretrained(dest / "unet")
+    del unet
+    AutoencoderKL(**VAE, scaling_factor=0.18215 if family == "sd15" else 0.13025).save_pretrained(dest / "vae")
+    text_model(CLIP_L, False).save_pretrained(dest / "text_encoder")
+    sched = dest / "scheduler"
+    sched.mkdir(exist_ok=True)
+    (sched / "scheduler_config.json").write_text(json.dumps(SCHEDULER))
+    tok = ["transformers", "CLIPTokenizer"]
+    if family == "sd15":
+        index = {"_class_name": "StableDiffusionPipeline", "unet": ["diffusers", "UNet2DConditionModel"],
+                 "vae": ["diffusers", "AutoencoderKL"], "text_encoder": ["transformers", "CLIPTextModel"],
+                 "tokenizer": tok, "scheduler": ["diffusers", "DDPMScheduler"], "safety_checker": [None, None],
+                 "feature_extractor": [None, None], "requires_safety_checker": False}
+    else:
+        text_model(CLIP_G, True).save_pretrained(dest / "text_encoder_2")
+        index = {"_class_name": "StableDiffusionXLPipeline", "unet": ["diffusers", "UNet2DConditionModel"],
+                 "vae": ["diffusers", "AutoencoderKL"], "text_encoder": ["transformers", "CLIPTextModel"],
+                 "text_encoder_2": ["transformers", "CLIPTextModelWithProjection"], "tokenizer": tok,
+                 "tokenizer_2": tok, "scheduler": ["diffusers", "DDPMScheduler"]}
+    for sub in ("tokenizer", "tokenizer_2") if family == "sdxl" else ("tokenizer",):
+        clip_tokenizer(dest / sub)
+    (dest / "model_index.json").write_text(json.dumps(index))
+
+
+def write_safetensors(path: Path, tensors) -> None:
+    """The safetensors format (8-byte header length, JSON header, raw data), written one tensor at a
+    time: a 1.4 B-parameter model never needs a second copy in memory."""
+    import struct
+
+    import torch
+
+    names = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+    items = list(tensors)  # (name, shape, dtype, make)
+    header, offset = {}, 0
+    for name, shape, dtype, _ in items:
+        size = int(torch.tensor(shape).prod().item()) * dtype.itemsize if shape else dtype.itemsize
+        header[name] = {"dtype": names[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with path.open("wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        for _name, _shape, _dtype, make in items:
+            f.write(make().contiguous().view(torch.uint8).numpy().tobytes())
+
+
+def wan_files(dest: Path) -> None:
+    import torch
+    from musubi_tuner.wan.configs import WAN_CONFIGS
+    from musubi_tuner.wan.modules.model import WanModel
+    from musubi_tuner.wan.modules.vae import WanVAE_
+
+    torch.manual_seed(0)
+    cfg = WAN_CONFIGS["t2v-1.3B"]
+    with torch.device("meta"):
+        model = WanModel(model_type="t2v", dim=cfg.dim, eps=cfg.eps, ffn_dim=cfg.ffn_dim, freq_dim=cfg.freq_dim,
+                         in_dim=cfg.in_dim, num_heads=cfg.num_heads, num_layers=cfg.num_layers, out_dim=cfg.out_dim,
+                         text_len=cfg.text_len)
+
+    def init(name: str, shape: tuple[int, ...]):
+        def make():
+            if name.endswith("bias"):
+                return torch.zeros(shape)
+            if len(shape) == 1:  # norms and modulation vectors
+                return torch.ones(shape)
+            return torch.randn(shape) * 0.02
+        return make
+
+    dit = dest / "split_files" / "diffusion_models" / "wan2.1_t2v_1.3B_bf16.safetensors"
+    dit.parent.mkdir(parents=True, exist_ok=True)
+    write_safetensors(dit, [(n, tuple(t.shape), torch.float32, init(n, tuple(t.shape)))
+                            for n, t in model.state_dict().items()])
+    vae = WanVAE_(dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+                  temperal_downsample=[False, True, True], dropout=0.0)
+    torch.save(vae.state_dict(), dest / "Wan2.1_VAE.pth")
+    # lorapod's job downloads it; the stand-in (cpu_shims umt5_random) never reads it
+    (dest / "models_t5_umt5-xxl-enc-bf16.pth").write_bytes(b"")
+
+
+def main() -> None:
+    kind, dest, hf_home = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    hub_cache(hf_home, "openai/clip-vit-large-patch14", clip_tokenizer)
+    if kind in ("sd15", "sdxl"):
+        if kind == "sdxl":
+            hub_cache(hf_home, "laion/CLIP-ViT-bigG-14-laion2B-39B-b160k", clip_tokenizer)
+        sd_folder(dest, kind)
+    elif kind == "wan":
+        wan_files(dest)
+    else:
+        raise SystemExit(f"unknown model {kind}")
+    (dest / ".built").write_text("ok\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,267 @@
+"""Real training steps of sd-scripts, musubi-tuner and ai-toolkit, on CPU, from lorapod's job.
+
+    python tools/upstream/real_run.py CASE --src CHECKOUT --python TRAINER_PYTHON [--record] [--work DIR]
+
+CASE is ``sd15`` (sd-scripts train_network.py: two steps, then ``lorapod train --resume`` of
+that run folder for two more), ``sdxl`` (sd-scripts sdxl_train_network.py), ``wan``
+(musubi-tuner wan_train_network.py, Wan2.1 T2V 1.3B on clips and stills; resumed for two more too) or ``aitk-sd15``
+(ai-toolkit run.py, arch sd1) or ``sd15-128`` (sd-scripts at data.resolution 128 with buckets,
+below sd-scripts' default min_bucket_reso). CHECKOUT is the trainer at lorapod's pinned commit
+(``python tools/upstream_check.py fetch`` prints how to get it) and TRAINER_PYTHON a CPU Python
+with its requirements (docs/trainers.md, "Real runs", has the recipes).
+
+Each run is a user's: ``TRAINER_PYTHON -m lorapod train SPEC --trainer X --trainer-src CHECKOUT``
+(lorapod's job wrapper, ``trainers.runner.run_trainer``, what ``trainer-run`` runs on an
+instance), under ``/usr/bin/time -v`` for the peak memory, with ``HF_HUB_OFFLINE=1``. The weights
+are random in the real shapes, built by tools/upstream/real_models.py under the trainer's Python
+(its docstring names each stand-in and why). Afterwards it compares lorapod's metrics.jsonl with
+the loss the trainer logged itself (its TensorBoard events, read with tensorboard's
+EventAccumulator; ai-toolkit's loss_log.db), step by step, and checks the LoRA file with
+``lorapod inspect``'s reader. ``--record`` writes tests/recorded/<case>/: the trainer's output as
+printed (``\\r`` kept; the work folder written as /r), the trainer's own logged losses, the files
+it wrote and the run folder, the LoRA's key names and shapes (no weights), time and peak memory.
+tests/test_trainers_recorded_real.py checks lorapod's bridge and mirror against those records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RECORDED = REPO / "tests" / "recorded"
+MODELS = Path(__file__).with_name("real_models.py")
+TRAINER = {"sd15": "sd-scripts", "sd15-128": "sd-scripts", "sdxl": "sd-scripts", "wan": "musubi-tuner",
+           "aitk-sd15": "ai-toolkit"}
+# what each trainer's TensorBoard/database calls the loss lorapod's bridge reads
+TB_LOSS = {"sd-scripts": "loss/average", "musubi-tuner": "loss/average"}
+# the start-up stand-ins each trainer needs on a CPU torch (tools/upstream/cpu_shims.py says why)
+SHIMS = {"sd-scripts": "torchvision", "musubi-tuner": "torchvision,cuda_device,umt5_random", "ai-toolkit": "torchvision,torchaudio"}
+
+
+def install_shims(python: str) -> None:
+    """cpu_shims.py into the trainer's virtualenv, imported at every start (acting only when
+    LORAPOD_CPU_SHIMS names a shim)."""
+    site = subprocess.run([python, "-c", "import site; print(site.getsitepackages()[0])"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    Path(site, "lorapod_cpu_shims.py").write_text(Path(__file__).with_name("cpu_shims.py").read_text())
+    Path(site, "zz_lorapod_cpu_shims.pth").write_text("import lorapod_cpu_shims\n")
+
+
+def make_images(folder: Path, n: int = 2, size: int = 256, caption: str = "zxq_mug, a mug on a table") -> Path:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(folder / f"img{i}.png")
+        (folder / f"img{i}.txt").write_text(caption)
+    return folder
+
+
+def make_clips(folder: Path, size: int = 128) -> Path:
+    """Two 2-second 30 fps clips and two stills, with captions (what examples/wan21-video-clips.yaml trains on)."""
+    import numpy as np
+    from PIL import Image
+
+    sys.path.insert(0, str(REPO / "src"))
+    from lorapod.data.clips import write_clip
+
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(2):
+        Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(folder / f"still{i}.png")
+        (folder / f"still{i}.txt").write_text("zxq standing")
+        write_clip(folder / f"clip{i}.mp4", [rng.integers(0, 255, (size, size, 3), dtype=np.uint8) for _ in range(60)],
+                   fps=30.0)
+        (folder / f"clip{i}.txt").write_text("zxq walking")
+    return folder
+
+
+def spec_for(case: str, root: Path, steps: int) -> dict:
+    """The job: a user's spec, small (2 images, 2 steps, rank 4), saving every step."""
+    common = {"method": {"type": "lora", "r": 4, "alpha": 4, "dropout": 0.0, "target_modules": "all-linear"},
+              "save": {"every_steps": 1, "every_epochs": None, "keep_last": 2},
+              "output": {"dir": str(root / "runs"), "name": "real"}}
+    train = {"max_steps": steps, "micro_batch_size": 1, "grad_accum": 1, "optimizer": "adamw", "precision": "fp32",
+             "learning_rate": 1e-4, "scheduler": "constant", "gradient_checkpointing": True, "seed": 42}
+    if case in ("sd15", "sd15-128", "sdxl", "aitk-sd15"):
+        fam = "sdxl" if case == "sdxl" else "sd15"
+        return {**common, "model": {"id": str(root / f"{fam}-model"), "family": fam},
+                "data": {"path": str(make_images(root / "mug")), "format": "images",
+                         "resolution": 128 if case == "sd15-128" else 256,
+                         "repeats": 1, "buckets": True, "trigger": "zxq_mug", "cache_latents": True,
+                         "cache_text_encoder_outputs": False},
+                "train": train}
+    if case == "wan":  # examples/wan21-video-clips.yaml, small
+        return {**common, "model": {"id": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "family": "wan21"},
+                "data": {"path": str(make_clips(root / "clips")), "format": "video", "resolution": 128,
+                         "target_frames": [1, 5], "frame_extraction": "head", "fps": 16, "trigger": "zxq",
+                         "buckets": True},
+                "train": {**train, "timestep_sampling": "shift", "timestep_shift": 3.0}}
+    raise SystemExit(f"unknown case {case}")
+
+
+def run_lorapod(python: str, args: list[str], env: dict, cwd: Path) -> tuple[int, bytes, float, int]:
+    """``python -m lorapod ARGS`` under /usr/bin/time -v: exit code, output, seconds, peak RSS (kB)."""
+    t0 = time.monotonic()
+    timing = cwd / "time.txt"
+    proc = subprocess.run(["/usr/bin/time", "-v", "-o", str(timing), python, "-m", "lorapod", *args], env=env,
+                          cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
+    secs = time.monotonic() - t0
+    m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", timing.read_text()) if timing.is_file() else None
+    return proc.returncode, proc.stdout, secs, int(m.group(1)) if m else 0
+
+
+def tb_runs(logs: Path, tag: str) -> list[list[tuple[int, float]]]:
+    """The trainer's own logged loss per step, one list per launch (each writes its own timestamped
+    TensorBoard folder), oldest first."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    runs = []
+    for folder in sorted({e.parent for e in logs.rglob("events.out.tfevents.*")}):
+        acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+        acc.Reload()
+        if tag in acc.Tags().get("scalars", []):
+            runs.append(sorted({e.step: e.value for e in acc.Scalars(tag)}.items()))
+    return runs
+
+
+def aitk_losses(db: Path) -> list[tuple[int, float]]:
+    """ai-toolkit's own log (its UILogger's loss_log.db): ``loss/loss`` per step as it numbers them."""
+    import sqlite3
+
+    if not db.is_file():
+        return []
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return [(int(s), float(v)) for s, v in con.execute(
+            "SELECT step, value_real FROM metrics WHERE key = 'loss/loss' ORDER BY step")]
+    finally:
+        con.close()
+
+
+def metrics(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [{k: v for k, v in json.loads(x).items() if k != "time"} for x in path.read_text().splitlines() if x]
+
+
+def same_losses(got: list[dict], logged: list[tuple[int, float]], bar: bool) -> bool:
+    """lorapod's loss per step equals the trainer's logged one (the kohya bar shows tqdm's
+    ``{:.3g}`` of it: compared at that precision)."""
+    mine = [(m["step"], m.get("loss")) for m in got]
+    theirs = [(s, float(f"{v:.3g}") if bar else v) for s, v in logged]
+    return bool(logged) and mine == theirs
+
+
+def absolute(runs: list[list[tuple[int, float]]], offsets: list[int]) -> list[tuple[int, float]]:
+    """The launches' logged steps as steps of the run: a resumed kohya trainer counts from 0 again
+    (docs/trainers.md), so launch i's step n is n + the step it resumed from."""
+    return [(s + off, v) for run, off in zip(runs, offsets, strict=False) for s, v in run]
+
+
+def listing(root: Path) -> list[str]:
+    if not root.is_dir():
+        return []
+    return sorted(str(p.relative_to(root)) + ("/" if p.is_dir() else "") for p in root.rglob("*"))
+
+
+def lora_keys(path: Path) -> dict[str, list[int]]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return {k: list(f.get_slice(k).get_shape()) for k in sorted(f.keys())}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("case", choices=sorted(TRAINER))
+    ap.add_argument("--src", required=True, help="the trainer's checkout at lorapod's pinned commit")
+    ap.add_argument("--python", required=True, help="a Python with the trainer's requirements (and lorapod's)")
+    ap.add_argument("--work", default=None, help="a folder for models and runs (default: /tmp/lorapod-real-run)")
+    ap.add_argument("--record", action="store_true", help="write tests/recorded/<case>/")
+    ns = ap.parse_args()
+    trainer = TRAINER[ns.case]
+    root = Path(ns.work or "/tmp/lorapod-real-run").resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    hf_home = root / "hf"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONUNBUFFERED": "1", "COLUMNS": "160", "LORAPOD_CPU_SHIMS": SHIMS[trainer]}
+    install_shims(ns.python)
+    fam = "sdxl" if ns.case == "sdxl" else "wan" if ns.case == "wan" else "sd15"
+    model = root / f"{fam}-model"
+    if not (model / ".built").is_file():
+        t0 = time.monotonic()
+        subprocess.run([ns.python, str(MODELS), fam, str(model), str(hf_home)], env=env, check=True)
+        print(f"built {model} in {time.monotonic() - t0:.0f} s")
+
+    import yaml
+
+    steps = 2
+    work = root / ns.case
+    subprocess.run(["rm", "-rf", str(work)], check=True)
+    work.mkdir(parents=True)
+    spec = work / "spec.yaml"
+    spec.write_text(yaml.safe_dump(spec_for(ns.case, root, steps)))
+    run = work / "run"
+    if fam == "wan":  # the files lorapod's job downloads, already where it puts them (offline: kept as they are)
+        models = work / f".{run.name}-trainer" / "trainer" / "models"
+        models.parent.mkdir(parents=True, exist_ok=True)
+        models.symlink_to(model)
+    phases = [("two-steps", ["train", str(spec), "--trainer", trainer, "--trainer-src", ns.src, "--run-dir", str(run)])]
+    if ns.case in ("sd15", "wan"):
+        phases.append(("resume", ["train", "--resume", str(run), "--trainer-src", ns.src,
+                                  "--set", f"train.max_steps={2 * steps}"]))
+    results = {}
+    trainer_out = work / f".{run.name}-trainer" / "trainer"
+    agree = True
+    for name, args in phases:
+        rc, out, secs, peak = run_lorapod(ns.python, args, env, work)
+        got = metrics(run)
+        runs = tb_runs(trainer_out / "logs", TB_LOSS[trainer]) if trainer in TB_LOSS else \
+            [aitk_losses(trainer_out / "out" / "real" / "loss_log.db")]
+        # ai-toolkit's step k is its (k+1)-th update (BaseSDTrainProcess.run loops from 0)
+        first = 1 if trainer == "ai-toolkit" else 0
+        logged = absolute(runs, [first] + [int(m.group(1)) for m in re.finditer(
+            rb"resuming .* \(step (\d+):", b"".join(r["log"] for r in results.values()) + out)])
+        results[name] = {"rc": rc, "seconds": round(secs), "peak_rss_mb": round(peak / 1024),
+                         "trainer_out": listing(trainer_out / "out"), "run": listing(run), "metrics": got,
+                         "cache": listing(trainer_out / "cache"),  # musubi's latent / text-encoder cache files
+                         "trainer_logged": runs, "log": out.replace(str(root).encode(), b"/r")}
+        tail = out.decode(errors="replace").strip().splitlines()[-3:]
+        print(f"{ns.case} {name}: exit {rc} in {secs:.0f} s, peak {peak / 1024 / 1024:.1f} GB; " + " | ".join(tail))
+        print("  lorapod metrics:", [(m["step"], m.get("loss")) for m in got])
+        print("  trainer logged: ", logged)
+        agree = agree and same_losses(got, logged, bar=trainer in TB_LOSS)
+        if rc != 0:
+            break
+    adapter = sorted((run / "adapter").glob("*.safetensors"))
+    keys = lora_keys(adapter[0]) if adapter else {}
+    print(f"LoRA: {adapter[0].name if adapter else 'none'}, {len(keys)} tensors")
+    print("lorapod's metrics equal the trainer's own log at every step" if agree else
+          "MISMATCH: lorapod's metrics differ from the trainer's own log")
+    ok = all(r["rc"] == 0 for r in results.values()) and bool(adapter) and agree
+    if ns.record:
+        dest = RECORDED / ns.case
+        dest.mkdir(parents=True, exist_ok=True)
+        for name, r in results.items():
+            (dest / f"{name}.log").write_bytes(r.pop("log"))
+        (dest / "files.json").write_text(json.dumps({
+            "trainer_logged_tag": TB_LOSS.get(trainer), "lora": {"file": adapter[0].name if adapter else None,
+                                                                 "keys": keys}, "runs": results}, indent=1) + "\n")
+        print(f"recorded in {dest.relative_to(REPO)}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
