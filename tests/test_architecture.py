@@ -301,6 +301,7 @@ PROVIDER_NAMES_OUTSIDE: dict[str, str] = {
     "lorapod/plan/storage.py": "RunPod's disk and network-volume prices in the storage advice",
     "lorapod/plan/volume.py": "RunPod's network-volume advice (and Vast.ai's note)",
     "lorapod/cli/plan.py": "prints that volume advice under each provider's name",
+    "lorapod/cli/jobs.py": "ps lists RunPod serverless endpoints (deploy/ is RunPod-only today)",
     "lorapod/plan/spot.py": "how a preemption looks per provider (Vast.ai pauses, RunPod stops) in the spot model",
 }
 
