@@ -221,7 +221,7 @@ def test_block_swap_runs_through_its_hooks_and_changes_nothing_numerically(asset
 
 
 class _Probe(wanmod.BlockSwap):
-    """The review's D1 probe (../shared/reviews/gpu-2026-12-02.md): a load that makes a copy (as the
+    """The review's D1 probe (the GPU review of 2026-12-02): a load that makes a copy (as the
     GPU copy is one) and a drop that leaves NaN behind, so that on a CPU a weight still loaded after
     the backward pass, or read by it after its drop, shows."""
 
