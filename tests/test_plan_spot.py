@@ -239,9 +239,8 @@ def test_spec_refuses_unknown_policies():
 
 
 def test_plan_prints_both_tiers_and_the_choice(monkeypatch):
-    from typer.testing import CliRunner
-
     from rich.console import Console
+    from typer.testing import CliRunner
 
     from lorapod.cli import plan as plan_cli
     from lorapod.cli.main import build_app
