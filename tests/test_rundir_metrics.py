@@ -66,11 +66,15 @@ def test_the_reader_keeps_only_valid_steps_and_counts_the_rest(tmp_path):
     assert [r["step"] for r in read_records(root / METRICS, tail_bytes=200)] == [8]
 
 
-def test_a_link_is_never_followed(tmp_path):
+def test_a_link_or_a_fifo_is_never_read(tmp_path):
+    import os
+
     root = hostile_run(tmp_path)
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "elsewhere" / METRICS).symlink_to(root / METRICS)
     assert read_records(tmp_path / "elsewhere" / METRICS) == []
+    os.mkfifo(tmp_path / "fifo")  # an open for reading would wait for a writer for ever
+    assert read_records(tmp_path / "fifo") == []
 
 
 def test_every_consumer_reads_the_same_hostile_file_the_same_way(tmp_path, capsys):

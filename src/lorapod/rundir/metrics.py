@@ -173,9 +173,10 @@ def parse_records(data: bytes | str, feed: MetricsFeed | None = None) -> list[di
 
 def read_bytes(path: Path, tail_bytes: int | None = None) -> bytes:
     """A metrics file's bytes: all of them, or only the last ``tail_bytes`` from their first whole
-    line. b"" when it is missing, not a regular file, or a link (never followed)."""
+    line. b"" when it is missing, not a regular file, or a link (never followed; a FIFO planted
+    in its place does not block the open)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return b""
     with os.fdopen(fd, "rb") as fh:
