@@ -106,12 +106,12 @@ def train(
             launch_processes(run, spec_file, resume is not None, set_, device, nproc, nodes, node_rank, rendezvous)
             return
     if not world.is_main:
-        engine.train(spec, run, resume=resume is not None or any(run.checkpoints.glob("step-*")), device=device, log=say)
+        engine.train(spec, run, resume=resume is not None or bool(run.checkpoints_by_step()), device=device, log=say)
         leave()
         return
     console.print(f"run folder: [bold]{run.root}[/]")
     _one_thread_for_builtin(spec, device)
-    resume_flag = resume is not None or (run_dir is not None and any(run.checkpoints.glob("step-*")))
+    resume_flag = resume is not None or (run_dir is not None and bool(run.checkpoints_by_step()))
     with interrupt_says_how_to_resume(), _removed_if_nothing_trained(run, resume is None and run_dir is None):
         result = engine.train(spec, run, resume=resume_flag, device=device, log=say)
     leave()  # every process of a data-parallel run, before rank 0's own work below
@@ -145,7 +145,7 @@ def _one_thread_for_builtin(spec, device: str | None) -> None:
 
 def trained_anything(run) -> bool:
     """Whether a run folder holds any training: a checkpoint, an adapter or a step in its metrics."""
-    if any(run.checkpoints.glob("step-*")) or (run.adapter / "adapter_model.safetensors").is_file():
+    if bool(run.checkpoints_by_step()) or (run.adapter / "adapter_model.safetensors").is_file():
         return True
     try:
         with open(run.metrics_file, encoding="utf-8") as fh:

@@ -17,13 +17,13 @@ from typing import Any
 from lorapod.compute import provider as registry
 from lorapod.compute.acquire import transport_for
 from lorapod.compute.provider import Instance, Provider
-from lorapod.compute.remote import RemoteWork
+from lorapod.compute.remote import RUN_METRICS, RemoteWork
 from lorapod.compute.teardown import confirm_gone, destroy_confirmed
 from lorapod.compute.transport import ConnectionLost
-from lorapod.compute.trust import guarded_read
 from lorapod.compute.wait import deadline_in, retrying
 from lorapod.engine.trackers import wandb_url
 from lorapod.errors import LorapodError
+from lorapod.rundir.layout import METRICS
 from lorapod.store.identity import controller_alive, installation_id, instance_label, parse_label
 from lorapod.store.ledger import InstanceRow, JobRow, Ledger
 from lorapod.store.phases import job_phases
@@ -159,6 +159,26 @@ def reach(ledger: Ledger, job: JobRow) -> Reach | None:
                  else RemoteWork(t, job.id), row)
 
 
+def stop_job(ledger: Ledger, job_id: str, reason: str) -> str:
+    """Stop at the next save: write ``run/STOP`` on the job's live instance (the engine and the
+    trainer runner save a checkpoint and exit; the session then pulls the run and destroys the
+    instance, as after any end). Returns what was done, in words; raises when there is no live
+    instance to ask. A run on this machine outside the ledger is stopped with
+    :meth:`lorapod.rundir.RunDir.request_stop` instead (``lorapod stop RUN_FOLDER``)."""
+    job = find_job(ledger, job_id)
+    r = reach(ledger, job)
+    if r is None:
+        raise LorapodError(f"job {job.id} has no live instance to stop ({job.state})",
+                           hint="`lorapod ps` lists what runs; a run on this machine: `lorapod stop RUN_FOLDER`")
+    try:
+        r.work.request_stop(reason)
+    finally:
+        r.close()
+    ledger.event("job", f"STOP written on the instance: {reason}", job_id=job.id)
+    return (f"STOP written on {r.row.provider_id or r.row.id}: {job.id} saves a checkpoint at its next step and "
+            f"ends; the run is pulled and the instance destroyed (resume later with `lorapod run --resume {job.id}`)")
+
+
 def pull_job(ledger: Ledger, job_id: str, deadline_s: float = 600.0) -> int:
     """Fetch the run folder now; returns files transferred (0 when everything is already home)."""
     job = find_job(ledger, job_id)
@@ -180,8 +200,8 @@ def follow_logs(ledger: Ledger, job_id: str, follow: bool, poll_s: float = 2.0,
     dropped connections), then the rest from the pulled copies, so every line comes exactly once."""
     job = find_job(ledger, job_id)
     run_dir = Path(job.run_dir)
-    offsets = {"metrics.jsonl": 0, "job.log": 0, "watchdog.log": 0}
-    remote_rel = {"metrics.jsonl": "run/metrics.jsonl", "job.log": "job.log", "watchdog.log": "watchdog.log"}
+    offsets = {METRICS: 0, "job.log": 0, "watchdog.log": 0}
+    remote_rel = {METRICS: RUN_METRICS, "job.log": "job.log", "watchdog.log": "watchdog.log"}
 
     def lines(name: str, data: bytes) -> list[str]:
         cut = data.rfind(b"\n")
@@ -204,10 +224,8 @@ def follow_logs(ledger: Ledger, job_id: str, follow: bool, poll_s: float = 2.0,
             try:
                 gone = False
                 for name, rel in remote_rel.items():
-                    out = r.work.sh(f"cd {r.work.q()} 2>/dev/null || {{ echo LPGONE; exit 0; }}; "
-                                    + guarded_read(f"tail -c +{offsets[name] + 1}", rel) + f" | head -c {LOG_CHUNK}",
-                                    timeout=30, check=False).stdout
-                    if out.startswith(b"LPGONE"):
+                    out = r.work.tail(rel, offsets[name], LOG_CHUNK)
+                    if out is None:
                         gone = True
                         break
                     yield from lines(name, out)

@@ -39,10 +39,14 @@ from typing import Any
 from lorapod.compute.bootstrap import AUTO_PYTHON, Bootstrap
 from lorapod.compute.guards import parse_probe, watchdog_probe
 from lorapod.compute.transport import SyncStats, Transport
-from lorapod.compute.trust import MANIFEST_PY, guarded_read, is_regular, safe_relpath
+from lorapod.compute.trust import MANIFEST_PY, guarded_read, is_regular, safe_relpath, tail_after
 from lorapod.errors import RemoteError
+from lorapod.rundir.layout import METRICS, STOP
 
 WORK_ROOT = ".lorapod-work"
+#: The run folder's files as the work folder names them (``run/`` is the run folder on the instance).
+RUN_METRICS = f"run/{METRICS}"
+RUN_STOP = f"run/{STOP}"
 #: ``--python auto``: the interpreter is found on the instance (:mod:`lorapod.compute.hostfacts`).
 #: How long the watchdog has to prove it runs (its pid answers ``kill -0``, its first log line is there).
 WATCHDOG_PROOF_S = 20.0
@@ -58,7 +62,7 @@ LOCAL_ONLY = ("/remote-events.log", "/job.log", "/watchdog.log", "/spec.yaml", "
 #: Never pulled: temporary checkpoint folders, rsync leftovers, the stop request itself, the
 #: instance's spec.yaml (its paths point at the instance; the local one keeps local paths), and
 #: the writer's lock (rundir.WriterLock: each machine's folder has its own writer).
-PULL_EXCLUDES = (".tmp-*", ".old-*", ".rsync-partial", "STOP", "__pycache__", ".lock", *LOCAL_ONLY)
+PULL_EXCLUDES = (".tmp-*", ".old-*", ".rsync-partial", STOP, "__pycache__", ".lock", *LOCAL_ONLY)
 
 JOB_SH = r"""#!/usr/bin/env bash
 # Started as `setsid nohup bash job.sh CMD...`: its pid is the job's process group.
@@ -288,7 +292,7 @@ class RemoteWork:
         files = {"job.sh": (JOB_SH.encode(), 0o700), "watchdog.py": (Path(wd.__file__).read_bytes(), 0o600),
                  "watchdog.json": (json.dumps(watchdog).encode(), 0o600)}
         self.put_files(files, before=f"mkdir -p {self.q('run')} {self.q('data')} {self.q('pkg')} && chmod 700 {self.q()}",
-                       then=("rm -f PULLED job.exit job.pid watchdog.pid run/STOP && touch HEARTBEAT && "
+                       then=(f"rm -f PULLED job.exit job.pid watchdog.pid {RUN_STOP} && touch HEARTBEAT && "
                              f"{{ setsid nohup {shlex.quote(python)} watchdog.py >> watchdog.log 2>&1 < /dev/null & "
                              "echo $! > watchdog.launch; }"))
 
@@ -334,7 +338,7 @@ class RemoteWork:
     def poll(self, metrics_offset: int, timeout: float = 30.0, limit: int = 1 << 20,
              watchdog_beat_s: float | None = None) -> JobStatus:
         """One round trip: heartbeat, job state, and at most ``limit`` new metrics bytes after
-        ``metrics_offset`` (a bounded read, whatever the host wrote: compute/metrics_feed.py)."""
+        ``metrics_offset`` (a bounded read, whatever the host wrote: rundir/metrics.py)."""
         script = (
             f"cd {self.q()} 2>/dev/null || {{ echo LPGONE; exit 0; }}\n"
             "touch HEARTBEAT\n"
@@ -342,11 +346,11 @@ class RemoteWork:
             '[ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && alive=1\n'
             '[ -z "$pid" ] && [ ! -f job.exit ] && alive=1\n'  # starting: not yet written its pid
             f'ex=$({guarded_read("head -c 200", "job.exit")} | tr -d "\\n")\n'
-            f'stop=$({guarded_read("head -c 200", "run/STOP")} | tr -d "\\n")\n'
+            f'stop=$({guarded_read("head -c 200", RUN_STOP)} | tr -d "\\n")\n'
             'echo "LP alive=$alive exit=$ex"\n'
             'echo "LP stop=$stop"\n'
             f"{watchdog_probe(watchdog_beat_s) if watchdog_beat_s is not None else ''}"
-            f"{guarded_read(f'tail -c +{int(metrics_offset) + 1}', 'run/metrics.jsonl')} | head -c {int(limit)}\n"
+            f"{tail_after(RUN_METRICS, metrics_offset, limit)}\n"
         )
         out = self.sh(script, timeout=timeout).stdout
         head, _, rest = out.partition(b"\n")
@@ -364,7 +368,16 @@ class RemoteWork:
         return JobStatus(alive=alive, exit=ex or None, metrics=rest, stop=stop or None, watchdog=wd)
 
     def request_stop(self, reason: str) -> None:
-        self.write_file("run/STOP", (reason + "\n").encode(), 0o644)
+        self.write_file(RUN_STOP, (reason + "\n").encode(), 0o644)
+
+    def tail(self, rel: str, offset: int, limit: int, timeout: float = 30.0) -> bytes | None:
+        """At most ``limit`` bytes of the work folder's ``rel`` after byte ``offset`` (b"" when it is
+        not a regular file there); None when the work folder is gone (torn down). The one remote
+        reader of a growing file: ``lorapod logs`` and the dashboard's live chart use it, and
+        :meth:`poll` sends the same shell (:func:`~lorapod.compute.trust.tail_after`)."""
+        out = self.sh(f"cd {self.q()} 2>/dev/null || {{ echo LPGONE; exit 0; }}; {tail_after(rel, offset, limit)}",
+                      timeout=timeout, check=False).stdout
+        return None if out.startswith(b"LPGONE") else out
 
     def pull(self, local_run: Path) -> SyncStats:
         return self.transport.pull(f"{self.dir}/run", local_run, excludes=PULL_EXCLUDES)
@@ -409,7 +422,7 @@ def local_manifest(root: Path) -> dict[str, list]:
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root)
         if not is_regular(p) or any(part.startswith((".tmp-", ".old-", ".rsync-partial", "__pycache__"))
-                                  for part in rel.parts) or p.name == "STOP" or p.name.startswith("."):
+                                  for part in rel.parts) or p.name == STOP or p.name.startswith("."):
             continue
         h = hashlib.sha256()
         with open(p, "rb") as fh:

@@ -25,7 +25,6 @@ import errno
 import hashlib
 import json
 import random
-import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,8 +36,7 @@ from safetensors.torch import load_file, save_file
 
 from lorapod.errors import CheckpointError
 from lorapod.fsutil import atomic_dir
-
-_STEP_DIR = re.compile(r"^step-(\d+)$")
+from lorapod.rundir.layout import checkpoint_name, checkpoints_by_step
 
 
 @dataclass
@@ -175,7 +173,7 @@ class CheckpointManager:
         optimizer_state: dict[str, Any],
         extra_files: dict[str, bytes] | None = None,
     ) -> Path:
-        final = self.root / f"step-{state.step}"
+        final = self.root / checkpoint_name(state.step)
         try:
             with atomic_dir(final) as tmp:
                 save_file({k: v.detach().contiguous().cpu() for k, v in adapter.items()}, str(tmp / "adapter.safetensors"))
@@ -190,19 +188,16 @@ class CheckpointManager:
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 raise CheckpointError(
-                    f"the disk filled up while writing checkpoint step-{state.step}; it was discarded, "
+                    f"the disk filled up while writing checkpoint {checkpoint_name(state.step)}; it was discarded, "
                     "earlier checkpoints are intact",
                     hint=f"free space on {self.root} (or lower save.keep_last), then resume with --resume",
                 ) from exc
-            raise CheckpointError(f"could not write checkpoint step-{state.step}: {exc}") from exc
+            raise CheckpointError(f"could not write checkpoint {checkpoint_name(state.step)}: {exc}") from exc
         self._prune()
         return final
 
     def list(self) -> list[Path]:
-        if not self.root.is_dir():
-            return []
-        found = [(int(m.group(1)), p) for p in self.root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
-        return [p for _, p in sorted(found)]
+        return [p for _, p in checkpoints_by_step(self.root)]
 
     def verify(self, path: Path) -> bool:
         manifest_file = path / "manifest.json"

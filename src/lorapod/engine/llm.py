@@ -31,6 +31,7 @@ from lorapod.engine.loop import FitResult, LossOut, fit
 from lorapod.errors import DataError
 from lorapod.fsutil import atomic_dir, atomic_write_text
 from lorapod.rundir import RunDir
+from lorapod.rundir.layout import sample_tag
 from lorapod.spec import JobSpec
 
 
@@ -200,7 +201,7 @@ class LLMRecipe:
     # -- samples: the adapter's answers to samples.prompts, as the trackers show them
     def on_step(self, state: TrainState, run: RunDir) -> None:
         if self.spec.samples.every_steps and state.step % self.spec.samples.every_steps == 0:
-            self.write_samples(run, f"step{state.step:06d}")
+            self.write_samples(run, sample_tag(state.step))
 
     def on_epoch_end(self, state: TrainState) -> None:
         every = self.spec.samples.every_epochs

@@ -38,10 +38,10 @@ from lorapod.engine.optim import build_optimizer, build_scheduler
 from lorapod.engine.plots import plot_metrics
 from lorapod.engine.progress import TrainProgress
 from lorapod.engine.trackers import open_trackers
-from lorapod.rundir import RunDir
+from lorapod.rundir import STOP, RunDir
 from lorapod.spec import JobSpec
 
-STOP_FILE = "STOP"  # touch <run>/STOP: the job saves a checkpoint and exits cleanly
+STOP_FILE = STOP  # touch <run>/STOP: the job saves a checkpoint and exits cleanly (rundir/layout.py)
 
 
 class Interrupted(KeyboardInterrupt):

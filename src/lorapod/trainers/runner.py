@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from lorapod.errors import LorapodError, RemoteError
+from lorapod.rundir.layout import CHECKPOINTS, METRICS, SAMPLES, STOP, checkpoint_name, checkpoint_step
 from lorapod.trainers import prepare
 from lorapod.trainers.base import Artifact, Layout, Trainer
 from lorapod.trainers.job import Command, TrainerJob
@@ -92,8 +93,8 @@ class Mirror:
             if not (final or settled) and self._seen.get(art.path) != sig:
                 self._seen[art.path] = sig
                 continue
-            if self.step_offset and art.key.startswith("step-"):
-                art = replace(art, key=f"step-{int(art.key[5:]) + self.step_offset}")
+            if self.step_offset and (step := checkpoint_step(art.key)) is not None:
+                art = replace(art, key=checkpoint_name(step + self.step_offset))
             self._place(art)
             self.done.add(art.path)
             if art.kind in ("checkpoint", "state"):
@@ -268,14 +269,14 @@ def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: s
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.default_int_handler)
     run_dir = Path(run_dir)
-    for sub in ("checkpoints", "samples"):
+    for sub in (CHECKPOINTS, SAMPLES):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
     layout = Layout(str(Path(work).resolve()), python)
     trainer, job = prepare(spec, trainer_name, layout)
     if src and not ("://" in src or src.endswith(".git")):
         job = _with_src(trainer, spec, layout, src)
     ckpt = newest_checkpoint(run_dir)
-    resume_step = int(ckpt.name.split("-")[1]) if ckpt is not None and ckpt.name.startswith("step-") else None
+    resume_step = checkpoint_step(ckpt.name) if ckpt is not None else None
     if ckpt is not None:
         trainer.resume(job, ckpt.resolve())
         say(f"lorapod trainer-run: resuming {trainer.title} from {ckpt.name}"
@@ -286,7 +287,7 @@ def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: s
     write_files(job)
     for d in (layout.out, layout.logs, layout.models):
         Path(d).mkdir(parents=True, exist_ok=True)
-    stop_file = run_dir / "STOP"
+    stop_file = run_dir / STOP
 
     for cmd in trainer.setup_commands(layout, python, src):
         if stop_file.exists():
@@ -305,7 +306,7 @@ def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: s
                 hint=_setup_hint(trainer, cmd))
 
     # on resume, lines logged after the checkpoint go: the trainer logs those steps again
-    metrics = MetricsWriter(run_dir / "metrics.jsonl", resume_step=resume_step,
+    metrics = MetricsWriter(run_dir / METRICS, resume_step=resume_step,
                             trackers=_forwarded_trackers(spec, trainer.name, run_dir))
     mirror = Mirror(trainer, layout, job.output_name, run_dir, spec.save.keep_last, job.step_offset)
     bridge = trainer.metrics_parser(job)
