@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from .cli_helpers import run_cli
@@ -16,3 +19,30 @@ def test_an_image_spec_with_an_llm_family_names_the_fields_in_one_line_not_the_w
     assert "model.family = 'llm' cannot train data.format 'images'" in err and "sdxl" in err
     assert "{'model'" not in err and "stabilityai" not in err  # not the spec dumped as a Python dict
     assert len([ln for ln in err.splitlines() if ln.strip()]) == 2  # the headline and the one problem
+
+
+def _llm_run(tmp_path: Path) -> Path:
+    """An LLM run folder as `lorapod train` leaves one (spec.yaml), nothing trained: enough for what
+    is decided from the spec alone."""
+    from lorapod.rundir import RunDir
+    from lorapod.spec import load_spec
+
+    from .llm_fixtures import spec_dict
+
+    spec = load_spec(raw=spec_dict(tmp_path / "base", tmp_path / "t.jsonl", tmp_path / "v.jsonl", tmp_path / "runs"))
+    run = RunDir.create(spec.output.dir, "chat")
+    run.write_spec(spec)
+    return run.root
+
+
+def test_export_refuses_a_target_that_does_not_apply_before_importing_torch(tmp_path):
+    run = _llm_run(tmp_path)
+    code = ("import sys\nfrom lorapod.cli.main import main\n"
+            f"try:\n    main(['export', {str(run)!r}, '--to', sys.argv[1]])\nexcept SystemExit as e:\n"
+            "    print('exit', e.code, 'torch' in sys.modules)\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    for to, says in (("comfyui", "--to comfyui is not available for an LLM run"),
+                     ("onnx", "--to onnx is not an export target")):
+        got = subprocess.run([sys.executable, "-c", code, to], capture_output=True, text=True, env=env, timeout=60)
+        assert got.stdout.strip() == "exit 1 False", got.stdout + got.stderr  # refused, and torch never loaded
+        assert says in got.stderr and "peft, merged, gguf, ollama" in got.stderr
