@@ -46,3 +46,18 @@ def test_export_refuses_a_target_that_does_not_apply_before_importing_torch(tmp_
         got = subprocess.run([sys.executable, "-c", code, to], capture_output=True, text=True, env=env, timeout=60)
         assert got.stdout.strip() == "exit 1 False", got.stdout + got.stderr  # refused, and torch never loaded
         assert says in got.stderr and "peft, merged, gguf, ollama" in got.stderr
+
+
+def test_data_caption_names_the_missing_package_before_fetching_any_model(tmp_path, monkeypatch, capsys):
+    import huggingface_hub
+    from PIL import Image
+
+    fetched: list[str] = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo, **kw: fetched.append(repo) or "/nowhere")
+    Image.new("RGB", (64, 64), (200, 30, 30)).save(tmp_path / "a.png")
+    for name, package in (("wd14", "onnxruntime"), ("blip", "transformers")):
+        monkeypatch.setitem(sys.modules, package, None)  # `import package` raises ImportError: not installed
+        code, _out, err = run_cli(["data", "caption", str(tmp_path), "--with", name], capsys)
+        monkeypatch.delitem(sys.modules, package)
+        assert code != 0 and f"needs the Python package '{package}'" in err, err
+        assert fetched == [], f"{name}: fetched {fetched} before saying {package} is missing"
