@@ -61,3 +61,35 @@ def test_data_caption_names_the_missing_package_before_fetching_any_model(tmp_pa
         monkeypatch.delitem(sys.modules, package)
         assert code != 0 and f"needs the Python package '{package}'" in err, err
         assert fetched == [], f"{name}: fetched {fetched} before saying {package} is missing"
+
+
+def test_every_example_specs_data_ships_or_its_header_says_what_to_do_until_it_exists():
+    """README's `lorapod train examples/llm-chat-lora.yaml` read a chats.jsonl the repo did not ship.
+    Chat data ships; an image or video folder is the user's own photos, and the spec's header says
+    how to plan without it."""
+    import yaml
+
+    from lorapod.spec import load_spec
+
+    specs = sorted((ROOT / "examples").glob("*.yaml"))
+    assert len(specs) >= 6
+    for path in specs:
+        spec = load_spec(path)
+        raw = yaml.safe_load(path.read_text())["data"]
+        wanted = [*(raw["path"] if isinstance(raw["path"], list) else [raw["path"]]),
+                  *([raw["val_path"]] if raw.get("val_path") else [])]
+        header = "".join(ln for ln in path.read_text().splitlines(keepends=True) if ln.startswith("#"))
+        for rel in wanted:
+            if (path.parent / rel).exists():
+                continue
+            assert spec.is_image, f"{path.name}: {rel} is not in the repo"
+            assert rel.removeprefix("./") in header, f"{path.name}: its header does not say what to do without {rel}"
+    chats = (ROOT / "examples" / "data" / "chats.jsonl").read_text().splitlines()
+    assert len(chats) == 1500 and len(set(chats)) == 1500
+    import importlib.util
+    import json
+
+    spec_ = importlib.util.spec_from_file_location("make_example_chats", ROOT / "tools" / "make_example_chats.py")
+    gen = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(gen)
+    assert [json.dumps(x, ensure_ascii=False) for x in gen.build()] == chats  # the generator's output, as shipped
