@@ -93,3 +93,24 @@ def test_every_example_specs_data_ships_or_its_header_says_what_to_do_until_it_e
     gen = importlib.util.module_from_spec(spec_)
     spec_.loader.exec_module(gen)
     assert [json.dumps(x, ensure_ascii=False) for x in gen.build()] == chats  # the generator's output, as shipped
+
+
+def test_data_check_on_a_mixed_format_file_reports_every_line_and_every_other_problem(tmp_path, capsys):
+    import json
+
+    def m(q: str, a: str) -> dict:
+        return {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+
+    lines = [m("hi", "yo"), {"instruction": "a", "output": "b"}, m("q", "a"),
+             {"conversations": [{"from": "human", "value": "x"}, {"from": "gpt", "value": "y"}]},
+             {"messages": [{"role": "wizard", "content": "?"}, {"role": "assistant", "content": "!"}]},
+             {"instruction": "c", "output": "d"}]
+    p = tmp_path / "mixed.jsonl"
+    p.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    code, out, _err = run_cli(["data", "check", str(p), "--json"], capsys)
+    assert code != 0
+    got = [(f["code"], f["line"]) for f in json.loads(out)["findings"] if f["severity"] == "error"]
+    assert ("chat-mixed-format", 2) in got and ("chat-mixed-format", 4) in got and ("chat-mixed-format", 6) in got
+    assert any(line == 5 and c != "chat-mixed-format" for c, line in got), got  # the bad role is reported too
+    mixed = next(f for f in json.loads(out)["findings"] if f["line"] == 2)
+    assert "alpaca but the file is messages (line 1)" in mixed["message"]
