@@ -114,3 +114,24 @@ def test_data_check_on_a_mixed_format_file_reports_every_line_and_every_other_pr
     assert any(line == 5 and c != "chat-mixed-format" for c, line in got), got  # the bad role is reported too
     mixed = next(f for f in json.loads(out)["findings"] if f["line"] == 2)
     assert "alpaca but the file is messages (line 1)" in mixed["message"]
+
+
+def test_ps_live_with_only_finished_jobs_says_so_not_no_jobs_yet(capsys):
+    from lorapod.rundir import new_job_id
+    from lorapod.store.ledger import Ledger
+
+    code, out, _err = run_cli(["ps", "--live"], capsys)
+    assert code == 0 and out.strip() == "no live jobs"  # an empty ledger
+    ledger = Ledger()
+    job = new_job_id("demo")
+    ledger.job_started(job, "/tmp/runs/" + job, "runpod", None, None, 1.0, 1.0)
+    iid = ledger.instance_creating("runpod", job, 0.44, gpu_name="NVIDIA GeForce RTX 4090")
+    ledger.instance_created(iid, "x7k2p9q4r1m3")
+    ledger.instance_destroyed(iid)
+    ledger.job_ended(job, "done", "40 steps")
+    ledger.close()
+    code, out, _err = run_cli(["ps", "--live"], capsys)
+    assert code == 0 and "no jobs yet" not in out
+    assert out.strip() == "no live jobs (1 finished or stopped: `lorapod ps` lists them)"
+    code, out, _err = run_cli(["ps"], capsys)
+    assert job in out

@@ -52,7 +52,9 @@ def register(app: typer.Typer) -> None:
         for ep in endpoints:
             console.print(describe_endpoint(ep), markup=False, soft_wrap=True)
         if not rows:
-            console.print("no jobs yet (lorapod run SPEC --on ...)")
+            every = len(ledger.jobs()) if ledger is not None and not all_ else 0
+            console.print(f"no live jobs ({every} finished or stopped: `lorapod ps` lists them)" if every
+                          else "no live jobs" if not all_ else "no jobs yet (lorapod run SPEC --on ...)")
             return
         console.print(_jobs_narrow(rows, console.width) if console.width < 120 else _jobs_table(rows))
         for r in rows:
