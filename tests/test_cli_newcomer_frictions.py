@@ -135,3 +135,33 @@ def test_ps_live_with_only_finished_jobs_says_so_not_no_jobs_yet(capsys):
     assert out.strip() == "no live jobs (1 finished or stopped: `lorapod ps` lists them)"
     code, out, _err = run_cli(["ps"], capsys)
     assert job in out
+
+
+def test_logs_names_an_ambiguous_prefix_and_shows_a_lorapod_train_runs_log(tmp_path, monkeypatch, capsys):
+    import json
+
+    from lorapod.store.ledger import Ledger
+
+    ledger = Ledger()
+    for job in ("demo-20261202-100000-aaaa", "demo-20261202-110000-bbbb"):
+        ledger.job_started(job, str(tmp_path / "remote" / job), "runpod", None, None, 1.0, 1.0)
+        ledger.job_ended(job, "done", "")
+    ledger.close()
+    code, _out, err = run_cli(["logs", "demo-2026"], capsys)
+    assert code == 1
+    assert ("'demo-2026' is the start of 2 jobs: demo-20261202-100000-aaaa, demo-20261202-110000-bbbb" in err), err
+
+    monkeypatch.chdir(tmp_path)  # `lorapod train` wrote runs/ here; the ledger knows nothing of it
+    run = _llm_run(tmp_path)
+    (run / "events.log").write_text("2026-12-02T12:59:31+0000 training base on cpu (fp32)\n")
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "total_steps": 4, "loss": 6.49, "time": 1.0}) + "\n")
+    for arg in (str(run), run.name, run.name[:8]):
+        code, out, err = run_cli(["logs", arg], capsys)
+        assert code == 0, err
+        assert "[events.log] 2026-12-02T12:59:31+0000 training base on cpu (fp32)" in out
+        assert "[metrics] step 1" in out and "loss 6.49" in out
+    _llm_run(tmp_path)  # a second run of the same spec: its prefix is now ambiguous
+    code, _out, err = run_cli(["logs", run.name[:5]], capsys)
+    assert code == 1 and "is the start of 2 run folders in runs" in err
+    code, _out, err = run_cli(["logs", "nothing-like-it"], capsys)
+    assert code == 1 and "no job 'nothing-like-it' in the ledger" in err and "lorapod logs runs/JOB" in err

@@ -85,12 +85,20 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Progress (step/total, loss, val loss, ETA, $ so far of the cap, $ to finish) and the job's log,
         live from the instance or from the pulled run folder."""
-        from lorapod.compute.jobs import find_job, follow_logs
+        from lorapod.compute.jobs import NoSuchJob, find_job, find_local_run, follow_logs, local_run_logs
         from lorapod.store.ledger import Ledger
 
         ledger = Ledger()
-        show = _MetricsLines(ledger, find_job(ledger, job)) if not raw else None
-        for line in follow_logs(ledger, job, follow):
+        try:
+            row = find_job(ledger, job)
+        except NoSuchJob as exc:  # a `lorapod train` run is in no ledger: its folder, or one in ./runs
+            local = find_local_run(job)
+            if local is None:
+                raise NoSuchJob(exc.message, hint=f"{exc.hint}; a `lorapod train` run: lorapod logs runs/JOB") from None
+            row = None
+        show = None if raw else _MetricsLines(ledger, row)
+        lines = follow_logs(ledger, job, follow) if row is not None else local_run_logs(local, follow)
+        for line in lines:
             if show is not None and line.startswith(METRICS_TAG):
                 rendered = show(line[len(METRICS_TAG):])
                 if rendered is not None:
@@ -224,8 +232,8 @@ class _MetricsLines:
     def __init__(self, ledger, job) -> None:
         from lorapod.engine.progress import MetricsView
 
-        self.rows = ledger.job_instances(job.id)
-        self.view = MetricsView(usd_cap=job.max_usd)
+        self.rows = ledger.job_instances(job.id) if job is not None else []  # None: a local run, no $
+        self.view = MetricsView(usd_cap=job.max_usd if job is not None else None)
 
     def _usd_at(self, t) -> tuple[float | None, float | None]:
         import time
