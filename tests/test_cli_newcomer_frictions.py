@@ -165,3 +165,23 @@ def test_logs_names_an_ambiguous_prefix_and_shows_a_lorapod_train_runs_log(tmp_p
     assert code == 1 and "is the start of 2 run folders in runs" in err
     code, _out, err = run_cli(["logs", "nothing-like-it"], capsys)
     assert code == 1 and "no job 'nothing-like-it' in the ledger" in err and "lorapod logs runs/JOB" in err
+
+
+def test_ledger_check_counts_a_lorapod_train_run_as_local_not_as_damage(tmp_path, monkeypatch, capsys):
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    _llm_run(tmp_path)  # what `lorapod train` leaves in ./runs: never a ledger job
+    code, out, err = run_cli(["ledger", "check", "--json"], capsys)
+    assert code == 0, err
+    found = json.loads(out)
+    assert (found["missing_jobs"], found["local_runs"]) == (0, 1)
+    code, _out, err = run_cli(["ledger", "check"], capsys)
+    assert code == 0 and "has no job in the ledger" not in err and "lacks" not in err
+    assert "1 run folder(s) from `lorapod train` on this machine" in err
+    lost = tmp_path / "runs" / "lost-job"  # a `lorapod run` folder whose ledger row is gone: still missing
+    lost.mkdir()
+    (lost / "spec.yaml").write_text("model: {id: x}\n")
+    (lost / "remote-events.log").write_text("2026-12-02T10:00:00+0000 renting RTX 3090\n")
+    code, _out, err = run_cli(["ledger", "check"], capsys)
+    assert code == 1 and f"run folder {Path('runs') / 'lost-job'} has no job in the ledger" in err
