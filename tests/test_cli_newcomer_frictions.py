@@ -185,3 +185,48 @@ def test_ledger_check_counts_a_lorapod_train_run_as_local_not_as_damage(tmp_path
     (lost / "remote-events.log").write_text("2026-12-02T10:00:00+0000 renting RTX 3090\n")
     code, _out, err = run_cli(["ledger", "check"], capsys)
     assert code == 1 and f"run folder {Path('runs') / 'lost-job'} has no job in the ledger" in err
+
+
+def _commands(cmd, path=()):
+    yield path
+    for name, sub in sorted((getattr(cmd, "commands", None) or {}).items()):
+        yield from _commands(sub, (*path, name))
+
+
+def test_every_help_page_shows_clicks_metavars_and_whole_summaries(monkeypatch, capsys):
+    """typer 0.2x printed `--debug <bool>`, `--set <list[str]>`, `logs [OPTIONS] {job}` and kept a
+    docstring's line breaks, so a summary broke off mid-sentence ("the job's log," / "live from ...")."""
+    import itertools
+    import re
+
+    import typer.main
+
+    from lorapod.cli.main import build_app
+
+    monkeypatch.setenv("COLUMNS", "100")
+    monkeypatch.setenv("TERMINAL_WIDTH", "100")
+    pages = list(_commands(typer.main.get_command(build_app())))
+    assert len(pages) > 25
+    for path in pages:
+        code, out, err = run_cli([*path, "--help"], capsys)
+        assert code == 0, (path, err)
+        where = " ".join(["lorapod", *path])
+        assert not re.search(r"<(bool|str|int|float|path|file|directory|list\[[^\]]*\]|int range|float range)>", out), \
+            f"{where}: {re.search(r'<[^>]*>', out).group(0)}"
+        usage = next(ln for ln in out.splitlines() if "Usage:" in ln)
+        assert not re.search(r"\{[a-z_]+\}", usage), f"{where}: {usage.strip()}"
+        # in the Commands panel, a line that ends while the next line's first word would have fit is
+        # a hard break inside a summary, not the terminal's wrap
+        panel = out.split("─ Commands ")[1] if "─ Commands " in out else ""
+        rows = [ln[1:-1].rstrip() for ln in panel.splitlines() if ln.startswith("│")]
+        conts = [r for r in rows if r.startswith("   ")]
+        if not conts:
+            continue
+        col = min(len(r) - len(r.lstrip()) for r in conts)  # where the summaries start
+        inner = max(len(ln) for ln in panel.splitlines() if ln.startswith("│")) - 2
+        for this, nxt in itertools.pairwise(rows):
+            if not nxt.startswith(" " * col):  # the next row starts another command
+                continue
+            first = nxt.split()[0]
+            assert len(this) + 1 + len(first) > inner - 1, \
+                f"{where}: a summary breaks after {this.strip()!r} (next: {first!r})"
