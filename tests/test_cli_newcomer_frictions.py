@@ -230,3 +230,26 @@ def test_every_help_page_shows_clicks_metavars_and_whole_summaries(monkeypatch, 
             first = nxt.split()[0]
             assert len(this) + 1 + len(first) > inner - 1, \
                 f"{where}: a summary breaks after {this.strip()!r} (next: {first!r})"
+
+
+def test_plan_prices_the_gpus_the_snapshot_gained_offline_each_entry_dated_and_sourced(capsys):
+    """The snapshot had 6 GPUs; A40, A100 40GB, H200 and RTX A6000 gained published figures (issue
+    #38). Each added entry names its own date and source; L4 has none and still says --live."""
+    import json
+
+    import yaml
+
+    from lorapod.catalog import snapshot
+
+    spec = str(ROOT / "examples" / "sdxl-object-lora.yaml")
+    want = {"A40": {("runpod", "price_page", 0.44)}, "A100 40GB": {("runpod", "cheapest_seen", 1.0)},
+            "H200": {("runpod", "price_page", 4.59), ("vast", "from", 3.5)}, "RTX A6000": {("vast", "from", 0.55)}}
+    for gpu, rows in want.items():
+        code, out, err = run_cli(["plan", spec, "--images", "25", "--gpu", gpu, "--json"], capsys)
+        assert code == 0, (gpu, err)
+        assert {(o["provider"], o["tier"], o["usd_per_hour"]) for o in json.loads(out)["options"]} == rows
+    code, _out, err = run_cli(["plan", spec, "--images", "25", "--gpu", "L4"], capsys)
+    assert code == 1 and "no price for L4" in err and "--live" in err
+    raw = yaml.safe_load((Path(snapshot.__file__).parent / "data" / "prices.yaml").read_text())
+    dated = [p for p in raw["prices"] if "as_of" in p]
+    assert len(dated) == 5 and all(p.get("source") for p in dated)
