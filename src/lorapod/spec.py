@@ -301,10 +301,11 @@ class JobSpec(_Section):
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
         if self.data.format == "images" and self.model.family == "llm":
-            raise ValueError("data.format 'images' needs an image model family, not 'llm'")
+            raise ValueError(f"model.family = 'llm' cannot train data.format 'images': set model.family to an "
+                             f"image family ({', '.join(families.FAMILIES)}) or auto")
         if self.data.format == "video" and self.model.family not in ("auto", *families.VIDEO):
-            raise ValueError(f"data.format 'video' needs a video model family ({', '.join(families.VIDEO)}), "
-                             f"not '{self.model.family}'")
+            raise ValueError(f"model.family = '{self.model.family}' cannot train data.format 'video': set "
+                             f"model.family to a video family ({', '.join(families.VIDEO)}) or auto")
         return self
 
     @property
@@ -469,6 +470,9 @@ def _explain(exc: ValidationError, raw: dict[str, Any]) -> str:
             lines.append(f"  - unknown key '{key}'{hint} (allowed: {', '.join(known)})")
         elif err["type"] == "missing":
             lines.append(f"  - '{key}' is required")
+        elif not loc:  # a check across sections: its message names the fields, the value is the whole spec
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"  - {msg}")
         else:
             allowed = _allowed(loc)
             shown = f"{value!r}" if value is not _MISSING else "(not set)"

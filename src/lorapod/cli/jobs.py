@@ -54,7 +54,9 @@ def register(app: typer.Typer) -> None:
         for ep in endpoints:
             console.print(describe_endpoint(ep), markup=False, soft_wrap=True)
         if not rows:
-            console.print("no jobs yet (lorapod run SPEC --on ...)")
+            every = len(ledger.jobs()) if ledger is not None and not all_ else 0
+            console.print(f"no live jobs ({every} finished or stopped: `lorapod ps` lists them)" if every
+                          else "no live jobs" if not all_ else "no jobs yet (lorapod run SPEC --on ...)")
             return
         console.print(_jobs_narrow(rows, console.width) if console.width < 120 else _jobs_table(rows))
         for r in rows:
@@ -85,12 +87,20 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Progress (step/total, loss, val loss, ETA, $ so far of the cap, $ to finish) and the job's log,
         live from the instance or from the pulled run folder."""
-        from lorapod.compute.jobs import find_job, follow_logs
+        from lorapod.compute.jobs import NoSuchJob, find_job, find_local_run, follow_logs, local_run_logs
         from lorapod.store.ledger import Ledger
 
         ledger = Ledger()
-        show = _MetricsLines(ledger, find_job(ledger, job)) if not raw else None
-        for line in follow_logs(ledger, job, follow):
+        try:
+            row = find_job(ledger, job)
+        except NoSuchJob as exc:  # a `lorapod train` run is in no ledger: its folder, or one in ./runs
+            local = find_local_run(job)
+            if local is None:
+                raise NoSuchJob(exc.message, hint=f"{exc.hint}; a `lorapod train` run: lorapod logs runs/JOB") from None
+            row = None
+        show = None if raw else _MetricsLines(ledger, row)
+        lines = follow_logs(ledger, job, follow) if row is not None else local_run_logs(local, follow)
+        for line in lines:
             if show is not None and line.startswith(METRICS_TAG):
                 rendered = show(line[len(METRICS_TAG):])
                 if rendered is not None:
@@ -253,8 +263,8 @@ class _MetricsLines:
         from lorapod.engine.progress import MetricsView
         from lorapod.rundir.metrics import MetricsFeed
 
-        self.rows = ledger.job_instances(job.id)
-        self.view = MetricsView(usd_cap=job.max_usd)
+        self.rows = ledger.job_instances(job.id) if job is not None else []  # None: a local run, no $
+        self.view = MetricsView(usd_cap=job.max_usd if job is not None else None)
         self.feed = MetricsFeed()  # the one reader's policy (rundir/metrics.py), line by line
 
     def _usd_at(self, t) -> tuple[float | None, float | None]:

@@ -61,7 +61,7 @@ def plan_command(
     from lorapod.spec import load_spec
 
     job_spec = load_spec(spec, [*set_, f"compute.gpus={gpus}"] if gpus else set_)
-    prices, notes = None, []
+    prices, notes, got = None, [], None
     if live:
         from lorapod.catalog.gpus import find_gpu
         from lorapod.compute.live_prices import live_prices
@@ -89,6 +89,9 @@ def plan_command(
             out["explain"] = why.to_json()
         typer.echo(json.dumps(out, indent=2))
         return
+    if got is not None:  # first, not after 45 lines: whether --live got any live price
+        console.print(escape(got.headline(plan.snapshot_note)), style="bold" if not got.refreshed else None,
+                      highlight=False, soft_wrap=True)
     _print_plan(plan, notes, sort)
     for line in [*(vol.lines() if vol is not None else []),
                  *([VAST_NOTE] if job_spec.compute.volume or any(o.provider == "vast" for o in plan.options) else [])]:
@@ -155,9 +158,8 @@ def _print_plan(plan: Plan, notes: list[str], sort: str = "usd") -> None:
     images = image_notes(job.spec, [o.provider for o in plan.options])
     for w in dict.fromkeys([*plan.warnings, *best.warnings, *images]):
         console.print(f"[yellow]![/] {w}", highlight=False)
-    for n in notes:
-        console.print(f"[dim]live: {n}[/]", highlight=False)
-    console.print(f"[dim]{plan.snapshot_note}{' (* = live)' if notes else ''}; assumptions: docs/planner.md[/]",
+    live = any(o.price_source == "live" for o in plan.options)
+    console.print(f"[dim]{plan.snapshot_note}{' (* = live)' if live else ''}; assumptions: docs/planner.md[/]",
                   highlight=False)
 
 

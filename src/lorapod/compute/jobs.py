@@ -128,11 +128,87 @@ def row_instance(row: InstanceRow, label: str | None = None) -> Instance:
                     ssh_port=row.ssh_port or 22, ssh_user=row.ssh_user or "root", label=label or row.job_id)
 
 
+class NoSuchJob(LorapodError):
+    """No job in the ledger has this id or starts with it (`logs` then looks for a local run)."""
+
+
 def find_job(ledger: Ledger, job_id: str) -> JobRow:
+    """The ledger's job by id or unique prefix; an error that lists the matches of an ambiguous one."""
     job = ledger.job(job_id)
     if job is None:
-        raise LorapodError(f"no job '{job_id}' in the ledger", hint="`lorapod ps` lists jobs")
+        matches = [j.id for j in ledger.jobs() if j.id.startswith(job_id)]
+        if len(matches) > 1:
+            shown = ", ".join(matches[:8]) + (f" and {len(matches) - 8} more" if len(matches) > 8 else "")
+            raise LorapodError(f"'{job_id}' is the start of {len(matches)} jobs: {shown}",
+                               hint="give more of the id (`lorapod ps` lists them)")
+        raise NoSuchJob(f"no job '{job_id}' in the ledger", hint="`lorapod ps` lists jobs")
     return job
+
+
+def find_local_run(name: str, runs: Path = Path("runs")) -> Path | None:
+    """A run folder `lorapod train` wrote (it is in no ledger): the path itself, or a folder of
+    ``runs`` whose name is ``name`` or starts with it (an ambiguous start is an error that lists
+    them). None when there is none."""
+    p = Path(name).expanduser()
+    if (p / "spec.yaml").is_file():
+        return p
+    if not runs.is_dir() or "/" in name:
+        return None
+    found = sorted(d for d in runs.iterdir() if d.name.startswith(name) and (d / "spec.yaml").is_file())
+    exact = [d for d in found if d.name == name]
+    if exact or len(found) == 1:
+        return (exact or found)[0]
+    if len(found) > 1:
+        shown = ", ".join(d.name for d in found[:8]) + (f" and {len(found) - 8} more" if len(found) > 8 else "")
+        raise LorapodError(f"'{name}' is the start of {len(found)} run folders in {runs}: {shown}",
+                           hint="give more of the name, or the folder's path")
+    return None
+
+
+def local_run_logs(run_dir: Path, follow: bool, poll_s: float = 1.0) -> Iterator[str]:
+    """Lines of a local run folder's metrics.jsonl, events.log and job.log (tagged as
+    :func:`follow_logs` tags them); with ``follow``, new lines as they come while a process holds
+    the folder's writer lock (a `lorapod train` running), then the rest."""
+    from lorapod.rundir import LOCK_NAME
+
+    offsets = {"metrics.jsonl": 0, "events.log": 0, "job.log": 0}
+
+    def busy() -> bool:
+        import fcntl
+        import os
+
+        try:
+            fd = os.open(run_dir / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
+    def read(final: bool) -> Iterator[str]:
+        for name in offsets:
+            p = run_dir / name
+            if not p.is_file() or p.is_symlink():
+                continue
+            with open(p, "rb") as fh:
+                while True:
+                    fh.seek(offsets[name])
+                    data = fh.read(LOG_CHUNK)
+                    nl = data.rfind(b"\n") + 1  # whole lines; a line longer than a chunk comes in pieces
+                    cut = (nl or len(data)) if len(data) == LOG_CHUNK else len(data) if final else nl
+                    if not cut:
+                        break
+                    offsets[name] += cut
+                    yield from (f"[{name}] {line}" for line in data[:cut].decode(errors="replace").splitlines())
+
+    while follow and busy():
+        yield from read(final=False)
+        time.sleep(poll_s)
+    yield from read(final=True)
 
 
 @dataclass

@@ -49,12 +49,16 @@ def labelled_instances(say: Callable[[str], None]) -> dict[str, list[Any]]:
     return found
 
 
-def run_folders(roots: list[Path]) -> list[Path]:
-    """Run folders (a spec.yaml in them) directly under each root."""
+def run_folders(roots: list[Path], local: bool = False) -> list[Path]:
+    """Run folders (a spec.yaml in them) directly under each root that ``lorapod run`` made (the
+    ledger's), or with ``local`` those `lorapod train` made on this machine, which no ledger holds
+    by design. ``lorapod run`` says its first step into the folder's remote-events.log before it
+    records the job (compute/session.py, compute/context.py); `lorapod train` never writes one."""
     out = []
     for root in roots:
         if Path(root).is_dir():
-            out += sorted(p for p in Path(root).iterdir() if p.is_dir() and (p / "spec.yaml").is_file())
+            out += sorted(p for p in Path(root).iterdir() if p.is_dir() and (p / "spec.yaml").is_file()
+                          and (p / "remote-events.log").is_file() != local)
     return out
 
 
@@ -81,9 +85,12 @@ def check(ledger: Ledger, say: Callable[[str], None], roots: list[Path]) -> dict
             + (f" (ledger id {owner[1]})" if owner else ""))
     for p in missing_jobs:
         say(f"run folder {p} has no job in the ledger")
+    local = [p for p in run_folders(roots, local=True) if p.name not in jobs]
+    if local:
+        say(f"{len(local)} run folder(s) from `lorapod train` on this machine (not ledger jobs, as expected)")
     return {"ledger": str(ledger.path), "damage": None, "jobs": len(jobs), "instances": len(known),
             "missing_instances": len(missing_instances), "missing_jobs": len(missing_jobs),
-            "backups": len(backups(ledger.path))}
+            "local_runs": len(local), "backups": len(backups(ledger.path))}
 
 
 def rebuild(ledger: Ledger, say: Callable[[str], None], roots: list[Path]) -> dict[str, int]:
