@@ -66,8 +66,8 @@ def _show(res, rows: list[tuple[str, object]]) -> None:
 # What the tiny diffusion demos' pictures are, said where the user is about to open them.
 IMAGE_PICTURES_NOTE = ("about the pictures: the base model is a 64 px toy written by lorapod.builtin.sd (a hand-set "
                        "pixel codec as its VAE, a small UNet pretrained from scratch on flat colours), so it draws "
-                       "flat colour. progress-grid.png shows, for the same prompts and seeds, the base and then each "
-                       "checkpoint (every grid is labelled with prompt, seed, step and LoRA strength): with the "
+                       "flat colour. progress-grid.png shows, for the same prompts and seeds, a training image of what "
+                       "the prompt names, the base and then each checkpoint (every grid is labelled with prompt, seed, step and LoRA strength): with the "
                        "trigger zxq the samples turn from the base's flat colour toward the training pictures (a red "
                        "disc on blue, rough at 8 x 8 colour blocks), while 'green' stays green. That shows the "
                        "training loop, the LoRA, sampling and both exports work; it says nothing about the quality a "

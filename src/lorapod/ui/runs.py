@@ -232,7 +232,11 @@ def fill_progress(view: RunView, metrics: list[dict[str, Any]] | None = None, no
 def sweeps(parents: set[Path]) -> list[dict[str, Any]]:
     """Every ``sweep.json`` beside the run folders: its jobs, the shared cap and what they spent."""
     out = []
+    # one folder named two ways (a ledger's relative run_dir beside a scanned absolute one) is one folder
+    unique = {}
     for parent in sorted(parents):
+        unique.setdefault(os.path.realpath(parent), parent)
+    for parent in unique.values():
         try:
             entries = [e for e in os.scandir(parent) if e.name.startswith("sweep-") and e.is_dir(follow_symlinks=False)]
         except OSError:
@@ -273,11 +277,18 @@ class RunIndex:
     def _local_folders(self) -> list[Path]:
         found: list[Path] = []
 
-        def walk(d: Path, depth: int) -> None:
+        def walk(d: Path, depth: int, into: list[Path]) -> None:
             if (d / "spec.yaml").is_file() and not (d / "spec.yaml").is_symlink() and (
                     (d / METRICS).is_file() or is_real_dir(d / CHECKPOINTS)):
-                found.append(d)
+                # a run folder never holds another: one that does is a demo's --out folder (a copy of
+                # its run's spec and metrics.jsonl beside runs/), and the runs under it are the runs
+                inner: list[Path] = []
+                children(d, depth, inner)
+                into.extend(inner or [d])
                 return
+            children(d, depth, into)
+
+        def children(d: Path, depth: int, into: list[Path]) -> None:
             if depth >= SCAN_DEPTH:
                 return
             try:
@@ -286,10 +297,10 @@ class RunIndex:
                 return
             for name in subs:
                 if name not in SKIP_DIRS and not name.startswith("."):
-                    walk(d / name, depth + 1)
+                    walk(d / name, depth + 1, into)
 
         for r in self.roots:
-            walk(r, 0)
+            walk(r, 0, found)
         return found
 
     def views(self, progress: bool | str = True) -> list[RunView]:
@@ -311,7 +322,8 @@ class RunIndex:
             try:
                 for row in ps_rows(ledger):
                     job = ledger.job(row["job"])
-                    v = RunView(job_id=row["job"], root=Path(row["run_dir"]), in_ledger=True, state=row["state"],
+                    # absolute, as the scanned folders are (a sweep records runs/NAME, relative)
+                    v = RunView(job_id=row["job"], root=Path(os.path.abspath(row["run_dir"])), in_ledger=True, state=row["state"],
                                 provider=job.provider if job else row["target"], target=row["target"],
                                 gpu=row["gpu"], usd_per_hour=row["usd_per_hour"], usd=row["usd"],
                                 max_usd=job.max_usd if job else None, max_hours=job.max_hours if job else None,
