@@ -15,7 +15,7 @@ What each kernel does with such a row (transformers 5.24, torch 2.13):
   (``transformers/masking_utils.py:735-764`` ``find_packed_sequence_indices``, called at
   ``:862-871`` only when the 2-D mask is None and no cache is given), but it then builds a dense
   boolean (B, 1, L, L) mask (``masking_utils.py:991-1014`` -> ``sdpa_mask``) that SDPA converts to
-  a float copy per layer and keeps for the backward (the review's D4; ``tests/test_engine_attention.py``
+  a float copy per layer and keeps for the backward (the review's D4; ``tests/test_engine_llm_attention.py``
   counts it). Sliding windows (Mistral, Qwen2's sliding layers) arrive as the ``sliding_window``
   argument transformers' attention modules pass (``models/qwen2/modeling_qwen2.py:221``,
   ``models/mistral/modeling_mistral.py:173``) and become a banded mask on the examples longer
