@@ -132,6 +132,11 @@ class TrainSpec(_Section):
     max_grad_norm: Annotated[float | None, Field(gt=0)] = 1.0
     gradient_checkpointing: bool = False
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    attention: Literal["auto", "sdpa", "flex", "flash", "eager"] = Field(
+        "auto", description="LLM recipe: the attention kernel. auto picks per model (sdpa where the model "
+        "supports it, flex_attention or FlashAttention-2 varlen on CUDA where available, eager only for models "
+        "without sdpa); packed rows run padding-free, without an L x L mask (docs/llm.md)."
+    )
     seed: int = 42
     # image training
     noise_offset: Annotated[float, Field(ge=0)] = 0.0
@@ -306,6 +311,9 @@ class JobSpec(_Section):
         if self.data.format == "video" and self.model.family not in ("auto", *families.VIDEO):
             raise ValueError(f"model.family = '{self.model.family}' cannot train data.format 'video': set "
                              f"model.family to a video family ({', '.join(families.VIDEO)}) or auto")
+        if self.train.attention != "auto" and self.is_image:
+            raise ValueError(f"train.attention '{self.train.attention}' is for the LLM recipe; image and video "
+                             "models run their trainer's own attention (leave it at auto)")
         return self
 
     @property

@@ -13,11 +13,23 @@ import torch
 
 from lorapod import builtin
 from lorapod.catalog.models import hub_id, is_builtin
+from lorapod.engine import attention
 from lorapod.engine.device import Precision
-from lorapod.errors import HardwareError, ModelLoadError, require
+from lorapod.errors import HardwareError, ModelLoadError, SpecError, require
 from lorapod.spec import JobSpec
 from lorapod.tokenizer import load_tokenizer as _load_tokenizer
 from lorapod.tokenizer import offline as _offline
+
+
+def _value_error(model_id: str, exc: ValueError, requested: str) -> Exception:
+    """A ValueError from ``from_pretrained``: the files were found but transformers refused them
+    (an attention implementation the class lacks, a bad config). Not a cache problem (review G7)."""
+    text = str(exc).split("\n")[0]
+    if "attention" in text.lower() or "attn_implementation" in text:
+        return SpecError(f"cannot load '{model_id}' with train.attention {requested}: {text}",
+                         hint="leave train.attention at auto: lorapod picks what the model supports")
+    return ModelLoadError(f"cannot load '{model_id}': {text}",
+                          hint="check model.id and model.revision; the files were found but transformers refused them")
 
 
 def _load_error(model_id: str, exc: Exception) -> ModelLoadError:
@@ -57,6 +69,8 @@ def load_tokenizer(spec: JobSpec):
 
 
 def load_model(spec: JobSpec, precision: Precision):
+    """The base model, on ``precision.device``, with the attention path of ``train.attention``
+    installed (engine/attention.py); the path is ``model.lorapod_attention``."""
     from transformers import AutoModelForCausalLM
 
     m = spec.model
@@ -65,8 +79,9 @@ def load_model(spec: JobSpec, precision: Precision):
         "trust_remote_code": m.trust_remote_code,
         "local_files_only": _offline(),
         "dtype": precision.weights,
-        "attn_implementation": "sdpa",
+        "attn_implementation": attention.load_name(spec.train.attention),
     }
+    attention.check_device(spec.train.attention, precision.device)
     if spec.method.type == "qlora":
         if precision.device.type != "cuda":
             raise HardwareError(
@@ -85,11 +100,16 @@ def load_model(spec: JobSpec, precision: Precision):
         kwargs["device_map"] = {"": precision.device.index or 0}
     try:
         model = AutoModelForCausalLM.from_pretrained(resolve_model_id(m.id), **kwargs)
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         raise _load_error(m.id, exc) from exc
+    except ValueError as exc:
+        raise _value_error(m.id, exc, spec.train.attention) from exc
     if spec.method.type != "qlora":
         model.to(precision.device)
     model.config.use_cache = False
+    path = attention.choose(spec.train.attention, type(model), precision.device)
+    attention.install(model, path)
+    model.lorapod_attention = path
     return model
 
 
