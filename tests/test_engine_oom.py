@@ -89,8 +89,8 @@ def test_the_hint_is_the_planners_cheapest_change_that_fits(tmp_path, monkeypatc
     monkeypatch.setattr(loop, "device_memory_gb", lambda device: 23.6)
     err = out_of_memory(spec, tmp_path / "run", torch.device("cuda", 0), 41, tmp_path / "run/checkpoints/step-41", 23.1)
     assert isinstance(err, OutOfMemory) and err.peak_gb == 23.1 and err.planned_gb > 23.6
-    assert "out of GPU memory in step 42: this GPU's 23.6 GiB were not enough (peak 23.1 GiB allocated; " \
-           f"the plan estimated {err.planned_gb:.1f} GiB); checkpoint step-41 saved" == err.message
+    assert "out of GPU memory in step 42: this GPU's 23.6 GiB were not enough (peak 23.10 GiB allocated; " \
+           f"the plan estimated {err.planned_gb:.2f} GiB); checkpoint step-41 saved" == err.message
     from lorapod.catalog.models import find_model
     from lorapod.plan.vram import Settings, estimate, make_fit
 

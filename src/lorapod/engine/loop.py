@@ -378,9 +378,9 @@ def out_of_memory(spec: JobSpec, run_root: Path, device: torch.device, step: int
         change = make_fit(model, settings, 0.9 * min(card or est.peak_gb, est.peak_gb))
     except LorapodError:  # a model the planner does not know: the generic advice below
         pass
-    where = f"this GPU's {card:.1f} GiB" if card is not None else "the memory there was"
-    measured = f"peak {peak_gb:.1f} GiB allocated" if peak_gb is not None else "peak not measured off CUDA"
-    plan = f"the plan estimated {planned:.1f} GiB" if planned is not None else "the planner does not know this model"
+    where = f"this GPU's {card:.1f} GiB were" if card is not None else "the device's memory was"
+    measured = f"peak {peak_gb:.2f} GiB allocated" if peak_gb is not None else "peak not measured off CUDA"
+    plan = f"the plan estimated {planned:.2f} GiB" if planned is not None else "the planner does not know this model"
     saved = (f"checkpoint {checkpoint.name} saved" if checkpoint is not None
              else "nothing trained yet, no checkpoint")
     if change is not None:
@@ -394,7 +394,7 @@ def out_of_memory(spec: JobSpec, run_root: Path, device: torch.device, step: int
     then = (f"; continue with: lorapod train --resume {run_root} {sets}" if checkpoint is not None
             else f"; start again with {sets}")
     return OutOfMemory(
-        f"out of GPU memory in step {step + 1}: {where} were not enough ({measured}; {plan}); {saved}",
+        f"out of GPU memory in step {step + 1}: {where} not enough ({measured}; {plan}); {saved}",
         hint=fix + then, step=step, checkpoint=checkpoint, peak_gb=peak_gb, planned_gb=planned,
     )
 
