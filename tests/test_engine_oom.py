@@ -99,7 +99,22 @@ def test_the_hint_is_the_planners_cheapest_change_that_fits(tmp_path, monkeypatc
     want = make_fit(model, settings, 0.9 * min(23.6, estimate(model, settings).peak_gb))
     assert want is not None and want.peak_gb < 0.9 * 23.6
     assert err.hint.startswith(f"cheapest change that fits: {want.describe()}")
-    assert err.hint.endswith(f"lorapod train --resume {tmp_path / 'run'} " + " ".join(f"--set {s}" for s in want.sets))
+    sets = " ".join(f"--set {s}" for s in want.sets)
+    assert "train.micro_batch_size=1" in sets  # a new batch shape: the saved run cannot continue exactly
+    assert err.hint.endswith(f"; start a new run with {sets} (step-41 keeps what was trained so far)")
+
+
+def test_a_change_the_checkpoint_survives_is_offered_as_a_resume(tmp_path, monkeypatch):
+    spec = load_spec(raw={
+        "model": {"id": "Qwen/Qwen2.5-7B", "family": "llm"},
+        "data": {"path": str(tmp_path / "d.jsonl"), "sequence_len": 2048},
+        "train": {"micro_batch_size": 1, "gradient_checkpointing": False},
+        "output": {"dir": str(tmp_path / "runs")},
+    })
+    monkeypatch.setattr(loop, "device_memory_gb", lambda device: 23.6)
+    err = out_of_memory(spec, tmp_path / "run", torch.device("cuda", 0), 9, tmp_path / "run/checkpoints/step-9", 23.4)
+    assert err.hint.endswith(f"; continue with: lorapod train --resume {tmp_path / 'run'} "
+                             "--set train.gradient_checkpointing=true"), err.hint
 
 
 class _Linear:

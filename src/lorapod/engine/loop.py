@@ -358,6 +358,12 @@ def fit(
         metrics.close()
 
 
+# settings a run can resume under after changing them: the batches, the optimizer state and the
+# adapter stay what the checkpoint expects
+RESUMABLE = {"train.gradient_checkpointing", "train.blocks_to_swap", "model.dtype", "data.cache_latents",
+             "data.cache_text_encoder_outputs"}
+
+
 def out_of_memory(spec: JobSpec, run_root: Path, device: torch.device, step: int, checkpoint: Path | None,
                   peak_gb: float | None) -> OutOfMemory:
     """What the user reads after an out-of-memory error: the measured peak beside the plan's
@@ -391,8 +397,13 @@ def out_of_memory(spec: JobSpec, run_root: Path, device: torch.device, step: int
               "data.resolution, or turn on train.gradient_checkpointing"
         sets = ("--set train.gradient_checkpointing=true" if not spec.train.gradient_checkpointing
                 else "--set train.micro_batch_size=1")
-    then = (f"; continue with: lorapod train --resume {run_root} {sets}" if checkpoint is not None
-            else f"; start again with {sets}")
+    keys = {x.split("=", 1)[0] for x in sets.replace("--set ", "").split()}
+    if checkpoint is None:
+        then = f"; start again with {sets}"
+    elif keys <= RESUMABLE:
+        then = f"; continue with: lorapod train --resume {run_root} {sets}"
+    else:  # a new batch shape, optimizer or base would not continue the saved run exactly
+        then = f"; start a new run with {sets} ({checkpoint.name} keeps what was trained so far)"
     return OutOfMemory(
         f"out of GPU memory in step {step + 1}: {where} not enough ({measured}; {plan}); {saved}",
         hint=fix + then, step=step, checkpoint=checkpoint, peak_gb=peak_gb, planned_gb=planned,
