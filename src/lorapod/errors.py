@@ -50,6 +50,16 @@ class HardwareError(LorapodError):
     """The requested setting needs hardware this machine lacks (e.g. QLoRA without CUDA)."""
 
 
+class OutOfMemory(HardwareError):
+    """Training ran out of GPU memory. The loop saved a checkpoint first (when a step was done);
+    the message has the measured peak and the plan's estimate, the hint the cheapest change that fits."""
+
+    def __init__(self, message: str, hint: str | None = None, *, step: int = 0, checkpoint=None,
+                 peak_gb: float | None = None, planned_gb: float | None = None) -> None:
+        super().__init__(message, hint)
+        self.step, self.checkpoint, self.peak_gb, self.planned_gb = step, checkpoint, peak_gb, planned_gb
+
+
 class PlanError(LorapodError):
     """The planner cannot answer: unknown GPU/model, nothing fits, budget too small."""
 

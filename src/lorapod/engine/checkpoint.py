@@ -4,7 +4,7 @@ A checkpoint is a folder ``checkpoints/step-N/`` holding:
 
 - ``adapter.safetensors``   the trainable (LoRA) weights only
 - ``optimizer.safetensors`` + ``optimizer.json``   optimizer and LR-scheduler state
-- ``rng.safetensors`` + ``rng.json``               python / numpy / torch (CPU and CUDA) generator states
+- ``rng.safetensors`` + ``rng.json``               python / numpy / torch (CPU and this process's GPU) generator states
 - ``state.json``            step, epoch, position in the epoch, and the recipe's own counters
 - ``manifest.json``         size and sha256 of every file above, written last
 
@@ -58,7 +58,10 @@ def capture_rng() -> dict[str, Any]:
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        # this process's GPU only: torchrun shows every process all the node's GPUs, and a state
+        # per visible GPU could not be restored on a machine with fewer (an 8-GPU node resumed on
+        # a 1-GPU pod); the loop reseeds every step under DDP anyway
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -66,8 +69,13 @@ def restore_rng(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        if isinstance(cuda, list | tuple):  # an older checkpoint: one state per GPU that was visible
+            mine = torch.cuda.current_device()
+            cuda = cuda[mine] if mine < len(cuda) else (cuda[0] if cuda else None)
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda)
 
 
 def _sha256(path: Path) -> str:

@@ -293,7 +293,7 @@ def prepare(spec: JobSpec, device: str | None = None, log=print, *,
     torch.manual_seed(spec.train.seed)
     random.seed(spec.train.seed)
     model = load_model(spec, replace(precision, device=torch.device("cpu")) if stage_on_cpu else precision)
-    model = add_lora(model, spec)
+    model = add_lora(model, spec, precision.weights)
     # peft keeps adapter weights in fp32 while the base may be bf16; the seed fixes their init
     recipe = LLMRecipe(spec, precision, model, tokenizer, train_ex, val_ex)
     return recipe, stats, fallback

@@ -19,10 +19,12 @@ events, checkpoints, samples and the adapter.
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import signal
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,12 +34,20 @@ import torch
 
 from lorapod.engine import distributed
 from lorapod.engine.checkpoint import Checkpoint, CheckpointManager, TrainState, restore_rng
-from lorapod.engine.device import Precision, describe_device, memory_stats
+from lorapod.engine.device import (
+    Precision,
+    describe_device,
+    device_memory_gb,
+    memory_stats,
+    peak_memory_gb,
+    reset_peak_memory,
+)
 from lorapod.engine.metrics import MetricsWriter
 from lorapod.engine.optim import build_optimizer, build_scheduler
 from lorapod.engine.plots import plot_metrics
 from lorapod.engine.progress import TrainProgress
 from lorapod.engine.trackers import open_trackers
+from lorapod.errors import LorapodError, OutOfMemory
 from lorapod.rundir import STOP, RunDir
 from lorapod.spec import JobSpec
 
@@ -126,7 +136,7 @@ class Recipe(Protocol):
 @dataclass
 class FitResult:
     state: TrainState
-    stopped: str  # "done" | "max_steps" | "stop_file" | "interrupted"
+    stopped: str  # "done" | "max_steps" | "stop_file" | "interrupted" | "out_of_memory"
     first_eval: dict[str, float] | None = None
     last_eval: dict[str, float] | None = None
     losses: list[float] = field(default_factory=list)
@@ -227,6 +237,8 @@ def fit(
         result.first_eval = evaluate()
 
     stop_file = run.root / STOP_FILE
+    reset_peak_memory(device)  # the peak of training, not of loading the model or caching latents
+    oom: str | None = None
     try:
         with _interrupts_as_ctrl_c() as pending, progress:
             while state.step < total_steps and state.epoch < n_epochs:
@@ -242,8 +254,7 @@ def fit(
                     if world.active:  # the window's loss over all processes
                         loss_sum, tokens, real = world.all_sum([loss_sum, tokens, real])
                         tokens, real = int(tokens), int(real)
-                    loss_value = loss_sum / units if units else 0.0
-                    grad_norm = _clip(params, train.max_grad_norm, optimizer, scaler)
+                    norm = _clip(params, train.max_grad_norm, optimizer, scaler)
                     if scaler is not None:
                         scaler.step(optimizer)
                         scaler.update()
@@ -254,6 +265,9 @@ def fit(
                     if device.type == "cuda":
                         torch.cuda.synchronize(device)
                     dt = max(time.perf_counter() - t0, 1e-9)
+                    # one read from the device per optimizer step, after the step's kernels are queued
+                    loss_total, grad_norm = _read(loss_sum, norm)
+                    loss_value = loss_total / units if units else 0.0
 
                     state.step += 1
                     state.batch_in_epoch += len(window)
@@ -316,6 +330,10 @@ def fit(
             plot_metrics(run.metrics_file, run.root / "loss.png")
         world.barrier()
         return result
+    except torch.OutOfMemoryError as exc:
+        oom = str(exc).strip().splitlines()[0] if str(exc).strip() else "CUDA out of memory"
+        # the traceback's frames hold the step's activations: let them go before saving
+        traceback.clear_frames(exc.__traceback__)
     except KeyboardInterrupt as exc:
         how = "SIGTERM" if exc.args == ("SIGTERM",) else "Ctrl-C"
         with _signals_held():
@@ -324,7 +342,72 @@ def fit(
         result.stopped = "interrupted"
         raise Interrupted(how, state.step, path, run.root) from None
     finally:
+        if oom is None:
+            metrics.close()
+    try:  # out of memory: free what the failed step held, keep what was trained, say what to change
+        peak = peak_memory_gb(device)
+        optimizer.zero_grad(set_to_none=True)
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        event(f"out of GPU memory in step {state.step + 1}: {oom}")
+        path = save() if state.step > 0 else None
+        result.stopped = "out_of_memory"
+        raise out_of_memory(spec, run.root, device, state.step, path, peak) from None
+    finally:
         metrics.close()
+
+
+# settings a run can resume under after changing them: the batches, the optimizer state and the
+# adapter stay what the checkpoint expects
+RESUMABLE = {"train.gradient_checkpointing", "train.blocks_to_swap", "model.dtype", "data.cache_latents",
+             "data.cache_text_encoder_outputs"}
+
+
+def out_of_memory(spec: JobSpec, run_root: Path, device: torch.device, step: int, checkpoint: Path | None,
+                  peak_gb: float | None) -> OutOfMemory:
+    """What the user reads after an out-of-memory error: the measured peak beside the plan's
+    estimate (both as ``max_memory_allocated`` reads them, GiB), what was saved, and the cheapest
+    change (``--set``) the planner says fits. The planner's estimate was evidently short for this
+    job, so the change must bring its estimate 10% under both the card and its own first estimate."""
+    from lorapod.catalog.models import find_model
+    from lorapod.plan.vram import Settings, estimate, make_fit
+
+    card = device_memory_gb(device)
+    planned: float | None = None
+    change = None
+    try:
+        model = find_model(spec.model.id, spec.model.family, spec.model.variant)
+        settings = Settings.from_spec(spec, model)
+        est = estimate(model, settings)
+        planned = est.read_as("allocated")
+        change = make_fit(model, settings, 0.9 * min(card or est.peak_gb, est.peak_gb))
+    except LorapodError:  # a model the planner does not know: the generic advice below
+        pass
+    where = f"this GPU's {card:.1f} GiB were" if card is not None else "the device's memory was"
+    measured = f"peak {peak_gb:.2f} GiB allocated" if peak_gb is not None else "peak not measured off CUDA"
+    plan = f"the plan estimated {planned:.2f} GiB" if planned is not None else "the planner does not know this model"
+    saved = (f"checkpoint {checkpoint.name} saved" if checkpoint is not None
+             else "nothing trained yet, no checkpoint")
+    if change is not None:
+        fix = f"cheapest change that fits: {change.describe()}"
+        sets = " ".join(f"--set {x}" for x in change.sets)
+    else:
+        fix = "lower train.micro_batch_size (raise train.grad_accum to keep the batch) or data.sequence_len / " \
+              "data.resolution, or turn on train.gradient_checkpointing"
+        sets = ("--set train.gradient_checkpointing=true" if not spec.train.gradient_checkpointing
+                else "--set train.micro_batch_size=1")
+    keys = {x.split("=", 1)[0] for x in sets.replace("--set ", "").split()}
+    if checkpoint is None:
+        then = f"; start again with {sets}"
+    elif keys <= RESUMABLE:
+        then = f"; continue with: lorapod train --resume {run_root} {sets}"
+    else:  # a new batch shape, optimizer or base would not continue the saved run exactly
+        then = f"; start a new run with {sets} ({checkpoint.name} keeps what was trained so far)"
+    return OutOfMemory(
+        f"out of GPU memory in step {step + 1}: {where} not enough ({measured}; {plan}); {saved}",
+        hint=fix + then, step=step, checkpoint=checkpoint, peak_gb=peak_gb, planned_gb=planned,
+    )
 
 
 class _NoMetrics:
@@ -341,10 +424,12 @@ class _NoMetrics:
 
 
 def _train_window(recipe: Recipe, window: Sequence[Any], precision: Precision, scaler,
-                  world: distributed.World, ddp=None, same_passes: bool = False) -> tuple[float, int, int, int]:
+                  world: distributed.World, ddp=None,
+                  same_passes: bool = False) -> tuple[torch.Tensor | float, int, int, int]:
     """Forward/backward over this process's share of one accumulation window.
 
-    Returns (summed loss, units of the whole window, tokens, real tokens) of this process's share.
+    Returns (summed loss, units of the whole window, tokens, real tokens) of this process's share;
+    the loss stays on the device (float64), so no micro-batch waits for the GPU to catch up.
     With N processes the loss is multiplied by N because DDP averages the N gradients.
     ``same_passes`` (FSDP: each forward gathers shards with all processes) pads every process's
     share to the busiest one's with zero-weighted passes.
@@ -357,7 +442,7 @@ def _train_window(recipe: Recipe, window: Sequence[Any], precision: Precision, s
     # all-reduce, with a zero-weighted pass
     passes = -(-len(window) // world.size) if same_passes else max(len(mine), 1)
     work = mine + [window[0]] * (passes - len(mine))
-    total = 0.0
+    total: torch.Tensor | float = 0.0  # on the device: read once per optimizer step, not per micro-batch
     tokens = real = 0
     for i, batch in enumerate(work):
         last = i == len(work) - 1
@@ -370,17 +455,29 @@ def _train_window(recipe: Recipe, window: Sequence[Any], precision: Precision, s
                 scaled = scaled * weight
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
         if i < len(mine):
-            total += float(out.loss_sum.detach())
+            total = total + out.loss_sum.detach().double()  # float64: what summing Python floats gave
             tokens += out.tokens
             real += out.real_tokens
     return total, units, tokens, real
 
 
-def _clip(params: list[torch.nn.Parameter], max_norm: float | None, optimizer, scaler) -> float:
+def _clip(params: list[torch.nn.Parameter], max_norm: float | None, optimizer, scaler) -> torch.Tensor | float:
+    """The gradients' norm before clipping, left on the device (read by :func:`_read`)."""
     if scaler is not None:
         scaler.unscale_(optimizer)
     grads = [p for p in params if p.grad is not None]
     if not grads:
         return 0.0
-    norm = torch.nn.utils.clip_grad_norm_(grads, max_norm if max_norm is not None else float("inf"))
-    return float(norm)
+    return torch.nn.utils.clip_grad_norm_(grads, max_norm if max_norm is not None else float("inf"))
+
+
+def _read(loss_sum: torch.Tensor | float, norm: torch.Tensor | float) -> tuple[float, float]:
+    """The window's summed loss and the gradient norm as numbers, in one transfer from the device."""
+    found = [t for t in (loss_sum, norm) if isinstance(t, torch.Tensor)]
+    if not found:
+        return float(loss_sum), float(norm)
+    device = found[0].device
+    both = torch.stack([t.detach().to(device, torch.float64) if isinstance(t, torch.Tensor)
+                        else torch.tensor(float(t), dtype=torch.float64, device=device) for t in (loss_sum, norm)])
+    loss, grad_norm = both.tolist()
+    return loss, grad_norm
