@@ -173,7 +173,8 @@ def _removed_if_nothing_trained(run, created_here: bool):
 @contextlib.contextmanager
 def interrupt_says_how_to_resume(out: Console = console):
     """Ctrl-C / SIGTERM during training (engine/loop.py saved a checkpoint): say what was saved and the
-    exact line that continues, and exit 130 (128 + SIGINT), the status shells and CI read as interrupted."""
+    exact line that continues, and exit 130 (128 + SIGINT, what shells and CI read as interrupted) for
+    Ctrl-C, 75 (:data:`lorapod.errors.PREEMPTED_EXIT`: preempted, saved) for SIGTERM."""
     from lorapod.engine.loop import Interrupted
 
     try:
@@ -185,7 +186,7 @@ def interrupt_says_how_to_resume(out: Console = console):
         if exc.checkpoint is not None:
             out.print(f"resume with: lorapod train --resume {exc.run_root}", markup=False, highlight=False,
                       soft_wrap=True)  # one line, never wrapped: it is pasted back
-        sys.exit(130)
+        sys.exit(exc.exit_code)
 
 
 def _say_tracking(run) -> None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from lorapod.catalog.images import DEFAULTS, image_cuda
+from lorapod.catalog.images import DEFAULTS, KNOWN, image_cuda
 from lorapod.compute.httpapi import ApiError
 from lorapod.compute.provider import (
     HOST_OPTIONS,
@@ -47,6 +47,7 @@ from lorapod.compute.provider import (
     Traits,
     without,
 )
+from lorapod.compute.remote import spot_init_args
 from lorapod.compute.runpod.api import CUDA_VERSIONS, RunPodApi
 
 if TYPE_CHECKING:
@@ -206,6 +207,9 @@ class RunPodProvider(ProviderBase):
         }
         if body.get("allowedCudaVersions"):
             pod_input["allowedCudaVersions"] = body["allowedCudaVersions"]
+        start = KNOWN[body["imageName"]].start if body["imageName"] in KNOWN else ""
+        if start:  # PID 1 passes the preemption's SIGTERM on to the job (compute/remote.py SPOT_INIT)
+            pod_input["dockerArgs"] = spot_init_args(start)
         for rest, gql in (("networkVolumeId", "networkVolumeId"), ("volumeMountPath", "volumeMountPath")):
             if rest in body and self.volume is not None:
                 pod_input[gql] = body[rest]
