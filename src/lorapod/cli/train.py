@@ -231,7 +231,12 @@ def _external(spec_file, set_, run_dir, trainer: str, print_: bool, trainer_src:
     state = run_trainer(spec, trainer, run.root, work, python=sys.executable, src=trainer_src,
                         say=lambda m: console.print(m, markup=False))
     console.print(f"{state}: adapter in {run.adapter}" if state == "done" else
-                  f"stopped on request; continue with: lorapod train --resume {run.root} --trainer {trainer}")
+                  f"{'preempted (SIGTERM)' if state == 'preempted' else 'stopped on request'}; continue with: "
+                  f"lorapod train --resume {run.root} --trainer {trainer}")
+    if state == "preempted":
+        from lorapod.errors import PREEMPTED_EXIT
+
+        sys.exit(PREEMPTED_EXIT)
 
 
 def _own(run) -> None:
