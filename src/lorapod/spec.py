@@ -226,7 +226,7 @@ class ComputeSpec(_Section):
         "sqrt(2 x checkpoint cost x mean time between preemptions)).")
     spot_save_mb_s: Annotated[float | None, Field(gt=0)] = Field(
         None, description="MB/s of a checkpoint save on your instance, as bench/spot_save.py measures it (default "
-        "110, measured on a small shared machine): spot is refused on a provider whose SIGTERM-to-SIGKILL window "
+        "250, an assumption from a small shared machine): spot is refused on a provider whose SIGTERM-to-SIGKILL window "
         "(RunPod: 5 s) the save on SIGTERM does not fit.")
 
 

@@ -71,12 +71,14 @@ RUNPOD_HUSK_MIN = DETECT_MIN
 #: instance, whose disk it keeps: nothing to fit there.
 GRACE_S: dict[str, float] = {"runpod": 5.0}
 #: MB/s of the whole save on SIGTERM (engine/checkpoint.py: serialise adapter and optimizer,
-#: RNG, sha256 manifest, fsync, rename), measured by ``bench/spot_save.py``: 512 MB (SDXL rank 16
-#: with AdamW) in 4.56 s, best of 5, on a shared 2-vCPU machine (docs/performance.md). The save
-#: is CPU-bound there (a plain write + fsync of the same bytes took 0.84 s); a rented GPU
-#: instance's CPUs are faster, so this errs on the side of refusing. ``compute.spot_save_mb_s``
-#: replaces it with what the bench measured on your instance.
-SAVE_MB_S = 110.0
+#: RNG, sha256 manifest, fsync, rename), from ``bench/spot_save.py`` on the shared 2-vCPU
+#: development machine (docs/performance.md, "Save on SIGTERM"): about 510 MB (SDXL rank 16, or a
+#: 7B rank-16 all-linear LoRA, with AdamW) took 1.4 s at best (356 MB/s) and 4.4-7 s while other
+#: jobs loaded both cores; the save is CPU-bound there (a plain write + fsync of the same bytes
+#: took 0.3-1.1 s). 250 MB/s sits below that best, for an instance whose CPUs are its own; an
+#: assumption until measured on a rented GPU instance: ``compute.spot_save_mb_s`` replaces it
+#: with what the bench measures on yours.
+SAVE_MB_S = 250.0
 #: the estimate must fit the window this many times over
 SAVE_MARGIN = 1.25
 
@@ -284,11 +286,11 @@ def state_mb(job: Any) -> float:
 
 
 def save_on_sigterm_s(job: Any, option: Any) -> float:
-    """Seconds from a SIGTERM to a whole checkpoint at the slow end of the speed range: the loop
-    finishes the micro-batch it is in (engine/loop.py), then saves :func:`state_mb` at
-    ``compute.spot_save_mb_s`` or :data:`SAVE_MB_S`."""
+    """Seconds from a SIGTERM to a whole checkpoint at the estimated speed: the loop finishes the
+    micro-batch it is in (engine/loop.py), then saves :func:`state_mb` at
+    ``compute.spot_save_mb_s`` or :data:`SAVE_MB_S`. (:data:`SAVE_MARGIN` covers a slower step.)"""
     rate = getattr(job.spec.compute, "spot_save_mb_s", None) or SAVE_MB_S
-    train = sum(p.hours for p in option.phases if p.name == "train") * 3600 * option.train_range[1]
+    train = sum(p.hours for p in option.phases if p.name == "train") * 3600
     micro = train / job.steps if getattr(job, "steps", 0) else 0.0
     return micro + state_mb(job) / rate
 
