@@ -20,7 +20,11 @@ each bid at that price if it is within ``max_bid_per_gpu_hour``, and created thr
 A spot pod bills its bid per GPU (dstack issue 1890: a spot pod billed the bid, not the listed
 price). RunPod preempts one by stopping it (``desiredStatus: EXITED``; runpod/docs pods/pricing.mdx:
 SIGTERM, SIGKILL 5 s later, the volume disk kept): :meth:`RunPodProvider.refresh` reports it
-``exited`` with ``interruptible`` set, so a controller can tell it from a lost connection.
+``exited`` with ``interruptible`` set, so a controller can tell it from a lost connection. That
+SIGTERM goes to PID 1 alone, and the official images' PID 1 (``start.sh``) neither handles nor
+passes it on: a spot pod of an image whose start command the catalog knows is rented with
+lorapod's init as its ``dockerArgs`` (:data:`lorapod.compute.remote.SPOT_INIT`), which runs that
+start command and passes SIGTERM on to the job so it saves (``doctor runpod --spot`` checks it).
 
 Inside the pod the watchdog destroys it with the pod-scoped ``RUNPOD_API_KEY`` RunPod puts in the
 container's environment, through the recipe :meth:`RunPodProvider.self_destroy` builds; the
