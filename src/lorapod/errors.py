@@ -6,6 +6,12 @@ without a traceback (``--debug`` shows it). Anything else reaching the CLI is a 
 
 from __future__ import annotations
 
+#: The exit status of a job that SIGTERM stopped after it saved its checkpoint (EX_TEMPFAIL in
+#: sysexits.h, "try again later"): a spot preemption, ``timeout``, SLURM, Kubernetes. Distinct from
+#: 130 (Ctrl-C) and from a failure, so whoever starts the job again (the controller's recovery)
+#: knows nothing was lost. engine/loop.py exits with it; job.sh records it in job.exit.
+PREEMPTED_EXIT = 75
+
 
 class LorapodError(Exception):
     """Base of every error lorapod raises on purpose.

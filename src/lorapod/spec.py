@@ -229,6 +229,10 @@ class ComputeSpec(_Section):
     spot_checkpoint_min: Annotated[float | None, Field(gt=0)] = Field(
         None, description="Minutes of training between resume checkpoints on spot (default: Young/Daly, "
         "sqrt(2 x checkpoint cost x mean time between preemptions)).")
+    spot_save_mb_s: Annotated[float | None, Field(gt=0)] = Field(
+        None, description="MB/s of a checkpoint save on your instance, as bench/spot_save.py measures it (default "
+        "250, an assumption from a small shared machine): spot is refused on a provider whose SIGTERM-to-SIGKILL window "
+        "(RunPod: 5 s) the save on SIGTERM does not fit.")
 
 
 class WandbSpec(_Section):

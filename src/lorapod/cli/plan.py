@@ -247,6 +247,13 @@ def _print_spot(plan: Plan) -> None:
         console.print(table)
         first = next(o.spot for o in plan.options if o.spot is not None)
         console.print(f"[dim]preemption rate: {escape(first.rate.basis)}[/]", highlight=False)
+        windowed = [o for o in plan.options if o.spot is not None and o.fits and o.spot.grace_s is not None]
+        if windowed:  # the save on SIGTERM against the provider's window (plan/spot.py GRACE_S)
+            w = max(windowed, key=lambda o: o.spot.save_s)
+            console.print(f"[dim]save on SIGTERM: about {w.spot.save_s:.1f} s at most ({escape(w.gpu)}); "
+                          f"{escape(w.provider)} gives {w.spot.grace_s:g} s before SIGKILL"
+                          + ("" if all(o.spot.save_fits for o in windowed) else ": too slow, not taken") + "[/]",
+                          highlight=False)
     tier = plan.tier
     if tier is not None and (rows or tier.policy != "never"):
         console.print(f"[bold]tier:[/] {tier.tier} (compute.spot: {tier.policy}): {escape(tier.reason)}",

@@ -74,10 +74,56 @@ export LORAPOD_REMOTE_JOB=1  # the controller measures the run for the planner (
 if [ -f secrets.env ]; then set -a; . ./secrets.env; set +a; fi
 # the second guard (compute/guards.py), in this process group: it ends with the job
 if [ -f guard.sh ]; then bash guard.sh "$$" >> watchdog.log 2>&1 < /dev/null & fi
-"$@" >> job.log 2>&1
-rc=$?
+# a SIGTERM to this wrapper alone (the container's init on a spot pod, compute/remote.py SPOT_INIT)
+# goes on to the job, which saves its checkpoint and exits 75 (lorapod.errors.PREEMPTED_EXIT);
+# the job runs in the background so the trap runs at once, not after the job ends
+jobs_dir="${LORAPOD_JOBS_DIR:-/tmp/.lorapod-jobs}"
+mkdir -p "$jobs_dir" 2>/dev/null && : > "$jobs_dir/$$" 2>/dev/null
+"$@" >> job.log 2>&1 &
+child=$!
+trap 'kill -TERM "$child" 2>/dev/null' TERM
+rc=256
+# wait returns >128 when the trap interrupts it: wait again while the job still runs
+while [ "$rc" -ge 256 ] || { [ "$rc" -gt 128 ] && kill -0 "$child" 2>/dev/null; }; do wait "$child"; rc=$?; done
+if [ "$rc" -gt 128 ]; then wait "$child" 2>/dev/null; r=$?; [ "$r" != 127 ] && rc=$r; fi
 echo "$rc" > job.exit.tmp && mv job.exit.tmp job.exit
+rm -f "$jobs_dir/$$"
 """
+
+#: The container's first process on a spot pod (RunPod's ``dockerArgs``), replacing the image's
+#: start script as PID 1 and starting that script itself. Why: a preemption stops the container
+#: the way ``docker stop`` does, with SIGTERM to PID 1 alone and SIGKILL 5 s later (runpod/docs
+#: pods/pricing.mdx). The official images' PID 1 is ``start.sh``, a bash script that ends in
+#: ``sleep infinity`` with no trap (runpod/containers container-template/start.sh), and the
+#: kernel drops a signal to a namespace's init that has no handler (pid_namespaces(7)): lorapod's
+#: job, started over SSH, would never hear of it and would lose everything since its last
+#: checkpoint. This init sends SIGTERM on to every running job.sh (:data:`JOB_SH` forwards it to
+#: the trainer), then stays until they are gone, since the container, and the save with it, ends
+#: when PID 1 does. ``{start}`` is the image's own start command.
+SPOT_INIT = r"""jobs_dir="${LORAPOD_JOBS_DIR:-/tmp/.lorapod-jobs}"
+running() { for f in "$jobs_dir"/*; do [ -e "$f" ] && kill -0 "${f##*/}" 2>/dev/null && return 0; done; return 1; }
+stop() {
+  for f in "$jobs_dir"/*; do [ -e "$f" ] && kill -TERM "${f##*/}" 2>/dev/null; done
+  while running; do sleep 0.1; done
+  exit 0
+}
+trap stop TERM INT
+{start} &
+wait $!
+while :; do sleep 3600 & wait $!; done
+"""
+
+
+def spot_init_args(start: str) -> str:
+    """The container command that runs :data:`SPOT_INIT` as PID 1 around the image's ``start``.
+
+    One word with no space or quote (the script travels base64-encoded, spaces as ``${IFS}``), so
+    it means the same whether the provider splits its command string like a shell or on blanks."""
+    import base64
+
+    script = SPOT_INIT.replace("{start}", start)
+    b64 = base64.b64encode(script.encode()).decode()
+    return f"sh -c echo${{IFS}}{b64}|base64${{IFS}}-d>/tmp/.lorapod-init.sh;exec${{IFS}}bash${{IFS}}/tmp/.lorapod-init.sh"
 
 
 

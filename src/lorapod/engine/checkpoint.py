@@ -180,13 +180,16 @@ class CheckpointManager:
         adapter: dict[str, torch.Tensor],
         optimizer_state: dict[str, Any],
         extra_files: dict[str, bytes] | None = None,
+        rng: dict[str, Any] | None = None,
     ) -> Path:
+        """``rng``: the generators' states to store, when not the current ones (a step left half
+        done is saved with the states it began with: engine/loop.py)."""
         final = self.root / checkpoint_name(state.step)
         try:
             with atomic_dir(final) as tmp:
                 save_file({k: v.detach().contiguous().cpu() for k, v in adapter.items()}, str(tmp / "adapter.safetensors"))
                 save_state(tmp, "optimizer", optimizer_state)
-                save_state(tmp, "rng", capture_rng())
+                save_state(tmp, "rng", rng if rng is not None else capture_rng())
                 (tmp / "state.json").write_text(json.dumps(asdict(state), indent=2), encoding="utf-8")
                 for name, data in (extra_files or {}).items():
                     (tmp / name).write_bytes(data)

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import torch
 
 from lorapod.engine import distributed
-from lorapod.engine.checkpoint import Checkpoint, CheckpointManager, TrainState, restore_rng
+from lorapod.engine.checkpoint import Checkpoint, CheckpointManager, TrainState, capture_rng, restore_rng
 from lorapod.engine.device import (
     Precision,
     describe_device,
@@ -47,7 +47,7 @@ from lorapod.engine.optim import build_optimizer, build_scheduler
 from lorapod.engine.plots import plot_metrics
 from lorapod.engine.progress import TrainProgress
 from lorapod.engine.trackers import open_trackers
-from lorapod.errors import LorapodError, OutOfMemory
+from lorapod.errors import PREEMPTED_EXIT, LorapodError, OutOfMemory
 from lorapod.rundir import STOP, RunDir
 from lorapod.spec import JobSpec
 
@@ -58,39 +58,76 @@ class Interrupted(KeyboardInterrupt):
     """Ctrl-C or SIGTERM ended ``fit``, after the checkpoint was saved: what the CLI tells the user.
 
     A KeyboardInterrupt still (so every ``except KeyboardInterrupt`` keeps working), with the step,
-    the checkpoint and which signal it was."""
+    the checkpoint and which signal it was. ``exit_code``: 130 for Ctrl-C, :data:`PREEMPTED_EXIT`
+    for SIGTERM (preempted, saved)."""
 
     def __init__(self, how: str, step: int, checkpoint: Path | None, run_root: Path) -> None:
         super().__init__(f"{how} at step {step}")
         self.how, self.step, self.checkpoint, self.run_root = how, step, checkpoint, run_root
 
+    @property
+    def exit_code(self) -> int:
+        return PREEMPTED_EXIT if self.how == "SIGTERM" else 130
+
+
+class _Signals:
+    """What the handlers saw: ``pending`` names each signal; ``term`` is set by SIGTERM; while
+    ``deferred`` (between the optimizer's step and the step's bookkeeping) a Ctrl-C is only noted."""
+
+    def __init__(self) -> None:
+        self.pending: list[str] = []
+        self.term = False
+        self.deferred = False
+
+    def __bool__(self) -> bool:  # a Ctrl-C waiting to be acted on
+        return "SIGINT" in self.pending
+
 
 @contextlib.contextmanager
 def _interrupts_as_ctrl_c():
-    """SIGINT (Ctrl-C) and SIGTERM (what ``timeout``, SLURM and Kubernetes send before SIGKILL) end
-    training the same way: a checkpoint, then out. The handler raises KeyboardInterrupt and also
-    notes the signal in the list it yields, which the loop checks before every step: Python drops,
-    with an "Exception ignored" line, a KeyboardInterrupt raised while it runs a ``__del__`` or a
-    weakref callback, and a Ctrl-C lost that way left a run training on (seen once in CI). A SIGINT
-    that was ignored when training began (a background job of a shell) stays ignored. Python only
-    lets the main thread set handlers."""
-    pending: list[str] = []
+    """SIGINT (Ctrl-C) and SIGTERM (a spot preemption; what ``timeout``, SLURM and Kubernetes send
+    before SIGKILL) end training with a checkpoint, then out.
+
+    SIGTERM only sets a flag (:class:`_Signals`): the loop looks at it between micro-batches and
+    after each step, and saves a checkpoint of the last whole step. Why not raise at once: an
+    exception at an arbitrary point could land between the optimizer's step and the step count,
+    saving weights of step k+1 labelled k, or cut a metrics line in two; a flag read at safe points
+    cannot. The wait is at most one micro-batch (the planner checks one micro-batch plus the save fits
+    the provider's grace window: plan/spot.py). Under torchrun the processes agree on it once per
+    step, as with the STOP file.
+
+    SIGINT raises KeyboardInterrupt (a person at a terminal wants it now), except inside the
+    step's bookkeeping, where it is noted and acted on before the next step; the loop also checks
+    the notes before every step: Python drops, with an "Exception ignored" line, a
+    KeyboardInterrupt raised while it runs a ``__del__`` or a weakref callback, and a Ctrl-C lost
+    that way left a run training on (seen once in CI). A SIGINT that was ignored when training
+    began (a background job of a shell) stays ignored. Python only lets the main thread set
+    handlers."""
+    seen = _Signals()
     if threading.current_thread() is not threading.main_thread():
-        yield pending
+        yield seen
         return
 
     def handler(signum, frame):
-        name = "SIGTERM" if signum == signal.SIGTERM else "SIGINT"
-        pending.append(name)
-        raise KeyboardInterrupt(*(("SIGTERM",) if name == "SIGTERM" else ()))
+        if signum == signal.SIGTERM:
+            seen.pending.append("SIGTERM")
+            seen.term = True
+            return
+        seen.pending.append("SIGINT")
+        if not seen.deferred:
+            raise KeyboardInterrupt
 
     sigs = [signal.SIGTERM] + ([signal.SIGINT] if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN else [])
     old = {sig: signal.signal(sig, handler) for sig in sigs}
     try:
-        yield pending
+        yield seen
     finally:
         for sig, h in old.items():
             signal.signal(sig, h)
+
+
+class _Preempted(Exception):
+    """SIGTERM seen at a safe point: leave the loop and save the last whole step."""
 
 
 @contextlib.contextmanager
@@ -217,13 +254,13 @@ def fit(
             progress.val_loss = ev.get("val_loss", progress.val_loss)  # shown from now on
         return ev
 
-    def save() -> Path | None:
+    def save(rng: dict[str, Any] | None = None) -> Path | None:
         if not world.is_main:  # the others hold the same weights and optimizer state
             return None
         opt_state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
         if scaler is not None:
             opt_state["scaler"] = scaler.state_dict()
-        path = ckpts.save(state, recipe.adapter_state(), opt_state)
+        path = ckpts.save(state, recipe.adapter_state(), opt_state, rng=rng)
         run.event(f"checkpoint {path.name}")
         metrics.log({"step": state.step, "epoch": state.epoch, "event": "checkpoint", "path": str(path.relative_to(run.root))})
         recipe.on_save(state, path)
@@ -239,18 +276,30 @@ def fit(
     stop_file = run.root / STOP_FILE
     reset_peak_memory(device)  # the peak of training, not of loading the model or caching latents
     oom: str | None = None
+    window_rng: dict[str, Any] | None = None
     try:
         with _interrupts_as_ctrl_c() as pending, progress:
             while state.step < total_steps and state.epoch < n_epochs:
                 batches = recipe.epoch_batches(state.epoch)
                 while state.batch_in_epoch < len(batches) and state.step < total_steps:
-                    if pending:  # a signal whose KeyboardInterrupt was swallowed on its way here
-                        raise KeyboardInterrupt(*(("SIGTERM",) if pending[-1] == "SIGTERM" else ()))
+                    if pending:  # a Ctrl-C whose KeyboardInterrupt was swallowed on its way here
+                        raise KeyboardInterrupt
+                    if pending.term and not world.active:
+                        raise _Preempted
                     window = batches[state.batch_in_epoch : state.batch_in_epoch + train.grad_accum]
                     t0 = time.perf_counter()
+                    # a step cut short (SIGTERM between micro-batches, Ctrl-C) is saved with the RNG
+                    # states it began with, so the resume draws its dropout masks again, exactly;
+                    # under torchrun seed_step reseeds every step instead
+                    window_rng = None if world.active else capture_rng()
                     world.seed_step(train.seed, state.step)
+                    # one process alone may leave a window half done (its gradients are dropped, the
+                    # window is redone on resume); under torchrun all must finish it together
+                    abandon = None if world.active else (lambda: pending.term)
                     loss_sum, units, tokens, real = _train_window(recipe, window, precision, scaler, world, ddp,
-                                                                  same_passes=getattr(recipe, "sharded", False))
+                                                                  same_passes=getattr(recipe, "sharded", False),
+                                                                  abandon=abandon)
+                    pending.deferred = True  # from here to the step's count, a Ctrl-C waits
                     if world.active:  # the window's loss over all processes
                         loss_sum, tokens, real = world.all_sum([loss_sum, tokens, real])
                         tokens, real = int(tokens), int(real)
@@ -270,6 +319,7 @@ def fit(
                     loss_value = loss_total / units if units else 0.0
 
                     state.step += 1
+                    window_rng = None  # the step is done: the current states are the ones to save
                     state.batch_in_epoch += len(window)
                     state.tokens_seen += tokens
                     result.losses.append(loss_value)
@@ -291,6 +341,9 @@ def fit(
                         record["usd"] = usd
                     metrics.log(record)
                     progress.update(state.step, loss_value, (real / dt) if tokens else 1 / dt)
+                    pending.deferred = False  # the step is whole: counted and logged
+                    if pending:
+                        raise KeyboardInterrupt
                     if on_step is not None and world.is_main:
                         on_step(state, loss_value)
                     metrics.samples(run.samples, state.step)  # those the step's hook wrote, to the trackers
@@ -300,8 +353,11 @@ def fit(
                     if spec.save.every_steps and state.step % spec.save.every_steps == 0:
                         save()
                     stop = world.is_main and stop_file.exists()
+                    term = pending.term
                     if world.active:  # rank 0's decision, so every process stops at the same step
-                        stop = world.all_sum([stop])[0] > 0
+                        stop, term = (v > 0 for v in world.all_sum([stop, term]))
+                    if term:
+                        raise _Preempted
                     if stop:
                         event("STOP file found: saving and stopping")
                         save()
@@ -334,11 +390,12 @@ def fit(
         oom = str(exc).strip().splitlines()[0] if str(exc).strip() else "CUDA out of memory"
         # the traceback's frames hold the step's activations: let them go before saving
         traceback.clear_frames(exc.__traceback__)
-    except KeyboardInterrupt as exc:
-        how = "SIGTERM" if exc.args == ("SIGTERM",) else "Ctrl-C"
+    except (KeyboardInterrupt, _Preempted) as exc:
+        how = "SIGTERM" if isinstance(exc, _Preempted) else "Ctrl-C"
+        optimizer.zero_grad(set_to_none=True)  # a window left half done: its gradients are not kept
         with _signals_held():
             event(f"interrupted ({how}) at step {state.step}: saving a checkpoint")
-            path = save() if state.step > 0 else None
+            path = save(window_rng) if state.step > 0 else None
         result.stopped = "interrupted"
         raise Interrupted(how, state.step, path, run.root) from None
     finally:
@@ -351,7 +408,7 @@ def fit(
         if device.type == "cuda":
             torch.cuda.empty_cache()
         event(f"out of GPU memory in step {state.step + 1}: {oom}")
-        path = save() if state.step > 0 else None
+        path = save(window_rng) if state.step > 0 else None  # with the RNG the failed step began with
         result.stopped = "out_of_memory"
         raise out_of_memory(spec, run.root, device, state.step, path, peak) from None
     finally:
@@ -424,9 +481,12 @@ class _NoMetrics:
 
 
 def _train_window(recipe: Recipe, window: Sequence[Any], precision: Precision, scaler,
-                  world: distributed.World, ddp=None,
-                  same_passes: bool = False) -> tuple[torch.Tensor | float, int, int, int]:
+                  world: distributed.World, ddp=None, same_passes: bool = False,
+                  abandon: Callable[[], bool] | None = None) -> tuple[torch.Tensor | float, int, int, int]:
     """Forward/backward over this process's share of one accumulation window.
+
+    ``abandon``, asked between micro-batches: True raises :class:`_Preempted` there (only the
+    gradients changed so far, and they are dropped), so a SIGTERM waits at most one micro-batch.
 
     Returns (summed loss, units of the whole window, tokens, real tokens) of this process's share;
     the loss stays on the device (float64), so no micro-batch waits for the GPU to catch up.
@@ -445,6 +505,8 @@ def _train_window(recipe: Recipe, window: Sequence[Any], precision: Precision, s
     total: torch.Tensor | float = 0.0  # on the device: read once per optimizer step, not per micro-batch
     tokens = real = 0
     for i, batch in enumerate(work):
+        if i and abandon is not None and abandon():
+            raise _Preempted
         last = i == len(work) - 1
         weight = world.size if i < len(mine) else 0
         with ddp.no_sync() if ddp is not None and not last else contextlib.nullcontext():
