@@ -116,14 +116,16 @@ def check_preempted(ctx: JobContext, wait_s: float = 0.0, every_s: float = 1.0) 
 
 # ----------------------------------------------------------------------------- the tier
 
-def next_tier(policy: str, preemptions: int, max_preemptions: int, *, rate_high: float,
+def next_tier(policy: str, preemptions: int, max_preemptions: int, *, rate: float, rate_high: float,
               remaining_hours: float | None, setup_hours: float, checkpoint_every_hours: float | None,
               spot_usd_per_hour: float, ondemand_usd_per_hour: float | None, usd_left: float | None,
               hours_left: float | None) -> tuple[str, str]:
     """Spot again or on-demand for the rest of the job, and why. The spot side is the planner's
-    model (plan/spot.py :func:`~lorapod.plan.spot.expected`) at the worst end of the rate this
-    job measured: the rest of the training, checkpointed as the spec says, each preemption
-    costing the work since the last checkpoint and a setup."""
+    model (plan/spot.py :func:`~lorapod.plan.spot.expected`) at the rate this job measured: the
+    rest of the training, checkpointed as the spec says, each preemption costing the work since
+    the last checkpoint and a setup. On-demand when spot's expectation (``rate``) costs no less
+    than on-demand, or when its worst end (``rate_high``) crosses the deadline or the budget left
+    that on-demand would meet."""
     from lorapod.plan.spot import ACQUIRE_MIN, DETECT_MIN, SpotJob, expected
 
     if policy == "never":
@@ -132,22 +134,22 @@ def next_tier(policy: str, preemptions: int, max_preemptions: int, *, rate_high:
         return "on-demand", f"{preemptions} preemptions (at most {max_preemptions} on spot): the rest runs on-demand"
     if remaining_hours is None:
         return "spot", "spot again (the rest of the job cannot be estimated yet)"
-    wait = (DETECT_MIN + ACQUIRE_MIN) / 60
     job = SpotJob(setup=setup_hours, work=remaining_hours, tail=0.0, resetup=setup_hours, checkpoint=0.0,
-                  wait=wait, husk=DETECT_MIN / 60, usd_per_hour=spot_usd_per_hour)
-    worst = expected(job, rate_high, checkpoint_every_hours or float("inf"))
+                  wait=(DETECT_MIN + ACQUIRE_MIN) / 60, husk=DETECT_MIN / 60, usd_per_hour=spot_usd_per_hour)
+    interval = checkpoint_every_hours or float("inf")
+    mean, worst = expected(job, rate, interval), expected(job, rate_high, interval)
     od_hours = setup_hours + remaining_hours
     od_usd = od_hours * ondemand_usd_per_hour if ondemand_usd_per_hour is not None else None
-    if hours_left is not None and worst.hours > hours_left and od_hours <= hours_left:
+    if od_usd is not None and mean.usd >= od_usd:
+        return "on-demand", (f"at {rate:.2g} preemptions/h (this job's) the rest is expected to cost ${mean.usd:.4f} "
+                             f"on spot, not less than ${od_usd:.4f} on-demand")
+    if hours_left is not None and worst.hours > hours_left >= od_hours:
         return "on-demand", (f"the deadline: spot's worst end {worst.hours * 60:.1f} min for the rest is past the "
                              f"{hours_left * 60:.1f} min left; on-demand needs {od_hours * 60:.1f} min")
-    if od_usd is not None and worst.usd >= od_usd:
-        return "on-demand", (f"at {rate_high:.2g} preemptions/h (this job's, worst end) the rest costs "
-                             f"${worst.usd:.4f} on spot, not less than ${od_usd:.4f} on-demand")
     if usd_left is not None and od_usd is not None and worst.usd > usd_left >= od_usd:
         return "on-demand", (f"the budget: spot's worst end ${worst.usd:.4f} for the rest crosses the ${usd_left:.4f} "
                              f"left; on-demand needs ${od_usd:.4f}")
-    return "spot", f"spot again: the rest is expected to cost ${worst.usd:.4f} at worst"
+    return "spot", f"spot again: the rest is expected to cost ${mean.usd:.4f}, at worst ${worst.usd:.4f}"
 
 
 # ----------------------------------------------------------------------------- the run folder
@@ -159,31 +161,30 @@ def _step_of(path: Path) -> int | None:
         return None
 
 
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def _whole(folder: Path, with_manifests: bool) -> bool:
-    """A checkpoint folder as the engine writes it (engine/checkpoint.py: ``manifest.json``, size and
-    sha256 of every file, written last) is whole when every file matches; where the trainer
-    writes manifests, a folder without one was cut off."""
+    """A checkpoint folder as the engine writes it (engine/checkpoint.py: ``manifest.json``, each
+    file's ``bytes`` and ``sha256``, written last; its ``verify`` is this rule, without importing
+    torch here) is whole when every file matches; where the trainer writes manifests, a folder
+    without one was cut off."""
     manifest = folder / "manifest.json"
     if not manifest.is_file():
         return not with_manifests
     try:
-        files = json.loads(manifest.read_text(encoding="utf-8")).get("files") or {}
-    except (OSError, ValueError, AttributeError):
+        files = json.loads(manifest.read_text(encoding="utf-8"))
+        return isinstance(files, dict) and all(
+            (folder / name).is_file() and not (folder / name).is_symlink()
+            and (folder / name).stat().st_size == int(meta["bytes"]) and _sha256(folder / name) == meta["sha256"]
+            for name, meta in files.items())
+    except (OSError, ValueError, KeyError, TypeError):
         return False
-    for rel, meta in files.items():
-        p = folder / rel
-        try:
-            if not p.is_file() or p.stat().st_size != int(meta["size"]):
-                return False
-            h = hashlib.sha256()
-            with open(p, "rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(chunk)
-            if h.hexdigest() != meta["sha256"]:
-                return False
-        except (OSError, KeyError, TypeError, ValueError):
-            return False
-    return True
 
 
 def settle_run_folder(run_root: Path) -> int | None:
@@ -417,7 +418,7 @@ class SpotRun:
         if ctx.max_hours is not None:
             used = sum(max(0.0, (x.destroyed_at or now) - x.created_at) for x in ctx.ledger.job_instances(ctx.job_id))
             hours_left = ctx.max_hours - used / 3600
-        return next_tier(self.policy, self.preemptions, ctx.opts.max_preemptions, rate_high=r.high,
+        return next_tier(self.policy, self.preemptions, ctx.opts.max_preemptions, rate=r.per_hour, rate_high=r.high,
                          remaining_hours=remaining, setup_hours=setup_h, checkpoint_every_hours=interval,
                          spot_usd_per_hour=rate, ondemand_usd_per_hour=self.ondemand_usd_per_hour,
                          usd_left=usd_left, hours_left=hours_left)
