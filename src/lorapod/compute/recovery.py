@@ -46,7 +46,7 @@ import hashlib
 import json
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -233,6 +233,7 @@ class SpotRun:
     tier: str = "on-demand"
     ondemand_usd_per_hour: float | None = None
     preemptions: int = 0
+    bids: dict[str, float] = field(default_factory=dict)  # ledger id -> its bid, once raised
 
     @property
     def on_spot(self) -> bool:
@@ -326,7 +327,7 @@ class SpotRun:
         ctx.say(f"instance {inst.id} is paused (outbid); waiting up to {o.spot_resume_wait_s:.0f} s for it to resume")
         if self._wait_running(inst, o.spot_resume_wait_s):
             return self._ready_again(lease, inst)
-        bid = self._raised_bid(lease)
+        old, bid = self._raised_bid(lease)
         if bid is None or not isinstance(ctx.provider, SupportsBid):
             return None
         try:
@@ -334,8 +335,11 @@ class SpotRun:
         except LorapodError as exc:
             ctx.say(f"could not raise the bid of {inst.id}: {exc.message}")
             return None
-        ctx.ledger.instance_created(lease.ledger_id, inst.id, bid)  # the caps count the raised bid from now on
-        ctx.say(f"raised the bid of {inst.id} to ${bid:.4f}/h (within the ceiling); waiting up to "
+        self.bids[lease.ledger_id] = bid
+        row = ctx.ledger.instance(lease.ledger_id)
+        if row is not None:  # the caps count the raised bid (plus the disk, as before) for the instance's life
+            ctx.ledger.instance_created(lease.ledger_id, inst.id, row.usd_per_hour + (bid - old))
+        ctx.say(f"raised the bid of {inst.id} from ${old:.4f} to ${bid:.4f}/h (within the ceiling); waiting up to "
                 f"{o.spot_resume_wait_s:.0f} s again")
         if self._wait_running(inst, o.spot_resume_wait_s):
             return self._ready_again(lease, inst)
@@ -359,29 +363,22 @@ class SpotRun:
                 claim.transport.close()
         claim.created_at_mono = time.monotonic()
         new = wait_ready(ctx, claim, ctx.provider.refresh(inst), lease.estimate)
-        # the same work folder: the job restarts from what this machine has (settle_run_folder)
-        with contextlib.suppress(LorapodError):
-            from lorapod.compute.remote import RemoteWork
-
-            work = RemoteWork(new.transport, ctx.job_id, cache_root=ctx.provider.cache_root())
-            work.sh(f"rm -rf {work.q('run')} {work.q('job.pid')} {work.q('job.exit')} {work.q('PULLED')}",
-                    timeout=60, check=False)
         return Lease(new.ledger_id, new.provider_id, new.instance, lease.offer, new.label, new.identity,
                      new.transport, lease.created_at_mono, lease.estimate)
 
-    def _raised_bid(self, lease: Lease) -> float | None:
-        """One raise: half again the current bid, held to the ceiling (bid and caps); None when
-        there is no room (or no ceiling to stay within)."""
+    def _raised_bid(self, lease: Lease) -> tuple[float, float | None]:
+        """One raise: half again the instance's bid (per machine, as the provider takes it), held to
+        the ceiling (``compute.max_bid_per_gpu_hour`` and the caps' rate, per GPU); the bid now and
+        the raised one, None when there is no room (or no ceiling to stay within)."""
         ctx = self.ctx
-        row = ctx.ledger.instance(lease.ledger_id)
-        current = row.usd_per_hour if row is not None else lease.offer.usd_per_hour
-        gpus = max(1, lease.offer.gpu_count)
+        current = self.bids.get(lease.ledger_id) or lease.offer.extra.get("bid") or lease.offer.usd_per_hour
+        current = float(current)
         req = requirements(ctx.spec, ctx.opts.gpu, ctx.max_usd, ctx.max_hours, job=ctx.job)
         ceiling = spot_ceiling(ctx.spec, req)
         if ceiling is None:
-            return None
-        bid = min(current * 1.5, ceiling * gpus)
-        return round(bid, 4) if bid > current * 1.001 else None
+            return current, None
+        bid = round(min(current * 1.5, ceiling * max(1, lease.offer.gpu_count)), 4)
+        return current, (bid if bid > current * 1.001 else None)
 
     def _check_caps(self, rate: float) -> None:
         ctx = self.ctx
@@ -508,3 +505,11 @@ def run_tier(spec: Any, provider: Provider, job: Any) -> tuple[bool, str | None]
     if choice is None:
         return False, "compute.spot: auto: the planner cannot price this job; on-demand"
     return choice.tier == "spot", f"compute.spot: auto: {choice.reason}"
+
+
+def clear_remote_run(ctx: JobContext, work: Any) -> None:
+    """Before the job restarts on an instance after a preemption: its run folder and the last
+    run's state files go, so the run folder uploaded from here (settled) is the only truth there
+    (a resumed instance's disk still holds what was cut off). The environment and data stay."""
+    files = " ".join(work.q(n) for n in ("run", "job.pid", "job.exit", "PULLED"))
+    ctx.remote(lambda: work.sh(f"rm -rf {files}", timeout=60, check=False), "clear the last run's folder")

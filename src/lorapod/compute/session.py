@@ -37,7 +37,7 @@ from lorapod.compute.provider import Provider
 from lorapod.compute.provision import Watched, open_work, provision, start_watchdog
 from lorapod.compute.pulls import PullGuard
 from lorapod.compute.pulls import cap_bytes as pull_cap_bytes
-from lorapod.compute.recovery import Preempted, SpotRun, SpotStop, check_preempted
+from lorapod.compute.recovery import Preempted, SpotRun, SpotStop, check_preempted, clear_remote_run
 from lorapod.compute.remote import RemoteWork
 from lorapod.compute.teardown import salvage, teardown
 from lorapod.errors import BudgetError, LorapodError
@@ -159,6 +159,8 @@ class Session:
             while True:
                 try:
                     work = self.work = open_work(ctx, lease)
+                    if spot.preemptions:  # the settled run folder from here is the only truth there
+                        clear_remote_run(ctx, work)
                     watched = self.watched = start_watchdog(ctx, lease, work)
                     started = provision(ctx, lease, work, watched)
                     self.follower = Follower(ctx, lease, work, watched, started, self.progress,
