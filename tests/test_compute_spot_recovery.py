@@ -317,3 +317,57 @@ def test_settle_drops_a_checkpoint_cut_off_mid_pull_and_cuts_the_metrics(tmp_pat
     (empty / "metrics.jsonl").write_text("".join(lines[:3]))
     assert settle_run_folder(empty) is None  # nothing whole came home: the job starts over
     assert (empty / "metrics.jsonl").read_text() == ""
+
+
+# ----------------------------------------------------------------------------- the command line
+
+def test_lorapod_run_spot_auto_picks_spot_survives_a_preemption_and_says_what_it_cost(runpod, tmp_path, remote_root):
+    """``lorapod run SPEC --spot auto`` on the RunPod fake: the plan's tier choice is spot (an RTX
+    4090 at its bid beats its on-demand price), a preemption mid-step is recovered from, the
+    adapter is the uninterrupted run's, the summary names the preemption, its cost and the
+    savings, and nothing bills."""
+    from .remote_helpers import cli_argv, cli_env, fake_command_template
+
+    spec_path = make_spec(tmp_path, max_steps=STEPS, every=EVERY, model="Qwen/Qwen2.5-0.5B", gpu="RTX 4090",
+                          phases={"train_min": 20}, max_usd=1.0)
+    want_losses, want_adapter = uninterrupted(tmp_path, spec_path)
+    env = cli_env(RUNPOD_API_KEY=runpod.account_key, LORAPOD_RUNPOD_URL=runpod.url,
+                  LORAPOD_RUNPOD_GRAPHQL_URL=runpod.graphql_url, HF_HUB_OFFLINE="1",
+                  LORAPOD_JOB_COMMAND=fake_command_template(0.25, "--chain --ckpt-mb 1"))
+    proc = subprocess.Popen([*cli_argv(), "run", str(spec_path), "--on", "runpod", "--spot", "auto", "--json",
+                             "--python", sys.executable, "--deps", "none", "--poll-s", "0.2", "--pull-every-s", "0.3",
+                             "--ready-deadline-s", "20", "--watchdog-poll-s", "0.2", "--heartbeat-timeout-s", "3",
+                             "--preempt-confirm-s", "3"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 90
+        while _remote_metric_steps(remote_root) < 5:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        runpod.preempt(newest_live(runpod), grace_s=0.5)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["state"] == "done" and "compute.spot: auto: spot on RTX 4090" in err
+    assert summary["spot"]["preemptions"] == 1 and summary["spot"]["saved_usd"] is not None
+    assert "spot: 1 preemption(s) costing $" in summary["message"] and "vs on-demand" in summary["message"]
+    run = Path(summary["run_dir"])
+    assert losses(run) == want_losses
+    assert (run / "adapter" / "adapter_model.safetensors").read_bytes() == want_adapter
+    assert len(runpod.instances) == 2 and all(p in runpod.spot for p in runpod.instances)
+    assert summary["usd"] <= 1.0
+    assert_nothing_bills(runpod, Ledger(), remote_root)
+
+
+def _remote_metric_steps(remote_root: Path) -> int:
+    best = 0
+    for f in remote_root.glob("*/run/metrics.jsonl"):
+        for line in f.read_text().splitlines():
+            try:
+                best = max(best, int(json.loads(line).get("step") or 0))
+            except ValueError:
+                continue
+    return best
