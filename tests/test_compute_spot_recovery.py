@@ -360,6 +360,15 @@ def test_lorapod_run_spot_auto_picks_spot_survives_a_preemption_and_says_what_it
     assert len(runpod.instances) == 2 and all(p in runpod.spot for p in runpod.instances)
     assert summary["usd"] <= 1.0
     assert_nothing_bills(runpod, Ledger(), remote_root)
+    # ps and logs show the one meter: the preemption, its cost, the savings
+    ps = subprocess.run([*cli_argv(), "ps", "--json"], capture_output=True, text=True, env=env, timeout=60)
+    (row,) = json.loads(ps.stdout)
+    assert row["spot"] == summary["spot"] and row["instances"] == 2
+    ps = subprocess.run([*cli_argv(), "ps"], capture_output=True, text=True, env={**env, "COLUMNS": "160"}, timeout=60)
+    assert f"{summary['job_id']} spot: 1 preemption(s) costing $" in ps.stdout and "2 instance(s)" in ps.stdout
+    logs = subprocess.run([*cli_argv(), "logs", summary["job_id"]], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert "[spot] spot: 1 preemption(s) costing $" in logs.stdout, logs.stderr
 
 
 def _remote_metric_steps(remote_root: Path) -> int:

@@ -167,10 +167,13 @@ class Session:
                                              self._pulls_for(work))
                     state, message = self.follower.follow()
                     break
-                except Preempted as exc:
+                except LorapodError as exc:
+                    pre = self._as_preemption(exc)
+                    if pre is None:
+                        raise
                     self._left_instance()
                     try:
-                        lease = self.lease = spot.recover(lease, exc)
+                        lease = self.lease = spot.recover(lease, pre)
                     except SpotStop as stop:
                         self.lease = None
                         self.progress.stop_reason = stop.message
@@ -202,6 +205,22 @@ class Session:
                 self._restore_signal_handlers(old)
                 self.summary = self._close(state, message)
         return self.summary
+
+    def _as_preemption(self, exc: LorapodError) -> Preempted | None:
+        """Whatever a stage raised on an interruptible instance (an rsync killed mid-pull, a
+        command cut off, a job that died), the provider is asked before it counts as a failure:
+        the :class:`Preempted` it says it was, or None."""
+        if isinstance(exc, Preempted):
+            return exc
+        if isinstance(exc, Interrupted | BudgetError):
+            return None
+        try:
+            check_preempted(self.ctx, self.ctx.opts.preempt_confirm_s)
+        except Preempted as pre:
+            self.ctx.say(f"{exc.message.splitlines()[0] if exc.message else type(exc).__name__}: the instance was "
+                         "preempted")
+            return pre
+        return None
 
     def _left_instance(self) -> None:
         """The instance was taken back: its heartbeat, connection and followers are of no more use."""
