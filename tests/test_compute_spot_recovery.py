@@ -380,3 +380,28 @@ def _remote_metric_steps(remote_root: Path) -> int:
             except ValueError:
                 continue
     return best
+
+
+def test_after_a_preemption_the_one_cap_counts_every_instance(tmp_path):
+    """The job's dollars are every instance's (husks included) in the one ledger: when they reach
+    the cap (less the stop margin at the next rate), the job stops instead of renting again."""
+    from lorapod.compute.recovery import SpotRun, SpotStop
+
+    ctx = _ctx(tmp_path, _Provider(_inst("running")), _inst("running"))
+    ctx.max_usd = 1.0
+    ledger = ctx.ledger
+    for usd_per_hour in (3600 * 0.45, 3600 * 0.4):  # two instances of the job, $0.45 and $0.40 for one second each
+        row = ledger.instance_creating("stub", "job-1", usd_per_hour, "RTX 3090")
+        ledger.instance_created(row, "p-" + row, usd_per_hour)
+        ledger._db.execute("UPDATE instances SET created_at=?, destroyed_at=?, state='destroyed' WHERE id=?",
+                           (1000.0, 1001.0, row))
+    ledger._db.commit()
+    spot = SpotRun(ctx, None)
+    spot._check_caps(rate=0.2)  # $0.85 spent: room left
+    ctx.opts.stop_margin_s = 3600.0  # an hour's margin at $0.20/h: $1.05 > $1
+    with pytest.raises(SpotStop, match="max-usd cap"):
+        spot._check_caps(rate=0.2)
+    ctx.max_usd, ctx.max_hours = None, 0.5
+    ctx.opts.stop_margin_s = 1800.0
+    with pytest.raises(SpotStop, match="max-hours cap"):
+        spot._check_caps(rate=0.2)
