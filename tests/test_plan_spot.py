@@ -230,11 +230,16 @@ def test_spec_refuses_unknown_policies():
 
 
 def test_plan_prints_both_tiers_and_the_choice(monkeypatch):
+    from rich.console import Console
     from typer.testing import CliRunner
 
+    from lorapod.cli import plan as plan_cli
     from lorapod.cli.main import build_app
 
-    monkeypatch.setenv("COLUMNS", "160")
+    # cli/plan.py's console fixed its width when the module was first imported (rich reads COLUMNS
+    # once, in Console()), which under xdist is whatever an earlier test's process had: the wide
+    # table (tier and preemption-rate columns) needs 120+, so give this test its own wide console.
+    monkeypatch.setattr(plan_cli, "console", Console(width=160))
     r = CliRunner().invoke(build_app(), ["plan", str(SDXL), "--images", "25", "--set", "compute.spot=auto"])
     assert r.exit_code == 0, r.output
     out = " ".join(r.stdout.split())

@@ -10,10 +10,11 @@ import time
 import pytest
 from starlette.testclient import TestClient
 
+from lorapod.ui.app import Dashboard, build_app
 from lorapod.ui.files import Refused, serve
 from lorapod.ui.guard import TOKEN_HEADER, cookie_name
 from lorapod.ui.runs import RunIndex, downsample, sample_prompt, series
-from lorapod.ui.server import PER_PAGE, Dashboard, build_app
+from lorapod.ui.views import PER_PAGE
 
 from .ui_fixtures import HOSTILE, run_folder, write_metrics
 
@@ -229,7 +230,7 @@ def test_a_damaged_ledger_is_said_and_the_run_folders_still_show(tmp_path):
 
 
 def test_destroy_confirmation_names_the_last_real_checkpoint(tmp_path):
-    from lorapod.ui.server import last_checkpoint
+    from lorapod.rundir import last_checkpoint
 
     root = run_folder(tmp_path)
     for n in (2, 30, 4):
@@ -242,7 +243,7 @@ def test_a_busy_port_is_a_clear_error():
     import socket
 
     from lorapod.errors import LorapodError
-    from lorapod.ui.server import open_socket
+    from lorapod.ui.app import open_socket
 
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))

@@ -26,12 +26,13 @@ import os
 import re
 import secrets
 import socket
+import stat
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lorapod.errors import LorapodError
 from lorapod.fsutil import append_text, atomic_write_text
@@ -187,3 +188,35 @@ class RunDir:
         """Append one line to events.log (flushed, so a crash keeps everything before it)."""
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         append_text(self.events_file, f"{stamp} {message}\n", sync=True)  # never through a planted link
+
+
+def last_checkpoint(root: Path) -> str | None:
+    """The newest ``checkpoints/step-N`` of a run folder (or ``epoch-N``, as trainers/base.py names
+    sd-scripts'; a step beats an epoch), by N: a real folder, never a link (a pulled run folder
+    holds what a host sent). None when there is none."""
+    folder = Path(root) / "checkpoints"
+    try:
+        if not stat.S_ISDIR(os.lstat(folder).st_mode):
+            return None
+        with os.scandir(folder) as it:
+            names = [e.name for e in it if e.is_dir(follow_symlinks=False)
+                     and re.fullmatch(r"(step|epoch)-\d{1,12}", e.name)]
+    except OSError:
+        return None
+    return max(names, key=lambda n: (n.startswith("step"), int(n.split("-")[1])), default=None)
+
+
+#: The validation-type losses a run logs, in the order they are preferred: the LLM engine's
+#: held-out loss, the image engine's loss at fixed noise. A sweep ranks runs by the last one, and
+#: the dashboard's Compare page shows it.
+LOSS_KEYS = ("val_loss", "fixed_noise_loss")
+
+
+def last_loss(records: Sequence[dict[str, Any]] | Iterable[dict[str, Any]]) -> tuple[str | None, float | None]:
+    """The last validation-type loss among metrics records (:data:`LOSS_KEYS`): its key and value,
+    or (None, None) when no record has one."""
+    for rec in reversed(list(records)):
+        for key in LOSS_KEYS:
+            if isinstance(rec.get(key), int | float):
+                return key, float(rec[key])
+    return None, None

@@ -120,6 +120,14 @@ class Plan:
         return {"options": [o.to_json() for o in self.options], "snapshot_date": self.snapshot_date,
                 "tier": self.tier.to_json() if self.tier is not None else None}
 
+    def to_page(self) -> dict[str, Any]:
+        """One plan as a page shows it (the dashboard's Plan page): :meth:`to_json` plus the job with
+        its VRAM parts, ``best`` (the index of the first fitting option, 0 when none fits), the
+        prices' ``note`` and the ``warnings``."""
+        return {**self.to_json(), "job": self.to_record()["job"],
+                "best": next((i for i, o in enumerate(self.options) if o.fits), 0),
+                "note": self.snapshot_note, "warnings": self.warnings}
+
     def to_record(self) -> dict[str, Any]:
         """What ``plan.json`` in a run folder holds: the ranking plus the job it was made for."""
         job = self.job
