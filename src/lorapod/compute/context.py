@@ -130,6 +130,9 @@ class JobContext:
     #: called when a connection drops: raises compute.recovery.Preempted when the provider says
     #: the (interruptible) instance was taken back, so no reconnect waits for a stopped machine
     preemption_check: Callable[[], None] | None = None
+    #: when the provider last said, after the whole confirm wait, that the instance was not taken
+    #: back (a second look right after need not wait again)
+    preempt_ruled_out_at: float | None = None
 
     @property
     def ledger_id(self) -> str | None:

@@ -110,6 +110,8 @@ def check_preempted(ctx: JobContext, wait_s: float = 0.0, every_s: float = 1.0) 
         if verdict == "preempted":
             raise Preempted(f"the provider took instance {inst.id} back ({now.message or 'stopped'})", now)
         if verdict in ("gone", "failed") or time.monotonic() + every_s > deadline:
+            if wait_s > 0:
+                ctx.preempt_ruled_out_at = time.monotonic()
             return
         time.sleep(every_s)
 

@@ -21,6 +21,7 @@ import os
 import signal
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,8 +215,10 @@ class Session:
             return exc
         if isinstance(exc, Interrupted | BudgetError):
             return None
+        ruled_out = self.ctx.preempt_ruled_out_at
+        recent = ruled_out is not None and time.monotonic() - ruled_out < 60  # the follower just waited
         try:
-            check_preempted(self.ctx, self.ctx.opts.preempt_confirm_s)
+            check_preempted(self.ctx, 0.0 if recent else self.ctx.opts.preempt_confirm_s)
         except Preempted as pre:
             self.ctx.say(f"{exc.message.splitlines()[0] if exc.message else type(exc).__name__}: the instance was "
                          "preempted")
