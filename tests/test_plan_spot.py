@@ -17,7 +17,6 @@ from lorapod.plan.spot import (
     decide,
     expected,
     preemption_rate,
-    runtime_tier,
     segments,
     spot_job,
     state_mb,
@@ -223,14 +222,6 @@ def test_plan_auto_picks_spot_on_the_example():
     assert plan.best.tier != "min_bid"  # best stays the cheapest on-demand option: what a run rents
 
 
-def test_run_keeps_on_demand_until_recovery_exists():
-    with pytest.raises(SpecError, match="cannot rent spot yet"):
-        runtime_tier(load_spec(SDXL, ["compute.spot=always"]), "runpod")
-    assert "rents on-demand" in runtime_tier(load_spec(SDXL, ["compute.spot=auto"]), "vast")
-    assert runtime_tier(load_spec(SDXL, ["compute.spot=always"]), "local") is None
-    assert runtime_tier(load_spec(SDXL), "runpod") is None
-
-
 def test_spec_refuses_unknown_policies():
     with pytest.raises(SpecError):
         load_spec(SDXL, ["compute.spot=sometimes"])
@@ -255,7 +246,7 @@ def test_plan_prints_both_tiers_and_the_choice(monkeypatch):
     assert "Spot (interruptible): expected per job, preemptions included" in out
     assert "min_bid" in out and "0.1 (0.011-0.23)" in out
     assert "tier: spot (compute.spot: auto): spot on RTX 4090 on vast" in out
-    assert "lorapod run rents on-demand" in out
+    assert "lorapod run rents the tier chosen here" in out
 
 
 def test_the_monte_carlo_agrees_with_the_closed_form():

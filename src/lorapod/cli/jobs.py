@@ -71,10 +71,14 @@ def register(app: typer.Typer) -> None:
                 console.print(f"[bold red]job {r['job']}: instance {', '.join(r['unconfirmed'])} not confirmed "
                               f"destroyed; it may still bill.[/] Run `lorapod down {r['job']}`")
         from lorapod.store.phases import describe
+        from lorapod.store.preemptions import SpotFigures
 
         for r in rows:
             if r["setup_s"]:
                 console.print(f"[dim]{r['job']} setup: {describe(r['setup_s'])}[/]")
+            if r.get("spot"):
+                fig = SpotFigures(**r["spot"])
+                console.print(f"{r['job']} {fig.line()} ({r['instances']} instance(s), one $ cap)", markup=False)
         live = sum(r["live_instances"] for r in rows)
         console.print(f"{live} live instance(s)" + (" - `lorapod down --orphans` cleans up any left behind"
                                                    if live else ""))
@@ -107,6 +111,10 @@ def register(app: typer.Typer) -> None:
                     typer.echo(f"[metrics] {rendered}")
                 continue
             typer.echo(line)
+        from lorapod.store.preemptions import job_figures
+
+        if fig := job_figures(ledger, find_job(ledger, job).id):  # on spot: the one meter's preemption figures
+            typer.echo(f"[spot] {fig.line()}")
 
     @app.command("pull")
     def pull(job: str = typer.Argument(..., help="Job id (or a unique prefix).")) -> None:

@@ -27,6 +27,7 @@ from lorapod.rundir.layout import METRICS
 from lorapod.store.identity import controller_alive, installation_id, instance_label, parse_label
 from lorapod.store.ledger import InstanceRow, JobRow, Ledger
 from lorapod.store.phases import job_phases
+from lorapod.store.preemptions import job_figures
 
 #: What one `lorapod logs` poll reads of each file on the instance: the host decides their size.
 LOG_CHUNK = 1 << 20
@@ -56,6 +57,9 @@ def ps_rows(ledger: Ledger, all_jobs: bool = True) -> list[dict[str, Any]]:
             "wandb_url": wandb_url(Path(job.run_dir)) if job.run_dir else None,  # from the pulled tracking.json
             "watchdog": _watchdog_state(ledger, job.id, controller_alive(job.controller))
             if live and job.state in ("starting", "running") else None,
+            # on spot: preemptions, what they cost, what spot saved vs on-demand (store/preemptions.py)
+            "spot": fig.to_json() if (fig := job_figures(ledger, job.id)) is not None else None,
+            "instances": len(insts),
         })
     return rows
 

@@ -270,9 +270,10 @@ SETUP_PHASES = ("boot + install", "download base model", "upload data", "cache",
                 "prep (download + upload + cache)")
 WORK_PHASES = ("train", "sampling")
 STATE_KEY = "LoRA weights, grads, optimizer"
-#: what training still runs on: the planner's tiers stay a quote until recovery is built
-RUNTIME_NOTE = ("lorapod run rents on-demand: recovery from a preemption (a new instance resuming from the "
-                "newest checkpoint) is not built yet, so spot is a quote here")
+#: what ``lorapod run`` does with the choice (compute/recovery.py)
+RUNTIME_NOTE = ("lorapod run rents the tier chosen here (--spot auto|always|never overrides compute.spot) and, "
+                "on spot, recovers from each preemption on the next instance from the newest checkpoint, under "
+                "the one dollar cap; it falls back to on-demand when spot has no capacity")
 
 
 def state_mb(job: Any) -> float:
@@ -424,19 +425,3 @@ def decide(options: list[Any], policy: str, max_usd: float | None, max_hours: fl
                           + (" and the deadline" if max_hours else ""))
     return TierChoice(policy, "on-demand", options.index(best), "on-demand: " + why_not)
 
-
-def runtime_tier(spec: Any, provider: str) -> str | None:
-    """What ``lorapod run`` does with ``compute.spot`` while recovery is not built: ``always`` is
-    refused before anything is rented (a spot instance without recovery loses the job at its first
-    preemption, which is not what the user asked for), ``auto`` runs on-demand and says so."""
-    from lorapod.errors import SpecError
-
-    policy = spec.compute.spot
-    if policy == "never" or provider not in ("runpod", "vast"):
-        return None
-    if policy == "always":
-        raise SpecError("compute.spot: always: lorapod run cannot rent spot yet (recovery from a preemption is not "
-                        "built, so a preempted job would be lost)",
-                        hint="set compute.spot: auto (plan quotes spot, the run rents on-demand) or never; "
-                             "`lorapod plan SPEC` shows what spot would cost")
-    return f"compute.spot: auto: {RUNTIME_NOTE}"

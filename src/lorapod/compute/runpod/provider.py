@@ -149,8 +149,10 @@ class RunPodProvider(ProviderBase):
             Capability("stop", False, "a stopped pod still bills its volume; lorapod only destroys"),
             Capability("watchdog_api", True, "pod-scoped RUNPOD_API_KEY inside the pod"),
             Capability("network_volume", True, "network volumes (/networkvolumes) mount in any pod of their datacenter"),
-            Capability("spot", False, "spot offers and bids exist (Requirements.interruptible), but lorapod run "
-                                      "does not rent them until recovery from a preemption is built"),
+            Capability("spot", True, "spot pods rented with bidPerGpu (podRentInterruptable); a preempted pod is "
+                                     "stopped: lorapod destroys it and resumes on the next offer (compute/recovery.py)"),
+            Capability("spot_resume", False, "a stopped spot pod restarted may get zero GPUs (RunPod's zero-gpus "
+                                             "page): lorapod never waits for it"),
         ]
 
     def offers(self, req: Requirements) -> list[Offer]:
@@ -193,7 +195,8 @@ class RunPodProvider(ProviderBase):
                              float(bid) * req.gpu_count, vram_gb=float(g.get("memoryInGb") or 0),
                              gpu_count=req.gpu_count, region=cloud.lower(),
                              extra={"gpu_type_id": g["id"], "cloud_type": cloud, "image": image,
-                                    "min_ram_per_gpu_gb": ram, "interruptible": True, "bid_per_gpu": float(bid)},
+                                    "min_ram_per_gpu_gb": ram, "interruptible": True, "bid_per_gpu": float(bid),
+                                    "spot_tier": "spot"},  # the catalog's tier: store/preemptions.py rates
                              secure=cloud == "SECURE"))
         return out
 
