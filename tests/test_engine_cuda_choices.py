@@ -182,6 +182,9 @@ def test_a_lora_base_loads_straight_onto_the_gpu(tiny, monkeypatch):
             moved.append(where)
             return self
 
+        def set_attn_implementation(self, name):  # PreTrainedModel's: engine/attention.install calls it
+            self.config._attn_implementation = name
+
     def from_pretrained(name, **kwargs):
         seen.update(kwargs)
         return Loaded()

@@ -174,8 +174,9 @@ def local_run_logs(run_dir: Path, follow: bool, poll_s: float = 1.0) -> Iterator
     :func:`follow_logs` tags them); with ``follow``, new lines as they come while a process holds
     the folder's writer lock (a `lorapod train` running), then the rest."""
     from lorapod.rundir import LOCK_NAME
+    from lorapod.rundir.layout import METRICS
 
-    offsets = {"metrics.jsonl": 0, "events.log": 0, "job.log": 0}
+    offsets = {METRICS: 0, "events.log": 0, "job.log": 0}
 
     def busy() -> bool:
         import fcntl

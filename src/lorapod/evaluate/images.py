@@ -94,7 +94,7 @@ def recommend(metrics: Path, labels: list[str], leakage: dict[str, float] | None
     the steps just before each (half the smallest gap between checkpoints). The earliest checkpoint
     within ``NOISE`` of the lowest wins: later ones add steps (and leakage), not fit. ``leakage``:
     the mean leakage of each checkpoint at full strength, said beside the choice."""
-    steps = {lb: int(lb.removeprefix("step-")) for lb in labels}
+    steps = {lb: s for lb in labels if (s := checkpoint_step(lb)) is not None}
     if not steps:
         return None, "no checkpoint on disk"
     val, train = _losses(metrics)
