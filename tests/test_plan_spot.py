@@ -314,9 +314,25 @@ def test_the_save_estimate_is_one_micro_batch_plus_the_state_at_the_measured_rat
     plan = plan_job(spec, provider="runpod", images=25)
     opt = next(o for o in plan.options if o.spot is not None)
     job = plan.job
-    train_s = next(p.hours for p in opt.phases if p.name == "train") * 3600
-    assert save_on_sigterm_s(job, opt) == pytest.approx(train_s / job.steps + state_mb(job) / SAVE_MB_S)
+    micro = opt.speed.seconds_per_step  # the planner's seconds per micro-batch on this GPU
+    assert save_on_sigterm_s(job, opt) == pytest.approx(micro + state_mb(job) / SAVE_MB_S)
     assert opt.spot.to_json()["save_on_sigterm_s"] == round(opt.spot.save_s, 2)
+
+
+def test_a_fixed_train_phase_is_not_one_micro_batch():
+    """compute.phases.train_min fixes the phase's minutes, not the step's seconds: the save estimate
+    still waits one micro-batch (a 20-minute phase read as one micro-batch refused every spot offer)."""
+    from lorapod.plan.spot import save_on_sigterm_s
+
+    llm = EXAMPLES / "llm-chat-lora.yaml"
+    short = ["compute.spot=auto", "train.max_steps=16", "model.id=Qwen/Qwen2.5-0.5B", "compute.gpu=null",
+             "compute.provider=runpod"]
+    fixed = plan_job(load_spec(llm, [*short, "compute.phases.train_min=20"]), provider="runpod", examples=20)
+    free = plan_job(load_spec(llm, short), provider="runpod", examples=20)
+    a = next(o for o in fixed.options if o.spot is not None)
+    b = next(o for o in free.options if o.gpu == a.gpu and o.spot is not None)
+    assert save_on_sigterm_s(fixed.job, a) == pytest.approx(save_on_sigterm_s(free.job, b))
+    assert a.spot.save_s < 60
 
 
 def test_decide_skips_spot_quotes_whose_save_does_not_fit():

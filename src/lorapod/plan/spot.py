@@ -291,8 +291,13 @@ def save_on_sigterm_s(job: Any, option: Any) -> float:
     micro-batch it is in (engine/loop.py), then saves :func:`state_mb` at
     ``compute.spot_save_mb_s`` or :data:`SAVE_MB_S`. (:data:`SAVE_MARGIN` covers a slower step.)"""
     rate = getattr(job.spec.compute, "spot_save_mb_s", None) or SAVE_MB_S
-    train = sum(p.hours for p in option.phases if p.name == "train") * 3600
-    micro = train / job.steps if getattr(job, "steps", 0) else 0.0
+    speed = getattr(option, "speed", None)
+    if speed is not None:  # the planner's seconds per micro-batch on this GPU (plan/speed.py)
+        micro = float(speed.seconds_per_step)
+    else:  # no speed model: the train phase spread over its micro-batches
+        train = sum(p.hours for p in option.phases if p.name == "train") * 3600
+        batches = getattr(job, "steps", 0) * max(1, getattr(job.spec.train, "grad_accum", 1))
+        micro = train / batches if batches else 0.0
     return micro + state_mb(job) / rate
 
 
