@@ -147,11 +147,9 @@ def trained_anything(run) -> bool:
     """Whether a run folder holds any training: a checkpoint, an adapter or a step in its metrics."""
     if bool(run.checkpoints_by_step()) or (run.adapter / "adapter_model.safetensors").is_file():
         return True
-    try:
-        with open(run.metrics_file, encoding="utf-8") as fh:
-            return any('"loss"' in line for line in fh)
-    except OSError:
-        return False
+    from lorapod.rundir import read_records
+
+    return any("loss" in rec for rec in read_records(run.metrics_file))
 
 
 @contextlib.contextmanager
