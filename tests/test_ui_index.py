@@ -67,3 +67,16 @@ def test_the_llm_demos_out_folder_is_not_a_run_and_its_runs_are_listed(tmp_path)
     assert (solo / "checkpoints").is_dir()
     assert sorted(_jobs(_page(tmp_path, tmp_path / "no-ledger.db"))) == ["demo-20261201-120000-ab12",
                                                                         "solo-20261201-130000-cd34"]
+
+
+def test_the_run_page_shows_the_image_evals_recommendation(tmp_path):
+    root = run_folder(tmp_path / "runs", image_eval=True)
+    data = json.loads((root / "eval" / "images.json").read_text())
+    data.update(best="step-10", reason="training loss, mean of the 5 step(s) before each checkpoint: step-10 0.2 <b>")
+    (root / "eval" / "images.json").write_text(json.dumps(data))
+    dash = Dashboard(RunIndex([tmp_path], tmp_path / "no-ledger.db"), TOKEN)
+    c = TestClient(build_app(dash, {"testserver"}, 0), follow_redirects=False)
+    c.cookies.set(cookie_name(0), TOKEN)
+    page = c.get(f"/runs/{root.name}").text
+    assert 'Recommended checkpoint: <b class="best">step-10</b>: training loss' in page
+    assert "0.2 &lt;b&gt;" in page  # escaped, as everything a run folder holds
