@@ -109,10 +109,13 @@ def test_errors_are_one_clean_line_with_a_hint():
     assert r.returncode == 1 and "--sessions-per-month" in r.stderr
 
 
-def test_live_without_keys_uses_the_snapshot_and_says_so():
+def test_live_without_keys_uses_the_snapshot_and_says_so_first():
     r = _run("plan", SDXL, "--live", "--images", "25", "--gpu", "RTX 3090")
     assert r.exit_code == 0, r.output
-    assert "RUNPOD_API_KEY not set" in r.output and "snapshot" in r.output
+    first = r.output.splitlines()[0]  # not at the end of 45 lines (issue #38)
+    assert first.startswith("--live: RUNPOD_API_KEY and VAST_API_KEY not set: offline prices snapshot of 20"), first
+    assert "RUNPOD_API_KEY" not in "\n".join(r.output.splitlines()[1:])  # said once
+    assert "* = live" not in r.output
 
 
 def test_plan_does_not_import_torch():

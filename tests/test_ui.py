@@ -257,3 +257,25 @@ def test_a_busy_port_is_a_clear_error():
     free = open_socket("127.0.0.1", 0)
     assert free.getsockname()[0] == "127.0.0.1" and free.getsockname()[1] > 0
     free.close()
+
+
+def test_a_spot_jobs_page_shows_its_preemptions_their_cost_and_the_savings(tmp_path):
+    from lorapod.store.ledger import Ledger
+    from lorapod.store.preemptions import record_preemption, record_spot_instance
+
+    root = run_folder(tmp_path, name="spot-20261202-130000-0001")
+    ledger = Ledger()
+    ledger.job_started(root.name, str(root), "runpod", "runpod", None, 1.0, None)
+    for preempted in (True, False):
+        record_spot_instance(ledger, root.name, provider="runpod", gpu="RTX 4090", tier="spot", hours=1.0,
+                             preempted=preempted, usd_per_hour=0.2, ondemand_usd_per_hour=0.5)
+    record_preemption(ledger, root.name, instance_id="i-1", how="stopped", step=7, resume_step=6, usd_per_hour=0.2,
+                      redo_hours=0.1, setup_hours=0.1, husk_hours=0.0, ondemand_usd_per_hour=0.5)
+    page = client(tmp_path).get("/runs/" + root.name).text
+    spot = page.split('<section id="spot">')[1].split("</section>")[0]
+    # cost: 0.2 h x $0.20; saved: 2 h x ($0.50 - $0.20) less the 0.2 h wasted at $0.50
+    assert "1 preemption(s), costing $0.0400" in " ".join(spot.split())
+    assert "saved $0.5000 against on-demand" in " ".join(spot.split())
+    plain = run_folder(tmp_path, name="plain-20261202-130000-0002")
+    ledger.job_started(plain.name, str(plain), "runpod", "runpod", None, 1.0, None)
+    assert '<section id="spot">' not in client(tmp_path).get("/runs/" + plain.name).text  # on-demand: nothing

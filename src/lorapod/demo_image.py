@@ -23,6 +23,7 @@ from PIL import Image
 
 from lorapod.builtin import build_once
 from lorapod.builtin.sd import TOY_COLOURS, build_toy_sd15
+from lorapod.rundir.layout import sample_tag
 
 
 def write_images(folder: Path, n: int = 6, trigger: str = "zxq", sizes: list[tuple[int, int]] | None = None,
@@ -160,7 +161,7 @@ def run_image_demo(out: Path, steps: int | None = None, log=print, show_progress
     base = base_samples(model_dir, run.samples)
     trained = train_diffusion(spec, run, log=log, show_progress=show_progress)
     if not any(run.samples.glob("epoch*-00.png")):  # stopped (--steps) before the epoch that samples: sample now
-        trained.recipe.write_samples(trained.result.state, f"step{trained.result.state.step:06d}")
+        trained.recipe.write_samples(trained.result.state, sample_tag(trained.result.state.step))
     progress = progress_sheet(run.samples, base, training_images(out))
     first = (trained.result.first_eval or {}).get("fixed_noise_loss")
     last = (trained.result.last_eval or {}).get("fixed_noise_loss")

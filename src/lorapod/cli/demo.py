@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lorapod.cli.train import interrupt_says_how_to_resume
+from lorapod.rundir.layout import METRICS
 
 console = Console()
 
@@ -48,7 +49,7 @@ def demo(
     console.print(table)
     console.print(f"\nbase model : {res.out / 'base-model'}")
     console.print(f"adapter    : {res.out / 'adapter'}  (PEFT: adapter_config.json + adapter_model.safetensors)")
-    console.print(f"metrics    : {res.out / 'metrics.jsonl'}  (plot: {res.out / 'loss.png'})")
+    console.print(f"metrics    : {res.out / METRICS}  (plot: {res.out / 'loss.png'})")
     console.print(f"spec       : {res.out / 'spec.yaml'}  (train it again: lorapod train {res.out / 'spec.yaml'})")
 
 
@@ -95,7 +96,7 @@ def _image_demo(out: Path, steps: int | None) -> None:
         ("LoRA, diffusers format", res.diffusers_file),
         ("LoRA, kohya format (ComfyUI/Forge)", res.kohya_file),
         ("exports per checkpoint", res.run / "exports"),
-        ("metrics", res.run / "metrics.jsonl"),
+        ("metrics", res.run / METRICS),
         ("spec (train it again with lorapod train)", res.out / "spec.yaml"),
     ]
     _show(res, rows)

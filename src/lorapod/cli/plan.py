@@ -68,7 +68,7 @@ def plan_command(
         if gpu:
             raise PlanError(f"--any-gpu and --gpu {gpu!r} contradict each other", hint="give one of them")
         job_spec = job_spec.model_copy(update={"compute": job_spec.compute.model_copy(update={"gpu": None})})
-    prices, notes = None, []
+    prices, notes, got = None, [], None
     if live:
         from lorapod.catalog.gpus import find_gpu
         from lorapod.compute.live_prices import live_prices
@@ -98,6 +98,9 @@ def plan_command(
             out["explain"] = why.to_json()
         typer.echo(json.dumps(out, indent=2))
         return
+    if got is not None:  # first, not after 45 lines: whether --live got any live price
+        console.print(escape(got.headline(plan.snapshot_note)), style="bold" if not got.refreshed else None,
+                      highlight=False, soft_wrap=True)
     _print_plan(plan, notes, sort, spec, market)
     for line in [*(vol.lines() if vol is not None else []),
                  *([VAST_NOTE] if job_spec.compute.volume or any(o.provider == "vast" for o in plan.options) else [])]:
@@ -207,9 +210,8 @@ def _print_plan(plan: Plan, notes: list[str], sort: str = "usd", spec_path: Path
     images = image_notes(job.spec, [o.provider for o in plan.options])
     for w in dict.fromkeys([*plan.warnings, *best.warnings, *images]):
         console.print(f"[yellow]![/] {w}", highlight=False)
-    for n in notes:
-        console.print(f"[dim]live: {n}[/]", highlight=False)
-    console.print(f"[dim]{plan.snapshot_note}{' (* = live)' if notes else ''}; assumptions: docs/planner.md[/]",
+    live = any(o.price_source == "live" for o in plan.options)
+    console.print(f"[dim]{plan.snapshot_note}{' (* = live)' if live else ''}; assumptions: docs/planner.md[/]",
                   highlight=False)
 
 
@@ -245,6 +247,13 @@ def _print_spot(plan: Plan) -> None:
         console.print(table)
         first = next(o.spot for o in plan.options if o.spot is not None)
         console.print(f"[dim]preemption rate: {escape(first.rate.basis)}[/]", highlight=False)
+        windowed = [o for o in plan.options if o.spot is not None and o.fits and o.spot.grace_s is not None]
+        if windowed:  # the save on SIGTERM against the provider's window (plan/spot.py GRACE_S)
+            w = max(windowed, key=lambda o: o.spot.save_s)
+            console.print(f"[dim]save on SIGTERM: about {w.spot.save_s:.1f} s at most ({escape(w.gpu)}); "
+                          f"{escape(w.provider)} gives {w.spot.grace_s:g} s before SIGKILL"
+                          + ("" if all(o.spot.save_fits for o in windowed) else ": too slow, not taken") + "[/]",
+                          highlight=False)
     tier = plan.tier
     if tier is not None and (rows or tier.policy != "never"):
         console.print(f"[bold]tier:[/] {tier.tier} (compute.spot: {tier.policy}): {escape(tier.reason)}",

@@ -26,6 +26,7 @@ import torch
 
 from lorapod.errors import DataError, ExportError
 from lorapod.fsutil import atomic_write_text
+from lorapod.rundir.layout import checkpoint_step
 
 
 @dataclass
@@ -173,7 +174,7 @@ def evaluate_images(run_path: str | Path, prompts: Path | None = None, strengths
     labels = []
     with tempfile.TemporaryDirectory() as tmp:
         for p in steps_dirs:
-            ck = open_source(run_path, int(p.name.removeprefix("step-")))
+            ck = open_source(run_path, checkpoint_step(p.name))
             folder = Path(tmp) / ck.label
             folder.mkdir()
             write_diffusers(ck, folder)

@@ -22,6 +22,7 @@ from starlette.responses import HTMLResponse
 from lorapod.catalog import families
 from lorapod.errors import LorapodError
 from lorapod.rundir import last_checkpoint
+from lorapod.store.preemptions import job_figures
 from lorapod.ui.runs import RunIndex, RunView, evaluation, logs, sample_prompt, samples, spec_dict
 
 PER_PAGE = 48  # samples per gallery page
@@ -174,11 +175,13 @@ def run_context(dash: Dashboard, view: RunView, page: int = 1) -> dict[str, Any]
         gallery[-1]["files"].append({**f, "prompt": sample_prompt(view.root, f["path"])})
     last_ckpt = last_checkpoint(view.root)
     ledger_events: list[dict[str, Any]] = []
+    spot = None  # on spot: preemptions, their cost, the savings vs on-demand (store/preemptions.py)
     try:
         ledger = dash.index.ledger() if view.in_ledger else None
         if ledger is not None:
             try:
                 ledger_events = ledger.events(view.job_id)[-200:]
+                spot = job_figures(ledger, view.job_id)
             finally:
                 ledger.close()
     except (sqlite3.Error, LorapodError):  # locked, or damaged (LedgerDamaged)
@@ -186,7 +189,7 @@ def run_context(dash: Dashboard, view: RunView, page: int = 1) -> dict[str, Any]
     phases = [{"name": k, "s": s, "usd": view.setup_usd.get(k, 0.0)} for k, s in view.setup_s.items()]
     return {"view": view, "gallery": gallery, "page": page, "pages": pages, "n_samples": len(flat),
             "evaluation": evaluation(view.root), "logs": logs(view.root), "ledger_events": ledger_events,
-            "phases": phases, "last_ckpt": last_ckpt, "confirm": confirms(view, last_ckpt)}
+            "phases": phases, "last_ckpt": last_ckpt, "confirm": confirms(view, last_ckpt), "spot": spot}
 
 
 def confirms(view: RunView, last_ckpt: str | None) -> dict[str, str]:
