@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 from starlette.testclient import TestClient
 
@@ -67,3 +68,36 @@ def test_the_llm_demos_out_folder_is_not_a_run_and_its_runs_are_listed(tmp_path)
     assert (solo / "checkpoints").is_dir()
     assert sorted(_jobs(_page(tmp_path, tmp_path / "no-ledger.db"))) == ["demo-20261201-120000-ab12",
                                                                         "solo-20261201-130000-cd34"]
+
+
+def test_the_run_page_shows_the_image_evals_recommendation(tmp_path):
+    root = run_folder(tmp_path / "runs", image_eval=True)
+    data = json.loads((root / "eval" / "images.json").read_text())
+    data.update(best="step-10", reason="training loss, mean of the 5 step(s) before each checkpoint: step-10 0.2 <b>")
+    (root / "eval" / "images.json").write_text(json.dumps(data))
+    dash = Dashboard(RunIndex([tmp_path], tmp_path / "no-ledger.db"), TOKEN)
+    c = TestClient(build_app(dash, {"testserver"}, 0), follow_redirects=False)
+    c.cookies.set(cookie_name(0), TOKEN)
+    page = c.get(f"/runs/{root.name}").text
+    assert 'Recommended checkpoint: <b class="best">step-10</b>: training loss' in page
+    assert "0.2 &lt;b&gt;" in page  # escaped, as everything a run folder holds
+
+
+def test_the_plan_page_says_what_pinned_it_and_never_heads_with_a_gpu_that_does_not_fit(tmp_path):
+    import yaml
+
+    llm = Path(__file__).resolve().parents[1] / "examples" / "llm-chat-lora.yaml"
+    raw = yaml.safe_load(llm.read_text())
+    raw["method"]["type"] = "lora"  # bf16 8B: ~27 GB, more than the pinned 24 GB RTX 3090
+    spec = tmp_path / "llm-lora.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    dash = Dashboard(RunIndex([tmp_path], tmp_path / "no-ledger.db"), TOKEN, spec_files=[llm, spec])
+    c = TestClient(build_app(dash, {"testserver"}, 0), follow_redirects=False)
+    c.cookies.set(cookie_name(0), TOKEN)
+    page = " ".join(c.get("/plan?spec=0").text.split())
+    assert "Only <b>RTX 3090 on runpod</b>: pinned by compute.gpu and compute.provider" in page
+    assert f"<code>lorapod plan {llm} --any-gpu --provider any</code>" in page
+    assert "Phases, #1: RTX 3090 on runpod" in page
+    page = " ".join(c.get("/plan?spec=1").text.split())
+    assert "Phases, #1" not in page and "No offer fits: RTX 3090 needs about" in page
+    assert "Phases, does not fit: RTX 3090" in page and "<td>-</td><td>runpod</td><td>RTX 3090</td>" in page
