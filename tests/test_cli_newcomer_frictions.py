@@ -253,3 +253,32 @@ def test_plan_prices_the_gpus_the_snapshot_gained_offline_each_entry_dated_and_s
     raw = yaml.safe_load((Path(snapshot.__file__).parent / "data" / "prices.yaml").read_text())
     dated = [p for p in raw["prices"] if "as_of" in p]
     assert len(dated) == 5 and all(p.get("source") for p in dated)
+
+
+def test_a_mistyped_model_id_with_no_hub_fails_fast_and_names_the_fix_train_takes(tmp_path, monkeypatch, capsys):
+    """No network and HF_HUB_OFFLINE unset: huggingface_hub retried each file five times (~25 s, a
+    line each) and the hint said `--model`, which `train` does not take."""
+    import socket
+    import time
+
+    from lorapod import home
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there: a refused connect, as with no route to the hub
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setattr(home, "_unreachable", {})
+    monkeypatch.chdir(tmp_path)
+    start = time.monotonic()
+    code, _out, err = run_cli(["train", str(ROOT / "examples" / "llm-chat-lora.yaml"),
+                               "--set", "model.id=meta-llama/Llama-3.1-8B-Instrct"], capsys)
+    took = time.monotonic() - start
+    assert code == 1, err
+    assert "the Hugging Face hub cannot be reached (127.0.0.1:" in err and "is not in its cache" in err
+    assert "did you mean meta-llama/Llama-3.1-8B-Instruct?" in err and "--set model.id=PATH" in err
+    assert "point --model" not in err
+    assert took < 20, f"{took:.0f} s"  # huggingface_hub's retries alone sleep 1+2+4+8+8 s per file
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
