@@ -282,3 +282,22 @@ def test_a_mistyped_model_id_with_no_hub_fails_fast_and_names_the_fix_train_take
     assert "point --model" not in err
     assert took < 20, f"{took:.0f} s"  # huggingface_hub's retries alone sleep 1+2+4+8+8 s per file
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_a_job_stopped_before_its_first_step_never_says_step_none(capsys):
+    import json
+
+    from lorapod.rundir import at_step, last_step, new_job_id
+    from lorapod.store.ledger import Ledger
+
+    ledger = Ledger()
+    job = new_job_id("demo")
+    ledger.job_started(job, "/tmp/runs/" + job, "runpod", None, None, 1.0, 1.0)  # booting: no step yet
+    ledger.close()
+    code, _out, err = run_cli(["down", job], capsys)
+    assert code == 0, err
+    code, out, _err = run_cli(["ps", "--json"], capsys)
+    (row,) = json.loads(out)
+    assert row["summary"].startswith("stopped by `lorapod down` before its first step"), row["summary"]
+    assert (at_step(None), at_step(0), last_step(None), last_step(7)) == (
+        "before its first step", "at step 0", "no step yet", "last step 7")

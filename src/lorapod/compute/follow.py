@@ -23,6 +23,7 @@ from lorapod.compute.remote import RemoteWork, WatchdogNotRunning, local_manifes
 from lorapod.compute.teardown import fetch_logs, mark_keep
 from lorapod.compute.wait import deadline_in
 from lorapod.errors import LorapodError, RemoteError
+from lorapod.rundir import at_step
 
 
 @dataclass
@@ -94,16 +95,16 @@ class Follower:
         self.final_pull()
         root, job_id = ctx.run.root, ctx.job_id
         if st.exit and st.exit.startswith("killed:"):
-            raise RemoteError(f"the on-instance watchdog stopped the job at step {p.last_step} "
+            raise RemoteError(f"the on-instance watchdog stopped the job {at_step(p.last_step)} "
                               f"({st.exit.split(':', 1)[1].strip()})",
                               hint=f"see {root}/job.log; resume with `lorapod run --resume {job_id}`")
         if p.stop_reason:
-            return "stopped", f"stopped at step {p.last_step}: {p.stop_reason}"
+            return "stopped", f"stopped {at_step(p.last_step)}: {p.stop_reason}"
         if st.exit and st.exit.strip() == "0":
-            return "done", f"finished at step {p.last_step}"
+            return "done", f"finished {at_step(p.last_step)}"
         tail = ctx.remote(work.job_log_tail, "job log")
         ctx.say("job log (last lines):\n" + tail)
-        raise RemoteError(f"the job failed on the instance (exit {st.exit or 'unknown'}) at step {p.last_step}",
+        raise RemoteError(f"the job failed on the instance (exit {st.exit or 'unknown'}) {at_step(p.last_step)}",
                           hint=f"see {root}/job.log; fix, then `lorapod run --resume {job_id}`")
 
     def stop_in_order(self, why: str) -> None:
