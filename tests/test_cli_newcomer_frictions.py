@@ -301,3 +301,24 @@ def test_a_job_stopped_before_its_first_step_never_says_step_none(capsys):
     assert row["summary"].startswith("stopped by `lorapod down` before its first step"), row["summary"]
     assert (at_step(None), at_step(0), last_step(None), last_step(7)) == (
         "before its first step", "at step 0", "no step yet", "last step 7")
+
+
+def test_train_into_a_log_file_writes_whole_lines_not_80_column_wraps(tmp_path, monkeypatch, capsys):
+    """A remote (or `run --on local`) job's job.log is `lorapod train`'s stderr in a file: rich
+    wrapped it at 80 columns, cutting the run folder's path and the resume command (issue #38).
+    Here stderr is pytest's capture, not a terminal, as a job.log is."""
+    import yaml
+
+    from .llm_fixtures import make_model_dir, spec_dict, write_data
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    deep = tmp_path / ("a-rather-long-folder-name-" * 3) / "runs"
+    raw = spec_dict(make_model_dir(tmp_path, hidden=32, layers=1), *write_data(tmp_path), deep, max_steps=2)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    code, _out, err = run_cli(["train", str(spec)], capsys)
+    assert code == 0, err
+    run_line = next(ln for ln in err.splitlines() if ln.startswith("run folder: "))
+    assert run_line.startswith(f"run folder: {deep}") and len(run_line) > 80  # one line, the whole path
+    adapter = next(ln for ln in err.splitlines() if ln.startswith("adapter: "))
+    assert adapter.endswith("/adapter")

@@ -14,7 +14,9 @@ from rich.console import Console
 
 from lorapod.errors import LorapodError
 
-console = Console(stderr=True)
+# Piped or in a job.log (a remote or `run --on local` job), a line stays one line: rich would wrap
+# it at 80 columns, cutting paths and the resume command a user copies.
+console = Console(stderr=True, soft_wrap=not sys.stderr.isatty())
 
 
 def say(message: str) -> None:

@@ -60,6 +60,7 @@ class Follower:
         self.ctx, self.lease, self.work, self.watched, self.started = ctx, lease, work, watched, started
         self.progress, self.pulls = progress, pulls
         self.view: Any = None  # engine.progress.MetricsView, made when the first metrics arrive (max_usd known)
+        self.lines: Any = None  # engine.progress.LineEvery: piped, a line every 30 s as `lorapod train` prints
         self.wd = _WatchdogWatch()
 
     def follow(self) -> tuple[str, str]:
@@ -141,9 +142,9 @@ class Follower:
             row = ctx.ledger.instance(self.lease.ledger_id)
             usd, rate = ctx.ledger.usd(ctx.job_id), (row.usd_per_hour if row is not None else None)
             if self.view is None:
-                from lorapod.engine.progress import MetricsView
+                from lorapod.engine.progress import LineEvery, MetricsView
 
-                self.view = MetricsView(usd_cap=ctx.max_usd)
+                self.view, self.lines = MetricsView(usd_cap=ctx.max_usd), LineEvery()
         for rec in records:
             if p.first_step_at is None:
                 p.first_step_at = time.monotonic()
@@ -152,7 +153,7 @@ class Follower:
                           "job start to its first step: model download, load, caching")
             p.last_step = rec["step"]
             shown = self.view.feed(rec, usd=usd, usd_per_hour=rate)  # engine/progress.py: one rendering
-            if shown:
+            if shown and self.lines.show(rec, self.view.total):
                 ctx.emit(shown)
         if p.feed.dropped_total > before:
             ctx.say(f"ignored {p.feed.dropped_total - before} metrics line(s) from the instance "
