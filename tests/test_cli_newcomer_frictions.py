@@ -322,3 +322,22 @@ def test_train_into_a_log_file_writes_whole_lines_not_80_column_wraps(tmp_path, 
     assert run_line.startswith(f"run folder: {deep}") and len(run_line) > 80  # one line, the whole path
     adapter = next(ln for ln in err.splitlines() if ln.startswith("adapter: "))
     assert adapter.endswith("/adapter")
+
+
+def test_a_failed_llm_train_leaves_no_empty_runs_folder_it_made(tmp_path, monkeypatch, capsys):
+    """A failed `lorapod train` removed its run folder but left the `runs/` it had made, empty
+    (issue #38); a `runs/` that was there before stays, with what is in it."""
+    import yaml
+
+    from .llm_fixtures import spec_dict
+
+    monkeypatch.chdir(tmp_path)
+    raw = spec_dict(tmp_path / "no-such-model", tmp_path / "t.jsonl", tmp_path / "v.jsonl", "runs")
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    code, _out, err = run_cli(["train", str(spec)], capsys)
+    assert code != 0 and "nothing was trained: removed" in err
+    assert not (tmp_path / "runs").exists()
+    (tmp_path / "runs" / "earlier-run").mkdir(parents=True)
+    code, _out, err = run_cli(["train", str(spec)], capsys)
+    assert code != 0 and [p.name for p in (tmp_path / "runs").iterdir()] == ["earlier-run"]
