@@ -132,6 +132,11 @@ class TrainSpec(_Section):
     max_grad_norm: Annotated[float | None, Field(gt=0)] = 1.0
     gradient_checkpointing: bool = False
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    attention: Literal["auto", "sdpa", "flex", "flash", "eager"] = Field(
+        "auto", description="LLM recipe: the attention kernel. auto picks per model (sdpa where the model "
+        "supports it, flex_attention or FlashAttention-2 varlen on CUDA where available, eager only for models "
+        "without sdpa); packed rows run padding-free, without an L x L mask (docs/llm.md)."
+    )
     seed: int = 42
     # image training
     noise_offset: Annotated[float, Field(ge=0)] = 0.0
@@ -224,6 +229,10 @@ class ComputeSpec(_Section):
     spot_checkpoint_min: Annotated[float | None, Field(gt=0)] = Field(
         None, description="Minutes of training between resume checkpoints on spot (default: Young/Daly, "
         "sqrt(2 x checkpoint cost x mean time between preemptions)).")
+    spot_save_mb_s: Annotated[float | None, Field(gt=0)] = Field(
+        None, description="MB/s of a checkpoint save on your instance, as bench/spot_save.py measures it (default "
+        "250, an assumption from a small shared machine): spot is refused on a provider whose SIGTERM-to-SIGKILL window "
+        "(RunPod: 5 s) the save on SIGTERM does not fit.")
 
 
 class WandbSpec(_Section):
@@ -306,6 +315,9 @@ class JobSpec(_Section):
         if self.data.format == "video" and self.model.family not in ("auto", *families.VIDEO):
             raise ValueError(f"model.family = '{self.model.family}' cannot train data.format 'video': set "
                              f"model.family to a video family ({', '.join(families.VIDEO)}) or auto")
+        if self.train.attention != "auto" and self.is_image:
+            raise ValueError(f"train.attention '{self.train.attention}' is for the LLM recipe; image and video "
+                             "models run their trainer's own attention (leave it at auto)")
         return self
 
     @property

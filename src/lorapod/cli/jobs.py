@@ -9,6 +9,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from lorapod.rundir.layout import METRICS
+
 console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
@@ -69,10 +71,14 @@ def register(app: typer.Typer) -> None:
                 console.print(f"[bold red]job {r['job']}: instance {', '.join(r['unconfirmed'])} not confirmed "
                               f"destroyed; it may still bill.[/] Run `lorapod down {r['job']}`")
         from lorapod.store.phases import describe
+        from lorapod.store.preemptions import SpotFigures
 
         for r in rows:
             if r["setup_s"]:
                 console.print(f"[dim]{r['job']} setup: {describe(r['setup_s'])}[/]")
+            if r.get("spot"):
+                fig = SpotFigures(**r["spot"])
+                console.print(f"{r['job']} {fig.line()} ({r['instances']} instance(s), one $ cap)", markup=False)
         live = sum(r["live_instances"] for r in rows)
         console.print(f"{live} live instance(s)" + (" - `lorapod down --orphans` cleans up any left behind"
                                                    if live else ""))
@@ -105,6 +111,11 @@ def register(app: typer.Typer) -> None:
                     typer.echo(f"[metrics] {rendered}")
                 continue
             typer.echo(line)
+        from lorapod.store.preemptions import job_figures
+
+        # on spot: the one meter's preemption figures (a local `lorapod train` run has none)
+        if row is not None and (fig := job_figures(ledger, row.id)):
+            typer.echo(f"[spot] {fig.line()}")
 
     @app.command("pull")
     def pull(job: str = typer.Argument(..., help="Job id (or a unique prefix).")) -> None:
@@ -114,6 +125,34 @@ def register(app: typer.Typer) -> None:
 
         n = pull_job(Ledger(), job)
         err.print(f"pulled {n} file(s)")
+
+    @app.command("stop")
+    def stop(
+        job: str = typer.Argument(..., help="Job id, or the folder of a run on this machine (`lorapod train`)."),
+        reason: str = typer.Option("stop requested with lorapod stop", "--reason", help="Written into STOP and the "
+                                   "ledger's events."),
+    ) -> None:
+        """Stop at the next save: the job saves a checkpoint at its next step and ends (a remote job is then
+        pulled and its instance destroyed); nothing trained is lost. `lorapod down JOB` destroys at once."""
+        from pathlib import Path
+
+        from lorapod.compute.jobs import stop_job
+        from lorapod.errors import LorapodError
+        from lorapod.rundir import RunDir, describe_holder
+        from lorapod.store.ledger import Ledger
+
+        folder = Path(job)
+        if folder.is_dir():  # a run on this machine: its own STOP
+            run = RunDir.open(folder)
+            holder = run.writer()
+            if holder is None:
+                raise LorapodError(f"no process is writing {run.root}: there is nothing to stop",
+                                   hint=f"resume it with `lorapod train --resume {run.root}`")
+            path = run.request_stop(reason)
+            err.print(f"wrote {path}: {describe_holder(holder)} saves a checkpoint at its next step and ends",
+                      markup=False)
+            return
+        err.print(stop_job(Ledger(), job, reason), markup=False)
 
     @app.command("down")
     def down(
@@ -222,7 +261,7 @@ def _has_runpod_key() -> bool:
     return True
 
 
-METRICS_TAG = "[metrics.jsonl] "
+METRICS_TAG = f"[{METRICS}] "  # how follow_logs tags a metrics line
 
 
 class _MetricsLines:
@@ -231,9 +270,11 @@ class _MetricsLines:
 
     def __init__(self, ledger, job) -> None:
         from lorapod.engine.progress import MetricsView
+        from lorapod.rundir.metrics import MetricsFeed
 
         self.rows = ledger.job_instances(job.id) if job is not None else []  # None: a local run, no $
         self.view = MetricsView(usd_cap=job.max_usd if job is not None else None)
+        self.feed = MetricsFeed()  # the one reader's policy (rundir/metrics.py), line by line
 
     def _usd_at(self, t) -> tuple[float | None, float | None]:
         import time
@@ -246,11 +287,10 @@ class _MetricsLines:
         return usd, self.rows[-1].usd_per_hour
 
     def __call__(self, text: str) -> str | None:
-        try:
-            rec = json.loads(text)
-        except ValueError:
+        rec = self.feed.accept(text)
+        if rec is None:
             return None
-        usd, rate = self._usd_at(rec.get("time")) if isinstance(rec, dict) else (None, None)
+        usd, rate = self._usd_at(rec.get("time"))
         return self.view.feed(rec, usd=usd, usd_per_hour=rate)
 
 

@@ -8,8 +8,6 @@ providers list instances by the label lorapod gave them (``lorapod-<installation
 from __future__ import annotations
 
 import functools
-import json
-import os
 import sqlite3
 import time
 from collections.abc import Callable
@@ -66,24 +64,10 @@ def run_folders(roots: list[Path], local: bool = False) -> list[Path]:
 
 
 def _last_step(run: Path) -> int | None:
-    from lorapod.compute.metrics_feed import MAX_STEP
+    from lorapod.rundir import METRICS, read_records
 
-    metrics = run / "metrics.jsonl"
-    try:
-        with open(metrics, "rb") as fh:
-            end = fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, end - (64 << 10)))
-            tail = fh.read()
-    except OSError:
-        return None
-    for line in reversed(tail.splitlines()):
-        try:
-            step = json.loads(line).get("step")
-        except (ValueError, AttributeError):
-            continue
-        if isinstance(step, int) and not isinstance(step, bool) and 0 <= step <= MAX_STEP:
-            return step
-    return None
+    records = read_records(run / METRICS, tail_bytes=64 << 10)
+    return records[-1]["step"] if records else None
 
 
 def check(ledger: Ledger, say: Callable[[str], None], roots: list[Path]) -> dict[str, Any]:
