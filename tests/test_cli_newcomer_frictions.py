@@ -253,3 +253,91 @@ def test_plan_prices_the_gpus_the_snapshot_gained_offline_each_entry_dated_and_s
     raw = yaml.safe_load((Path(snapshot.__file__).parent / "data" / "prices.yaml").read_text())
     dated = [p for p in raw["prices"] if "as_of" in p]
     assert len(dated) == 5 and all(p.get("source") for p in dated)
+
+
+def test_a_mistyped_model_id_with_no_hub_fails_fast_and_names_the_fix_train_takes(tmp_path, monkeypatch, capsys):
+    """No network and HF_HUB_OFFLINE unset: huggingface_hub retried each file five times (~25 s, a
+    line each) and the hint said `--model`, which `train` does not take."""
+    import socket
+    import time
+
+    from lorapod import home
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there: a refused connect, as with no route to the hub
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setattr(home, "_unreachable", {})
+    monkeypatch.chdir(tmp_path)
+    start = time.monotonic()
+    code, _out, err = run_cli(["train", str(ROOT / "examples" / "llm-chat-lora.yaml"),
+                               "--set", "model.id=meta-llama/Llama-3.1-8B-Instrct"], capsys)
+    took = time.monotonic() - start
+    assert code == 1, err
+    assert "the Hugging Face hub cannot be reached (127.0.0.1:" in err and "is not in its cache" in err
+    assert "did you mean meta-llama/Llama-3.1-8B-Instruct?" in err and "--set model.id=PATH" in err
+    assert "point --model" not in err
+    assert took < 20, f"{took:.0f} s"  # huggingface_hub's retries alone sleep 1+2+4+8+8 s per file
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_a_job_stopped_before_its_first_step_never_says_step_none(capsys):
+    import json
+
+    from lorapod.rundir import at_step, last_step, new_job_id
+    from lorapod.store.ledger import Ledger
+
+    ledger = Ledger()
+    job = new_job_id("demo")
+    ledger.job_started(job, "/tmp/runs/" + job, "runpod", None, None, 1.0, 1.0)  # booting: no step yet
+    ledger.close()
+    code, _out, err = run_cli(["down", job], capsys)
+    assert code == 0, err
+    code, out, _err = run_cli(["ps", "--json"], capsys)
+    (row,) = json.loads(out)
+    assert row["summary"].startswith("stopped by `lorapod down` before its first step"), row["summary"]
+    assert (at_step(None), at_step(0), last_step(None), last_step(7)) == (
+        "before its first step", "at step 0", "no step yet", "last step 7")
+
+
+def test_train_into_a_log_file_writes_whole_lines_not_80_column_wraps(tmp_path, monkeypatch, capsys):
+    """A remote (or `run --on local`) job's job.log is `lorapod train`'s stderr in a file: rich
+    wrapped it at 80 columns, cutting the run folder's path and the resume command (issue #38).
+    Here stderr is pytest's capture, not a terminal, as a job.log is."""
+    import yaml
+
+    from .llm_fixtures import make_model_dir, spec_dict, write_data
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    deep = tmp_path / ("a-rather-long-folder-name-" * 3) / "runs"
+    raw = spec_dict(make_model_dir(tmp_path, hidden=32, layers=1), *write_data(tmp_path), deep, max_steps=2)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    code, _out, err = run_cli(["train", str(spec)], capsys)
+    assert code == 0, err
+    run_line = next(ln for ln in err.splitlines() if ln.startswith("run folder: "))
+    assert run_line.startswith(f"run folder: {deep}") and len(run_line) > 80  # one line, the whole path
+    adapter = next(ln for ln in err.splitlines() if ln.startswith("adapter: "))
+    assert adapter.endswith("/adapter")
+
+
+def test_a_failed_llm_train_leaves_no_empty_runs_folder_it_made(tmp_path, monkeypatch, capsys):
+    """A failed `lorapod train` removed its run folder but left the `runs/` it had made, empty
+    (issue #38); a `runs/` that was there before stays, with what is in it."""
+    import yaml
+
+    from .llm_fixtures import spec_dict
+
+    monkeypatch.chdir(tmp_path)
+    raw = spec_dict(tmp_path / "no-such-model", tmp_path / "t.jsonl", tmp_path / "v.jsonl", "runs")
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    code, _out, err = run_cli(["train", str(spec)], capsys)
+    assert code != 0 and "nothing was trained: removed" in err
+    assert not (tmp_path / "runs").exists()
+    (tmp_path / "runs" / "earlier-run").mkdir(parents=True)
+    code, _out, err = run_cli(["train", str(spec)], capsys)
+    assert code != 0 and [p.name for p in (tmp_path / "runs").iterdir()] == ["earlier-run"]

@@ -117,3 +117,17 @@ def test_an_ended_job_is_measured_for_the_planner_at_once(tmp_path):
     speed = plan_job(spec, gpu="RTX 4090").options[0].speed
     assert speed.basis == "your runs" and [r.job_id for r in speed.runs] == [summary.job_id]
     assert ledger.measurements() == [m]
+
+
+def test_run_piped_prints_progress_like_train_not_a_line_per_step(tmp_path, monkeypatch):
+    """`run --on local | tee` printed every step (320 lines for the demo) where `train` prints the
+    first, one every 30 s and the last (issue #38). Piped here: stderr is not a terminal."""
+    monkeypatch.setenv("LORAPOD_PROGRESS_SECONDS", "3600")
+    said: list[str] = []
+    spec_path = make_spec(tmp_path)
+    provider = LocalProvider(home=tmp_path / "machine")
+    summary = run_remote(load_spec(spec_path), provider, "local", fast_options(job_command=fake_command(0.02)),
+                         Ledger(), str(spec_path), say=said.append)
+    assert summary.state == "done" and summary.last_step == 8
+    steps = [s for s in said if s.startswith("step ")]
+    assert [s.split()[1] for s in steps] == ["1/8", "8/8"], said

@@ -310,3 +310,19 @@ def test_adapter_and_model_gguf_equal_llama_cpp_converters_output(trained, llama
     for k, v in kv_r.items():
         if k.startswith("llama."):
             assert kv_m.get(k) == pytest.approx(v), k
+
+
+def test_eval_calls_a_curve_flat_for_240_steps_flat_not_worth_more_training():
+    """The demo's eval said "more training may still help" on a validation loss that had sat within
+    noise of its end for 240 steps (issue #38): lowest at the last checkpoint by 0.0003 is not falling."""
+    from lorapod.evaluate.llm import Row, recommend
+
+    flat = [Row("base", None, 6.54, 692.0), Row("step-40", 40, 1.10, 3.0), Row("step-80", 80, 0.3121, 1.37),
+            *[Row(f"step-{s}", s, 0.3121 - 0.0001 * i, 1.37) for i, s in enumerate((120, 160, 200, 240, 280, 320), 1)]]
+    best, why = recommend(flat)
+    assert best == "step-320"
+    assert "flat since step-80" in why and "over 240 steps" in why and "unlikely to help" in why
+    assert "may still help" not in why
+    falling = [Row("base", None, 6.54, 692.0), Row("step-40", 40, 2.0, 7.4), Row("step-80", 80, 1.2, 3.3)]
+    best, why = recommend(falling)
+    assert best == "step-80" and "still falling (down 0.8000 since step-40)" in why and "may still help" in why

@@ -279,3 +279,30 @@ def test_a_spot_jobs_page_shows_its_preemptions_their_cost_and_the_savings(tmp_p
     plain = run_folder(tmp_path, name="plain-20261202-130000-0002")
     ledger.job_started(plain.name, str(plain), "runpod", "runpod", None, 1.0, None)
     assert '<section id="spot">' not in client(tmp_path).get("/runs/" + plain.name).text  # on-demand: nothing
+
+
+def test_destroy_is_offered_only_while_an_instance_may_bill_and_no_page_says_step_none(tmp_path):
+    """A finished job's page showed a Destroy button (and "step None" from its ledger summary) (issue
+    #38): the button is there only while an instance is live or not confirmed gone, and the status
+    the page re-reads says when that ends (app.js hides the button then)."""
+    from lorapod.store.ledger import Ledger
+
+    from .test_ui_hostile import first_event, remote_job
+
+    runs = tmp_path / "runs"
+    root = remote_job(runs, "live-20261201-120000-0001")
+    c = client(runs)
+    page = c.get("/runs/" + root.name).text
+    assert 'data-needs="live">Destroy now</button>' in page
+    assert 'data-live="1"' in first_event(c, f"/runs/{root.name}/stream", "status")["html"]
+    ledger = Ledger()
+    (inst,) = ledger.instances(live_only=True)
+    ledger.instance_destroyed(inst.id)
+    ledger.job_ended(root.name, "stopped", "stopped by `lorapod down` at step None; the pod destroyed")  # an old row
+    ledger.close()
+    page = c.get("/runs/" + root.name).text
+    assert "Destroy now" not in page and "step None" not in page
+    assert "stopped by `lorapod down` before its first step" in page
+    status = first_event(c, f"/runs/{root.name}/stream", "status")["html"]
+    assert 'data-live="0"' in status and 'data-active="0"' in status and "step None" not in status
+    assert "step None" not in c.get("/").text

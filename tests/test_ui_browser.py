@@ -494,3 +494,30 @@ def test_demo_then_ui_a_new_users_first_look(page, tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_page_left_open_while_its_job_ends_stops_offering_destroy(page, tmp_path):
+    """Issue #38: a finished job's page kept a live Destroy button. Opened while the pod runs, the
+    page hides Destroy and disables Stop once the status stream says the job ended."""
+    from .test_ui_hostile import remote_job
+
+    runs = tmp_path / "runs"
+    root = remote_job(runs, "live-20261201-120000-0002")
+    ui = Dashboard(str(runs))
+    try:
+        page.goto(ui.url)
+        page.goto(f"{ui.base}/runs/{root.name}")
+        page.wait_for_function("() => window.lorapod.statusEvents > 0")
+        destroy = page.locator("button[data-needs=live]")
+        assert destroy.is_visible() and destroy.is_enabled()
+        ledger = Ledger()
+        (inst,) = ledger.instances(live_only=True)
+        ledger.instance_destroyed(inst.id)
+        ledger.job_ended(root.name, "done", "finished at step 20")
+        ledger.close()
+        page.wait_for_function("() => document.querySelector('#status .status').dataset.live === '0'",
+                               timeout=20000)
+        assert not destroy.is_visible()
+        assert page.locator("text=Stop at the next save").is_disabled()
+    finally:
+        ui.close()

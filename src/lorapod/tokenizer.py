@@ -21,9 +21,12 @@ import os
 from pathlib import Path
 
 from lorapod import builtin
-from lorapod.catalog.models import hub_id, is_builtin
+from lorapod.catalog.models import close_hub_ids, hub_id, is_builtin
 from lorapod.errors import ModelLoadError, require
-from lorapod.home import offline
+from lorapod.home import hub_unreachable, offline
+
+#: Where a model folder is given instead, in each command that loads a tokenizer.
+LOCAL_HINT = "point model.id at a local folder (--set model.id=PATH; `data check` takes --model PATH)"
 
 # What AutoTokenizer may need, and nothing with weights in it (config.json tells it the model
 # type when tokenizer_config.json lacks tokenizer_class).
@@ -60,31 +63,43 @@ def _fetch(repo: str, revision: str | None) -> str:
     from huggingface_hub import errors as hf_errors
 
     local_only = offline()
+    unreachable = None if local_only else hub_unreachable()  # seconds, not ~25 s of retries per file
     try:
         return hub.snapshot_download(repo, revision=revision, allow_patterns=TOKENIZER_FILES,
-                                     local_files_only=local_only, token=os.environ.get("HF_TOKEN") or None,
+                                     local_files_only=local_only or bool(unreachable),
+                                     token=os.environ.get("HF_TOKEN") or None,
                                      endpoint=os.environ.get("HF_ENDPOINT") or None)
     except hf_errors.GatedRepoError as exc:
         raise ModelLoadError(f"{repo} is gated: the hub refused its tokenizer files without access",
                              hint="accept the licence on the model's hub page, then set HF_TOKEN "
                              "(or run `huggingface-cli login`)") from exc
     except hf_errors.RepositoryNotFoundError as exc:
+        close = " or ".join(close_hub_ids(repo))
         raise ModelLoadError(f"no model {repo} on the hub (or it is private)",
-                             hint="check the spelling; private models need HF_TOKEN") from exc
+                             hint=f"check the spelling{f' (did you mean {close}?)' if close else ''}; "
+                                  "private models need HF_TOKEN") from exc
     except hf_errors.RevisionNotFoundError as exc:
         raise ModelLoadError(f"{repo} has no revision {revision!r}", hint="check model.revision") from exc
     except (hf_errors.LocalEntryNotFoundError, OSError, ValueError) as exc:
+        close = close_hub_ids(repo)
+        spelled = f"check the spelling (did you mean {' or '.join(close)}?); " if close else ""
         if local_only:
             raise ModelLoadError(
                 f"offline (HF_HUB_OFFLINE/LORAPOD_OFFLINE is set) and the tokenizer of {repo} is not in the "
                 "Hugging Face cache",
-                hint=f"on a machine with internet run `huggingface-cli download {repo} --include 'tokenizer*' "
-                "'*.json'`, copy the cache here, or point --model at a local folder",
+                hint=f"{spelled}on a machine with internet run `huggingface-cli download {repo} --include "
+                f"'tokenizer*' '*.json'` and copy the cache here, or {LOCAL_HINT}",
+            ) from exc
+        if unreachable:
+            raise ModelLoadError(
+                f"the Hugging Face hub cannot be reached ({unreachable}) and the tokenizer of {repo} is not in "
+                "its cache",
+                hint=f"{spelled}{LOCAL_HINT}, or run where the hub can be reached",
             ) from exc
         raise ModelLoadError(
-            f"cannot fetch the tokenizer of {repo} ({type(exc).__name__}): the hub cannot be reached and it is "
+            f"cannot fetch the tokenizer of {repo} ({type(exc).__name__}): the hub did not answer and it is "
             "not in the Hugging Face cache",
-            hint="check the network, or download it where there is one and point --model at the folder",
+            hint=f"{spelled}check the network, or {LOCAL_HINT}",
         ) from exc
 
 

@@ -230,6 +230,17 @@ def hub_id(name: str) -> str | None:
     return None
 
 
+def close_hub_ids(model_id: str) -> list[str]:
+    """The catalog's hub ids spelled closest to ``model_id`` (a mistyped id: ``Llama-3.1-8B-Instrct``)."""
+    import difflib
+
+    _, _, llms = load_models()
+    known = [a for _n, aliases, _c, _e in llms for a in aliases if "/" in a]
+    lowered = {k.lower(): k for k in known}
+    return [lowered[m] for m in difflib.get_close_matches(model_id.lower(), list(lowered), n=1, cutoff=0.85)
+            if lowered[m] != model_id]
+
+
 def llm_from_config(cfg: dict[str, Any], name: str = "model", entry: dict[str, Any] | None = None) -> LLMArch:
     """Build an :class:`LLMArch` from a transformers config dict (llama, mistral, qwen, gemma, bloom...)."""
     text = cfg.get("text_config") or cfg
@@ -285,11 +296,12 @@ def _hub_config(model_id: str) -> Path | None:
     except ImportError as exc:
         raise PlanError(f"planning {model_id} needs its config.json from the hub, and huggingface_hub is not installed",
                         hint="pip install 'lorapod[llm]', or point model.id at a local folder with config.json") from exc
-    from lorapod.home import offline
+    from lorapod.home import hub_unreachable, offline
 
     local_only = offline()
+    unreachable = None if local_only else hub_unreachable()
     try:
-        return Path(hub.hf_hub_download(model_id, "config.json", local_files_only=local_only,
+        return Path(hub.hf_hub_download(model_id, "config.json", local_files_only=local_only or bool(unreachable),
                                         token=os.environ.get("HF_TOKEN") or None,
                                         endpoint=os.environ.get("HF_ENDPOINT") or None))
     except hf_errors.GatedRepoError as exc:
@@ -300,6 +312,13 @@ def _hub_config(model_id: str) -> Path | None:
                         hint="check the spelling; private models need HF_TOKEN; or point model.id at a local "
                              "folder with a config.json") from exc
     except hf_errors.LocalEntryNotFoundError as exc:
+        close = close_hub_ids(model_id)
+        spelled = f"check the spelling (did you mean {' or '.join(close)}?); " if close else ""
+        if unreachable:
+            raise PlanError(f"the Hugging Face hub cannot be reached ({unreachable}) and {model_id}'s config.json is "
+                            "not in its cache",
+                            hint=f"{spelled}point model.id at a local folder with a config.json (--set "
+                                 "model.id=PATH), or plan where the hub can be reached") from exc
         if local_only:
             raise PlanError(f"offline, and {model_id}'s config.json is not in the Hugging Face cache",
                             hint=f"on a machine with internet run `huggingface-cli download {model_id} config.json`, "

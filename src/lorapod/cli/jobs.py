@@ -113,7 +113,8 @@ def register(app: typer.Typer) -> None:
             typer.echo(line)
         from lorapod.store.preemptions import job_figures
 
-        if fig := job_figures(ledger, find_job(ledger, job).id):  # on spot: the one meter's preemption figures
+        # on spot: the one meter's preemption figures (a local `lorapod train` run has none)
+        if row is not None and (fig := job_figures(ledger, row.id)):
             typer.echo(f"[spot] {fig.line()}")
 
     @app.command("pull")

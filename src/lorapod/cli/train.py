@@ -14,7 +14,9 @@ from rich.console import Console
 
 from lorapod.errors import LorapodError
 
-console = Console(stderr=True)
+# Piped or in a job.log (a remote or `run --on local` job), a line stays one line: rich would wrap
+# it at 80 columns, cutting paths and the resume command a user copies.
+console = Console(stderr=True, soft_wrap=not sys.stderr.isatty())
 
 
 def say(message: str) -> None:
@@ -68,6 +70,7 @@ def train(
 
     world = env_world()  # set by torchrun when this is one of N training processes
     nproc: int | None = None
+    runs_made = False
     if resume is not None:
         run = RunDir.open(resume)
         if not world.active and node_rank == 0:  # rank 0 lives on node 0: the only writer
@@ -89,6 +92,7 @@ def train(
                 (run_dir / sub).mkdir(exist_ok=True)
             run = RunDir(run_dir)
         else:
+            runs_made = not Path(spec.output.dir).exists()  # `runs/` itself goes too if this run made it
             run = RunDir.create(spec.output.dir, spec.output.name or spec_file.stem)
         if not world.active and node_rank == 0:  # torchrun's processes share the folder their
             _own(run)  # launcher holds; another node's launcher writes nothing there (rank 0 is on node 0)
@@ -112,7 +116,8 @@ def train(
     console.print(f"run folder: [bold]{run.root}[/]")
     _one_thread_for_builtin(spec, device)
     resume_flag = resume is not None or (run_dir is not None and bool(run.checkpoints_by_step()))
-    with interrupt_says_how_to_resume(), _removed_if_nothing_trained(run, resume is None and run_dir is None):
+    created = resume is None and run_dir is None
+    with interrupt_says_how_to_resume(), _removed_if_nothing_trained(run, created, created and runs_made):
         result = engine.train(spec, run, resume=resume_flag, device=device, log=say)
     leave()  # every process of a data-parallel run, before rank 0's own work below
     _learn(run)
@@ -153,10 +158,10 @@ def trained_anything(run) -> bool:
 
 
 @contextlib.contextmanager
-def _removed_if_nothing_trained(run, created_here: bool):
+def _removed_if_nothing_trained(run, created_here: bool, parent_made: bool = False):
     """A start that fails before the first step (a bad data path, a model that is not there) takes
-    its new run folder with it, so `runs/` holds only runs; a --run-dir or --resume folder is the
-    user's and stays."""
+    its new run folder with it, so `runs/` holds only runs, and `runs/` itself when this run made it
+    and nothing else is in it; a --run-dir or --resume folder is the user's and stays."""
     try:
         yield
     except BaseException:
@@ -164,6 +169,9 @@ def _removed_if_nothing_trained(run, created_here: bool):
             import shutil
 
             shutil.rmtree(run.root, ignore_errors=True)
+            if parent_made:
+                with contextlib.suppress(OSError):  # not empty: another run started there meanwhile
+                    run.root.parent.rmdir()
             console.print(f"nothing was trained: removed {run.root}", markup=False, highlight=False, soft_wrap=True)
         raise
 

@@ -23,6 +23,7 @@ from lorapod.compute.remote import RemoteWork, WatchdogNotRunning, local_manifes
 from lorapod.compute.teardown import fetch_logs, mark_keep
 from lorapod.compute.wait import deadline_in
 from lorapod.errors import LorapodError, RemoteError
+from lorapod.rundir import at_step
 from lorapod.rundir.metrics import POLL_BYTES, MetricsFeed
 
 
@@ -74,6 +75,7 @@ class Follower:
         self.ctx, self.lease, self.work, self.watched, self.started = ctx, lease, work, watched, started
         self.progress, self.pulls = progress, pulls
         self.view: Any = None  # engine.progress.MetricsView, made when the first metrics arrive (max_usd known)
+        self.lines: Any = None  # engine.progress.LineEvery: piped, a line every 30 s as `lorapod train` prints
         self.wd = _WatchdogWatch()
 
     def follow(self) -> tuple[str, str]:
@@ -112,16 +114,16 @@ class Follower:
         self.final_pull()
         root, job_id = ctx.run.root, ctx.job_id
         if st.exit and st.exit.startswith("killed:"):
-            raise RemoteError(f"the on-instance watchdog stopped the job at step {p.last_step} "
+            raise RemoteError(f"the on-instance watchdog stopped the job {at_step(p.last_step)} "
                               f"({st.exit.split(':', 1)[1].strip()})",
                               hint=f"see {root}/job.log; resume with `lorapod run --resume {job_id}`")
         if p.stop_reason:
-            return "stopped", f"stopped at step {p.last_step}: {p.stop_reason}"
+            return "stopped", f"stopped {at_step(p.last_step)}: {p.stop_reason}"
         if st.exit and st.exit.strip() == "0":
-            return "done", f"finished at step {p.last_step}"
+            return "done", f"finished {at_step(p.last_step)}"
         tail = ctx.remote(work.job_log_tail, "job log")
         ctx.say("job log (last lines):\n" + tail)
-        raise RemoteError(f"the job failed on the instance (exit {st.exit or 'unknown'}) at step {p.last_step}",
+        raise RemoteError(f"the job failed on the instance (exit {st.exit or 'unknown'}) {at_step(p.last_step)}",
                           hint=f"see {root}/job.log; fix, then `lorapod run --resume {job_id}`")
 
     def _unless_preempted(self) -> None:
@@ -167,9 +169,9 @@ class Follower:
             row = ctx.ledger.instance(self.lease.ledger_id)
             usd, rate = ctx.ledger.usd(ctx.job_id), (row.usd_per_hour if row is not None else None)
             if self.view is None:
-                from lorapod.engine.progress import MetricsView
+                from lorapod.engine.progress import LineEvery, MetricsView
 
-                self.view = MetricsView(usd_cap=ctx.max_usd)
+                self.view, self.lines = MetricsView(usd_cap=ctx.max_usd), LineEvery()
         for rec in records:
             now = time.time()
             p.seen_at[int(rec["step"])] = now
@@ -183,7 +185,7 @@ class Follower:
                           "job start to its first step: model download, load, caching")
             p.last_step = rec["step"]
             shown = self.view.feed(rec, usd=usd, usd_per_hour=rate)  # engine/progress.py: one rendering
-            if shown:
+            if shown and self.lines.show(rec, self.view.total):
                 ctx.emit(shown)
         if p.feed.dropped_total > before:
             ctx.say(f"ignored {p.feed.dropped_total - before} metrics line(s) from the instance "

@@ -23,6 +23,7 @@ from lorapod.compute.transport import ConnectionLost
 from lorapod.compute.wait import deadline_in, retrying
 from lorapod.engine.trackers import wandb_url
 from lorapod.errors import LorapodError
+from lorapod.rundir import at_step
 from lorapod.rundir.layout import METRICS
 from lorapod.store.identity import controller_alive, installation_id, instance_label, parse_label
 from lorapod.store.ledger import InstanceRow, JobRow, Ledger
@@ -356,7 +357,7 @@ def down_job(ledger: Ledger, job_id: str, say: Callable[[str], None] = print) ->
         if row.live and destroy_row(ledger, row, "lorapod down", say=say):
             n += 1
     if job.state in ("starting", "running", "stopping"):
-        ledger.job_ended(job.id, "stopped", f"stopped by `lorapod down` at step {job.last_step}; "
+        ledger.job_ended(job.id, "stopped", f"stopped by `lorapod down` {at_step(job.last_step)}; "
                                             f"resume with `lorapod run --resume {job.id}`")
     return n
 
@@ -410,7 +411,7 @@ def reconcile_rows(ledger: Ledger, counts: dict[str, Any], say: Callable[[str], 
             counts["reconciled"] += 1
             say(f"{row.provider} instance {row.provider_id} is already gone; ledger updated")
             if job is not None and not running and job.state in ("starting", "running", "stopping"):
-                ledger.job_ended(job.id, "stopped", f"controller lost at step {job.last_step}; the watchdog destroyed "
+                ledger.job_ended(job.id, "stopped", f"controller lost {at_step(job.last_step)}; the watchdog destroyed "
                                                     f"the instance; resume with `lorapod run --resume {job.id}`")
             continue
         if everything or not running:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lorapod.rundir import last_step as last_step_words
 from lorapod.store.ledger import Ledger
 from lorapod.store.ledger_file import (  # noqa: F401  (callers read them from here too)
     KEEP,
@@ -122,7 +123,7 @@ def rebuild(ledger: Ledger, say: Callable[[str], None], roots: list[Path]) -> di
             continue
         step = _last_step(run)
         job_args: tuple[Any, ...] = (run.name, str(run / "spec.yaml"), str(run), "unknown", step,
-                                     run.stat().st_mtime, f"rebuilt from the run folder (last step {step})")
+                                     run.stat().st_mtime, f"rebuilt from the run folder ({last_step_words(step)})")
         ledger._write(functools.partial(_execute, "INSERT OR IGNORE INTO jobs (id, spec_path, run_dir, provider, "
                                         "state, last_step, started_at, summary) VALUES (?, ?, ?, ?, 'interrupted', "
                                         "?, ?, ?)", job_args), "rebuilt job")

@@ -41,7 +41,7 @@ from lorapod.compute.recovery import Preempted, SpotRun, SpotStop, check_preempt
 from lorapod.compute.remote import RemoteWork
 from lorapod.compute.teardown import salvage, teardown
 from lorapod.errors import BudgetError, LorapodError
-from lorapod.rundir import RunDir, new_job_id
+from lorapod.rundir import RunDir, last_step, new_job_id
 from lorapod.rundir.metrics import MetricsFeed
 from lorapod.store.ledger import Ledger, LedgerBusy
 from lorapod.store.preemptions import job_figures
@@ -277,7 +277,7 @@ class Session:
         resume = f"; resume with `lorapod run --resume {self.job_id}`" if state != "done" else ""
         if state != "done" and p.disk_full and not any(self.run.checkpoints.glob("*-*")):
             resume = "; no checkpoint reached this machine (its disk is full), so nothing here resumes"
-        msg = f"{message} (last step {p.last_step}, ${usd:.4f}){resume}"
+        msg = f"{message} ({last_step(p.last_step)}, ${usd:.4f}){resume}"
         if p.feed.dropped_total:
             msg += f"; {p.feed.dropped_total} metrics line(s) from the instance ignored"
         if ctx.unconfirmed:

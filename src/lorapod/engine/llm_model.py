@@ -16,6 +16,7 @@ from lorapod.catalog.models import hub_id, is_builtin
 from lorapod.engine import attention
 from lorapod.engine.device import Precision
 from lorapod.errors import HardwareError, ModelLoadError, SpecError, require
+from lorapod.home import hub_unreachable
 from lorapod.spec import JobSpec
 from lorapod.tokenizer import load_tokenizer as _load_tokenizer
 from lorapod.tokenizer import offline as _offline
@@ -77,7 +78,7 @@ def load_model(spec: JobSpec, precision: Precision):
     kwargs: dict = {
         "revision": m.revision,
         "trust_remote_code": m.trust_remote_code,
-        "local_files_only": _offline(),
+        "local_files_only": _offline() or bool(hub_unreachable()),
         "dtype": precision.weights,
         "attn_implementation": attention.load_name(spec.train.attention),
     }

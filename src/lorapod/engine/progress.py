@@ -102,7 +102,7 @@ class TrainProgress:
         tty = sys.stderr.isatty()
         self.bar = tty if enabled is None else enabled
         self.lines = enabled is None and not tty
-        self.console = Console(stderr=True)
+        self.console = Console(stderr=True, soft_wrap=not tty)  # a job.log gets whole lines, not 80-column wraps
         self._every = _line_every()
         self._last_line = self._t0
         self._last_step = start_step
@@ -153,6 +153,27 @@ class TrainProgress:
 
     def print(self, message: str) -> None:
         self._progress.console.print(message, highlight=False)
+
+
+class LineEvery:
+    """Which of ``lorapod run``'s progress lines reach an output that is not a terminal: the first
+    step, then one every LORAPOD_PROGRESS_SECONDS (30 s), and the last, as ``lorapod train`` prints
+    them there (:class:`TrainProgress`); eval and checkpoint lines always. On a terminal, every line."""
+
+    def __init__(self, tty: bool | None = None) -> None:
+        self.tty = sys.stderr.isatty() if tty is None else tty
+        self.every = _line_every()
+        self._last: float | None = None
+
+    def show(self, rec: dict, total: int | None) -> bool:
+        if self.tty or rec.get("event") is not None:
+            return True
+        now, step = time.monotonic(), rec.get("step")
+        last = bool(total) and isinstance(step, int) and step >= total  # type: ignore[operator]
+        if self._last is None or now - self._last >= self.every or last:
+            self._last = now
+            return True
+        return False
 
 
 def _num(v) -> float | None:

@@ -53,8 +53,28 @@ def recommend(rows: list[Row]) -> tuple[str, str]:
         why += (f"; validation loss turned up after it (to {last.val_loss:.4f} at {last.label}): "
                 "later checkpoints over-fit" if last.val_loss > best.val_loss * 1.005 else "; later checkpoints are no better")
     else:
-        why += "; it is the last checkpoint, so more training may still help"
+        why += _at_the_end(ckpts, best, gain)
     return best.label, why
+
+
+#: Within this share of the whole gain over the base (or 0.5% of the loss, if more), two validation
+#: losses count as the same: seed noise on a small validation set moves it about that much.
+FLAT_SHARE = 0.02
+
+
+def _at_the_end(ckpts: list[Row], best: Row, gain: float) -> str:
+    """The best is the last checkpoint: still falling (more training may help) or flat for a while
+    (it will not, much). A curve that has sat within noise of its end for 240 steps is flat, however
+    slightly its last value is the lowest."""
+    tol = max(FLAT_SHARE * gain, 0.005 * best.val_loss)
+    since = next((r for r in ckpts if r.step < best.step and r.val_loss - best.val_loss <= tol
+                  and all(x.val_loss - best.val_loss <= tol for x in ckpts if x.step >= r.step)), None)
+    if since is not None:
+        return (f"; validation loss has been flat since {since.label} (within {tol:.4f} over "
+                f"{best.step - since.step} steps), so more training is unlikely to help; {since.label} is as good")
+    prev = max((r for r in ckpts if r.step < best.step), key=lambda r: r.step, default=None)
+    still = f" (down {prev.val_loss - best.val_loss:.4f} since {prev.label})" if prev is not None else ""
+    return f"; it is the last checkpoint and the loss was still falling{still}, so more training may still help"
 
 
 def read_prompts(path: Path | None, spec, n: int) -> list[list[dict]]:

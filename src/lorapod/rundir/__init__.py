@@ -101,6 +101,16 @@ def _read_holder(fd: int) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+def at_step(step: int | None) -> str:
+    """Where a job got to, for a message: "at step 37", or "before its first step" (never "step None")."""
+    return f"at step {step}" if step is not None else "before its first step"
+
+
+def last_step(step: int | None) -> str:
+    """"last step 37", or "no step yet": the same rule as :func:`at_step`, in a parenthesis."""
+    return f"last step {step}" if step is not None else "no step yet"
+
+
 def new_job_id(name: str) -> str:
     slug = re.sub(r"[^a-zA-Z0-9_.-]+", "-", name).strip("-")[:40] or "job"
     return f"{slug}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"

@@ -132,6 +132,13 @@ def _num(v: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
+def no_step_none(summary: str | None) -> str | None:
+    """A ledger written before rundir.at_step: "at step None" said as the CLI says it now."""
+    if not summary:
+        return summary
+    return summary.replace("at step None", "before its first step").replace("last step None", "no step yet")
+
+
 def _step(v: Any) -> int | None:
     """A step number as the metrics feed accepts one (rundir/metrics.py): 0..MAX_STEP."""
     from lorapod.rundir.metrics import MAX_STEP
@@ -329,7 +336,7 @@ class RunIndex:
                                 max_usd=job.max_usd if job else None, max_hours=job.max_hours if job else None,
                                 started_at=job.started_at if job else None, ended_at=job.ended_at if job else None,
                                 last_step=row["last_step"], unconfirmed=list(row["unconfirmed"]),
-                                live_instances=row["live_instances"], summary=row["summary"],
+                                live_instances=row["live_instances"], summary=no_step_none(row["summary"]),
                                 setup_s=dict(row["setup_s"]))
                     v.console_url = console_url(v.provider)
                     v.spec_file = Path(job.spec_path).resolve() if job and job.spec_path else None

@@ -23,7 +23,16 @@ from lorapod.catalog import families
 from lorapod.errors import LorapodError
 from lorapod.rundir import last_checkpoint
 from lorapod.store.preemptions import job_figures
-from lorapod.ui.runs import RunIndex, RunView, evaluation, logs, sample_prompt, samples, spec_dict
+from lorapod.ui.runs import (
+    RunIndex,
+    RunView,
+    evaluation,
+    logs,
+    no_step_none,
+    sample_prompt,
+    samples,
+    spec_dict,
+)
 
 PER_PAGE = 48  # samples per gallery page
 FAMILIES = families.NAMES  # what `lorapod data report --family` takes (catalog/families.py)
@@ -180,7 +189,8 @@ def run_context(dash: Dashboard, view: RunView, page: int = 1) -> dict[str, Any]
         ledger = dash.index.ledger() if view.in_ledger else None
         if ledger is not None:
             try:
-                ledger_events = ledger.events(view.job_id)[-200:]
+                ledger_events = [{**e, "message": no_step_none(e.get("message"))}  # a ledger's older rows
+                                 for e in ledger.events(view.job_id)[-200:]]
                 spot = job_figures(ledger, view.job_id)
             finally:
                 ledger.close()

@@ -18,6 +18,19 @@
 
   // ---------------------------------------------------------------- buttons
   const out = document.getElementById("action-out");
+  // What the run's status (re-rendered every few seconds) says each button needs: a job still
+  // running ("active") or an instance that may still bill ("live"). A page left open while the job
+  // ends must not keep offering to destroy an instance that is gone.
+  function refreshButtons() {
+    const s = document.querySelector("#status .status");
+    if (!s) return;
+    for (const b of document.querySelectorAll("button[data-needs]")) {
+      const ok = s.dataset[b.dataset.needs] === "1";
+      b.disabled = !ok;
+      if (b.dataset.needs === "live") b.hidden = !ok;
+    }
+  }
+  window.lorapod.refreshButtons = refreshButtons;
   for (const b of document.querySelectorAll("button[data-action]")) {
     b.addEventListener("click", async () => {
       if (!window.confirm(b.dataset.confirm)) return;
@@ -33,6 +46,7 @@
         out.dataset.ok = "false";
       } finally {
         b.disabled = false;
+        refreshButtons();  // as the status says now, not simply enabled again
       }
     });
   }
@@ -169,7 +183,7 @@
         if (big && !pending) { pending = true; load().finally(() => { pending = false; }); return; }
         for (const c of Object.values(charts)) draw(c);
       },
-      status: (d) => { status.innerHTML = d.html; window.lorapod.statusEvents += 1; },
+      status: (d) => { status.innerHTML = d.html; window.lorapod.statusEvents += 1; window.lorapod.refreshButtons(); },
     });
   });
 })();
