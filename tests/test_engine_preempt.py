@@ -255,3 +255,28 @@ def test_the_spot_init_script_runs_the_images_start():
     arg = shlex.split(spot_init_args("/start.sh"))[2]
     b64 = arg.split("echo${IFS}", 1)[1].split("|", 1)[0]
     assert "\n/start.sh &\n" in base64.b64decode(b64).decode()
+
+
+def test_the_watchdog_records_its_reason_when_job_sh_wrote_the_jobs_status_first(tmp_path, monkeypatch):
+    """job.sh passes the watchdog's SIGTERM on and records the job's 75: job.exit must still say
+    the watchdog stopped it and why (the controller reports that), not a bare exit code."""
+    from lorapod.compute import watchdog
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "job.sh").write_text(JOB_SH)
+    env = dict(os.environ, LORAPOD_JOBS_DIR=str(tmp_path / "jobs"))
+    job = subprocess.Popen(["bash", str(work / "job.sh"), sys.executable, "-c", STANDIN], cwd=work, env=env,
+                           start_new_session=True)
+    try:
+        assert _wait(lambda: (work / "ready").exists() and (work / "job.pid").exists())
+        monkeypatch.chdir(work)
+        monkeypatch.setattr(watchdog, "log", lambda msg: None)
+        watchdog.kill_job("the dollar cap is near")
+        job.wait(timeout=10)
+        assert (work / "saved").exists()  # it saved on the SIGTERM
+        assert (work / "job.exit").read_text() == "killed: the dollar cap is near (the job exited 75)\n"
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()

@@ -200,6 +200,7 @@ def _sigterm_when(cond) -> threading.Thread:
     return t
 
 
+@pytest.mark.slow
 def test_sigterm_ends_a_trainer_that_cannot_save_on_demand_at_once_and_the_resume_continues(tmp_path):
     """sd-scripts saves state every save.every_steps and nowhere else: at a preemption it loses
     what it trained since (docs/trainers.md). The wrapper does not wait for a save that will not

@@ -198,8 +198,14 @@ def gather(run_dir: str = "run") -> dict[str, Any]:
 
 
 def kill_job(reason: str) -> None:
+    """Stop the job's process group (SIGTERM, then SIGKILL) and record why in ``job.exit``. A job
+    this stopped is recorded as ``killed:`` even when job.sh wrote the job's own status first
+    (job.sh passes SIGTERM on and waits: lorapod's trainer then saves and exits 75), so the
+    controller reports the watchdog's reason, not an exit code."""
     pid = job_pid()
+    signalled = False
     if pid and alive(pid):
+        signalled = True
         log(f"stopping the job (process group {pid}): {reason}")
         for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
             try:
@@ -214,10 +220,13 @@ def kill_job(reason: str) -> None:
     elif pid:  # the job is over, but its group may outlive it (the runner's guard.sh): end it too
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
-    if not os.path.exists("job.exit"):
+    if signalled or not os.path.exists("job.exit"):
+        # the status job.sh recorded, if any: digits only (the file is the job's to write)
+        status = "".join(c for c in (read_small("job.exit", 200) or "").split("\n")[0] if c.isdigit())[:6] \
+            if signalled else ""
         try:
             with open("job.exit.tmp", "w") as fh:
-                fh.write(f"killed: {reason}\n")
+                fh.write(f"killed: {reason}" + (f" (the job exited {status})" if status else "") + "\n")
             os.replace("job.exit.tmp", "job.exit")
         except OSError as exc:  # a full disk: the job is stopped all the same
             log(f"could not write job.exit ({exc})")
