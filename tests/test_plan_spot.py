@@ -280,3 +280,50 @@ def test_the_choice_follows_the_options_as_printed():
     assert plan.options[plan.tier.option] is chosen
     assert f"on-demand's ${cheapest.usd_range[1]:.2f} ({cheapest.gpu} on {cheapest.provider})" in plan.tier.reason
     assert plan.to_json()["tier"]["option"] == plan.options.index(chosen)
+
+
+# -- the save on SIGTERM must fit the provider's window (issue 36, item 2)
+
+def test_a_save_that_cannot_fit_runpods_5_s_refuses_always_and_makes_auto_rent_on_demand():
+    from lorapod.plan.spot import GRACE_S, SAVE_MARGIN
+
+    assert GRACE_S == {"runpod": 5.0}  # runpod/docs pods/pricing.mdx; Vast.ai documents no signal
+    slow = load_spec(SDXL, ["compute.spot=always", "compute.spot_save_mb_s=20"])  # 512 MB-ish at 20 MB/s
+    plan = plan_job(slow, provider="runpod", images=25)
+    quotes = [o.spot for o in plan.options if o.spot is not None and o.fits]
+    assert quotes and all(not q.save_fits and q.save_s * SAVE_MARGIN > 5.0 for q in quotes)
+    with pytest.raises(SpecError) as got:
+        _ = plan.tier
+    line = got.value.message
+    assert line.startswith("compute.spot: always: a checkpoint takes about ") and "\n" not in line
+    assert "does not fit the 5 s runpod gives between SIGTERM and SIGKILL" in line
+    auto = plan_job(load_spec(SDXL, ["compute.spot=auto", "compute.spot_save_mb_s=20"]), provider="runpod", images=25)
+    assert auto.tier.tier == "on-demand" and "would lose work at a preemption" in auto.tier.reason
+    # a fast enough save: spot again; Vast.ai has no window to fit
+    fast = plan_job(load_spec(SDXL, ["compute.spot=always", "compute.spot_save_mb_s=5000"]), provider="runpod",
+                    images=25)
+    assert fast.tier.tier == "spot" and all(o.spot.save_fits for o in fast.options if o.spot is not None)
+    vast = plan_job(load_spec(SDXL, ["compute.spot=always", "compute.spot_save_mb_s=20"]), provider="vast", images=25)
+    assert vast.tier.tier == "spot" and next(o.spot for o in vast.options if o.spot).grace_s is None
+
+
+def test_the_save_estimate_is_one_micro_batch_plus_the_state_at_the_measured_rate():
+    from lorapod.plan.spot import SAVE_MB_S, save_on_sigterm_s
+
+    spec = load_spec(SDXL, ["compute.spot=auto"])
+    plan = plan_job(spec, provider="runpod", images=25)
+    opt = next(o for o in plan.options if o.spot is not None)
+    job = plan.job
+    train_s = next(p.hours for p in opt.phases if p.name == "train") * 3600
+    assert save_on_sigterm_s(job, opt) == pytest.approx(train_s / job.steps + state_mb(job) / SAVE_MB_S)
+    assert opt.spot.to_json()["save_on_sigterm_s"] == round(opt.spot.save_s, 2)
+
+
+def test_decide_skips_spot_quotes_whose_save_does_not_fit():
+    od = _opt("RTX 3090", 0.20, 0.40)
+    q = _quote(0.15, 0.30)
+    q.save_fits, q.save_s, q.grace_s = False, 6.0, 5.0
+    opts = [od, _opt("RTX 4090", 0.37, 0.70, q)]
+    assert decide(opts, "auto", None, None).tier == "on-demand"
+    with pytest.raises(SpecError, match="does not fit the 5 s vast gives"):
+        decide(opts, "always", None, None)

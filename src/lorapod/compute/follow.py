@@ -1,6 +1,6 @@
 """Follow: read the running job until it ends, and bring its results home verified.
 
-Each poll reads a bounded chunk of metrics (validated by :mod:`~lorapod.compute.metrics_feed`),
+Each poll reads a bounded chunk of metrics (validated by :mod:`~lorapod.rundir.metrics`),
 checks that the watchdog lives (restarting it a bounded number of times), stops the job before a
 cap, and pulls every ``pull_every_s``. When the job is done: the final pull, verified by size and
 sha256 against the instance's own list, then PULLED. What the follower has seen is one
@@ -17,7 +17,6 @@ from typing import Any
 from lorapod.compute.acquire import Lease
 from lorapod.compute.context import Interrupted, JobContext
 from lorapod.compute.guards import beat_limit_s, restart_watchdog
-from lorapod.compute.metrics_feed import POLL_BYTES, MetricsFeed
 from lorapod.compute.provision import Started, Watched, watchdog_config
 from lorapod.compute.pulls import LocalDiskFull, PullGuard
 from lorapod.compute.remote import RemoteWork, WatchdogNotRunning, local_manifest
@@ -25,6 +24,7 @@ from lorapod.compute.teardown import fetch_logs, mark_keep
 from lorapod.compute.trust import safe_relpath
 from lorapod.compute.wait import deadline_in
 from lorapod.errors import LorapodError, RemoteError
+from lorapod.rundir.metrics import POLL_BYTES, MetricsFeed
 
 
 @dataclass
@@ -156,7 +156,7 @@ class Follower:
             ctx.say(f"could not pull everything before destroying: {exc.message}")
 
     def take_metrics(self, data: bytes) -> bool:
-        """Use one poll's metrics bytes, bounded and validated (compute/metrics_feed.py): a
+        """Use one poll's metrics bytes, bounded and validated (rundir/metrics.py): a
         forged or broken line is dropped and counted, never fatal. True when the poll's chunk was
         full (more is waiting on the instance)."""
         if not data:

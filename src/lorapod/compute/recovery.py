@@ -56,6 +56,7 @@ from lorapod.compute.offers import requirements, spot_ceiling
 from lorapod.compute.provider import Instance, SupportsBid, capability
 from lorapod.compute.teardown import destroy_claim
 from lorapod.errors import LorapodError, PlanError, ProviderError, RemoteError
+from lorapod.rundir.layout import METRICS
 from lorapod.store.preemptions import record_preemption, record_spot_instance
 
 if TYPE_CHECKING:
@@ -204,7 +205,7 @@ def settle_run_folder(run_root: Path) -> int | None:
         else:  # a copy cut off on its way here: the instance it came from is gone
             shutil.rmtree(p, ignore_errors=True)
     step = max(whole) if whole else None
-    metrics = run_root / "metrics.jsonl"
+    metrics = run_root / METRICS
     if metrics.is_file():
         keep = []
         for line in metrics.read_bytes().splitlines(keepends=True):
@@ -474,7 +475,7 @@ class SpotRun:
 
 def resume_offset(run_root: Path) -> int:
     """Where the metrics feed follows from after an upload: the end of the settled metrics file."""
-    metrics = run_root / "metrics.jsonl"
+    metrics = run_root / METRICS
     return metrics.stat().st_size if metrics.is_file() else 0
 
 

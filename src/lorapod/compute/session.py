@@ -32,7 +32,6 @@ from lorapod.compute.acquire import Lease
 from lorapod.compute.context import Interrupted, JobContext, RunOptions
 from lorapod.compute.follow import Follower, Progress
 from lorapod.compute.ledger_repair import backup as backup_ledger
-from lorapod.compute.metrics_feed import MetricsFeed
 from lorapod.compute.offers import planned_job
 from lorapod.compute.provider import Provider
 from lorapod.compute.provision import Watched, open_work, provision, start_watchdog
@@ -43,6 +42,7 @@ from lorapod.compute.remote import RemoteWork
 from lorapod.compute.teardown import salvage, teardown
 from lorapod.errors import BudgetError, LorapodError
 from lorapod.rundir import RunDir, new_job_id
+from lorapod.rundir.metrics import MetricsFeed
 from lorapod.store.ledger import Ledger, LedgerBusy
 from lorapod.store.preemptions import job_figures
 

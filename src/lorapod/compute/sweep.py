@@ -35,10 +35,9 @@ from typing import TYPE_CHECKING, Any
 from lorapod.compute.offers import planned_job
 from lorapod.compute.provider import Provider, on_hint
 from lorapod.compute.session import RunOptions, Session
-from lorapod.engine.metrics import read_metrics
 from lorapod.errors import LorapodError, SpecError
+from lorapod.rundir import METRICS, new_job_id, read_records
 from lorapod.rundir import last_loss as records_last_loss
-from lorapod.rundir import new_job_id
 from lorapod.spec import JobSpec, load_spec
 from lorapod.store.ledger import Ledger
 
@@ -127,7 +126,7 @@ class SweepResult:
 
 def last_loss(run_dir: Path) -> tuple[str | None, float | None]:
     """The last validation-type loss a run logged (``val_loss`` or ``fixed_noise_loss``)."""
-    return records_last_loss(read_metrics(run_dir / "metrics.jsonl"))
+    return records_last_loss(read_records(run_dir / METRICS))
 
 
 def estimate_usd(spec: JobSpec, target: str, job: Job | None) -> float | None:

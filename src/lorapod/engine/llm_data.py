@@ -4,8 +4,9 @@ Two steps after ``chat.tokenize`` has turned each conversation into an ``Example
 function:
 
 1. ``pack``: best-fit-decreasing bin packing of examples into rows of ``sequence_len`` tokens.
-2. ``collate``: pad a micro-batch of rows, restart positions at every example, and build an
-   attention mask in which no token can see another example of its row.
+2. ``collate``: pad a micro-batch of rows and restart positions at every example; the restarting
+   positions are what keeps examples apart (engine/attention.py). ``Batch.attention_mask`` is the
+   explicit block-diagonal causal mask the recipe used before (kept for tests and the benchmark).
 """
 
 from __future__ import annotations
@@ -88,6 +89,18 @@ class Batch:
             self.input_ids.to(device), self.labels.to(device), self.position_ids.to(device),
             self.segment_ids.to(device), self.n_labels, self.n_tokens, self.n_real,
         )
+
+    def flattened(self) -> Batch:
+        """The real tokens of every row laid end to end in one row, without padding: what
+        FlashAttention's varlen path takes (engine/attention.py). The first token of every example
+        is never a target, so no target crosses from one row into the next."""
+        keep = self.segment_ids >= 0
+        # segment numbers restart per row: offset them so examples of different rows stay apart
+        seg = self.segment_ids + (self.segment_ids.max() + 1) * torch.arange(self.segment_ids.shape[0])[:, None].to(
+            self.segment_ids.device)
+        n = int(keep.sum())
+        return Batch(self.input_ids[keep][None], self.labels[keep][None], self.position_ids[keep][None],
+                     seg[keep][None], self.n_labels, n, self.n_real)
 
     def attention_mask(self) -> torch.Tensor:
         """(B, 1, L, L) boolean: token i sees token j iff same example and j <= i.

@@ -45,8 +45,17 @@ TIGHT_FRACTION = 0.10
 # LLM activations per token per layer without checkpointing, in elements: about 10 x hidden
 # (norm inputs, q/k/v/o inputs, SDPA output, residuals) + 4 x intermediate (SwiGLU inputs and
 # outputs), in bf16. With checkpointing only each layer's input (1 x hidden) is kept, plus one
-# layer recomputed at a time. SDPA / flash attention: no (sequence x sequence) term. The logits
-# term is the trainer's own (plan/frameworks.py).
+# layer recomputed at a time. The logits term is the trainer's own (plan/frameworks.py).
+# The (sequence x sequence) terms depend on the attention path that runs (Settings.attention,
+# engine/attention.py): a padding-free row (lorapod's varlen SDPA, flex_attention, FlashAttention)
+# keeps nothing of that size. An explicit additive (B, 1, L, L) mask in the compute dtype is built
+# once a step and shared by every layer (SDPA takes a mask of the query's dtype as it is): B x L^2 x
+# 2 bytes, with or without checkpointing. Eager attention keeps each layer's softmax output in fp32
+# and its bf16 copy for the value matmul: 6 bytes per (head, query, key), every layer without
+# checkpointing, the layer being recomputed with it; plus its own additive mask. Counted with
+# torch.autograd.graph.saved_tensors_hooks on a tiny Llama (tests/test_plan_attention.py).
+ATTN_PATHS = ("padding_free", "mask", "eager")
+EAGER_PROB_BYTES = 6
 LLM_ACT_HIDDEN = 10
 LLM_ACT_INTER = 4
 # Diffusion transformers: tensors saved per token per block without checkpointing, in units of
@@ -95,6 +104,10 @@ class Settings:
     # Latent tokens of the largest sample, when the data are known (0 = from resolution and frames,
     # square): the engine's fit check passes the tokens of its real buckets (ImageModel.window_tokens).
     image_tokens: int = 0
+    # LLMs, lorapod's engine: how packed rows reach attention (ATTN_PATHS; engine/attention.py).
+    # padding_free: no L x L tensor, causal FLOPs; mask: an explicit (B,1,L,L) mask (models with their
+    # own code), full L^2 FLOPs; eager: the L x L probabilities per layer, full L^2 FLOPs.
+    attention: str = "padding_free"
 
     @classmethod
     def from_spec(cls, spec: JobSpec, model: ImageModel | LLMArch) -> Settings:
@@ -127,6 +140,7 @@ class Settings:
             grad_accum=spec.train.grad_accum,
             label_fraction=ASSISTANT_LABEL_FRACTION if spec.data.train_on_assistant_only else 1.0,
             experts=spec.train.experts,
+            attention=_attention_path(spec) if isinstance(model, LLMArch) else "padding_free",
         )
 
     def variants(self) -> list[Settings]:
@@ -136,6 +150,18 @@ class Settings:
         if len(res) == 1 and len(frm) == 1:
             return [self]
         return [replace(self, resolution=r, frames=f) for r, f in itertools.product(res, frm)]
+
+
+def _attention_path(spec: JobSpec) -> str:
+    """The engine's attention path for an LLM spec (engine/attention.py ``choose``, on the GPU the
+    plan is for): eager when asked for; an explicit mask for a model with its own code (remote
+    code may ignore restarting position ids); padding-free otherwise (sdpa, flex, flash; a model
+    without sdpa such as Gemma 2 runs flex_attention on CUDA)."""
+    if spec.train.attention == "eager":
+        return "eager"
+    if spec.model.trust_remote_code:
+        return "mask"
+    return "padding_free"
 
 
 def _default_framework(model: ImageModel | LLMArch) -> str:
@@ -248,6 +274,8 @@ def _image_parts(m: ImageModel, s: Settings) -> dict[str, float]:
 def _llm_parts(m: LLMArch, s: Settings) -> dict[str, float]:
     fw = framework(s.framework)
     if s.base_dtype in ("nf4", "gptq"):
+        # what is not quantised (embeddings, LM head, norms) stays 16-bit: lorapod's engine undoes peft's
+        # fp32 upcast (engine/llm_model.keep_16bit), so the residual stream stays 2 bytes as well
         weights = (m.linear_params * BYTES_PER_PARAM[s.base_dtype] + (m.params - m.linear_params) * 2) / GiB
     else:
         weights = m.params * BYTES_PER_PARAM[s.base_dtype] / GiB
@@ -266,12 +294,29 @@ def _llm_parts(m: LLMArch, s: Settings) -> dict[str, float]:
         "activations": act / GiB,
         f"logits + loss ({fw.name})": tokens * s.label_fraction * m.vocab * fw.logit_bytes / GiB,
     }
+    square = attention_square_bytes(m, s)
+    if square:
+        parts[f"attention (L x L, {s.attention})"] = square / GiB
     if s.base_dtype == "gptq":
         # AutoGPTQ's matmul keeps each layer's dequantised fp16 weights for its backward
         # (plan/work.py): one layer's with checkpointing (the one being recomputed), else all.
         layers = 1 if s.gradient_checkpointing else m.layers
         parts["dequantised weights kept for the backward"] = m.linear_params / m.layers * layers * 2 / GiB
     return parts
+
+
+def attention_square_bytes(m: LLMArch, s: Settings) -> float:
+    """Bytes that grow with the square of the sequence on ``s.attention`` (ATTN_PATHS)."""
+    if s.attention not in ATTN_PATHS:
+        raise ValueError(f"unknown attention path {s.attention!r}")
+    if s.attention == "padding_free":
+        return 0.0
+    act_bytes = 2 if s.base_dtype != "fp32" else 4
+    mask = s.batch * s.seq_len**2 * act_bytes
+    if s.attention == "mask":
+        return float(mask)
+    layers = 1 if s.gradient_checkpointing else m.layers
+    return float(mask + layers * s.batch * m.heads * s.seq_len**2 * EAGER_PROB_BYTES)
 
 
 def check_fits(model: ImageModel, s: Settings, vram_gb: float, what: str = "this job") -> Estimate:

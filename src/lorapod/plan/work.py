@@ -4,7 +4,8 @@ A LoRA step on a frozen base runs the forward pass, a backward pass that needs o
 gradients (no weight gradients for the base, so about one forward's worth of matmul FLOPs), and,
 with gradient checkpointing, the forward of every layer once more. Attention is counted apart,
 because it grows with the square of the tokens it sees: text tokens of an LLM (causal, so half
-of the square), latent tokens of an image or video (every frame's patches, plus the text tokens
+of the square; twice that when the engine's attention path runs a full L x L, with an explicit
+mask or eager, Settings.attention), latent tokens of an image or video (every frame's patches, plus the text tokens
 when the model attends jointly). Its backward costs about 2.5 forwards (FlashAttention's
 recomputation). Work that is not the denoiser's or the decoder's is counted too: a VAE encode and
 a text-encoder forward per sample when they are not cached, the optimizer's read and write of
@@ -95,6 +96,8 @@ def _llm_work(m: LLMArch, s: Settings) -> Work:
     lora = m.lora_params(s.r, s.targets)
     linear = 2 * (m.linear_params + 2 * lora) * tokens * mm
     attn = 2 * m.layers * m.heads * m.head_dim * s.seq_len * tokens * att  # causal: half of 4 s d
+    if s.attention != "padding_free":  # a mask rules the causal kernels out: the whole L x L is computed
+        attn *= 2
     head = 2 * m.vocab * m.hidden * tokens * s.label_fraction * 2.0  # forward + input gradient
     linear_bytes = m.linear_params * STREAM_BYTES[s.base_dtype] * mm
     dequant = linear_bytes if s.base_dtype in QUANTISED else 0.0

@@ -12,9 +12,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from lorapod.errors import LorapodError
+from lorapod.rundir.layout import METRICS
+from lorapod.rundir.metrics import iter_records
 from lorapod.ui import actions
 from lorapod.ui.files import Refused, sample_lines, serve
-from lorapod.ui.runs import MAX_POINTS, iter_metrics, series
+from lorapod.ui.runs import MAX_POINTS, series
 from lorapod.ui.views import dashboard
 
 #: A run's chart reads at most the last CHART_TAIL bytes of metrics.jsonl in full and MAX_POINTS
@@ -28,11 +30,11 @@ def run_metrics(request: Request) -> Response:
     view = dashboard(request).index.find(request.path_params["job"])
     if view is None:
         return JSONResponse({"error": "no such run"}, 404)
-    data, offset, size, sampled = sample_lines(view.root, "metrics.jsonl", CHART_TAIL, MAX_POINTS, CHART_WINDOW)
+    data, offset, size, sampled = sample_lines(view.root, METRICS, CHART_TAIL, MAX_POINTS, CHART_WINDOW)
     seen = {"rows": 0, "last_step": None}
 
     def rows() -> Iterator[dict[str, Any]]:  # counted as the series take them: no list of every record
-        for rec in iter_metrics(data.decode("utf-8", errors="replace")):
+        for rec in iter_records(data):  # the one reader's policy (rundir/metrics.py)
             seen["rows"] += 1
             step = rec.get("step")
             if isinstance(step, int) and not isinstance(step, bool):

@@ -18,9 +18,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 
+from lorapod.rundir.layout import METRICS
+from lorapod.rundir.metrics import parse_records
 from lorapod.ui.files import read_from
 from lorapod.ui.live import GIVE_UP_AFTER, RemoteTail
-from lorapod.ui.runs import CHART_KEYS, parse_metrics
+from lorapod.ui.runs import CHART_KEYS
 from lorapod.ui.views import dashboard, groups
 
 POLL_S = 0.5  # how often a stream looks at metrics.jsonl
@@ -46,7 +48,7 @@ async def run_stream(request: Request) -> Response:
     # A running remote job: its new lines straight from the instance too (ui/live.py), from the
     # bytes already pulled home; the page keeps each series' steps increasing, so the same line
     # coming again with a later pull is drawn once.
-    tail = RemoteTail(dash.index, view.job_id, _size(view.root / "metrics.jsonl")) \
+    tail = RemoteTail(dash.index, view.job_id, _size(view.root / METRICS)) \
         if view.in_ledger and view.active and view.live_instances else None
 
     async def events() -> AsyncIterator[str]:
@@ -57,14 +59,14 @@ async def run_stream(request: Request) -> Response:
         yield "retry: 1000\n\n"
         try:
             while time.monotonic() < end:
-                data, offset = await run_in_threadpool(read_from, view.root, "metrics.jsonl", offset)
+                data, offset = await run_in_threadpool(read_from, view.root, METRICS, offset)
                 if data:
-                    rows = _compact(parse_metrics(data.decode("utf-8", errors="replace")))
+                    rows = _compact(parse_records(data))
                     yield f"id: {offset}\nevent: metrics\ndata: {json.dumps({'offset': offset, 'rows': rows})}\n\n"
                 if tail is not None and tail.due():
                     live = await run_in_threadpool(tail.read)
                     if live:
-                        rows = _compact(parse_metrics(live.decode("utf-8", errors="replace")))
+                        rows = _compact(parse_records(live))
                         yield f"event: metrics\ndata: {json.dumps({'offset': offset, 'rows': rows, 'live': True})}\n\n"
                 if time.monotonic() >= next_status:
                     next_status = time.monotonic() + STATUS_EVERY_S

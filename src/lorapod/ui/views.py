@@ -148,7 +148,8 @@ def groups(dash: Dashboard, views: list[RunView]) -> list[dict[str, Any]]:
     found = sweeps({v.root.parent for v in views})
     out, used = [], set()
     for s in found:
-        members = [v for v in views if v.job_id in s["jobs"]]  # in the index's order: running first
+        # in the index's order (running first); a job is in one group, shown once
+        members = [v for v in views if v.job_id in s["jobs"] and v.job_id not in used]
         if not members:
             continue
         used.update(v.job_id for v in members)
