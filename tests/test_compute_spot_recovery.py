@@ -329,7 +329,7 @@ def test_lorapod_run_spot_auto_picks_spot_survives_a_preemption_and_says_what_it
     from .remote_helpers import cli_argv, cli_env, fake_command_template
 
     spec_path = make_spec(tmp_path, max_steps=STEPS, every=EVERY, model="Qwen/Qwen2.5-0.5B", gpu="RTX 4090",
-                          phases={"train_min": 20}, max_usd=1.0)
+                          max_usd=1.0)
     want_losses, want_adapter = uninterrupted(tmp_path, spec_path)
     env = cli_env(RUNPOD_API_KEY=runpod.account_key, LORAPOD_RUNPOD_URL=runpod.url,
                   LORAPOD_RUNPOD_GRAPHQL_URL=runpod.graphql_url, HF_HUB_OFFLINE="1",
