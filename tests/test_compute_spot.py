@@ -255,4 +255,8 @@ def test_run_tier_follows_the_plan_and_the_spot_flag(runpod, tmp_path, monkeypat
     on_spot, why = run_tier(sdxl, rp(runpod), job)
     choice = plan_job(sdxl, provider="runpod", job=job).tier
     assert on_spot == (choice.tier == "spot") and choice.reason in why
+    # always, but no spot GPU's save on SIGTERM fits RunPod's 5 s: refused before anything is rented
+    slow = load_spec(SDXL, ["compute.spot=always", "compute.spot_save_mb_s=20"])
+    with pytest.raises(SpecError, match="a checkpoint takes about"):
+        run_tier(slow, rp(runpod), build_job(slow, images=25))
     assert runpod.instances == {}  # nothing rented by deciding

@@ -219,7 +219,7 @@ class ComputeSpec(_Section):
     spot: Literal["never", "auto", "always"] = Field(
         "never", description="Interruptible (spot) GPUs: never; auto = plan picks spot only when its expected cost at "
         "the worst end of its range still beats on-demand within max_usd and max_hours; always. `lorapod run` rents "
-        "on-demand until recovery from preemption is built (docs/remote.md, Spot).")
+        "the tier chosen (--spot overrides this) and resumes after each preemption (docs/remote.md, Spot).")
     max_bid_per_gpu_hour: Annotated[float | None, Field(gt=0)] = Field(
         None, description="Highest bid per GPU-hour for a spot instance (RunPod bidPerGpu, Vast price); offers whose "
         "minimum bid is above it are not planned on spot.")

@@ -21,6 +21,7 @@ from lorapod.compute.provision import Started, Watched, watchdog_config
 from lorapod.compute.pulls import LocalDiskFull, PullGuard
 from lorapod.compute.remote import RemoteWork, WatchdogNotRunning, local_manifest
 from lorapod.compute.teardown import fetch_logs, mark_keep
+from lorapod.compute.trust import safe_relpath
 from lorapod.compute.wait import deadline_in
 from lorapod.errors import LorapodError, RemoteError
 from lorapod.rundir import at_step
@@ -285,6 +286,15 @@ class Follower:
                 ctx.say(f"final pull verified: {len(remote)} files, sizes and sha256 match")
                 return
             ctx.say(f"final pull: {len(bad)} files differ (e.g. {bad[0]}); pulling again ({attempt + 1}/3)")
+            # rsync's quick check (size and whole-second mtime) skips a file rewritten in the same
+            # second at the same size (a checkpoint saved twice at one step): the copies that differ
+            # go first, so the next pull brings them whatever their times
+            root = ctx.run.root.resolve()
+            for rel in bad:  # names the instance reported: only files inside the run folder
+                local_copy = ctx.run.root / rel
+                if (safe_relpath(rel) and local_copy.is_file() and not local_copy.is_symlink()
+                        and root in local_copy.resolve().parents):
+                    local_copy.unlink()
         raise RemoteError("the pulled files do not match the instance's after 3 tries",
                           hint=f"the instance is being destroyed; check {ctx.run.root}")
 

@@ -55,7 +55,7 @@ class Requirements:
     #: host RAM per GPU the job needs (the planner's estimate; 0: the provider's default)
     host_ram_gb: float = 0.0
     #: interruptible (spot) offers instead of on-demand ones, each bidding at most this per GPU-hour
-    #: (docs/remote.md, Spot); ``lorapod run`` never asks for them until recovery is built
+    #: (docs/remote.md, Spot); ``lorapod run`` asks for them when it runs on spot (compute/recovery.py)
     interruptible: bool = False
     max_bid_per_gpu_hour: float | None = None
 

@@ -497,14 +497,21 @@ def run_tier(spec: Any, provider: Provider, job: Any) -> tuple[bool, str | None]
             raise SpecError(f"compute.spot: always, but {provider.name} has no spot tier ({why})",
                             hint="use --on runpod or --on vast, or --spot auto|never")
         return False, f"compute.spot: auto: {provider.name} has no spot tier; on-demand"
-    if policy == "always":
-        return True, "compute.spot: always: renting spot (interruptible); each preemption resumes on the next instance"
     from lorapod.plan.choose import plan_job
 
-    try:
-        choice = plan_job(spec, provider=provider.name, job=job).tier if job is not None else None
+    always = "compute.spot: always: renting spot (interruptible); each preemption resumes on the next instance"
+    if job is None:
+        return (True, always) if policy == "always" else (
+            False, "compute.spot: auto: the planner cannot price this job; on-demand")
+    try:  # always: refused here (SpecError) when no spot GPU's save on SIGTERM fits the provider's window
+        choice = plan_job(spec, provider=provider.name, job=job).tier
+    except SpecError:
+        raise
     except LorapodError as exc:
-        return False, f"compute.spot: auto: the planner cannot price this job ({exc.message}); on-demand"
+        return (True, always) if policy == "always" else (
+            False, f"compute.spot: auto: the planner cannot price this job ({exc.message}); on-demand")
+    if policy == "always":  # the live offers decide; no spot capacity falls back to on-demand
+        return True, always + (f" ({choice.reason})" if choice is not None else "")
     if choice is None:
         return False, "compute.spot: auto: the planner cannot price this job; on-demand"
     return choice.tier == "spot", f"compute.spot: auto: {choice.reason}"
