@@ -307,3 +307,17 @@ def test_gemma2_with_sdpa_is_a_spec_error_not_a_cache_error(tmp_path):
         prepare(spec, device="cpu", log=lambda *_: None)
     assert isinstance(err.value, SpecError)
     assert "cache" not in str(err.value) and "train.attention sdpa" in str(err.value)
+
+
+def test_flash_on_a_cpu_is_refused_before_the_model_loads(tmp_path):
+    from lorapod.engine.device import resolve_precision
+    from lorapod.engine.llm_model import load_model
+    from lorapod.spec import load_spec
+
+    from .llm_fixtures import spec_dict, write_data
+
+    train, val = write_data(tmp_path)
+    spec = load_spec(raw=spec_dict(tmp_path / "no-such-model", train, val, tmp_path / "runs", attention="flash"))
+    precision = resolve_precision("auto", "auto", torch.device("cpu"))
+    with pytest.raises(HardwareError, match="CUDA GPUs only"):  # not "model folder does not exist"
+        load_model(spec, precision)
