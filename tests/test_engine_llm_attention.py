@@ -103,7 +103,11 @@ def test_flattened_batch_for_flash_gives_the_same_losses():
     batch, _, _ = _batch()
     flat = batch.flattened()
     assert flat.input_ids.shape == (1, batch.n_real) and flat.n_labels == batch.n_labels
-    assert attention.prepare_batch(batch, attention.AttentionPath("flash", False, "t")).input_ids.shape[0] == 1
+    flash = attention.AttentionPath("flash", False, "t")
+    assert attention.prepare_batch(batch, flash).input_ids.shape == (1, batch.n_real)
+    one, _, _ = _batch(lengths=((9, 14),))  # one row, padded to 24: the padding goes too
+    assert attention.prepare_batch(one, flash).input_ids.shape == (1, 23)
+    assert attention.prepare_batch(batch, attention.AttentionPath("sdpa", False, "t")) is batch
     nll, grads, _ = _run(model, batch, LORAPOD)
     nll_flat, grads_flat, _ = _run(model, flat, LORAPOD)
     assert torch.allclose(nll, nll_flat, atol=1e-5)

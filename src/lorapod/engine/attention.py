@@ -176,8 +176,9 @@ def install(model: Any, path: AttentionPath) -> None:
 
 
 def prepare_batch(batch, path: AttentionPath):
-    """The batch the decoder gets on ``path``: flash runs one flattened row (see the module doc)."""
-    if path.kernel == "flash" and batch.input_ids.shape[0] > 1:
+    """The batch the decoder gets on ``path``: flash runs one flattened row without padding (see
+    the module doc)."""
+    if path.kernel == "flash" and (batch.input_ids.shape[0] > 1 or bool((batch.segment_ids < 0).any())):
         return batch.flattened()
     return batch
 
