@@ -45,9 +45,9 @@ def main() -> None:
     args = ap.parse_args()
     from starlette.testclient import TestClient
 
+    from lorapod.ui.app import Dashboard, build_app
     from lorapod.ui.guard import cookie_name
     from lorapod.ui.runs import RunIndex
-    from lorapod.ui.server import Dashboard, build_app
 
     run = make_run(args.dir, args.mb)
     client = TestClient(build_app(Dashboard(RunIndex([args.dir]), "t"), {"testserver"}, 0))

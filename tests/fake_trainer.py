@@ -8,6 +8,13 @@ one metrics.jsonl line per step, checkpoints/step-N/ atomically (tmp folder, the
 the end adapter/. Honours <run_dir>/STOP: saves a checkpoint and exits 0. With --resume it
 continues after the newest checkpoint. With --device-name it says, as the engine does, which GPU
 timed its steps (device.json) and logs each step's time and memory.
+
+With --chain the run has a state, as a real one does: each step's state is the sha256 of the last
+state and the step, its loss read from the state, each checkpoint holds it (with a manifest.json
+written last, in the engine's format) and a resume continues from the newest whole checkpoint's
+state. A resume from the wrong step, a cut-off checkpoint or a lost state changes every later
+loss and the adapter, so "equal to an uninterrupted run" can fail. --ckpt-mb pads each checkpoint
+(an optimizer state's bulk) so a pull takes a while.
 """
 
 from __future__ import annotations
@@ -24,12 +31,38 @@ from pathlib import Path
 import yaml
 
 
-def save(dirpath: Path, step: int) -> None:
+def save(dirpath: Path, step: int, chain: str | None = None, pad_mb: float = 0.0) -> None:
     tmp = dirpath.with_name(f".tmp-{dirpath.name}")
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "adapter_model.bin").write_bytes(hashlib.sha256(str(step).encode()).digest() * 512)
-    (tmp / "state.json").write_text(json.dumps({"step": step}))
+    (tmp / "state.json").write_text(json.dumps({"step": step, "chain": chain}))
+    if chain is not None:
+        if pad_mb:
+            (tmp / "optimizer.bin").write_bytes(hashlib.sha256(chain.encode()).digest() * int(pad_mb * 32768))
+        files = sorted(p for p in tmp.iterdir() if p.is_file())
+        manifest = {p.name: {"bytes": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+                    for p in files}
+        (tmp / "manifest.json").write_text(json.dumps(manifest))  # last, as the engine writes it
     os.replace(tmp, dirpath)
+
+
+CHAIN_SEED = hashlib.sha256(b"lorapod fake trainer").hexdigest()
+
+
+def chain_step(chain: str, step: int) -> tuple[str, float]:
+    """The next state and its loss."""
+    nxt = hashlib.sha256(f"{chain}:{step}".encode()).hexdigest()
+    return nxt, round(int(nxt[:8], 16) / 2**32, 6)
+
+
+def whole(ckpt: Path) -> bool:
+    """The engine's rule (engine/checkpoint.py verify): every file matches manifest.json."""
+    try:
+        manifest = json.loads((ckpt / "manifest.json").read_text())
+        return all((ckpt / n).is_file() and (ckpt / n).stat().st_size == m["bytes"]
+                   and hashlib.sha256((ckpt / n).read_bytes()).hexdigest() == m["sha256"] for n, m in manifest.items())
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def fake_val_loss(lr: float, step: int) -> float:
@@ -69,6 +102,8 @@ def main() -> int:
     ap.add_argument("--device-name", default=None, help="write device.json naming this GPU; log step_time_s, mem_gb")
     ap.add_argument("--hf-model", default=None, help="fetch this base model into the Hugging Face cache first")
     ap.add_argument("--download-s", type=float, default=1.0, help="how long --hf-model's download takes")
+    ap.add_argument("--chain", action="store_true", help="a state carried through the steps and checkpoints")
+    ap.add_argument("--ckpt-mb", type=float, default=0.0, help="with --chain: pad each checkpoint to about this")
     a = ap.parse_args()
     spec = yaml.safe_load(Path(a.spec).read_text())
     run = Path(a.run_dir)
@@ -79,7 +114,19 @@ def main() -> int:
     max_steps = int(spec["train"].get("max_steps") or 10)
     every = int((spec.get("save") or {}).get("every_steps") or 5)
     start = 1
-    if a.resume:
+    chain = CHAIN_SEED if a.chain else None
+    if a.resume and a.chain:
+        found = sorted((int(p.name.split("-")[1]), p) for p in (run / "checkpoints").glob("step-*") if whole(p))
+        if found:
+            start = found[-1][0] + 1
+            chain = json.loads((found[-1][1] / "state.json").read_text())["chain"]
+            # as the engine does on resume (engine/metrics.py): no line after the checkpoint stays
+            mf = run / "metrics.jsonl"
+            if mf.is_file():
+                keep = [x for x in mf.read_text().splitlines(keepends=True)
+                        if x.endswith("\n") and json.loads(x).get("step", 0) <= found[-1][0]]
+                mf.write_text("".join(keep))
+    elif a.resume:
         done = sorted(int(p.name.split("-")[1]) for p in (run / "checkpoints").glob("step-*"))
         start = (done[-1] + 1) if done else 1
     if a.hf_model:
@@ -99,7 +146,10 @@ def main() -> int:
                 return 3
             # the engine's train record (engine/loop.py fit: step, total_steps, loss, step_time_s, ...)
             # (and the "time" engine/metrics.py MetricsWriter stamps on every record)
-            rec = {"time": round(time.time(), 3), "step": step, "total_steps": max_steps, "loss": round(2.0 / step, 4),
+            loss = round(2.0 / step, 4)
+            if chain is not None:
+                chain, loss = chain_step(chain, step)
+            rec = {"time": round(time.time(), 3), "step": step, "total_steps": max_steps, "loss": loss,
                    "examples": n_examples}
             if a.device_name:
                 rec.update(step_time_s=a.step_s, mem_gb=round(5.0 + step / 100, 3))
@@ -110,14 +160,15 @@ def main() -> int:
                 metrics.write(json.dumps({"step": step, "event": "eval", "val_loss": fake_val_loss(lr, step)}) + "\n")
                 metrics.flush()
             if (run / "STOP").exists():
-                save(run / "checkpoints" / f"step-{step}", step)
+                save(run / "checkpoints" / f"step-{step}", step, chain, a.ckpt_mb)
                 print(f"STOP honoured at step {step}")
                 return 0
             if step % every == 0:
-                save(run / "checkpoints" / f"step-{step}", step)
+                save(run / "checkpoints" / f"step-{step}", step, chain, a.ckpt_mb)
     tmp = run / ".tmp-adapter"
     tmp.mkdir(exist_ok=True)
-    (tmp / "adapter_model.safetensors").write_bytes(b"fake-adapter-" + str(max_steps).encode() * 1000)
+    (tmp / "adapter_model.safetensors").write_bytes(
+        b"fake-adapter-" + (chain.encode() if chain is not None else str(max_steps).encode()) * 1000)
     (tmp / "adapter_config.json").write_text(json.dumps({"r": 8, "steps": max_steps}))
     os.replace(tmp, run / "adapter")
     print("done")

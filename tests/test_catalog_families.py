@@ -70,10 +70,10 @@ def test_every_row_has_a_bucket_rule_and_catalog_models_to_plan():
 def test_the_spec_and_the_commands_take_exactly_the_tables_families():
     from lorapod.cli import data as cli_data
     from lorapod.spec import Family
-    from lorapod.ui import server
+    from lorapod.ui import views
 
     assert typing.get_args(Family) == ("auto", "llm", *FAMILIES)
-    assert cli_data.FAMILIES.split("|") == list(FAMILIES) and tuple(server.FAMILIES) == tuple(FAMILIES)
+    assert cli_data.FAMILIES.split("|") == list(FAMILIES) and tuple(views.FAMILIES) == tuple(FAMILIES)
 
 
 @pytest.mark.parametrize(("index", "family"), [

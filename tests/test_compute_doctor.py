@@ -168,3 +168,70 @@ def test_a_doctor_killed_outright_leaves_a_watchdog_that_destroys_its_instance(s
         if proc.poll() is None:
             proc.kill()
         fake.close()
+
+
+# -- doctor --spot (issue 36, item 6): a bid accepted, the instance destroying itself
+
+@pytest.mark.parametrize("which", ["runpod", "vast"])
+def test_doctor_spot_proves_the_bid_and_the_self_destroy_on_the_fakes(which, sshd_factory, remote_root):
+    if which == "vast":
+        fake = VastFake(sshd_factory, remote_root, key_delay_s=0.2)
+        prov = VastProvider(VastApi(fake.account_key, base_url=fake.url, backoff_s=0.05, timeout=10))
+    else:
+        fake = RunPodFake(sshd_factory, remote_root)
+        prov = _runpod(fake)
+    try:
+        ledger = Ledger()
+        on_demand = cheapest_offer(prov)
+        offer = cheapest_offer(prov, spot=True)
+        assert offer.extra["interruptible"] and offer.usd_per_hour < on_demand.usd_per_hour  # priced at the bid
+        report = run_doctor(prov, offer, ledger, say=lambda m: None, poll_s=0.2)
+        checks = _names(report)
+        assert report.passed and report.spot, [(c.name, c.ok, c.evidence) for c in report.checks]
+        assert checks["bid"].ok and checks["bid"].evidence.startswith("interruptible, $")
+        if which == "runpod":
+            # the pod was rented with lorapod's init as its command, and PID 1 runs it
+            assert len(fake.docker_args) == 1 and ".lorapod-init.sh" in fake.docker_args[0]
+            assert checks["sigterm path"].ok and "SIGTERM reaches the job" in checks["sigterm path"].evidence
+        else:
+            assert "sigterm path" not in checks  # Vast.ai documents no signal
+        assert all(i.deleted_by in ("container key", "pod-scoped key") for i in fake.instances.values())
+        assert fake.live() == [] and ledger.instances(live_only=True) == []
+        assert json.loads(ledger.events()[-1]["message"])["spot"] is True
+    finally:
+        fake.close()
+
+
+def test_doctor_spot_fails_sigterm_path_when_pid_1_is_not_lorapods_init(sshd_factory, remote_root, monkeypatch):
+    """An image whose start command lorapod does not know gets no init: the doctor says the
+    preemption's SIGTERM would not reach the job, and the run does not pass."""
+    import lorapod.compute.runpod.provider as rp
+
+    monkeypatch.setattr(rp, "KNOWN", {})
+    fake = RunPodFake(sshd_factory, remote_root)
+    try:
+        prov = _runpod(fake)
+        report = run_doctor(prov, cheapest_offer(prov, spot=True), Ledger(), say=lambda m: None, poll_s=0.2)
+        checks = _names(report)
+        assert not report.passed and checks["sigterm path"].ok is False
+        assert "would not reach the job" in checks["sigterm path"].evidence
+        assert fake.docker_args == [] and fake.live() == []  # destroyed all the same
+    finally:
+        fake.close()
+
+
+def test_doctor_spot_cli_prints_the_bid_and_refuses_a_ceiling_below_every_bid(sshd_factory, remote_root, monkeypatch):
+    from lorapod.cli.main import build_app
+
+    fake = VastFake(sshd_factory, remote_root, key_delay_s=0.2)
+    try:
+        monkeypatch.setenv("VAST_API_KEY", fake.account_key)
+        monkeypatch.setenv("LORAPOD_VAST_URL", fake.url)
+        out = CliRunner().invoke(build_app(), ["doctor", "vast", "--spot"])
+        assert out.exit_code == 0, out.output
+        assert "vast spot: " in out.output and "(the bid)" in out.output and fake.instances == {}
+        out = CliRunner().invoke(build_app(), ["doctor", "vast", "--spot", "--max-bid", "0.001"])
+        assert out.exit_code != 0 and "no spot (interruptible) offer within the bid ceiling" in str(out.exception or
+                                                                                                 out.output)
+    finally:
+        fake.close()

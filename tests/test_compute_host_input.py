@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from lorapod.compute.metrics_feed import MAX_LINE_BYTES, POLL_BYTES, MetricsFeed, shown_number
 from lorapod.compute.remote import RemoteWork
 from lorapod.compute.session import run_remote
 from lorapod.compute.ssh import SSHProvider
+from lorapod.rundir.metrics import MAX_LINE_BYTES, POLL_BYTES, MetricsFeed, shown_number
 from lorapod.spec import load_spec
 from lorapod.store.ledger import Ledger
 

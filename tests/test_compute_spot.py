@@ -221,8 +221,13 @@ def test_vast_bid_below_min_bid_never_runs(vast):
     assert vast.live() == [] and vast.violations == []
 
 
-def test_run_refuses_spot_always_before_renting_and_rents_on_demand_for_auto(runpod, tmp_path, monkeypatch):
+def test_run_tier_follows_the_plan_and_the_spot_flag(runpod, tmp_path, monkeypatch):
+    """``lorapod run``: --spot overrides compute.spot; always rents spot where the provider has a
+    tier (refused before renting where it has none); auto follows the plan's tier choice."""
     from lorapod.compute.prepare import RunFlags, prepare_run
+    from lorapod.compute.recovery import run_tier
+    from lorapod.compute.ssh import SSHProvider
+    from lorapod.plan.choose import plan_job
     from lorapod.store.ledger import Ledger
 
     from .remote_helpers import make_spec
@@ -231,13 +236,23 @@ def test_run_refuses_spot_always_before_renting_and_rents_on_demand_for_auto(run
     monkeypatch.setenv("LORAPOD_RUNPOD_URL", runpod.url)
     monkeypatch.setenv("LORAPOD_RUNPOD_GRAPHQL_URL", runpod.graphql_url)
     spec = make_spec(tmp_path, model="lorapod:tiny-llama")
-    with pytest.raises(SpecError, match="cannot rent spot yet"):
-        prepare_run(spec, "runpod", RunFlags(set_=["compute.spot=always"]), ledger=Ledger(), say=lambda m: None,
-                    note=lambda m: None)
+    with pytest.raises(SpecError, match="no spot tier"):
+        run_tier(load_spec(spec, ["compute.spot=always"]), SSHProvider("ssh://u@h:22"), None)
     notes: list[str] = []
-    prepared = prepare_run(spec, "runpod", RunFlags(set_=["compute.spot=auto"]), ledger=Ledger(),
+    prepared = prepare_run(spec, "runpod", RunFlags(spot="always"), ledger=Ledger(), say=lambda m: None,
+                           note=notes.append)
+    assert prepared.spec.compute.spot == "always" and prepared.options.spot is True
+    assert prepared.options.spot_policy == "always"
+    prepared = prepare_run(spec, "runpod", RunFlags(spot="never", set_=["compute.spot=always"]), ledger=Ledger(),
                            say=lambda m: None, note=notes.append)
-    assert any("rents on-demand" in n for n in notes)
-    assert prepared.spec.compute.spot == "auto"
-    assert not any("podRentInterruptable" in str(b) for b in runpod.bodies)  # nothing rented on spot
-    assert runpod.instances == {}
+    assert prepared.options.spot is False  # the flag wins over the spec
+    sdxl = load_spec(SDXL, ["compute.spot=auto"])
+    on_spot, why = run_tier(sdxl, rp(runpod), None)
+    assert not on_spot and "cannot price" in why  # no planned job: on-demand, said
+    from lorapod.plan.job import build_job
+
+    job = build_job(sdxl, images=25)
+    on_spot, why = run_tier(sdxl, rp(runpod), job)
+    choice = plan_job(sdxl, provider="runpod", job=job).tier
+    assert on_spot == (choice.tier == "spot") and choice.reason in why
+    assert runpod.instances == {}  # nothing rented by deciding

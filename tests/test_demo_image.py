@@ -27,6 +27,14 @@ def test_image_demo_writes_both_formats_and_a_rerun_reuses_every_cache(tmp_path)
     assert (out / "data" / "4_zxq" / "img00.txt").read_text().startswith("zxq")
     assert res.progress is not None and res.progress.is_file()  # stopped before epoch 2: sampled at the stop
     assert [p.name for p in res.samples] == [f"base-{k:02d}.png" for k in range(3)] + [f"step000002-{k:02d}.png" for k in range(3)]
+    # the sheet shows a training image beside the samples: the disc for the two zxq rows, the flat green
+    from lorapod.builtin.sd import TOY_COLOURS
+    from lorapod.demo_image import CONCEPT_FG, training_images
+
+    refs = training_images(out)
+    assert [p.parent.name for p in refs] == ["4_zxq", "4_zxq", "1_colours"]
+    px = Image.open(res.progress).convert("RGB").getdata()
+    assert sum(1 for p in px if p == CONCEPT_FG) > 1500 and sum(1 for p in px if p == TOY_COLOURS["green"]) > 5000
     # through the CLI: the base model folder is reused, so nothing is encoded again
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     cmd = [sys.executable, "-m", "lorapod", "demo", "--image", "--out", str(out), "--steps", "2"]

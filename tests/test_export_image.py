@@ -264,6 +264,31 @@ def test_image_eval_grids_with_fixed_seeds_and_leakage_against_the_base(sd15_run
     assert "No CLIP model given" in page and page.count("<table>") == 2
     for g in res.grids:
         assert (run / "eval" / g.grid).read_bytes()[:4] == b"\x89PNG"
+    # this run folder was written without training (no metrics.jsonl): eval says why it recommends none
+    assert res.best is None and "no loss logged at the checkpoints' steps" in res.reason
+    assert "no checkpoint recommended: no loss logged" in page
+
+
+def test_image_eval_through_the_cli_recommends_a_checkpoint_without_clip(sd15_run, tmp_path, monkeypatch):
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from lorapod.cli.main import build_app
+
+    monkeypatch.setenv("LORAPOD_HOME", str(tmp_path / "home"))
+    run = tmp_path / "run"
+    shutil.copytree(sd15_run, run)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a red car --s 1 --d 5\n")
+    (run / "metrics.jsonl").write_text(  # as training logs it: a loss per step
+        '{"step": 1, "epoch": 0.5, "loss": 0.31}\n{"step": 2, "epoch": 1.0, "loss": 0.22}\n')
+    r = CliRunner().invoke(build_app(), ["eval", str(run), "--prompts", str(prompts), "--strengths", "1.0",
+                                         "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    said = " ".join(r.output.split())
+    assert "recommended: step-2 (training loss" in said and "no CLIP model given" in said
+    assert "step-1 0.3100, step-2 0.2200" in said
 
 
 @pytest.mark.parametrize("family", ["sdxl", "flux1"])

@@ -143,3 +143,47 @@ def test_wan_kohya_file_is_judged_by_comfyuis_wan_key_map_and_reproduces_the_lor
     save_file(t, str(f))
     drops = inspect_file(f)["consumers"]["ComfyUI"]["drops"]
     assert drops == ["lora_unet_blocks_0_self_attn_norm_q: not a module of the model"]
+
+
+def test_a_gguf_model_is_one_clear_error_not_a_report_with_rank_none(tmp_path, capsys):
+    """What `lorapod inspect model.gguf` shows (issue #38): the first thing said is that it is not an
+    adapter, once, with no `rank None` line before it."""
+    import numpy as np
+
+    from .cli_helpers import run_cli
+
+    g = gguf._gguf()
+    path = tmp_path / "model.gguf"
+    w = g.GGUFWriter(str(path), "llama")
+    w.add_type(g.GGUFType.MODEL)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    code, out, err = run_cli(["inspect", str(path)], capsys)
+    assert code == 1 and out == ""
+    assert err.startswith(f"error: {path} is a GGUF model (llama, 1 tensors), not a LoRA adapter")
+    assert "rank" not in err and "--to gguf" in err
+
+
+def test_a_diffusers_wan_file_is_wan_and_comfyui_is_said_to_drop_its_names(tmp_path, capsys):
+    """The video engine's pytorch_lora_weights.safetensors (diffusers' WanTransformer3DModel names) was
+    called "flux1 or flux2"; Flux's diffusers names are transformer_blocks.N, Wan's blocks.N."""
+    from .cli_helpers import run_cli
+
+    t = {f"transformer.blocks.{i}.{m}.{k}": v for i in range(2)
+         for m in ("attn1.to_q", "attn2.to_k", "ffn.net.0.proj") for k, v in _pair().items()}
+    f = tmp_path / "pytorch_lora_weights.safetensors"
+    save_file(t, str(f), metadata={"lora_adapter_metadata": json.dumps({"transformer.lora_alpha": 8,
+                                                                        "transformer.r": 4})})
+    r = inspect_file(f)
+    assert (r["format"], r["family"]) == ("diffusers", "wan")
+    assert r["consumers"]["diffusers"] == {"loads": 6, "drops": [], "scale": [2.0]}
+    assert r["consumers"]["ComfyUI"]["loads"] == 0 and len(r["consumers"]["ComfyUI"]["drops"]) == 6
+    assert all("diffusers Wan name" in d for d in r["consumers"]["ComfyUI"]["drops"])
+    code, out, _err = run_cli(["inspect", str(f)], capsys)
+    assert code == 0 and "family wan" in out and "flux" not in out
+    flux = {f"transformer.transformer_blocks.0.attn.to_q.{k}": v for k, v in _pair().items()}
+    save_file(flux, str(tmp_path / "flux.safetensors"))
+    assert inspect_file(tmp_path / "flux.safetensors")["family"] == "flux1 or flux2"  # unchanged

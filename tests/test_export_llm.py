@@ -74,6 +74,26 @@ def test_merged_equals_base_plus_adapter_in_the_base_dtype(trained, tmp_path):
     assert torch.allclose(got, want, atol=1e-4)
 
 
+def test_exported_and_trained_weights_are_readable_as_the_umask_allows(trained, tmp_path, capsys):
+    """safetensors writes 0600; the merged model, the adapter and the checkpoints are outputs like
+    config.json beside them (0644 under umask 022), for a server or a teammate to read (issue #38)."""
+    import os
+    import stat
+
+    from .cli_helpers import run_cli
+
+    old = os.umask(0o022)
+    try:
+        code, out, err = run_cli(["export", str(trained["run"]), "--to", "merged", "--out", str(tmp_path / "m")],
+                                 capsys)
+    finally:
+        os.umask(old)
+    assert code == 0, out + err
+    for f in [tmp_path / "m" / "model.safetensors", tmp_path / "m" / "config.json",
+              *trained["run"].glob("adapter/*.safetensors"), *trained["run"].glob("checkpoints/*/*.safetensors")]:
+        assert stat.S_IMODE(f.stat().st_mode) == 0o644, f
+
+
 def test_gguf_adapter_has_llama_cpp_layout_and_matches_the_merged_model_gguf(trained, tmp_path):
     """llama.cpp applies ``W + alpha / rank * lora_b @ lora_a`` to the GGUF tensor of the same name:
     so base GGUF + adapter GGUF must equal the merged model's GGUF, tensor for tensor."""

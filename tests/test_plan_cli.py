@@ -17,6 +17,7 @@ from lorapod.cli.main import build_app
 
 ROOT = Path(__file__).resolve().parents[1]
 SDXL = str(ROOT / "examples" / "sdxl-object-lora.yaml")
+LLM = str(ROOT / "examples" / "llm-chat-lora.yaml")  # README's LLM example: pins compute.gpu and compute.provider
 KEYS = {"provider", "gpu", "tier", "usd_per_hour", "fits", "vram_peak_gb", "hours_total", "usd_total", "phases", "warnings",
         "hours_total_range", "usd_total_range", "vram_peak_gb_range", "speed", "spot"}
 
@@ -43,7 +44,9 @@ def test_json_follows_the_schema():
     r = _run("plan", SDXL, "--json", "--images", "25")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
-    assert set(out) == {"options", "snapshot_date", "volume", "sort", "fastest_under_cap", "tier"}
+    assert set(out) == {"options", "snapshot_date", "volume", "sort", "fastest_under_cap", "tier", "pinned",
+                        "whole_market"}
+    assert out["pinned"] == {} and out["whole_market"] is None
     assert out["snapshot_date"] == "2026-09-15"
     assert out["options"]
     for o in out["options"]:
@@ -106,10 +109,13 @@ def test_errors_are_one_clean_line_with_a_hint():
     assert r.returncode == 1 and "--sessions-per-month" in r.stderr
 
 
-def test_live_without_keys_uses_the_snapshot_and_says_so():
+def test_live_without_keys_uses_the_snapshot_and_says_so_first():
     r = _run("plan", SDXL, "--live", "--images", "25", "--gpu", "RTX 3090")
     assert r.exit_code == 0, r.output
-    assert "RUNPOD_API_KEY not set" in r.output and "snapshot" in r.output
+    first = r.output.splitlines()[0]  # not at the end of 45 lines (issue #38)
+    assert first.startswith("--live: RUNPOD_API_KEY and VAST_API_KEY not set: offline prices snapshot of 20"), first
+    assert "RUNPOD_API_KEY" not in "\n".join(r.output.splitlines()[1:])  # said once
+    assert "* = live" not in r.output
 
 
 def test_plan_does_not_import_torch():
@@ -117,3 +123,43 @@ def test_plan_does_not_import_torch():
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert r.stdout.strip() == "False", r.stderr
+
+
+def _words(text: str) -> str:
+    return " ".join(text.split())  # the console wraps at 80 columns under CliRunner
+
+
+def test_plan_says_what_pinned_the_table_and_offers_the_whole_market():
+    r = _run("plan", LLM, "--examples", "1500")
+    assert r.exit_code == 0, r.output
+    said = _words(r.output)
+    assert "only RTX 3090 on runpod: pinned by compute.gpu and compute.provider" in said
+    assert f"the whole market: lorapod plan {LLM} --any-gpu --provider any (cheapest there: " in said
+    out = json.loads(_run("plan", LLM, "--examples", "1500", "--json").stdout)
+    assert out["pinned"] == {"compute.gpu": "RTX 3090", "compute.provider": "runpod"}
+    assert {(o["gpu"], o["provider"]) for o in out["options"]} == {("RTX 3090", "runpod")}
+    assert out["whole_market"]["usd_total"] < out["options"][0]["usd_total"]
+    # the command it offers plans over the whole market, and says nothing was pinned
+    wide = json.loads(_run("plan", LLM, "--examples", "1500", "--json", "--any-gpu", "--provider", "any").stdout)
+    assert wide["pinned"] == {} and wide["whole_market"] is None
+    assert len({o["gpu"] for o in wide["options"]}) > 3 and {o["provider"] for o in wide["options"]} == {"runpod", "vast"}
+    assert wide["options"][0]["usd_total"] == out["whole_market"]["usd_total"]
+    # --set compute.provider=any drops the spec's provider pin; --gpu is said as the flag it came from
+    r = _run("plan", LLM, "--examples", "1500", "--set", "compute.provider=any", "--gpu", "RTX 4090")
+    assert r.exit_code == 0, r.output
+    assert "only RTX 4090: pinned by --gpu; the whole market: lorapod plan" in _words(r.output)
+    assert "--provider any" not in _words(r.output).split("whole market:")[1].split("(")[0]
+    r = _run("plan", LLM, "--any-gpu", "--gpu", "RTX 4090")
+    assert r.exit_code == 1 and "contradict each other" in str(r.exception)
+
+
+def test_a_gpu_that_does_not_fit_never_heads_the_table():
+    # bf16 LoRA on an 8B model needs ~27 GB: the pinned 24 GB RTX 3090 does not fit
+    r = _run("plan", LLM, "--examples", "1500", "--set", "method.type=lora")
+    assert r.exit_code == 0, r.output
+    said = _words(r.output)
+    assert "#1" not in said and "no offer fits: RTX 3090 needs about" in said and "it fits with" in said
+    rows = [line.split() for line in r.output.splitlines() if "does-not-fit" in line]
+    assert rows and all(row[0] == "-" for row in rows)
+    assert "Phases, does not fit: RTX 3090 on runpod" in said
+    assert "the whole market: lorapod plan" in said and "(cheapest there: " in said

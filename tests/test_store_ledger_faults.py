@@ -199,6 +199,7 @@ def test_ledger_rebuild_recovers_what_bills_from_the_provider_and_the_run_folder
     (runs / "lost-job").mkdir(parents=True)
     (runs / "lost-job" / "spec.yaml").write_text("model: {id: x}\n")
     (runs / "lost-job" / "metrics.jsonl").write_text('{"step": 1}\n{"step": 7}\n')
+    (runs / "lost-job" / "remote-events.log").write_text("2026-12-02T10:00:00+0000 renting RTX 3090\n")  # `run`'s
     (Path(os.environ["LORAPOD_HOME"]) / "ledger.db").write_bytes(b"")
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -181,3 +181,63 @@ def test_for_resume_keeps_lorapods_engine_for_runs_without_a_trainer(tmp_path):
     assert said == ["continuing with sd-scripts, the trainer run was started with"]
     with pytest.raises(SpecError, match="not musubi"):
         for_resume(run, "musubi", "run", said.append)
+
+
+def _sigterm_when(cond) -> threading.Thread:
+    """SIGTERM to this process (what job.sh passes on at a preemption) once ``cond()`` holds."""
+    import signal
+
+    def go() -> None:
+        while not cond():
+            time.sleep(0.05)
+        go.at = time.monotonic()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    go.at = None
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.fn = go
+    return t
+
+
+def test_sigterm_ends_a_trainer_that_cannot_save_on_demand_at_once_and_the_resume_continues(tmp_path):
+    """sd-scripts saves state every save.every_steps and nowhere else: at a preemption it loses
+    what it trained since (docs/trainers.md). The wrapper does not wait for a save that will not
+    come inside RunPod's 5 s: it returns ``preempted`` at once; a rerun resumes from the newest
+    state with one unbroken curve."""
+    sd = Path(__file__).resolve().parent / "standins" / "sd-scripts"
+    (tmp_path / "mug").mkdir()
+    for i in range(3):
+        (tmp_path / "mug" / f"{i}.png").write_bytes(b"")
+    raw = {"model": {"id": "stabilityai/stable-diffusion-xl-base-1.0", "family": "sdxl"},
+           "data": {"path": "mug", "format": "images", "repeats": 20}, "train": {"epochs": 2},
+           "save": {"every_steps": 20, "every_epochs": None, "keep_last": 2}, "output": {"name": "mug"}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    spec = load_spec(tmp_path / "s.yaml")
+    run, work = tmp_path / "run", tmp_path / "work"
+    t = _sigterm_when(lambda: (run / "checkpoints" / "step-20").is_dir())
+    assert run_trainer(spec, "sd-scripts", run, work, src=str(sd), poll_s=0.2, say=print) == "preempted"
+    assert time.monotonic() - t.fn.at < 3.0  # well inside the 5 s
+    assert (run / "checkpoints" / "step-20" / "state").is_dir() and not (run / "adapter").exists()
+    assert run_trainer(spec, "sd-scripts", run, work, src=str(sd), poll_s=0.2, say=print) == "done"
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 121))
+
+
+def test_sigterm_asks_axolotl_for_a_checkpoint_within_the_window(tmp_path, monkeypatch):
+    standin = Path(__file__).resolve().parent / "standins" / "axolotl"
+    monkeypatch.setenv("PYTHONPATH", f"{standin}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    (tmp_path / "chat.jsonl").write_text("".join(
+        json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}) + "\n"
+        for _ in range(10)))
+    raw = {"model": {"id": "org/llm", "family": "llm"}, "data": {"path": "chat.jsonl"},
+           "train": {"max_steps": 3000}, "save": {"every_steps": 1000}, "output": {"name": "chat"}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    spec = load_spec(tmp_path / "s.yaml")
+    run = tmp_path / "run"
+    t = _sigterm_when(lambda: (run / "metrics.jsonl").is_file()
+                      and len((run / "metrics.jsonl").read_text().splitlines()) >= 20)
+    state = run_trainer(spec, "axolotl", run, tmp_path / "work", src=str(standin), poll_s=0.1, say=print)
+    assert state == "preempted" and time.monotonic() - t.fn.at < 5.0
+    (ck,) = (run / "checkpoints").iterdir()  # the one it was asked for (the cadence would be step 1000)
+    assert 20 <= int(ck.name.split("-")[1]) < 1000 and (ck / "trainer_state.json").is_file()

@@ -10,10 +10,11 @@ import time
 import pytest
 from starlette.testclient import TestClient
 
+from lorapod.ui.app import Dashboard, build_app
 from lorapod.ui.files import Refused, serve
 from lorapod.ui.guard import TOKEN_HEADER, cookie_name
 from lorapod.ui.runs import RunIndex, downsample, sample_prompt, series
-from lorapod.ui.server import PER_PAGE, Dashboard, build_app
+from lorapod.ui.views import PER_PAGE
 
 from .ui_fixtures import HOSTILE, run_folder, write_metrics
 
@@ -229,7 +230,7 @@ def test_a_damaged_ledger_is_said_and_the_run_folders_still_show(tmp_path):
 
 
 def test_destroy_confirmation_names_the_last_real_checkpoint(tmp_path):
-    from lorapod.ui.server import last_checkpoint
+    from lorapod.rundir import last_checkpoint
 
     root = run_folder(tmp_path)
     for n in (2, 30, 4):
@@ -242,7 +243,7 @@ def test_a_busy_port_is_a_clear_error():
     import socket
 
     from lorapod.errors import LorapodError
-    from lorapod.ui.server import open_socket
+    from lorapod.ui.app import open_socket
 
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
@@ -256,3 +257,25 @@ def test_a_busy_port_is_a_clear_error():
     free = open_socket("127.0.0.1", 0)
     assert free.getsockname()[0] == "127.0.0.1" and free.getsockname()[1] > 0
     free.close()
+
+
+def test_a_spot_jobs_page_shows_its_preemptions_their_cost_and_the_savings(tmp_path):
+    from lorapod.store.ledger import Ledger
+    from lorapod.store.preemptions import record_preemption, record_spot_instance
+
+    root = run_folder(tmp_path, name="spot-20261202-130000-0001")
+    ledger = Ledger()
+    ledger.job_started(root.name, str(root), "runpod", "runpod", None, 1.0, None)
+    for preempted in (True, False):
+        record_spot_instance(ledger, root.name, provider="runpod", gpu="RTX 4090", tier="spot", hours=1.0,
+                             preempted=preempted, usd_per_hour=0.2, ondemand_usd_per_hour=0.5)
+    record_preemption(ledger, root.name, instance_id="i-1", how="stopped", step=7, resume_step=6, usd_per_hour=0.2,
+                      redo_hours=0.1, setup_hours=0.1, husk_hours=0.0, ondemand_usd_per_hour=0.5)
+    page = client(tmp_path).get("/runs/" + root.name).text
+    spot = page.split('<section id="spot">')[1].split("</section>")[0]
+    # cost: 0.2 h x $0.20; saved: 2 h x ($0.50 - $0.20) less the 0.2 h wasted at $0.50
+    assert "1 preemption(s), costing $0.0400" in " ".join(spot.split())
+    assert "saved $0.5000 against on-demand" in " ".join(spot.split())
+    plain = run_folder(tmp_path, name="plain-20261202-130000-0002")
+    ledger.job_started(plain.name, str(plain), "runpod", "runpod", None, 1.0, None)
+    assert '<section id="spot">' not in client(tmp_path).get("/runs/" + plain.name).text  # on-demand: nothing

@@ -12,9 +12,9 @@ import pytest
 from starlette.testclient import TestClient
 
 from lorapod.store.ledger import Ledger
+from lorapod.ui.app import Dashboard, build_app
 from lorapod.ui.guard import cookie_name
 from lorapod.ui.runs import RunIndex
-from lorapod.ui.server import Dashboard, build_app
 
 from .ui_fixtures import run_folder
 

@@ -1,5 +1,5 @@
 """Run folders for the dashboard's tests, laid out as the engine and the session write them
-(rundir.py; samples as engine/diffusion/recipe.py names them, with the prompt in a PNG text
+(rundir/; samples as rundir/layout.py names them, with the prompt in a PNG text
 chunk as engine/diffusion/samples.py writes it; eval/eval.json as evaluate/llm.py writes it)."""
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ def run_demo(out: Path, model: str | None = None, steps: int | None = None, log=
     if (out / "adapter").exists():
         shutil.rmtree(out / "adapter")
     shutil.copytree(run.adapter, out / "adapter")
-    shutil.copy2(run.metrics_file, out / "metrics.jsonl")
+    shutil.copy2(run.metrics_file, out / run.metrics_file.name)
     if (run.root / "loss.png").exists():
         shutil.copy2(run.root / "loss.png", out / "loss.png")
     shutil.copy2(run.spec_file, out / "spec.yaml")

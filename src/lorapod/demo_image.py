@@ -23,6 +23,7 @@ from PIL import Image
 
 from lorapod.builtin import build_once
 from lorapod.builtin.sd import TOY_COLOURS, build_toy_sd15
+from lorapod.rundir.layout import sample_tag
 
 
 def write_images(folder: Path, n: int = 6, trigger: str = "zxq", sizes: list[tuple[int, int]] | None = None,
@@ -160,8 +161,8 @@ def run_image_demo(out: Path, steps: int | None = None, log=print, show_progress
     base = base_samples(model_dir, run.samples)
     trained = train_diffusion(spec, run, log=log, show_progress=show_progress)
     if not any(run.samples.glob("epoch*-00.png")):  # stopped (--steps) before the epoch that samples: sample now
-        trained.recipe.write_samples(trained.result.state, f"step{trained.result.state.step:06d}")
-    progress = progress_sheet(run.samples, base)
+        trained.recipe.write_samples(trained.result.state, sample_tag(trained.result.state.step))
+    progress = progress_sheet(run.samples, base, training_images(out))
     first = (trained.result.first_eval or {}).get("fixed_noise_loss")
     last = (trained.result.last_eval or {}).get("fixed_noise_loss")
     (out / "result.json").write_text(json.dumps({"fixed_noise_loss": [first, last], "run": str(run.root)}), encoding="utf-8")
@@ -192,24 +193,62 @@ def base_samples(model_dir: Path, folder: Path) -> list[Path]:
     return paths
 
 
-def progress_sheet(folder: Path, base: list[Path]) -> Path:
-    """samples/progress-grid.png: one row per prompt, the base model then every sampled checkpoint, each
-    cell at its own size and labelled (prompt, seed, step, LoRA strength)."""
+def training_images(out: Path) -> list[Path]:
+    """For each demo prompt, a training image of what it names, at the sample's aspect ratio: a red
+    disc on blue for "zxq", the flat-colour regularisation image for a colour word."""
+    from lorapod.engine.diffusion import samples as smp
+
+    concept = sorted((out / "data" / "4_zxq").glob("*.png"))
+    colours = {p.with_suffix(".txt").read_text(encoding="utf-8").strip(): p
+               for p in sorted((out / "data" / "1_colours").glob("*.png"))}
+    refs = []
+    for line in DEMO_PROMPTS:
+        sp = smp.parse_line(line, 64, 64, 0, 8, 1.0)
+        if "zxq" in sp.prompt:
+            want = sp.width / sp.height
+            refs.append(min(concept, key=lambda p: abs(np.log(_aspect(p) / want))))
+        else:
+            refs.append(colours[sp.prompt])
+    return refs
+
+
+def _aspect(path: Path) -> float:
+    with Image.open(path) as im:
+        return im.width / im.height
+
+
+#: the progress sheet's cells drawn at this many times the samples' 64 px (nearest neighbour, so
+#: every pixel the model drew stays one visible block)
+SHEET_SCALE = 2
+
+
+def progress_sheet(folder: Path, base: list[Path], training: list[Path] | None = None) -> Path:
+    """samples/progress-grid.png: one row per prompt, a training image of what the prompt names, the
+    base model, then every sampled checkpoint, each cell at its own size and labelled (prompt, seed,
+    step, LoRA strength)."""
     from lorapod.engine.diffusion import samples as smp
 
     tags = sorted({p.name.rsplit("-", 1)[0] for p in folder.glob("*-00.png") if not p.name.startswith("base-")})
     columns = [("base", base)] + [(t, [folder / f"{t}-{k:02d}.png" for k in range(len(base))]) for t in tags]
-    images, col_labels = [], []
+    images, col_labels = [], ["training\nimage"] if training else []
     for tag, paths in columns:
         meta = json.loads(Image.open(paths[0]).text["lorapod"])
         col_labels.append("base\nno LoRA" if tag == "base" else f"step {meta['step']}\nepoch {meta['epoch']}")
+
+    def big(im: Image.Image) -> Image.Image:
+        return im.resize((im.width * SHEET_SCALE, im.height * SHEET_SCALE), Image.Resampling.NEAREST)
+
     rows = []
     for k in range(len(base)):
         meta = json.loads(Image.open(base[k]).text["lorapod"])
         rows.append(f"{meta['prompt']}\nseed {meta['seed']}, {meta['steps']} steps")
-        images += [Image.open(paths[k]).convert("RGB") for _, paths in columns]
-    sheet = smp.labelled_grid(smp.grid(images, cols=len(columns)), rows, col_labels,
-                              "LoRA strength 1.0 in every step column; same seed across each row")
+        first = Image.open(base[k])
+        if training:  # the training image at the sample's size, drawn as smoothly as the data is
+            images.append(big(Image.open(training[k]).convert("RGB").resize(first.size, Image.Resampling.LANCZOS)))
+        images += [big(Image.open(paths[k]).convert("RGB")) for _, paths in columns]
+    sheet = smp.labelled_grid(smp.grid(images, cols=len(col_labels)), rows, col_labels,
+                              "LoRA strength 1.0 in every step column; same seed across each row; "
+                              f"cells x{SHEET_SCALE}")
     path = folder / "progress-grid.png"
     sheet.save(path)
     return path

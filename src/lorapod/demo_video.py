@@ -24,6 +24,7 @@ import numpy as np
 from lorapod.builtin import build_once
 from lorapod.builtin.sd import TOY_COLOURS
 from lorapod.builtin.wan import build_toy_wan
+from lorapod.rundir.layout import sample_tag
 
 COLOURS = {"red": (220, 30, 30), "blue": (30, 60, 220), "green": (30, 180, 60)}
 
@@ -201,7 +202,7 @@ def run_video_demo(out: Path, steps: int | None = None, log=print, show_progress
     base = base_samples(model_dir, run.samples)
     trained = train_diffusion(spec, run, log=log, show_progress=show_progress)
     if not any(run.samples.glob("epoch*-00.mp4")):  # stopped (--steps) before the epoch that samples: sample now
-        trained.recipe.write_samples(trained.result.state, f"step{trained.result.state.step:06d}")
+        trained.recipe.write_samples(trained.result.state, sample_tag(trained.result.state.step))
     progress = progress_sheet(run.samples, base)
     first = (trained.result.first_eval or {}).get("fixed_noise_loss")
     last = (trained.result.last_eval or {}).get("fixed_noise_loss")

@@ -6,6 +6,12 @@ without a traceback (``--debug`` shows it). Anything else reaching the CLI is a 
 
 from __future__ import annotations
 
+#: The exit status of a job that SIGTERM stopped after it saved its checkpoint (EX_TEMPFAIL in
+#: sysexits.h, "try again later"): a spot preemption, ``timeout``, SLURM, Kubernetes. Distinct from
+#: 130 (Ctrl-C) and from a failure, so whoever starts the job again (the controller's recovery)
+#: knows nothing was lost. engine/loop.py exits with it; job.sh records it in job.exit.
+PREEMPTED_EXIT = 75
+
 
 class LorapodError(Exception):
     """Base of every error lorapod raises on purpose.
@@ -48,6 +54,16 @@ class DependencyError(LorapodError):
 
 class HardwareError(LorapodError):
     """The requested setting needs hardware this machine lacks (e.g. QLoRA without CUDA)."""
+
+
+class OutOfMemory(HardwareError):
+    """Training ran out of GPU memory. The loop saved a checkpoint first (when a step was done);
+    the message has the measured peak and the plan's estimate, the hint the cheapest change that fits."""
+
+    def __init__(self, message: str, hint: str | None = None, *, step: int = 0, checkpoint=None,
+                 peak_gb: float | None = None, planned_gb: float | None = None) -> None:
+        super().__init__(message, hint)
+        self.step, self.checkpoint, self.peak_gb, self.planned_gb = step, checkpoint, peak_gb, planned_gb
 
 
 class PlanError(LorapodError):

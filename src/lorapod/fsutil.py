@@ -57,8 +57,14 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     tmp.mkdir()
     try:
         yield tmp
+        file_mode = 0o666 & ~umask()
         for f in tmp.rglob("*"):
-            if f.is_file():
+            if f.is_file() and not f.is_symlink():
+                # safetensors (0.8 here) writes its files 0600, as a private temp file would be: an
+                # adapter or merged model is an output like any other, readable as the umask allows.
+                mode = f.stat().st_mode & 0o777
+                if mode & 0o111 == 0 and mode != file_mode:
+                    f.chmod(file_mode)
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
         old = None
@@ -72,6 +78,19 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def umask() -> int:
+    """The process's umask, read without changing it where Linux says it (``/proc/self/status``)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)  # elsewhere: set and restore (the only portable way before Python 3.13)
+    os.umask(old)
+    return old
 
 
 def append_text(path: Path, text: str, sync: bool = False) -> None:

@@ -229,6 +229,10 @@ class ComputeSpec(_Section):
     spot_checkpoint_min: Annotated[float | None, Field(gt=0)] = Field(
         None, description="Minutes of training between resume checkpoints on spot (default: Young/Daly, "
         "sqrt(2 x checkpoint cost x mean time between preemptions)).")
+    spot_save_mb_s: Annotated[float | None, Field(gt=0)] = Field(
+        None, description="MB/s of a checkpoint save on your instance, as bench/spot_save.py measures it (default "
+        "250, an assumption from a small shared machine): spot is refused on a provider whose SIGTERM-to-SIGKILL window "
+        "(RunPod: 5 s) the save on SIGTERM does not fit.")
 
 
 class WandbSpec(_Section):
@@ -306,10 +310,11 @@ class JobSpec(_Section):
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
         if self.data.format == "images" and self.model.family == "llm":
-            raise ValueError("data.format 'images' needs an image model family, not 'llm'")
+            raise ValueError(f"model.family = 'llm' cannot train data.format 'images': set model.family to an "
+                             f"image family ({', '.join(families.FAMILIES)}) or auto")
         if self.data.format == "video" and self.model.family not in ("auto", *families.VIDEO):
-            raise ValueError(f"data.format 'video' needs a video model family ({', '.join(families.VIDEO)}), "
-                             f"not '{self.model.family}'")
+            raise ValueError(f"model.family = '{self.model.family}' cannot train data.format 'video': set "
+                             f"model.family to a video family ({', '.join(families.VIDEO)}) or auto")
         if self.train.attention != "auto" and self.is_image:
             raise ValueError(f"train.attention '{self.train.attention}' is for the LLM recipe; image and video "
                              "models run their trainer's own attention (leave it at auto)")
@@ -477,6 +482,9 @@ def _explain(exc: ValidationError, raw: dict[str, Any]) -> str:
             lines.append(f"  - unknown key '{key}'{hint} (allowed: {', '.join(known)})")
         elif err["type"] == "missing":
             lines.append(f"  - '{key}' is required")
+        elif not loc:  # a check across sections: its message names the fields, the value is the whole spec
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"  - {msg}")
         else:
             allowed = _allowed(loc)
             shown = f"{value!r}" if value is not _MISSING else "(not set)"

@@ -174,6 +174,8 @@ class FakeInstance:
     stopped_hours: float = 0.0  # every stop so far, ended ones: what storage-only billing covered
     #: what the processes in it received when it was stopped: (pid, "TERM" | "KILL")
     signals: list[tuple[int, str]] = field(default_factory=list)
+    #: work folders on a disk kept through a stop (no process left to find them by): erased on destroy
+    kept_dirs: set[Path] = field(default_factory=set)
 
     @property
     def ready(self) -> bool:
@@ -377,7 +379,7 @@ class FakeControlPlane:
         if inst.sshd.proc is not None:  # a stopped container's sshd is down already
             inst.sshd.drop_connections()
         inst.sshd.stop()
-        dirs = self._work_dirs(inst)
+        dirs = self._work_dirs(inst) | inst.kept_dirs  # a stopped container's disk goes with it too
         for pid in marked_pids(inst.marker):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
@@ -399,6 +401,8 @@ class FakeControlPlane:
         its work folders go too (a disk that does not outlive a stop). Called by a test, outside
         the HTTP lock, so the API keeps answering during the grace."""
         dirs = self._work_dirs(inst) if erase_disk else set()
+        if not erase_disk:  # its disk stays until the instance is destroyed
+            inst.kept_dirs |= self._work_dirs(inst)
         inst.stopped_at = time.time()
         for pid in marked_pids(inst.marker):
             with contextlib.suppress(ProcessLookupError, PermissionError):

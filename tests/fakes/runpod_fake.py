@@ -47,6 +47,7 @@ Spot (interruptible) pods:
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 from dataclasses import dataclass
@@ -103,6 +104,7 @@ class RunPodFake(FakeControlPlane):
                  no_spot_capacity_gpus: tuple[str, ...] = (), **kw: Any) -> None:
         super().__init__(*a, **kw)
         self.no_spot_capacity_gpus = set(no_spot_capacity_gpus)  # on-demand rentable, spot not
+        self.docker_args: list[str] = []  # each spot pod's dockerArgs, as sent
         self.spot: dict[str, float] = {}  # pod id -> bid per GPU of an interruptible pod
         self.volume_gb: dict[str, int] = {}  # pod id -> its volume disk (kept while stopped)
         self.never_ready_gpus = set(never_ready_gpus)
@@ -179,6 +181,21 @@ class RunPodFake(FakeControlPlane):
                 "minVCPUPerGPU": int(inp.get("minVcpuCount") or 2) // max(1, int(inp.get("gpuCount") or 1)),
                 "env": {e["key"]: e["value"] for e in inp.get("env") or []}, "name": inp["name"],
                 "volumeInGb": inp.get("volumeInGb") or 0}
+        if inp.get("dockerArgs"):
+            # the container's command replaces the image's CMD (runpod-python create_pod docker_args):
+            # the loopback "container" shows it as PID 1's command line (compute/doctor.py reads it)
+            import shlex
+            import tempfile
+
+            argv = shlex.split(inp["dockerArgs"])
+            last = argv[-1].split(";")[-1].replace("${IFS}", " ") if argv[:2] == ["sh", "-c"] else ""
+            if last.startswith("exec "):  # `sh -c '...; exec CMD'`: PID 1 is CMD once it has run
+                argv = last.split()[1:]
+            fd, cmdline = tempfile.mkstemp(prefix="lp-pid1-cmdline-")
+            os.write(fd, b"\0".join(a.encode() for a in argv) + b"\0")
+            os.close(fd)
+            body["env"]["LORAPOD_PID1_CMDLINE"] = cmdline
+            self.docker_args.append(inp["dockerArgs"])
         status, out = self._create(body, bid=float(inp["bidPerGpu"]))
         if status != 201:
             return 200, {"errors": [{"message": out["error"]}], "data": None}
@@ -229,6 +246,8 @@ class RunPodFake(FakeControlPlane):
         self.pod_keys[scoped] = pod_id
         self.placed[pod_id] = machine
         env = {"RUNPOD_POD_ID": pod_id, "RUNPOD_API_KEY": scoped}
+        if (body.get("env") or {}).get("LORAPOD_PID1_CMDLINE"):  # a spot pod's dockerArgs (_rent_interruptable)
+            env["LORAPOD_PID1_CMDLINE"] = body["env"]["LORAPOD_PID1_CMDLINE"]
         inst = self.start_instance(pod_id, (body.get("env") or {}).get("PUBLIC_KEY"), env, float(price),
                                    gpu["displayName"], body.get("name", ""),
                                    never_ready=gpu_id in self.never_ready_gpus or too_old)

@@ -32,6 +32,8 @@ class Image:
     sshd: bool | None = None
     #: the image's start script installs ``$PUBLIC_KEY`` and starts sshd (RunPod over REST needs it)
     reads_public_key: bool = False
+    #: the image's own start command (its CMD), which a spot pod's init runs (compute/remote.py SPOT_INIT)
+    start: str = ""
     source: str = ""
     note: str = ""
 
@@ -46,7 +48,7 @@ DEFAULTS = {
 
 KNOWN = {i.name: i for i in (
     Image("runpod/pytorch:1.0.2-cu1281-torch280-ubuntu2204", "2.8.0", "12.8", "3.12",
-          python_path="/usr/local/bin/python", rsync=True, sshd=True, reads_public_key=True,
+          python_path="/usr/local/bin/python", rsync=True, sshd=True, reads_public_key=True, start="/start.sh",
           source=f"{_RUNPOD_CONTAINERS} official-templates/pytorch/README.md (the tag), docker-bake.hcl "
                  "(torch 2.8.0 from whl/cu128), official-templates/base/Dockerfile (apt: openssh-server rsync; "
                  "ln -sf /usr/bin/python3.12 /usr/local/bin/python; torch installed with `python -m pip`), "
@@ -54,7 +56,7 @@ KNOWN = {i.name: i for i in (
                  "container-template/start.sh setup_ssh (appends $PUBLIC_KEY, starts sshd)",
           note="`python3` is Ubuntu 22.04's 3.10 without torch; `python` (3.12) has it"),
     Image("runpod/pytorch:1.0.2-cu1281-torch280-ubuntu2404", "2.8.0", "12.8", "3.12",
-          python_path="/usr/local/bin/python", rsync=True, sshd=True, reads_public_key=True,
+          python_path="/usr/local/bin/python", rsync=True, sshd=True, reads_public_key=True, start="/start.sh",
           source=f"{_RUNPOD_CONTAINERS} official-templates/pytorch/README.md, base/Dockerfile, start.sh"),
     Image("vastai/pytorch:cuda-12.8.1-auto", "2.11.0", "12.8", "3.12", python_path="/venv/main/bin/python",
           rsync=True, sshd=None,

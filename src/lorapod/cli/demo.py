@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lorapod.cli.train import interrupt_says_how_to_resume
+from lorapod.rundir.layout import METRICS
 
 console = Console()
 
@@ -48,7 +49,7 @@ def demo(
     console.print(table)
     console.print(f"\nbase model : {res.out / 'base-model'}")
     console.print(f"adapter    : {res.out / 'adapter'}  (PEFT: adapter_config.json + adapter_model.safetensors)")
-    console.print(f"metrics    : {res.out / 'metrics.jsonl'}  (plot: {res.out / 'loss.png'})")
+    console.print(f"metrics    : {res.out / METRICS}  (plot: {res.out / 'loss.png'})")
     console.print(f"spec       : {res.out / 'spec.yaml'}  (train it again: lorapod train {res.out / 'spec.yaml'})")
 
 
@@ -65,8 +66,8 @@ def _show(res, rows: list[tuple[str, object]]) -> None:
 # What the tiny diffusion demos' pictures are, said where the user is about to open them.
 IMAGE_PICTURES_NOTE = ("about the pictures: the base model is a 64 px toy written by lorapod.builtin.sd (a hand-set "
                        "pixel codec as its VAE, a small UNet pretrained from scratch on flat colours), so it draws "
-                       "flat colour. progress-grid.png shows, for the same prompts and seeds, the base and then each "
-                       "checkpoint (every grid is labelled with prompt, seed, step and LoRA strength): with the "
+                       "flat colour. progress-grid.png shows, for the same prompts and seeds, a training image of what "
+                       "the prompt names, the base and then each checkpoint (every grid is labelled with prompt, seed, step and LoRA strength): with the "
                        "trigger zxq the samples turn from the base's flat colour toward the training pictures (a red "
                        "disc on blue, rough at 8 x 8 colour blocks), while 'green' stays green. That shows the "
                        "training loop, the LoRA, sampling and both exports work; it says nothing about the quality a "
@@ -95,7 +96,7 @@ def _image_demo(out: Path, steps: int | None) -> None:
         ("LoRA, diffusers format", res.diffusers_file),
         ("LoRA, kohya format (ComfyUI/Forge)", res.kohya_file),
         ("exports per checkpoint", res.run / "exports"),
-        ("metrics", res.run / "metrics.jsonl"),
+        ("metrics", res.run / METRICS),
         ("spec (train it again with lorapod train)", res.out / "spec.yaml"),
     ]
     _show(res, rows)

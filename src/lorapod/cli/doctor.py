@@ -18,6 +18,10 @@ def register(app: typer.Typer) -> None:
         provider: str = typer.Argument(..., help="runpod | vast"),
         yes: bool = typer.Option(False, "--yes", help="Rent the instance (at most the printed cap)."),
         as_json: bool = typer.Option(False, "--json", help="The report as JSON on stdout."),
+        spot: bool = typer.Option(False, "--spot", help="Rent the cheapest spot (interruptible) offer at its bid: "
+                                  "proves the bid is accepted and, on RunPod, that a preemption's SIGTERM reaches "
+                                  "the job."),
+        max_bid: float | None = typer.Option(None, "--max-bid", help="With --spot: the highest bid per GPU-hour."),
     ) -> None:
         """Rent the cheapest in-stock GPU for at most 10 minutes and check what the tests cannot:
         SSH and the key, rsync and Python, the scoped key destroying the instance from inside, the
@@ -32,9 +36,10 @@ def register(app: typer.Typer) -> None:
             raise LorapodError(f"lorapod doctor checks a rented instance; '{provider}' is not one",
                                hint=f"use one of: {', '.join(SCOPED)}")
         prov = get(provider)
-        offer = cheapest_offer(prov)
+        offer = cheapest_offer(prov, spot=spot, max_bid_per_gpu_hour=max_bid)
         cap = cap_usd(offer)
-        console.print(f"{provider}: {escape(offer.gpu_name)} ({escape(offer.id)}) at ${offer.usd_per_hour:.3f}/h; "
+        console.print(f"{provider}{' spot' if spot else ''}: {escape(offer.gpu_name)} ({escape(offer.id)}) at "
+                      f"${offer.usd_per_hour:.3f}/h{' (the bid)' if spot else ''}; "
                       f"cap {cap * 100:.1f} cents (at most {MAX_MINUTES:g} minutes)", markup=True)
         if not yes:
             console.print("nothing was rented; run again with --yes to check it")
@@ -43,7 +48,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(report.to_dict()))
         else:
-            table = Table(title=f"lorapod doctor {provider}")
+            table = Table(title=f"lorapod doctor {provider}{' --spot' if spot else ''}")
             for col in ("check", "result", "evidence"):
                 table.add_column(col, overflow="fold")
             for c in report.checks:

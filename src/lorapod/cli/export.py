@@ -32,9 +32,12 @@ def register(app: typer.Typer) -> None:
         """Write a checkpoint in the format a tool loads: PEFT, merged, GGUF, Ollama, ComfyUI, diffusers,
         or publish it to the Hugging Face Hub with a model card (--to hub --repo user/name)."""
         from lorapod.cli.quiet import quiet_libraries
-        from lorapod.export.targets import export_run
+        from lorapod.export.names import check_target
 
+        if to != "hub":
+            check_target(run, to)  # before the libraries that write the targets load (seconds)
         quiet_libraries()
+        from lorapod.export.targets import export_run
 
         if to == "hub":
             from lorapod.errors import ExportError

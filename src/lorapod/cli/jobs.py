@@ -9,6 +9,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from lorapod.rundir.layout import METRICS
+
 console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
@@ -52,7 +54,9 @@ def register(app: typer.Typer) -> None:
         for ep in endpoints:
             console.print(describe_endpoint(ep), markup=False, soft_wrap=True)
         if not rows:
-            console.print("no jobs yet (lorapod run SPEC --on ...)")
+            every = len(ledger.jobs()) if ledger is not None and not all_ else 0
+            console.print(f"no live jobs ({every} finished or stopped: `lorapod ps` lists them)" if every
+                          else "no live jobs" if not all_ else "no jobs yet (lorapod run SPEC --on ...)")
             return
         console.print(_jobs_narrow(rows, console.width) if console.width < 120 else _jobs_table(rows))
         for r in rows:
@@ -67,10 +71,14 @@ def register(app: typer.Typer) -> None:
                 console.print(f"[bold red]job {r['job']}: instance {', '.join(r['unconfirmed'])} not confirmed "
                               f"destroyed; it may still bill.[/] Run `lorapod down {r['job']}`")
         from lorapod.store.phases import describe
+        from lorapod.store.preemptions import SpotFigures
 
         for r in rows:
             if r["setup_s"]:
                 console.print(f"[dim]{r['job']} setup: {describe(r['setup_s'])}[/]")
+            if r.get("spot"):
+                fig = SpotFigures(**r["spot"])
+                console.print(f"{r['job']} {fig.line()} ({r['instances']} instance(s), one $ cap)", markup=False)
         live = sum(r["live_instances"] for r in rows)
         console.print(f"{live} live instance(s)" + (" - `lorapod down --orphans` cleans up any left behind"
                                                    if live else ""))
@@ -83,18 +91,30 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Progress (step/total, loss, val loss, ETA, $ so far of the cap, $ to finish) and the job's log,
         live from the instance or from the pulled run folder."""
-        from lorapod.compute.jobs import find_job, follow_logs
+        from lorapod.compute.jobs import NoSuchJob, find_job, find_local_run, follow_logs, local_run_logs
         from lorapod.store.ledger import Ledger
 
         ledger = Ledger()
-        show = _MetricsLines(ledger, find_job(ledger, job)) if not raw else None
-        for line in follow_logs(ledger, job, follow):
+        try:
+            row = find_job(ledger, job)
+        except NoSuchJob as exc:  # a `lorapod train` run is in no ledger: its folder, or one in ./runs
+            local = find_local_run(job)
+            if local is None:
+                raise NoSuchJob(exc.message, hint=f"{exc.hint}; a `lorapod train` run: lorapod logs runs/JOB") from None
+            row = None
+        show = None if raw else _MetricsLines(ledger, row)
+        lines = follow_logs(ledger, job, follow) if row is not None else local_run_logs(local, follow)
+        for line in lines:
             if show is not None and line.startswith(METRICS_TAG):
                 rendered = show(line[len(METRICS_TAG):])
                 if rendered is not None:
                     typer.echo(f"[metrics] {rendered}")
                 continue
             typer.echo(line)
+        from lorapod.store.preemptions import job_figures
+
+        if fig := job_figures(ledger, find_job(ledger, job).id):  # on spot: the one meter's preemption figures
+            typer.echo(f"[spot] {fig.line()}")
 
     @app.command("pull")
     def pull(job: str = typer.Argument(..., help="Job id (or a unique prefix).")) -> None:
@@ -104,6 +124,34 @@ def register(app: typer.Typer) -> None:
 
         n = pull_job(Ledger(), job)
         err.print(f"pulled {n} file(s)")
+
+    @app.command("stop")
+    def stop(
+        job: str = typer.Argument(..., help="Job id, or the folder of a run on this machine (`lorapod train`)."),
+        reason: str = typer.Option("stop requested with lorapod stop", "--reason", help="Written into STOP and the "
+                                   "ledger's events."),
+    ) -> None:
+        """Stop at the next save: the job saves a checkpoint at its next step and ends (a remote job is then
+        pulled and its instance destroyed); nothing trained is lost. `lorapod down JOB` destroys at once."""
+        from pathlib import Path
+
+        from lorapod.compute.jobs import stop_job
+        from lorapod.errors import LorapodError
+        from lorapod.rundir import RunDir, describe_holder
+        from lorapod.store.ledger import Ledger
+
+        folder = Path(job)
+        if folder.is_dir():  # a run on this machine: its own STOP
+            run = RunDir.open(folder)
+            holder = run.writer()
+            if holder is None:
+                raise LorapodError(f"no process is writing {run.root}: there is nothing to stop",
+                                   hint=f"resume it with `lorapod train --resume {run.root}`")
+            path = run.request_stop(reason)
+            err.print(f"wrote {path}: {describe_holder(holder)} saves a checkpoint at its next step and ends",
+                      markup=False)
+            return
+        err.print(stop_job(Ledger(), job, reason), markup=False)
 
     @app.command("down")
     def down(
@@ -212,7 +260,7 @@ def _has_runpod_key() -> bool:
     return True
 
 
-METRICS_TAG = "[metrics.jsonl] "
+METRICS_TAG = f"[{METRICS}] "  # how follow_logs tags a metrics line
 
 
 class _MetricsLines:
@@ -221,9 +269,11 @@ class _MetricsLines:
 
     def __init__(self, ledger, job) -> None:
         from lorapod.engine.progress import MetricsView
+        from lorapod.rundir.metrics import MetricsFeed
 
-        self.rows = ledger.job_instances(job.id)
-        self.view = MetricsView(usd_cap=job.max_usd)
+        self.rows = ledger.job_instances(job.id) if job is not None else []  # None: a local run, no $
+        self.view = MetricsView(usd_cap=job.max_usd if job is not None else None)
+        self.feed = MetricsFeed()  # the one reader's policy (rundir/metrics.py), line by line
 
     def _usd_at(self, t) -> tuple[float | None, float | None]:
         import time
@@ -236,11 +286,10 @@ class _MetricsLines:
         return usd, self.rows[-1].usd_per_hour
 
     def __call__(self, text: str) -> str | None:
-        try:
-            rec = json.loads(text)
-        except ValueError:
+        rec = self.feed.accept(text)
+        if rec is None:
             return None
-        usd, rate = self._usd_at(rec.get("time")) if isinstance(rec, dict) else (None, None)
+        usd, rate = self._usd_at(rec.get("time"))
         return self.view.feed(rec, usd=usd, usd_per_hour=rate)
 
 

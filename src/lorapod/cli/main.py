@@ -23,7 +23,10 @@ err_console = Console(stderr=True)
 
 
 def build_app() -> typer.Typer:
+    from lorapod.cli.helptext import LorapodGroup
+
     app = typer.Typer(
+        cls=LorapodGroup,
         name="lorapod",
         help="Plan, check, train and run LoRA fine-tunes on rented GPUs, with no instance left running.",
         no_args_is_help=True,

@@ -33,7 +33,10 @@ def plan_command(
     spec: Path | None = typer.Argument(None, help="Job spec (YAML). Not needed with --storage."),
     json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON on stdout."),
     gpu: str | None = typer.Option(None, "--gpu", help="Only this GPU, e.g. 'RTX 3090' (shown even if it does not fit)."),
-    provider: str | None = typer.Option(None, "--provider", help="Only this provider: runpod | vast."),
+    provider: str | None = typer.Option(None, "--provider", help="Only this provider: runpod | vast; any: every "
+                                        "provider, whatever compute.provider says."),
+    any_gpu: bool = typer.Option(False, "--any-gpu", help="Every GPU, whatever compute.gpu pins (with --provider "
+                                 "any: the whole market)."),
     live: bool = typer.Option(False, "--live", help="Refresh prices from RunPod/Vast.ai (RUNPOD_API_KEY, VAST_API_KEY)."),
     set_: list[str] = typer.Option([], "--set", help="Override a spec value, e.g. --set train.micro_batch_size=2."),
     gpus: int | None = typer.Option(None, "--gpus", min=1, help="GPUs per instance (compute.gpus), data-parallel."),
@@ -61,7 +64,11 @@ def plan_command(
     from lorapod.spec import load_spec
 
     job_spec = load_spec(spec, [*set_, f"compute.gpus={gpus}"] if gpus else set_)
-    prices, notes = None, []
+    if any_gpu:
+        if gpu:
+            raise PlanError(f"--any-gpu and --gpu {gpu!r} contradict each other", hint="give one of them")
+        job_spec = job_spec.model_copy(update={"compute": job_spec.compute.model_copy(update={"gpu": None})})
+    prices, notes, got = None, [], None
     if live:
         from lorapod.catalog.gpus import find_gpu
         from lorapod.compute.live_prices import live_prices
@@ -75,6 +82,7 @@ def plan_command(
     from lorapod.plan.volume import VAST_NOTE, volume_advice, with_volume
 
     plan = with_volume(plan)
+    market = _whole_market(job_spec, plan, prices, images, examples, trainer) if plan.pinned else None
     if sort == "time":  # plan_job ranks by $; fitting options first either way
         plan.options.sort(key=lambda o: (not o.fits, o.hours_total, o.usd_total))
     why = _explanation(plan, gpu) if explain else None
@@ -84,12 +92,16 @@ def plan_command(
         out["volume"] = {"runpod": vol.to_json() if vol is not None else None, "vast": VAST_NOTE}
         fastest = _fastest_under_cap(plan)
         out["sort"] = sort
+        out["whole_market"] = market.to_json() if market is not None else None
         out["fastest_under_cap"] = plan.options.index(fastest) if fastest is not None else None
         if why is not None:
             out["explain"] = why.to_json()
         typer.echo(json.dumps(out, indent=2))
         return
-    _print_plan(plan, notes, sort)
+    if got is not None:  # first, not after 45 lines: whether --live got any live price
+        console.print(escape(got.headline(plan.snapshot_note)), style="bold" if not got.refreshed else None,
+                      highlight=False, soft_wrap=True)
+    _print_plan(plan, notes, sort, spec, market)
     for line in [*(vol.lines() if vol is not None else []),
                  *([VAST_NOTE] if job_spec.compute.volume or any(o.provider == "vast" for o in plan.options) else [])]:
         console.print(f"[dim]volume:[/] {escape(line)}", highlight=False)  # wrapped to the terminal
@@ -98,6 +110,38 @@ def plan_command(
 
         for line in lines(why):
             console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _whole_market(job_spec, plan: Plan, prices, images, examples, trainer):
+    """The cheapest fitting offer over every GPU and provider, when the plan was pinned (None when
+    nothing fits there either, or it is the pinned plan's own #1)."""
+    from lorapod.plan.choose import plan_job
+
+    wide = job_spec.model_copy(update={"compute": job_spec.compute.model_copy(update={"gpu": None,
+                                                                                    "provider": "any"})})
+    try:
+        best = plan_job(wide, prices=prices, images=images, examples=examples, trainer=trainer).best
+    except PlanError:
+        return None
+    mine = plan.best
+    if best is None or (mine is not None and (best.gpu, best.provider, best.tier) == (mine.gpu, mine.provider, mine.tier)):
+        return None
+    return best
+
+
+def _pinned_line(plan: Plan, spec_path: Path | None, market) -> str:
+    """What narrowed the table, and the command for the whole market (with its cheapest offer)."""
+    from lorapod.plan.cost import cents
+
+    pins = plan.pinned
+    gpu = next((v for k, v in pins.items() if k.endswith("gpu")), None)
+    prov = next((v for k, v in pins.items() if k.endswith("provider")), None)
+    what = " on ".join(x for x in (gpu or "every GPU", prov) if x)
+    flags = [f for x, f in ((gpu, "--any-gpu"), (prov, "--provider any")) if x]
+    cmd = " ".join(["lorapod plan", *([str(spec_path)] if spec_path else []), *flags])
+    cheaper = (f" (cheapest there: {market.gpu} on {market.provider}, {market.tier}, "
+               f"{_fmt_min(market.hours_total)} for ${cents(market.usd_total)})") if market is not None else ""
+    return f"only {what}: pinned by {' and '.join(pins)}; the whole market: {cmd}{cheaper}"
 
 
 def _explanation(plan: Plan, gpu: str | None):
@@ -109,15 +153,25 @@ def _explanation(plan: Plan, gpu: str | None):
     return explain(plan.job, find_gpu(gpu or best.gpu), best.speed)
 
 
-def _print_plan(plan: Plan, notes: list[str], sort: str = "usd") -> None:
+def _print_plan(plan: Plan, notes: list[str], sort: str = "usd", spec_path: Path | None = None,
+                market=None) -> None:
     from lorapod.plan.cost import cents
 
     job = plan.job
     size = (f"{job.images} images -> {job.steps_label}" if job.is_image
             else f"{job.examples} examples, {job.tokens:,} tokens -> {job.steps_label}")
     console.print(f"[bold]{job.model_name}[/] · {size} · peak VRAM about [bold]{job.estimate.peak_gb:.1f} GB[/]")
-    top = plan.best or plan.options[0]
-    console.print(_likely_line(top), highlight=False)
+    if plan.best is not None:
+        console.print(_likely_line(plan.best), highlight=False)
+    else:  # never head the table with a GPU that does not fit
+        o = plan.options[0]
+        fix = plan.fixes.get(o.gpu)
+        console.print(f"[red]no offer fits[/]: {o.gpu} needs about {o.vram_peak_gb:.1f} GB, "
+                      f"{-o.headroom_gb:.1f} GB more than it has; "
+                      + (f"it fits with {fix.describe()}" if fix else "no setting change makes it fit"),
+                      highlight=False)
+    if plan.pinned:
+        console.print(f"[bold]{escape(_pinned_line(plan, spec_path, market))}[/]", highlight=False)
     narrow, ranges = console.width < 120, console.width >= 140
     table = _offers_table(plan, narrow=narrow, ranges=ranges, sort=sort)
     console.print(table)
@@ -134,7 +188,8 @@ def _print_plan(plan: Plan, notes: list[str], sort: str = "usd") -> None:
                       f"({fastest.tier}), {_fmt_min(fastest.hours_total)} for ${cents(fastest.usd_total)}"
                       + ("  (--sort time ranks by time)" if plan.options.index(fastest) else ""), highlight=False)
     best = plan.best or plan.options[0]
-    phases = Table(title=f"Phases, #1: {best.gpu} on {best.provider} ({best.tier})", title_justify="left",
+    head = "#1" if plan.best is not None else "does not fit"
+    phases = Table(title=f"Phases, {head}: {best.gpu} on {best.provider} ({best.tier})", title_justify="left",
                    box=box.SIMPLE_HEAD)
     phases.add_column("phase")
     phases.add_column("time", justify="right")
@@ -155,9 +210,8 @@ def _print_plan(plan: Plan, notes: list[str], sort: str = "usd") -> None:
     images = image_notes(job.spec, [o.provider for o in plan.options])
     for w in dict.fromkeys([*plan.warnings, *best.warnings, *images]):
         console.print(f"[yellow]![/] {w}", highlight=False)
-    for n in notes:
-        console.print(f"[dim]live: {n}[/]", highlight=False)
-    console.print(f"[dim]{plan.snapshot_note}{' (* = live)' if notes else ''}; assumptions: docs/planner.md[/]",
+    live = any(o.price_source == "live" for o in plan.options)
+    console.print(f"[dim]{plan.snapshot_note}{' (* = live)' if live else ''}; assumptions: docs/planner.md[/]",
                   highlight=False)
 
 
@@ -193,6 +247,13 @@ def _print_spot(plan: Plan) -> None:
         console.print(table)
         first = next(o.spot for o in plan.options if o.spot is not None)
         console.print(f"[dim]preemption rate: {escape(first.rate.basis)}[/]", highlight=False)
+        windowed = [o for o in plan.options if o.spot is not None and o.fits and o.spot.grace_s is not None]
+        if windowed:  # the save on SIGTERM against the provider's window (plan/spot.py GRACE_S)
+            w = max(windowed, key=lambda o: o.spot.save_s)
+            console.print(f"[dim]save on SIGTERM: about {w.spot.save_s:.1f} s at most ({escape(w.gpu)}); "
+                          f"{escape(w.provider)} gives {w.spot.grace_s:g} s before SIGKILL"
+                          + ("" if all(o.spot.save_fits for o in windowed) else ": too slow, not taken") + "[/]",
+                          highlight=False)
     tier = plan.tier
     if tier is not None and (rows or tier.policy != "never"):
         console.print(f"[bold]tier:[/] {tier.tier} (compute.spot: {tier.policy}): {escape(tier.reason)}",
@@ -252,7 +313,7 @@ def _offers_table(plan: Plan, narrow: bool, ranges: bool = True, sort: str = "us
     for i, o in enumerate(plan.options, 1):
         fit_color = {"fits": "green", "tight": "yellow"}.get(o.verdict, "red")
         fit = f"[{fit_color}]{o.verdict}[/]" + ("" if narrow else f" {o.headroom_gb:+.1f} GB")
-        row = [str(i), o.provider, o.gpu, o.tier + ("*" if o.price_source == "live" else ""),
+        row = [str(i) if o.fits else "-", o.provider, o.gpu, o.tier + ("*" if o.price_source == "live" else ""),
                f"{o.usd_per_hour:.2f}", fit]
         if not narrow:
             train = next((p.hours for p in o.phases if p.name == "train"), 0.0)

@@ -71,6 +71,11 @@ def register(app: typer.Typer) -> None:
         volume: str | None = typer.Option(None, "--volume", help="RunPod network volume NAME (compute.volume): "
                                           "found or created where the GPU is; keeps model, environment and "
                                           "latent caches between sessions ($0.07/GB-month, docs/remote.md)."),
+        spot: str | None = typer.Option(None, "--spot", help="never | auto | always (overrides compute.spot): "
+                                        "auto rents spot when the plan's worst end still beats on-demand; on spot "
+                                        "each preemption resumes on the next instance under the one cap."),
+        preempt_confirm_s: float | None = typer.Option(None, "--preempt-confirm-s", hidden=True),
+        spot_resume_wait_s: float | None = typer.Option(None, "--spot-resume-wait-s", hidden=True),
         poll_s: float | None = typer.Option(None, "--poll-s", hidden=True),
         pull_every_s: float | None = typer.Option(None, "--pull-every-s", hidden=True),
         ready_deadline_s: float | None = typer.Option(None, "--ready-deadline-s", hidden=True),
@@ -92,12 +97,17 @@ def register(app: typer.Typer) -> None:
         # The hidden knobs left unset keep RunOptions' (and the watchdog's) defaults.
         knobs = given(poll_s=poll_s, pull_every_s=pull_every_s, ready_deadline_s=ready_deadline_s,
                       stop_margin_s=stop_margin_s, stop_wait_s=stop_wait_s, reconnect_s=reconnect_s,
-                      destroy_deadline_s=destroy_deadline_s)
+                      destroy_deadline_s=destroy_deadline_s, preempt_confirm_s=preempt_confirm_s,
+                      spot_resume_wait_s=spot_resume_wait_s)
+        if spot is not None and spot not in ("never", "auto", "always"):
+            from lorapod.errors import SpecError
+
+            raise SpecError(f"--spot {spot!r}", hint="never | auto | always")
         watchdog = given(heartbeat_timeout_s=heartbeat_timeout_s, poll_s=watchdog_poll_s, stall_s=stall_s)
         flags = RunFlags(set_=set_, report_to=report_to, identity=identity, gpu=gpu, gpus=gpus, max_usd=max_usd,
                          max_hours=max_hours, bootstrap=bootstrap, python=python, deps=deps, image=image,
                          volume=volume, force=force, usd_per_hour=usd_per_hour, forward_env=forward_env,
-                         trainer=trainer, trainer_src=trainer_src, knobs=knobs, watchdog=watchdog)
+                         trainer=trainer, trainer_src=trainer_src, knobs=knobs, watchdog=watchdog, spot=spot)
         prepared = prepare_run(spec, on, flags, resume_job=resume, say=dim,
                                note=lambda m: console.print(f"note: {m}", style="yellow", markup=False))
         if prepared.on_sky:

@@ -106,12 +106,12 @@ def train(
             launch_processes(run, spec_file, resume is not None, set_, device, nproc, nodes, node_rank, rendezvous)
             return
     if not world.is_main:
-        engine.train(spec, run, resume=resume is not None or any(run.checkpoints.glob("step-*")), device=device, log=say)
+        engine.train(spec, run, resume=resume is not None or bool(run.checkpoints_by_step()), device=device, log=say)
         leave()
         return
     console.print(f"run folder: [bold]{run.root}[/]")
     _one_thread_for_builtin(spec, device)
-    resume_flag = resume is not None or (run_dir is not None and any(run.checkpoints.glob("step-*")))
+    resume_flag = resume is not None or (run_dir is not None and bool(run.checkpoints_by_step()))
     with interrupt_says_how_to_resume(), _removed_if_nothing_trained(run, resume is None and run_dir is None):
         result = engine.train(spec, run, resume=resume_flag, device=device, log=say)
     leave()  # every process of a data-parallel run, before rank 0's own work below
@@ -145,7 +145,7 @@ def _one_thread_for_builtin(spec, device: str | None) -> None:
 
 def trained_anything(run) -> bool:
     """Whether a run folder holds any training: a checkpoint, an adapter or a step in its metrics."""
-    if any(run.checkpoints.glob("step-*")) or (run.adapter / "adapter_model.safetensors").is_file():
+    if bool(run.checkpoints_by_step()) or (run.adapter / "adapter_model.safetensors").is_file():
         return True
     try:
         with open(run.metrics_file, encoding="utf-8") as fh:
@@ -173,7 +173,8 @@ def _removed_if_nothing_trained(run, created_here: bool):
 @contextlib.contextmanager
 def interrupt_says_how_to_resume(out: Console = console):
     """Ctrl-C / SIGTERM during training (engine/loop.py saved a checkpoint): say what was saved and the
-    exact line that continues, and exit 130 (128 + SIGINT), the status shells and CI read as interrupted."""
+    exact line that continues, and exit 130 (128 + SIGINT, what shells and CI read as interrupted) for
+    Ctrl-C, 75 (:data:`lorapod.errors.PREEMPTED_EXIT`: preempted, saved) for SIGTERM."""
     from lorapod.engine.loop import Interrupted
 
     try:
@@ -185,7 +186,7 @@ def interrupt_says_how_to_resume(out: Console = console):
         if exc.checkpoint is not None:
             out.print(f"resume with: lorapod train --resume {exc.run_root}", markup=False, highlight=False,
                       soft_wrap=True)  # one line, never wrapped: it is pasted back
-        sys.exit(130)
+        sys.exit(exc.exit_code)
 
 
 def _say_tracking(run) -> None:
@@ -230,7 +231,12 @@ def _external(spec_file, set_, run_dir, trainer: str, print_: bool, trainer_src:
     state = run_trainer(spec, trainer, run.root, work, python=sys.executable, src=trainer_src,
                         say=lambda m: console.print(m, markup=False))
     console.print(f"{state}: adapter in {run.adapter}" if state == "done" else
-                  f"stopped on request; continue with: lorapod train --resume {run.root} --trainer {trainer}")
+                  f"{'preempted (SIGTERM)' if state == 'preempted' else 'stopped on request'}; continue with: "
+                  f"lorapod train --resume {run.root} --trainer {trainer}")
+    if state == "preempted":
+        from lorapod.errors import PREEMPTED_EXIT
+
+        sys.exit(PREEMPTED_EXIT)
 
 
 def _own(run) -> None:

@@ -35,6 +35,10 @@ def register(app: typer.Typer) -> None:
                             src=src, stop_wait_s=stop_wait_s, poll_s=poll_s,
                             say=lambda m: print(m, flush=True))
         print(f"lorapod trainer-run: {state}", flush=True)
+        if state == "preempted":  # SIGTERM: saved what the trainer could (trainers/runner.py)
+            from lorapod.errors import PREEMPTED_EXIT
+
+            sys.exit(PREEMPTED_EXIT)
 
     @app.command("import")
     def import_(

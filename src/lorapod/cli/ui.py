@@ -27,9 +27,9 @@ def ui(
 
     for mod in ("starlette", "uvicorn", "jinja2", "PIL"):
         require(mod, "ui", "lorapod ui")
+    from lorapod.ui.app import Dashboard, open_socket, serve_forever
     from lorapod.ui.guard import new_prefix, new_token
     from lorapod.ui.runs import RunIndex
-    from lorapod.ui.server import Dashboard, open_socket, serve_forever
 
     if host not in LOOPBACK:
         err.print(f"[bold yellow]warning:[/] listening on {host}: anyone who can reach this address and learns the "

@@ -49,9 +49,12 @@ class Lease:
     estimate: OfferEstimate | None = None
 
 
-def acquire(ctx: JobContext) -> Lease:
+def acquire(ctx: JobContext, interruptible: bool = False) -> Lease:
+    """The first offer that gives an instance answering on SSH; ``interruptible``: spot offers
+    only (their bids within the ceiling; compute/recovery.py falls back to on-demand)."""
     o = ctx.opts
-    ranked = choose_offers(ctx.spec, ctx.provider, o.gpu, ctx.max_usd, ctx.max_hours, job=ctx.job)
+    ranked = choose_offers(ctx.spec, ctx.provider, o.gpu, ctx.max_usd, ctx.max_hours, job=ctx.job,
+                           interruptible=interruptible)
     ctx.ledger.record_prices([r.offer for r in ranked])
     identity, pub = _job_key(ctx)
     errors = []
@@ -63,7 +66,7 @@ def acquire(ctx: JobContext) -> Lease:
         try:
             claim, inst = _create(ctx, offer, identity, pub)
             tried += 1
-            return _wait_ready(ctx, claim, inst, choice.estimate)
+            return wait_ready(ctx, claim, inst, choice.estimate)
         except NoCapacity as exc:  # nothing was rented: this offer does not count
             errors.append(f"{offer.gpu_name} ({offer.id}): {exc.message}")
             ctx.say(f"offer {offer.id}: {exc.message}; trying the next")
@@ -120,7 +123,8 @@ def _create(ctx: JobContext, offer: Offer, identity: Path | None, pub: str) -> t
     claim = ctx.claim = Claim(ledger_id, instance_label(ledger_id, ctx.job_id), offer, identity)
     spec = InstanceSpec(label=ctx.job_id, ssh_public_key=pub, disk_gb=ctx.spec.compute.disk_gb,
                         name=claim.label, image=ctx.spec.compute.image)
-    ctx.say(f"creating {offer.gpu_name} on {ctx.provider.name} at ${offer.usd_per_hour:.3f}/h")
+    tier = " (spot: interruptible, bid)" if offer.extra.get("interruptible") else ""
+    ctx.say(f"creating {offer.gpu_name} on {ctx.provider.name} at ${offer.usd_per_hour:.3f}/h{tier}")
     claim.created_at_mono = time.monotonic()
     for attempt in range(1, o.create_attempts + 1):
         try:
@@ -167,7 +171,7 @@ def _refused(ctx: JobContext, claim: Claim, exc: LorapodError) -> None:
     ctx.claim = None
 
 
-def _wait_ready(ctx: JobContext, claim: Claim, inst: Instance, estimate: OfferEstimate | None = None) -> Lease:
+def wait_ready(ctx: JobContext, claim: Claim, inst: Instance, estimate: OfferEstimate | None = None) -> Lease:
     """Boot, then SSH, under one deadline (``ready_deadline_s``), extended by at most
     ``pull_extension_s`` while the provider reports an image pull; a progress line every
     ``progress_every_s`` says what the wait has cost. Once SSH answers, "Permission denied" is

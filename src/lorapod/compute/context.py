@@ -78,6 +78,17 @@ class RunOptions:
     watchdog_restarts: int = 5  # times the controller starts a dead watchdog again (compute/guards.py)
     disk_full_grace_s: float = 900.0  # how long a full local disk may keep the instance (within the caps)
     disk_full_retry_s: float = 15.0  # pull again this often while this machine's disk is full
+    #: spot (compute/recovery.py): the tier policy of this run (never | auto | always, after
+    #: ``--spot``) and whether it starts on spot (the plan's tier choice, prepare.py)
+    spot_policy: str = "never"
+    spot: bool = False
+    #: after a job on a spot instance dies, how long the provider may take to report the stop
+    #: (RunPod: 5 s SIGTERM before SIGKILL) before it is called a crash
+    preempt_confirm_s: float = 20.0
+    #: a paused (outbid) instance that resumes by itself is waited for this long, then once more
+    #: after its bid is raised within the ceiling, before its husk is destroyed
+    spot_resume_wait_s: float = 600.0
+    max_preemptions: int = 6  # then the rest of the job runs on-demand
 
 
 @dataclass
@@ -116,6 +127,12 @@ class JobContext:
     hard_deadline: float | None = None  # set once stopping: nothing may wait past it
     #: the planner's job for ``spec``, planned once per run (None: the planner cannot estimate it)
     job: Job | None = None
+    #: called when a connection drops: raises compute.recovery.Preempted when the provider says
+    #: the (interruptible) instance was taken back, so no reconnect waits for a stopped machine
+    preemption_check: Callable[[], None] | None = None
+    #: when the provider last said, after the whole confirm wait, that the instance was not taken
+    #: back (a second look right after need not wait again)
+    preempt_ruled_out_at: float | None = None
 
     @property
     def ledger_id(self) -> str | None:
@@ -141,8 +158,13 @@ class JobContext:
         deadline = deadline_in(self.opts.reconnect_s)
         if self.hard_deadline is not None:
             deadline = min(deadline, self.hard_deadline)
-        return retrying(fn, deadline, what,
-                        on_retry=lambda e: self.say(f"connection lost during {what}; reconnecting"))
+
+        def lost(_exc: Exception) -> None:
+            if self.preemption_check is not None:
+                self.preemption_check()
+            self.say(f"connection lost during {what}; reconnecting")
+
+        return retrying(fn, deadline, what, on_retry=lost)
 
     def console_link(self) -> str:
         return self.provider.traits.console_url or f"the {self.provider.name} host ({self.target})"

@@ -11,6 +11,12 @@ the onstart file; presence only, never values) -> ``price`` (what the provider r
 instance against what it offered) -> ``self-destroy`` (the provider's watchdog recipe, run on the
 instance with the scoped key) -> ``gone`` (the provider's GET after it).
 
+``--spot`` rents the cheapest interruptible offer instead, at its bid, and adds ``bid`` (the
+provider accepted the bid: the instance is interruptible and bills at most the bid) and, on RunPod,
+``sigterm path`` (the pod's PID 1 is lorapod's init, which passes a preemption's SIGTERM on to the
+job: compute/remote.py SPOT_INIT); Vast.ai documents no signal, so there is nothing to check
+there. The rest is the same: the instance destroys itself with the scoped key.
+
 Whatever happens, the instance is destroyed with the account key if the scoped key did not do it,
 and confirmed; it is in the ledger before the create call, like any other, and once Python is
 found it runs a job's watchdog, capped at the doctor's minutes and fed by a heartbeat, so a doctor
@@ -42,6 +48,10 @@ SCOPED = {"runpod": ("RUNPOD_POD_ID", "RUNPOD_API_KEY"), "vast": ("CONTAINER_ID"
 #: The checks a doctor run makes, in order; it passed only when every one ran and held (a run that
 #: was interrupted, or stopped at an earlier failure, never records a pass). ``cleanup`` may follow.
 CHECKS = ("offer", "create", "ssh + key", "rsync", "python", "scoped key", "price", "self-destroy", "gone")
+#: what ``--spot`` checks besides, per provider (module docstring)
+SPOT_CHECKS = {"runpod": ("bid", "sigterm path"), "vast": ("bid",)}
+#: the mark of lorapod's spot init in PID 1's command line (compute/remote.py spot_init_args)
+INIT_MARK = ".lorapod-init.sh"
 #: The doctor's instance gets a job's watchdog (compute/watchdog.py) with these, and its cap: the
 #: doctor's own minutes from the create. A doctor killed (SIGKILL, a closed laptop) stops the
 #: heartbeat, and the watchdog destroys the instance from inside.
@@ -63,11 +73,13 @@ class Report:
     cap_usd: float
     checks: list[Check] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)
+    spot: bool = False
 
     @property
     def passed(self) -> bool:
         names = [c.name for c in self.checks]
-        return all(n in names for n in CHECKS) and all(c.ok for c in self.checks)
+        need = CHECKS + (SPOT_CHECKS.get(self.provider, ()) if self.spot else ())
+        return all(n in names for n in need) and all(c.ok for c in self.checks)
 
     def add(self, name: str, ok: bool | None, evidence: str) -> Check:
         c = Check(name, ok, evidence[:300])
@@ -76,14 +88,18 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         return {"provider": self.provider, "cap_usd": round(self.cap_usd, 4), "passed": self.passed,
-                "started_at": self.started_at, "checks": [asdict(c) for c in self.checks]}
+                "spot": self.spot, "started_at": self.started_at, "checks": [asdict(c) for c in self.checks]}
 
 
-def cheapest_offer(provider: Provider, disk_gb: float = 20.0) -> Offer:
-    """The cheapest offer the provider lists as rentable now (in stock, an image-compatible host)."""
-    offers = rank_offers(provider.offers(Requirements(disk_gb=disk_gb)), Requirements(disk_gb=disk_gb))
+def cheapest_offer(provider: Provider, disk_gb: float = 20.0, spot: bool = False,
+                   max_bid_per_gpu_hour: float | None = None) -> Offer:
+    """The cheapest offer the provider lists as rentable now (in stock, an image-compatible host);
+    ``spot``: the cheapest interruptible one, at its bid (at most ``max_bid_per_gpu_hour``)."""
+    req = Requirements(disk_gb=disk_gb, interruptible=spot, max_bid_per_gpu_hour=max_bid_per_gpu_hour)
+    offers = rank_offers(provider.offers(req), req)
     if not offers:
-        raise ProviderError(f"{provider.name} has no offer in stock right now", hint="try again in a few minutes")
+        what = "spot (interruptible) offer within the bid ceiling" if spot else "offer"
+        raise ProviderError(f"{provider.name} has no {what} in stock right now", hint="try again in a few minutes")
     return offers[0]
 
 
@@ -137,8 +153,11 @@ def run_doctor(provider: Provider, offer: Offer, ledger: Ledger | None = None, s
     from lorapod.compute.transport import AuthRefused, ConnectionLost, ephemeral_key, public_key
 
     ledger = ledger or Ledger()
-    report = Report(provider.name, cap_usd(offer, minutes))
-    report.add("offer", True, f"{offer.gpu_name} ({offer.id}) at ${offer.usd_per_hour:.3f}/h")
+    spot = bool(offer.extra.get("interruptible"))
+    report = Report(provider.name, cap_usd(offer, minutes), spot=spot)
+    report.add("offer", True, f"{offer.gpu_name} ({offer.id}) at ${offer.usd_per_hour:.3f}/h"
+               + (f", a bid of ${float(offer.extra.get('bid_per_gpu') or offer.extra.get('bid') or 0):.3f}/GPU-h"
+                  if spot else ""))
     deadline = time.monotonic() + minutes * 60.0
     job_id = f"{DOCTOR_JOB}-{provider.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     key_dir = lorapod_home() / "keys" / job_id
@@ -166,6 +185,10 @@ def run_doctor(provider: Provider, offer: Offer, ledger: Ledger | None = None, s
             return report
         ledger.instance_created(ledger_id, inst.id, inst.usd_per_hour or offer.usd_per_hour)
         report.add("create", True, f"instance {inst.id}")
+        if spot:  # the bid was taken: the provider rented an interruptible instance at it
+            report.add("bid", inst.interruptible and (inst.usd_per_hour or 0) <= offer.usd_per_hour * 1.01 + 1e-9,
+                       f"{'interruptible' if inst.interruptible else 'NOT interruptible'}, "
+                       f"${inst.usd_per_hour or 0:.4f}/h against the bid's ${offer.usd_per_hour:.4f}/h")
         say(f"created {inst.id}; waiting for it (at most {minutes:g} min in all)")
         t0 = time.monotonic()
         while not inst.ssh_ready:
@@ -213,6 +236,12 @@ def run_doctor(provider: Provider, offer: Offer, ledger: Ledger | None = None, s
         if py:  # the watchdog a job gets, before the checks that may hang
             heartbeat = _start_watchdog(t, provider, inst, job_id, py, minutes, offer, time.monotonic() - created_at,
                                         say)
+        if spot and "sigterm path" in SPOT_CHECKS.get(provider.name, ()):
+            cmd = facts.get("pid1_cmd") or ""
+            report.add("sigterm path", INIT_MARK in cmd,
+                       "PID 1 is lorapod's init: a preemption's SIGTERM reaches the job" if INIT_MARK in cmd else
+                       f"PID 1 is {cmd[:120] or '?'}, not lorapod's init: a preemption's SIGTERM would not reach "
+                       "the job (an image whose start command lorapod does not know: catalog/images.py)")
         names = SCOPED.get(provider.name, ())
         seen = facts.get("scoped", {})
         report.add("scoped key", all(seen.get(n) for n in names),
@@ -284,6 +313,8 @@ def _probe(t: Any, provider: str) -> dict[str, Any]:
         "v=$(\"$q\" -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])' 2>/dev/null) || continue; "
         "echo \"python $q $v\"; break; done; "
         "echo \"pid1path $(tr '\\0' '\\n' < /proc/1/environ 2>/dev/null | grep '^PATH=' | cut -c6- | head -c 400)\"; "
+        # PID 1's command line (LORAPOD_PID1_CMDLINE: only lorapod's loopback test hosts set it)
+        "echo \"pid1cmd $(tr '\\0' ' ' < \"${LORAPOD_PID1_CMDLINE:-/proc/1/cmdline}\" 2>/dev/null | head -c 400)\"; "
         + checks)
     try:
         out = t.run(script, timeout=60, check=False).stdout.decode(errors="replace")
@@ -298,6 +329,8 @@ def _probe(t: Any, provider: str) -> dict[str, Any]:
             facts["python"], facts["python_version"] = parts[1][:200], parts[2][:10]
         elif parts[0] == "pid1path" and len(parts) > 1:
             facts["pid1_path"] = " ".join(parts[1:])[:400]
+        elif parts[0] == "pid1cmd" and len(parts) > 1:
+            facts["pid1_cmd"] = " ".join(parts[1:])[:400]
         elif parts[0] == "scoped" and len(parts) >= 2 and parts[1] in names:
             facts["scoped"][parts[1]] = parts[2] if len(parts) > 2 and parts[2] in ("session", "pid1", "file") else ""
     return facts

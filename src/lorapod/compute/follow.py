@@ -1,6 +1,6 @@
 """Follow: read the running job until it ends, and bring its results home verified.
 
-Each poll reads a bounded chunk of metrics (validated by :mod:`~lorapod.compute.metrics_feed`),
+Each poll reads a bounded chunk of metrics (validated by :mod:`~lorapod.rundir.metrics`),
 checks that the watchdog lives (restarting it a bounded number of times), stops the job before a
 cap, and pulls every ``pull_every_s``. When the job is done: the final pull, verified by size and
 sha256 against the instance's own list, then PULLED. What the follower has seen is one
@@ -9,6 +9,7 @@ sha256 against the instance's own list, then PULLED. What the follower has seen 
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,13 +17,13 @@ from typing import Any
 from lorapod.compute.acquire import Lease
 from lorapod.compute.context import Interrupted, JobContext
 from lorapod.compute.guards import beat_limit_s, restart_watchdog
-from lorapod.compute.metrics_feed import POLL_BYTES, MetricsFeed
 from lorapod.compute.provision import Started, Watched, watchdog_config
 from lorapod.compute.pulls import LocalDiskFull, PullGuard
 from lorapod.compute.remote import RemoteWork, WatchdogNotRunning, local_manifest
 from lorapod.compute.teardown import fetch_logs, mark_keep
 from lorapod.compute.wait import deadline_in
 from lorapod.errors import LorapodError, RemoteError
+from lorapod.rundir.metrics import POLL_BYTES, MetricsFeed
 
 
 @dataclass
@@ -37,6 +38,20 @@ class Progress:
     stop_requested_at: float | None = None
     pulled: bool = False  # the final pull was verified and PULLED written
     disk_full: bool = False  # this machine's disk could not take the results (compute/pulls.py)
+    total_steps: int | None = None  # as the job's metrics say
+    #: wall time each step was first seen (a spot run's lost work is measured from it), and of the
+    #: first step on each instance (ledger id: its setup ends there)
+    seen_at: dict[int, float] = field(default_factory=dict)
+    instance_first_step: dict[str, float] = field(default_factory=dict)
+
+    def seconds_per_step(self) -> float | None:
+        """Seconds per step as seen: the median over consecutive steps seen in order."""
+        steps = sorted(self.seen_at.items())
+        pairs = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in itertools.pairwise(steps) if b[1] >= a[1]]
+        if not pairs:
+            return None
+        pairs.sort()
+        return pairs[len(pairs) // 2]
 
     @property
     def metrics_offset(self) -> int:
@@ -71,6 +86,7 @@ class Follower:
             more = self.take_metrics(st.metrics)
             self._check_watchdog(st)
             if st.gone:
+                self._unless_preempted()
                 raise RemoteError("the job's work folder vanished on the instance (the watchdog or someone "
                                   "removed it)", hint="see `lorapod logs JOB`; resume with `lorapod run --resume JOB`")
             if st.stop and not p.stop_reason:
@@ -91,6 +107,8 @@ class Follower:
                 next_pull = time.monotonic() + o.pull_every_s
             if not more:  # a full chunk of metrics: read the rest now, not a poll later
                 time.sleep(o.poll_s)
+        if not p.stop_reason and not (st.exit and (st.exit.strip() == "0" or st.exit.startswith("killed:"))):
+            self._unless_preempted()  # a job that died on a spot instance: preempted, or a crash?
         self.final_pull()
         root, job_id = ctx.run.root, ctx.job_id
         if st.exit and st.exit.startswith("killed:"):
@@ -105,6 +123,15 @@ class Follower:
         ctx.say("job log (last lines):\n" + tail)
         raise RemoteError(f"the job failed on the instance (exit {st.exit or 'unknown'}) at step {p.last_step}",
                           hint=f"see {root}/job.log; fix, then `lorapod run --resume {job_id}`")
+
+    def _unless_preempted(self) -> None:
+        """On an interruptible instance, ask the provider (for up to ``preempt_confirm_s``: RunPod
+        reports the stop after its SIGTERM grace) before calling the job's end a crash; raises
+        compute.recovery.Preempted when it was taken back."""
+        if self.lease.instance.interruptible:
+            from lorapod.compute.recovery import check_preempted
+
+            check_preempted(self.ctx, self.ctx.opts.preempt_confirm_s)
 
     def stop_in_order(self, why: str) -> None:
         """Interrupted: STOP -> wait (bounded) -> final pull. A second signal skips to destroy."""
@@ -128,7 +155,7 @@ class Follower:
             ctx.say(f"could not pull everything before destroying: {exc.message}")
 
     def take_metrics(self, data: bytes) -> bool:
-        """Use one poll's metrics bytes, bounded and validated (compute/metrics_feed.py): a
+        """Use one poll's metrics bytes, bounded and validated (rundir/metrics.py): a
         forged or broken line is dropped and counted, never fatal. True when the poll's chunk was
         full (more is waiting on the instance)."""
         if not data:
@@ -144,6 +171,11 @@ class Follower:
 
                 self.view = MetricsView(usd_cap=ctx.max_usd)
         for rec in records:
+            now = time.time()
+            p.seen_at[int(rec["step"])] = now
+            p.instance_first_step.setdefault(self.lease.ledger_id, now)
+            if isinstance(rec.get("total_steps"), int):
+                p.total_steps = rec["total_steps"]
             if p.first_step_at is None:
                 p.first_step_at = time.monotonic()
                 ctx.say(f"first training step after {p.first_step_at - ctx.t0:.1f} s")

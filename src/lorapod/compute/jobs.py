@@ -17,16 +17,17 @@ from typing import Any
 from lorapod.compute import provider as registry
 from lorapod.compute.acquire import transport_for
 from lorapod.compute.provider import Instance, Provider
-from lorapod.compute.remote import RemoteWork
+from lorapod.compute.remote import RUN_METRICS, RemoteWork
 from lorapod.compute.teardown import confirm_gone, destroy_confirmed
 from lorapod.compute.transport import ConnectionLost
-from lorapod.compute.trust import guarded_read
 from lorapod.compute.wait import deadline_in, retrying
 from lorapod.engine.trackers import wandb_url
 from lorapod.errors import LorapodError
+from lorapod.rundir.layout import METRICS
 from lorapod.store.identity import controller_alive, installation_id, instance_label, parse_label
 from lorapod.store.ledger import InstanceRow, JobRow, Ledger
 from lorapod.store.phases import job_phases
+from lorapod.store.preemptions import job_figures
 
 #: What one `lorapod logs` poll reads of each file on the instance: the host decides their size.
 LOG_CHUNK = 1 << 20
@@ -56,6 +57,9 @@ def ps_rows(ledger: Ledger, all_jobs: bool = True) -> list[dict[str, Any]]:
             "wandb_url": wandb_url(Path(job.run_dir)) if job.run_dir else None,  # from the pulled tracking.json
             "watchdog": _watchdog_state(ledger, job.id, controller_alive(job.controller))
             if live and job.state in ("starting", "running") else None,
+            # on spot: preemptions, what they cost, what spot saved vs on-demand (store/preemptions.py)
+            "spot": fig.to_json() if (fig := job_figures(ledger, job.id)) is not None else None,
+            "instances": len(insts),
         })
     return rows
 
@@ -128,11 +132,88 @@ def row_instance(row: InstanceRow, label: str | None = None) -> Instance:
                     ssh_port=row.ssh_port or 22, ssh_user=row.ssh_user or "root", label=label or row.job_id)
 
 
+class NoSuchJob(LorapodError):
+    """No job in the ledger has this id or starts with it (`logs` then looks for a local run)."""
+
+
 def find_job(ledger: Ledger, job_id: str) -> JobRow:
+    """The ledger's job by id or unique prefix; an error that lists the matches of an ambiguous one."""
     job = ledger.job(job_id)
     if job is None:
-        raise LorapodError(f"no job '{job_id}' in the ledger", hint="`lorapod ps` lists jobs")
+        matches = [j.id for j in ledger.jobs() if j.id.startswith(job_id)]
+        if len(matches) > 1:
+            shown = ", ".join(matches[:8]) + (f" and {len(matches) - 8} more" if len(matches) > 8 else "")
+            raise LorapodError(f"'{job_id}' is the start of {len(matches)} jobs: {shown}",
+                               hint="give more of the id (`lorapod ps` lists them)")
+        raise NoSuchJob(f"no job '{job_id}' in the ledger", hint="`lorapod ps` lists jobs")
     return job
+
+
+def find_local_run(name: str, runs: Path = Path("runs")) -> Path | None:
+    """A run folder `lorapod train` wrote (it is in no ledger): the path itself, or a folder of
+    ``runs`` whose name is ``name`` or starts with it (an ambiguous start is an error that lists
+    them). None when there is none."""
+    p = Path(name).expanduser()
+    if (p / "spec.yaml").is_file():
+        return p
+    if not runs.is_dir() or "/" in name:
+        return None
+    found = sorted(d for d in runs.iterdir() if d.name.startswith(name) and (d / "spec.yaml").is_file())
+    exact = [d for d in found if d.name == name]
+    if exact or len(found) == 1:
+        return (exact or found)[0]
+    if len(found) > 1:
+        shown = ", ".join(d.name for d in found[:8]) + (f" and {len(found) - 8} more" if len(found) > 8 else "")
+        raise LorapodError(f"'{name}' is the start of {len(found)} run folders in {runs}: {shown}",
+                           hint="give more of the name, or the folder's path")
+    return None
+
+
+def local_run_logs(run_dir: Path, follow: bool, poll_s: float = 1.0) -> Iterator[str]:
+    """Lines of a local run folder's metrics.jsonl, events.log and job.log (tagged as
+    :func:`follow_logs` tags them); with ``follow``, new lines as they come while a process holds
+    the folder's writer lock (a `lorapod train` running), then the rest."""
+    from lorapod.rundir import LOCK_NAME
+    from lorapod.rundir.layout import METRICS
+
+    offsets = {METRICS: 0, "events.log": 0, "job.log": 0}
+
+    def busy() -> bool:
+        import fcntl
+        import os
+
+        try:
+            fd = os.open(run_dir / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
+    def read(final: bool) -> Iterator[str]:
+        for name in offsets:
+            p = run_dir / name
+            if not p.is_file() or p.is_symlink():
+                continue
+            with open(p, "rb") as fh:
+                while True:
+                    fh.seek(offsets[name])
+                    data = fh.read(LOG_CHUNK)
+                    nl = data.rfind(b"\n") + 1  # whole lines; a line longer than a chunk comes in pieces
+                    cut = (nl or len(data)) if len(data) == LOG_CHUNK else len(data) if final else nl
+                    if not cut:
+                        break
+                    offsets[name] += cut
+                    yield from (f"[{name}] {line}" for line in data[:cut].decode(errors="replace").splitlines())
+
+    while follow and busy():
+        yield from read(final=False)
+        time.sleep(poll_s)
+    yield from read(final=True)
 
 
 @dataclass
@@ -159,6 +240,26 @@ def reach(ledger: Ledger, job: JobRow) -> Reach | None:
                  else RemoteWork(t, job.id), row)
 
 
+def stop_job(ledger: Ledger, job_id: str, reason: str) -> str:
+    """Stop at the next save: write ``run/STOP`` on the job's live instance (the engine and the
+    trainer runner save a checkpoint and exit; the session then pulls the run and destroys the
+    instance, as after any end). Returns what was done, in words; raises when there is no live
+    instance to ask. A run on this machine outside the ledger is stopped with
+    :meth:`lorapod.rundir.RunDir.request_stop` instead (``lorapod stop RUN_FOLDER``)."""
+    job = find_job(ledger, job_id)
+    r = reach(ledger, job)
+    if r is None:
+        raise LorapodError(f"job {job.id} has no live instance to stop ({job.state})",
+                           hint="`lorapod ps` lists what runs; a run on this machine: `lorapod stop RUN_FOLDER`")
+    try:
+        r.work.request_stop(reason)
+    finally:
+        r.close()
+    ledger.event("job", f"STOP written on the instance: {reason}", job_id=job.id)
+    return (f"STOP written on {r.row.provider_id or r.row.id}: {job.id} saves a checkpoint at its next step and "
+            f"ends; the run is pulled and the instance destroyed (resume later with `lorapod run --resume {job.id}`)")
+
+
 def pull_job(ledger: Ledger, job_id: str, deadline_s: float = 600.0) -> int:
     """Fetch the run folder now; returns files transferred (0 when everything is already home)."""
     job = find_job(ledger, job_id)
@@ -180,8 +281,8 @@ def follow_logs(ledger: Ledger, job_id: str, follow: bool, poll_s: float = 2.0,
     dropped connections), then the rest from the pulled copies, so every line comes exactly once."""
     job = find_job(ledger, job_id)
     run_dir = Path(job.run_dir)
-    offsets = {"metrics.jsonl": 0, "job.log": 0, "watchdog.log": 0}
-    remote_rel = {"metrics.jsonl": "run/metrics.jsonl", "job.log": "job.log", "watchdog.log": "watchdog.log"}
+    offsets = {METRICS: 0, "job.log": 0, "watchdog.log": 0}
+    remote_rel = {METRICS: RUN_METRICS, "job.log": "job.log", "watchdog.log": "watchdog.log"}
 
     def lines(name: str, data: bytes) -> list[str]:
         cut = data.rfind(b"\n")
@@ -204,10 +305,8 @@ def follow_logs(ledger: Ledger, job_id: str, follow: bool, poll_s: float = 2.0,
             try:
                 gone = False
                 for name, rel in remote_rel.items():
-                    out = r.work.sh(f"cd {r.work.q()} 2>/dev/null || {{ echo LPGONE; exit 0; }}; "
-                                    + guarded_read(f"tail -c +{offsets[name] + 1}", rel) + f" | head -c {LOG_CHUNK}",
-                                    timeout=30, check=False).stdout
-                    if out.startswith(b"LPGONE"):
+                    out = r.work.tail(rel, offsets[name], LOG_CHUNK)
+                    if out is None:
                         gone = True
                         break
                     yield from lines(name, out)

@@ -8,8 +8,6 @@ providers list instances by the label lorapod gave them (``lorapod-<installation
 from __future__ import annotations
 
 import functools
-import json
-import os
 import sqlite3
 import time
 from collections.abc import Callable
@@ -51,34 +49,24 @@ def labelled_instances(say: Callable[[str], None]) -> dict[str, list[Any]]:
     return found
 
 
-def run_folders(roots: list[Path]) -> list[Path]:
-    """Run folders (a spec.yaml in them) directly under each root."""
+def run_folders(roots: list[Path], local: bool = False) -> list[Path]:
+    """Run folders (a spec.yaml in them) directly under each root that ``lorapod run`` made (the
+    ledger's), or with ``local`` those `lorapod train` made on this machine, which no ledger holds
+    by design. ``lorapod run`` says its first step into the folder's remote-events.log before it
+    records the job (compute/session.py, compute/context.py); `lorapod train` never writes one."""
     out = []
     for root in roots:
         if Path(root).is_dir():
-            out += sorted(p for p in Path(root).iterdir() if p.is_dir() and (p / "spec.yaml").is_file())
+            out += sorted(p for p in Path(root).iterdir() if p.is_dir() and (p / "spec.yaml").is_file()
+                          and (p / "remote-events.log").is_file() != local)
     return out
 
 
 def _last_step(run: Path) -> int | None:
-    from lorapod.compute.metrics_feed import MAX_STEP
+    from lorapod.rundir import METRICS, read_records
 
-    metrics = run / "metrics.jsonl"
-    try:
-        with open(metrics, "rb") as fh:
-            end = fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, end - (64 << 10)))
-            tail = fh.read()
-    except OSError:
-        return None
-    for line in reversed(tail.splitlines()):
-        try:
-            step = json.loads(line).get("step")
-        except (ValueError, AttributeError):
-            continue
-        if isinstance(step, int) and not isinstance(step, bool) and 0 <= step <= MAX_STEP:
-            return step
-    return None
+    records = read_records(run / METRICS, tail_bytes=64 << 10)
+    return records[-1]["step"] if records else None
 
 
 def check(ledger: Ledger, say: Callable[[str], None], roots: list[Path]) -> dict[str, Any]:
@@ -97,9 +85,12 @@ def check(ledger: Ledger, say: Callable[[str], None], roots: list[Path]) -> dict
             + (f" (ledger id {owner[1]})" if owner else ""))
     for p in missing_jobs:
         say(f"run folder {p} has no job in the ledger")
+    local = [p for p in run_folders(roots, local=True) if p.name not in jobs]
+    if local:
+        say(f"{len(local)} run folder(s) from `lorapod train` on this machine (not ledger jobs, as expected)")
     return {"ledger": str(ledger.path), "damage": None, "jobs": len(jobs), "instances": len(known),
             "missing_instances": len(missing_instances), "missing_jobs": len(missing_jobs),
-            "backups": len(backups(ledger.path))}
+            "local_runs": len(local), "backups": len(backups(ledger.path))}
 
 
 def rebuild(ledger: Ledger, say: Callable[[str], None], roots: list[Path]) -> dict[str, int]:

@@ -28,6 +28,16 @@ TIMEOUT_S = 15.0
 class LivePrices:
     entries: list[PriceEntry] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what was refreshed, what fell back and why
+    refreshed: list[str] = field(default_factory=list)  # the providers whose prices are live
+    keys_missing: list[str] = field(default_factory=list)  # the key variables not set
+
+    def headline(self, snapshot_note: str) -> str:
+        """One line, said before the table: whether any price is live, and why not."""
+        if self.refreshed:
+            return "--live: " + "; ".join(n.removesuffix(", snapshot prices used") for n in self.notes)
+        why = (f"{' and '.join(self.keys_missing)} not set" if len(self.keys_missing) == len(self.notes)
+               else "; ".join(n.removesuffix(", snapshot prices used") for n in self.notes) or "no provider lists prices")
+        return f"--live: {why}: offline {snapshot_note}"
 
 
 def match_gpu(name: str, vram_gb: float | None = None) -> GPU | None:
@@ -79,6 +89,7 @@ def live_prices(disk_gb: float = 50, gpus: list[GPU] | None = None, timeout_s: f
         fallback = [e for e in snapshot if e.provider == provider]
         if not key:
             result.entries += fallback
+            result.keys_missing.append(env)
             result.notes.append(f"{provider}: {env} not set, snapshot prices used")
             continue
         try:
@@ -98,5 +109,6 @@ def live_prices(disk_gb: float = 50, gpus: list[GPU] | None = None, timeout_s: f
             result.notes.append(f"{provider}: no matching offers, snapshot prices used")
             continue
         result.entries += entries
+        result.refreshed.append(provider)
         result.notes.append(f"{provider}: {len(entries)} live prices")
     return result

@@ -86,10 +86,13 @@ def host_ram_needed_gb(vram_gb: float) -> float:
 
 
 def choose_offers(spec: JobSpec, provider: Provider, gpu: str | None = None, max_usd: float | None = None,
-                  max_hours: float | None = None, *, job: Job | None) -> list[RankedOffer]:
+                  max_hours: float | None = None, *, job: Job | None, interruptible: bool = False) -> list[RankedOffer]:
     """The offers to try, in order, each with its estimate. ``job`` is the run's planned job
-    (:func:`planned_job`; None: the planner cannot estimate it, so cheapest $/h first)."""
+    (:func:`planned_job`; None: the planner cannot estimate it, so cheapest $/h first).
+    ``interruptible``: the spot tier's offers, each bid within :func:`spot_ceiling`."""
     req = requirements(spec, gpu, max_usd, max_hours, job=job)
+    if interruptible:
+        req = replace(req, interruptible=True, max_bid_per_gpu_hour=spot_ceiling(spec, req))
     offers = provider.offers(req)
     ranked = rank_offers(offers, req)
     if ranked:
@@ -190,14 +193,20 @@ def spot_requirements(spec: JobSpec, gpu: str | None = None, max_usd: float | No
                       max_hours: float | None = None) -> Requirements:
     """:func:`requirements` for the interruptible tier, as ``compute.spot`` allows it: every bid at
     most ``compute.max_bid_per_gpu_hour`` and at most the hourly rate the dollar cap allows
-    (``max_usd / max_hours`` per GPU). ``compute.spot: never`` is refused. Nothing in ``lorapod
-    run`` calls this until recovery from a preemption is built (docs/remote.md, Spot)."""
+    (``max_usd / max_hours`` per GPU). ``compute.spot: never`` is refused."""
     from lorapod.errors import SpecError
 
     c = spec.compute
     if c.spot == "never":
         raise SpecError("compute.spot is never: no spot offers", hint="set compute.spot: auto or always")
     req = requirements(spec, gpu, max_usd, max_hours)
+    return replace(req, interruptible=True, max_bid_per_gpu_hour=spot_ceiling(spec, req))
+
+
+def spot_ceiling(spec: JobSpec, req: Requirements) -> float | None:
+    """The highest bid per GPU-hour: ``compute.max_bid_per_gpu_hour`` and the hourly rate the caps
+    allow (``max_usd / max_hours`` per GPU), whichever is lower; None: neither is set."""
+    c = spec.compute
     ceilings = [x for x in (c.max_bid_per_gpu_hour,
                             req.max_usd_per_hour / max(1, c.gpus) if req.max_usd_per_hour else None) if x]
-    return replace(req, interruptible=True, max_bid_per_gpu_hour=min(ceilings) if ceilings else None)
+    return min(ceilings) if ceilings else None

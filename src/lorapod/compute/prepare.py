@@ -64,6 +64,7 @@ class RunFlags:
     forward_env: Sequence[str] = ()
     trainer: str | None = None
     trainer_src: str | None = None
+    spot: str | None = None  # --spot never|auto|always: overrides compute.spot
     #: :class:`RunOptions` fields set by the hidden test flags (``poll_s`` ...); absent ones keep their default
     knobs: Mapping[str, Any] = field(default_factory=dict)
     #: overrides of ``watchdog.DEFAULTS`` (``heartbeat_timeout_s``, ``poll_s``, ``stall_s``)
@@ -128,6 +129,8 @@ def prepare_run(spec: Path | JobSpec | None = None, on: str | None = None, flags
     flags = flags or RunFlags()
     ledger = ledger or Ledger()
     overrides = [*flags.set_, f"compute.gpus={flags.gpus}"] if flags.gpus else list(flags.set_)
+    if flags.spot is not None:  # --spot overrides the spec's compute.spot
+        overrides.append(f"compute.spot={flags.spot}")
     trainer = flags.trainer
     if resume_job:
         spec_obj, target, spec_path, trainer, resume_job = _resumed(ledger, resume_job, on, overrides, trainer, say)
@@ -158,10 +161,6 @@ def prepare_run(spec: Path | JobSpec | None = None, on: str | None = None, flags
         spec_obj.compute.volume = flags.volume
     rate = flags.usd_per_hour if flags.usd_per_hour is not None else (spec_obj.compute.usd_per_hour or 0.0)
     provider = provider_for(target, flags.identity, rate)
-    from lorapod.plan.spot import runtime_tier
-
-    if text := runtime_tier(spec_obj, provider.name):  # compute.spot: always is refused until recovery exists
-        note(text)
     if trainer:  # what the trainer cannot do is refused first, before the data check and renting
         from lorapod.trainers.on_instance import print_trainer_job
 
@@ -170,6 +169,11 @@ def prepare_run(spec: Path | JobSpec | None = None, on: str | None = None, flags
     from lorapod.compute.preflight import preflight
 
     job = planned_job(spec_obj)  # once per run: every room below reads this one
+    from lorapod.compute.recovery import run_tier
+
+    on_spot, tier_note = run_tier(spec_obj, provider, job)  # compute.spot (after --spot): the plan's tier choice
+    if tier_note:
+        note(tier_note)
     for text in preflight(spec_obj, provider, job, force=flags.force, deps=flags.deps).notes:
         note(text)
     if doc := doctor_note(ledger, provider.name):
@@ -181,8 +185,9 @@ def prepare_run(spec: Path | JobSpec | None = None, on: str | None = None, flags
                             hint="drop compute.volume / --volume for this provider (docs/remote.md, Volumes)")
         provider.attach_volume(spec_obj, spec_obj.compute.volume, job, flags.gpu, flags.max_usd, flags.max_hours,
                                say)
-    return PreparedRun(spec_obj, provider, target, run_options(spec_obj, flags, trainer), trainer, spec_path,
-                       resume_job, ledger, job)
+    options = run_options(spec_obj, flags, trainer)
+    options.spot_policy, options.spot = spec_obj.compute.spot, on_spot
+    return PreparedRun(spec_obj, provider, target, options, trainer, spec_path, resume_job, ledger, job)
 
 
 def _resumed(ledger: Ledger, job_id: str, on: str | None, overrides: list[str], trainer: str | None,

@@ -279,6 +279,15 @@ class SupportsPriceList(Protocol):
     def price_list(cls, api_key: str, gpus: list[GPU], disk_gb: float, timeout_s: float) -> list[PriceEntry]: ...
 
 
+
+@runtime_checkable
+class SupportsBid(Protocol):
+    """A provider whose interruptible instance keeps its bid and can change it: a paused (outbid)
+    instance resumes when its bid wins again (Vast.ai ``change bid``); compute/recovery.py raises
+    it within the caps before it gives the husk up."""
+
+    def change_bid(self, instance_id: str, price: float) -> None: ...
+
 # ----------------------------------------------------------------------------- registry
 
 class ProviderClass(Protocol):

@@ -39,10 +39,14 @@ from typing import Any
 from lorapod.compute.bootstrap import AUTO_PYTHON, Bootstrap
 from lorapod.compute.guards import parse_probe, watchdog_probe
 from lorapod.compute.transport import SyncStats, Transport
-from lorapod.compute.trust import MANIFEST_PY, guarded_read, is_regular, safe_relpath
+from lorapod.compute.trust import MANIFEST_PY, guarded_read, is_regular, safe_relpath, tail_after
 from lorapod.errors import RemoteError
+from lorapod.rundir.layout import METRICS, STOP
 
 WORK_ROOT = ".lorapod-work"
+#: The run folder's files as the work folder names them (``run/`` is the run folder on the instance).
+RUN_METRICS = f"run/{METRICS}"
+RUN_STOP = f"run/{STOP}"
 #: ``--python auto``: the interpreter is found on the instance (:mod:`lorapod.compute.hostfacts`).
 #: How long the watchdog has to prove it runs (its pid answers ``kill -0``, its first log line is there).
 WATCHDOG_PROOF_S = 20.0
@@ -58,7 +62,7 @@ LOCAL_ONLY = ("/remote-events.log", "/job.log", "/watchdog.log", "/spec.yaml", "
 #: Never pulled: temporary checkpoint folders, rsync leftovers, the stop request itself, the
 #: instance's spec.yaml (its paths point at the instance; the local one keeps local paths), and
 #: the writer's lock (rundir.WriterLock: each machine's folder has its own writer).
-PULL_EXCLUDES = (".tmp-*", ".old-*", ".rsync-partial", "STOP", "__pycache__", ".lock", *LOCAL_ONLY)
+PULL_EXCLUDES = (".tmp-*", ".old-*", ".rsync-partial", STOP, "__pycache__", ".lock", *LOCAL_ONLY)
 
 JOB_SH = r"""#!/usr/bin/env bash
 # Started as `setsid nohup bash job.sh CMD...`: its pid is the job's process group.
@@ -70,10 +74,56 @@ export LORAPOD_REMOTE_JOB=1  # the controller measures the run for the planner (
 if [ -f secrets.env ]; then set -a; . ./secrets.env; set +a; fi
 # the second guard (compute/guards.py), in this process group: it ends with the job
 if [ -f guard.sh ]; then bash guard.sh "$$" >> watchdog.log 2>&1 < /dev/null & fi
-"$@" >> job.log 2>&1
-rc=$?
+# a SIGTERM to this wrapper alone (the container's init on a spot pod, compute/remote.py SPOT_INIT)
+# goes on to the job, which saves its checkpoint and exits 75 (lorapod.errors.PREEMPTED_EXIT);
+# the job runs in the background so the trap runs at once, not after the job ends
+jobs_dir="${LORAPOD_JOBS_DIR:-/tmp/.lorapod-jobs}"
+mkdir -p "$jobs_dir" 2>/dev/null && : > "$jobs_dir/$$" 2>/dev/null
+"$@" >> job.log 2>&1 &
+child=$!
+trap 'kill -TERM "$child" 2>/dev/null' TERM
+rc=256
+# wait returns >128 when the trap interrupts it: wait again while the job still runs
+while [ "$rc" -ge 256 ] || { [ "$rc" -gt 128 ] && kill -0 "$child" 2>/dev/null; }; do wait "$child"; rc=$?; done
+if [ "$rc" -gt 128 ]; then wait "$child" 2>/dev/null; r=$?; [ "$r" != 127 ] && rc=$r; fi
 echo "$rc" > job.exit.tmp && mv job.exit.tmp job.exit
+rm -f "$jobs_dir/$$"
 """
+
+#: The container's first process on a spot pod (RunPod's ``dockerArgs``), replacing the image's
+#: start script as PID 1 and starting that script itself. Why: a preemption stops the container
+#: the way ``docker stop`` does, with SIGTERM to PID 1 alone and SIGKILL 5 s later (runpod/docs
+#: pods/pricing.mdx). The official images' PID 1 is ``start.sh``, a bash script that ends in
+#: ``sleep infinity`` with no trap (runpod/containers container-template/start.sh), and the
+#: kernel drops a signal to a namespace's init that has no handler (pid_namespaces(7)): lorapod's
+#: job, started over SSH, would never hear of it and would lose everything since its last
+#: checkpoint. This init sends SIGTERM on to every running job.sh (:data:`JOB_SH` forwards it to
+#: the trainer), then stays until they are gone, since the container, and the save with it, ends
+#: when PID 1 does. ``{start}`` is the image's own start command.
+SPOT_INIT = r"""jobs_dir="${LORAPOD_JOBS_DIR:-/tmp/.lorapod-jobs}"
+running() { for f in "$jobs_dir"/*; do [ -e "$f" ] && kill -0 "${f##*/}" 2>/dev/null && return 0; done; return 1; }
+stop() {
+  for f in "$jobs_dir"/*; do [ -e "$f" ] && kill -TERM "${f##*/}" 2>/dev/null; done
+  while running; do sleep 0.1; done
+  exit 0
+}
+trap stop TERM INT
+{start} &
+wait $!
+while :; do sleep 3600 & wait $!; done
+"""
+
+
+def spot_init_args(start: str) -> str:
+    """The container command that runs :data:`SPOT_INIT` as PID 1 around the image's ``start``.
+
+    One word with no space or quote (the script travels base64-encoded, spaces as ``${IFS}``), so
+    it means the same whether the provider splits its command string like a shell or on blanks."""
+    import base64
+
+    script = SPOT_INIT.replace("{start}", start)
+    b64 = base64.b64encode(script.encode()).decode()
+    return f"sh -c echo${{IFS}}{b64}|base64${{IFS}}-d>/tmp/.lorapod-init.sh;exec${{IFS}}bash${{IFS}}/tmp/.lorapod-init.sh"
 
 
 
@@ -288,7 +338,7 @@ class RemoteWork:
         files = {"job.sh": (JOB_SH.encode(), 0o700), "watchdog.py": (Path(wd.__file__).read_bytes(), 0o600),
                  "watchdog.json": (json.dumps(watchdog).encode(), 0o600)}
         self.put_files(files, before=f"mkdir -p {self.q('run')} {self.q('data')} {self.q('pkg')} && chmod 700 {self.q()}",
-                       then=("rm -f PULLED job.exit job.pid watchdog.pid run/STOP && touch HEARTBEAT && "
+                       then=(f"rm -f PULLED job.exit job.pid watchdog.pid {RUN_STOP} && touch HEARTBEAT && "
                              f"{{ setsid nohup {shlex.quote(python)} watchdog.py >> watchdog.log 2>&1 < /dev/null & "
                              "echo $! > watchdog.launch; }"))
 
@@ -334,7 +384,7 @@ class RemoteWork:
     def poll(self, metrics_offset: int, timeout: float = 30.0, limit: int = 1 << 20,
              watchdog_beat_s: float | None = None) -> JobStatus:
         """One round trip: heartbeat, job state, and at most ``limit`` new metrics bytes after
-        ``metrics_offset`` (a bounded read, whatever the host wrote: compute/metrics_feed.py)."""
+        ``metrics_offset`` (a bounded read, whatever the host wrote: rundir/metrics.py)."""
         script = (
             f"cd {self.q()} 2>/dev/null || {{ echo LPGONE; exit 0; }}\n"
             "touch HEARTBEAT\n"
@@ -342,11 +392,11 @@ class RemoteWork:
             '[ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && alive=1\n'
             '[ -z "$pid" ] && [ ! -f job.exit ] && alive=1\n'  # starting: not yet written its pid
             f'ex=$({guarded_read("head -c 200", "job.exit")} | tr -d "\\n")\n'
-            f'stop=$({guarded_read("head -c 200", "run/STOP")} | tr -d "\\n")\n'
+            f'stop=$({guarded_read("head -c 200", RUN_STOP)} | tr -d "\\n")\n'
             'echo "LP alive=$alive exit=$ex"\n'
             'echo "LP stop=$stop"\n'
             f"{watchdog_probe(watchdog_beat_s) if watchdog_beat_s is not None else ''}"
-            f"{guarded_read(f'tail -c +{int(metrics_offset) + 1}', 'run/metrics.jsonl')} | head -c {int(limit)}\n"
+            f"{tail_after(RUN_METRICS, metrics_offset, limit)}\n"
         )
         out = self.sh(script, timeout=timeout).stdout
         head, _, rest = out.partition(b"\n")
@@ -364,7 +414,16 @@ class RemoteWork:
         return JobStatus(alive=alive, exit=ex or None, metrics=rest, stop=stop or None, watchdog=wd)
 
     def request_stop(self, reason: str) -> None:
-        self.write_file("run/STOP", (reason + "\n").encode(), 0o644)
+        self.write_file(RUN_STOP, (reason + "\n").encode(), 0o644)
+
+    def tail(self, rel: str, offset: int, limit: int, timeout: float = 30.0) -> bytes | None:
+        """At most ``limit`` bytes of the work folder's ``rel`` after byte ``offset`` (b"" when it is
+        not a regular file there); None when the work folder is gone (torn down). The one remote
+        reader of a growing file: ``lorapod logs`` and the dashboard's live chart use it, and
+        :meth:`poll` sends the same shell (:func:`~lorapod.compute.trust.tail_after`)."""
+        out = self.sh(f"cd {self.q()} 2>/dev/null || {{ echo LPGONE; exit 0; }}; {tail_after(rel, offset, limit)}",
+                      timeout=timeout, check=False).stdout
+        return None if out.startswith(b"LPGONE") else out
 
     def pull(self, local_run: Path) -> SyncStats:
         return self.transport.pull(f"{self.dir}/run", local_run, excludes=PULL_EXCLUDES)
@@ -409,7 +468,7 @@ def local_manifest(root: Path) -> dict[str, list]:
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root)
         if not is_regular(p) or any(part.startswith((".tmp-", ".old-", ".rsync-partial", "__pycache__"))
-                                  for part in rel.parts) or p.name == "STOP" or p.name.startswith("."):
+                                  for part in rel.parts) or p.name == STOP or p.name.startswith("."):
             continue
         h = hashlib.sha256()
         with open(p, "rb") as fh:

@@ -21,27 +21,30 @@ import os
 import signal
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any
 
-from lorapod.compute.acquire import Lease, acquire
+from lorapod.compute.acquire import Lease
 from lorapod.compute.context import Interrupted, JobContext, RunOptions
 from lorapod.compute.follow import Follower, Progress
 from lorapod.compute.ledger_repair import backup as backup_ledger
-from lorapod.compute.metrics_feed import MetricsFeed
 from lorapod.compute.offers import planned_job
 from lorapod.compute.provider import Provider
 from lorapod.compute.provision import Watched, open_work, provision, start_watchdog
 from lorapod.compute.pulls import PullGuard
 from lorapod.compute.pulls import cap_bytes as pull_cap_bytes
+from lorapod.compute.recovery import Preempted, SpotRun, SpotStop, check_preempted, clear_remote_run
 from lorapod.compute.remote import RemoteWork
 from lorapod.compute.teardown import salvage, teardown
 from lorapod.errors import BudgetError, LorapodError
 from lorapod.rundir import RunDir, new_job_id
+from lorapod.rundir.metrics import MetricsFeed
 from lorapod.store.ledger import Ledger, LedgerBusy
+from lorapod.store.preemptions import job_figures
 
 if TYPE_CHECKING:
     from lorapod.plan.job import Job
@@ -60,12 +63,15 @@ class Summary:
     billed_after_pull_s: float | None = None  # seconds the instance lived after the last pull
     unconfirmed: str | None = None  # provider id of an instance whose destroy was not confirmed
     console: str | None = None  # where to check it by hand
+    #: on spot: preemptions, what they cost, what spot saved vs on-demand (store/preemptions.py)
+    spot: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "run_dir": str(self.run_dir), "state": self.state,
                 "last_step": self.last_step, "usd": round(self.usd, 4), "message": self.message,
                 "first_step_s": self.first_step_s, "billed_after_pull_s": self.billed_after_pull_s,
-                "unconfirmed": self.unconfirmed, "console": self.console, "wandb_url": self.wandb_url}
+                "unconfirmed": self.unconfirmed, "console": self.console, "wandb_url": self.wandb_url,
+                "spot": self.spot}
 
     @property
     def wandb_url(self) -> str | None:
@@ -147,13 +153,34 @@ class Session:
         self._open()
         old = self._install_signal_handlers()
         state, message = "failed", "did not start"
+        spot = self.spot = SpotRun(ctx, self.progress)
+        ctx.preemption_check = lambda: check_preempted(ctx)
         try:
-            lease = self.lease = acquire(ctx)
-            work = self.work = open_work(ctx, lease)
-            watched = self.watched = start_watchdog(ctx, lease, work)
-            started = provision(ctx, lease, work, watched)
-            self.follower = Follower(ctx, lease, work, watched, started, self.progress, self._pulls_for(work))
-            state, message = self.follower.follow()
+            lease = self.lease = spot.acquire()
+            while True:
+                try:
+                    work = self.work = open_work(ctx, lease)
+                    if spot.preemptions:  # the settled run folder from here is the only truth there
+                        clear_remote_run(ctx, work)
+                    watched = self.watched = start_watchdog(ctx, lease, work)
+                    started = provision(ctx, lease, work, watched)
+                    self.follower = Follower(ctx, lease, work, watched, started, self.progress,
+                                             self._pulls_for(work))
+                    state, message = self.follower.follow()
+                    break
+                except LorapodError as exc:
+                    pre = self._as_preemption(exc)
+                    if pre is None:
+                        raise
+                    self._left_instance()
+                    try:
+                        lease = self.lease = spot.recover(lease, pre)
+                    except SpotStop as stop:
+                        self.lease = None
+                        self.progress.stop_reason = stop.message
+                        state, message = "stopped", f"stopped at step {self.progress.last_step}: {stop.message}"
+                        break
+                    self._resume_from_here()
         except Interrupted as exc:
             state, message = "interrupted", str(exc.message)
             if self.follower is not None:  # None: the job never ran, nothing to checkpoint or pull
@@ -172,11 +199,52 @@ class Session:
                 self.billed_after_pull = teardown(ctx, self.work, why=p.stop_reason or "job over", pulled=p.pulled,
                                                   keep_results=p.disk_full, last_pull_at=p.last_pull_at,
                                                   watchdog_started=self.watched is not None)
+                if self.lease is not None and ctx.claim is None:  # destroyed: its life on spot, for the rates
+                    spot.job_ended(self.lease)
             finally:
                 self._writer.release()
                 self._restore_signal_handlers(old)
                 self.summary = self._close(state, message)
         return self.summary
+
+    def _as_preemption(self, exc: LorapodError) -> Preempted | None:
+        """Whatever a stage raised on an interruptible instance (an rsync killed mid-pull, a
+        command cut off, a job that died), the provider is asked before it counts as a failure:
+        the :class:`Preempted` it says it was, or None."""
+        if isinstance(exc, Preempted):
+            return exc
+        if isinstance(exc, Interrupted | BudgetError):
+            return None
+        ruled_out = self.ctx.preempt_ruled_out_at
+        recent = ruled_out is not None and time.monotonic() - ruled_out < 60  # the follower just waited
+        try:
+            check_preempted(self.ctx, 0.0 if recent else self.ctx.opts.preempt_confirm_s)
+        except Preempted as pre:
+            self.ctx.say(f"{exc.message.splitlines()[0] if exc.message else type(exc).__name__}: the instance was "
+                         "preempted")
+            return pre
+        return None
+
+    def _left_instance(self) -> None:
+        """The instance was taken back: its heartbeat, connection and followers are of no more use."""
+        if self.watched is not None:
+            self.watched.heartbeat.set()
+        if self.lease is not None:
+            with contextlib.suppress(Exception):
+                self.lease.transport.close()
+        self.work = self.watched = self.follower = None
+        self._pulls = None
+
+    def _resume_from_here(self) -> None:
+        """The next instance continues from the settled local run folder (compute/recovery.py):
+        uploaded when it holds a checkpoint, the metrics feed following from its end."""
+        from lorapod.compute.recovery import resume_offset
+
+        has_ckpt = any(not c.name.startswith(".") for c in self.run.checkpoints.glob("*-*"))
+        self.ctx.resume = has_ckpt
+        p = self.progress
+        p.feed = MetricsFeed(offset=resume_offset(self.run.root) if has_ckpt else 0)
+        p.pulled, p.last_pull_at = False, None
 
     def _open(self) -> None:
         """The job's ledger row, and the refusals that must come before anything is rented."""
@@ -215,6 +283,9 @@ class Session:
         if ctx.unconfirmed:
             msg += (f"; instance {ctx.unconfirmed} NOT confirmed destroyed: check "
                     f"{ctx.console_link()} and run `lorapod down {self.job_id}`")
+        fig = job_figures(ledger, self.job_id)
+        if fig is not None:
+            msg += f"; {fig.line()}"
         ledger.job_ended(self.job_id, state, msg)
         ledger.job_update(self.job_id, last_step=p.last_step)
         self._learn()
@@ -224,7 +295,8 @@ class Session:
                     "--orphans` reconciles it with the provider")
         return Summary(self.job_id, self.run.root, state, p.last_step, usd, msg,
                        p.first_step_at - ctx.t0 if p.first_step_at else None, self.billed_after_pull,
-                       ctx.unconfirmed, ctx.console_link() if ctx.unconfirmed else None)
+                       ctx.unconfirmed, ctx.console_link() if ctx.unconfirmed else None,
+                       fig.to_json() if fig is not None else None)
 
     def _learn(self) -> None:
         """Measure the ended job for the planner now (plan/learned.py), not at the next plan; never

@@ -35,16 +35,15 @@ from typing import TYPE_CHECKING, Any
 from lorapod.compute.offers import planned_job
 from lorapod.compute.provider import Provider, on_hint
 from lorapod.compute.session import RunOptions, Session
-from lorapod.engine.metrics import read_metrics
 from lorapod.errors import LorapodError, SpecError
-from lorapod.rundir import new_job_id
+from lorapod.rundir import METRICS, new_job_id, read_records
+from lorapod.rundir import last_loss as records_last_loss
 from lorapod.spec import JobSpec, load_spec
 from lorapod.store.ledger import Ledger
 
 if TYPE_CHECKING:
     from lorapod.plan.job import Job
 
-LOSS_KEYS = ("val_loss", "fixed_noise_loss")  # LLM, image
 MIN_ALLOTMENT_USD = 0.01  # below a cent a job cannot do anything useful
 # A job is started only if its allotment pays for this many stop margins on the cheapest offer:
 # one is what the orderly stop (checkpoint, pull, destroy) needs, the rest is for work.
@@ -127,11 +126,7 @@ class SweepResult:
 
 def last_loss(run_dir: Path) -> tuple[str | None, float | None]:
     """The last validation-type loss a run logged (``val_loss`` or ``fixed_noise_loss``)."""
-    for rec in reversed(read_metrics(run_dir / "metrics.jsonl")):
-        for key in LOSS_KEYS:
-            if isinstance(rec.get(key), int | float):
-                return key, float(rec[key])
-    return None, None
+    return records_last_loss(read_records(run_dir / METRICS))
 
 
 def estimate_usd(spec: JobSpec, target: str, job: Job | None) -> float | None:

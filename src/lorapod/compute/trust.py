@@ -29,6 +29,8 @@ import stat
 from pathlib import Path
 from typing import IO
 
+from lorapod.rundir.layout import STOP
+
 #: rsync options for every transfer, both ways (see the module docstring for why not ``-a``).
 RSYNC_BASE = ("-rt", "--protect-args", "--partial-dir=.rsync-partial", "--stats")
 
@@ -42,6 +44,13 @@ def read_guard(path: str) -> str:
 def guarded_read(command: str, path: str) -> str:
     """``command path`` only when ``path`` is a regular file (nothing printed otherwise)."""
     return f"{{ {{ {read_guard(path)} && {command} {shlex.quote(path)} 2>/dev/null; }} || true; }}"
+
+
+def tail_after(path: str, offset: int, limit: int) -> str:
+    """Shell printing at most ``limit`` bytes of ``path`` after byte ``offset`` (nothing when it is
+    not a regular file): the one remote tail, for the controller's poll, ``lorapod logs`` and the
+    dashboard's live chart (:meth:`lorapod.compute.remote.RemoteWork.tail`)."""
+    return f"{guarded_read(f'tail -c +{int(offset) + 1}', path)} | head -c {int(limit)}"
 
 
 def safe_relpath(name: str) -> bool:
@@ -88,7 +97,7 @@ def is_regular(p: Path) -> bool:
 #: The run folder's files as both remote lists see them (the checksum list below and the pull's
 #: size list, compute/pulls.py SIZES_PY): one walker, so the two never skip different files.
 #: Standard library only; never follows links; ``TOP_SKIP`` may be widened by the script using it.
-RUN_FILES_PY = r"""
+RUN_FILES_PY = f"STOP = {STOP!r}\n" + r"""
 import json, os, stat, sys
 root = sys.argv[1]
 SKIP_DIRS = ('.tmp-', '.old-', '.rsync-partial', '__pycache__')
@@ -97,7 +106,7 @@ def run_files(top_skip=TOP_SKIP):
     for dp, dns, fns in os.walk(root, followlinks=False):
         dns[:] = [d for d in dns if not d.startswith(SKIP_DIRS)]
         for fn in fns:
-            if fn == 'STOP' or fn.startswith('.') or (dp == root and fn in top_skip):
+            if fn == STOP or fn.startswith('.') or (dp == root and fn in top_skip):
                 continue
             yield os.path.join(dp, fn)
 """

@@ -10,8 +10,9 @@ Three formats are accepted, one per file:
 - ``sharegpt``: ``{"conversations": [{"from": "human"|"gpt"|"system", "value": "..."}]}``
 - ``alpaca``: ``{"instruction": "...", "input": "...", "output": "..."}`` (``input``, ``system`` optional)
 
-A file that mixes formats is refused with the first conflicting line: guessing per line is how a
-ShareGPT file ends up half-read as alpaca.
+A file that mixes formats is refused (training names the first conflicting line; ``data check``
+names every line not in the first line's format): guessing per line is how a ShareGPT file ends
+up half-read as alpaca.
 """
 
 from __future__ import annotations
@@ -309,14 +310,16 @@ def validate_messages(messages: list[dict], line: int | None, path: str = "") ->
 
 
 def load_numbered(path: Path, fmt: str = "auto", refuse_empty: bool = False, max_line_bytes: int | None = None,
-                  ) -> tuple[list[tuple[int, list[dict]]], list[Finding], str]:
+                  mixed: bool = False) -> tuple[list[tuple[int, list[dict]]], list[Finding], str]:
     """Usable conversations with their 1-based line numbers, the findings, and the format.
 
     The line numbers let checks that need the model's tokenizer (the chat template) report the
     line, in ``data check`` and at train time alike. ``refuse_empty``: raise DataError (naming
-    the first problem) when no example is usable.
+    the first problem) when no example is usable. ``mixed``: a file that mixes formats is read in
+    its first line's format and every line in another is an error finding (``data check`` reports
+    them all, with everything else wrong); without it (training) the mix is a DataError.
     """
-    numbered, findings, fmt = _numbered(Path(path), fmt, max_line_bytes)
+    numbered, findings, fmt = _numbered(Path(path), fmt, max_line_bytes, mixed)
     if refuse_empty and not numbered:
         first = next((f for f in findings if f.severity == "error"), None)
         detail = f" (first problem, line {first.line}: {first.message})" if first else " (the file is empty)"
@@ -327,18 +330,28 @@ def load_numbered(path: Path, fmt: str = "auto", refuse_empty: bool = False, max
     return numbered, findings, fmt
 
 
-def _numbered(path: Path, fmt: str, max_line_bytes: int | None = None,
+def _numbered(path: Path, fmt: str, max_line_bytes: int | None = None, mixed: bool = False,
               ) -> tuple[list[tuple[int, list[dict]]], list[Finding], str]:
     records, findings = read_jsonl(path, max_line_bytes)
     if not records:
         return [], findings, fmt
+    first: tuple[int, str] | None = None
     if fmt == "auto":
-        fmt = detect_format(records)
+        if mixed:
+            first = next(((ln, k) for ln, r in records if (k := _classify(r)) is not None), None)
+        fmt = first[1] if first is not None else detect_format(records)
     elif fmt not in FORMATS:
         raise DataError(f"unknown chat format {fmt!r}.", hint=f"Use auto or one of: {', '.join(FORMATS)}.")
     conversations: list[tuple[int, list[dict]]] = []
     for line, record in records:
         kind = _classify(record)
+        if first is not None and kind is not None and kind != fmt:
+            findings.append(finding(
+                "error", "chat-mixed-format", str(path),
+                f"this line is {kind} but the file is {fmt} (line {first[0]}); one format per file: convert "
+                f"it, or move the {kind} lines to a file of their own.", line,
+            ))
+            continue
         if kind is None or kind != fmt:
             findings.append(finding(
                 "error", "chat-missing-keys", str(path),
@@ -382,7 +395,7 @@ def approx_tokens(messages: list[dict]) -> int:
     total = 0
     for m in messages:
         content = m["content"]
-        non_ascii = sum(1 for ch in content if ord(ch) > 127)
+        non_ascii = len(content) - len(content.encode("ascii", "ignore"))  # chars > 127, at C speed
         total += math.ceil((len(content) - non_ascii) / 4) + non_ascii + 4
     return total
 
@@ -497,10 +510,10 @@ def check_chat(
     path = Path(path)
     report = Report()
     try:
-        numbered, findings, fmt = load_numbered(path, fmt, max_line_bytes=max_line_bytes)
+        numbered, findings, fmt = load_numbered(path, fmt, max_line_bytes=max_line_bytes, mixed=True)
         conversations = [c for _, c in numbered]
-    except DataError as exc:  # a mixed file: one finding that names the line, no traceback
-        report.add(finding("error", "chat-mixed-format", path, str(exc)))
+    except DataError as exc:  # no line in any format: one finding, no traceback
+        report.add(finding("error", "chat-unusable", path, str(exc)))
         report.summary.update({"kind": "chat", "path": str(path), "usable": 0})
         return report
     if not conversations:

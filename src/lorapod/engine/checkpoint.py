@@ -4,7 +4,7 @@ A checkpoint is a folder ``checkpoints/step-N/`` holding:
 
 - ``adapter.safetensors``   the trainable (LoRA) weights only
 - ``optimizer.safetensors`` + ``optimizer.json``   optimizer and LR-scheduler state
-- ``rng.safetensors`` + ``rng.json``               python / numpy / torch (CPU and CUDA) generator states
+- ``rng.safetensors`` + ``rng.json``               python / numpy / torch (CPU and this process's GPU) generator states
 - ``state.json``            step, epoch, position in the epoch, and the recipe's own counters
 - ``manifest.json``         size and sha256 of every file above, written last
 
@@ -25,7 +25,6 @@ import errno
 import hashlib
 import json
 import random
-import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,8 +36,7 @@ from safetensors.torch import load_file, save_file
 
 from lorapod.errors import CheckpointError
 from lorapod.fsutil import atomic_dir
-
-_STEP_DIR = re.compile(r"^step-(\d+)$")
+from lorapod.rundir.layout import checkpoint_name, checkpoints_by_step
 
 
 @dataclass
@@ -60,7 +58,10 @@ def capture_rng() -> dict[str, Any]:
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        # this process's GPU only: torchrun shows every process all the node's GPUs, and a state
+        # per visible GPU could not be restored on a machine with fewer (an 8-GPU node resumed on
+        # a 1-GPU pod); the loop reseeds every step under DDP anyway
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -68,8 +69,13 @@ def restore_rng(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        if isinstance(cuda, list | tuple):  # an older checkpoint: one state per GPU that was visible
+            mine = torch.cuda.current_device()
+            cuda = cuda[mine] if mine < len(cuda) else (cuda[0] if cuda else None)
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda)
 
 
 def _sha256(path: Path) -> str:
@@ -174,13 +180,16 @@ class CheckpointManager:
         adapter: dict[str, torch.Tensor],
         optimizer_state: dict[str, Any],
         extra_files: dict[str, bytes] | None = None,
+        rng: dict[str, Any] | None = None,
     ) -> Path:
-        final = self.root / f"step-{state.step}"
+        """``rng``: the generators' states to store, when not the current ones (a step left half
+        done is saved with the states it began with: engine/loop.py)."""
+        final = self.root / checkpoint_name(state.step)
         try:
             with atomic_dir(final) as tmp:
                 save_file({k: v.detach().contiguous().cpu() for k, v in adapter.items()}, str(tmp / "adapter.safetensors"))
                 save_state(tmp, "optimizer", optimizer_state)
-                save_state(tmp, "rng", capture_rng())
+                save_state(tmp, "rng", rng if rng is not None else capture_rng())
                 (tmp / "state.json").write_text(json.dumps(asdict(state), indent=2), encoding="utf-8")
                 for name, data in (extra_files or {}).items():
                     (tmp / name).write_bytes(data)
@@ -190,19 +199,16 @@ class CheckpointManager:
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 raise CheckpointError(
-                    f"the disk filled up while writing checkpoint step-{state.step}; it was discarded, "
+                    f"the disk filled up while writing checkpoint {checkpoint_name(state.step)}; it was discarded, "
                     "earlier checkpoints are intact",
                     hint=f"free space on {self.root} (or lower save.keep_last), then resume with --resume",
                 ) from exc
-            raise CheckpointError(f"could not write checkpoint step-{state.step}: {exc}") from exc
+            raise CheckpointError(f"could not write checkpoint {checkpoint_name(state.step)}: {exc}") from exc
         self._prune()
         return final
 
     def list(self) -> list[Path]:
-        if not self.root.is_dir():
-            return []
-        found = [(int(m.group(1)), p) for p in self.root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
-        return [p for _, p in sorted(found)]
+        return [p for _, p in checkpoints_by_step(self.root)]
 
     def verify(self, path: Path) -> bool:
         manifest_file = path / "manifest.json"

@@ -44,9 +44,18 @@ def pick_device(requested: str | None = None) -> torch.device:
     return torch.device("cpu")
 
 
+def bf16_native(device: torch.device) -> bool:
+    """Whether the GPU computes bf16 in hardware (Ampere, compute capability 8.0, and later).
+
+    ``torch.cuda.is_bf16_supported()`` also answers True where bf16 is only emulated (T4, V100):
+    many times slower than fp16 there, and cuDNN has no bf16 convolutions below 8.0, so an image
+    model's UNet/VAE under bf16 autocast fails. ``auto`` must pick fp16 + loss scaling on those."""
+    return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+
+
 def resolve_precision(precision: str, weights_dtype: str, device: torch.device) -> Precision:
     cuda = device.type == "cuda"
-    bf16_ok = cuda and torch.cuda.is_bf16_supported()
+    bf16_ok = cuda and bf16_native(device)
     if precision == "auto":
         compute = ("bf16" if bf16_ok else "fp16") if cuda else "fp32"
     else:
@@ -66,19 +75,53 @@ def resolve_precision(precision: str, weights_dtype: str, device: torch.device) 
         weights = _DTYPES[compute] if cuda else torch.float32
     else:
         weights = _DTYPES[weights_dtype]
+    if cuda:
+        use_tf32()
     return Precision(device=device, compute=compute, weights=weights)
 
 
+GiB = 1024**3
+
+
 def memory_stats(device: torch.device) -> dict[str, float]:
-    """Peak accelerator memory (GB) on CUDA, resident set size of the process on CPU."""
+    """Peak accelerator memory on CUDA since :func:`reset_peak_memory` (training start), in GiB like
+    the plan: ``mem_gb`` is what tensors held (``max_memory_allocated``, the planner's
+    ``read_as("allocated")``), ``mem_reserved_gb`` what the caching allocator held. On CPU the
+    resident set size of the process (GiB too)."""
     if device.type == "cuda":
-        return {"mem_gb": round(torch.cuda.max_memory_allocated(device) / 1e9, 3)}
+        return {"mem_gb": round(torch.cuda.max_memory_allocated(device) / GiB, 3),
+                "mem_reserved_gb": round(torch.cuda.max_memory_reserved(device) / GiB, 3)}
     try:
         import psutil
 
-        return {"rss_gb": round(psutil.Process().memory_info().rss / 1e9, 3)}
+        return {"rss_gb": round(psutil.Process().memory_info().rss / GiB, 3)}
     except ImportError:
         return {}
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start the peak over: what training holds, not what loading the model or caching latents did."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_gb(device: torch.device) -> float | None:
+    """The allocated peak (GiB) since the last reset; None off CUDA."""
+    return torch.cuda.max_memory_allocated(device) / GiB if device.type == "cuda" else None
+
+
+def device_memory_gb(device: torch.device) -> float | None:
+    """What the GPU holds in all (GiB); None off CUDA."""
+    return torch.cuda.get_device_properties(device).total_memory / GiB if device.type == "cuda" else None
+
+
+def use_tf32() -> None:
+    """fp32 matmuls and convolutions on TF32 tensor cores (Ampere and later): ``precision: fp32``,
+    the fp32 VAE in fp16 mode, anything outside autocast. PyTorch leaves matmuls in full FP32 by
+    default, several times slower; TF32 keeps fp32's range with a 10-bit mantissa, what every
+    trainer (sd-scripts, musubi-tuner, the HF Trainer's ``tf32``) turns on for training."""
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    torch.backends.cudnn.conv.fp32_precision = "tf32"
 
 
 def device_name(device: torch.device) -> str | None:

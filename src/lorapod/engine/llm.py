@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from lorapod.chat.template import ensure_chat_template, plan_system
 from lorapod.chat.tokenize import IGNORE, Example, TokenizeStats, tokenize_all
+from lorapod.data.chat_split import Split, load_split  # noqa: F401  (Split: what load_split returns)
 from lorapod.engine import attention, distributed, llm_data
 from lorapod.engine.checkpoint import TrainState, resume_point
 from lorapod.engine.device import Precision, pick_device, resolve_precision
@@ -31,61 +32,8 @@ from lorapod.engine.loop import FitResult, LossOut, fit
 from lorapod.errors import DataError
 from lorapod.fsutil import atomic_dir, atomic_write_text
 from lorapod.rundir import RunDir
+from lorapod.rundir.layout import sample_tag
 from lorapod.spec import JobSpec
-
-
-@dataclass
-class Split:
-    train: list[list[dict]]
-    val: list[list[dict]]
-    train_where: list[str] | None = None  # "file line N" of each conversation, for errors at train time
-    val_where: list[str] | None = None
-
-
-def _read_chat(path: Path, spec: JobSpec, log) -> tuple[list[list[dict]], str, list[str]]:
-    """Conversations of one file (and where each is). Lines with errors stop the job (listed with
-    their line numbers) unless ``data.skip_bad_examples`` is set, then they are skipped and counted."""
-    from lorapod.data.chat import load_numbered
-
-    numbered, findings, fmt = load_numbered(path, spec.data.format, refuse_empty=True)
-    convs = [c for _, c in numbered]
-    where = [f"{path.name} line {line}" for line, _ in numbered]
-    errors = [f for f in findings if f.severity == "error"]
-    if errors and not spec.data.skip_bad_examples:
-        shown = "\n".join(f"    line {f.line}: {f.message}" for f in errors[:5])
-        more = f"\n    ... and {len(errors) - 5} more" if len(errors) > 5 else ""
-        raise DataError(
-            f"{path} has {len(errors)} bad line(s):\n{shown}{more}",
-            hint=f"fix them (`lorapod data check {path}` lists all), or --set data.skip_bad_examples=true",
-        )
-    if errors:
-        log(f"{path}: skipping {len(errors)} bad line(s) (data.skip_bad_examples)")
-    return convs, fmt, where
-
-
-def load_split(spec: JobSpec, log=print) -> tuple[Split, str]:
-    """Read the conversations and split off validation (seeded), or read data.val_path."""
-    conversations: list[list[dict]] = []
-    wheres: list[str] = []
-    formats = set()
-    for path in spec.data_paths():
-        convs, fmt, where = _read_chat(Path(path), spec, log)
-        conversations.extend(convs)
-        wheres.extend(where)
-        formats.add(fmt)
-    if spec.data.val_path:
-        val, _fmt, val_where = _read_chat(Path(spec.data.val_path), spec, log)
-        return Split(conversations, val, wheres, val_where), "/".join(sorted(formats))
-    order = list(range(len(conversations)))
-    random.Random(spec.train.seed).shuffle(order)
-    n_val = round(len(conversations) * spec.data.val_split)
-    if spec.data.val_split > 0 and len(conversations) >= 2:
-        n_val = max(1, n_val)
-    n_val = min(n_val, len(conversations) - 1)
-    val = [conversations[i] for i in order[:n_val]]
-    train = [conversations[i] for i in order[n_val:]]
-    return Split(train, val, [wheres[i] for i in order[n_val:]], [wheres[i] for i in order[:n_val]]), \
-        "/".join(sorted(formats))
 
 
 class LLMRecipe:
@@ -203,7 +151,7 @@ class LLMRecipe:
     # -- samples: the adapter's answers to samples.prompts, as the trackers show them
     def on_step(self, state: TrainState, run: RunDir) -> None:
         if self.spec.samples.every_steps and state.step % self.spec.samples.every_steps == 0:
-            self.write_samples(run, f"step{state.step:06d}")
+            self.write_samples(run, sample_tag(state.step))
 
     def on_epoch_end(self, state: TrainState) -> None:
         every = self.spec.samples.every_epochs
@@ -346,7 +294,7 @@ def prepare(spec: JobSpec, device: str | None = None, log=print, *,
     random.seed(spec.train.seed)
     model = load_model(spec, replace(precision, device=torch.device("cpu")) if stage_on_cpu else precision,
                        precision.device)
-    model = add_lora(model, spec)
+    model = add_lora(model, spec, precision.weights)
     # peft keeps adapter weights in fp32 while the base may be bf16; the seed fixes their init
     recipe = LLMRecipe(spec, precision, model, tokenizer, train_ex, val_ex)
     return recipe, stats, fallback

@@ -73,8 +73,9 @@ def load_model(spec: JobSpec, precision: Precision, train_device: torch.device |
     installed (engine/attention.py); the path is ``model.lorapod_attention``. ``train_device`` is
     where it will train when that is not where it loads (FSDP2 stages the base on the CPU): the
     attention path is chosen for it."""
-    train_device = train_device or precision.device
     from transformers import AutoModelForCausalLM
+
+    train_device = train_device or precision.device
 
     m = spec.model
     kwargs: dict = {
@@ -100,14 +101,17 @@ def load_model(spec: JobSpec, precision: Precision, train_device: torch.device |
             bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=precision.autocast_dtype if precision.compute != "fp32" else torch.bfloat16,
         )
-        kwargs["device_map"] = {"": precision.device.index or 0}
+    if precision.device.type == "cuda":
+        # straight onto the GPU: not first into CPU RAM (host memory the size of the model, and a
+        # slower start), as the 4-bit base must be anyway
+        kwargs["device_map"] = device_map(precision.device)
     try:
         model = AutoModelForCausalLM.from_pretrained(resolve_model_id(m.id), **kwargs)
     except OSError as exc:
         raise _load_error(m.id, exc) from exc
     except ValueError as exc:
         raise _value_error(m.id, exc, spec.train.attention) from exc
-    if spec.method.type != "qlora":
+    if "device_map" not in kwargs:
         model.to(precision.device)
     model.config.use_cache = False
     path = attention.choose(spec.train.attention, type(model), train_device)
@@ -116,13 +120,38 @@ def load_model(spec: JobSpec, precision: Precision, train_device: torch.device |
     return model
 
 
-def add_lora(model, spec: JobSpec):
+def device_map(device: torch.device) -> dict[str, int]:
+    """``from_pretrained``'s placement of the whole model on one GPU: this process's (torchrun's
+    LOCAL_RANK, set as the current device by engine/distributed.py) when ``device`` names none."""
+    return {"": device.index if device.index is not None else torch.cuda.current_device()}
+
+
+def keep_16bit(model, dtype: torch.dtype) -> None:
+    """Undo peft's fp32 upcast of the parameters QLoRA does not quantise (embeddings, LM head, norms).
+
+    ``prepare_model_for_kbit_training`` casts every 16-bit parameter to fp32. For Qwen2.5-7B that is
+    +2 GiB of embeddings and head over the plan, and an fp32 embedding (or norm) makes the whole
+    residual stream fp32 (``Linear4bit`` returns its input's dtype): twice the activations the planner
+    counts. The LoRA path keeps them in the compute dtype, RMSNorm computing in fp32 inside, and so does
+    QLoRA now: the planner's 2 bytes for everything but the 4-bit linears hold for both."""
+    if dtype not in (torch.bfloat16, torch.float16):
+        return
+    for param in model.parameters():
+        if param.dtype == torch.float32 and not param.requires_grad and type(param).__name__ != "Params4bit":
+            param.data = param.data.to(dtype)
+
+
+def add_lora(model, spec: JobSpec, dtype: torch.dtype = torch.bfloat16):
     """Freeze the base and attach a LoRA adapter as the spec's ``method`` section says."""
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     meth = spec.method
     if meth.type == "qlora":
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.train.gradient_checkpointing)
+        # non-reentrant checkpointing, as the LoRA path: peft passes {} on, which skips transformers'
+        # own default and leaves torch on the legacy reentrant path (a warning every run, DDP limits)
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.train.gradient_checkpointing,
+                                                gradient_checkpointing_kwargs={"use_reentrant": False})
+        keep_16bit(model, dtype)
     elif spec.train.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     config = LoraConfig(

@@ -19,10 +19,12 @@ events, checkpoints, samples and the adapter.
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import signal
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,56 +33,101 @@ from typing import Any, Protocol
 import torch
 
 from lorapod.engine import distributed
-from lorapod.engine.checkpoint import Checkpoint, CheckpointManager, TrainState, restore_rng
-from lorapod.engine.device import Precision, describe_device, memory_stats
+from lorapod.engine.checkpoint import Checkpoint, CheckpointManager, TrainState, capture_rng, restore_rng
+from lorapod.engine.device import (
+    Precision,
+    describe_device,
+    device_memory_gb,
+    memory_stats,
+    peak_memory_gb,
+    reset_peak_memory,
+)
 from lorapod.engine.metrics import MetricsWriter
 from lorapod.engine.optim import build_optimizer, build_scheduler
 from lorapod.engine.plots import plot_metrics
 from lorapod.engine.progress import TrainProgress
 from lorapod.engine.trackers import open_trackers
-from lorapod.rundir import RunDir
+from lorapod.errors import PREEMPTED_EXIT, LorapodError, OutOfMemory
+from lorapod.rundir import STOP, RunDir
 from lorapod.spec import JobSpec
 
-STOP_FILE = "STOP"  # touch <run>/STOP: the job saves a checkpoint and exits cleanly
+STOP_FILE = STOP  # touch <run>/STOP: the job saves a checkpoint and exits cleanly (rundir/layout.py)
 
 
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C or SIGTERM ended ``fit``, after the checkpoint was saved: what the CLI tells the user.
 
     A KeyboardInterrupt still (so every ``except KeyboardInterrupt`` keeps working), with the step,
-    the checkpoint and which signal it was."""
+    the checkpoint and which signal it was. ``exit_code``: 130 for Ctrl-C, :data:`PREEMPTED_EXIT`
+    for SIGTERM (preempted, saved)."""
 
     def __init__(self, how: str, step: int, checkpoint: Path | None, run_root: Path) -> None:
         super().__init__(f"{how} at step {step}")
         self.how, self.step, self.checkpoint, self.run_root = how, step, checkpoint, run_root
 
+    @property
+    def exit_code(self) -> int:
+        return PREEMPTED_EXIT if self.how == "SIGTERM" else 130
+
+
+class _Signals:
+    """What the handlers saw: ``pending`` names each signal; ``term`` is set by SIGTERM; while
+    ``deferred`` (between the optimizer's step and the step's bookkeeping) a Ctrl-C is only noted."""
+
+    def __init__(self) -> None:
+        self.pending: list[str] = []
+        self.term = False
+        self.deferred = False
+
+    def __bool__(self) -> bool:  # a Ctrl-C waiting to be acted on
+        return "SIGINT" in self.pending
+
 
 @contextlib.contextmanager
 def _interrupts_as_ctrl_c():
-    """SIGINT (Ctrl-C) and SIGTERM (what ``timeout``, SLURM and Kubernetes send before SIGKILL) end
-    training the same way: a checkpoint, then out. The handler raises KeyboardInterrupt and also
-    notes the signal in the list it yields, which the loop checks before every step: Python drops,
-    with an "Exception ignored" line, a KeyboardInterrupt raised while it runs a ``__del__`` or a
-    weakref callback, and a Ctrl-C lost that way left a run training on (seen once in CI). A SIGINT
-    that was ignored when training began (a background job of a shell) stays ignored. Python only
-    lets the main thread set handlers."""
-    pending: list[str] = []
+    """SIGINT (Ctrl-C) and SIGTERM (a spot preemption; what ``timeout``, SLURM and Kubernetes send
+    before SIGKILL) end training with a checkpoint, then out.
+
+    SIGTERM only sets a flag (:class:`_Signals`): the loop looks at it between micro-batches and
+    after each step, and saves a checkpoint of the last whole step. Why not raise at once: an
+    exception at an arbitrary point could land between the optimizer's step and the step count,
+    saving weights of step k+1 labelled k, or cut a metrics line in two; a flag read at safe points
+    cannot. The wait is at most one micro-batch (the planner checks one micro-batch plus the save fits
+    the provider's grace window: plan/spot.py). Under torchrun the processes agree on it once per
+    step, as with the STOP file.
+
+    SIGINT raises KeyboardInterrupt (a person at a terminal wants it now), except inside the
+    step's bookkeeping, where it is noted and acted on before the next step; the loop also checks
+    the notes before every step: Python drops, with an "Exception ignored" line, a
+    KeyboardInterrupt raised while it runs a ``__del__`` or a weakref callback, and a Ctrl-C lost
+    that way left a run training on (seen once in CI). A SIGINT that was ignored when training
+    began (a background job of a shell) stays ignored. Python only lets the main thread set
+    handlers."""
+    seen = _Signals()
     if threading.current_thread() is not threading.main_thread():
-        yield pending
+        yield seen
         return
 
     def handler(signum, frame):
-        name = "SIGTERM" if signum == signal.SIGTERM else "SIGINT"
-        pending.append(name)
-        raise KeyboardInterrupt(*(("SIGTERM",) if name == "SIGTERM" else ()))
+        if signum == signal.SIGTERM:
+            seen.pending.append("SIGTERM")
+            seen.term = True
+            return
+        seen.pending.append("SIGINT")
+        if not seen.deferred:
+            raise KeyboardInterrupt
 
     sigs = [signal.SIGTERM] + ([signal.SIGINT] if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN else [])
     old = {sig: signal.signal(sig, handler) for sig in sigs}
     try:
-        yield pending
+        yield seen
     finally:
         for sig, h in old.items():
             signal.signal(sig, h)
+
+
+class _Preempted(Exception):
+    """SIGTERM seen at a safe point: leave the loop and save the last whole step."""
 
 
 @contextlib.contextmanager
@@ -126,7 +173,7 @@ class Recipe(Protocol):
 @dataclass
 class FitResult:
     state: TrainState
-    stopped: str  # "done" | "max_steps" | "stop_file" | "interrupted"
+    stopped: str  # "done" | "max_steps" | "stop_file" | "interrupted" | "out_of_memory"
     first_eval: dict[str, float] | None = None
     last_eval: dict[str, float] | None = None
     losses: list[float] = field(default_factory=list)
@@ -207,13 +254,13 @@ def fit(
             progress.val_loss = ev.get("val_loss", progress.val_loss)  # shown from now on
         return ev
 
-    def save() -> Path | None:
+    def save(rng: dict[str, Any] | None = None) -> Path | None:
         if not world.is_main:  # the others hold the same weights and optimizer state
             return None
         opt_state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
         if scaler is not None:
             opt_state["scaler"] = scaler.state_dict()
-        path = ckpts.save(state, recipe.adapter_state(), opt_state)
+        path = ckpts.save(state, recipe.adapter_state(), opt_state, rng=rng)
         run.event(f"checkpoint {path.name}")
         metrics.log({"step": state.step, "epoch": state.epoch, "event": "checkpoint", "path": str(path.relative_to(run.root))})
         recipe.on_save(state, path)
@@ -227,23 +274,36 @@ def fit(
         result.first_eval = evaluate()
 
     stop_file = run.root / STOP_FILE
+    reset_peak_memory(device)  # the peak of training, not of loading the model or caching latents
+    oom: str | None = None
+    window_rng: dict[str, Any] | None = None
     try:
         with _interrupts_as_ctrl_c() as pending, progress:
             while state.step < total_steps and state.epoch < n_epochs:
                 batches = recipe.epoch_batches(state.epoch)
                 while state.batch_in_epoch < len(batches) and state.step < total_steps:
-                    if pending:  # a signal whose KeyboardInterrupt was swallowed on its way here
-                        raise KeyboardInterrupt(*(("SIGTERM",) if pending[-1] == "SIGTERM" else ()))
+                    if pending:  # a Ctrl-C whose KeyboardInterrupt was swallowed on its way here
+                        raise KeyboardInterrupt
+                    if pending.term and not world.active:
+                        raise _Preempted
                     window = batches[state.batch_in_epoch : state.batch_in_epoch + train.grad_accum]
                     t0 = time.perf_counter()
+                    # a step cut short (SIGTERM between micro-batches, Ctrl-C) is saved with the RNG
+                    # states it began with, so the resume draws its dropout masks again, exactly;
+                    # under torchrun seed_step reseeds every step instead
+                    window_rng = None if world.active else capture_rng()
                     world.seed_step(train.seed, state.step)
+                    # one process alone may leave a window half done (its gradients are dropped, the
+                    # window is redone on resume); under torchrun all must finish it together
+                    abandon = None if world.active else (lambda: pending.term)
                     loss_sum, units, tokens, real = _train_window(recipe, window, precision, scaler, world, ddp,
-                                                                  same_passes=getattr(recipe, "sharded", False))
+                                                                  same_passes=getattr(recipe, "sharded", False),
+                                                                  abandon=abandon)
+                    pending.deferred = True  # from here to the step's count, a Ctrl-C waits
                     if world.active:  # the window's loss over all processes
                         loss_sum, tokens, real = world.all_sum([loss_sum, tokens, real])
                         tokens, real = int(tokens), int(real)
-                    loss_value = loss_sum / units if units else 0.0
-                    grad_norm = _clip(params, train.max_grad_norm, optimizer, scaler)
+                    norm = _clip(params, train.max_grad_norm, optimizer, scaler)
                     if scaler is not None:
                         scaler.step(optimizer)
                         scaler.update()
@@ -254,8 +314,12 @@ def fit(
                     if device.type == "cuda":
                         torch.cuda.synchronize(device)
                     dt = max(time.perf_counter() - t0, 1e-9)
+                    # one read from the device per optimizer step, after the step's kernels are queued
+                    loss_total, grad_norm = _read(loss_sum, norm)
+                    loss_value = loss_total / units if units else 0.0
 
                     state.step += 1
+                    window_rng = None  # the step is done: the current states are the ones to save
                     state.batch_in_epoch += len(window)
                     state.tokens_seen += tokens
                     result.losses.append(loss_value)
@@ -277,6 +341,9 @@ def fit(
                         record["usd"] = usd
                     metrics.log(record)
                     progress.update(state.step, loss_value, (real / dt) if tokens else 1 / dt)
+                    pending.deferred = False  # the step is whole: counted and logged
+                    if pending:
+                        raise KeyboardInterrupt
                     if on_step is not None and world.is_main:
                         on_step(state, loss_value)
                     metrics.samples(run.samples, state.step)  # those the step's hook wrote, to the trackers
@@ -286,8 +353,11 @@ def fit(
                     if spec.save.every_steps and state.step % spec.save.every_steps == 0:
                         save()
                     stop = world.is_main and stop_file.exists()
+                    term = pending.term
                     if world.active:  # rank 0's decision, so every process stops at the same step
-                        stop = world.all_sum([stop])[0] > 0
+                        stop, term = (v > 0 for v in world.all_sum([stop, term]))
+                    if term:
+                        raise _Preempted
                     if stop:
                         event("STOP file found: saving and stopping")
                         save()
@@ -316,15 +386,85 @@ def fit(
             plot_metrics(run.metrics_file, run.root / "loss.png")
         world.barrier()
         return result
-    except KeyboardInterrupt as exc:
-        how = "SIGTERM" if exc.args == ("SIGTERM",) else "Ctrl-C"
+    except torch.OutOfMemoryError as exc:
+        oom = str(exc).strip().splitlines()[0] if str(exc).strip() else "CUDA out of memory"
+        # the traceback's frames hold the step's activations: let them go before saving
+        traceback.clear_frames(exc.__traceback__)
+    except (KeyboardInterrupt, _Preempted) as exc:
+        how = "SIGTERM" if isinstance(exc, _Preempted) else "Ctrl-C"
+        optimizer.zero_grad(set_to_none=True)  # a window left half done: its gradients are not kept
         with _signals_held():
             event(f"interrupted ({how}) at step {state.step}: saving a checkpoint")
-            path = save() if state.step > 0 else None
+            path = save(window_rng) if state.step > 0 else None
         result.stopped = "interrupted"
         raise Interrupted(how, state.step, path, run.root) from None
     finally:
+        if oom is None:
+            metrics.close()
+    try:  # out of memory: free what the failed step held, keep what was trained, say what to change
+        peak = peak_memory_gb(device)
+        optimizer.zero_grad(set_to_none=True)
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        event(f"out of GPU memory in step {state.step + 1}: {oom}")
+        path = save(window_rng) if state.step > 0 else None  # with the RNG the failed step began with
+        result.stopped = "out_of_memory"
+        raise out_of_memory(spec, run.root, device, state.step, path, peak) from None
+    finally:
         metrics.close()
+
+
+# settings a run can resume under after changing them: the batches, the optimizer state and the
+# adapter stay what the checkpoint expects
+RESUMABLE = {"train.gradient_checkpointing", "train.blocks_to_swap", "model.dtype", "data.cache_latents",
+             "data.cache_text_encoder_outputs"}
+
+
+def out_of_memory(spec: JobSpec, run_root: Path, device: torch.device, step: int, checkpoint: Path | None,
+                  peak_gb: float | None) -> OutOfMemory:
+    """What the user reads after an out-of-memory error: the measured peak beside the plan's
+    estimate (both as ``max_memory_allocated`` reads them, GiB), what was saved, and the cheapest
+    change (``--set``) the planner says fits. The planner's estimate was evidently short for this
+    job, so the change must bring its estimate 10% under both the card and its own first estimate."""
+    from lorapod.catalog.models import find_model
+    from lorapod.plan.vram import Settings, estimate, make_fit
+
+    card = device_memory_gb(device)
+    planned: float | None = None
+    change = None
+    try:
+        model = find_model(spec.model.id, spec.model.family, spec.model.variant)
+        settings = Settings.from_spec(spec, model)
+        est = estimate(model, settings)
+        planned = est.read_as("allocated")
+        change = make_fit(model, settings, 0.9 * min(card or est.peak_gb, est.peak_gb))
+    except LorapodError:  # a model the planner does not know: the generic advice below
+        pass
+    where = f"this GPU's {card:.1f} GiB were" if card is not None else "the device's memory was"
+    measured = f"peak {peak_gb:.2f} GiB allocated" if peak_gb is not None else "peak not measured off CUDA"
+    plan = f"the plan estimated {planned:.2f} GiB" if planned is not None else "the planner does not know this model"
+    saved = (f"checkpoint {checkpoint.name} saved" if checkpoint is not None
+             else "nothing trained yet, no checkpoint")
+    if change is not None:
+        fix = f"cheapest change that fits: {change.describe()}"
+        sets = " ".join(f"--set {x}" for x in change.sets)
+    else:
+        fix = "lower train.micro_batch_size (raise train.grad_accum to keep the batch) or data.sequence_len / " \
+              "data.resolution, or turn on train.gradient_checkpointing"
+        sets = ("--set train.gradient_checkpointing=true" if not spec.train.gradient_checkpointing
+                else "--set train.micro_batch_size=1")
+    keys = {x.split("=", 1)[0] for x in sets.replace("--set ", "").split()}
+    if checkpoint is None:
+        then = f"; start again with {sets}"
+    elif keys <= RESUMABLE:
+        then = f"; continue with: lorapod train --resume {run_root} {sets}"
+    else:  # a new batch shape, optimizer or base would not continue the saved run exactly
+        then = f"; start a new run with {sets} ({checkpoint.name} keeps what was trained so far)"
+    return OutOfMemory(
+        f"out of GPU memory in step {step + 1}: {where} not enough ({measured}; {plan}); {saved}",
+        hint=fix + then, step=step, checkpoint=checkpoint, peak_gb=peak_gb, planned_gb=planned,
+    )
 
 
 class _NoMetrics:
@@ -341,10 +481,15 @@ class _NoMetrics:
 
 
 def _train_window(recipe: Recipe, window: Sequence[Any], precision: Precision, scaler,
-                  world: distributed.World, ddp=None, same_passes: bool = False) -> tuple[float, int, int, int]:
+                  world: distributed.World, ddp=None, same_passes: bool = False,
+                  abandon: Callable[[], bool] | None = None) -> tuple[torch.Tensor | float, int, int, int]:
     """Forward/backward over this process's share of one accumulation window.
 
-    Returns (summed loss, units of the whole window, tokens, real tokens) of this process's share.
+    ``abandon``, asked between micro-batches: True raises :class:`_Preempted` there (only the
+    gradients changed so far, and they are dropped), so a SIGTERM waits at most one micro-batch.
+
+    Returns (summed loss, units of the whole window, tokens, real tokens) of this process's share;
+    the loss stays on the device (float64), so no micro-batch waits for the GPU to catch up.
     With N processes the loss is multiplied by N because DDP averages the N gradients.
     ``same_passes`` (FSDP: each forward gathers shards with all processes) pads every process's
     share to the busiest one's with zero-weighted passes.
@@ -357,9 +502,11 @@ def _train_window(recipe: Recipe, window: Sequence[Any], precision: Precision, s
     # all-reduce, with a zero-weighted pass
     passes = -(-len(window) // world.size) if same_passes else max(len(mine), 1)
     work = mine + [window[0]] * (passes - len(mine))
-    total = 0.0
+    total: torch.Tensor | float = 0.0  # on the device: read once per optimizer step, not per micro-batch
     tokens = real = 0
     for i, batch in enumerate(work):
+        if i and abandon is not None and abandon():
+            raise _Preempted
         last = i == len(work) - 1
         weight = world.size if i < len(mine) else 0
         with ddp.no_sync() if ddp is not None and not last else contextlib.nullcontext():
@@ -370,17 +517,29 @@ def _train_window(recipe: Recipe, window: Sequence[Any], precision: Precision, s
                 scaled = scaled * weight
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
         if i < len(mine):
-            total += float(out.loss_sum.detach())
+            total = total + out.loss_sum.detach().double()  # float64: what summing Python floats gave
             tokens += out.tokens
             real += out.real_tokens
     return total, units, tokens, real
 
 
-def _clip(params: list[torch.nn.Parameter], max_norm: float | None, optimizer, scaler) -> float:
+def _clip(params: list[torch.nn.Parameter], max_norm: float | None, optimizer, scaler) -> torch.Tensor | float:
+    """The gradients' norm before clipping, left on the device (read by :func:`_read`)."""
     if scaler is not None:
         scaler.unscale_(optimizer)
     grads = [p for p in params if p.grad is not None]
     if not grads:
         return 0.0
-    norm = torch.nn.utils.clip_grad_norm_(grads, max_norm if max_norm is not None else float("inf"))
-    return float(norm)
+    return torch.nn.utils.clip_grad_norm_(grads, max_norm if max_norm is not None else float("inf"))
+
+
+def _read(loss_sum: torch.Tensor | float, norm: torch.Tensor | float) -> tuple[float, float]:
+    """The window's summed loss and the gradient norm as numbers, in one transfer from the device."""
+    found = [t for t in (loss_sum, norm) if isinstance(t, torch.Tensor)]
+    if not found:
+        return float(loss_sum), float(norm)
+    device = found[0].device
+    both = torch.stack([t.detach().to(device, torch.float64) if isinstance(t, torch.Tensor)
+                        else torch.tensor(float(t), dtype=torch.float64, device=device) for t in (loss_sum, norm)])
+    loss, grad_norm = both.tolist()
+    return loss, grad_norm

@@ -41,13 +41,12 @@ class MetricsWriter:
 
     def _truncate_after(self, step: int) -> None:
         """On resume, drop lines logged after the checkpoint so the curve has no duplicates."""
-        kept = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue  # a torn last line from a crash
-            if rec.get("step", 0) <= step:
+        from lorapod.rundir.metrics import MetricsFeed
+
+        feed, kept = MetricsFeed(), []
+        for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
+            rec = feed.accept(line)  # a torn last line from a crash is dropped, as every reader drops it
+            if rec is not None and rec["step"] <= step:
                 kept.append(line)
         self.path.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
 
@@ -104,13 +103,8 @@ class MetricsWriter:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """All complete records of a metrics file (a torn last line is ignored)."""
-    out = []
-    if not Path(path).exists():
-        return out
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+    """The valid records of a metrics file, by the one reader (:func:`lorapod.rundir.metrics.read_records`:
+    a torn or foreign line is dropped, never fatal)."""
+    from lorapod.rundir.metrics import read_records
+
+    return read_records(Path(path))

@@ -7,6 +7,11 @@ LoRA should leave them as the base draws them, and the page says how far each ch
 them (mean pixel difference to the base image, same seed). With a local CLIP model (``--clip``)
 the page adds CLIP scores: prompt adherence, similarity to the training images (over-fitting) and
 similarity to the base image (leakage); without one it says so and shows the grids alone.
+
+Either way it recommends a checkpoint (:func:`recommend`): the lowest loss the run logged at the
+checkpoints' steps (the fixed-noise validation loss when the run evaluated there, else the
+training curve just before each checkpoint), the earliest one within the noise of the lowest, or
+says why it cannot.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch
 
 from lorapod.errors import DataError, ExportError
 from lorapod.fsutil import atomic_write_text
+from lorapod.rundir.layout import checkpoint_step
 
 
 @dataclass
@@ -50,6 +56,81 @@ class ImageEval:
     clip: str | None
     page: str = ""
     checkpoints_note: str = ""  # which checkpoints are on disk, and why not more
+    best: str | None = None  # the recommended checkpoint ('step-N'), None when nothing says which
+    reason: str = ""  # why that one, or why none
+
+
+#: losses within this fraction of the lowest are the same loss: diffusion losses are noisy
+NOISE = 0.02
+
+
+def _losses(metrics: Path) -> tuple[dict[int, float], dict[int, float]]:
+    """(validation loss by step, training loss by step) from metrics.jsonl; the last record of a
+    step wins (a resumed run logs its steps again)."""
+    val: dict[int, float] = {}
+    train: dict[int, float] = {}
+    try:
+        lines = metrics.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return val, train
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
+            continue
+        v = rec.get("fixed_noise_loss", rec.get("val_loss")) if rec.get("event") == "eval" else None
+        if isinstance(v, (int, float)):
+            val[rec["step"]] = float(v)
+        elif isinstance(rec.get("loss"), (int, float)) and "event" not in rec:
+            train[rec["step"]] = float(rec["loss"])
+    return val, train
+
+
+def recommend(metrics: Path, labels: list[str], leakage: dict[str, float] | None = None) -> tuple[str | None, str]:
+    """Which checkpoint to keep, and why, from the run's logged losses: the fixed-noise validation
+    loss at each checkpoint's step when every checkpoint has one, else the mean training loss over
+    the steps just before each (half the smallest gap between checkpoints). The earliest checkpoint
+    within ``NOISE`` of the lowest wins: later ones add steps (and leakage), not fit. ``leakage``:
+    the mean leakage of each checkpoint at full strength, said beside the choice."""
+    steps = {lb: s for lb in labels if (s := checkpoint_step(lb)) is not None}
+    if not steps:
+        return None, "no checkpoint on disk"
+    val, train = _losses(metrics)
+    if all(st in val for st in steps.values()):
+        loss, what = {lb: val[st] for lb, st in steps.items()}, "fixed-noise validation loss"
+    else:
+        ordered = sorted(steps.values())
+        gaps = [b - a for a, b in zip([0, *ordered], ordered, strict=False)]
+        k = max(1, min(gaps) // 2)
+        loss = {}
+        for lb, st in steps.items():
+            window = [train[s] for s in range(st - k + 1, st + 1) if s in train]
+            if window:
+                loss[lb] = sum(window) / len(window)
+        what = f"training loss, mean of the {k} step(s) before each checkpoint"
+        if not loss:
+            return None, ("no loss logged at the checkpoints' steps in metrics.jsonl (was it pulled?): "
+                          "pick from the grids, or give --clip for scores")
+    order = sorted(loss, key=lambda lb: steps[lb])
+    low = min(loss.values())
+    best = next(lb for lb in order if loss[lb] <= low * (1 + NOISE))
+    shown = ", ".join(f"{lb} {loss[lb]:.4f}" for lb in order)
+    why = f"{what}: {shown}"
+    later = [lb for lb in order if steps[lb] > steps[best]]
+    if not later:
+        first = loss[order[0]]
+        why += ("; it is the last checkpoint and the loss still fell by "
+                f"{100 * (first - low) / first:.0f}% since {order[0]}: more training may still help"
+                if len(order) > 1 and low < first * (1 - NOISE) else "; it is the last checkpoint")
+    elif loss[later[-1]] > loss[best] * (1 + NOISE):
+        why += f"; the loss turned up after it (to {loss[later[-1]]:.4f} at {later[-1]}): later checkpoints over-fit"
+    else:
+        why += f"; the later ones are within {100 * NOISE:.0f}% of it: more steps, no better fit"
+    if leakage and best in leakage:
+        why += f"; leakage at full strength {leakage[best]:.3f} (0 = the base's image)"
+    return best, why
 
 
 def _prompts(path: Path | None, spec, steps: int, seed: int, scale: float):
@@ -93,7 +174,7 @@ def evaluate_images(run_path: str | Path, prompts: Path | None = None, strengths
     labels = []
     with tempfile.TemporaryDirectory() as tmp:
         for p in steps_dirs:
-            ck = open_source(run_path, int(p.name.removeprefix("step-")))
+            ck = open_source(run_path, checkpoint_step(p.name))
             folder = Path(tmp) / ck.label
             folder.mkdir()
             write_diffusers(ck, folder)
@@ -135,11 +216,20 @@ def evaluate_images(run_path: str | Path, prompts: Path | None = None, strengths
                       f"{sp.prompt}  |  seed {sp.seed}, {sp.steps} steps", corner="strength").save(run.root / "eval" / gname)
         grids.append(PromptGrid(sp.prompt, sp.seed, leak, gname, cells))
         log(f"prompt {i}: {sp.prompt!r}{' (leakage)' if leak else ''}: {len(cells)} images")
+    full = max(strengths)
+    leaks: dict[str, list[float]] = {}
+    for g in grids:
+        for c in g.cells:
+            if c.leakage is not None and c.strength == full:
+                leaks.setdefault(c.row, []).append(c.leakage)
+    best, reason = recommend(run.metrics_file, labels, {k: sum(v) / len(v) for k, v in leaks.items()})
+    log(f"recommended: {best} ({reason})" if best else f"no checkpoint recommended: {reason}")
     keep = spec.save.keep_last
     note = (f"checkpoints: {', '.join(labels)} (all that are on disk"
             + (f"; save.keep_last: {keep} keeps only the newest {keep}, older ones were removed while training)"
                if keep and len(labels) >= keep else ")"))
-    result = ImageEval(grids, list(strengths), str(clip) if clip else None, checkpoints_note=note)
+    result = ImageEval(grids, list(strengths), str(clip) if clip else None, checkpoints_note=note, best=best,
+                       reason=reason)
     atomic_write_text(run.root / "eval" / "images.json", json.dumps(asdict(result), indent=2))
     atomic_write_text(run.root / "eval" / "images.html", page(result, run.root.name))
     result.page = str(run.root / "eval" / "images.html")
@@ -228,6 +318,8 @@ def page(r: ImageEval, title: str) -> str:
              "<p>Same seed in every cell: only the LoRA and its strength differ. The base row is the model "
              "without the LoRA (one image: strength does not apply).</p>",
              f"<p>{esc(r.checkpoints_note)}</p>" if r.checkpoints_note else "",
+             (f"<p><b>recommended: {esc(r.best)}</b> ({esc(r.reason)})</p>" if r.best
+              else f"<p>no checkpoint recommended: {esc(r.reason)}</p>"),
              "<p>" + (f"CLIP scores from {esc(r.clip)}: text = prompt adherence, train = similarity to the training "
                       "images (high: over-fitting), base = similarity to the base image (leakage prompts)."
                       if r.clip else "No CLIP model given (--clip PATH): grids only, no scores.") + "</p>"]

@@ -18,6 +18,7 @@ from lorapod.engine.checkpoint import CheckpointManager
 from lorapod.errors import DataError, ExportError
 from lorapod.fsutil import atomic_write_text
 from lorapod.rundir import RunDir
+from lorapod.rundir.layout import checkpoint_step
 
 
 @dataclass
@@ -101,7 +102,7 @@ def evaluate_llm(run_path: str | Path, prompts: Path | None = None, n_prompts: i
     for path in steps:
         recipe.load_adapter_state(mgr.load(path).adapter())
         m = recipe.evaluate()
-        rows.append(Row(path.name, int(path.name.removeprefix("step-")), m["val_loss"], m["val_ppl"]))
+        rows.append(Row(path.name, checkpoint_step(path.name), m["val_loss"], m["val_ppl"]))
         log(f"{path.name}: val loss {m['val_loss']:.4f}")
     best, reason = recommend(rows)
     recipe.load_adapter_state(mgr.load(run.checkpoints / best).adapter())

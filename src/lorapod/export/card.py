@@ -144,7 +144,7 @@ def render(spec, *, repo_id: str, what: str, files: list[CardFile], metrics: lis
 
 
 def read_metrics_file(path: Path) -> list[dict]:
-    from lorapod.engine.metrics import read_metrics
+    from lorapod.rundir.metrics import read_records
 
-    return read_metrics(path) if Path(path).is_file() else []
+    return read_records(Path(path))
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from lorapod.errors import ExportError
 from lorapod.export.card import CardFile, read_metrics_file, render
+from lorapod.rundir.layout import sample_step
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 SAMPLE_EXTS = (".png", ".jpg", ".jpeg", ".webp")
@@ -26,9 +27,9 @@ MAX_SAMPLES = 8
 MAX_SAMPLE_BYTES = 20 * 1024 * 1024
 #: Nor one wider or taller than this (read from the header; no pixel is decoded).
 MAX_SAMPLE_SIDE = 8192
-#: The names lorapod's engines give samples (engine/diffusion/recipe.py, engine/llm.py):
-#: ``step000200-00.png``; the step picks the newest, never the order of names a host chose.
-SAMPLE_NAME = re.compile(r"step(\d{1,12})-(\d{2,4})\.(png|jpg|jpeg|webp)")
+#: The images among the samples lorapod's engines name (rundir/layout.py ``sample_step``:
+#: ``step000200-00.png``); the step picks the newest, never the order of names a host chose.
+SAMPLE_IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp")
 _PIL_FORMAT = {"png": "PNG", "jpg": "JPEG", "jpeg": "JPEG", "webp": "WEBP"}
 
 
@@ -147,15 +148,15 @@ def _samples(folder: Path) -> list[Path]:
         return []
     by_step: dict[int, list[tuple[int, Path]]] = {}
     for p in folder.iterdir():
-        m = SAMPLE_NAME.fullmatch(p.name)
-        if m is None:
+        got = sample_step(p.name) if p.name.endswith(SAMPLE_IMAGE_EXTS) else None
+        if got is None:
             continue
         try:
             st = p.lstat()
         except OSError:
             continue
         if stat.S_ISREG(st.st_mode) and 0 < st.st_size <= MAX_SAMPLE_BYTES:
-            by_step.setdefault(int(m.group(1)), []).append((int(m.group(2)), p))
+            by_step.setdefault(got[0], []).append((got[1], p))
     for step in sorted(by_step, reverse=True):  # the newest step with a real image
         good = [p for _, p in sorted(by_step[step]) if _is_image(p)][:MAX_SAMPLES]
         if good:

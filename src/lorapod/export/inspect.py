@@ -75,6 +75,10 @@ def _family(fmt: str, keys: list[str], meta: dict[str, str]) -> str:
         return "llm"
     if re.search(r"^lora_unet__?blocks_\d+_(self|cross)_attn_", joined, re.M):
         return "wan"
+    # diffusers' WanTransformer3DModel (what the video engine's save_lora_weights writes): ``blocks.N``
+    # where Flux's transformers have ``transformer_blocks.N`` / ``single_transformer_blocks.N``
+    if re.search(r"^transformer\.(blocks\.\d+\.(attn[12]|ffn)\.|condition_embedder\.)", joined, re.M):
+        return "wan"
     if "to_qkv_mlp_proj" in joined or "ff.linear_in" in joined or "ff_linear_in" in joined:
         return "flux2"
     if re.search(r"^(lora_unet_(double|single)_blocks|lora_transformer_|transformer\.)", joined, re.M):
@@ -102,6 +106,9 @@ def _comfy(module: str, family: str) -> tuple[bool, str]:
     if module.startswith("transformer.") and flux:
         ok = re.fullmatch(FLUX_DIFFUSERS, module[len("transformer."):]) is not None
         return ok, "" if ok else "not a Flux module"
+    if module.startswith("transformer.") and family.startswith("wan"):
+        return False, ("diffusers Wan name: ComfyUI's Wan map takes lora_unet_ + Wan's own module names "
+                       "(`lorapod export RUN --to comfyui` writes them)")
     if module.startswith("unet."):
         if ".to_" in module and ".processor." not in module:
             return False, "diffusers attention name (ComfyUI maps only unet.*.processor.to_q style)"
@@ -277,9 +284,9 @@ def _gguf(path: Path) -> dict[str, Any]:
     report: dict[str, Any] = {"file": str(path), "format": "gguf", "family": f"llm ({kv.get('general.architecture')})",
                               "metadata": {k: v for k, v in kv.items() if not k.startswith("tokenizer.ggml.")}}
     if kind != "adapter":
-        report.update({"modules": len(tensors), "rank": None, "alpha": None, "targets": [], "consumers": {},
-                       "flags": [f"a GGUF {kind or 'model'}, not a LoRA adapter"]})
-        return report
+        raise ExportError(f"{path} is a GGUF {kind or 'model'} ({kv.get('general.architecture')}, {len(tensors)} "
+                          "tensors), not a LoRA adapter",
+                          hint="inspect reads LoRA adapters; `lorapod export RUN --to gguf` writes a llama.cpp one")
     pairs = {k[: -len(".lora_a")]: k for k in tensors if k.endswith(".lora_a")}
     ranks = sorted({int(tensors[k].shape[0]) for k in pairs.values()})
     alpha = kv.get("adapter.lora.alpha")

@@ -18,6 +18,7 @@ from lorapod.engine.checkpoint import CheckpointManager
 from lorapod.errors import ExportError
 from lorapod.fsutil import atomic_dir
 from lorapod.rundir import RunDir
+from lorapod.rundir.layout import checkpoint_name, checkpoint_step
 
 
 def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -78,14 +79,14 @@ def open_source(run_path: str | Path, checkpoint: int | None = None) -> Source:
     if checkpoint is None:
         path = steps[-1]
     else:
-        path = run.checkpoints / f"step-{checkpoint}"
+        path = run.checkpoints / checkpoint_name(checkpoint)
         if path not in steps:
-            have = ", ".join(p.name.removeprefix("step-") for p in steps)
-            raise ExportError(f"{run.root} has no checkpoint step-{checkpoint}", hint=f"checkpoints there: {have}")
+            have = ", ".join(str(checkpoint_step(p.name)) for p in steps)
+            raise ExportError(f"{run.root} has no checkpoint {path.name}", hint=f"checkpoints there: {have}")
     if not CheckpointManager(run.checkpoints).verify(path):
         raise ExportError(f"checkpoint {path} is incomplete or damaged (its files do not match manifest.json)",
                           hint="pick another checkpoint with --checkpoint N")
-    return Source(run, spec, path.name, path / "adapter.safetensors", int(path.name.removeprefix("step-")))
+    return Source(run, spec, path.name, path / "adapter.safetensors", checkpoint_step(path.name))
 
 
 @contextmanager

@@ -15,10 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from lorapod.errors import ExportError
+from lorapod.export.names import IMAGE_TARGETS, LLM_TARGETS
 from lorapod.export.source import Source, open_source, output_dir
-
-LLM_TARGETS = ("peft", "merged", "gguf", "ollama")
-IMAGE_TARGETS = ("comfyui", "diffusers", "merged")
 
 
 @dataclass

@@ -25,6 +25,8 @@ from lorapod.plan.vram import Suggestion, make_fit
 from lorapod.spec import JobSpec
 
 LEFT_RUNNING_HOURS = 12
+#: how to plan over every GPU and provider when the spec pins compute.gpu / compute.provider
+WHOLE_MARKET = "--any-gpu --provider any plans over every GPU and provider"
 
 
 @dataclass
@@ -116,9 +118,21 @@ class Plan:
     snapshot_note: str
     warnings: list[str] = field(default_factory=list)
     fixes: dict[str, Suggestion | None] = field(default_factory=dict)  # GPU -> change that makes it fit
+    #: what narrowed the offers, where it was said -> its value: {"compute.gpu": "RTX 3090",
+    #: "compute.provider": "runpod"} from the spec, "--gpu" / "--provider" from the command line
+    pinned: dict[str, str] = field(default_factory=dict)
+
     def to_json(self) -> dict[str, Any]:
         return {"options": [o.to_json() for o in self.options], "snapshot_date": self.snapshot_date,
-                "tier": self.tier.to_json() if self.tier is not None else None}
+                "tier": self.tier.to_json() if self.tier is not None else None, "pinned": self.pinned}
+
+    def to_page(self) -> dict[str, Any]:
+        """One plan as a page shows it (the dashboard's Plan page): :meth:`to_json` plus the job with
+        its VRAM parts, ``best`` (the index of the first fitting option, 0 when none fits), the
+        prices' ``note`` and the ``warnings``."""
+        return {**self.to_json(), "job": self.to_record()["job"],
+                "best": next((i for i, o in enumerate(self.options) if o.fits), 0),
+                "note": self.snapshot_note, "warnings": self.warnings}
 
     def to_record(self) -> dict[str, Any]:
         """What ``plan.json`` in a run folder holds: the ranking plus the job it was made for."""
@@ -183,7 +197,9 @@ def plan_job(
 
     ``prices`` replaces the snapshot (e.g. live offers from :mod:`lorapod.compute.live_prices`); ``gpu``
     and ``provider`` (or the spec's ``compute.gpu`` / ``compute.provider``) narrow the offers.
-    A pinned GPU is shown even when it does not fit, with the change that would make it fit.
+    A pinned GPU is shown even when it does not fit, with the change that would make it fit; what
+    pinned the offers is in ``Plan.pinned``. ``provider="any"`` (or ``compute.provider: any``)
+    is the whole market.
     ``job`` is the job already built for ``spec`` (a run plans it once; ``images`` / ``examples``
     then do not apply). Raises PlanError when nothing fits, naming what would.
     """
@@ -196,10 +212,18 @@ def plan_job(
         job = add_overhead(job, trainer)
     snap, snapshot_prices = load_prices()
     entries = list(prices) if prices is not None else list(snapshot_prices)
-    gpu = gpu or spec.compute.gpu
+    pins: dict[str, str] = {}
+    if gpu:
+        pins["--gpu"] = gpu
+    elif spec.compute.gpu:
+        gpu = pins["compute.gpu"] = spec.compute.gpu
     pinned = find_gpu(gpu) if gpu else None
-    if provider is None and spec.compute.provider in PROVIDERS:
-        provider = spec.compute.provider
+    if provider is not None and provider.strip().lower() == "any":
+        provider = None
+    elif provider is not None:
+        pins["--provider"] = provider
+    elif spec.compute.provider in PROVIDERS:
+        provider = pins["compute.provider"] = spec.compute.provider
     prov = _check_provider(provider, {e.provider for e in prices or ()}) if provider else None
     if pinned:
         entries = [e for e in entries if find_gpu(e.gpu).name == pinned.name]
@@ -211,11 +235,12 @@ def plan_job(
         where = " x ".join(x for x in (pinned.name if pinned else "", prov or "") if x)
         raise PlanError(
             f"no price for {where} in the {snap.date.isoformat()} snapshot",
-            hint="run with --live (RUNPOD_API_KEY / VAST_API_KEY) for current offers, or drop --gpu/--provider",
+            hint="run with --live (RUNPOD_API_KEY / VAST_API_KEY) for current offers, or widen it: "
+                 + ", ".join(f"{k} {v}" for k, v in pins.items()) + " pinned it; " + WHOLE_MARKET,
         )
     tiers = tier_descriptions()
     stale = snap.is_stale(today)
-    plan = Plan(job, [], snap.date.isoformat(), snap.describe(today), list(job.warnings))
+    plan = Plan(job, [], snap.date.isoformat(), snap.describe(today), list(job.warnings), pinned=pins)
     est = job.estimate
     vram_lo, vram_hi = spread(family_of(job.model), "vram")
     vram_range = (est.peak_gb * vram_lo, est.peak_gb * vram_hi)

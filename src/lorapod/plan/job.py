@@ -3,8 +3,10 @@
 Steps for images are images x repeats x epochs / batch (the guides' formula, rounded up per
 epoch), so the planner needs the image count: it counts the image files under ``data.path``
 when that folder exists, else takes ``images=`` (``--images N``), else assumes 25 and says so.
-LLM jobs are sized in tokens: examples x average tokens per example x epochs, counted from the
-JSONL files when they exist (about 4 characters per token), else ``examples=`` (``--examples``).
+LLM jobs are sized in tokens: the training examples' tokens x epochs, counted from the JSONL files
+when they exist as training reads them (``data.chat_split``: lines over the 4 MiB limit and bad
+lines are not read, each example is cut at ``data.sequence_len``; about 4 characters per token),
+else ``examples=`` (``--examples``) x 500 tokens.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lorapod.catalog.models import ImageModel, LLMArch, find_model
-from lorapod.errors import PlanError
+from lorapod.errors import DataError, PlanError
 from lorapod.plan.vram import Estimate, Settings, estimate
 from lorapod.spec import JobSpec
 
@@ -22,7 +24,6 @@ IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".webp", ".bmp"}
 DEFAULT_IMAGES = 25
 DEFAULT_EXAMPLES = 1000
 DEFAULT_TOKENS_PER_EXAMPLE = 500
-CHARS_PER_TOKEN = 4
 # Assumed sizes when the data is not on disk: a 1024+ px JPEG, a chat example as JSON.
 IMAGE_MB = 3.0
 EXAMPLE_KB = 2.0
@@ -78,19 +79,41 @@ def _count_images(paths: list[Path]) -> tuple[int, int] | None:
     return n, size
 
 
-def _count_examples(paths: list[Path]) -> tuple[int, int, int] | None:
-    files = [p for p in paths if p.is_file()]
+@dataclass
+class _Counted:
+    examples: int  # usable conversations, training and validation
+    train_examples: int
+    train_tokens: int  # one epoch, each conversation cut at data.sequence_len
+    data_bytes: int
+    warnings: list[str]
+
+
+def _count_examples(spec: JobSpec) -> _Counted | None:
+    """The conversations training reads (``data.chat_split.load_split``: the same reader, line
+    limit and validation split), counted as training keeps them (``trained_tokens``: cut at
+    ``data.sequence_len``). None when no data file is here."""
+    from lorapod.data.chat_split import load_split, trained_tokens
+
+    files = [p for p in spec.data_paths() if p.is_file()]
     if not files:
         return None
-    n, chars, size = 0, 0, 0
-    for f in files:
-        size += f.stat().st_size
-        with open(f, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.strip():
-                    n += 1
-                    chars += len(line)
-    return n, chars // CHARS_PER_TOKEN, size
+    size = sum(f.stat().st_size for f in files)
+    notes: list[str] = []
+    lenient = spec.model_copy(update={"data": spec.data.model_copy(update={"skip_bad_examples": True})})
+    try:
+        split, _fmt = load_split(lenient, log=notes.append)
+    except (DataError, OSError) as exc:
+        msg = exc.message if isinstance(exc, DataError) else str(exc)
+        return _Counted(0, 0, 0, size, [f"the data was not counted ({msg}): lorapod data check {files[0]}"])
+    if notes and not spec.data.skip_bad_examples:
+        notes = [f"{n}; not counted: training stops on them unless data.skip_bad_examples "
+                 f"(lorapod data check {files[0]} lists them)" for n in notes]
+    seq = spec.data.sequence_len
+    tokens = sum(trained_tokens(c, seq) for c in split.train)
+    cut = sum(1 for c in split.train if trained_tokens(c, seq) == seq)
+    if cut:
+        notes.append(f"{cut} training example(s) reach data.sequence_len={seq} and are counted as cut there")
+    return _Counted(len(split.train) + len(split.val), len(split.train), tokens, size, notes)
 
 
 def _prompt_count(spec: JobSpec) -> int:
@@ -150,23 +173,28 @@ def build_job(spec: JobSpec, *, images: int | None = None, examples: int | None 
         lora_bytes = model.lora_params_per_rank_m * 1e6 * settings.r * 2
         prompts = _prompt_count(spec)
     else:
-        counted_ex = _count_examples(spec.data_paths())
-        if counted_ex is not None and examples is None:
-            job.examples, tokens_per_epoch, data_bytes = counted_ex
+        counted_ex = _count_examples(spec) if examples is None else None
+        if counted_ex is not None and counted_ex.train_examples:
+            job.examples, train_examples = counted_ex.examples, counted_ex.train_examples
+            job.tokens = counted_ex.train_tokens * t.epochs
+            data_bytes = counted_ex.data_bytes
+            warnings.extend(counted_ex.warnings)
         else:
             job.examples = examples if examples is not None else DEFAULT_EXAMPLES
-            tokens_per_epoch = job.examples * DEFAULT_TOKENS_PER_EXAMPLE
             data_bytes = int(job.examples * EXAMPLE_KB * 1e3)
+            warnings.extend(counted_ex.warnings if counted_ex is not None else [])
             warnings.append(
                 f"{'example count assumed ' + str(DEFAULT_EXAMPLES) + ', ' if examples is None else ''}"
-                f"{DEFAULT_TOKENS_PER_EXAMPLE} tokens per example assumed: the data file was not found"
-                + ("; pass --examples N" if examples is None else "")
+                f"{DEFAULT_TOKENS_PER_EXAMPLE} tokens per example assumed: the data file was not "
+                + ("read" if counted_ex is not None else "found") + ("; pass --examples N" if examples is None else "")
             )
-        train_tokens = tokens_per_epoch * (1 - spec.data.val_split if not spec.data.val_path else 1)
-        job.tokens = int(train_tokens * t.epochs)
+            train_examples = job.examples
+            tokens_per_epoch = job.examples * DEFAULT_TOKENS_PER_EXAMPLE
+            train_tokens = tokens_per_epoch * (1 - spec.data.val_split if not spec.data.val_path else 1)
+            job.tokens = int(train_tokens * t.epochs)
         per_step = t.micro_batch_size * spec.data.sequence_len
         job.steps = max(1, math.ceil(job.tokens / per_step)) if spec.data.packing else max(
-            1, math.ceil(job.examples * t.epochs / t.micro_batch_size)
+            1, math.ceil(train_examples * t.epochs / t.micro_batch_size)
         )
         job.download_gb = model.params * 2 / 1e9
         job.upload_gb = data_bytes / 1e9

@@ -36,6 +36,8 @@ from lorapod.catalog.models import ImageModel, LLMArch, find_model
 from lorapod.errors import LorapodError
 from lorapod.plan.speed import Params, predict
 from lorapod.plan.vram import Settings
+from lorapod.rundir.layout import METRICS
+from lorapod.rundir.metrics import number, read_records
 
 if TYPE_CHECKING:
     from lorapod.store.ledger import Ledger
@@ -73,7 +75,7 @@ def read_run(run_dir: str | Path) -> tuple[str, Settings, float | None, float | 
     from lorapod.spec import load_spec
 
     root = Path(run_dir)
-    spec_path, metrics_path = root / "spec.yaml", root / "metrics.jsonl"
+    spec_path, metrics_path = root / "spec.yaml", root / METRICS
     if not (spec_path.is_file() and metrics_path.is_file()):
         return None
     try:
@@ -81,19 +83,15 @@ def read_run(run_dir: str | Path) -> tuple[str, Settings, float | None, float | 
         model = find_model(spec.model.id, spec.model.family, spec.model.variant)
     except LorapodError:
         return None
-    first = _device_info(root).get("from_step") or 0  # a resumed run: only the steps timed on this device
+    first = number(_device_info(root).get("from_step")) or 0  # a resumed run: only the steps timed on this device
     times, peaks = [], []
-    for line in metrics_path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
+    for rec in read_records(metrics_path):  # the one reader (rundir/metrics.py): a step is an integer
+        if rec["step"] <= first:
             continue
-        if rec.get("step", 0) <= first:
-            continue
-        if "step_time_s" in rec and rec.get("step", 0) > first + WARMUP_STEPS:
-            times.append(float(rec["step_time_s"]) / max(1, spec.train.grad_accum))
-        if "mem_gb" in rec:
-            peaks.append(float(rec["mem_gb"]))
+        if (t := number(rec.get("step_time_s"))) is not None and t > 0 and rec["step"] > first + WARMUP_STEPS:
+            times.append(t / max(1, spec.train.grad_accum))
+        if (gb := number(rec.get("mem_gb"))) is not None and gb >= 0:
+            peaks.append(gb)
     if not times and not peaks:
         return None
     seconds = statistics.median(times) if times else None

@@ -64,6 +64,24 @@ VAST_RESUME_WAIT_MIN = 10.0
 #: RunPod's spot pod is "stopped" when preempted; lorapod destroys it once noticed
 RUNPOD_HUSK_MIN = DETECT_MIN
 
+#: Seconds from a preemption's SIGTERM to its SIGKILL, per provider: RunPod's pricing docs promise
+#: "a 5-second warning (SIGTERM signal, followed by SIGKILL)" (runpod/docs pods/pricing.mdx; its
+#: 2022 blog says "without notice": then nothing is saved on the signal and the newest checkpoint
+#: that reached home is what resumes). Vast.ai documents no signal before it pauses an outbid
+#: instance, whose disk it keeps: nothing to fit there.
+GRACE_S: dict[str, float] = {"runpod": 5.0}
+#: MB/s of the whole save on SIGTERM (engine/checkpoint.py: serialise adapter and optimizer,
+#: RNG, sha256 manifest, fsync, rename), from ``bench/spot_save.py`` on the shared 2-vCPU
+#: development machine (docs/performance.md, "Save on SIGTERM"): about 510 MB (SDXL rank 16, or a
+#: 7B rank-16 all-linear LoRA, with AdamW) took 1.4 s at best (356 MB/s) and 4.4-7 s while other
+#: jobs loaded both cores; the save is CPU-bound there (a plain write + fsync of the same bytes
+#: took 0.3-1.1 s). 250 MB/s sits below that best, for an instance whose CPUs are its own; an
+#: assumption until measured on a rented GPU instance: ``compute.spot_save_mb_s`` replaces it
+#: with what the bench measures on yours.
+SAVE_MB_S = 250.0
+#: the estimate must fit the window this many times over
+SAVE_MARGIN = 1.25
+
 
 @dataclass(frozen=True)
 class Rate:
@@ -206,6 +224,14 @@ class SpotQuote:
     low: Outcome  # fast end of the speed range, low end of the rate
     high: Outcome  # slow end of the speed range, high end of the rate: the worst end
     price_note: str = ""
+    #: seconds from a SIGTERM to a whole checkpoint (one micro-batch, then the save), and the
+    #: provider's window between SIGTERM and SIGKILL (None: no signal documented)
+    save_s: float = 0.0
+    grace_s: float | None = None
+
+    @property
+    def save_fits(self) -> bool:
+        return self.grace_s is None or self.save_s * SAVE_MARGIN <= self.grace_s
 
     @property
     def usd_range(self) -> list[float]:
@@ -220,7 +246,9 @@ class SpotQuote:
                 "preemptions_per_hour": round(self.rate.per_hour, 4),
                 "preemptions_per_hour_range": [round(self.rate.low, 4), round(self.rate.high, 4)],
                 "rate_basis": self.rate.basis, **self.expected.to_json(),
-                "usd_range": self.usd_range, "hours_range": self.hours_range, "price": self.price_note}
+                "usd_range": self.usd_range, "hours_range": self.hours_range, "price": self.price_note,
+                "save_on_sigterm_s": round(self.save_s, 2), "sigterm_grace_s": self.grace_s,
+                "save_fits": self.save_fits}
 
 
 def quote(job: SpotJob, tier: str, bid: float, rate: Rate, train_range: tuple[float, float],
@@ -242,9 +270,10 @@ SETUP_PHASES = ("boot + install", "download base model", "upload data", "cache",
                 "prep (download + upload + cache)")
 WORK_PHASES = ("train", "sampling")
 STATE_KEY = "LoRA weights, grads, optimizer"
-#: what training still runs on: the planner's tiers stay a quote until recovery is built
-RUNTIME_NOTE = ("lorapod run rents on-demand: recovery from a preemption (a new instance resuming from the "
-                "newest checkpoint) is not built yet, so spot is a quote here")
+#: what ``lorapod run`` does with the choice (compute/recovery.py)
+RUNTIME_NOTE = ("lorapod run rents the tier chosen here (--spot auto|always|never overrides compute.spot) and, "
+                "on spot, recovers from each preemption on the next instance from the newest checkpoint, under "
+                "the one dollar cap; it falls back to on-demand when spot has no capacity")
 
 
 def state_mb(job: Any) -> float:
@@ -255,6 +284,22 @@ def state_mb(job: Any) -> float:
     gib = job.estimate.parts.get(STATE_KEY, 0.0)
     opt = OPTIMIZER_BYTES.get(job.settings.optimizer, 8.0)
     return gib * GiB * (4.0 + opt) / (LORA_BYTES + opt) / 1e6
+
+
+def save_on_sigterm_s(job: Any, option: Any) -> float:
+    """Seconds from a SIGTERM to a whole checkpoint at the estimated speed: the loop finishes the
+    micro-batch it is in (engine/loop.py), then saves :func:`state_mb` at
+    ``compute.spot_save_mb_s`` or :data:`SAVE_MB_S`. (:data:`SAVE_MARGIN` covers a slower step.)"""
+    rate = getattr(job.spec.compute, "spot_save_mb_s", None) or SAVE_MB_S
+    train = sum(p.hours for p in option.phases if p.name == "train") * 3600
+    micro = train / job.steps if getattr(job, "steps", 0) else 0.0
+    return micro + state_mb(job) / rate
+
+
+def save_refusal(q: SpotQuote, where: str) -> str:
+    """The one line that says why spot is refused for a save that does not fit."""
+    return (f"a checkpoint takes about {q.save_s:.1f} s from SIGTERM (one micro-batch, then the save), which with "
+            f"a {SAVE_MARGIN:g}x margin does not fit the {q.grace_s:g} s {where} gives between SIGTERM and SIGKILL")
 
 
 def spot_job(job: Any, option: Any, bid: float, storage_per_gb_month: float | None) -> SpotJob:
@@ -297,8 +342,9 @@ def quote_option(job: Any, option: Any, entry: Any, storage_per_gb_month: float 
     interval = c.spot_checkpoint_min / 60 if c.spot_checkpoint_min else None
     note = (f"{entry.tier} ${entry.usd_per_hour:.3f}/GPU-h" + (f", as of {entry.as_of}" if entry.as_of else "")
             + (" (live)" if entry.source == "live" else ""))
-    return quote(spot_job(job, option, entry.usd_per_hour, storage_per_gb_month), entry.tier, entry.usd_per_hour,
-                 rate, option.train_range, interval, note)
+    q = quote(spot_job(job, option, entry.usd_per_hour, storage_per_gb_month), entry.tier, entry.usd_per_hour,
+              rate, option.train_range, interval, note)
+    return replace(q, save_s=save_on_sigterm_s(job, option), grace_s=GRACE_S.get(option.provider))
 
 
 @dataclass(frozen=True)
@@ -325,14 +371,29 @@ def decide(options: list[Any], policy: str, max_usd: float | None, max_hours: fl
     if not fitting:
         return None
     best = min(fitting, key=lambda o: (o.usd_total, o.hours_total))  # whatever order the options are in
-    spots = sorted((o for o in fitting if o.spot is not None), key=lambda o: o.spot.expected.usd)
+    priced = sorted((o for o in fitting if o.spot is not None), key=lambda o: o.spot.expected.usd)
+    # a spot option whose save on SIGTERM cannot fit the provider's window is not taken (item 2)
+    spots = [o for o in priced if getattr(o.spot, "save_fits", True)]
+    cut = [o for o in priced if o not in spots]
 
     def where(o: Any) -> str:
         return f"{o.gpu} on {o.provider}"
 
+    if policy == "always" and cut and not spots:
+        from lorapod.errors import SpecError
+
+        c = cut[0]
+        raise SpecError(f"compute.spot: always: {save_refusal(c.spot, c.provider)} ({where(c)})",
+                        hint="set compute.spot: auto (on-demand here) or never; compute.spot_save_mb_s if "
+                             "bench/spot_save.py measured a faster save on your instance")
+
     if policy == "never":
         return TierChoice(policy, "on-demand", options.index(best), "compute.spot is never (the spot quotes show "
                           "what it would cost)")
+    if not spots and cut:
+        c = cut[0]
+        return TierChoice(policy, "on-demand", options.index(best), f"on-demand: spot on {where(c)} would lose "
+                          f"work at a preemption: {save_refusal(c.spot, c.provider)}")
     if not spots:
         return TierChoice(policy, "on-demand", options.index(best), f"compute.spot is {policy}, but no GPU that fits "
                           "has an interruptible price within compute.max_bid_per_gpu_hour")
@@ -364,19 +425,3 @@ def decide(options: list[Any], policy: str, max_usd: float | None, max_hours: fl
                           + (" and the deadline" if max_hours else ""))
     return TierChoice(policy, "on-demand", options.index(best), "on-demand: " + why_not)
 
-
-def runtime_tier(spec: Any, provider: str) -> str | None:
-    """What ``lorapod run`` does with ``compute.spot`` while recovery is not built: ``always`` is
-    refused before anything is rented (a spot instance without recovery loses the job at its first
-    preemption, which is not what the user asked for), ``auto`` runs on-demand and says so."""
-    from lorapod.errors import SpecError
-
-    policy = spec.compute.spot
-    if policy == "never" or provider not in ("runpod", "vast"):
-        return None
-    if policy == "always":
-        raise SpecError("compute.spot: always: lorapod run cannot rent spot yet (recovery from a preemption is not "
-                        "built, so a preempted job would be lost)",
-                        hint="set compute.spot: auto (plan quotes spot, the run rents on-demand) or never; "
-                             "`lorapod plan SPEC` shows what spot would cost")
-    return f"compute.spot: auto: {RUNTIME_NOTE}"

@@ -274,6 +274,8 @@ def _image_parts(m: ImageModel, s: Settings) -> dict[str, float]:
 def _llm_parts(m: LLMArch, s: Settings) -> dict[str, float]:
     fw = framework(s.framework)
     if s.base_dtype in ("nf4", "gptq"):
+        # what is not quantised (embeddings, LM head, norms) stays 16-bit: lorapod's engine undoes peft's
+        # fp32 upcast (engine/llm_model.keep_16bit), so the residual stream stays 2 bytes as well
         weights = (m.linear_params * BYTES_PER_PARAM[s.base_dtype] + (m.params - m.linear_params) * 2) / GiB
     else:
         weights = m.params * BYTES_PER_PARAM[s.base_dtype] / GiB

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from lorapod.rundir.layout import checkpoint_name
 from lorapod.trainers.base import (
     Artifact,
     Layout,
@@ -195,7 +196,7 @@ class AiToolkit(Trainer):
             m = pat.match(p.name)
             if m:
                 # NAME_<its step k>: saved after k + 1 updates (AiToolkitSqlite says why)
-                found.append(Artifact("checkpoint", f"step-{int(m.group(1)) + 1}", p))
+                found.append(Artifact("checkpoint", checkpoint_name(int(m.group(1)) + 1), p))
             elif p.name == f"{name}.safetensors":
                 found.append(Artifact("final", p.name, p))
         samples = root / "samples"

@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 from lorapod.catalog.models import is_builtin
+from lorapod.rundir.layout import checkpoint_name
 from lorapod.trainers import tracking
 from lorapod.trainers.base import Artifact, Layout, Trainer, safe_name
 from lorapod.trainers.bridge import HFTrainerLogs
@@ -167,7 +168,7 @@ class Axolotl(Trainer):
         out = Path(layout.out)
         if not out.is_dir():
             return []
-        found = [Artifact("checkpoint", f"step-{int(m.group(1))}", p) for p in sorted(out.iterdir())
+        found = [Artifact("checkpoint", checkpoint_name(int(m.group(1))), p) for p in sorted(out.iterdir())
                  if p.is_dir() and (m := re.match(r"^checkpoint-(\d+)$", p.name))]
         if all((out / f).is_file() for f in ADAPTER_FILES):
             found += [Artifact("final", f, out / f) for f in ADAPTER_FILES]

@@ -13,7 +13,11 @@
    controller pulls them like lorapod's own,
 5. honours ``run/STOP``: asks the trainer to save (axolotl's trigger file) or waits for its next
    save, up to ``stop_wait_s``, then ends it (SIGINT, SIGTERM, SIGKILL to its process group) and
-   exits 0, like ``lorapod train`` does.
+   exits 0, like ``lorapod train`` does;
+6. on SIGTERM (a spot preemption: job.sh passes it on) does the same within
+   :data:`PREEMPT_WAIT_S`, what is left of RunPod's 5 s: axolotl is asked to save at its next step,
+   the others cannot save on demand and lose what they trained since their last save; then it
+   returns ``preempted`` and ``trainer-run`` exits 75 (:data:`lorapod.errors.PREEMPTED_EXIT`).
 
 A run folder that already holds checkpoints (``lorapod run --resume``) continues from the
 newest through the trainer's own resume mechanism.
@@ -35,11 +39,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from lorapod.errors import LorapodError, RemoteError
+from lorapod.rundir.layout import CHECKPOINTS, METRICS, SAMPLES, STOP, checkpoint_name, checkpoint_step
 from lorapod.trainers import prepare
 from lorapod.trainers.base import Artifact, Layout, Trainer
 from lorapod.trainers.job import Command, TrainerJob
 
 LOG_TAIL_LINES = 25
+#: After SIGTERM, how long to wait for a save the trainer was asked for (axolotl's trigger), before
+#: ending it: RunPod's SIGKILL comes 5 s after its SIGTERM (plan/spot.py GRACE_S)
+PREEMPT_WAIT_S = 3.5
 # The last line of a Python traceback: "AssertionError: when caching ...", "ValueError: ...".
 _EXC_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?(?P<cls>[A-Z]\w*(?:Error|Exception))(?:: (?P<msg>.+))?$")
 # accelerate's launcher re-raises a failed child as this (accelerate/commands/launch.py
@@ -92,8 +100,8 @@ class Mirror:
             if not (final or settled) and self._seen.get(art.path) != sig:
                 self._seen[art.path] = sig
                 continue
-            if self.step_offset and art.key.startswith("step-"):
-                art = replace(art, key=f"step-{int(art.key[5:]) + self.step_offset}")
+            if self.step_offset and (step := checkpoint_step(art.key)) is not None:
+                art = replace(art, key=checkpoint_name(step + self.step_offset))
             self._place(art)
             self.done.add(art.path)
             if art.kind in ("checkpoint", "state"):
@@ -259,23 +267,36 @@ def _forwarded_trackers(spec, trainer_name: str, run_dir: Path) -> list:
 def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: str = sys.executable,
                 src: str | None = None, stop_wait_s: float = 240.0, poll_s: float = 1.0,
                 say: Callable[[str], None] = print) -> str:
-    """Run the whole job; returns ``done`` or ``stopped``. Raises with the reason on failure."""
-    from lorapod.engine.metrics import MetricsWriter
-
+    """Run the whole job; returns ``done``, ``stopped`` (run/STOP) or ``preempted`` (SIGTERM). Raises
+    with the reason on failure."""
+    term = [False]
+    old_term = None
     # A job started in the background by a shell has SIGINT ignored, and an ignored signal stays
     # ignored across exec: catching it here makes the trainer's own Python get the default back,
     # so SIGINT on STOP reaches it as KeyboardInterrupt.
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        old_term = signal.signal(signal.SIGTERM, lambda *_: term.__setitem__(0, True))
+    try:
+        return _run(spec, trainer_name, run_dir, work, python, src, stop_wait_s, poll_s, say, term)
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+
+
+def _run(spec, trainer_name: str, run_dir: Path, work: Path, python: str, src: str | None, stop_wait_s: float,
+         poll_s: float, say: Callable[[str], None], term: list[bool]) -> str:
+    from lorapod.engine.metrics import MetricsWriter
+
     run_dir = Path(run_dir)
-    for sub in ("checkpoints", "samples"):
+    for sub in (CHECKPOINTS, SAMPLES):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
     layout = Layout(str(Path(work).resolve()), python)
     trainer, job = prepare(spec, trainer_name, layout)
     if src and not ("://" in src or src.endswith(".git")):
         job = _with_src(trainer, spec, layout, src)
     ckpt = newest_checkpoint(run_dir)
-    resume_step = int(ckpt.name.split("-")[1]) if ckpt is not None and ckpt.name.startswith("step-") else None
+    resume_step = checkpoint_step(ckpt.name) if ckpt is not None else None
     if ckpt is not None:
         trainer.resume(job, ckpt.resolve())
         say(f"lorapod trainer-run: resuming {trainer.title} from {ckpt.name}"
@@ -286,18 +307,18 @@ def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: s
     write_files(job)
     for d in (layout.out, layout.logs, layout.models):
         Path(d).mkdir(parents=True, exist_ok=True)
-    stop_file = run_dir / "STOP"
+    stop_file = run_dir / STOP
 
     for cmd in trainer.setup_commands(layout, python, src):
-        if stop_file.exists():
-            return "stopped"
+        if stop_file.exists() or term[0]:
+            return "preempted" if term[0] else "stopped"
         say(f"lorapod trainer-run: setup: {cmd.name}")
         p = TrainerProcess(cmd)
         while p.poll() is None:
             time.sleep(0.2)
-            if stop_file.exists():  # nothing to save yet: end the install and stop
-                p.end(grace_s=5.0)
-                return "stopped"
+            if stop_file.exists() or term[0]:  # nothing to save yet: end the install and stop
+                p.end(grace_s=0.5 if term[0] else 5.0)
+                return "preempted" if term[0] else "stopped"
         p.wait_output()
         if p.proc.returncode != 0:
             raise TrainerSetupFailed(
@@ -305,7 +326,7 @@ def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: s
                 hint=_setup_hint(trainer, cmd))
 
     # on resume, lines logged after the checkpoint go: the trainer logs those steps again
-    metrics = MetricsWriter(run_dir / "metrics.jsonl", resume_step=resume_step,
+    metrics = MetricsWriter(run_dir / METRICS, resume_step=resume_step,
                             trackers=_forwarded_trackers(spec, trainer.name, run_dir))
     mirror = Mirror(trainer, layout, job.output_name, run_dir, spec.save.keep_last, job.step_offset)
     bridge = trainer.metrics_parser(job)
@@ -323,16 +344,32 @@ def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: s
 
     try:
         for i, cmd in enumerate(job.commands):
+            if term[0]:  # SIGTERM between two commands (a prepare step just ended)
+                return "preempted"
             last = i == len(job.commands) - 1
             say(f"lorapod trainer-run: {cmd.name}")
             p = TrainerProcess(cmd, on_text if cmd.phase == "train" else None)
             stopping_since: float | None = None
+            preempted_since: float | None = None
             before: set[str] = set()
             while p.poll() is None:
-                time.sleep(poll_s)
+                time.sleep(min(poll_s, 0.25) if term[0] else poll_s)
                 with lock:
                     log(bridge.poll())
                 saved = [key for kind, key in mirror.sync() if kind == trainer.resume_kind]
+                if term[0] and preempted_since is None:
+                    preempted_since = time.monotonic()
+                    before = {a.key for a in trainer.artifacts(layout, job.output_name) if a.kind == trainer.resume_kind}
+                    trigger = trainer.stop_trigger(layout)
+                    if cmd.phase != "train" or trigger is None:
+                        break  # it cannot save on demand: what it saved last is what resumes
+                    trigger.parent.mkdir(parents=True, exist_ok=True)
+                    trigger.touch()
+                    say(f"lorapod trainer-run: SIGTERM: asking {trainer.title} to save within {PREEMPT_WAIT_S:g} s")
+                elif preempted_since is not None:
+                    if set(saved) - before or time.monotonic() - preempted_since > PREEMPT_WAIT_S:
+                        break
+                    continue
                 if stop_file.exists() and stopping_since is None:
                     stopping_since = time.monotonic()
                     before = {a.key for a in trainer.artifacts(layout, job.output_name) if a.kind == trainer.resume_kind}
@@ -346,6 +383,14 @@ def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: s
                 elif stopping_since is not None and (set(saved) - before
                                                       or time.monotonic() - stopping_since > stop_wait_s):
                     break
+            if preempted_since is not None:
+                p.end(grace_s=0.2)
+                with lock:
+                    log(bridge.flush() + bridge.poll())
+                mirror.sync(settled=True)
+                say(f"lorapod trainer-run: preempted (SIGTERM) at step {last_step[0]}; newest save: "
+                    f"{newest_checkpoint(run_dir).name if newest_checkpoint(run_dir) else 'none'}")
+                return "preempted"
             if stopping_since is not None and (p.poll() is None or p.poll() != 0 or not last):
                 p.end()
                 with lock:

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import ClassVar
 
+from lorapod.rundir.layout import checkpoint_step
 from lorapod.trainers import tomlw, tracking
 from lorapod.trainers.base import Artifact, Layout, Trainer, precision, prompts_of, safe_name
 from lorapod.trainers.bridge import KohyaProgress
@@ -98,8 +99,7 @@ def resumed_step(checkpoint: Path) -> int:
     try:
         return int(json.loads((checkpoint / "state" / "train_state.json").read_text())["current_step"])
     except (OSError, ValueError, KeyError, TypeError):
-        key = checkpoint.name
-        return int(key.split("-")[1]) if key.startswith("step-") and key.split("-")[1].isdigit() else 0
+        return checkpoint_step(checkpoint.name) or 0
 
 
 class SdScripts(KohyaOutputs, Trainer):

@@ -1,10 +1,9 @@
 """The dashboard's three buttons, through the same code as the CLI.
 
 * pull now: :func:`lorapod.compute.jobs.pull_job` (``lorapod pull``);
-* stop at the next save: ``run/STOP`` on the instance through
-  :meth:`lorapod.compute.remote.RemoteWork.request_stop` (what the session and the watchdog
-  write; the engine and the trainer runner save a checkpoint and exit), or the run folder's
-  ``STOP`` for a run on this machine (``engine/loop.py``'s ``STOP_FILE``);
+* stop at the next save: :func:`lorapod.compute.jobs.stop_job` (``lorapod stop JOB``): ``run/STOP``
+  on the instance (what the session and the watchdog write; the engine and the trainer runner save
+  a checkpoint and exit), or :meth:`lorapod.rundir.RunDir.request_stop` for a run on this machine;
 * destroy now: :func:`lorapod.compute.jobs.down_job` (``lorapod down JOB``): destroy, confirm
   with the provider, then the ledger.
 
@@ -14,14 +13,10 @@ Each returns the lines the CLI would print, for the page to show.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from lorapod.errors import LorapodError
+from lorapod.rundir import RunDir
 from lorapod.ui.runs import RunIndex, RunView
-
-#: The file the engine's loop (engine/loop.py ``STOP_FILE``) and the trainer runner
-#: (trainers/runner.py) look for in the run folder; named here so the dashboard needs no torch.
-STOP_FILE = "STOP"
 
 
 @dataclass
@@ -55,28 +50,21 @@ def pull(index: RunIndex, job_id: str) -> Outcome:
 
 
 def stop(index: RunIndex, job_id: str, reason: str = "stop requested from lorapod ui") -> Outcome:
-    from lorapod.compute.jobs import find_job, reach
+    from lorapod.compute.jobs import stop_job
 
     view = _job(index, job_id)
     if not view.active:
         return Outcome(False, [f"{job_id} is not running ({view.state})"])
     ledger = index.ledger(write=True)
     if not view.in_ledger or ledger is None:
-        Path(view.root, STOP_FILE).write_text(reason + "\n", encoding="utf-8")
-        return Outcome(True, [f"wrote {Path(view.root, STOP_FILE)}: the job saves at its next step and ends"])
+        path = RunDir(view.root).request_stop(reason)
+        return Outcome(True, [f"wrote {path}: the job saves at its next step and ends"])
     try:
-        r = reach(ledger, find_job(ledger, view.job_id))
-        if r is None:
-            return Outcome(False, [f"{job_id} has no live instance to stop"])
-        try:
-            r.work.request_stop(reason)
-        finally:
-            r.close()
-        ledger.event("job", f"STOP written from lorapod ui: {reason}", job_id=view.job_id)
+        return Outcome(True, [stop_job(ledger, view.job_id, reason)])
+    except LorapodError as exc:
+        return Outcome(False, [exc.message])
     finally:
         ledger.close()
-    return Outcome(True, ["STOP written on the instance: the job saves at its next step, the run is pulled "
-                          "and the instance destroyed"])
 
 
 def destroy(index: RunIndex, job_id: str) -> Outcome:

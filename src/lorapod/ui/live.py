@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from lorapod.compute.trust import guarded_read
+from lorapod.compute.remote import RUN_METRICS
 from lorapod.ui.runs import RunIndex
 
 LIMIT = 1024 * 1024  # bytes of new metrics per read
@@ -60,10 +60,7 @@ class RemoteTail:
                 if self._reach is None:  # no live instance: the pulls have it all
                     self.failures = GIVE_UP_AFTER
                     return b""
-            work = self._reach.work
-            out = work.sh(f"cd {work.q()} 2>/dev/null || exit 0; "
-                          + guarded_read(f"tail -c +{self.offset + 1}", "run/metrics.jsonl") + f" | head -c {LIMIT}",
-                          timeout=20, check=False).stdout
+            out = self._reach.work.tail(RUN_METRICS, self.offset, LIMIT, timeout=20) or b""
         except (ConnectionLost, LorapodError, OSError):
             self.failures += 1
             self.close()

@@ -12,17 +12,18 @@ import itertools
 import json
 import math
 import os
-import re
 import sqlite3
 import statistics
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from lorapod.rundir.layout import CHECKPOINTS, METRICS, SAMPLE_EXTS, sample_parts
+from lorapod.rundir.metrics import parse_records
 from lorapod.ui.files import is_real_dir, list_files, read_text
 
 ACTIVE = ("starting", "running", "stopping")
@@ -115,24 +116,10 @@ def console_url(provider: str) -> str | None:
 
 
 def read_metrics(root: Path, limit: int = 4 * 1024 * 1024) -> list[dict[str, Any]]:
-    """The last ``limit`` bytes of metrics.jsonl, parsed (the Compare page's last validation loss)."""
-    text = read_text(root, "metrics.jsonl", limit=limit, tail=True) or ""
-    return parse_metrics(text)
-
-
-def parse_metrics(text: str) -> list[dict[str, Any]]:
-    return list(iter_metrics(text))
-
-
-def iter_metrics(text: str) -> Iterator[dict[str, Any]]:
-    """Each JSON object line of ``text``; torn or foreign lines are skipped."""
-    for line in text.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue  # a torn last line
-        if isinstance(rec, dict):
-            yield rec
+    """The valid records in the last ``limit`` bytes of metrics.jsonl (the Compare page's last
+    validation loss): read inside the run folder only (ui/files.py), parsed by the one reader
+    (rundir/metrics.py), as every consumer of the file is."""
+    return parse_records(read_text(root, METRICS, limit=limit, tail=True) or "")
 
 
 def _num(v: Any) -> float | None:
@@ -146,8 +133,8 @@ def _num(v: Any) -> float | None:
 
 
 def _step(v: Any) -> int | None:
-    """A step number as the metrics feed accepts one (compute/metrics_feed.py): 0..MAX_STEP."""
-    from lorapod.compute.metrics_feed import MAX_STEP
+    """A step number as the metrics feed accepts one (rundir/metrics.py): 0..MAX_STEP."""
+    from lorapod.rundir.metrics import MAX_STEP
 
     return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_STEP else None
 
@@ -219,7 +206,7 @@ def fill_progress(view: RunView, metrics: list[dict[str, Any]] | None = None, no
     steps' time, or their wall-clock spacing), the planner's estimate from plan.json."""
     now = now or time.time()
     if metrics is None:  # the tail is enough (the last 50 steps), and stays fast for 10,000-row runs
-        metrics = parse_metrics(read_text(view.root, "metrics.jsonl", limit=PROGRESS_TAIL, tail=True) or "")
+        metrics = read_metrics(view.root, limit=PROGRESS_TAIL)
     spec = read_spec(view.root)
     view.total_steps = _total_steps(view.root, spec)
     steps = [r for r in metrics if _num(r.get("loss")) is not None and _step(r.get("step")) is not None]
@@ -245,7 +232,11 @@ def fill_progress(view: RunView, metrics: list[dict[str, Any]] | None = None, no
 def sweeps(parents: set[Path]) -> list[dict[str, Any]]:
     """Every ``sweep.json`` beside the run folders: its jobs, the shared cap and what they spent."""
     out = []
+    # one folder named two ways (a ledger's relative run_dir beside a scanned absolute one) is one folder
+    unique = {}
     for parent in sorted(parents):
+        unique.setdefault(os.path.realpath(parent), parent)
+    for parent in unique.values():
         try:
             entries = [e for e in os.scandir(parent) if e.name.startswith("sweep-") and e.is_dir(follow_symlinks=False)]
         except OSError:
@@ -286,11 +277,18 @@ class RunIndex:
     def _local_folders(self) -> list[Path]:
         found: list[Path] = []
 
-        def walk(d: Path, depth: int) -> None:
+        def walk(d: Path, depth: int, into: list[Path]) -> None:
             if (d / "spec.yaml").is_file() and not (d / "spec.yaml").is_symlink() and (
-                    (d / "metrics.jsonl").is_file() or is_real_dir(d / "checkpoints")):
-                found.append(d)
+                    (d / METRICS).is_file() or is_real_dir(d / CHECKPOINTS)):
+                # a run folder never holds another: one that does is a demo's --out folder (a copy of
+                # its run's spec and metrics.jsonl beside runs/), and the runs under it are the runs
+                inner: list[Path] = []
+                children(d, depth, inner)
+                into.extend(inner or [d])
                 return
+            children(d, depth, into)
+
+        def children(d: Path, depth: int, into: list[Path]) -> None:
             if depth >= SCAN_DEPTH:
                 return
             try:
@@ -299,10 +297,10 @@ class RunIndex:
                 return
             for name in subs:
                 if name not in SKIP_DIRS and not name.startswith("."):
-                    walk(d / name, depth + 1)
+                    walk(d / name, depth + 1, into)
 
         for r in self.roots:
-            walk(r, 0)
+            walk(r, 0, found)
         return found
 
     def views(self, progress: bool | str = True) -> list[RunView]:
@@ -324,7 +322,8 @@ class RunIndex:
             try:
                 for row in ps_rows(ledger):
                     job = ledger.job(row["job"])
-                    v = RunView(job_id=row["job"], root=Path(row["run_dir"]), in_ledger=True, state=row["state"],
+                    # absolute, as the scanned folders are (a sweep records runs/NAME, relative)
+                    v = RunView(job_id=row["job"], root=Path(os.path.abspath(row["run_dir"])), in_ledger=True, state=row["state"],
                                 provider=job.provider if job else row["target"], target=row["target"],
                                 gpu=row["gpu"], usd_per_hour=row["usd_per_hour"], usd=row["usd"],
                                 max_usd=job.max_usd if job else None, max_hours=job.max_hours if job else None,
@@ -345,7 +344,7 @@ class RunIndex:
             if str(d.resolve()) in seen:
                 continue
             seen.add(str(d.resolve()))
-            mt = _mtime(d / "metrics.jsonl")
+            mt = _mtime(d / METRICS)
             done = is_real_dir(d / "adapter")
             state = "done" if done else ("running" if mt and now - mt < LOCAL_LIVE_S else "ended")
             spec = read_spec(d)
@@ -437,8 +436,7 @@ def series(metrics: Iterable[dict[str, Any]], limit: int = MAX_POINTS) -> dict[s
 
 # ----------------------------------------------------------------------------- samples and eval
 
-SAMPLE_EXT = (".png", ".jpg", ".jpeg", ".webp", ".mp4", ".webm")
-_TAG = re.compile(r"(.+?)-(\d+|grid|frames)\.(png|jpg|jpeg|webp|mp4|webm)$")
+SAMPLE_EXT = SAMPLE_EXTS
 
 
 def samples(root: Path) -> list[dict[str, Any]]:
@@ -448,9 +446,9 @@ def samples(root: Path) -> list[dict[str, Any]]:
     for name, size, mtime in list_files(root, "samples"):
         if not name.lower().endswith(SAMPLE_EXT):
             continue
-        m = _TAG.match(name)
-        tag = m.group(1) if m else "samples"
-        if m and m.group(2) in ("grid", "frames"):
+        parts = sample_parts(name)
+        tag = parts[0] if parts else "samples"
+        if parts and parts[1] in ("grid", "frames"):
             continue
         kind = "video" if name.lower().endswith((".mp4", ".webm")) else "image"
         groups.setdefault(tag, []).append({"name": name, "path": f"samples/{name}", "kind": kind, "size": size,

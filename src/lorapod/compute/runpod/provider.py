@@ -20,7 +20,11 @@ each bid at that price if it is within ``max_bid_per_gpu_hour``, and created thr
 A spot pod bills its bid per GPU (dstack issue 1890: a spot pod billed the bid, not the listed
 price). RunPod preempts one by stopping it (``desiredStatus: EXITED``; runpod/docs pods/pricing.mdx:
 SIGTERM, SIGKILL 5 s later, the volume disk kept): :meth:`RunPodProvider.refresh` reports it
-``exited`` with ``interruptible`` set, so a controller can tell it from a lost connection.
+``exited`` with ``interruptible`` set, so a controller can tell it from a lost connection. That
+SIGTERM goes to PID 1 alone, and the official images' PID 1 (``start.sh``) neither handles nor
+passes it on: a spot pod of an image whose start command the catalog knows is rented with
+lorapod's init as its ``dockerArgs`` (:data:`lorapod.compute.remote.SPOT_INIT`), which runs that
+start command and passes SIGTERM on to the job so it saves (``doctor runpod --spot`` checks it).
 
 Inside the pod the watchdog destroys it with the pod-scoped ``RUNPOD_API_KEY`` RunPod puts in the
 container's environment, through the recipe :meth:`RunPodProvider.self_destroy` builds; the
@@ -32,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from lorapod.catalog.images import DEFAULTS, image_cuda
+from lorapod.catalog.images import DEFAULTS, KNOWN, image_cuda
 from lorapod.compute.httpapi import ApiError
 from lorapod.compute.provider import (
     HOST_OPTIONS,
@@ -47,6 +51,7 @@ from lorapod.compute.provider import (
     Traits,
     without,
 )
+from lorapod.compute.remote import spot_init_args
 from lorapod.compute.runpod.api import CUDA_VERSIONS, RunPodApi
 
 if TYPE_CHECKING:
@@ -144,8 +149,10 @@ class RunPodProvider(ProviderBase):
             Capability("stop", False, "a stopped pod still bills its volume; lorapod only destroys"),
             Capability("watchdog_api", True, "pod-scoped RUNPOD_API_KEY inside the pod"),
             Capability("network_volume", True, "network volumes (/networkvolumes) mount in any pod of their datacenter"),
-            Capability("spot", False, "spot offers and bids exist (Requirements.interruptible), but lorapod run "
-                                      "does not rent them until recovery from a preemption is built"),
+            Capability("spot", True, "spot pods rented with bidPerGpu (podRentInterruptable); a preempted pod is "
+                                     "stopped: lorapod destroys it and resumes on the next offer (compute/recovery.py)"),
+            Capability("spot_resume", False, "a stopped spot pod restarted may get zero GPUs (RunPod's zero-gpus "
+                                             "page): lorapod never waits for it"),
         ]
 
     def offers(self, req: Requirements) -> list[Offer]:
@@ -188,7 +195,8 @@ class RunPodProvider(ProviderBase):
                              float(bid) * req.gpu_count, vram_gb=float(g.get("memoryInGb") or 0),
                              gpu_count=req.gpu_count, region=cloud.lower(),
                              extra={"gpu_type_id": g["id"], "cloud_type": cloud, "image": image,
-                                    "min_ram_per_gpu_gb": ram, "interruptible": True, "bid_per_gpu": float(bid)},
+                                    "min_ram_per_gpu_gb": ram, "interruptible": True, "bid_per_gpu": float(bid),
+                                    "spot_tier": "spot"},  # the catalog's tier: store/preemptions.py rates
                              secure=cloud == "SECURE"))
         return out
 
@@ -206,6 +214,9 @@ class RunPodProvider(ProviderBase):
         }
         if body.get("allowedCudaVersions"):
             pod_input["allowedCudaVersions"] = body["allowedCudaVersions"]
+        start = KNOWN[body["imageName"]].start if body["imageName"] in KNOWN else ""
+        if start:  # PID 1 passes the preemption's SIGTERM on to the job (compute/remote.py SPOT_INIT)
+            pod_input["dockerArgs"] = spot_init_args(start)
         for rest, gql in (("networkVolumeId", "networkVolumeId"), ("volumeMountPath", "volumeMountPath")):
             if rest in body and self.volume is not None:
                 pod_input[gql] = body[rest]

@@ -194,6 +194,9 @@ class VastProvider(ProviderBase):
             Capability("stop", False, "Vast.ai bills storage on a stopped instance; lorapod only destroys"),
             Capability("watchdog_api", True, "CONTAINER_API_KEY inside the instance"),
             Capability("network_volume", False, "a Vast.ai volume lives on one physical machine, not a region"),
+            Capability("spot", True, "interruptible instances bid with price >= min_bid (PUT /asks/{id}/)"),
+            Capability("spot_resume", True, "an outbid instance is paused with its disk and resumes when its bid "
+                                            "wins again (or after change_bid raises it)"),
         ]
 
     def offers(self, req: Requirements) -> list[Offer]:
@@ -209,7 +212,7 @@ class VastProvider(ProviderBase):
                 per_gpu = bid / max(1, int(_num(o.get("num_gpus")) or 1))
                 if not bid or (req.max_bid_per_gpu_hour is not None and per_gpu > req.max_bid_per_gpu_hour):
                     continue
-                extra.update(interruptible=True, bid=bid)
+                extra.update(interruptible=True, bid=bid, spot_tier="min_bid")  # the catalog's tier (rates)
             out.append(Offer(self.name, str(o["id"]), str(o.get("gpu_name") or "?"), _num(o.get("dph_total")),
                              vram_gb=_num(o.get("gpu_ram")) / 1000, gpu_count=int(_num(o.get("num_gpus")) or 1),
                              storage_usd_per_gb_month=o.get("storage_cost"), reliability=o.get("reliability"),

@@ -35,4 +35,6 @@ class BlipCaptioner:
 
 
 def load(model: str | None) -> BlipCaptioner:
+    require("transformers", "llm", "The blip captioner")  # before fetching the model it needs
+    require("torch", "llm", "The blip captioner")
     return BlipCaptioner(resolve_model_dir(model or DEFAULT_MODEL, FILES))

@@ -44,4 +44,6 @@ class Florence2Captioner:
 
 
 def load(model: str | None) -> Florence2Captioner:
+    require("transformers", "llm", "The florence2 captioner")  # before fetching the model it needs
+    require("torch", "llm", "The florence2 captioner")
     return Florence2Captioner(resolve_model_dir(model or DEFAULT_MODEL, FILES))

@@ -58,4 +58,6 @@ class JoyCaptioner:
 
 
 def load(model: str | None) -> JoyCaptioner:
+    require("transformers", "llm", "The joycaption captioner")  # before fetching the model it needs
+    require("torch", "llm", "The joycaption captioner")
     return JoyCaptioner(resolve_model_dir(model or DEFAULT_MODEL, FILES))

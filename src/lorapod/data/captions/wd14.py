@@ -100,4 +100,5 @@ class WD14Tagger:
 
 
 def load(model: str | None) -> WD14Tagger:
+    require("onnxruntime", "caption", "The wd14 captioner")  # before fetching the model it needs
     return WD14Tagger(resolve_model_dir(model or DEFAULT_MODEL, FILES))

@@ -27,6 +27,7 @@ from lorapod.export import kohya
 from lorapod.export.diffusers import save_diffusers
 from lorapod.fsutil import atomic_dir
 from lorapod.rundir import RunDir
+from lorapod.rundir.layout import checkpoint_name, sample_file, sample_tag
 from lorapod.spec import JobSpec
 
 
@@ -230,14 +231,14 @@ class DiffusionRecipe:
     def on_save(self, state: TrainState, path: Path | None) -> None:
         """Every checkpoint also gets both LoRA formats under exports/step-N (the best LoRA is often not the last)."""
         self._state = state
-        with atomic_dir(self.run.root / "exports" / f"step-{state.step}") as tmp:
+        with atomic_dir(self.run.root / "exports" / checkpoint_name(state.step)) as tmp:
                 self.export(tmp, state)
 
     def on_step(self, state: TrainState) -> None:
         self._state = state
         s = self.spec.samples
         if s.every_steps and state.step % s.every_steps == 0:
-            self.write_samples(state, f"step{state.step:06d}")
+            self.write_samples(state, sample_tag(state.step))
 
     def on_epoch_end(self, state: TrainState) -> None:
         self._state = state
@@ -265,7 +266,7 @@ class DiffusionRecipe:
                 with self.precision.autocast():
                     img = pipe(**self.family.sample_kwargs(pos, neg, sp.scale), width=sp.width, height=sp.height,
                                num_inference_steps=sp.steps, generator=gen, output_type="pil").images[0]
-                path = out_dir / f"{tag}-{k:02d}.png"
+                path = out_dir / sample_file(tag, k, ".png")
                 img.save(path, pnginfo=smp.png_info(sp, state.step, state.epoch))
                 images.append(img)
                 paths.append(path)

@@ -90,45 +90,62 @@ def png_info(sp: SamplePrompt, step: int, epoch: int):
     return info
 
 
-def grid(images: list, cols: int | None = None):
-    """Images side by side (rows of ``cols``), each cell the size of the largest image."""
+#: background pixels between the cells of every grid, so neighbouring images never touch
+GUTTER = 6
+BACKGROUND = (255, 255, 255)
+
+
+def grid(images: list, cols: int | None = None, gutter: int = GUTTER):
+    """Images side by side (rows of ``cols``), each cell the size of the largest image and each
+    image centred in its cell, with ``gutter`` background pixels between cells (none around the
+    outside)."""
     from PIL import Image
 
     cols = cols or min(4, len(images))
     rows = (len(images) + cols - 1) // cols
     cw = max(i.width for i in images)
     ch = max(i.height for i in images)
-    out = Image.new("RGB", (cols * cw, rows * ch), (255, 255, 255))
+    out = Image.new("RGB", (cols * cw + (cols - 1) * gutter, rows * ch + (rows - 1) * gutter), BACKGROUND)
     for n, im in enumerate(images):
-        out.paste(im, ((n % cols) * cw, (n // cols) * ch))
+        out.paste(im, ((n % cols) * (cw + gutter) + (cw - im.width) // 2, (n // cols) * (ch + gutter) + (ch - im.height) // 2))
     return out
 
 
-def labelled_grid(img, rows: list[str], cols: list[str], title: str, corner: str = ""):
+def cell_boxes(size: tuple[int, int], rows: int, cols: int, gutter: int = GUTTER) -> list[list[tuple[int, int, int, int]]]:
+    """(left, top, right, bottom) of each cell of a ``grid`` of ``size`` pixels, row by row."""
+    cw = (size[0] + gutter) // max(1, cols)
+    ch = (size[1] + gutter) // max(1, rows)
+    return [[(j * cw, k * ch, j * cw + cw - gutter, k * ch + ch - gutter) for j in range(cols)] for k in range(rows)]
+
+
+def labelled_grid(img, rows: list[str], cols: list[str], title: str, corner: str = "", gutter: int = GUTTER):
     """A grid that says what it shows, for when it is opened on its own (not through a page): the
-    title on top, a label over each column and one at the left of each row (lines split on "\\n");
-    the margins grow to fit the longest label. ``corner`` names what the column labels are."""
+    title on top, a label centred over each column and one at the left of each row, centred on it
+    (lines split on "\n"); the margins grow to fit the longest label. ``corner`` names what the
+    column labels are; ``gutter`` is the one ``grid`` left between the cells."""
     from PIL import Image, ImageDraw, ImageFont
 
     try:
         font = ImageFont.load_default(size=12)
     except TypeError:  # Pillow < 10.1: the fixed bitmap font
         font = ImageFont.load_default()
-    ch, cw = img.height // max(1, len(rows)), img.width // max(1, len(cols))
+    boxes = cell_boxes(img.size, len(rows), len(cols), gutter)
     width = max([font.getlength(line) for r in rows for line in r.split("\n")] + [font.getlength(corner) + 6, 48.0])
     top = 20 + 14 * max([len(c.split("\n")) for c in cols] + [1])
     left = int(width) + 8
-    out = Image.new("RGB", (max(img.width + left, int(font.getlength(title)) + 8), img.height + top), (255, 255, 255))
+    out = Image.new("RGB", (max(img.width + left, int(font.getlength(title)) + 8), img.height + top), BACKGROUND)
     out.paste(img, (left, top))
     d = ImageDraw.Draw(out)
     d.text((4, 2), title, fill=(0, 0, 0), font=font)
     d.text((2, 18), corner, fill=(60, 60, 60), font=font)
     for j, c in enumerate(cols):
+        x0, _, x1, _ = boxes[0][j]
         for n, line in enumerate(c.split("\n")):
-            d.text((left + j * cw + 2, 18 + 14 * n), line, fill=(60, 60, 60), font=font)
+            d.text((left + (x0 + x1 - font.getlength(line)) / 2, 18 + 14 * n), line, fill=(60, 60, 60), font=font)
     for k, r in enumerate(rows):
+        _, y0, _, y1 = boxes[k][0]
         lines = r.split("\n")
-        y = top + k * ch + max(0, ch - 14 * len(lines)) // 2
+        y = top + y0 + max(0, (y1 - y0) - 14 * len(lines)) // 2
         for n, line in enumerate(lines):
             d.text((2, y + 14 * n), line, fill=(0, 0, 0) if n == 0 else (60, 60, 60), font=font)
     return out

@@ -459,11 +459,12 @@ def contact_sheet(clips, labels: list[str] | None = None, title: str = "", per_r
     h = max(c.shape[1] for c in clips)
     w = max(c.shape[2] for c in clips)
     cols = min(per_row, max(c.shape[0] for c in clips))
-    sheet = Image.new("RGB", (cols * w, len(clips) * h), (255, 255, 255))
+    g = smp.GUTTER
+    sheet = Image.new("RGB", (cols * w + (cols - 1) * g, len(clips) * h + (len(clips) - 1) * g), smp.BACKGROUND)
     for r, c in enumerate(clips):
         picks = np.linspace(0, c.shape[0] - 1, min(cols, c.shape[0])).round().astype(int)
         for j, fi in enumerate(picks):
-            sheet.paste(Image.fromarray(c[fi]), (j * w, r * h))
+            sheet.paste(Image.fromarray(c[fi]), (j * (w + g), r * (h + g)))
     if labels is None:
         return sheet
     n = max(c.shape[0] for c in clips)

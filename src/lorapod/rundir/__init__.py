@@ -4,7 +4,8 @@
 runs/<job-id>/
   spec.yaml       the resolved spec (no secrets)
   plan.json       what the planner predicted (when planned)
-  metrics.jsonl   one JSON object per step / eval
+  metrics.jsonl   one JSON object per step / eval (read through rundir/metrics.py, the one reader)
+  STOP            present while a stop at the next save is asked for (rundir/layout.py: the names)
   device.json     where the steps were timed: device type, GPU name, processes (engine runs)
   checkpoints/    step-N/ (atomic: written to a tmp folder, then renamed)
   samples/        generations or images per checkpoint
@@ -35,6 +36,24 @@ from typing import TYPE_CHECKING
 
 from lorapod.errors import LorapodError
 from lorapod.fsutil import append_text, atomic_write_text
+from lorapod.rundir.layout import (
+    CHECKPOINT_GLOB,
+    CHECKPOINTS,
+    METRICS,
+    SAMPLE_EXTS,
+    SAMPLES,
+    STOP,
+    checkpoint_name,
+    checkpoint_step,
+    checkpoints_by_step,
+    has_checkpoints,
+    last_checkpoint,
+    sample_file,
+    sample_parts,
+    sample_step,
+    sample_tag,
+)
+from lorapod.rundir.metrics import LOSS_KEYS, last_loss, read_records
 
 if TYPE_CHECKING:
     from lorapod.spec import JobSpec
@@ -116,9 +135,10 @@ class RunDir:
 
     spec_file = property(lambda self: self.root / "spec.yaml")
     plan_file = property(lambda self: self.root / "plan.json")
-    metrics_file = property(lambda self: self.root / "metrics.jsonl")
-    checkpoints = property(lambda self: self.root / "checkpoints")
-    samples = property(lambda self: self.root / "samples")
+    metrics_file = property(lambda self: self.root / METRICS)
+    stop_file = property(lambda self: self.root / STOP)
+    checkpoints = property(lambda self: self.root / CHECKPOINTS)
+    samples = property(lambda self: self.root / SAMPLES)
     adapter = property(lambda self: self.root / "adapter")
     events_file = property(lambda self: self.root / "events.log")
     device_file = property(lambda self: self.root / "device.json")
@@ -156,6 +176,37 @@ class RunDir:
                 self.event(msg)
         return WriterLock(path, fd, holder)
 
+    def checkpoints_by_step(self) -> list[tuple[int, Path]]:
+        """``(step, checkpoints/step-N)``, oldest first (:func:`~lorapod.rundir.layout.checkpoints_by_step`)."""
+        return checkpoints_by_step(self.checkpoints)
+
+    def writer(self) -> dict | None:
+        """Who writes this folder now, by its lock's text (:meth:`lock`): the holder while it names a
+        process that is alive (or one on another host, which cannot be asked); None when the lock
+        was released, never taken, or left by a process that is gone."""
+        try:
+            with open(self.root / LOCK_NAME, "rb") as fh:
+                holder = json.loads(fh.read(4096) or b"{}")
+        except (OSError, ValueError):
+            return None
+        if not isinstance(holder, dict) or not isinstance(holder.get("pid"), int):
+            return None
+        if holder.get("host") != socket.gethostname():
+            return holder
+        try:
+            os.kill(holder["pid"], 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass  # alive, another user's
+        return holder
+
+    def request_stop(self, reason: str) -> Path:
+        """Ask the job writing this folder to stop at its next save: the engine's loop and the trainer
+        runner see ``STOP``, save a checkpoint and exit cleanly. Returns the file written."""
+        atomic_write_text(self.stop_file, reason.strip().replace("\n", " ")[:500] + "\n")
+        return self.stop_file
+
     def write_spec(self, spec: JobSpec) -> None:
         atomic_write_text(self.spec_file, spec.to_yaml())
 
@@ -187,3 +238,32 @@ class RunDir:
         """Append one line to events.log (flushed, so a crash keeps everything before it)."""
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         append_text(self.events_file, f"{stamp} {message}\n", sync=True)  # never through a planted link
+
+
+
+__all__ = [
+    "CHECKPOINTS",
+    "CHECKPOINT_GLOB",
+    "LOCK_NAME",
+    "LOSS_KEYS",
+    "METRICS",
+    "SAMPLES",
+    "SAMPLE_EXTS",
+    "STOP",
+    "RunDir",
+    "RunDirBusy",
+    "WriterLock",
+    "checkpoint_name",
+    "checkpoint_step",
+    "checkpoints_by_step",
+    "describe_holder",
+    "has_checkpoints",
+    "last_checkpoint",
+    "last_loss",
+    "new_job_id",
+    "read_records",
+    "sample_file",
+    "sample_parts",
+    "sample_step",
+    "sample_tag",
+]

@@ -1,0 +1,96 @@
+"""The dashboard's HTML pages: Runs, one run, Compare, Plan, Data and the data report.
+
+Each handler reads the request, asks :mod:`lorapod.ui.views` (and through it the library) what to
+show, and renders a template; none decides anything about a run itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, Response
+
+from lorapod.errors import LorapodError
+from lorapod.rundir import last_loss
+from lorapod.ui.runs import CHART_KEYS, read_metrics
+from lorapod.ui.views import dashboard, groups, run_context
+
+
+def runs_page(request: Request) -> Response:
+    dash = dashboard(request)
+    views = dash.index.views()
+    return dash.page("runs.html", views=views, groups=groups(dash, views), nav="runs",
+                     ledger_error=dash.index.ledger_error)
+
+
+def run_page(request: Request) -> Response:
+    dash = dashboard(request)
+    view = dash.index.find(request.path_params["job"])
+    if view is None:
+        return dash.page("missing.html", 404, what=request.path_params["job"], nav="runs")
+    try:
+        page = int(request.query_params.get("page", "1"))
+    except ValueError:
+        page = 1
+    return dash.page("run.html", nav="runs", charts=CHART_KEYS, **run_context(dash, view, page))
+
+
+def compare_page(request: Request) -> Response:
+    """Ticked runs side by side: one table, their loss curves on one chart each."""
+    dash = dashboard(request)
+    wanted = request.query_params.getlist("job")[:8]
+    views = [v for v in dash.index.views() if v.job_id in wanted]
+    # the last validation-type loss, as a sweep ranks runs (rundir.last_loss)
+    val = {v.job_id: last_loss(read_metrics(v.root))[1] for v in views}
+    return dash.page("compare.html", views=views, val=val, nav="runs")
+
+
+def plan_page(request: Request) -> Response:
+    dash = dashboard(request)
+    specs = dash.specs()
+    pick = request.query_params.get("spec")
+    ctx: dict[str, Any] = {"specs": specs, "nav": "plan", "chosen": None, "plan": None, "error": None}
+    if pick is not None:
+        try:
+            path = specs[int(pick)]
+        except (ValueError, IndexError):
+            return dash.page("plan.html", 404, **{**ctx, "error": "no such spec"})
+        ctx["chosen"] = int(pick)
+        try:
+            ctx["plan"] = dash.plan(path)
+        except LorapodError as exc:
+            ctx["error"] = exc.message + (f" ({exc.hint})" if exc.hint else "")
+    return dash.page("plan.html", **ctx)
+
+
+def data_page(request: Request) -> Response:
+    dash = dashboard(request)
+    folders = dash.data_folders()
+    pick = request.query_params.get("folder")
+    chosen = None
+    if pick is not None:
+        try:
+            chosen = int(pick)
+            if not 0 <= chosen < len(folders):
+                raise IndexError(chosen)
+        except (ValueError, IndexError):
+            return dash.page("data.html", 404, folders=folders, chosen=None, nav="data")
+    return dash.page("data.html", folders=folders, chosen=chosen, nav="data")
+
+
+def data_report(request: Request) -> Response:
+    """The data report's own HTML (data/report.py, escaped there), shown in a sandboxed frame."""
+    from lorapod.data.check import check_path
+    from lorapod.data.report import build_html
+
+    dash = dashboard(request)
+    try:
+        folder, family = dash.data_choices()[int(request.path_params["n"])]
+    except (ValueError, IndexError):
+        return PlainTextResponse("no such folder", 404)
+    try:
+        report = check_path(folder, family=family)
+        return HTMLResponse(build_html(report))
+    except LorapodError as exc:
+        return dash.page("missing.html", 400, what=f"{folder}: {exc.message}", nav="data")

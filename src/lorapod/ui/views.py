@@ -1,0 +1,209 @@
+"""What the dashboard's pages show, assembled from the library: the app's state (:class:`Dashboard`:
+where runs are, the templates, which specs and data folders the Plan and Data pages offer), a run
+page's context, the Runs page's sweep groups, and what each button's confirmation says.
+
+The decisions are the library's: the plan is :meth:`lorapod.plan.choose.Plan.to_page`, the last
+checkpoint :func:`lorapod.rundir.last_checkpoint`, the last validation loss
+:func:`lorapod.rundir.last_loss` (as a sweep ranks runs).
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.requests import Request
+from starlette.responses import HTMLResponse
+
+from lorapod.catalog import families
+from lorapod.errors import LorapodError
+from lorapod.rundir import last_checkpoint
+from lorapod.store.preemptions import job_figures
+from lorapod.ui.runs import RunIndex, RunView, evaluation, logs, sample_prompt, samples, spec_dict
+
+PER_PAGE = 48  # samples per gallery page
+FAMILIES = families.NAMES  # what `lorapod data report --family` takes (catalog/families.py)
+
+
+def _env() -> Environment:
+    env = Environment(loader=PackageLoader("lorapod.ui", "templates"), autoescape=select_autoescape(default=True))
+    env.filters["usd"] = lambda v: "-" if v is None else (f"${v:.4f}" if v < 1 else f"${v:.2f}")
+    env.filters["dur"] = _dur
+    env.filters["clock"] = lambda t: _strftime("%H:%M", t)
+    env.filters["when"] = lambda t: _strftime("%Y-%m-%d %H:%M", t)
+    env.filters["num"] = lambda v, d=4: "-" if v is None else f"{v:.{d}f}"
+    env.filters["pct"] = lambda v: 0 if v is None else round(100 * v, 1)
+    return env
+
+
+def _strftime(fmt: str, t: float | None) -> str:
+    """A time of day, or "-" for none and for one no calendar holds (runs.py bounds what a host
+    writes before it gets here; this is the last guard, so a page never answers 500)."""
+    if not t:
+        return "-"
+    try:
+        return time.strftime(fmt, time.localtime(t))
+    except (OverflowError, ValueError, OSError):
+        return "-"
+
+
+def _dur(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    s = int(seconds)
+    if s < 90:
+        return f"{s}s"
+    if s < 5400:
+        return f"{s // 60}m"
+    return f"{s / 3600:.1f}h"
+
+
+class Dashboard:
+    """The app's state: where runs are, which specs and data folders the Plan and Data pages offer."""
+
+    def __init__(self, index: RunIndex, token: str, data_folders: list[Path] | None = None,
+                 spec_files: list[Path] | None = None, prefix: str = "") -> None:
+        self.index = index
+        self.token = token
+        self.prefix = prefix.rstrip("/")  # every page's URLs start with it (ui/guard.py: the cookie's path)
+        self.extra_data = [Path(p).resolve() for p in data_folders or []]
+        self.extra_specs = [Path(p).resolve() for p in spec_files or []]
+        self.env = _env()
+        self._plans: dict[tuple[str, int], dict[str, Any]] = {}
+
+    def render(self, name: str, **ctx: Any) -> str:
+        return self.env.get_template(name).render(token=self.token, now=time.time(), root=self.prefix, **ctx)
+
+    def page(self, name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
+        return HTMLResponse(self.render(name, **ctx), status)
+
+    def plan(self, spec_path: Path) -> dict[str, Any]:
+        """The planner's page for a spec (:meth:`lorapod.plan.choose.Plan.to_page`), kept while the
+        spec file is unchanged (planning takes seconds)."""
+        key = (str(spec_path), spec_path.stat().st_mtime_ns)
+        if key not in self._plans:
+            self._plans[key] = plan_json(spec_path)
+        return self._plans[key]
+
+    # -------------------------------------------------------------- choices for Plan and Data
+
+    def specs(self, views: list[RunView] | None = None) -> list[Path]:
+        out = list(self.extra_specs)
+        for v in views if views is not None else self.index.views(progress=False):
+            p = v.spec_file
+            if p is not None and p.is_file() and p not in out:
+                out.append(p)
+        return out
+
+    def data_folders(self, views: list[RunView] | None = None) -> list[Path]:
+        """``--data`` folders and each run's ``data.path`` that is a folder here (images, clips)."""
+        return [f for f, _ in self.data_choices(views)]
+
+    def data_choices(self, views: list[RunView] | None = None) -> list[tuple[Path, str]]:
+        """(folder, model family) for the Data page: ``--data`` folders (checked as SDXL), then the
+        image or clip folders the runs' specs name (relative names from the spec's own folder)."""
+        out: list[tuple[Path, str]] = [(p, "sdxl") for p in self.extra_data]
+        for v in views if views is not None else self.index.views(progress=False):
+            spec = spec_dict(v.spec_file)
+            data, model = spec.get("data"), spec.get("model")
+            paths = data.get("path") if isinstance(data, dict) else None
+            family = model.get("family") if isinstance(model, dict) else None
+            family = family if family in FAMILIES else "sdxl"
+            for p in paths if isinstance(paths, list) else [paths]:
+                if not isinstance(p, str) or v.spec_file is None:
+                    continue
+                path = Path(p).expanduser()
+                path = (path if path.is_absolute() else v.spec_file.parent / path).resolve()
+                if path.is_dir() and path not in [f for f, _ in out]:
+                    out.append((path, family))
+        return out
+
+
+def plan_json(spec_path: Path) -> dict[str, Any]:
+    """The Plan page's plan of one spec file: the planner's own :meth:`~lorapod.plan.choose.Plan.to_page`."""
+    from lorapod.plan.choose import plan_job
+    from lorapod.spec import load_spec
+
+    return plan_job(load_spec(spec_path)).to_page()
+
+
+def dashboard(request: Request) -> Dashboard:
+    """The :class:`Dashboard` the app was built with (``app.state.dash``, ui/app.py)."""
+    dash: Dashboard = request.app.state.dash
+    return dash
+
+
+# ----------------------------------------------------------------------------- what pages show
+
+
+def groups(dash: Dashboard, views: list[RunView]) -> list[dict[str, Any]]:
+    """Sweeps, each with its shared cap and what its jobs spent, then the other runs; groups with a
+    running job first."""
+    from lorapod.ui.runs import sweeps
+
+    found = sweeps({v.root.parent for v in views})
+    out, used = [], set()
+    for s in found:
+        # in the index's order (running first); a job is in one group, shown once
+        members = [v for v in views if v.job_id in s["jobs"] and v.job_id not in used]
+        if not members:
+            continue
+        used.update(v.job_id for v in members)
+        spent = sum(v.usd for v in members)
+        out.append({"sweep": s, "views": members, "usd": spent,
+                    "fraction": min(1.0, spent / s["max_usd"]) if s["max_usd"] else None})
+    rest = [v for v in views if v.job_id not in used]
+    if rest:
+        out.append({"sweep": None, "views": rest})
+    return sorted(out, key=lambda g: not any(v.active for v in g["views"]))  # stable: sweeps before the rest
+
+
+def run_context(dash: Dashboard, view: RunView, page: int = 1) -> dict[str, Any]:
+    found = samples(view.root)
+    flat = [(g["tag"], f) for g in found for f in g["files"]]
+    pages = max(1, -(-len(flat) // PER_PAGE))
+    page = min(max(1, page), pages)
+    shown = flat[(page - 1) * PER_PAGE: page * PER_PAGE]
+    gallery: list[dict[str, Any]] = []
+    for tag, f in shown:
+        if not gallery or gallery[-1]["tag"] != tag:
+            gallery.append({"tag": tag, "files": []})
+        gallery[-1]["files"].append({**f, "prompt": sample_prompt(view.root, f["path"])})
+    last_ckpt = last_checkpoint(view.root)
+    ledger_events: list[dict[str, Any]] = []
+    spot = None  # on spot: preemptions, their cost, the savings vs on-demand (store/preemptions.py)
+    try:
+        ledger = dash.index.ledger() if view.in_ledger else None
+        if ledger is not None:
+            try:
+                ledger_events = ledger.events(view.job_id)[-200:]
+                spot = job_figures(ledger, view.job_id)
+            finally:
+                ledger.close()
+    except (sqlite3.Error, LorapodError):  # locked, or damaged (LedgerDamaged)
+        pass  # the Runs page says the ledger cannot be read; this page still shows the run folder
+    phases = [{"name": k, "s": s, "usd": view.setup_usd.get(k, 0.0)} for k, s in view.setup_s.items()]
+    return {"view": view, "gallery": gallery, "page": page, "pages": pages, "n_samples": len(flat),
+            "evaluation": evaluation(view.root), "logs": logs(view.root), "ledger_events": ledger_events,
+            "phases": phases, "last_ckpt": last_ckpt, "confirm": confirms(view, last_ckpt), "spot": spot}
+
+
+def confirms(view: RunView, last_ckpt: str | None) -> dict[str, str]:
+    """What each button costs or loses, in the words of its confirmation."""
+    rate = f"${view.usd_per_hour:.3f}/h" if view.usd_per_hour is not None else "its hourly rate"
+    where = f"{view.gpu or 'the instance'} on {view.provider}"
+    since = (f"everything after {last_ckpt} (the last checkpoint pulled here)" if last_ckpt
+             else "all training so far (no checkpoint has been pulled yet)")
+    return {
+        "pull": f"Pull now: copy new checkpoints, samples and metrics from {where} into {view.root}. "
+                f"The instance keeps running at {rate} meanwhile; Vast.ai hosts bill the download's bandwidth.",
+        "stop": f"Stop at the next save: the job saves a checkpoint at its next step and ends; the run is pulled "
+                f"and {where} destroyed. Nothing trained is lost; the pull and teardown still bill at {rate} "
+                f"for a few minutes. Resume later with `lorapod run --resume {view.job_id}`.",
+        "destroy": f"Destroy now: {where} is destroyed at once, without a final save or pull. You lose {since}. "
+                   f"Spent so far: ${view.usd:.4f}; billing stops when the provider confirms.",
+    }
