@@ -139,11 +139,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--smoke", action="store_true", help="L = 256, 512, one timed step, a smaller model")
     ap.add_argument("--lengths", type=int, nargs="*", default=None)
     ap.add_argument("--steps", type=int, default=None, help="timed steps per configuration (after one warm-up)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (1: CPU time is compute only; idle OpenMP threads spin, and on a "
+                    "busy machine their spinning counts as CPU time)")
     args = ap.parse_args(argv)
+
+    import warnings
 
     import torch
 
-    threads = max(1, min(2, os.cpu_count() or 1))
+    warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' deprecation notices
+    threads = max(1, args.threads)
     torch.set_num_threads(threads)
     lengths = args.lengths or ([256, 512] if args.smoke else [2048, 4096, 8192])
     steps = args.steps or (1 if args.smoke else 2)

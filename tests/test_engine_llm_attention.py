@@ -103,7 +103,11 @@ def test_flattened_batch_for_flash_gives_the_same_losses():
     batch, _, _ = _batch()
     flat = batch.flattened()
     assert flat.input_ids.shape == (1, batch.n_real) and flat.n_labels == batch.n_labels
-    assert attention.prepare_batch(batch, attention.AttentionPath("flash", False, "t")).input_ids.shape[0] == 1
+    flash = attention.AttentionPath("flash", False, "t")
+    assert attention.prepare_batch(batch, flash).input_ids.shape == (1, batch.n_real)
+    one, _, _ = _batch(lengths=((9, 14),))  # one row, padded to 24: the padding goes too
+    assert attention.prepare_batch(one, flash).input_ids.shape == (1, 23)
+    assert attention.prepare_batch(batch, attention.AttentionPath("sdpa", False, "t")) is batch
     nll, grads, _ = _run(model, batch, LORAPOD)
     nll_flat, grads_flat, _ = _run(model, flat, LORAPOD)
     assert torch.allclose(nll, nll_flat, atol=1e-5)
@@ -307,3 +311,17 @@ def test_gemma2_with_sdpa_is_a_spec_error_not_a_cache_error(tmp_path):
         prepare(spec, device="cpu", log=lambda *_: None)
     assert isinstance(err.value, SpecError)
     assert "cache" not in str(err.value) and "train.attention sdpa" in str(err.value)
+
+
+def test_flash_on_a_cpu_is_refused_before_the_model_loads(tmp_path):
+    from lorapod.engine.device import resolve_precision
+    from lorapod.engine.llm_model import load_model
+    from lorapod.spec import load_spec
+
+    from .llm_fixtures import spec_dict, write_data
+
+    train, val = write_data(tmp_path)
+    spec = load_spec(raw=spec_dict(tmp_path / "no-such-model", train, val, tmp_path / "runs", attention="flash"))
+    precision = resolve_precision("auto", "auto", torch.device("cpu"))
+    with pytest.raises(HardwareError, match="CUDA GPUs only"):  # not "model folder does not exist"
+        load_model(spec, precision)

@@ -176,8 +176,9 @@ def install(model: Any, path: AttentionPath) -> None:
 
 
 def prepare_batch(batch, path: AttentionPath):
-    """The batch the decoder gets on ``path``: flash runs one flattened row (see the module doc)."""
-    if path.kernel == "flash" and batch.input_ids.shape[0] > 1:
+    """The batch the decoder gets on ``path``: flash runs one flattened row without padding (see
+    the module doc)."""
+    if path.kernel == "flash" and (batch.input_ids.shape[0] > 1 or bool((batch.segment_ids < 0).any())):
         return batch.flattened()
     return batch
 
@@ -277,12 +278,18 @@ def varlen_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0,
             single = None
             q, k, v = query[b:b + 1, :, s:e], key[b:b + 1, :, s:e], value[b:b + 1, :, s:e]
             n = e - s
-            if sliding_window and n > sliding_window:
+            window = bool(sliding_window and n > sliding_window)
+            # CUDA's fused kernels take GQA only without a mask and with head dims <= 256; otherwise
+            # K/V are repeated, as transformers does (integrations/sdpa_attention.py:42-51)
+            gqa = rep > 1 and not window and k.shape[-1] == v.shape[-1] <= 256
+            if rep > 1 and not gqa:
+                k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            if window:
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=_window_mask(n, sliding_window, q.device),
-                                                     dropout_p=p, scale=scaling, enable_gqa=rep > 1)
+                                                     dropout_p=p, scale=scaling)
             else:
                 out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, scale=scaling,
-                                                     enable_gqa=rep > 1)
+                                                     enable_gqa=gqa)
             pieces.append(out)
         _flush(pieces, value, b, single, rep)
         rows.append(torch.cat(pieces, dim=2) if len(pieces) > 1 else pieces[0])

@@ -292,7 +292,8 @@ def prepare(spec: JobSpec, device: str | None = None, log=print, *,
     # (a run killed before its first checkpoint) then reproduces a fresh run exactly.
     torch.manual_seed(spec.train.seed)
     random.seed(spec.train.seed)
-    model = load_model(spec, replace(precision, device=torch.device("cpu")) if stage_on_cpu else precision)
+    model = load_model(spec, replace(precision, device=torch.device("cpu")) if stage_on_cpu else precision,
+                       precision.device)
     model = add_lora(model, spec, precision.weights)
     # peft keeps adapter weights in fp32 while the base may be bf16; the seed fixes their init
     recipe = LLMRecipe(spec, precision, model, tokenizer, train_ex, val_ex)

@@ -69,10 +69,14 @@ def load_tokenizer(spec: JobSpec):
     return _load_tokenizer(m.id, m.revision, m.trust_remote_code)
 
 
-def load_model(spec: JobSpec, precision: Precision):
+def load_model(spec: JobSpec, precision: Precision, train_device: torch.device | None = None):
     """The base model, on ``precision.device``, with the attention path of ``train.attention``
-    installed (engine/attention.py); the path is ``model.lorapod_attention``."""
+    installed (engine/attention.py); the path is ``model.lorapod_attention``. ``train_device`` is
+    where it will train when that is not where it loads (FSDP2 stages the base on the CPU): the
+    attention path is chosen for it."""
     from transformers import AutoModelForCausalLM
+
+    train_device = train_device or precision.device
 
     m = spec.model
     kwargs: dict = {
@@ -82,7 +86,7 @@ def load_model(spec: JobSpec, precision: Precision):
         "dtype": precision.weights,
         "attn_implementation": attention.load_name(spec.train.attention),
     }
-    attention.check_device(spec.train.attention, precision.device)
+    attention.check_device(spec.train.attention, train_device)
     if spec.method.type == "qlora":
         if precision.device.type != "cuda":
             raise HardwareError(
@@ -111,7 +115,7 @@ def load_model(spec: JobSpec, precision: Precision):
     if "device_map" not in kwargs:
         model.to(precision.device)
     model.config.use_cache = False
-    path = attention.choose(spec.train.attention, type(model), precision.device)
+    path = attention.choose(spec.train.attention, type(model), train_device)
     attention.install(model, path)
     model.lorapod_attention = path
     return model
