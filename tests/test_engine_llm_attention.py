@@ -56,6 +56,17 @@ def _mistral(window: int):
     return MistralForCausalLM(cfg).eval()
 
 
+def _qwen2(window: int):
+    """Qwen2 with use_sliding_window: the layers from max_window_layers on are sliding (here the second)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      use_sliding_window=True, sliding_window=window, max_window_layers=1)
+    return Qwen2ForCausalLM(cfg).eval()
+
+
 # the paths: (transformers attn_implementation, what the decoder gets)
 OLD = ("sdpa", "bool")  # the recipe before: SDPA with lorapod's boolean (B,1,L,L) mask
 LORAPOD = (attention.LORAPOD_SDPA, None)  # the default now: varlen SDPA, no mask
@@ -168,11 +179,12 @@ def test_padding_free_keeps_no_sequence_by_sequence_tensor_for_backward(tmp_path
     assert len(square(old)) >= 2  # the probe can see them: one per layer with the mask
 
 
-def test_sliding_windows_are_applied():
-    """Mistral with a 4-token window: lorapod's varlen SDPA equals transformers' eager path (which
-    builds the windowed document mask itself), and differs from the explicit mask, which ignores
-    windows (review G22)."""
-    model = _mistral(window=4)
+@pytest.mark.parametrize("make", [_mistral, _qwen2], ids=["mistral", "qwen2"])
+def test_sliding_windows_are_applied(make):
+    """A 4-token window (Mistral: every layer; Qwen2: its sliding layers): lorapod's varlen SDPA
+    equals transformers' eager path (which builds the windowed document mask itself), and differs
+    from the explicit mask, which ignores windows (review G22)."""
+    model = make(window=4)
     batch, _, _ = _batch()
     pf, grads, _ = _run(model, batch, LORAPOD)
     ref, ref_grads, _ = _run(model, batch, EAGER_PF)
@@ -181,7 +193,7 @@ def test_sliding_windows_are_applied():
         assert torch.allclose(grads[name], ref_grads[name], atol=1e-5, rtol=1e-4), name
     old, _, _ = _run(model, batch, OLD)
     assert not torch.allclose(pf, old, atol=1e-3)
-    wide = _mistral(window=64)  # a window longer than every example: the same as no window
+    wide = make(window=64)  # a window longer than every example: the same as no window
     assert torch.allclose(_run(wide, batch, LORAPOD)[0], _run(wide, batch, OLD)[0], atol=1e-5)
 
 
