@@ -48,7 +48,7 @@ def test_down_job_mid_run_stops_everything(sshd, tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 1 and "vanished" in err
+    assert proc.returncode == 1 and "vanished" in err, err
     assert list(sshd.work_root.iterdir()) == []
     ledger = Ledger()
     assert ledger.instances(live_only=True) == []

@@ -131,3 +131,26 @@ def test_run_piped_prints_progress_like_train_not_a_line_per_step(tmp_path, monk
     assert summary.state == "done" and summary.last_step == 8
     steps = [s for s in said if s.startswith("step ")]
     assert [s.split()[1] for s in steps] == ["1/8", "8/8"], said
+
+
+def test_poll_waits_for_the_watchdogs_verdict_while_it_stops_the_job(tmp_path):
+    """job.sh passes the watchdog's SIGTERM on and writes the job's own status (143) a moment before
+    kill_job replaces it with 'killed: REASON'; a poll in between must not take 143 as the end (the
+    controller then reported a watchdog stop as 'stopped', or a failure, under load)."""
+    w = RemoteWork(LocalTransport(tmp_path / "m"), "killjob")
+    w.prepare()
+    folder = tmp_path / "m" / w.dir  # relative to the transport's home
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (folder / "job.pid").write_text(f"{dead.pid}\n")
+    (folder / "job.exit").write_text("143\n")
+    assert w.poll(0).exit == "143"  # no watchdog stopping it: the status is final
+    (folder / "job.killing").write_text("no progress for 1 s\n")
+    st = w.poll(0)
+    assert st.exit is None and st.alive and not st.done
+    (folder / "job.exit").write_text("killed: no progress for 1 s (the job exited 143)\n")
+    st = w.poll(0)
+    assert st.done and st.exit.startswith("killed:")
+    (folder / "job.exit").write_text("143\n")
+    os.utime(folder / "job.killing", (0, 0))  # a marker a minute old: its watchdog died mid-stop
+    assert w.poll(0).exit == "143"

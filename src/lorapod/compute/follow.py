@@ -92,6 +92,12 @@ class Follower:
                 self._unless_preempted()
                 raise RemoteError("the job's work folder vanished on the instance (the watchdog or someone "
                                   "removed it)", hint="see `lorapod logs JOB`; resume with `lorapod run --resume JOB`")
+            if st.done and self._destroyed_elsewhere():
+                # `lorapod down JOB` (or the dashboard's Destroy) took the instance while the job ran:
+                # job.sh passes the destroy's SIGTERM on, so the job may end (exit 143) a poll before
+                # its folder is gone; that is the destroy, not a failure of the job
+                raise RemoteError("the job's instance was destroyed while it ran (`lorapod down` or the dashboard), "
+                                  "so its work folder vanished", hint="resume with `lorapod run --resume JOB`")
             if st.stop and not p.stop_reason:
                 p.stop_reason = f"the watchdog asked the job to stop: {st.stop}"
                 p.stop_requested_at = time.monotonic()
@@ -126,6 +132,12 @@ class Follower:
         ctx.say("job log (last lines):\n" + tail)
         raise RemoteError(f"the job failed on the instance (exit {st.exit or 'unknown'}) {at_step(p.last_step)}",
                           hint=f"see {root}/job.log; fix, then `lorapod run --resume {job_id}`")
+
+    def _destroyed_elsewhere(self) -> bool:
+        """The ledger says this instance is being or was destroyed: only another command does that
+        while this controller follows (its own teardown comes after :meth:`follow`)."""
+        row = self.ctx.ledger.instance(self.lease.ledger_id)
+        return row is not None and row.state in ("destroying", "destroyed")
 
     def _unless_preempted(self) -> None:
         """On an interruptible instance, ask the provider (for up to ``preempt_confirm_s``: RunPod

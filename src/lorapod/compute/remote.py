@@ -338,7 +338,7 @@ class RemoteWork:
         files = {"job.sh": (JOB_SH.encode(), 0o700), "watchdog.py": (Path(wd.__file__).read_bytes(), 0o600),
                  "watchdog.json": (json.dumps(watchdog).encode(), 0o600)}
         self.put_files(files, before=f"mkdir -p {self.q('run')} {self.q('data')} {self.q('pkg')} && chmod 700 {self.q()}",
-                       then=(f"rm -f PULLED job.exit job.pid watchdog.pid {RUN_STOP} && touch HEARTBEAT && "
+                       then=(f"rm -f PULLED job.exit job.killing job.pid watchdog.pid {RUN_STOP} && touch HEARTBEAT && "
                              f"{{ setsid nohup {shlex.quote(python)} watchdog.py >> watchdog.log 2>&1 < /dev/null & "
                              "echo $! > watchdog.launch; }"))
 
@@ -392,6 +392,11 @@ class RemoteWork:
             '[ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && alive=1\n'
             '[ -z "$pid" ] && [ ! -f job.exit ] && alive=1\n'  # starting: not yet written its pid
             f'ex=$({guarded_read("head -c 200", "job.exit")} | tr -d "\\n")\n'
+            # the watchdog is stopping the job: the status job.sh wrote first is not final until
+            # the watchdog's "killed:" line replaces it (compute/watchdog.py kill_job), which
+            # takes it at most 15 s; a marker a minute old is a watchdog that died meanwhile
+            '[ -f job.killing ] && [ -n "$ex" ] && [ "${ex#killed:}" = "$ex" ] && '
+            '[ -n "$(find job.killing -mmin -1 2>/dev/null)" ] && { ex=""; alive=1; }\n'
             f'stop=$({guarded_read("head -c 200", RUN_STOP)} | tr -d "\\n")\n'
             'echo "LP alive=$alive exit=$ex"\n'
             'echo "LP stop=$stop"\n'

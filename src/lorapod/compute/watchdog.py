@@ -207,6 +207,14 @@ def kill_job(reason: str) -> None:
     if pid and alive(pid):
         signalled = True
         log(f"stopping the job (process group {pid}): {reason}")
+        # job.sh passes the SIGTERM on and writes the job's own status (143, 75) a moment before
+        # the "killed:" line below replaces it; this marker tells the controller's poll that such
+        # a status is not the end yet (compute/remote.py RemoteWork.poll)
+        try:
+            with open("job.killing", "w") as fh:
+                fh.write(reason[:200] + "\n")
+        except OSError:
+            pass
         for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
             try:
                 os.killpg(pid, sig)
