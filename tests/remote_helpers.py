@@ -55,7 +55,8 @@ def fake_command_template(step_s: float = 0.1, extra: str = "") -> str:
 def fast_options(**kw) -> RunOptions:
     base = dict(bootstrap=Bootstrap("source", python=sys.executable), poll_s=0.2, pull_every_s=0.5,
                 ready_deadline_s=20, reconnect_s=20, stop_margin_s=1.0, stop_wait_s=10, destroy_deadline_s=20,
-                watchdog={"poll_s": 0.3, "heartbeat_timeout_s": 3, "done_grace_s": 30, "stall_s": 60})
+                watchdog={"poll_s": 0.3, "heartbeat_timeout_s": 3, "done_grace_s": 30, "stall_s": 60},
+                every_step=True)  # the tests' say() callbacks act on each step's line
     base.update(kw)
     return RunOptions(**base)
 

@@ -126,7 +126,7 @@ def test_run_piped_prints_progress_like_train_not_a_line_per_step(tmp_path, monk
     said: list[str] = []
     spec_path = make_spec(tmp_path)
     provider = LocalProvider(home=tmp_path / "machine")
-    summary = run_remote(load_spec(spec_path), provider, "local", fast_options(job_command=fake_command(0.02)),
+    summary = run_remote(load_spec(spec_path), provider, "local", fast_options(job_command=fake_command(0.02), every_step=None),
                          Ledger(), str(spec_path), say=said.append)
     assert summary.state == "done" and summary.last_step == 8
     steps = [s for s in said if s.startswith("step ")]

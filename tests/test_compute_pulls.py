@@ -229,3 +229,22 @@ def test_on_a_billing_instance_the_grace_is_bounded_then_it_is_destroyed(sshd_fa
         assert_nothing_bills(fake, Ledger())
     finally:
         fake.close()
+
+
+def test_a_checkpoint_rotated_away_mid_pull_is_a_warning_not_a_failed_pull():
+    """rsync exits 24 when a listed source file vanished before it was sent (rsync(1), EXIT VALUES):
+    the job's keep_last removed an old checkpoint during a progress pull. That failed the whole run
+    before; other non-zero exits still fail."""
+    import sys
+
+    import pytest
+
+    from lorapod.compute.transport import _run_rsync
+    from lorapod.errors import RemoteError
+
+    vanished = [sys.executable, "-c", "import sys; print('Number of regular files transferred: 3'); "
+                "sys.stderr.write('file has vanished: \"run/checkpoints/step-1/state.json\"'); sys.exit(24)"]
+    assert _run_rsync(vanished, 10, "download of run").files_transferred == 3
+    other = [sys.executable, "-c", "import sys; sys.stderr.write('protocol data stream error'); sys.exit(12)"]
+    with pytest.raises(RemoteError, match="rsync exit 12"):
+        _run_rsync(other, 10, "download of run")

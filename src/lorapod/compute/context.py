@@ -63,6 +63,10 @@ class RunOptions:
     #: how long the first SSH route (Vast.ai: direct) may stay silent before the next (its proxy)
     direct_ssh_s: float = 60.0
     progress_every_s: float = 60.0  # a line while waiting for the instance, with what the wait cost
+    #: a progress line per step (True), or as `lorapod train` prints (None: every step on a terminal;
+    #: piped, the first, one every 30 s and the last: engine/progress.LineEvery). A library caller
+    #: whose ``say`` acts on each step's line passes True.
+    every_step: bool | None = None
     max_offers: int = 3  # offers that gave an instance, tried before giving up (no-capacity refusals don't count)
     reconnect_s: float = 600.0  # keep retrying a dropped connection this long
     stop_margin_s: float = 120.0  # ask for a checkpoint this long before a cap

@@ -184,7 +184,7 @@ class Follower:
             if self.view is None:
                 from lorapod.engine.progress import LineEvery, MetricsView
 
-                self.view, self.lines = MetricsView(usd_cap=ctx.max_usd), LineEvery()
+                self.view, self.lines = MetricsView(usd_cap=ctx.max_usd), LineEvery(tty=ctx.opts.every_step)
         for rec in records:
             now = time.time()
             p.seen_at[int(rec["step"])] = now

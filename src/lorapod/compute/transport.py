@@ -119,6 +119,12 @@ def _run_rsync(cmd: list[str], timeout: float, what: str) -> SyncStats:
         raise ConnectionLost(f"{what} failed (rsync exit {proc.returncode}): {err[-300:]}")
     if proc.returncode == 23 and "No such file" in err:  # the remote path is not there (yet)
         return SyncStats()
+    if proc.returncode == 24:
+        # rsync(1), EXIT VALUES: "24 Partial transfer due to vanished source files" - a warning:
+        # the job removed an old checkpoint (keep_last) while it was listed; the rest arrived, and
+        # the final pull is checked against the instance's checksums (compute/follow.py) and a cut-off
+        # checkpoint is never resumed from (compute/recovery.py)
+        return _parse_stats(proc.stdout.decode(errors="replace"))
     if proc.returncode != 0:
         hint = "the instance's disk may be full: raise compute.disk_gb" if "No space left" in err else None
         raise RemoteError(f"{what} failed (rsync exit {proc.returncode}): {err[-500:]}", hint=hint)
