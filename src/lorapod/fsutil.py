@@ -116,3 +116,15 @@ def append_text(path: Path, text: str, sync: bool = False) -> None:
         fh.flush()
         if sync:
             os.fsync(fh.fileno())
+
+
+def sha256_file(path: Path) -> str:
+    """The file's SHA-256, read in 1 MiB pieces: a checkpoint's manifest (engine/checkpoint.py)
+    and the controller's check of a pulled checkpoint against it (compute/recovery.py)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -42,7 +42,6 @@ spot instance's life when it ends: the planner's preemption rates (plan/spot.py)
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import shutil
 import time
@@ -56,7 +55,8 @@ from lorapod.compute.offers import requirements, spot_ceiling
 from lorapod.compute.provider import Instance, SupportsBid, capability
 from lorapod.compute.teardown import destroy_claim
 from lorapod.errors import LorapodError, PlanError, ProviderError, RemoteError
-from lorapod.rundir.layout import METRICS
+from lorapod.fsutil import sha256_file
+from lorapod.rundir.layout import METRICS, checkpoint_step
 from lorapod.store.preemptions import record_preemption, record_spot_instance
 
 if TYPE_CHECKING:
@@ -157,21 +157,6 @@ def next_tier(policy: str, preemptions: int, max_preemptions: int, *, rate: floa
 
 # ----------------------------------------------------------------------------- the run folder
 
-def _step_of(path: Path) -> int | None:
-    try:
-        return int(path.name.split("-", 1)[1])
-    except (IndexError, ValueError):
-        return None
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _whole(folder: Path, with_manifests: bool) -> bool:
     """A checkpoint folder as the engine writes it (engine/checkpoint.py: ``manifest.json``, each
     file's ``bytes`` and ``sha256``, written last; its ``verify`` is this rule, without importing
@@ -184,7 +169,7 @@ def _whole(folder: Path, with_manifests: bool) -> bool:
         files = json.loads(manifest.read_text(encoding="utf-8"))
         return isinstance(files, dict) and all(
             (folder / name).is_file() and not (folder / name).is_symlink()
-            and (folder / name).stat().st_size == int(meta["bytes"]) and _sha256(folder / name) == meta["sha256"]
+            and (folder / name).stat().st_size == int(meta["bytes"]) and sha256_file(folder / name) == meta["sha256"]
             for name, meta in files.items())
     except (OSError, ValueError, KeyError, TypeError):
         return False
@@ -196,12 +181,12 @@ def settle_run_folder(run_root: Path) -> int | None:
     Returns that checkpoint's step (None: none came home, the job starts over)."""
     ckpts = run_root / "checkpoints"
     folders = [p for p in ckpts.glob("*-*") if p.is_dir() and not p.name.startswith(".")
-               and _step_of(p) is not None] if ckpts.is_dir() else []
+               and checkpoint_step(p.name) is not None] if ckpts.is_dir() else []
     with_manifests = any((p / "manifest.json").is_file() for p in folders)
     whole: list[int] = []
     for p in folders:
         if _whole(p, with_manifests):
-            whole.append(_step_of(p) or 0)
+            whole.append(checkpoint_step(p.name) or 0)
         else:  # a copy cut off on its way here: the instance it came from is gone
             shutil.rmtree(p, ignore_errors=True)
     step = max(whole) if whole else None

@@ -22,7 +22,6 @@ dicts with integer keys) to JSON, through :func:`encode_state` / :func:`decode_s
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import random
 import shutil
@@ -35,7 +34,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lorapod.errors import CheckpointError
-from lorapod.fsutil import atomic_dir
+from lorapod.fsutil import atomic_dir, sha256_file
 from lorapod.rundir.layout import checkpoint_name, checkpoints_by_step
 
 
@@ -76,14 +75,6 @@ def restore_rng(state: dict[str, Any]) -> None:
             cuda = cuda[mine] if mine < len(cuda) else (cuda[0] if cuda else None)
         if cuda is not None:
             torch.cuda.set_rng_state(cuda)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass
@@ -194,7 +185,7 @@ class CheckpointManager:
                 for name, data in (extra_files or {}).items():
                     (tmp / name).write_bytes(data)
                 files = sorted(p for p in tmp.iterdir() if p.is_file())
-                manifest = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+                manifest = {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in files}
                 (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
@@ -220,7 +211,7 @@ class CheckpointManager:
                 (path / name).is_file()
                 and not (path / name).is_symlink()
                 and (path / name).stat().st_size == meta["bytes"]
-                and _sha256(path / name) == meta["sha256"]
+                and sha256_file(path / name) == meta["sha256"]
                 for name, meta in manifest.items()
             )
         except (OSError, ValueError, KeyError, TypeError):
