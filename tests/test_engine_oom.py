@@ -77,6 +77,28 @@ def test_out_of_memory_before_any_step_saves_nothing(assets, tmp_path, monkeypat
     assert CheckpointManager(run.checkpoints).latest() is None
 
 
+def test_out_of_memory_evaluating_the_base_model_is_the_same_clear_error(assets, tmp_path, monkeypatch):
+    """eval.at_start runs before the loop's handler: its out-of-memory error was a raw traceback."""
+    _root, model_dir, train, val = assets
+    raw = spec_dict(model_dir, train, val, tmp_path / "runs")
+    raw.setdefault("eval", {})["at_start"] = True
+    spec = load_spec(raw=raw)
+    run = RunDir.create(spec.output.dir, "t")
+    run.write_spec(spec)
+
+    def evaluate(self):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+
+    monkeypatch.setattr(LLMRecipe, "evaluate", evaluate)
+    from lorapod.engine.llm import train_llm
+
+    with pytest.raises(OutOfMemory) as got:
+        train_llm(spec, run, device="cpu", show_progress=False, log=lambda m: None)
+    assert "evaluating the base model before training" in got.value.message
+    assert got.value.checkpoint is None and "start again with --set" in got.value.hint
+    assert "out of GPU memory evaluating the base model" in (run.root / "events.log").read_text()
+
+
 def test_the_hint_is_the_planners_cheapest_change_that_fits(tmp_path, monkeypatch):
     """Qwen2.5-7B, 4 x 4096 tokens without checkpointing, out of memory on a 24 GiB card: the measured
     peak, the plan's estimate (as max_memory_allocated reads it) and make_fit's --set line."""

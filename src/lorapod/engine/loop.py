@@ -271,7 +271,21 @@ def fit(
                              enabled=show_progress if world.is_main else False, usd_cap=spec.compute.max_usd)
     recipe.train()
     if loaded is None and spec.eval.at_start:
-        result.first_eval = evaluate()
+        try:
+            result.first_eval = evaluate()
+        except torch.OutOfMemoryError as exc:  # the base model's evaluation, before any step: same advice
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else "CUDA out of memory"
+            traceback.clear_frames(exc.__traceback__)
+            peak = peak_memory_gb(device)
+            recipe.train()
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            event(f"out of GPU memory evaluating the base model (eval.at_start): {first}")
+            metrics.close()
+            result.stopped = "out_of_memory"
+            raise out_of_memory(spec, run.root, device, state.step, None, peak,
+                                when="evaluating the base model before training (eval.at_start)") from None
 
     stop_file = run.root / STOP_FILE
     reset_peak_memory(device)  # the peak of training, not of loading the model or caching latents
@@ -422,7 +436,7 @@ RESUMABLE = {"train.gradient_checkpointing", "train.blocks_to_swap", "model.dtyp
 
 
 def out_of_memory(spec: JobSpec, run_root: Path, device: torch.device, step: int, checkpoint: Path | None,
-                  peak_gb: float | None) -> OutOfMemory:
+                  peak_gb: float | None, when: str | None = None) -> OutOfMemory:
     """What the user reads after an out-of-memory error: the measured peak beside the plan's
     estimate (both as ``max_memory_allocated`` reads them, GiB), what was saved, and the cheapest
     change (``--set``) the planner says fits. The planner's estimate was evidently short for this
@@ -462,7 +476,7 @@ def out_of_memory(spec: JobSpec, run_root: Path, device: torch.device, step: int
     else:  # a new batch shape, optimizer or base would not continue the saved run exactly
         then = f"; start a new run with {sets} ({checkpoint.name} keeps what was trained so far)"
     return OutOfMemory(
-        f"out of GPU memory in step {step + 1}: {where} not enough ({measured}; {plan}); {saved}",
+        f"out of GPU memory {when or f'in step {step + 1}'}: {where} not enough ({measured}; {plan}); {saved}",
         hint=fix + then, step=step, checkpoint=checkpoint, peak_gb=peak_gb, planned_gb=planned,
     )
 
