@@ -139,7 +139,7 @@ def _pinned_line(plan: Plan, spec_path: Path | None, market) -> str:
     what = " on ".join(x for x in (gpu or "every GPU", prov) if x)
     flags = [f for x, f in ((gpu, "--any-gpu"), (prov, "--provider any")) if x]
     cmd = " ".join(["lorapod plan", *([str(spec_path)] if spec_path else []), *flags])
-    cheaper = (f" (cheapest there: {market.gpu} on {market.provider}, {market.tier}, "
+    cheaper = (f" (cheapest there: {market.gpu} on {market.provider} at ${market.usd_per_hour:.2f}/h, "
                f"{_fmt_min(market.hours_total)} for ${cents(market.usd_total)})") if market is not None else ""
     return f"only {what}: pinned by {' and '.join(pins)}; the whole market: {cmd}{cheaper}"
 
