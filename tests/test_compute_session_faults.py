@@ -343,7 +343,7 @@ def test_resume_records_its_controller_and_refuses_a_second(tmp_path):
     assert first.returncode == 1, first.stderr
     job = Ledger().jobs()[0].id
     # slow enough that the sweep and the second resume, each a CLI start on a loaded machine, come while it runs
-    env = cli_env(LORAPOD_JOB_COMMAND=fake_command_template(0.4))
+    env = cli_env(LORAPOD_JOB_COMMAND=fake_command_template(0.8))  # ~29 s left: room for two CLI starts under load
     proc = subprocess.Popen([*cli_argv(), "run", "--resume", job, "--python", sys.executable, "--poll-s", "0.2",
                              "--watchdog-poll-s", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
