@@ -408,15 +408,7 @@ def live_endpoints(ledger: Any) -> list[dict[str, Any]]:
     the ledger's events; a pending one (its create never answered) has ``id`` None and
     ``state`` ``creating``."""
     out: dict[str, dict[str, Any]] = {}
-    for e in ledger.events():
-        if e["kind"] != "endpoint":
-            continue
-        try:
-            rec = json.loads(e["message"])
-        except ValueError:
-            continue
-        if not isinstance(rec, dict):
-            continue
+    for e, rec in ledger.records("endpoint"):
         action, key = rec.get("action"), str(rec.get("key") or rec.get("id"))
         rec.pop("action", None)
         if action == "creating":

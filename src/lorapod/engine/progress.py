@@ -177,17 +177,13 @@ class LineEvery:
 
 
 def _num(v) -> float | None:
-    """A finite number from a metrics record (a host's records are untrusted), else None."""
-    import math
+    """A finite number from a metrics record (a host's records are untrusted: the run folder's one
+    rule, rundir.metrics.number), else None; ±1e12 bounds what a line prints (a forged 1e308 would
+    print 300 digits)."""
+    from lorapod.rundir.metrics import number
 
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        return None
-    try:
-        x = float(v)
-    except OverflowError:  # a JSON integer with hundreds of digits
-        return None
-    # ±1e12 bounds what a line prints: a forged 1e308 would print 300 digits
-    return x if math.isfinite(x) and abs(x) <= 1e12 else None
+    x = number(v)
+    return x if x is not None and abs(x) <= 1e12 else None
 
 
 class MetricsView:

@@ -532,6 +532,20 @@ class Ledger:
             rows = self._db.execute("SELECT * FROM events ORDER BY seq")
         return [dict(r) for r in rows]
 
+    def records(self, *kinds: str, job_id: str | None = None) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+        """(event, record) for the events of ``kinds`` whose message is a JSON object, in order:
+        the structured events (phases, spot instances, preemptions, endpoints); any other message
+        (a damaged or hand-edited row) is passed over."""
+        for e in self.events(job_id):
+            if e["kind"] not in kinds:
+                continue
+            try:
+                rec = json.loads(e["message"])
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                yield e, rec
+
     def record_measurement(self, job_id: str, gpu_name: str | None, model: str, settings: dict[str, Any],
                            seconds_per_step: float | None, peak_gb: float | None, steps: int) -> None:
         """Remember what a finished job measured, for the planner (plan/learned.py)."""

@@ -7,7 +7,6 @@ provider once the ledger has some, instead of its default guess: cold-start time
 
 from __future__ import annotations
 
-import json
 import statistics
 from typing import Any
 
@@ -21,16 +20,7 @@ BOOT_INSTALL = ("boot", "ssh ready", "environment")
 
 
 def phase_events(ledger: Ledger, job_id: str | None = None) -> list[dict[str, Any]]:
-    out = []
-    for e in ledger.events(job_id):
-        if e["kind"] != "phase":
-            continue
-        try:
-            rec = json.loads(e["message"])
-        except ValueError:
-            continue
-        out.append({**rec, "job_id": e["job_id"]})
-    return out
+    return [{**rec, "job_id": e["job_id"]} for e, rec in ledger.records("phase", job_id=job_id)]
 
 
 def job_phases(ledger: Ledger, job_id: str) -> dict[str, float]:

@@ -89,15 +89,7 @@ def job_figures(ledger: Ledger, job_id: str) -> SpotFigures | None:
     """The job's :class:`SpotFigures`; None when it never ran on spot (``ps``, ``logs``, the
     dashboard and the run's summary all read this one function)."""
     n, cost, hours, gross, priced, seen = 0, 0.0, 0.0, 0.0, False, False
-    for e in ledger.events(job_id):
-        if e["kind"] not in (KIND, PREEMPTION):
-            continue
-        try:
-            rec = json.loads(e["message"])
-        except ValueError:
-            continue
-        if not isinstance(rec, dict):
-            continue
+    for e, rec in ledger.records(KIND, PREEMPTION, job_id=job_id):
         seen = True
         if e["kind"] == PREEMPTION:
             n += 1
@@ -121,11 +113,8 @@ def job_figures(ledger: Ledger, job_id: str) -> SpotFigures | None:
 def exposure(ledger: Ledger, provider: str, gpu: str, tier: str) -> Exposure | None:
     """The ledger's spot instances of ``provider`` x ``gpu`` x ``tier``; None when it has none."""
     n, hours, preempted = 0, 0.0, 0
-    for e in ledger.events():
-        if e["kind"] != KIND:
-            continue
+    for _e, rec in ledger.records(KIND):
         try:
-            rec = json.loads(e["message"])
             h = float(rec["hours"])
         except (ValueError, KeyError, TypeError):
             continue
