@@ -89,7 +89,7 @@ def test_cli_sweep_on_local_prints_ranked_json(tmp_path, monkeypatch):
                          timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout)
-    assert [j["overrides"]["train.learning_rate"] for j in res["ranked"]] == ["3e-4", "1e-3"]
+    assert [j["overrides"]["train.learning_rate"] for j in res["ranked"]] == ["3e-4", "1e-3"], res["ranked"]
     assert [j["state"] for j in res["ranked"]] == ["done", "done"]
     assert res["ranked"][0]["loss"] == fake_val_loss(3e-4, 4)
     assert res["winner"] == res["ranked"][0]["job_id"]
