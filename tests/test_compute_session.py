@@ -72,8 +72,13 @@ def test_failed_job_is_reported_and_torn_down(sshd, tmp_path):
 
     from lorapod.errors import RemoteError
 
+    lines: list[str] = []
+    # a watchdog polling every 20 ms removes the work folder at once after PULLED: the job log's
+    # tail must be read before it
+    wd = {**fast_options().watchdog, "poll_s": 0.02}
     with pytest.raises(RemoteError, match="exit 3"):
-        run(sshd, tmp_path, job_command=fake_command(0.05, ("--fail-at", "3")))
+        run(sshd, tmp_path, say=lines.append, watchdog=wd, job_command=fake_command(0.05, ("--fail-at", "3")))
+    assert any(x.startswith("job log (last lines)") and "boom at step 3" in x for x in lines), lines
     ledger = Ledger()
     assert_clean(sshd, ledger)
     (job,) = ledger.jobs()

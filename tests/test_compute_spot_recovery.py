@@ -207,9 +207,13 @@ def test_a_crash_on_spot_is_a_crash_not_a_preemption(runpod, tmp_path, remote_ro
     spec_path = make_spec(tmp_path, max_steps=6, every=2)
     opts = spot_options(step_s=0.05)
     opts.job_command = fake_command(0.05, ("--chain", "--fail-at", "3"))
-    ledger = Ledger()
+    # a watchdog polling every 20 ms destroys the pod at once after PULLED: the job log's tail is
+    # read before it (once read after it, the pod was gone under load: "connection refused")
+    opts.watchdog = {**opts.watchdog, "poll_s": 0.02}
+    ledger, lines = Ledger(), []
     with pytest.raises(RemoteError, match="exit 3"):
-        run_remote(load_spec(spec_path), rp(runpod), "runpod", opts, ledger, str(spec_path), say=lambda m: None)
+        run_remote(load_spec(spec_path), rp(runpod), "runpod", opts, ledger, str(spec_path), say=lines.append)
+    assert any(x.startswith("job log (last lines)") and "boom at step 3" in x for x in lines), lines
     assert len(runpod.instances) == 1
     (job,) = ledger.jobs()
     assert not [e for e in ledger.events(job.id) if e["kind"] == "preemption"]

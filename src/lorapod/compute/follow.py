@@ -116,8 +116,12 @@ class Follower:
                 next_pull = time.monotonic() + o.pull_every_s
             if not more:  # a full chunk of metrics: read the rest now, not a poll later
                 time.sleep(o.poll_s)
-        if not p.stop_reason and not (st.exit and (st.exit.strip() == "0" or st.exit.startswith("killed:"))):
+        failed = not p.stop_reason and not (st.exit and (st.exit.strip() == "0" or st.exit.startswith("killed:")))
+        tail = ""
+        if failed:
             self._unless_preempted()  # a job that died on a spot instance: preempted, or a crash?
+            # read before PULLED: the watchdog destroys the instance on its next poll after it
+            tail = ctx.remote(work.job_log_tail, "job log")
         self.final_pull()
         root, job_id = ctx.run.root, ctx.job_id
         if st.exit and st.exit.startswith("killed:"):
@@ -128,7 +132,6 @@ class Follower:
             return "stopped", f"stopped {at_step(p.last_step)}: {p.stop_reason}"
         if st.exit and st.exit.strip() == "0":
             return "done", f"finished {at_step(p.last_step)}"
-        tail = ctx.remote(work.job_log_tail, "job log")
         ctx.say("job log (last lines):\n" + tail)
         raise RemoteError(f"the job failed on the instance (exit {st.exit or 'unknown'}) {at_step(p.last_step)}",
                           hint=f"see {root}/job.log; fix, then `lorapod run --resume {job_id}`")
