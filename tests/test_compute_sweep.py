@@ -89,8 +89,9 @@ def test_cli_sweep_on_local_prints_ranked_json(tmp_path, monkeypatch):
                          timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout)
-    assert [j["overrides"]["train.learning_rate"] for j in res["ranked"]] == ["3e-4", "1e-3"], res["ranked"]
-    assert [j["state"] for j in res["ranked"]] == ["done", "done"]
+    seen = [(j["overrides"], j["state"], j["message"], j["loss"]) for j in res["ranked"]]
+    assert [j["state"] for j in res["ranked"]] == ["done", "done"], seen
+    assert [j["overrides"]["train.learning_rate"] for j in res["ranked"]] == ["3e-4", "1e-3"], seen
     assert res["ranked"][0]["loss"] == fake_val_loss(3e-4, 4)
     assert res["winner"] == res["ranked"][0]["job_id"]
     assert Path(res["winner_adapter"], "adapter_config.json").is_file()

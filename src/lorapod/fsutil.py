@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,9 +24,10 @@ def fsync_dir(path: Path) -> None:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to ``path.tmp-PID`` then rename over ``path``: readers see the old or the new file."""
+    """Write to ``.NAME.tmp-PID-THREAD`` then rename over ``path``: readers see the old or the new
+    file, and two writers (processes or threads) never share a temporary file."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
         with open(tmp, "wb") as fh:
             fh.write(data)
@@ -51,7 +53,7 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
+    tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}-{threading.get_ident()}")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()

@@ -24,6 +24,7 @@ import importlib
 import json
 import os
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -58,7 +59,7 @@ def resolve(model_id: str) -> str:
         return str(folder)
     module, _, function = MODELS[name].partition(":")
     build = getattr(importlib.import_module(module), function)
-    tmp = folder.with_name(f".tmp-{name}-{os.getpid()}")
+    tmp = folder.with_name(f".tmp-{name}-{os.getpid()}-{threading.get_ident()}")  # a sweep builds from threads
     try:
         build(tmp)
         folder.parent.mkdir(parents=True, exist_ok=True)
