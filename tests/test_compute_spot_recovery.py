@@ -125,6 +125,53 @@ def test_runpod_job_preempted_three_times_ends_as_if_uninterrupted(runpod, tmp_p
     assert seen.instances == 4 and seen.preemptions == 3 and seen.hours > 0
 
 
+def test_logs_follow_a_spot_job_onto_its_next_instance(runpod, tmp_path, remote_root, monkeypatch):
+    """`lorapod logs -f` started mid-run follows the job through a preemption: it waits while the
+    controller rents the next pod, says the move, and shows every step once, in order, ending
+    with the job (compute/jobs.py follow_logs)."""
+    from lorapod.compute.jobs import follow_logs
+
+    # the follower reaches the pods as `lorapod logs` does: the provider from the ledger's row
+    monkeypatch.setenv("RUNPOD_API_KEY", runpod.account_key)
+    monkeypatch.setenv("LORAPOD_RUNPOD_URL", runpod.url)
+    monkeypatch.setenv("LORAPOD_RUNPOD_GRAPHQL_URL", runpod.graphql_url)
+
+    spec_path = make_spec(tmp_path, max_steps=12, every=EVERY)
+    shown: list[str] = []
+    follower: list[threading.Thread] = []
+    preempted: list[str] = []
+
+    def follow() -> None:
+        ledger = Ledger()
+        (job,) = ledger.jobs()
+        shown.extend(follow_logs(ledger, job.id, follow=True, poll_s=0.1, reconnect_s=5))
+
+    def say(msg: str) -> None:
+        s = _step(msg) if msg.startswith("step ") else 0
+        if s >= 2 and not follower:
+            follower.append(threading.Thread(target=follow, daemon=True))
+            follower[0].start()
+        elif s >= 7 and not preempted:
+            preempted.append(newest_live(runpod))
+            threading.Thread(target=runpod.preempt, args=(preempted[0], 0.5), daemon=True).start()
+            time.sleep(0.05)
+
+    ledger = Ledger()
+    summary = run_remote(load_spec(spec_path), rp(runpod), "runpod", spot_options(max_usd=1.0), ledger,
+                         str(spec_path), say=say)
+    assert summary.state == "done", summary.message
+    follower[0].join(60)
+    assert not follower[0].is_alive(), "the follower did not end with the job"
+    steps = [json.loads(x.split("] ", 1)[1])["step"] for x in shown if x.startswith("[metrics.jsonl]")]
+    assert steps == list(range(1, 13)), shown  # every step once, in order, across the move
+    moves = [i for i, x in enumerate(shown) if x.startswith("[lorapod] the job moved to instance")]
+    assert len(moves) == 1, shown
+    (second,) = [p for p in runpod.instances if p != preempted[0]]
+    assert second in shown[moves[0]]
+    assert any(x == "[job.log] done" for x in shown[moves[0]:]), shown  # the new instance's own log
+    assert_nothing_bills(runpod, ledger, remote_root)
+
+
 def _step(msg: str) -> int:
     try:
         return int(msg.split()[1].split("/")[0])

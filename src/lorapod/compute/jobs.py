@@ -8,6 +8,8 @@ providers themselves report, so nothing billed is left unknown.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -279,11 +281,41 @@ def pull_job(ledger: Ledger, job_id: str, deadline_s: float = 600.0) -> int:
 def follow_logs(ledger: Ledger, job_id: str, follow: bool, poll_s: float = 2.0,
                 reconnect_s: float = 600.0) -> Iterator[str]:
     """Lines of metrics.jsonl and job.log: live from the instance while the job runs (riding out
-    dropped connections), then the rest from the pulled copies, so every line comes exactly once."""
+    dropped connections), then the rest from the pulled copies, so every line comes exactly once.
+
+    Following a job on spot, the instance can change under it: a preempted one stops answering,
+    the controller rents the next and resumes there. The follower waits for the job's next live
+    instance (while the job runs and its controller lives), says the move in a ``[lorapod]`` line,
+    and reads that instance's own logs from their start; its metrics.jsonl begins with the lines
+    pushed home before (cut at the newest whole checkpoint), so a metrics line is shown only once
+    its step is past the last one already shown: every step once, in order (the steps run again
+    after the checkpoint were shown from the instance before)."""
     job = find_job(ledger, job_id)
     run_dir = Path(job.run_dir)
     offsets = {METRICS: 0, "job.log": 0, "watchdog.log": 0}
     remote_rel = {METRICS: RUN_METRICS, "job.log": "job.log", "watchdog.log": "watchdog.log"}
+    steps: dict[str, int | None] = {"last": None,  # the newest metrics step shown
+                                    "pass_to": None}  # after a move: lines up to this step were shown
+
+    def step_of(line: str) -> int | None:
+        with contextlib.suppress(ValueError):
+            rec = json.loads(line)
+            step = rec.get("step") if isinstance(rec, dict) else None
+            if isinstance(step, int) and not isinstance(step, bool):
+                return step
+        return None
+
+    def new_metrics(line: str) -> bool:
+        """Whether a metrics line is shown: always, unless the follower moved and has not yet read
+        past the step it had shown on the instance before."""
+        step = step_of(line)
+        if steps["pass_to"] is not None:
+            if step is None or step <= steps["pass_to"]:
+                return False
+            steps["pass_to"] = None  # caught up: from here on the file goes on as the job writes it
+        if step is not None:
+            steps["last"] = max(steps["last"] or 0, step)
+        return True
 
     def lines(name: str, data: bytes) -> list[str]:
         cut = data.rfind(b"\n")
@@ -293,16 +325,44 @@ def follow_logs(ledger: Ledger, job_id: str, follow: bool, poll_s: float = 2.0,
                 return [f"[{name}] (a line longer than {LOG_CHUNK >> 20} MiB, not shown)"]
             return []
         offsets[name] += cut + 1
-        return [f"[{name}] {line}" for line in data[: cut + 1].decode(errors="replace").splitlines()]
+        out = data[: cut + 1].decode(errors="replace").splitlines()
+        if name == METRICS:
+            out = [x for x in out if new_metrics(x)]
+        return [f"[{name}] {line}" for line in out]
 
-    def running() -> bool:
-        j = find_job(ledger, job_id)
-        return j.state in ("starting", "running", "stopping") and any(i.live for i in ledger.job_instances(j.id))
+    def running(j: JobRow) -> bool:
+        return j.state in ("starting", "running", "stopping")
 
-    r = reach(ledger, job) if running() else None
+    def wait_for_next(j: JobRow) -> bool:
+        """Nothing to read now: wait for the job's next instance while it runs and its controller
+        lives (spot recovery); False when there is nothing more to follow live."""
+        return follow and running(j) and controller_alive(j.controller)
+
+    r: Reach | None = None
     deadline = time.monotonic() + reconnect_s
     try:
-        while r is not None and running():
+        while True:
+            j = find_job(ledger, job_id)
+            live = [i for i in ledger.job_instances(j.id) if i.live and i.ssh_host]
+            if not running(j) or (not live and not wait_for_next(j)):
+                break
+            if not live:  # between instances: the husk is gone, the next one is not up yet
+                time.sleep(poll_s)
+                continue
+            if r is None or r.row.id != live[-1].id:
+                moved = r is not None
+                if r is not None:
+                    r.close()
+                r = reach(ledger, j)
+                if r is None:
+                    continue
+                if moved:
+                    where = r.row.provider_id or r.row.id
+                    yield (f"[lorapod] the job moved to instance {where}"
+                           f"{f' ({r.row.gpu_name})' if r.row.gpu_name else ''}; following it there")
+                    offsets.update({name: 0 for name in offsets})  # that instance's own files
+                    steps["pass_to"] = steps["last"]
+                deadline = time.monotonic() + reconnect_s
             try:
                 gone = False
                 for name, rel in remote_rel.items():
@@ -311,11 +371,13 @@ def follow_logs(ledger: Ledger, job_id: str, follow: bool, poll_s: float = 2.0,
                         gone = True
                         break
                     yield from lines(name, out)
-                if gone:  # torn down (by the watchdog, or `lorapod down`)
-                    break
-                deadline = time.monotonic() + reconnect_s
+                if gone and not wait_for_next(find_job(ledger, job_id)):
+                    break  # torn down (by the watchdog, or `lorapod down`)
+                if not gone:
+                    deadline = time.monotonic() + reconnect_s
             except ConnectionLost:
-                if time.monotonic() > deadline or not controller_alive(find_job(ledger, job_id).controller):
+                j = find_job(ledger, job_id)
+                if not controller_alive(j.controller) or (time.monotonic() > deadline and not wait_for_next(j)):
                     break  # unreachable and nobody is following it: show what was pulled
             if not follow:
                 return
