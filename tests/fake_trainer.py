@@ -31,7 +31,9 @@ from pathlib import Path
 import yaml
 
 
-def save(dirpath: Path, step: int, chain: str | None = None, pad_mb: float = 0.0) -> None:
+def save(dirpath: Path, step: int, chain: str | None = None, pad_mb: float = 0.0, write_s: float = 0.0) -> None:
+    """As the engine saves (engine/checkpoint.py): files into a temporary sibling, the manifest last,
+    then one rename. ``write_s``: how long the write takes between its files and its manifest."""
     tmp = dirpath.with_name(f".tmp-{dirpath.name}")
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "adapter_model.bin").write_bytes(hashlib.sha256(str(step).encode()).digest() * 512)
@@ -39,6 +41,7 @@ def save(dirpath: Path, step: int, chain: str | None = None, pad_mb: float = 0.0
     if chain is not None:
         if pad_mb:
             (tmp / "optimizer.bin").write_bytes(hashlib.sha256(chain.encode()).digest() * int(pad_mb * 32768))
+        time.sleep(write_s)
         files = sorted(p for p in tmp.iterdir() if p.is_file())
         manifest = {p.name: {"bytes": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
                     for p in files}
@@ -104,6 +107,7 @@ def main() -> int:
     ap.add_argument("--download-s", type=float, default=1.0, help="how long --hf-model's download takes")
     ap.add_argument("--chain", action="store_true", help="a state carried through the steps and checkpoints")
     ap.add_argument("--ckpt-mb", type=float, default=0.0, help="with --chain: pad each checkpoint to about this")
+    ap.add_argument("--ckpt-write-s", type=float, default=0.0, help="with --chain: seconds each checkpoint's write takes")
     a = ap.parse_args()
     spec = yaml.safe_load(Path(a.spec).read_text())
     run = Path(a.run_dir)
@@ -160,11 +164,11 @@ def main() -> int:
                 metrics.write(json.dumps({"step": step, "event": "eval", "val_loss": fake_val_loss(lr, step)}) + "\n")
                 metrics.flush()
             if (run / "STOP").exists():
-                save(run / "checkpoints" / f"step-{step}", step, chain, a.ckpt_mb)
+                save(run / "checkpoints" / f"step-{step}", step, chain, a.ckpt_mb, a.ckpt_write_s)
                 print(f"STOP honoured at step {step}")
                 return 0
             if step % every == 0:
-                save(run / "checkpoints" / f"step-{step}", step, chain, a.ckpt_mb)
+                save(run / "checkpoints" / f"step-{step}", step, chain, a.ckpt_mb, a.ckpt_write_s)
     tmp = run / ".tmp-adapter"
     tmp.mkdir(exist_ok=True)
     (tmp / "adapter_model.safetensors").write_bytes(

@@ -36,7 +36,8 @@ STEPS, EVERY = 16, 2
 
 
 def spot_options(**kw):
-    return fast_options(job_command=fake_command(kw.pop("step_s", 0.2), ("--chain", "--ckpt-mb", "2")),
+    step_s = kw.pop("step_s", 0.2)
+    return fast_options(job_command=kw.pop("job_command", None) or fake_command(step_s, ("--chain", "--ckpt-mb", "2")),
                         spot=True, spot_policy="always", preempt_confirm_s=3.0, spot_resume_wait_s=1.5,
                         pull_every_s=0.3, **kw)
 
@@ -189,30 +190,46 @@ def _remote_steps(remote_root: Path) -> int:
 
 
 def test_vast_outbid_raises_the_bid_then_moves(sshd_factory, remote_root, tmp_path):
-    """Outbid once by a bid the ceiling can beat: the bid is raised, the paused instance resumes on
-    its own disk and the job goes on there. Outbid again by a bid beyond the ceiling: after the
-    bounded wait the husk is destroyed and the job moves to a new instance."""
+    """Outbid once, in the middle of a checkpoint's write, by a bid the ceiling can beat: the bid is
+    raised, the paused instance resumes on its own disk (the cut-off checkpoint still on it) and
+    the job goes on there from the newest whole one. Outbid again by a bid beyond the ceiling: after
+    the bounded wait the husk is destroyed and the job moves to a new instance."""
     fake = VastFake(sshd_factory, remote_root, key_delay_s=0.0)
     try:
         spec_path = make_spec(tmp_path, max_steps=STEPS, every=EVERY, max_bid_per_gpu_hour=0.2, disk_gb=50)
         want_losses, want_adapter = uninterrupted(tmp_path, spec_path)
         moments: list[str] = []
+        watching = threading.Event()
 
         def outbid(bid: float) -> None:
             threading.Thread(target=fake.outbid, args=(newest_live(fake), bid), daemon=True).start()
 
+        def mid_write() -> None:
+            """Outbid while a checkpoint past step 4 is half written (files there, no manifest)."""
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not moments:
+                for tmp in remote_root.glob("*/run/checkpoints/.tmp-step-*"):
+                    if int(tmp.name.rsplit("-", 1)[1]) >= 4 and not (tmp / "manifest.json").exists():
+                        moments.append(f"outbid 0.12 writing {tmp.name}")
+                        fake.outbid(newest_live(fake), 0.12)
+                        return
+                time.sleep(0.01)
+
         def say(msg: str) -> None:
             s = _step(msg) if msg.startswith("step ") else 0
-            if not moments and s >= 4:
-                moments.append("outbid 0.12")
-                outbid(0.12)
+            if s >= 1 and not watching.is_set():
+                watching.set()
+                threading.Thread(target=mid_write, daemon=True).start()
             elif len(moments) == 1 and s >= 10:
                 moments.append("outbid 5")
                 outbid(5.0)
 
         ledger = Ledger()
-        summary = run_remote(load_spec(spec_path), va(fake), "vast", spot_options(max_usd=2.0), ledger,
-                             str(spec_path), say=say)
+        # each checkpoint's write takes 0.4 s between its files and its manifest: the outbid lands there
+        opts = spot_options(max_usd=2.0, job_command=fake_command(0.2, ("--chain", "--ckpt-mb", "2",
+                                                                       "--ckpt-write-s", "0.4")))
+        summary = run_remote(load_spec(spec_path), va(fake), "vast", opts, ledger, str(spec_path), say=say)
+        assert len(moments) == 2 and moments[0].startswith("outbid 0.12 writing .tmp-step-"), moments
         assert summary.state == "done", summary.message
         assert losses(summary.run_dir) == want_losses
         assert (summary.run_dir / "adapter" / "adapter_model.safetensors").read_bytes() == want_adapter
