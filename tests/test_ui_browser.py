@@ -268,7 +268,7 @@ def test_a_run_folder_named_with_spaces_opens_from_the_runs_page(page, tmp_path)
         page.click("tr.run a")
         page.wait_for_function("() => window.lorapod && window.lorapod.lastStep === 20")
         assert page.inner_text("h1") == root.name
-        page.wait_for_function("[...document.querySelectorAll('.gallery img')].every(i => i.complete && i.naturalWidth > 0)")
+        page.wait_for_function("() => [...document.querySelectorAll('.gallery img')].every(i => i.complete && i.naturalWidth > 0)")
     finally:
         ui.close()
 
@@ -487,7 +487,7 @@ def test_demo_then_ui_a_new_users_first_look(page, tmp_path):
         assert pngs and page.locator(".gallery img").count() == len(pngs)
         # the images are loading="lazy": bring the last one into view, then every one must load
         page.locator(".gallery img").last.scroll_into_view_if_needed()
-        page.wait_for_function("[...document.querySelectorAll('.gallery img')].every(i => i.complete && i.naturalWidth > 0)",
+        page.wait_for_function("() => [...document.querySelectorAll('.gallery img')].every(i => i.complete && i.naturalWidth > 0)",
                                timeout=15_000)
         assert "green" in page.locator(".gallery").first.inner_text()  # the prompt from the PNG itself
         page.screenshot(path=shots(tmp_path) / "run-demo.png", full_page=True)

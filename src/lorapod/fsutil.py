@@ -71,7 +71,7 @@ def atomic_dir(final: Path) -> Iterator[Path]:
                     os.fsync(fh.fileno())
         old = None
         if final.exists():
-            old = final.with_name(f".old-{final.name}-{os.getpid()}")
+            old = final.with_name(f".old-{final.name}-{os.getpid()}-{threading.get_ident()}")
             os.replace(final, old)
         os.replace(tmp, final)
         if old is not None:

@@ -8,8 +8,6 @@ providers themselves report, so nothing billed is left unknown.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,6 +25,7 @@ from lorapod.engine.trackers import wandb_url
 from lorapod.errors import LorapodError
 from lorapod.rundir import at_step
 from lorapod.rundir.layout import METRICS
+from lorapod.rundir.metrics import MetricsFeed
 from lorapod.store.identity import controller_alive, installation_id, instance_label, parse_label
 from lorapod.store.ledger import InstanceRow, JobRow, Ledger
 from lorapod.store.phases import job_phases
@@ -298,12 +297,10 @@ def follow_logs(ledger: Ledger, job_id: str, follow: bool, poll_s: float = 2.0,
                                     "pass_to": None}  # after a move: lines up to this step were shown
 
     def step_of(line: str) -> int | None:
-        with contextlib.suppress(ValueError):
-            rec = json.loads(line)
-            step = rec.get("step") if isinstance(rec, dict) else None
-            if isinstance(step, int) and not isinstance(step, bool):
-                return step
-        return None
+        """The line's step by the one metrics reader's rules (bounded, validated; a hostile line
+        has none), with no floor: a move starts the instance's file from its beginning."""
+        rec = MetricsFeed().accept(line)
+        return rec["step"] if rec is not None else None
 
     def new_metrics(line: str) -> bool:
         """Whether a metrics line is shown: always, unless the follower moved and has not yet read
