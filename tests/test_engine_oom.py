@@ -99,15 +99,20 @@ def test_out_of_memory_evaluating_the_base_model_is_the_same_clear_error(assets,
     assert "out of GPU memory evaluating the base model" in (run.root / "events.log").read_text()
 
 
+def _qwen7b_without_checkpointing(tmp_path, sequence_len: int, micro_batch_size: int):
+    """A Qwen2.5-7B LoRA spec (nothing loaded: the planner's figures) without gradient checkpointing."""
+    return load_spec(raw={
+        "model": {"id": "Qwen/Qwen2.5-7B", "family": "llm"},
+        "data": {"path": str(tmp_path / "d.jsonl"), "sequence_len": sequence_len},
+        "train": {"micro_batch_size": micro_batch_size, "gradient_checkpointing": False},
+        "output": {"dir": str(tmp_path / "runs")},
+    })
+
+
 def test_the_hint_is_the_planners_cheapest_change_that_fits(tmp_path, monkeypatch):
     """Qwen2.5-7B, 4 x 4096 tokens without checkpointing, out of memory on a 24 GiB card: the measured
     peak, the plan's estimate (as max_memory_allocated reads it) and make_fit's --set line."""
-    spec = load_spec(raw={
-        "model": {"id": "Qwen/Qwen2.5-7B", "family": "llm"},
-        "data": {"path": str(tmp_path / "d.jsonl"), "sequence_len": 4096},
-        "train": {"micro_batch_size": 4, "gradient_checkpointing": False},
-        "output": {"dir": str(tmp_path / "runs")},
-    })
+    spec = _qwen7b_without_checkpointing(tmp_path, sequence_len=4096, micro_batch_size=4)
     monkeypatch.setattr(loop, "device_memory_gb", lambda device: 23.6)
     err = out_of_memory(spec, tmp_path / "run", torch.device("cuda", 0), 41, tmp_path / "run/checkpoints/step-41", 23.1)
     assert isinstance(err, OutOfMemory) and err.peak_gb == 23.1 and err.planned_gb > 23.6
@@ -127,12 +132,7 @@ def test_the_hint_is_the_planners_cheapest_change_that_fits(tmp_path, monkeypatc
 
 
 def test_a_change_the_checkpoint_survives_is_offered_as_a_resume(tmp_path, monkeypatch):
-    spec = load_spec(raw={
-        "model": {"id": "Qwen/Qwen2.5-7B", "family": "llm"},
-        "data": {"path": str(tmp_path / "d.jsonl"), "sequence_len": 2048},
-        "train": {"micro_batch_size": 1, "gradient_checkpointing": False},
-        "output": {"dir": str(tmp_path / "runs")},
-    })
+    spec = _qwen7b_without_checkpointing(tmp_path, sequence_len=2048, micro_batch_size=1)
     monkeypatch.setattr(loop, "device_memory_gb", lambda device: 23.6)
     err = out_of_memory(spec, tmp_path / "run", torch.device("cuda", 0), 9, tmp_path / "run/checkpoints/step-9", 23.4)
     assert err.hint.endswith(f"; continue with: lorapod train --resume {tmp_path / 'run'} "

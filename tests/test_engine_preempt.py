@@ -233,15 +233,22 @@ def test_the_spot_init_as_pid_1_passes_sigterm_to_the_job_and_waits_for_its_save
                 p.wait()
 
 
-def test_job_sh_records_the_jobs_own_status_when_it_is_sigtermed_directly(tmp_path):
-    """The watchdog and teardown signal the whole process group: job.sh's trap must not turn the
-    job's 75 into 143 (bash's status for a wait the trap cut short)."""
+def _start_job_sh(tmp_path: Path) -> tuple[Path, subprocess.Popen]:
+    """job.sh (compute/remote.py) running the stand-in in its own process group, as the session
+    starts it; the work folder and the process."""
     work = tmp_path / "work"
     work.mkdir()
     (work / "job.sh").write_text(JOB_SH)
     env = dict(os.environ, LORAPOD_JOBS_DIR=str(tmp_path / "jobs"))
     job = subprocess.Popen(["bash", str(work / "job.sh"), sys.executable, "-c", STANDIN], cwd=work, env=env,
                            start_new_session=True)
+    return work, job
+
+
+def test_job_sh_records_the_jobs_own_status_when_it_is_sigtermed_directly(tmp_path):
+    """The watchdog and teardown signal the whole process group: job.sh's trap must not turn the
+    job's 75 into 143 (bash's status for a wait the trap cut short)."""
+    work, job = _start_job_sh(tmp_path)
     assert _wait(lambda: (work / "ready").exists())
     os.killpg(job.pid, signal.SIGTERM)
     job.wait(timeout=10)
@@ -262,12 +269,7 @@ def test_the_watchdog_records_its_reason_when_job_sh_wrote_the_jobs_status_first
     the watchdog stopped it and why (the controller reports that), not a bare exit code."""
     from lorapod.compute import watchdog
 
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "job.sh").write_text(JOB_SH)
-    env = dict(os.environ, LORAPOD_JOBS_DIR=str(tmp_path / "jobs"))
-    job = subprocess.Popen(["bash", str(work / "job.sh"), sys.executable, "-c", STANDIN], cwd=work, env=env,
-                           start_new_session=True)
+    work, job = _start_job_sh(tmp_path)
     try:
         assert _wait(lambda: (work / "ready").exists() and (work / "job.pid").exists())
         monkeypatch.chdir(work)

@@ -9,6 +9,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -79,10 +80,9 @@ def test_stop_waits_for_the_next_save_then_resume_continues(tmp_path, monkeypatc
     assert link == [f"{tmp_path / 'work'}/trainer/out/mug/mug_{int(keys[-1].split('-')[1]) - 1:09d}.safetensors"]
 
 
-@pytest.mark.slow
-def test_sd_scripts_stop_then_resume_gives_one_unbroken_curve(tmp_path):
-    """STOP mid-run (the stand-in saves state every 20 steps), then a rerun on the same run folder
-    continues from the newest state folder: metrics 1..N once each, the final LoRA at the end."""
+def _sd_scripts_mug(tmp_path: Path) -> tuple[Path, Any]:
+    """The sd-scripts stand-in and an SDXL spec of three images x 20 repeats, 2 epochs, its state
+    saved every 20 steps (two kept)."""
     sd = Path(__file__).resolve().parent / "standins" / "sd-scripts"
     (tmp_path / "mug").mkdir()
     for i in range(3):
@@ -91,7 +91,14 @@ def test_sd_scripts_stop_then_resume_gives_one_unbroken_curve(tmp_path):
            "data": {"path": "mug", "format": "images", "repeats": 20}, "train": {"epochs": 2},
            "save": {"every_steps": 20, "every_epochs": None, "keep_last": 2}, "output": {"name": "mug"}}
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
-    spec = load_spec(tmp_path / "s.yaml")
+    return sd, load_spec(tmp_path / "s.yaml")
+
+
+@pytest.mark.slow
+def test_sd_scripts_stop_then_resume_gives_one_unbroken_curve(tmp_path):
+    """STOP mid-run (the stand-in saves state every 20 steps), then a rerun on the same run folder
+    continues from the newest state folder: metrics 1..N once each, the final LoRA at the end."""
+    sd, spec = _sd_scripts_mug(tmp_path)
     run, work = tmp_path / "run", tmp_path / "work"
 
     def stop_after_a_save() -> None:
@@ -206,15 +213,7 @@ def test_sigterm_ends_a_trainer_that_cannot_save_on_demand_at_once_and_the_resum
     what it trained since (docs/trainers.md). The wrapper does not wait for a save that will not
     come inside RunPod's 5 s: it returns ``preempted`` at once; a rerun resumes from the newest
     state with one unbroken curve."""
-    sd = Path(__file__).resolve().parent / "standins" / "sd-scripts"
-    (tmp_path / "mug").mkdir()
-    for i in range(3):
-        (tmp_path / "mug" / f"{i}.png").write_bytes(b"")
-    raw = {"model": {"id": "stabilityai/stable-diffusion-xl-base-1.0", "family": "sdxl"},
-           "data": {"path": "mug", "format": "images", "repeats": 20}, "train": {"epochs": 2},
-           "save": {"every_steps": 20, "every_epochs": None, "keep_last": 2}, "output": {"name": "mug"}}
-    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
-    spec = load_spec(tmp_path / "s.yaml")
+    sd, spec = _sd_scripts_mug(tmp_path)
     run, work = tmp_path / "run", tmp_path / "work"
     t = _sigterm_when(lambda: (run / "checkpoints" / "step-20").is_dir())
     assert run_trainer(spec, "sd-scripts", run, work, src=str(sd), poll_s=0.2, say=print) == "preempted"

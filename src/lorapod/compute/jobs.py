@@ -8,6 +8,7 @@ providers themselves report, so nothing billed is left unknown.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -242,6 +243,19 @@ def reach(ledger: Ledger, job: JobRow) -> Reach | None:
                  else RemoteWork(t, job.id), row)
 
 
+@contextlib.contextmanager
+def reached(ledger: Ledger, job: JobRow, why_none: str, hint: str) -> Iterator[Reach]:
+    """:func:`reach` for a command that needs the live instance: raises when there is none
+    ("job J has no live instance" + ``why_none``), and closes the connection after."""
+    r = reach(ledger, job)
+    if r is None:
+        raise LorapodError(f"job {job.id} has no live instance{why_none}", hint=hint)
+    try:
+        yield r
+    finally:
+        r.close()
+
+
 def stop_job(ledger: Ledger, job_id: str, reason: str) -> str:
     """Stop at the next save: write ``run/STOP`` on the job's live instance (the engine and the
     trainer runner save a checkpoint and exit; the session then pulls the run and destroys the
@@ -249,14 +263,9 @@ def stop_job(ledger: Ledger, job_id: str, reason: str) -> str:
     instance to ask. A run on this machine outside the ledger is stopped with
     :meth:`lorapod.rundir.RunDir.request_stop` instead (``lorapod stop RUN_FOLDER``)."""
     job = find_job(ledger, job_id)
-    r = reach(ledger, job)
-    if r is None:
-        raise LorapodError(f"job {job.id} has no live instance to stop ({job.state})",
-                           hint="`lorapod ps` lists what runs; a run on this machine: `lorapod stop RUN_FOLDER`")
-    try:
+    with reached(ledger, job, f" to stop ({job.state})",
+                 "`lorapod ps` lists what runs; a run on this machine: `lorapod stop RUN_FOLDER`") as r:
         r.work.request_stop(reason)
-    finally:
-        r.close()
     ledger.event("job", f"STOP written on the instance: {reason}", job_id=job.id)
     return (f"STOP written on {r.row.provider_id or r.row.id}: {job.id} saves a checkpoint at its next step and "
             f"ends; the run is pulled and the instance destroyed (resume later with `lorapod run --resume {job.id}`)")
@@ -265,14 +274,8 @@ def stop_job(ledger: Ledger, job_id: str, reason: str) -> str:
 def pull_job(ledger: Ledger, job_id: str, deadline_s: float = 600.0) -> int:
     """Fetch the run folder now; returns files transferred (0 when everything is already home)."""
     job = find_job(ledger, job_id)
-    r = reach(ledger, job)
-    if r is None:
-        raise LorapodError(f"job {job.id} has no live instance; its run folder is {job.run_dir}",
-                           hint="everything pulled before teardown is there")
-    try:
+    with reached(ledger, job, f"; its run folder is {job.run_dir}", "everything pulled before teardown is there") as r:
         st = retrying(lambda: r.work.pull(Path(job.run_dir)), time.monotonic() + deadline_s, "pull")
-    finally:
-        r.close()
     ledger.event("pull", f"manual pull: {st.files_transferred} files", job_id=job.id)
     return st.files_transferred
 
