@@ -23,11 +23,18 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def writer_tag() -> str:
+    """``PID-THREAD``: the part of a temporary name that is this writer's alone. The pid alone is
+    not enough: a sweep runs its jobs from threads of one process, and two threads sharing a
+    temporary name remove each other's file."""
+    return f"{os.getpid()}-{threading.get_ident()}"
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to ``.NAME.tmp-PID-THREAD`` then rename over ``path``: readers see the old or the new
-    file, and two writers (processes or threads) never share a temporary file."""
+    """Write to ``.NAME.tmp-``:func:`writer_tag` then rename over ``path``: readers see the old or
+    the new file, and two writers (processes or threads) never share a temporary file."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    tmp = path.with_name(f".{path.name}.tmp-{writer_tag()}")
     try:
         with open(tmp, "wb") as fh:
             fh.write(data)
@@ -53,7 +60,7 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}-{threading.get_ident()}")
+    tmp = final.with_name(f".tmp-{final.name}-{writer_tag()}")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
@@ -71,7 +78,7 @@ def atomic_dir(final: Path) -> Iterator[Path]:
                     os.fsync(fh.fileno())
         old = None
         if final.exists():
-            old = final.with_name(f".old-{final.name}-{os.getpid()}-{threading.get_ident()}")
+            old = final.with_name(f".old-{final.name}-{writer_tag()}")
             os.replace(final, old)
         os.replace(tmp, final)
         if old is not None:

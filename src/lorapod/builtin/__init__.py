@@ -24,12 +24,12 @@ import importlib
 import json
 import os
 import shutil
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
 from lorapod.catalog.models import BUILTIN_PREFIX, is_builtin
 from lorapod.errors import ModelLoadError
+from lorapod.fsutil import writer_tag
 from lorapod.home import lorapod_home
 
 MODELS: dict[str, str] = {
@@ -59,7 +59,7 @@ def resolve(model_id: str) -> str:
         return str(folder)
     module, _, function = MODELS[name].partition(":")
     build = getattr(importlib.import_module(module), function)
-    tmp = folder.with_name(f".tmp-{name}-{os.getpid()}-{threading.get_ident()}")  # a sweep builds from threads
+    tmp = folder.with_name(f".tmp-{name}-{writer_tag()}")  # a sweep builds from threads
     try:
         build(tmp)
         folder.parent.mkdir(parents=True, exist_ok=True)

@@ -15,9 +15,9 @@ from __future__ import annotations
 import os
 import re
 import socket
-import threading
 import uuid
 
+from lorapod.fsutil import writer_tag
 from lorapod.home import lorapod_home
 
 
@@ -31,9 +31,7 @@ def installation_id() -> str:
     except OSError:
         pass
     new = uuid.uuid4().hex[:8]
-    # one temporary file per writer, threads included: a sweep starts its jobs from threads of one
-    # process, and a name made of the pid alone let one thread remove another's before its link
-    tmp = path.with_name(f".installation-id.{os.getpid()}.{threading.get_ident()}")
+    tmp = path.with_name(f".installation-id.{writer_tag()}")  # a sweep's threads each have their own
     tmp.write_text(new + "\n")
     try:
         os.link(tmp, path)  # first writer wins, even with two runs starting at once
