@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from lorapod.compute.jobs import down_orphans, follow_logs
+from lorapod.compute.joblogs import follow_logs
+from lorapod.compute.jobs import down_orphans
 from lorapod.compute.provider import InstanceSpec, Offer
 from lorapod.compute.runpod.api import RunPodApi
 from lorapod.compute.runpod.provider import RunPodProvider

@@ -129,8 +129,8 @@ def test_runpod_job_preempted_three_times_ends_as_if_uninterrupted(runpod, tmp_p
 def test_logs_follow_a_spot_job_onto_its_next_instance(runpod, tmp_path, remote_root, monkeypatch):
     """`lorapod logs -f` started mid-run follows the job through a preemption: it waits while the
     controller rents the next pod, says the move, and shows every step once, in order, ending
-    with the job (compute/jobs.py follow_logs)."""
-    from lorapod.compute.jobs import follow_logs
+    with the job (compute/joblogs.py follow_logs)."""
+    from lorapod.compute.joblogs import follow_logs
 
     # the follower reaches the pods as `lorapod logs` does: the provider from the ledger's row
     monkeypatch.setenv("RUNPOD_API_KEY", runpod.account_key)

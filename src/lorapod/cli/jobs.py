@@ -91,7 +91,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Progress (step/total, loss, val loss, ETA, $ so far of the cap, $ to finish) and the job's log,
         live from the instance or from the pulled run folder."""
-        from lorapod.compute.jobs import NoSuchJob, find_job, find_local_run, follow_logs, local_run_logs
+        from lorapod.compute.joblogs import follow_logs, local_run_logs
+        from lorapod.compute.jobs import NoSuchJob, find_job, find_local_run
         from lorapod.store.ledger import Ledger
 
         ledger = Ledger()

@@ -3,7 +3,7 @@
 The run folder's ``metrics.jsonl`` is the pulled copy, refreshed every ``--pull-every-s`` (30 s
 by default), so a chart fed from it alone would lag by that much. While a job runs, the stream
 also reads the instance's ``run/metrics.jsonl`` after the bytes already home, the way
-``lorapod logs -f`` does (:func:`lorapod.compute.jobs.follow_logs`: the same guarded, read-only
+``lorapod logs -f`` does (:func:`lorapod.compute.joblogs.follow_logs`: the same guarded, read-only
 ``tail``, through :func:`lorapod.compute.jobs.reach`). It never uses the session's ``poll``,
 which touches ``HEARTBEAT``: an open page must not keep the watchdog believing a dead controller
 is alive. What the host sends is bounded (``LIMIT`` bytes a read, whole lines only) and only
