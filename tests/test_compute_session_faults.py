@@ -57,6 +57,12 @@ def start_run(spec: Path, target: str, env: dict[str, str], *extra: str) -> subp
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
+#: for the tests whose controller lives throughout: start_run's 2 s heartbeat timeout (for the tests
+#: that kill the controller) let the watchdog, once, stop a job before its first step on a loaded
+#: machine, where an SSH heartbeat took longer (the last value of a repeated option wins)
+PATIENT_WATCHDOG = ("--heartbeat-timeout-s", "60")
+
+
 def wait_for(cond, timeout: float, what: str, every: float = 0.05) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -232,7 +238,9 @@ def test_destroy_failing_forever_exits_non_zero_ps_red_down_retries(runpod, tmp_
     runpod.faults.append(Fault("DELETE", r"/pods/\w+", 400, times=10**6, body={"error": "injected"}))
     runpod.refuse_terminate = True  # the watchdog's GraphQL path too
     env = env_for(runpod, LORAPOD_JOB_COMMAND=fake_command_template(0.02))
-    proc = start_run(make_spec(tmp_path), "runpod", env, "--destroy-deadline-s", "2")
+    # a controller silent for 2 s (a loaded machine's SSH heartbeat) is not what this test is about:
+    # the watchdog must not stop the job before its first step
+    proc = start_run(make_spec(tmp_path), "runpod", env, "--destroy-deadline-s", "2", *PATIENT_WATCHDOG)
     _, err = proc.communicate(timeout=120)
     err = " ".join(err.split())  # the console wraps long lines
     (pod,) = runpod.instances.values()
@@ -255,7 +263,8 @@ def test_second_signal_during_a_failing_destroy_ends_the_controller(runpod, tmp_
     """The destroy call itself is never interrupted, but a second SIGTERM ends the retries after it."""
     runpod.faults.append(Fault("DELETE", r"/pods/\w+", 400, times=10**6, body={"error": "injected"}))
     runpod.refuse_terminate = True
-    proc = start_run(make_spec(tmp_path), "runpod", env_for(runpod, LORAPOD_JOB_COMMAND=fake_command_template(0.02)))
+    proc = start_run(make_spec(tmp_path), "runpod", env_for(runpod, LORAPOD_JOB_COMMAND=fake_command_template(0.02)),
+                     *PATIENT_WATCHDOG)
     try:
         wait_for(lambda: any(r.state == "destroying" for r in Ledger().instances()), 60, "teardown", every=0.1)
         proc.send_signal(signal.SIGTERM)
