@@ -36,6 +36,7 @@ class LLMEval:
     reason: str
     answers: list[dict[str, str]] = field(default_factory=list)  # prompt, base, tuned
     files: list[str] = field(default_factory=list)
+    quality: dict = field(default_factory=dict)  # the quality autopilot's decision (quality/pick.json)
 
 
 def recommend(rows: list[Row]) -> tuple[str, str]:
@@ -97,7 +98,7 @@ def read_prompts(path: Path | None, spec, n: int) -> list[list[dict]]:
 
 
 def evaluate_llm(run_path: str | Path, prompts: Path | None = None, n_prompts: int = 4, device: str | None = None,
-                 max_new_tokens: int = 48, log=print) -> LLMEval:
+                 max_new_tokens: int = 48, log=print, score: bool = True) -> LLMEval:
     import torch
 
     from lorapod.engine.llm import generate, prepare
@@ -125,12 +126,15 @@ def evaluate_llm(run_path: str | Path, prompts: Path | None = None, n_prompts: i
         rows.append(Row(path.name, checkpoint_step(path.name), m["val_loss"], m["val_ppl"]))
         log(f"{path.name}: val loss {m['val_loss']:.4f}")
     best, reason = recommend(rows)
+    decision = _quality(spec, run, recipe, steps, log) if score else {}
+    if decision.get("checkpoint") in {p.name for p in steps}:
+        best, reason = decision["checkpoint"], f"quality autopilot: {decision.get('reason')}; by validation loss: {reason}"
     recipe.load_adapter_state(mgr.load(run.checkpoints / best).adapter())
     answers = []
     for msgs in read_prompts(prompts, spec, n_prompts):
         answers.append({"prompt": msgs[-1]["content"], "base": generate(model, recipe.tokenizer, msgs, max_new_tokens, use_adapter=False),
                         "tuned": generate(model, recipe.tokenizer, msgs, max_new_tokens, use_adapter=True)})
-    result = LLMEval(rows, best, reason, answers)
+    result = LLMEval(rows, best, reason, answers, quality=decision)
     out = run.root / "eval"
     out.mkdir(exist_ok=True)
     atomic_write_text(out / "eval.json", json.dumps(asdict(result), indent=2))
@@ -144,11 +148,37 @@ def evaluate_llm(run_path: str | Path, prompts: Path | None = None, n_prompts: i
     return result
 
 
+def _quality(spec, run: RunDir, recipe, steps: list[Path], log) -> dict:
+    """The autopilot's scores (quality/): those made while training, the checkpoints it missed now."""
+    from lorapod.engine.autopilot import llm_autopilot
+    from lorapod.engine.llm import generate_many, load_split
+    from lorapod.rundir import quality as files
+
+    mgr = CheckpointManager(run.checkpoints)
+    pilot = llm_autopilot(spec, run, recipe, log, load_split(spec, log=lambda m: None)[0].val, generate_many)
+    if pilot is None:
+        return {}
+    for path in steps:
+        step = checkpoint_step(path.name)
+        if step is None or pilot.scored(step) or pilot.scoring is None:
+            continue
+        recipe.load_adapter_state(mgr.load(path).adapter())
+        pilot.on_checkpoint(step, step)  # total = step: nothing left to stop
+    return files.read_json(run.root, files.PICK) or {}
+
+
 def render(r: LLMEval) -> str:
     lines = ["| checkpoint | val loss | perplexity |", "|---|---:|---:|"]
     lines += [f"| {row.label}{' (recommended)' if row.label == r.best else ''} | {row.val_loss:.4f} | "
               f"{row.val_ppl:.2f} |" for row in r.rows]
     lines += ["", f"Recommended: **{r.best}**: {r.reason}.", ""]
+    table = r.quality.get("table") or []
+    if table:
+        lines += ["| checkpoint | quality score (vs base) | ± se |", "|---|---:|---:|"]
+        lines += [f"| {t.get('checkpoint')}{' (pick)' if t.get('checkpoint') == r.quality.get('checkpoint') else ''} | "
+                  + (f"{t['best']['score']:+.4f} | {t['best']['se']:.4f} |" if t.get("best") else "- | - |")
+                  for t in table]
+        lines.append("")
     if r.answers:
         lines += ["## Answers (greedy decoding)", ""]
         for a in r.answers:

@@ -85,6 +85,7 @@ class Mirror:
     run: Path
     keep_last: int
     step_offset: int = 0  # a resumed kohya job numbers its step saves from 0 again (TrainerJob.step_offset)
+    protect: Callable[[], set[str]] | None = None  # checkpoints kept beyond keep_last (the quality pick)
     _seen: dict[Path, tuple] = field(default_factory=dict)
     done: set[Path] = field(default_factory=set)
 
@@ -126,8 +127,9 @@ class Mirror:
         the kohya trainers' ``NAME-state``) is not one of them: counting it would delete a step
         the trainer itself kept (sd-scripts keeps ``--save_last_n_steps`` saves *and* the final
         state; tests/recorded/sd15)."""
+        kept = self.protect() if self.protect is not None else set()
         keys = sorted((p for p in (self.run / "checkpoints").iterdir()
-                       if p.is_dir() and not p.name.startswith(".") and p.name != FINAL_STATE),
+                       if p.is_dir() and not p.name.startswith(".") and p.name != FINAL_STATE and p.name not in kept),
                       key=lambda p: p.stat().st_mtime)
         for old in keys[: max(0, len(keys) - self.keep_last)]:
             shutil.rmtree(old, ignore_errors=True)
@@ -266,9 +268,10 @@ def _forwarded_trackers(spec, trainer_name: str, run_dir: Path) -> list:
 
 def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: str = sys.executable,
                 src: str | None = None, stop_wait_s: float = 240.0, poll_s: float = 1.0,
-                say: Callable[[str], None] = print) -> str:
-    """Run the whole job; returns ``done``, ``stopped`` (run/STOP) or ``preempted`` (SIGTERM). Raises
-    with the reason on failure."""
+                say: Callable[[str], None] = print, judge=None) -> str:
+    """Run the whole job; returns ``done``, ``stopped`` (run/STOP, or train.stop_when) or ``preempted``
+    (SIGTERM). Raises with the reason on failure. ``judge``: the quality autopilot scoring each
+    mirrored checkpoint (default: engine/autopilot.py ``external_autopilot`` for the spec)."""
     term = [False]
     old_term = None
     # A job started in the background by a shell has SIGINT ignored, and an ignored signal stays
@@ -278,14 +281,14 @@ def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: s
         signal.signal(signal.SIGINT, signal.default_int_handler)
         old_term = signal.signal(signal.SIGTERM, lambda *_: term.__setitem__(0, True))
     try:
-        return _run(spec, trainer_name, run_dir, work, python, src, stop_wait_s, poll_s, say, term)
+        return _run(spec, trainer_name, run_dir, work, python, src, stop_wait_s, poll_s, say, term, judge)
     finally:
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
 
 
 def _run(spec, trainer_name: str, run_dir: Path, work: Path, python: str, src: str | None, stop_wait_s: float,
-         poll_s: float, say: Callable[[str], None], term: list[bool]) -> str:
+         poll_s: float, say: Callable[[str], None], term: list[bool], judge=None) -> str:
     from lorapod.engine.metrics import MetricsWriter
 
     run_dir = Path(run_dir)
@@ -328,15 +331,34 @@ def _run(spec, trainer_name: str, run_dir: Path, work: Path, python: str, src: s
     # on resume, lines logged after the checkpoint go: the trainer logs those steps again
     metrics = MetricsWriter(run_dir / METRICS, resume_step=resume_step,
                             trackers=_forwarded_trackers(spec, trainer.name, run_dir))
-    mirror = Mirror(trainer, layout, job.output_name, run_dir, spec.save.keep_last, job.step_offset)
+    if judge is None:
+        from lorapod.engine.autopilot import external_autopilot
+
+        judge = external_autopilot(spec, run_dir, say)
+    mirror = Mirror(trainer, layout, job.output_name, run_dir, spec.save.keep_last, job.step_offset,
+                    protect=judge.keep if judge is not None else None)
     bridge = trainer.metrics_parser(job)
     lock = threading.Lock()
     last_step = [0]
+    total = [spec.train.max_steps]
 
     def log(records: list[dict]) -> None:
         for rec in records:
             metrics.log(rec)
             last_step[0] = max(last_step[0], int(rec.get("step", 0)))
+            if isinstance(rec.get("total_steps"), int):
+                total[0] = rec["total_steps"]
+
+    def judged(added: list[tuple[str, str]]) -> str | None:
+        """The quality autopilot on each checkpoint just mirrored: why to stop now, or None."""
+        for kind, key in added:
+            if judge is not None and kind == "checkpoint":
+                step = checkpoint_step(key)
+                why = judge.on_checkpoint(run_dir, key, step if step is not None else last_step[0], total[0],
+                                          metrics.log)
+                if why is not None:
+                    return why
+        return None
 
     def on_text(text: str) -> None:
         with lock:
@@ -356,7 +378,16 @@ def _run(spec, trainer_name: str, run_dir: Path, work: Path, python: str, src: s
                 time.sleep(min(poll_s, 0.25) if term[0] else poll_s)
                 with lock:
                     log(bridge.poll())
-                saved = [key for kind, key in mirror.sync() if kind == trainer.resume_kind]
+                added = mirror.sync()
+                saved = [key for kind, key in added if kind == trainer.resume_kind]
+                why = judged(added) if cmd.phase == "train" else None
+                if why is not None:  # train.stop_when: the checkpoint just saved is where the run ends
+                    p.end()
+                    with lock:
+                        log(bridge.flush() + bridge.poll())
+                    mirror.sync(settled=True)
+                    say(f"lorapod trainer-run: train.stop_when at step {last_step[0]}: {why}")
+                    return "stopped"
                 if term[0] and preempted_since is None:
                     preempted_since = time.monotonic()
                     before = {a.key for a in trainer.artifacts(layout, job.output_name) if a.kind == trainer.resume_kind}
@@ -408,7 +439,9 @@ def _run(spec, trainer_name: str, run_dir: Path, work: Path, python: str, src: s
                 raise TrainerFailed(f"{head}{trainer.title}: '{cmd.name}' exited with {rc}:\n{_tail(p.lines)}",
                                     hint=trainer.fix_for(reason) or "the trainer's own message is above (job.log); "
                                          "fix the spec or the data, then `lorapod run --resume JOB`")
-        mirror.sync(final=True)
+        judged(mirror.sync(final=True))
+        if judge is not None:
+            judge.finish(run_dir, metrics.log)  # what waited for the GPU while the trainer ran
     finally:
         metrics.close()
     if not any((run_dir / "adapter").glob("*")):
