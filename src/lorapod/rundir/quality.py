@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from lorapod.fsutil import append_text, atomic_write_text
-from lorapod.rundir.metrics import iter_records, number, read_bytes
+from lorapod.rundir.metrics import MetricsFeed, number, read_bytes
 
 QUALITY = "quality"
 SCORES = "scores.jsonl"
@@ -68,8 +68,9 @@ def read_scores(root: Path) -> list[dict[str, Any]]:
     """The scored checkpoints, oldest first, one per step (a step scored twice, as after a resume,
     keeps its last record). Lines follow the metrics reader's rules (rundir/metrics.py)."""
     by_step: dict[int, dict[str, Any]] = {}
-    for rec in iter_records(read_bytes(folder(root) / SCORES, MAX_SCORES_BYTES)):
-        if isinstance(rec.get("strengths"), dict):
+    for line in read_bytes(folder(root) / SCORES, MAX_SCORES_BYTES).split(b"\n"):
+        rec = MetricsFeed().accept(line)  # one line at a time: a re-scored step may follow a later one
+        if rec is not None and isinstance(rec.get("strengths"), dict):
             by_step[int(rec["step"])] = rec
     return [by_step[s] for s in sorted(by_step)]
 
