@@ -52,12 +52,12 @@ def test_an_autopilot_that_is_off_picks_nothing_and_says_why():
 def test_plateau_counts_checkpoints_that_do_not_beat_the_best_by_more_than_its_noise():
     rising = [rec(s, {"1": v}) for s, v in ((10, 0.1), (20, 0.2), (30, 0.3))]
     assert decide.stop_reason(rising, plateau=2, target=None) is None
-    flat = rising + [rec(40, {"1": 0.305}), rec(50, {"1": 0.295})]  # within 0.01 of 0.3
+    flat = [*rising, rec(40, {"1": 0.305}), rec(50, {"1": 0.295})]  # within 0.01 of 0.3
     why = decide.stop_reason(flat, plateau=2, target=None)
     assert why is not None and "step-30" in why and "step-40 +0.3050, step-50 +0.2950" in why
     assert decide.stop_reason(flat, plateau=3, target=None) is None
     # a real improvement resets the count; min_delta widens what counts as noise
-    better = rising + [rec(40, {"1": 0.35}), rec(50, {"1": 0.35})]
+    better = [*rising, rec(40, {"1": 0.35}), rec(50, {"1": 0.35})]
     assert decide.stop_reason(better, plateau=2, target=None) is None
     assert decide.stop_reason(better, plateau=2, target=None, min_delta=0.1) is not None
     # never before min_checkpoints

@@ -140,7 +140,7 @@ def test_llm_checkpoints_are_scored_by_held_out_loss_and_answers(tmp_path):
 
     from .llm_fixtures import make_assets, spec_dict
 
-    root, model_dir, train, val = make_assets(tmp_path)
+    _, model_dir, train, val = make_assets(tmp_path)
     raw = spec_dict(model_dir, train, val, tmp_path / "runs", max_steps=6)
     raw["save"] = {"every_steps": 3, "every_epochs": None, "keep_last": 5}
     raw["quality"] = {"examples": 4, "max_new_tokens": 8}

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +23,7 @@ from lorapod.quality.scorers import Scorers, load_embedder
 from lorapod.rundir import quality as files
 from lorapod.spec import validate
 
-sys.path.insert(0, str(Path(__file__).parent))
-from image_fixtures import image_spec, write_images  # noqa: E402
+from .image_fixtures import image_spec, write_images
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +152,7 @@ def test_strength_scales_every_lora_layer_and_restores_it(recipe):
     before = [dict(layer.scaling) for layer in layers]
     with lora_strength(recipe.lora_modules.values(), 0.6) as n:
         assert n == len(layers) > 0
-        assert all(layer.scaling["default"] == pytest.approx(0.6 * b["default"]) for layer, b in zip(layers, before))
+        assert all(layer.scaling["default"] == pytest.approx(0.6 * b["default"]) for layer, b in zip(layers, before, strict=True))
     assert [dict(layer.scaling) for layer in layers] == before
 
 
