@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from lorapod.catalog import families
 from lorapod.errors import SpecError
@@ -233,6 +233,14 @@ class QualitySpec(_Section):
         16, description="LLM: held-out conversations answered (greedy) per checkpoint and by the base.")
     max_new_tokens: Annotated[int, Field(ge=1, le=2048)] = Field(64, description="LLM: longest scored answer.")
 
+    @field_validator("score", "face", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: Any, info: ValidationInfo) -> Any:
+        """YAML 1.1 reads a bare ``off`` as false and ``on`` as true: take them as written."""
+        if isinstance(v, bool):
+            return "off" if not v else ("on" if info.field_name == "face" else "auto")
+        return v
+
 
 class SamplesSpec(_Section):
     """Samples written while training: prompts (images) or generations (LLMs)."""
@@ -253,6 +261,8 @@ class PhaseOverrides(_Section):
     prep_min: Annotated[float | None, Field(ge=0)] = Field(None, description="download + upload + cache together.")
     train_min: Annotated[float | None, Field(ge=0)] = None
     sampling_min: Annotated[float | None, Field(ge=0)] = None
+    scoring_min: Annotated[float | None, Field(ge=0)] = Field(
+        None, description="The quality autopilot's scoring (docs/quality.md); included in train_min when that is given.")
     review_min: Annotated[float | None, Field(ge=0)] = None
 
 
