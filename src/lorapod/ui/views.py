@@ -29,6 +29,7 @@ from lorapod.ui.runs import (
     evaluation,
     logs,
     no_step_none,
+    quality,
     sample_prompt,
     samples,
     spec_dict,
@@ -199,6 +200,7 @@ def run_context(dash: Dashboard, view: RunView, page: int = 1) -> dict[str, Any]
     phases = [{"name": k, "s": s, "usd": view.setup_usd.get(k, 0.0)} for k, s in view.setup_s.items()]
     return {"view": view, "gallery": gallery, "page": page, "pages": pages, "n_samples": len(flat),
             "evaluation": evaluation(view.root), "logs": logs(view.root), "ledger_events": ledger_events,
+            "quality": quality(view.root),
             "phases": phases, "last_ckpt": last_ckpt, "confirm": confirms(view, last_ckpt), "spot": spot}
 
 
