@@ -159,3 +159,23 @@ def test_llm_checkpoints_are_scored_by_held_out_loss_and_answers(tmp_path):
     assert len(base["f1"]) == 4 and scores[-1]["samples"][0]["reference"]
     pick = files.read_json(run.root, files.PICK)
     assert pick["autopilot"] == "on" and pick["checkpoint"] in ("step-3", "step-6") and pick["strength"] == 1.0
+
+
+def test_image_eval_scores_the_checkpoints_the_run_did_not_and_recommends_the_pick(assets, tmp_path):
+    from lorapod.evaluate.images import evaluate_images
+
+    spec, run = make(assets, tmp_path, max_steps=4, quality={"strengths": [1.0]})
+    spec.save.keep_last = 5
+    run.write_spec(spec)
+    _train(spec, run, tmp_path)
+    scores = run.root / "quality" / files.SCORES
+    scores.write_text(scores.read_text().splitlines()[0] + "\n")  # step-4 was not scored while training
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("zxq on a table --w 48 --h 48\n")
+    res = evaluate_images(run.root, prompts, (1.0,), steps=1, device="cpu", log=lambda m: None)
+    assert [r["step"] for r in files.read_scores(run.root)] == [2, 4]
+    decision = files.read_json(run.root, files.PICK)
+    assert res.best == decision["checkpoint"] and res.strength == 1.0 and res.reason.startswith("quality autopilot:")
+    assert res.quality["table"][1]["checkpoint"] == "step-4"
+    page = (run.root / "eval" / "images.html").read_text()
+    assert f"recommended: {res.best} at strength 1" in page and "score (vs base)" in page

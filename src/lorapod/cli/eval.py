@@ -52,6 +52,8 @@ def register(app: typer.Typer) -> None:
                 raise typer.BadParameter("--strengths takes numbers, e.g. 0.6,0.8,1.0") from exc
             res = evaluate_images(run, prompts, strs, steps, clip=clip, device=device,
                                   log=lambda m: console.print(escape(m)), dino=dino, score=not no_score)
+            if not clip:
+                console.print("no CLIP model given (--clip PATH): grids only, no CLIP scores per cell")
             _say_quality(res.quality)
             console.print(f"page: [bold]{escape(res.page)}[/]")
             return

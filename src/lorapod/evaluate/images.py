@@ -243,9 +243,8 @@ def evaluate_images(run_path: str | Path, prompts: Path | None = None, strengths
         reason = f"quality autopilot: {decision.get('reason')}"
     else:
         best, reason = recommend(run.metrics_file, labels, {k: sum(v) / len(v) for k, v in leaks.items()})
-        if decision.get("reason"):
-            reason = (f"the quality autopilot picks none ({decision['reason']}); by loss instead: {reason}"
-                      if best else f"{decision['reason']}; {reason}")
+        if decision.get("reason"):  # the loss's recommendation first, then why the autopilot made none
+            reason += f"; the quality autopilot picks none: {decision['reason']}"
     log(f"recommended: {best}{f' at strength {strength:g}' if strength else ''} ({reason})" if best
         else f"no checkpoint recommended: {reason}")
     keep = spec.save.keep_last

@@ -20,17 +20,29 @@ from lorapod.rundir import quality as files
 
 
 def references(spec: Any, run: RunDir) -> Holdout:
-    """The run's held-out split, recomputed here from its data (the same images by content hash
-    as on the machine that trained); the run's own holdout.json says what it held out there."""
+    """The images the run held out, recomputed here from its data (the same images by content hash
+    as on the machine that trained). Only what the run's holdout.json says it held out: a run that
+    trained on every image has no references but ``data.holdout_path``'s (its own training images
+    would reward copying)."""
     from lorapod.engine.diffusion.dataset import scan
 
     d = spec.data
+    if d.holdout_path:
+        return split([], d.holdout, d.trigger, d.holdout_path)
+    said = files.read_json(run.root, files.HOLDOUT)
+    if not said or not said.get("count"):
+        why = str(said.get("why"))[:500] if said else "the run did not hold any image out of training"
+        return Holdout([], set(), f"{why}; give references it did not train on in data.holdout_path")
     try:
         items, _ = scan(spec.data_paths(), d.resolution, d.buckets, d.caption_extension, d.repeats, d.trigger)
     except Exception as exc:  # the data is not on this machine (a pulled run): say so, score without
         return Holdout([], set(), f"the run's data is not readable here ({exc}): no references")
     cands = {it.digest: Candidate(it.path, it.caption, it.digest) for it in items}
-    return split(list(cands.values()), d.holdout, d.trigger, d.holdout_path)
+    held = split(list(cands.values()), d.holdout, d.trigger, d.holdout_path)
+    names = sorted(str(p).rsplit("/", 1)[-1] for p in said.get("held") or [])
+    if sorted(p.name for p in held.held) != names:
+        return Holdout([], set(), f"the data here is not what the run trained on (it held out {', '.join(names)})")
+    return held
 
 
 def score_images(spec: Any, run: RunDir, family: str, labels: list[str], activate: Callable[[str | None, float], None],
