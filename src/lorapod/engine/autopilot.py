@@ -315,7 +315,10 @@ def external_autopilot(spec: JobSpec, run_dir: Path, log: Callable[[str], None])
     for root in spec.data_paths():
         for p in sorted(Path(root).rglob("*")):
             if p.suffix.lower() in (".png", ".jpg", ".jpeg", ".webp") and len(training) < MAX_TRAIN_HASHED:
-                training.append(_open(p))
+                try:
+                    training.append(_open(p))
+                except OSError:  # the trainer's own check says what is wrong with it
+                    continue
                 cap = p.with_suffix(spec.data.caption_extension if spec.data.caption_extension.startswith(".")
                                     else "." + spec.data.caption_extension)
                 if cap.is_file():
