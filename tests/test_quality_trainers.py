@@ -9,7 +9,6 @@ from __future__ import annotations
 import shutil
 import time
 
-import pytest
 import torch
 
 from lorapod.engine.autopilot import LoraFiles, external_autopilot, lora_file
