@@ -140,3 +140,11 @@ def test_the_quality_files_are_read_bounded_and_never_through_a_link(tmp_path):
     files.append_score(tmp_path, {"step": 5, "strengths": {"1": {"score": 0.2}}})  # a resume scored it again
     got = files.read_scores(tmp_path)
     assert [(r["step"], r["strengths"]["1"]["score"]) for r in got] == [(5, 0.2)]
+
+
+def test_a_converged_curve_with_no_spread_is_a_plateau_not_an_endless_creep():
+    """Every answer right (standard error 0) while the loss creeps down by 1e-5: within the noise floor."""
+    creep = [rec(40 * k, {"1": v}, se=0.0) for k, v in enumerate((0.70, 0.9886, 0.9999, 0.99995, 1.0, 1.0), 1)]
+    why = decide.stop_reason(creep, plateau=2, target=None)
+    assert why is not None and "step-120" in why and f"{decide.NOISE_FLOOR:.4f}" in why
+    assert decide.pick(creep)["checkpoint"] == "step-120"

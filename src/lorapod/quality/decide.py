@@ -26,7 +26,8 @@ perceptual hash (``memorised``) is out of the pick and never the plateau's best.
 **The pick**: the best score over checkpoints x strengths; an earlier checkpoint whose best is
 within one standard error of it wins (fewer steps, same quality). **The stop** (``train.stop_when``):
 ``plateau: K``: K checkpoints in a row that do not beat the best so far by more than its standard
-error (or ``min_delta``); ``target``: the best score reached it.
+error (or ``min_delta``); ``target``: the best score reached it. Noise is never taken below
+:data:`NOISE_FLOOR` (:func:`band`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,16 @@ W_ADHERENCE = 1.0
 W_LEAKAGE = 0.5
 W_LOSS = 0.5
 W_ANSWERS = 0.5
+#: The smallest difference between two scores that is ever more than noise, whatever the standard
+#: error says: a curve that has converged (every answer right, se 0) still moves by 1e-5 as its loss
+#: creeps down, which is no reason to train on or to prefer a later checkpoint.
+NOISE_FLOOR = 0.002
+
+
+def band(se: float, min_delta: float = 0.0) -> float:
+    """How much better than a score another must be to count as better: its standard error, or
+    ``min_delta``, or :data:`NOISE_FLOOR`, whichever is largest."""
+    return max(se, min_delta, NOISE_FLOOR)
 
 
 def mean(xs: Sequence[float]) -> float:
@@ -139,17 +150,17 @@ def pick(records: Iterable[dict[str, Any]], off: str | None = None) -> dict[str,
                "every scored checkpoint copies a training image or has no score: none to pick")
         return {"autopilot": "on", "checkpoint": None, "strength": None, "score": None, "reason": why, "table": table}
     top = max(cands, key=lambda c: (c.score, c.strength))
-    chosen = next(c for c in sorted(cands, key=lambda c: c.step) if c.score >= top.score - top.se)
+    chosen = next(c for c in sorted(cands, key=lambda c: c.step) if c.score >= top.score - band(top.se))
     reason = (f"best score {top.score:+.4f} ± {top.se:.4f} at {top.checkpoint}, strength {top.strength:g}"
               if chosen is top else
               f"{chosen.checkpoint} (strength {chosen.strength:g}) scores {chosen.score:+.4f}, within the noise "
-              f"(± {top.se:.4f}) of the best {top.score:+.4f} at {top.checkpoint}: fewer steps, same quality")
+              f"(± {band(top.se):.4f}) of the best {top.score:+.4f} at {top.checkpoint}: fewer steps, same quality")
     copies = [f"{r.get('checkpoint')} at {', '.join(t['memorised'])}" for r, t in zip(records, table, strict=True)
               if t["memorised"]]
     if copies:
         reason += f"; left out as copies of training images: {'; '.join(copies)}"
     later = [c for c in cands if c.step > chosen.step]
-    if later and max(c.score for c in later) < chosen.score - chosen.se:
+    if later and max(c.score for c in later) < chosen.score - band(chosen.se):
         reason += "; the score fell after it (later checkpoints over-fit or drift)"
     elif not later and len(cands) > 1:
         reason += "; it is the last scored checkpoint: more training may still help"
@@ -172,7 +183,7 @@ def stop_reason(records: Sequence[dict[str, Any]], plateau: int | None, target: 
     for i, c in enumerate(bests):
         if c is None:
             continue
-        if record is None or c.score > record.score + max(min_delta, record.se):
+        if record is None or c.score > record.score + band(record.se, min_delta):
             record, record_at = c, i
     if record is None:
         return None
@@ -182,4 +193,4 @@ def stop_reason(records: Sequence[dict[str, Any]], plateau: int | None, target: 
     tail = ", ".join(f"{r.get('checkpoint')} {c.score:+.4f}" if c else f"{r.get('checkpoint')} -"
                      for r, c in zip(records[record_at + 1:], bests[record_at + 1:], strict=True))
     return (f"plateau: the best score {record.score:+.4f} ± {record.se:.4f} at {record.checkpoint}; the {since} "
-            f"checkpoint(s) since ({tail}) are not better by more than {max(min_delta, record.se):.4f}")
+            f"checkpoint(s) since ({tail}) are not better by more than {band(record.se, min_delta):.4f}")
