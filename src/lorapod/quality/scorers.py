@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 #: A scored image this close (bits of 64) to a training image's perceptual hash is a copy of it.
@@ -33,6 +34,31 @@ COPY_BITS = 6
 FACE_SAME = 0.6
 #: the face score is used when faces are found in at least this share of the references
 FACE_SHARE = 0.5
+
+
+_REACHABLE: dict[str, bool] = {}
+
+
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether the Hugging Face Hub (``HF_ENDPOINT``) answers a TCP connection within ``timeout_s``:
+    asked once per process. Without it a scorer loads from the local cache only, at once, instead of
+    huggingface_hub retrying each file for half a minute (measured: 29 s per model with no DNS)."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    key = f"{url.hostname}:{url.port or (443 if url.scheme == 'https' else 80)}"
+    if key not in _REACHABLE:
+        try:
+            with socket.create_connection((url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https"
+                                                                                          else 80)), timeout_s):
+                _REACHABLE[key] = True
+        except OSError:
+            _REACHABLE[key] = False
+    return _REACHABLE[key]
 
 
 def model_path(model_id: str) -> str:
@@ -105,14 +131,22 @@ def load_embedder(model_id: str, want: str) -> Embedder:
     hf_logging.set_verbosity_error()  # no "torchvision not installed" notes or weight-loading bars per checkpoint
     hf_logging.disable_progress_bar()
     path = model_path(model_id)
-    config = AutoConfig.from_pretrained(path)
+    local = Path(path).expanduser().exists() or hub_reachable()
+    kw = {} if local else {"local_files_only": True}  # the Hub is not reachable: the cache or nothing
+    try:
+        config = AutoConfig.from_pretrained(path, **kw)
+    except OSError as exc:
+        if kw:
+            raise OSError(f"the Hugging Face Hub is not reachable from here and {model_id} is not in its cache "
+                          "(download it once where there is a network, or give a local folder)") from exc
+        raise
     kind = {"clip": "clip", "siglip": "siglip", "siglip2": "siglip", "dinov2": "dino",
             "dinov2_with_registers": "dino"}.get(config.model_type)
     if kind is None or (want == "dino") != (kind == "dino"):
         raise ValueError(f"is a {config.model_type} model, not {'DINOv2' if want == 'dino' else 'CLIP or SigLIP'}")
-    model = AutoModel.from_pretrained(path).eval()
-    processor = AutoImageProcessor.from_pretrained(path)
-    tokenizer = AutoTokenizer.from_pretrained(path) if kind != "dino" else None
+    model = AutoModel.from_pretrained(path, **kw).eval()
+    processor = AutoImageProcessor.from_pretrained(path, **kw)
+    tokenizer = AutoTokenizer.from_pretrained(path, **kw) if kind != "dino" else None
     return Embedder(model_id, kind, model, processor, tokenizer)
 
 
