@@ -88,6 +88,7 @@ def test_a_trainers_kohya_file_is_scored_with_diffusers_on_the_base(tmp_path):
     ext_spec = load_spec(raw=raw)
     assert lora_file(ext / "checkpoints" / "step-2").name == "mug-step00000002.safetensors"
     judge = external_autopilot(ext_spec, ext, lambda m: None)
+    assert judge.keep() == set() and judge.pilot is None  # nothing loaded before the first checkpoint
     assert judge.on_checkpoint(ext, "step-2", 2, 10) is None
     (rec,) = files.read_scores(ext)
     assert rec["checkpoint"] == "step-2" and rec["references"] == 1

@@ -249,17 +249,27 @@ def lora_file(checkpoint: Path) -> Path | None:
 class ExternalJudge:
     """The quality autopilot of an external trainer's run (trainers/runner.py calls it as each
     checkpoint is mirrored): scores now when the GPU has room beside the trainer, else once the
-    trainer has ended (:meth:`finish`), so every checkpoint gets scores before the pull."""
+    trainer has ended (:meth:`finish`), so every checkpoint gets scores before the pull. The scorers
+    load at the first checkpoint (``build``), so the trainer's start never waits for them."""
 
-    def __init__(self, pilot: Autopilot, files_: LoraFiles | None) -> None:
-        self.pilot, self.files, self.waiting = pilot, files_, []
+    def __init__(self, build: Callable[[], tuple[Autopilot, LoraFiles | None]]) -> None:
+        self._build = build
+        self.pilot: Autopilot | None = None
+        self.files: LoraFiles | None = None
+        self.waiting: list[tuple[str, int]] = []
+
+    def ready(self) -> Autopilot:
+        if self.pilot is None:
+            self.pilot, self.files = self._build()
+        return self.pilot
 
     def keep(self) -> set[str]:
-        return self.pilot.keep()
+        return self.pilot.keep() if self.pilot is not None else set()
 
     def on_checkpoint(self, run_dir: Path, key: str, step: int, total_steps: int | None,
                       metrics: Callable[[dict[str, Any]], None] | None = None, final: bool = False) -> str | None:
-        if self.files is None or self.pilot.scoring is None:
+        pilot = self.ready()
+        if self.files is None or pilot.scoring is None:
             return None
         file = lora_file(Path(run_dir) / "checkpoints" / key)
         if file is None:
@@ -267,11 +277,11 @@ class ExternalJudge:
         ok, why = self.files.room()
         if not ok and not final:
             if not self.waiting:
-                self.pilot.log(f"quality: {key} is scored after training ({why})")
+                pilot.log(f"quality: {key} is scored after training ({why})")
             self.waiting.append((key, step))
             return None
         self.files.use(file)
-        return self.pilot.on_checkpoint(step, total_steps if total_steps is not None else step, metrics, label=key)
+        return pilot.on_checkpoint(step, total_steps if total_steps is not None else step, metrics, label=key)
 
     def finish(self, run_dir: Path, metrics: Callable[[dict[str, Any]], None] | None = None) -> None:
         """Score what waited for the GPU, now that the trainer has ended (a pick, no stop)."""
@@ -285,12 +295,16 @@ def external_autopilot(spec: JobSpec, run_dir: Path, log: Callable[[str], None])
     an LLM trainer's (axolotl's) checkpoints are scored after training by `lorapod eval`."""
     if spec.quality.score == "off":
         return None
+    return ExternalJudge(lambda: _external(spec, Path(run_dir), log))
+
+
+def _external(spec: JobSpec, run_dir: Path, log: Callable[[str], None]) -> tuple[Autopilot, LoraFiles | None]:
     run = RunDir(Path(run_dir))
     if not spec.is_image or spec.is_video:
         pilot = Autopilot(spec, run.root, None, "an external trainer's LLM or video checkpoints are scored after "
                           "training, by `lorapod eval` (this run is not scored while it trains)", log, run.event)
         pilot.start()
-        return ExternalJudge(pilot, None)
+        return pilot, None
     from lorapod.quality.scorers import load
 
     scorers = load(spec.quality, log)
@@ -300,7 +314,7 @@ def external_autopilot(spec: JobSpec, run_dir: Path, log: Callable[[str], None])
         pilot = Autopilot(spec, run.root, None, "no scorer model loaded (" + "; ".join(scorers.notes) + ")", log,
                           run.event)
         pilot.start()
-        return ExternalJudge(pilot, None)
+        return pilot, None
     from lorapod.catalog import families
 
     lora = LoraFiles(spec)
@@ -329,4 +343,4 @@ def external_autopilot(spec: JobSpec, run_dir: Path, log: Callable[[str], None])
     pilot = Autopilot(spec, run.root, ImageScoring(run.root, scorers, prompts, spec.quality.strengths, refs, training,
                                                   lora.render), off, log, run.event)
     pilot.start()
-    return ExternalJudge(pilot, lora)
+    return pilot, lora
