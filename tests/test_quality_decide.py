@@ -148,3 +148,25 @@ def test_a_converged_curve_with_no_spread_is_a_plateau_not_an_endless_creep():
     why = decide.stop_reason(creep, plateau=2, target=None)
     assert why is not None and "step-120" in why and f"{decide.NOISE_FLOOR:.4f}" in why
     assert decide.pick(creep)["checkpoint"] == "step-120"
+
+
+def test_a_scoring_that_fails_ends_the_scoring_not_the_training(tmp_path):
+    from lorapod.quality.autopilot import Autopilot
+
+    class Broken:
+        kind = "image"
+
+        def measure(self, step):
+            if step == 20:
+                raise RuntimeError("CUDA out of memory. Tried to allocate 2 GiB")
+            return {"kind": "image", "strengths": {"1": {"score": 0.1, "se": 0.01}}, "models": {}}
+
+    spec = validate({"model": {"id": "x"}, "data": {"path": "d"}, "train": {"stop_when": {"plateau": 1}}})
+    said: list[str] = []
+    pilot = Autopilot(spec, tmp_path, Broken(), log=said.append)
+    assert pilot.on_checkpoint(10, 100) is None
+    assert pilot.on_checkpoint(20, 100) is None and pilot.scoring is None
+    assert pilot.on_checkpoint(30, 100) is None  # not scored any more, training goes on
+    pick = files.read_json(tmp_path, files.PICK)
+    assert pick["autopilot"] == "off" and "scoring failed at step-20" in pick["reason"] and "out of memory" in said[-1]
+    assert [r["step"] for r in files.read_scores(tmp_path)] == [10]

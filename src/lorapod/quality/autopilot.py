@@ -203,7 +203,11 @@ class Autopilot:
             self._last_end = (time.monotonic(), step)
             return None
         t0 = time.monotonic()
-        rec = self.scoring.measure(step)
+        try:
+            rec = self.scoring.measure(step)
+        except (RuntimeError, OSError, ValueError, KeyError, IndexError) as exc:  # out of memory included
+            self._failed(step, exc)
+            return None
         rec.update(step=step, checkpoint=label or checkpoint_name(step), seconds=round(time.monotonic() - t0, 3))
         files.append_score(self.root, rec)
         self.records = sorted([r for r in self.records if r.get("step") != step] + [rec], key=lambda r: r["step"])
@@ -216,6 +220,24 @@ class Autopilot:
             files.write_json(self.root, files.STOPPED, self._saved(step, total_steps, reason, label))
         self._last_end = (time.monotonic(), step)
         return reason
+
+    def _failed(self, step: int, exc: BaseException) -> None:
+        """A scoring that fails (a scorer out of GPU memory, a broken image) ends the scoring, never the
+        training: said, and the autopilot off from here (the scores so far stay, and the decision from them)."""
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        self.off = f"scoring failed at {checkpoint_name(step)} ({type(exc).__name__}: {first}); no more checkpoints scored"
+        self.scoring = None
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except ImportError:
+            pass
+        files.write_json(self.root, files.PICK, decide.pick(self.records, self.off))
+        self.picked = None
+        self.log(f"quality: {self.off}")
+        self.event(f"quality: {self.off}")
 
     def _say(self, rec: dict[str, Any], decision: dict[str, Any]) -> None:
         best = decide.best_of(rec)

@@ -135,6 +135,43 @@ class Mirror:
             shutil.rmtree(old, ignore_errors=True)
 
 
+class _Scorer:
+    """The quality autopilot's scoring of each mirrored checkpoint, one at a time in a thread of its
+    own: the runner's loop goes on polling, so a STOP or a SIGTERM is acted on at once, however long a
+    checkpoint takes to score. ``stop_reason`` is set once train.stop_when says stop. A scoring that
+    fails is said and ends the scoring, never the run."""
+
+    def __init__(self, judge, run_dir: Path, log: Callable[[dict], None], say: Callable[[str], None]) -> None:
+        import queue
+
+        self.judge, self.run_dir, self.log, self.say = judge, run_dir, log, say
+        self.stop_reason: str | None = None
+        self.jobs: queue.Queue = queue.Queue()
+        threading.Thread(target=self._work, daemon=True, name="lorapod-quality").start()
+
+    def submit(self, key: str, step: int, total: int | None) -> None:
+        self.jobs.put((key, step, total))
+
+    def drain(self) -> None:
+        self.jobs.join()
+
+    def _work(self) -> None:
+        failed = False
+        while True:
+            key, step, total = self.jobs.get()
+            try:
+                if not failed and self.stop_reason is None:
+                    why = self.judge.on_checkpoint(self.run_dir, key, step, total, self.log)
+                    if why is not None:
+                        self.stop_reason = why
+            except Exception as exc:  # a scorer's failure is the scoring's, not the training's
+                failed = True
+                self.say(f"lorapod trainer-run: quality scoring stopped at {key}: {type(exc).__name__}: "
+                         f"{str(exc)[:300]}")
+            finally:
+                self.jobs.task_done()
+
+
 def _signature(path: Path) -> tuple:
     if path.is_file():
         st = path.stat()
@@ -349,16 +386,18 @@ def _run(spec, trainer_name: str, run_dir: Path, work: Path, python: str, src: s
             if isinstance(rec.get("total_steps"), int):
                 total[0] = rec["total_steps"]
 
-    def judged(added: list[tuple[str, str]]) -> str | None:
-        """The quality autopilot on each checkpoint just mirrored: why to stop now, or None."""
+    def locked_log(rec: dict) -> None:
+        with lock:
+            metrics.log(rec)
+
+    scorer = _Scorer(judge, run_dir, locked_log, say) if judge is not None else None
+
+    def judged(added: list[tuple[str, str]]) -> None:
+        """Each checkpoint just mirrored goes to the quality autopilot, scored in its own thread."""
         for kind, key in added:
-            if judge is not None and kind == "checkpoint":
+            if scorer is not None and kind == "checkpoint":
                 step = checkpoint_step(key)
-                why = judge.on_checkpoint(run_dir, key, step if step is not None else last_step[0], total[0],
-                                          metrics.log)
-                if why is not None:
-                    return why
-        return None
+                scorer.submit(key, step if step is not None else last_step[0], total[0])
 
     def on_text(text: str) -> None:
         with lock:
@@ -380,8 +419,10 @@ def _run(spec, trainer_name: str, run_dir: Path, work: Path, python: str, src: s
                     log(bridge.poll())
                 added = mirror.sync()
                 saved = [key for kind, key in added if kind == trainer.resume_kind]
-                why = judged(added) if cmd.phase == "train" else None
-                if why is not None:  # train.stop_when: the checkpoint just saved is where the run ends
+                if cmd.phase == "train":
+                    judged(added)
+                why = scorer.stop_reason if scorer is not None else None
+                if why is not None:  # train.stop_when: the run ends at the checkpoint it judged
                     p.end()
                     with lock:
                         log(bridge.flush() + bridge.poll())
@@ -440,8 +481,9 @@ def _run(spec, trainer_name: str, run_dir: Path, work: Path, python: str, src: s
                                     hint=trainer.fix_for(reason) or "the trainer's own message is above (job.log); "
                                          "fix the spec or the data, then `lorapod run --resume JOB`")
         judged(mirror.sync(final=True))
-        if judge is not None:
-            judge.finish(run_dir, metrics.log)  # what waited for the GPU while the trainer ran
+        if scorer is not None:
+            scorer.drain()
+            judge.finish(run_dir, locked_log)  # what waited for the GPU while the trainer ran
     finally:
         metrics.close()
     if not any((run_dir / "adapter").glob("*")):
