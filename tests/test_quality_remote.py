@@ -96,23 +96,40 @@ def test_vast_plateau_stops_pulls_destroys_and_says_what_it_saved(vast, tmp_path
 def test_a_preemption_does_not_reset_the_plateau_count(runpod: RunPodFake, tmp_path, remote_root):
     """Preempted after the plateau's first checkpoint was scored: the next spot instance resumes
     from the pulled run folder, its autopilot reads the scores so far, and the run stops at the same
-    checkpoint as an uninterrupted one (a reset count would train three checkpoints longer)."""
+    checkpoint as an uninterrupted one (a reset count would train three checkpoints longer).
+
+    No race with a busy machine: the first instance's trainer stops at step HOLD (after step-16 was
+    saved and scored) until it is preempted, and the preemption waits for step-16's score to reach
+    home (the condition, polled, with a generous bound)."""
     spec_path = scripted_spec(tmp_path)
+    hold = 18
     moments: list[int] = []
+    failed: list[str] = []
 
-    def say(msg: str) -> None:
-        local = list((tmp_path / "runs").glob("*/quality/scores.jsonl"))
-        scored = len(local[0].read_text().splitlines()) if local else 0
-        if not moments and scored >= 4:  # step-16 scored and pulled home: 1 of the 3 plateau checkpoints
-            moments.append(scored)
-            threading.Thread(target=runpod.preempt, args=(newest_live(runpod), 0.5), daemon=True).start()
+    def first_attempt_holds(python: str, spec: str, run_dir: str, resume: bool) -> list[str]:
+        held = () if resume else ("--hang-at", str(hold))  # the resumed run trains on
+        return command(("--chain", *held))(python, spec, run_dir, resume)
+
+    def preempt_once_scored_home() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            local = list((tmp_path / "runs").glob("*/quality/scores.jsonl"))
+            scored = len(local[0].read_text().splitlines()) if local else 0
+            if scored >= 4:  # step-16 scored and pulled home: 1 of the 3 plateau checkpoints
+                moments.append(scored)
+                runpod.preempt(newest_live(runpod), 0.5)
+                return
             time.sleep(0.05)
+        failed.append("step-16's score never reached home")
 
+    watcher = threading.Thread(target=preempt_once_scored_home, daemon=True)
+    watcher.start()
     ledger = Ledger()
-    opts = fast_options(job_command=command(("--chain",)), spot=True, spot_policy="always", preempt_confirm_s=3.0,
+    opts = fast_options(job_command=first_attempt_holds, spot=True, spot_policy="always", preempt_confirm_s=3.0,
                         spot_resume_wait_s=1.5, pull_every_s=0.3)
-    summary = run_remote(load_spec(spec_path), rp(runpod), "runpod", opts, ledger, str(spec_path), say=say)
-    assert moments, "the job ended before the preemption"
+    summary = run_remote(load_spec(spec_path), rp(runpod), "runpod", opts, ledger, str(spec_path))
+    watcher.join(timeout=5)
+    assert not failed and moments == [4], (failed, moments, summary.message)
     assert len(runpod.instances) == 2  # preempted once, resumed on a second spot pod
     stop = check_stopped(summary, ledger, runpod, remote_root)
     assert stop["step"] == STOP_STEP
