@@ -6,8 +6,10 @@ lorapod's engine wrote for a tiny SD 1.5 (the layout sd-scripts writes)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
+import pytest
 import torch
 
 from lorapod.engine.autopilot import LoraFiles, external_autopilot, lora_file
@@ -103,8 +105,160 @@ def test_a_trainers_kohya_file_is_scored_with_diffusers_on_the_base(tmp_path):
     assert files.read_json(ext, files.PICK)["checkpoint"] == "step-2"
 
 
-def test_an_external_llm_run_says_it_is_scored_after_training(tmp_path):
-    spec = load_spec(raw={"model": {"id": "x", "family": "llm"}, "data": {"path": "d"}})
+@pytest.fixture(scope="module")
+def llm_pair(tmp_path_factory):
+    """A lorapod run of a tiny Llama, scored while it trained, and an axolotl run folder of the same
+    weights: each checkpoint as the Hugging Face Trainer saves a PEFT model (``save_pretrained``:
+    adapter_model.safetensors and adapter_config.json in checkpoint-N), mirrored as the runner
+    mirrors it (checkpoints/step-N, the whole folder)."""
+    from lorapod.engine.checkpoint import CheckpointManager
+    from lorapod.engine.llm import prepare, train_llm
+
+    from .llm_fixtures import make_assets, spec_dict
+
+    tmp = tmp_path_factory.mktemp("ext-llm")
+    _, model_dir, train, val = make_assets(tmp)
+    raw = spec_dict(model_dir, train, val, tmp / "runs", max_steps=6)
+    raw["save"] = {"every_steps": 3, "every_epochs": None, "keep_last": 5}
+    raw["quality"] = {"examples": 4, "max_new_tokens": 8}
+    spec = load_spec(raw=raw)
+    own = RunDir.create(spec.output.dir, "own")
+    own.write_spec(spec)
+    train_llm(spec, own, device="cpu", show_progress=False, log=lambda m: None)
+    recipe, _, _ = prepare(spec, "cpu", log=lambda m: None)
+    ext = tmp / "ext"
+    mgr = CheckpointManager(own.checkpoints)
+    for step in (3, 6):
+        recipe.load_adapter_state(mgr.load(own.checkpoints / f"step-{step}").adapter())
+        folder = ext / "checkpoints" / f"step-{step}"
+        recipe.model.save_pretrained(str(folder))
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    RunDir(ext).write_spec(spec)
+    RunDir(ext).write_trainer("axolotl")
+    return spec, raw, own, ext
+
+
+def test_an_external_llm_trainers_checkpoints_are_scored_as_lorapods_own(llm_pair):
+    spec, _, own, ext = llm_pair
+    judge = external_autopilot(spec, ext, lambda m: None)
+    assert judge.on_checkpoint(ext, "step-3", 3, 6) is None
+    assert judge.on_checkpoint(ext, "step-6", 6, 6) is None
+    scores, mine = files.read_scores(ext), files.read_scores(own.root)
+    assert [r["checkpoint"] for r in scores] == ["step-3", "step-6"]
+    for theirs, ours in zip(scores, mine, strict=True):  # the same weights: the same held-out numbers
+        a, b = theirs["strengths"]["1"], ours["strengths"]["1"]
+        assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5) and a["f1"] == b["f1"]
+        assert a["score"] == pytest.approx(b["score"], rel=1e-4, abs=1e-6)
+    assert files.read_json(ext, files.PICK)["checkpoint"] == files.read_json(own.root, files.PICK)["checkpoint"]
+
+
+def test_an_external_llm_adapter_that_is_not_the_runs_lora_ends_the_scoring_with_the_reason(llm_pair, tmp_path):
+    spec, _, _, ext = llm_pair
+    other = tmp_path / "other"
+    shutil.copytree(ext / "checkpoints" / "step-3", other / "checkpoints" / "step-3")
+    cfg = json.loads((other / "checkpoints" / "step-3" / "adapter_config.json").read_text())
+    cfg["r"] = 4
+    (other / "checkpoints" / "step-3" / "adapter_config.json").write_text(json.dumps(cfg))
+    judge = external_autopilot(spec, other, lambda m: None)
+    assert judge.on_checkpoint(other, "step-3", 3, 6) is None
+    pick = files.read_json(other, files.PICK)
+    assert pick["autopilot"] == "off" and "not this run's LoRA" in pick["reason"] and files.read_scores(other) == []
+
+
+def test_a_partial_adapter_leaves_no_weight_of_the_checkpoint_before(llm_pair):
+    """Modules the file does not adapt change nothing: their lora_B is zeroed, not left as the last
+    checkpoint loaded had it."""
+    from safetensors.torch import load_file
+
+    from lorapod.engine.autopilot import load_peft_adapter
+    from lorapod.engine.llm import prepare
+
+    spec, _, _, ext = llm_pair
+    recipe, _, _ = prepare(spec, "cpu", log=lambda m: None)
+    state = load_file(str(ext / "checkpoints" / "step-6" / "adapter_model.safetensors"))
+    load_peft_adapter(recipe, state, ext / "x")
+    some = {k: v for k, v in state.items() if ".layers.0." in k}
+    assert some and len(some) < len(state)
+    load_peft_adapter(recipe, some, ext / "x")
+    now = recipe.adapter_state()
+    assert all(torch.equal(now[k], v) for k, v in some.items())
+    assert all(not now[k].any() for k in state if k not in some and ".lora_B." in k)
+
+
+def test_an_external_llm_run_without_val_path_says_why_it_is_not_scored(llm_pair, tmp_path):
+    _, raw, _, _ = llm_pair
+    spec = load_spec(raw={**raw, "data": {**raw["data"], "val_path": None, "val_split": 0.2}})
     judge = external_autopilot(spec, tmp_path, lambda m: None)
     assert judge.on_checkpoint(tmp_path, "step-3", 3, 10) is None
-    assert "lorapod eval" in files.read_json(tmp_path, files.PICK)["reason"]
+    reason = files.read_json(tmp_path, files.PICK)["reason"]
+    assert "data.val_path" in reason and "its own validation split" in reason
+
+
+def test_lorapod_eval_reads_an_external_llm_runs_checkpoints(llm_pair, tmp_path):
+    from lorapod.evaluate.llm import evaluate_llm
+
+    _, _, own, ext = llm_pair
+    copy = tmp_path / "ext"
+    shutil.copytree(ext, copy)
+    res = evaluate_llm(copy, n_prompts=1, device="cpu", max_new_tokens=4, log=lambda m: None)
+    ours = evaluate_llm(own.root, n_prompts=1, device="cpu", max_new_tokens=4, log=lambda m: None, score=False)
+    assert [r.label for r in res.rows] == ["base", "step-3", "step-6"]
+    assert [r.val_loss for r in res.rows] == pytest.approx([r.val_loss for r in ours.rows], rel=1e-5)
+    assert [r["step"] for r in files.read_scores(copy)] == [3, 6]  # scored here, as the run did not
+    assert res.quality["checkpoint"] == res.best
+
+
+@pytest.mark.parametrize("i2v", [False, True], ids=["t2v", "i2v"])
+def test_a_musubi_wan_lora_is_scored_on_clips_drawn_by_diffusers(tmp_path, i2v):
+    """musubi-tuner's Wan LoRA (the ``lora_unet_*`` layout, written here by lorapod's own kohya
+    writer from a PEFT adapter with weight in it) loaded by diffusers on the run's base (a tiny
+    Wan2.1 built in code; its pipeline, text- or image-to-video, as the model's index says):
+    scoring clips of the trained window length, scored by their frames against the held-out
+    references; the training clips hashed by their first frame (an I2V clip starts from one)."""
+    pytest.importorskip("av")
+    from diffusers import WanImageToVideoPipeline, WanPipeline
+    from peft import LoraConfig, get_peft_model_state_dict
+
+    from lorapod.builtin.wan import build_wan
+    from lorapod.demo_video import write_clips
+    from lorapod.export.kohya import save_kohya, to_kohya
+
+    model = build_wan(tmp_path / "wan21", "wan21", i2v=i2v)
+    data = write_clips(tmp_path / "data", n=2, frames=8, sizes=[(48, 48)], images=1)
+    refs = tmp_path / "refs"
+    refs.mkdir()
+    shutil.copy(next(data.glob("*.png")), refs / "ref.png")
+    pipe = (WanImageToVideoPipeline if i2v else WanPipeline).from_pretrained(str(model))
+    # networks.lora_wan's modules: attention and MLP (diffusers' musubi converter reads both)
+    pipe.transformer.add_adapter(LoraConfig(r=4, lora_alpha=4, init_lora_weights="gaussian", target_modules=[
+        "to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2"]))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in pipe.transformer.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    ext = tmp_path / "ext"
+    (ext / "checkpoints" / "step-4").mkdir(parents=True)
+    save_kohya(ext / "checkpoints" / "step-4" / "t-000004.safetensors",
+               to_kohya({"transformer": get_peft_model_state_dict(pipe.transformer)}, "wan21", 4.0, False), {})
+    spec = load_spec(raw={
+        "model": {"id": str(model), "family": "wan21"}, "method": {"r": 4, "alpha": 4},
+        "data": {"path": str(data), "format": "video", "resolution": 64, "trigger": "zxq", "target_frames": [1, 5],
+                 "fps": 16, "holdout_path": str(refs)},
+        "quality": {"clip": "lorapod:tiny-clip", "dino": "lorapod:tiny-dinov2", "steps": 1, "strengths": [1.0],
+                    "prompts": ["zxq sliding --w 32 --h 32", "a green field --w 32 --h 32"]},
+        "train": {"max_steps": 8}, "output": {"dir": str(tmp_path / "runs"), "name": "t"}})
+    judge = external_autopilot(spec, ext, lambda m: None)
+    assert judge.on_checkpoint(ext, "step-4", 4, 8) is None
+    assert files.read_scores(ext), files.read_json(ext, files.PICK)["reason"]
+    (rec,) = files.read_scores(ext)
+    assert rec["checkpoint"] == "step-4" and rec["references"] == 1
+    entry = rec["strengths"]["1"]
+    assert set(entry["fidelity_by"]) == {"dino", "clip_i"} and entry["phash_min"] is not None
+    assert len(judge.pilot.scoring.refs.train_hashes) == 3  # two clips' first frames and the still
+    lf: LoraFiles = judge.files
+    assert type(lf.pipe).__name__ == type(pipe).__name__
+    sp = judge.pilot.scoring.prompts[0]
+    base, tuned = lf.render(sp, 0.0), lf.render(sp, 1.0)
+    assert len(base) == len(tuned) == 5 and base[0].size == (32, 32)  # the longest trained window, 5 frames
+    assert any(list(a.getdata()) != list(b.getdata()) for a, b in zip(base, tuned, strict=True))

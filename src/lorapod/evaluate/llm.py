@@ -107,7 +107,8 @@ def evaluate_llm(run_path: str | Path, prompts: Path | None = None, n_prompts: i
     run = RunDir.open(run_path)
     spec = load_spec(run.spec_file)
     mgr = CheckpointManager(run.checkpoints)
-    steps = [p for p in mgr.list() if mgr.verify(p)]
+    external = run.recorded_trainer()  # an external trainer's (axolotl's) PEFT checkpoints
+    steps = [p for p in mgr.list() if mgr.verify(p) or (external and _peft_file(p) is not None)]
     if not steps:
         raise ExportError(f"{run.root} has no complete checkpoint to evaluate",
                           hint="train first, or pull the remote run's checkpoints")
@@ -121,7 +122,7 @@ def evaluate_llm(run_path: str | Path, prompts: Path | None = None, n_prompts: i
         m = recipe.evaluate()
     rows = [Row("base", None, m["val_loss"], m["val_ppl"])]
     for path in steps:
-        recipe.load_adapter_state(mgr.load(path).adapter())
+        _load(recipe, mgr, path)
         m = recipe.evaluate()
         rows.append(Row(path.name, checkpoint_step(path.name), m["val_loss"], m["val_ppl"]))
         log(f"{path.name}: val loss {m['val_loss']:.4f}")
@@ -129,7 +130,7 @@ def evaluate_llm(run_path: str | Path, prompts: Path | None = None, n_prompts: i
     decision = _quality(spec, run, recipe, steps, log) if score else {}
     if decision.get("checkpoint") in {p.name for p in steps}:
         best, reason = decision["checkpoint"], f"quality autopilot: {decision.get('reason')}; by validation loss: {reason}"
-    recipe.load_adapter_state(mgr.load(run.checkpoints / best).adapter())
+    _load(recipe, mgr, run.checkpoints / best)
     answers = []
     for msgs in read_prompts(prompts, spec, n_prompts):
         answers.append({"prompt": msgs[-1]["content"], "base": generate(model, recipe.tokenizer, msgs, max_new_tokens, use_adapter=False),
@@ -148,13 +149,47 @@ def evaluate_llm(run_path: str | Path, prompts: Path | None = None, n_prompts: i
     return result
 
 
+def _peft_file(path: Path) -> Path | None:
+    f = path / "adapter_model.safetensors"
+    return f if f.is_file() and not f.is_symlink() else None
+
+
+def _load(recipe, mgr: CheckpointManager, path: Path) -> None:
+    """A checkpoint's adapter into the recipe's model: lorapod's own (verified against its manifest),
+    or an external trainer's PEFT adapter (engine/autopilot.py ``load_peft_adapter`` refuses one
+    that is not this run's LoRA)."""
+    if mgr.verify(path):
+        recipe.load_adapter_state(mgr.load(path).adapter())
+        return
+    from safetensors.torch import load_file
+
+    from lorapod.engine.autopilot import load_peft_adapter, peft_adapter_config
+
+    file = _peft_file(path)
+    if file is None:
+        raise ExportError(f"checkpoint {path} is incomplete or damaged", hint="pick another checkpoint")
+    try:
+        load_peft_adapter(recipe, load_file(str(file)), file, peft_adapter_config(path))
+    except ValueError as exc:
+        raise ExportError(str(exc), hint="this checkpoint is not the run's LoRA (its spec's method.r, alpha, "
+                                          "target modules)") from exc
+
+
 def _quality(spec, run: RunDir, recipe, steps: list[Path], log) -> dict:
     """The autopilot's scores (quality/): those made while training, the checkpoints it missed now."""
     from lorapod.engine.autopilot import llm_autopilot
     from lorapod.engine.llm import generate_many, load_split
+    from lorapod.quality.autopilot import Autopilot
     from lorapod.rundir import quality as files
 
     mgr = CheckpointManager(run.checkpoints)
+    if run.recorded_trainer() and not spec.data.val_path:  # the rows lorapod would hold out, the trainer saw
+        pilot: Autopilot | None = Autopilot(
+            spec, run.root, None, f"{run.recorded_trainer()} drew its own validation split (data.val_split), so "
+            "lorapod cannot tell which conversations it never trained on: give them in data.val_path to score its "
+            "checkpoints", log, run.event)
+        pilot.start()
+        return files.read_json(run.root, files.PICK) or {}
     pilot = llm_autopilot(spec, run, recipe, log, load_split(spec, log=lambda m: None)[0].val, generate_many)
     if pilot is None:
         return {}
@@ -162,7 +197,7 @@ def _quality(spec, run: RunDir, recipe, steps: list[Path], log) -> dict:
         step = checkpoint_step(path.name)
         if step is None or pilot.scored(step) or pilot.scoring is None:
             continue
-        recipe.load_adapter_state(mgr.load(path).adapter())
+        _load(recipe, mgr, path)
         pilot.on_checkpoint(step, step)  # total = step: nothing left to stop
     return files.read_json(run.root, files.PICK) or {}
 

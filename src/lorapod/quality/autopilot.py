@@ -206,7 +206,7 @@ class Autopilot:
         try:
             rec = self.scoring.measure(step)
         except (RuntimeError, OSError, ValueError, KeyError, IndexError) as exc:  # out of memory included
-            self._failed(step, exc)
+            self.fail(step, exc)
             return None
         rec.update(step=step, checkpoint=label or checkpoint_name(step), seconds=round(time.monotonic() - t0, 3))
         files.append_score(self.root, rec)
@@ -221,7 +221,7 @@ class Autopilot:
         self._last_end = (time.monotonic(), step)
         return reason
 
-    def _failed(self, step: int, exc: BaseException) -> None:
+    def fail(self, step: int, exc: BaseException) -> None:
         """A scoring that fails (a scorer out of GPU memory, a broken image) ends the scoring, never the
         training: said, and the autopilot off from here (the scores so far stay, and the decision from them)."""
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
