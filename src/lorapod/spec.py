@@ -139,7 +139,7 @@ class StopWhen(_Section):
 
     plateau: Annotated[int | None, Field(ge=1, le=100)] = Field(
         None, description="Stop after this many checkpoints in a row that do not beat the best score so far by more "
-        "than its noise (twice its standard error over prompts, or min_delta if larger).")
+        "than its noise (one standard error over prompts, at least 0.002, or min_delta if larger).")
     min_delta: Annotated[float, Field(ge=0)] = Field(
         0.0, description="The smallest score gain that counts as better, on top of the measured noise.")
     target: float | None = Field(None, description="Stop once the best score reaches this (same units as the score).")
