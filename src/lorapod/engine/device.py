@@ -119,9 +119,39 @@ def use_tf32() -> None:
     """fp32 matmuls and convolutions on TF32 tensor cores (Ampere and later): ``precision: fp32``,
     the fp32 VAE in fp16 mode, anything outside autocast. PyTorch leaves matmuls in full FP32 by
     default, several times slower; TF32 keeps fp32's range with a 10-bit mantissa, what every
-    trainer (sd-scripts, musubi-tuner, the HF Trainer's ``tf32``) turns on for training."""
-    torch.backends.cuda.matmul.fp32_precision = "tf32"
-    torch.backends.cudnn.conv.fp32_precision = "tf32"
+    trainer (sd-scripts, musubi-tuner, the HF Trainer's ``tf32``) turns on for training.
+
+    Two APIs, one per torch generation (review N1): torch >= 2.9 has ``fp32_precision`` and
+    refuses a read of the legacy flags once it is set ("mix of the legacy and new APIs"); torch
+    2.7 and 2.8 (RunPod's default image) have only ``allow_tf32``, and their ``cuBLASModule``
+    raises ``AttributeError('Unknown attribute fp32_precision')`` on the new name
+    (``torch/backends/cuda/__init__.py@2.8.0:140-149``). The API is chosen by what the module has."""
+    set_tf32(True)
+
+
+def new_tf32_api() -> bool:
+    """Whether this torch has the ``fp32_precision`` API (2.9 and later). ``hasattr`` is safe on
+    both: the 2.8 module's ``__getattr__`` raises AttributeError for a name it does not know."""
+    return hasattr(torch.backends.cuda.matmul, "fp32_precision") and hasattr(torch.backends.cudnn, "conv")
+
+
+def tf32_flags() -> tuple[bool, bool]:
+    """(matmuls, convolutions) on TF32, read through the API this torch has."""
+    if new_tf32_api():
+        return (torch.backends.cuda.matmul.fp32_precision == "tf32",
+                torch.backends.cudnn.conv.fp32_precision == "tf32")
+    return bool(torch.backends.cuda.matmul.allow_tf32), bool(torch.backends.cudnn.allow_tf32)
+
+
+def set_tf32(matmul: bool, conv: bool | None = None) -> None:
+    """Turn TF32 on or off for matmuls (and convolutions: ``conv``, default the same)."""
+    conv = matmul if conv is None else conv
+    if new_tf32_api():
+        torch.backends.cuda.matmul.fp32_precision = "tf32" if matmul else "ieee"
+        torch.backends.cudnn.conv.fp32_precision = "tf32" if conv else "ieee"
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = matmul
+        torch.backends.cudnn.allow_tf32 = conv
 
 
 def device_name(device: torch.device) -> str | None:
