@@ -68,9 +68,21 @@ def canonical(name: str) -> str:
 
 def extra_for(spec: JobSpec) -> str:
     """The install extras a job's engine needs: ``image`` for diffusion families, else ``llm``;
+    ``,cuda`` (bitsandbytes) for QLoRA's 4-bit base or the 8-bit AdamW optimizer, which load it
+    (engine/llm_model.py, engine/optim.py; review N2: without it a QLoRA job failed at model load
+    on the instance, an ``adamw_8bit`` image job after the download and the latent cache);
     ``,track`` (the W&B client) when the spec logs to W&B."""
-    extra = "image" if spec.is_image else "llm"
-    return f"{extra},track" if spec.tracking.wandb is not None else extra
+    extras = ["image" if spec.is_image else "llm"]
+    if needs_bitsandbytes(spec):
+        extras.append("cuda")
+    if spec.tracking.wandb is not None:
+        extras.append("track")
+    return ",".join(extras)
+
+
+def needs_bitsandbytes(spec: JobSpec) -> bool:
+    """Whether the job imports bitsandbytes: QLoRA (the 4-bit base) or ``train.optimizer: adamw_8bit``."""
+    return spec.method.type == "qlora" or spec.train.optimizer == "adamw_8bit"
 
 
 @dataclass(frozen=True)

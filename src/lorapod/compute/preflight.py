@@ -48,10 +48,17 @@ def preflight(spec: JobSpec, provider: Provider, job: Job | None = None, force: 
 
         lock = derive_lock(extra_for(spec))
         if lock.missing:
+            why = ""
+            if any(m.startswith("bitsandbytes") for m in lock.missing):
+                why = (f" ({'QLoRA' if spec.method.type == 'qlora' else 'train.optimizer adamw_8bit'} needs "
+                       "bitsandbytes on the instance, at the version this machine pins; its wheel installs on a "
+                       "CPU machine too)")
             raise PreflightError(f"this machine lacks {', '.join(lock.missing[:4])}, so the versions to install "
-                                 "on the instance are unknown",
+                                 f"on the instance are unknown{why}",
                                  hint=f"pip install 'lorapod[{lock.extra}]' here first, so both ends run the same "
                                       "versions (or --deps none with an image that has everything)")
+    if not traits.runs_here:
+        _check_attention(spec, spec.compute.image or provider.image)
     paths = [Path(p) for p in spec.data_paths()]
     if spec.data.val_path:
         paths.append(Path(spec.data.val_path))
@@ -71,6 +78,22 @@ def preflight(spec: JobSpec, provider: Provider, job: Job | None = None, force: 
             out.notes.append(f"{provider.name}: {note}")
         _check_disk(spec, job, image, out)
     return out
+
+
+def _check_attention(spec: JobSpec, image: str | None) -> None:
+    """``train.attention: flash`` needs the flash_attn package on the instance. PyPI has no wheel of
+    it (only sources, a build of an hour or more) and no catalogued image ships it, so on those
+    images the job would fail after the model download: refused here. A user's own image (not in
+    the catalog) may have it: the engine's own check decides there."""
+    from lorapod.catalog.images import KNOWN
+
+    if spec.is_image or spec.train.attention != "flash" or (image and image not in KNOWN):
+        return
+    raise PreflightError(
+        f"train.attention flash needs the flash_attn package, which the image {image or '(the default)'} does not "
+        "ship and the instance cannot install (PyPI has no flash-attn wheel)",
+        hint="leave train.attention at auto: on CUDA it runs torch's own FlashAttention varlen kernel "
+             "(torch >= 2.10), or use an image of your own that has flash_attn (--image)")
 
 
 def _image_note(image: str | None) -> str | None:
