@@ -98,7 +98,7 @@ def test_a_qlora_job_is_refused_before_renting_when_this_machine_cannot_pin_bits
     assert "bitsandbytes" in err.value.message and "QLoRA needs bitsandbytes on the instance" in err.value.message
     assert "lorapod[llm,cuda]" in (err.value.hint or "")
     adam8 = spec_at(tmp_path / "x", train__optimizer="adamw_8bit")
-    with pytest.raises(PreflightError, match="train.optimizer adamw_8bit needs bitsandbytes"):
+    with pytest.raises(PreflightError, match=r"train\.optimizer adamw_8bit needs bitsandbytes"):
         preflight(adam8, RunPodProvider(api=object()), planned_job(adam8), env=OFFLINE)
 
 
