@@ -72,6 +72,9 @@ export PYTHONPATH="$PWD/pkg${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 export LORAPOD_REMOTE_JOB=1  # the controller measures the run for the planner (plan/learned.py)
 if [ -f secrets.env ]; then set -a; . ./secrets.env; set +a; fi
+# the CUDA caching allocator grows expandable segments unless the user chose one (--forward-env) (engine/device.py ALLOC_CONF)
+if [ -z "${PYTORCH_ALLOC_CONF:-}" ] && [ -z "${PYTORCH_CUDA_ALLOC_CONF:-}" ]; then
+  export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; fi
 # the second guard (compute/guards.py), in this process group: it ends with the job
 if [ -f guard.sh ]; then bash guard.sh "$$" >> watchdog.log 2>&1 < /dev/null & fi
 # a SIGTERM to this wrapper alone (the container's init on a spot pod, compute/remote.py SPOT_INIT)

@@ -6,6 +6,7 @@ and fp32 on CPU, where autocast buys little and costs accuracy in tests.
 
 from __future__ import annotations
 
+import os
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -36,7 +37,30 @@ class Precision:
         return self.compute == "fp16" and self.device.type == "cuda"
 
 
+#: The caching allocator's setting lorapod runs CUDA jobs with, unless the user set one. Bucketed
+#: image sizes, Wan windows and packed rows change tensor shapes from step to step, and block swap
+#: adds a side stream with its own pool: with fixed-size segments the allocator can hold memory it
+#: cannot reuse ("reserved but unallocated", which torch's own OOM text tells to fix this way).
+#: Expandable segments grow one mapping instead (torch >= 2.1; review N9).
+ALLOC_CONF = "expandable_segments:True"
+#: torch >= 2.9 reads PYTORCH_ALLOC_CONF first and PYTORCH_CUDA_ALLOC_CONF "for backward
+#: compatibility, with lower priority" (``c10/core/AllocatorConfig.h@2.13.0:158-160``); 2.7 and 2.8
+#: read only the second, which lorapod sets.
+ALLOC_CONF_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+
+
+def default_alloc_conf(env: dict[str, str] | None = None) -> str | None:
+    """Set ``PYTORCH_CUDA_ALLOC_CONF`` to :data:`ALLOC_CONF` unless either variable is set already.
+    Must run before the first CUDA allocation (the allocator reads it once). Returns what it set."""
+    env = os.environ if env is None else env  # type: ignore[assignment]
+    if any(env.get(v) for v in ALLOC_CONF_VARS):
+        return None
+    env["PYTORCH_CUDA_ALLOC_CONF"] = ALLOC_CONF
+    return ALLOC_CONF
+
+
 def pick_device(requested: str | None = None) -> torch.device:
+    default_alloc_conf()  # before anything touches CUDA's allocator
     if requested:
         return torch.device(requested)
     if torch.cuda.is_available():
@@ -108,6 +132,12 @@ def reset_peak_memory(device: torch.device) -> None:
 def peak_memory_gb(device: torch.device) -> float | None:
     """The allocated peak (GiB) since the last reset; None off CUDA."""
     return torch.cuda.max_memory_allocated(device) / GiB if device.type == "cuda" else None
+
+
+def peak_reserved_gb(device: torch.device) -> float | None:
+    """What the caching allocator held at most (GiB) since the last reset; None off CUDA. Above the
+    allocated peak by memory reserved but not handed to any tensor (fragmentation)."""
+    return torch.cuda.max_memory_reserved(device) / GiB if device.type == "cuda" else None
 
 
 def device_memory_gb(device: torch.device) -> float | None:
