@@ -35,7 +35,7 @@ class Preflight:
 
 
 def preflight(spec: JobSpec, provider: Provider, job: Job | None = None, force: bool = False,
-               env: dict[str, str] | None = None, deps: str = "auto") -> Preflight:
+               env: dict[str, str] | None = None, deps: str = "auto", trainer: str | None = None) -> Preflight:
     """Run every check for ``spec`` about to run on ``provider``; raise on the first refusal.
     What applies is decided by the provider's declared traits, never its name, and the disk it
     boots is its own default image's. ``job`` is the run's planned job (None: the planner cannot
@@ -59,6 +59,8 @@ def preflight(spec: JobSpec, provider: Provider, job: Job | None = None, force: 
                                       "versions (or --deps none with an image that has everything)")
     if not traits.runs_here:
         _check_attention(spec, spec.compute.image or provider.image)
+    if trainer is None:
+        _check_block_swap(spec, job)
     paths = [Path(p) for p in spec.data_paths()]
     if spec.data.val_path:
         paths.append(Path(spec.data.val_path))
@@ -78,6 +80,25 @@ def preflight(spec: JobSpec, provider: Provider, job: Job | None = None, force: 
             out.notes.append(f"{provider.name}: {note}")
         _check_disk(spec, job, image, out)
     return out
+
+
+def _check_block_swap(spec: JobSpec, job: Job | None) -> None:
+    """``train.blocks_to_swap`` on a model whose blocks lorapod's engine does not swap would be
+    ignored, and the job would run out of memory the way it was meant not to (review N5): the
+    engine's own declaration (:data:`lorapod.plan.frameworks.LORAPOD_BLOCK_SWAP`) decides."""
+    from lorapod.plan.frameworks import framework
+    from lorapod.plan.vram import model_kind
+
+    if not spec.is_image or not spec.train.blocks_to_swap or job is None:
+        return
+    kind = model_kind(job.model)
+    if framework("lorapod").swaps_blocks(kind):
+        return
+    raise PreflightError(
+        f"train.blocks_to_swap: lorapod's engine swaps the blocks of video models only, not of {spec.model.id} "
+        f"({kind}), so the setting would be ignored and the job would need the memory it was meant to save",
+        hint="set train.blocks_to_swap: 0 (lorapod plan says what fits instead), or train with --trainer "
+             "sd-scripts or musubi-tuner, which swap its blocks")
 
 
 def _check_attention(spec: JobSpec, image: str | None) -> None:

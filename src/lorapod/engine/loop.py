@@ -445,18 +445,26 @@ def out_of_memory(spec: JobSpec, run_root: Path, device: torch.device, step: int
     estimate (both as ``max_memory_allocated`` reads them, GiB), what was saved, and the cheapest
     change (``--set``) the planner says fits. The planner's estimate was evidently short for this
     job, so the change must bring its estimate 10% under both the card and its own first estimate."""
+    from dataclasses import replace
+
     from lorapod.catalog.models import find_model
-    from lorapod.plan.vram import Settings, estimate, make_fit
+    from lorapod.plan.vram import Settings, arch_of, estimate, make_fit
 
     card = device_memory_gb(device)
     planned: float | None = None
     change = None
     try:
         model = find_model(spec.model.id, spec.model.family, spec.model.variant)
-        settings = Settings.from_spec(spec, model)
+        # this job ran on lorapod's engine: its own features decide what may be suggested (the planner's
+        # default for an image spec is the external trainer its recipe names)
+        settings = replace(Settings.from_spec(spec, model), framework="lorapod")
         est = estimate(model, settings)
         planned = est.read_as("allocated")
-        change = make_fit(model, settings, 0.9 * min(card or est.peak_gb, est.peak_gb))
+        arch = None  # the GPU's architecture: fp8 is offered only where it runs
+        if device.type == "cuda":
+            with contextlib.suppress(RuntimeError, AssertionError):  # a torch without CUDA (tests)
+                arch = arch_of(torch.cuda.get_device_capability(device))
+        change = make_fit(model, settings, 0.9 * min(card or est.peak_gb, est.peak_gb), arch)
     except LorapodError:  # a model the planner does not know: the generic advice below
         pass
     where = f"this GPU's {card:.1f} GiB were" if card is not None else "the device's memory was"

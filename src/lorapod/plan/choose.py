@@ -261,7 +261,7 @@ def plan_job(
         phases, warns = price_job(job, e, speed)
         warns = _gpu_warnings(g, verdict, est.headroom_gb(g), speed) + scale_warns + warns
         if verdict == "does-not-fit":
-            fix = plan.fixes.setdefault(g.name, make_fit(job.model, job.settings, g.vram_gb))
+            fix = plan.fixes.setdefault(g.name, make_fit(job.model, job.settings, g.vram_gb, g.arch))
             warns.append(f"needs {est.peak_gb:.1f} GB of {g.vram_gb:g}: " + (f"fits with {fix.describe()}" if fix else "no setting change makes it fit"))
         if e.source == "snapshot":
             desc = tiers.get(e.provider, {}).get(e.tier)
@@ -342,14 +342,14 @@ def _nothing_fits(job: Job, entries: list[PriceEntry]) -> PlanError:
     lines = []
     if priced:
         top = priced[-1]
-        fix = make_fit(job.model, job.settings, top.vram_gb)
+        fix = make_fit(job.model, job.settings, top.vram_gb, top.arch)
         if fix:
             lines.append(f"on {top.name} ({top.vram_gb:g} GB): {fix.describe()}")
     if bigger:
         lines.append(f"it fits as is on {', '.join(g.name for g in bigger)} (no snapshot price: try --live)")
     if not lines:
         largest = max(all_gpus, key=lambda g: g.vram_gb)
-        fix = make_fit(job.model, job.settings, largest.vram_gb)
+        fix = make_fit(job.model, job.settings, largest.vram_gb, largest.arch)
         lines.append(f"on {largest.name}: {fix.describe()}" if fix else "no single-GPU setting fits: use a smaller model")
     return NothingFits(
         f"{job.model_name} needs about {job.estimate.peak_gb:.1f} GB and fits on none of the priced GPUs",

@@ -30,7 +30,21 @@ class Framework:
     # buffers: none; lorapod's engine holds the computing block and the arriving one: two).
     prefetches_blocks: bool = True
     swap_in_flight: int = 0
+    # Which models' ``train.blocks_to_swap`` the trainer implements ("image", "video"): the planner
+    # and the OOM hint suggest block swap only there (review N5), and preflight refuses it elsewhere.
+    # lorapod's engine declares its own (lorapod.engine: video.py swaps Wan blocks); a trainer not
+    # listed with a kind ignores or refuses the setting for it.
+    block_swap: frozenset[str] = frozenset()
+    # fp8 base weights (``model.dtype: fp8``; an Ada/Hopper/Blackwell GPU is needed all the same)
+    fp8_base: bool = True
 
+    def swaps_blocks(self, kind: str) -> bool:
+        return kind in self.block_swap
+
+
+#: The model kinds lorapod's own engine swaps blocks for: Wan video (engine/diffusion/video.py,
+#: ``wan.swap_blocks``). The image engine (FLUX, SD) reads no ``train.blocks_to_swap`` yet.
+LORAPOD_BLOCK_SWAP: frozenset[str] = frozenset({"video"})
 
 FRAMEWORKS: dict[str, Framework] = {
     "hf": Framework(
@@ -48,7 +62,7 @@ FRAMEWORKS: dict[str, Framework] = {
         why="lorapod's engine: bf16 logits (2) at label positions only, their fp32 upcast (4), log-softmax (4); the "
         "backward's peak is log-softmax and two float32 gradients. Block swap (engine/diffusion/wan.py): the next "
         "block is prefetched on a CUDA side stream, two swapped blocks on the GPU at a time",
-        prefetches_blocks=True, swap_in_flight=2,
+        prefetches_blocks=True, swap_in_flight=2, block_swap=LORAPOD_BLOCK_SWAP,
     ),
     "qwen-remote-code": Framework(
         "qwen-remote-code", 12.0,
@@ -68,8 +82,14 @@ FRAMEWORKS: dict[str, Framework] = {
     ),
 }
 # Image trainers: the loss is on latents, so no logits; the entries exist so their speed can be fitted.
+# Block swap: sd-scripts' flux_train_network.py / sd3_train_network.py (--blocks_to_swap; its SDXL
+# script has none, trainers/sd_scripts.py refuses it there), musubi-tuner's Wan, HunyuanVideo and
+# FLUX.1 Kontext / Qwen-Image networks (--blocks_to_swap), diffusion-pipe's blocks_to_swap; ai-toolkit,
+# SimpleTuner and the diffusers scripts have no such option.
+_SWAPS = {"sd-scripts": frozenset({"image"}), "musubi-tuner": frozenset({"image", "video"}),
+          "diffusion-pipe": frozenset({"image", "video"})}
 for _name in ("sd-scripts", "musubi-tuner", "simpletuner", "ai-toolkit", "diffusers", "diffusion-pipe"):
-    FRAMEWORKS[_name] = Framework(_name, 0.0)
+    FRAMEWORKS[_name] = Framework(_name, 0.0, block_swap=_SWAPS.get(_name, frozenset()))
 
 
 def framework(name: str) -> Framework:
