@@ -62,6 +62,11 @@ def default_alloc_conf(env: dict[str, str] | None = None) -> str | None:
 def pick_device(requested: str | None = None) -> torch.device:
     default_alloc_conf()  # before anything touches CUDA's allocator
     if requested:
+        if requested.startswith("cuda") and not torch.cuda.is_available():
+            # never a silent fall back to the CPU (review N4): a remote job is started with --device cuda
+            raise HardwareError(f"--device {requested}: torch {torch.__version__} cannot use a GPU here "
+                                f"(torch.cuda.is_available() is False; built for CUDA {torch.version.cuda or 'none'})",
+                                hint="install a torch built for a CUDA this machine's driver runs, or use --device cpu")
         return torch.device(requested)
     if torch.cuda.is_available():
         return torch.device("cuda")
