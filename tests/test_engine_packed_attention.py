@@ -197,3 +197,12 @@ def test_collated_rows_match_the_packing():
     batch, _examples, _rows = _batch(lengths=((3, 1, 4),), pad_multiple=1)
     assert batch.seq_lens == (3, 1, 4) and not any(batch.pad_seqs)
     assert llm_data.cumulative([3, 1, 4]).tolist() == [0, 3, 4, 8]
+
+
+def test_the_run_log_says_flex_compiles_on_first_use():
+    """Review N7: Gemma 2 on CUDA runs flex_attention, compiled on its first call (89 s on a CPU in the
+    review, 40 s more at a second length): the events line says so, so a slow first step is explained."""
+    flex = attention.AttentionPath("flex", False, "auto: Gemma2ForCausalLM has no sdpa; flex_attention on CUDA")
+    said = flex.describe(torch.device("cuda"))
+    assert "compiled on first use" in said and "a new length" in said
+    assert "compiled" not in SDPA_PATH.describe(torch.device("cuda"))
