@@ -19,15 +19,15 @@ from lorapod.engine.device import new_tf32_api, resolve_precision, set_tf32, tf3
 
 from .test_engine_cuda_choices import fake_gpu
 
-TORCH = Version(torch.__version__.split("+")[0])
+running = Version(torch.__version__.split("+")[0])
 
 
 def test_this_is_the_torch_the_stage_asked_for():
     want = os.environ.get("LORAPOD_EXPECT_TORCH")
     if not want:
         pytest.skip("LORAPOD_EXPECT_TORCH not set (README's test command runs the pinned torch)")
-    assert TORCH == Version(want), f"running torch {torch.__version__}, the stage wanted {want}"
-    assert TORCH >= Version(ENGINE_MIN_TORCH)
+    assert running == Version(want), f"running torch {torch.__version__}, the stage wanted {want}"
+    assert running >= Version(ENGINE_MIN_TORCH)
 
 
 def test_tf32_round_trips_on_this_torchs_own_modules():
@@ -40,7 +40,7 @@ def test_tf32_round_trips_on_this_torchs_own_modules():
     finally:
         set_tf32(*before)
     # torch 2.9 brought fp32_precision; 2.7 and 2.8 have only allow_tf32 (review N1)
-    assert new_tf32_api() == (TORCH >= Version("2.9"))
+    assert new_tf32_api() == (running >= Version("2.9"))
 
 
 def test_a_cuda_job_resolves_its_precision_on_this_torch(monkeypatch):
@@ -56,6 +56,6 @@ def test_a_cuda_job_resolves_its_precision_on_this_torch(monkeypatch):
 def test_the_packed_kernel_this_torch_offers():
     has_varlen = importlib.util.find_spec("torch.nn.attention.varlen") is not None
     assert attention.varlen_available() is has_varlen
-    assert not has_varlen or TORCH >= Version("2.9")
+    assert not has_varlen or running >= Version("2.9")
     desc = attention.AttentionPath("sdpa", False, "t").describe(torch.device("cuda"))
-    assert ("varlen_attn" in desc) is has_varlen
+    assert ("on torch's varlen_attn" in desc) is has_varlen
