@@ -17,8 +17,11 @@
 # Usage: tools/torch_versions.sh [VERSION ...]   (default: the floor and the newest, below)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# downloads are kept between runs on one machine (a fresh one downloads them again: docs/performance.md)
-export PIP_CACHE_DIR="${PIP_CACHE_DIR:-$HOME/.cache/pip}"
+# The wheels are kept between runs on one machine, in a folder of their own (pip's HTTP cache is
+# shared with everything else on the machine and may be purged): a fresh machine downloads them
+# again (the sizes and times: docs/performance.md, "torch versions").
+wheels="${LORAPOD_CI_WHEELS:-$HOME/.cache/lorapod-ci/wheels}"
+mkdir -p "$wheels"
 
 FLOOR="$(.venv/bin/python -c 'from lorapod.compute.bootstrap import ENGINE_MIN_TORCH as f; print(f)' 2>/dev/null \
          || PYTHONPATH=src .venv/bin/python -c 'from lorapod.compute.bootstrap import ENGINE_MIN_TORCH as f; print(f)')"
@@ -47,7 +50,9 @@ for v in "${versions[@]}"; do
   if [ "${have%%+*}" != "$v" ]; then
     rm -rf "$env"
     python3 -m venv "$env"
-    "$env/bin/python" -m pip install -q --disable-pip-version-check --progress-bar off "torch==$v"
+    "$env/bin/python" -m pip download -q --disable-pip-version-check --progress-bar off -d "$wheels" "torch==$v"
+    "$env/bin/python" -m pip install -q --disable-pip-version-check --progress-bar off --no-index \
+      --find-links "$wheels" "torch==$v"
   fi
   env_site="$("$env/bin/python" -c 'import site; print(site.getsitepackages()[0])')"
   echo "$base_site" > "$env_site/zz_lorapod_base.pth"
