@@ -23,8 +23,8 @@ cd "$(dirname "$0")/.."
 wheels="${LORAPOD_CI_WHEELS:-$HOME/.cache/lorapod-ci/wheels}"
 mkdir -p "$wheels"
 
-FLOOR="$(.venv/bin/python -c 'from lorapod.compute.bootstrap import ENGINE_MIN_TORCH as f; print(f)' 2>/dev/null \
-         || PYTHONPATH=src .venv/bin/python -c 'from lorapod.compute.bootstrap import ENGINE_MIN_TORCH as f; print(f)')"
+# the floor as this checkout says it (src first: .venv's lorapod may be another checkout's)
+FLOOR="$(PYTHONPATH=src .venv/bin/python -c 'from lorapod.compute.bootstrap import ENGINE_MIN_TORCH as f; print(f)')"
 NEWEST="${LORAPOD_NEWEST_TORCH:-2.14.1}"
 versions=("$@")
 if [ ${#versions[@]} -eq 0 ]; then versions=("${FLOOR}.0" "$NEWEST"); fi
