@@ -115,7 +115,8 @@ def test_the_split_paths_backward_writes_no_full_size_tensor_per_example():
     assert "slice_backward" not in count.ops, count.ops
     whole = B * H * L * D * 4  # one full-size fp32 tensor
     # the loop of slices wrote 207 full-size tensors here (192 slice_backward zeros); pieces of split: 40
-    assert count.bytes < 60 * whole, (count.bytes / whole, count.ops)
+    # (97 under torch 2.6, whose CPU SDPA backward clones more; the bound is the slices' zeros)
+    assert count.bytes < 150 * whole, (count.bytes / whole, count.ops)
 
 
 def test_cuda_runs_torchs_varlen_kernel_once_per_layer(monkeypatch):
