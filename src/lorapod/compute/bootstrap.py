@@ -218,7 +218,7 @@ def env_request(lock: Lock, python: str, root: str, driver_cuda: str | None = No
     """What envsetup gets. On an instance with an NVIDIA GPU (``driver_cuda``: the newest CUDA its
     driver runs), the image's torch is kept only when it really uses the GPU (envsetup runs a matmul
     there), and a torch it installs is the controller's version built for that driver, from torch's
-    own index (review N4: PyPI's Linux torch >= 2.9 is a CUDA 13 build, which a 12.x driver cannot load,
+    own index (review N4: PyPI's Linux torch 2.13 is a CUDA 13 build, which a 12.x driver cannot load,
     so the job trained on the CPU of a rented GPU)."""
     import os
 
