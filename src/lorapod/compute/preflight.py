@@ -113,7 +113,7 @@ def _check_attention(spec: JobSpec, image: str | None) -> None:
     raise PreflightError(
         f"train.attention flash needs the flash_attn package, which the image {image or '(the default)'} does not "
         "ship and the instance cannot install (PyPI has no flash-attn wheel)",
-        hint="leave train.attention at auto: on CUDA it runs torch's own FlashAttention varlen kernel"
+        hint="leave train.attention at auto: on CUDA it runs torch's own FlashAttention varlen kernel "
              "(where its torch has one), or use an image of your own that has flash_attn (--image)")
 
 
