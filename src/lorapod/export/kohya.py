@@ -27,7 +27,8 @@ trained effect. The file also carries sd-scripts' ``ss_*`` metadata (``kohya_met
 A1111 and model sites show.
 
 The engine writes this file at the end of training and export converts to and from it, so this
-module imports nothing of either (docs/architecture.md places it with the engine's layer).
+module imports nothing of either (docs/architecture.md places it with the engine's layer) but the
+families' own key rules (``engine/diffusion/families/<family>/``: ``Family.kohya_rules``).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class Target:
 
 
 # (regex on the diffusers module path, BFL module template with the regex groups, part, of parts)
-Rule = tuple[str, str, int, int]
+Rule = tuple[str, str, int, int]  # the same type as engine/diffusion/families/base.py's
 
 _FLUX_DOUBLE_ATTN: list[Rule] = [
     (r"transformer_blocks\.(\d+)\.attn\.to_q", "double_blocks.{0}.img_attn.qkv", 0, 3),
@@ -180,6 +181,19 @@ LAYOUTS: dict[str, Layout] = {
     "wan21": Layout("wan21", "transformer", (), tuple(WAN_RULES)),
     "wan22": Layout("wan22", "transformer", (), tuple(WAN_RULES)),
 }
+
+
+def _family_layouts() -> None:
+    """The families that carry their key rule in their own folder (``Family.kohya_rules``, from
+    Z-Image on): their layouts come from there, so a new family touches no line here."""
+    from lorapod.engine.diffusion.families import FAMILIES
+
+    for name, cls in FAMILIES.items():
+        if cls.kohya_rules is not None:
+            LAYOUTS[name] = Layout(name, cls.denoiser_name, tuple(cls.kohya_te_prefixes), tuple(cls.kohya_rules))
+
+
+_family_layouts()
 
 
 #: Wan 2.2's two experts, each its own file: the component -> the file name's suffix (the

@@ -141,10 +141,8 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
     log(f"latents: {len(latents)} ({disk.hits} from the cache, {disk.misses} encoded)")
     run.event(f"latents: {len(latents)} ({disk.hits} from the cache in {disk.root}, {disk.misses} encoded)")
 
-    # FLUX.1 [schnell] (no guidance embedding) is distilled for 4 steps; the others sample in 28
-    schnell = family.name == "flux1" and not comps.denoiser.config.get("guidance_embeds", True)
     prompts = smp.load_prompts(spec.samples.prompts, d.resolution, d.resolution, spec.train.seed,
-                               4 if schnell else 28, facts(family.name).guidance)
+                               family.default_sample_steps(comps), facts(family.name).guidance)
 
     @torch.no_grad()
     def encode_captions(caps: list[str]) -> list[dict[str, torch.Tensor]]:

@@ -130,7 +130,7 @@ class DiffusionRecipe:
         dev = self.precision.device
         if self.text is not None and not self.live_captions:
             per = [self.text[self.items[i].caption] for i in batch.items]
-            return {k: torch.stack([p[k] for p in per]).to(dev) for k in per[0]}
+            return {k: v.to(dev) for k, v in self.family.collate_text(per).items()}
         return self.family.encode_text(self.c, list(batch.captions), dev)
 
     def _meta(self, batch: Batch) -> dict[str, torch.Tensor]:
@@ -279,7 +279,8 @@ class DiffusionRecipe:
     def _prompt_embeds(self, text: str) -> dict[str, torch.Tensor]:
         dev = self.precision.device
         if text in self.sample_text:
-            return {k: v.unsqueeze(0).to(dev, self.c.denoiser.dtype) for k, v in self.sample_text[text].items()}
+            one = self.family.collate_text([self.sample_text[text]])
+            return {k: v.to(dev, self.c.denoiser.dtype if v.is_floating_point() else v.dtype) for k, v in one.items()}
         out = self.family.encode_text(self.c, [text], dev)
         return {k: v.to(self.c.denoiser.dtype) for k, v in out.items()}
 

@@ -51,6 +51,11 @@ class Components:
 
 
 
+# (regex on the diffusers module path, the consumer's module template with the regex groups, part, of parts):
+# one rule of a family's kohya (ComfyUI ``lora_unet_``) layout; export/kohya.py reads them
+Rule = tuple[str, str, int, int]
+
+
 class Family:
     name: ClassVar[str]
     pipeline_class: ClassVar[str]
@@ -59,6 +64,25 @@ class Family:
     default_targets: ClassVar[list[str] | str] = []
     te_targets: ClassVar[list[str]] = ["q_proj", "k_proj", "v_proj", "out_proj"]
     kohya_te_prefixes: ClassVar[list[str]] = []  # per text encoder; [] = no text-encoder LoRA
+    # The kohya file's key rule (export/kohya.py ``Layout``): None while the family's layout is still
+    # written in export/kohya.py; () = the diffusers module paths as they are; rules = renamed / fused.
+    kohya_rules: ClassVar[tuple[Rule, ...] | None] = None
+    # The denoiser's attribute(s) holding its transformer blocks, in order: what block swap keeps in
+    # CPU RAM (engine/diffusion/memory.py) and fp8 stores; () = no block swap (the U-Nets)
+    block_lists: ClassVar[tuple[str, ...]] = ()
+    sample_steps: ClassVar[int] = 28  # the sample grids' default step count
+
+    def blocks(self, denoiser: torch.nn.Module) -> list[torch.nn.Module]:
+        """The denoiser's transformer blocks in the order they run (block swap's unit)."""
+        return [b for attr in self.block_lists for b in getattr(denoiser, attr)]
+
+    def default_sample_steps(self, c: Components) -> int:
+        return self.sample_steps
+
+    def collate_text(self, per: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """Cached text-encoder outputs of one batch's captions, stacked (families whose captions have
+        their own lengths pad them here)."""
+        return {k: torch.stack([p[k] for p in per]) for k in per[0]}
 
     def pipeline_cls(self):
         import diffusers

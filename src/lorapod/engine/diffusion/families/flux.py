@@ -31,9 +31,15 @@ class Flux1(Family):
                        "attn.add_v_proj", "attn.to_add_out", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj",
                        "ff_context.net.2", "proj_mlp"]
 
+    block_lists = ("transformer_blocks", "single_transformer_blocks")
+
     def components(self, pipe, model_id):
         return Components(self, model_id, pipe.transformer, pipe.vae, [pipe.text_encoder, pipe.text_encoder_2],
                           [pipe.tokenizer, pipe.tokenizer_2], pipe.scheduler)
+
+    def default_sample_steps(self, c):
+        """FLUX.1 [schnell] (no guidance embedding) is distilled for 4 steps; [dev] samples in 28."""
+        return self.sample_steps if c.denoiser.config.get("guidance_embeds", True) else 4
 
     def encode_text(self, c, captions, device):
         tok, tok2 = c.tokenizers
@@ -77,6 +83,7 @@ class Flux2Klein(Family):
     flow = True
     default_targets = (r".*(\.to_q|\.to_k|\.to_v|\.to_out\.0|\.add_q_proj|\.add_k_proj|\.add_v_proj|\.to_add_out"
                        r"|\.to_qkv_mlp_proj|single_transformer_blocks\.\d+\.attn\.to_out)$")
+    block_lists = ("transformer_blocks", "single_transformer_blocks")
 
     def components(self, pipe, model_id):
         return Components(self, model_id, pipe.transformer, pipe.vae, [pipe.text_encoder], [pipe.tokenizer],

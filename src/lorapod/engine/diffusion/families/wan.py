@@ -32,6 +32,7 @@ class Wan21(Family):
     flow = True
     video: ClassVar[bool] = True
     default_targets = WAN_TARGETS
+    block_lists = ("blocks",)
 
     def load(self, model_id, revision, dtype):
         """T2V (``WanPipeline``) or I2V (``WanImageToVideoPipeline``), as the model's index says."""
