@@ -73,6 +73,14 @@ def test_trains_samples_and_the_diffusers_file_reloads_to_the_trained_model(asse
         keys = list(fh.keys())
         modules = {k.rsplit(".", 2)[0] if k.endswith(".weight") else k.rsplit(".", 1)[0] for k in keys}
         meta = fh.metadata()
+    from lorapod.export.inspect import inspect_file
+
+    report = inspect_file(run.adapter / "t.safetensors")  # what `lorapod inspect` says of the ComfyUI file
+    assert report["family"] == family
+    assert report["consumers"]["ComfyUI"]["drops"] == [] and report["consumers"]["ComfyUI"]["loads"] == len(modules)
+    plain = inspect_file(run.adapter / "pytorch_lora_weights.safetensors")  # no kohya metadata: read from names
+    assert plain["family"] == family
+    assert bool(plain["consumers"]["ComfyUI"]["drops"]) == (family == "zimage")  # ComfyUI maps Qwen's diffusers names
     if family == "zimage":  # ComfyUI's NextDiT names: q, k, v fused into qkv (rank 4 x 3), out, w1-w3
         assert modules == {f"lora_unet_layers_{i}_{m}" for i in range(2)
                            for m in ("attention_qkv", "attention_out", "feed_forward_w1", "feed_forward_w2",
@@ -99,3 +107,51 @@ def test_a_run_stopped_mid_way_resumes_to_the_uninterrupted_losses(assets, tmp_p
     assert CheckpointManager(run2.checkpoints).latest().state.step == 3
     resumed = train_cpu(spec2, run2, tmp_path, resume=True).result.losses
     assert len(straight) == 6 and resumed == pytest.approx(straight[3:], rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("family", ["zimage", "qwenimage"])
+def test_block_swap_in_the_image_engine_gives_the_same_losses_from_one_host_buffer_per_block(assets, tmp_path, family):
+    """N5: ``train.blocks_to_swap`` works in the image engine (it was read only by the video path, so
+    the OOM hint's advice did nothing); N6: each swapped block's frozen weights are views of one host
+    buffer (one pinned allocation per block, not one per weight)."""
+    spec, run = _run(assets, tmp_path, family, "plain", max_steps=3)
+    plain = train_cpu(spec, run, tmp_path).result.losses
+    spec, run = _run(assets, tmp_path, family, "swapped", max_steps=3, blocks_to_swap=1)
+    swapped = train_cpu(spec, run, tmp_path)
+    swap = swapped.recipe.swap
+    assert swap is not None and swap.moves > 6 and len(swap.blocks) == 1
+    held = swap._frozen(swap.blocks[0])
+    storages = {host.untyped_storage().data_ptr() for _, host in held}
+    assert len(held) > 4 and len(storages) == 1
+    assert swap.pinned == sum(host.untyped_storage().nbytes() for _, host in held[:1])
+    assert all(prm.data.data_ptr() == host.data_ptr() for prm, host in held)  # between uses: the host view
+    assert swapped.result.losses == pytest.approx(plain, rel=1e-5)
+
+
+def test_block_swap_is_refused_for_a_u_net_and_past_the_last_block(assets, tmp_path):
+    from lorapod.builtin.sd import build_sd15
+    from lorapod.errors import SpecError
+
+    sd = build_sd15(tmp_path / "sd15")
+    raw = image_spec(sd, assets["data"], tmp_path / "r", "sd15", max_steps=1, blocks_to_swap=2)
+    spec = load_spec(raw=raw)
+    with pytest.raises(SpecError, match="no transformer blocks to swap"):
+        train_cpu(spec, RunDir.create(spec.output.dir, "t"), tmp_path)
+    spec, run = _run(assets, tmp_path, "zimage", "far", max_steps=1, blocks_to_swap=2)
+    with pytest.raises(SpecError, match="at most 1"):
+        train_cpu(spec, run, tmp_path)
+
+
+def test_the_host_ram_check_counts_the_flat_buffers_and_refuses_what_does_not_fit():
+    from lorapod.engine.diffusion import memory
+    from lorapod.errors import HardwareError
+
+    blocks = [torch.nn.Linear(100, 30), torch.nn.Linear(100, 30)]
+    for b in blocks:
+        b.requires_grad_(False)
+    # one block: weight 3000 floats (12000 B) at 0, bias 30 floats at the next 64-byte boundary
+    assert memory.pinned_bytes(blocks, 1) == 12032 + 120
+    memory.host_ram_check(10**6, "x", available=3 * 1024**3)
+    with pytest.raises(HardwareError, match=r"pins 1\.5 GiB of host RAM") as exc:
+        memory.host_ram_check(int(1.5 * 1024**3), "block swap of 20 blocks", available=3 * 1024**3)
+    assert "blocks_to_swap" in exc.value.hint

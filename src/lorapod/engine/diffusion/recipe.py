@@ -80,6 +80,7 @@ class DiffusionRecipe:
         self._epoch_cache: dict[int, list[Batch]] = {}
         self.lora_modules = self._lora_modules()
         self._state: TrainState | None = None
+        self.swap = None  # engine/diffusion/memory.py BlockSwap when train.blocks_to_swap keeps blocks in CPU RAM
 
     def _lora_modules(self) -> dict[str, torch.nn.Module]:
         mods = {self.family.denoiser_name: self.c.denoiser}

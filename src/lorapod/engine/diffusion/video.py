@@ -27,9 +27,9 @@ from lorapod.data.findings import Finding
 from lorapod.engine.checkpoint import TrainState
 from lorapod.engine.device import Precision, pick_device, resolve_precision
 from lorapod.engine.diffusion import cache as dcache
+from lorapod.engine.diffusion import memory
 from lorapod.engine.diffusion import samples as smp
 from lorapod.engine.diffusion import video_data as vd
-from lorapod.engine.diffusion import wan
 from lorapod.engine.diffusion.families import Components, resolve_family
 from lorapod.engine.diffusion.families import wan as wan_family
 from lorapod.engine.diffusion.lora import attach_lora, lora_config
@@ -55,8 +55,11 @@ class VideoPrompt:
     image: str | None = None  # I2V: the start image (--i)
 
 
-def load_video_prompts(source, width: int, height: int, seed: int) -> list[VideoPrompt]:
-    """sd-scripts prompt lines plus musubi-tuner's ``--f FRAMES`` (4n+1) and ``--i IMAGE`` (I2V start frame)."""
+def load_video_prompts(source, width: int, height: int, seed: int, guidance: float | None = None) -> list[VideoPrompt]:
+    """sd-scripts prompt lines plus musubi-tuner's ``--f FRAMES`` (4n+1) and ``--i IMAGE`` (I2V start frame);
+    ``guidance``: the family's default (the catalog's first video family's when not given)."""
+    if guidance is None:
+        guidance = families.facts(families.VIDEO[0]).guidance
     if not source:
         return []
     lines = source if isinstance(source, list) else None
@@ -83,7 +86,7 @@ def load_video_prompts(source, width: int, height: int, seed: int) -> list[Video
         if image and not Path(image).expanduser().is_file():
             raise SpecError(f"sample prompt {line.strip()!r}: start image {image} does not exist", hint="fix the --i path")
         line = _IMAGE_OPT.sub("", " " + line).strip()
-        sp = smp.parse_line(line, width, height, seed, DEFAULT_STEPS, families.FAMILIES["wan21"].guidance)
+        sp = smp.parse_line(line, width, height, seed, DEFAULT_STEPS, guidance)
         out.append(VideoPrompt(sp, frames, image))
     return out
 
@@ -124,16 +127,6 @@ def _bytes(paths) -> int:
     return sum(p.stat().st_size for p in paths if p.is_file())
 
 
-def _place(model: torch.nn.Module, device: torch.device, swap: wan.BlockSwap | None) -> None:
-    """Move ``model`` to ``device`` except the swapped blocks' frozen weights (never all at once on the GPU)."""
-    skip = {id(p) for b in (swap.blocks if swap else []) for p in b.parameters() if not p.requires_grad}
-    for p in model.parameters():
-        if id(p) not in skip:
-            p.data = p.data.to(device)
-    for b in model.buffers():
-        b.data = b.data.to(device)
-
-
 def idle_swap_count(tr: torch.nn.Module, device: torch.device) -> int:
     """How many of an idle Wan2.2 expert's blocks to keep in CPU RAM while it samples: on CUDA as
     few as leave half of the free memory for sampling with the rest resident (the trained expert
@@ -158,8 +151,8 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
     precision: Precision = resolve_precision(spec.train.precision, spec.model.dtype, dev_req)
     family = resolve_family(spec.model.family, spec.model.id, spec.model.revision)
     if not getattr(family, "video", False):
-        raise SpecError(f"{spec.model.id} is a {family.name} model, not Wan",
-                        hint="use a Wan2.1/Wan2.2 model (diffusers layout) for video")
+        raise SpecError(f"{spec.model.id} is a {family.name} model, not a video model",
+                        hint=f"use a model of a video family ({', '.join(families.VIDEO)}; diffusers layout)")
     refuse_fp16(family, precision)
     m, d, t = spec.method, spec.data, spec.train
     if m.type != "lora":
@@ -176,14 +169,14 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
 
     dev = precision.device
     fp8 = precision.weights == torch.float8_e4m3fn
-    cfg = wan.component_config(spec.model.id, spec.model.revision)
-    spatial = int(wan.component_config(spec.model.id, spec.model.revision, "vae").get("scale_factor_spatial", 8))
+    cfg = memory.component_config(spec.model.id, spec.model.revision)
+    spatial = int(memory.component_config(spec.model.id, spec.model.revision, "vae").get("scale_factor_spatial", 8))
     if dev.type == "cuda":  # before any weight loads (and before the run is billed for loading them)
-        model = wan.memory_model(spec)
+        model = memory.memory_model(spec)
         tokens = max(model.window_tokens(f, w, h) for f, w, h in (it.bucket for it in items))
         gpu_gb = torch.cuda.get_device_properties(dev).total_memory / GiB
         dtype = "fp8" if fp8 else {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(precision.weights, "fp32")
-        wan.check_fits(spec, model, gpu_gb, dtype=dtype, tokens=tokens, what=f"{spec.model.id} at {tokens} latent tokens")
+        memory.check_fits(spec, model, gpu_gb, dtype=dtype, tokens=tokens, what=f"{spec.model.id} at {tokens} latent tokens")
     if t.blocks_to_swap and t.blocks_to_swap >= cfg.get("num_layers", 40):
         raise SpecError(f"train.blocks_to_swap {t.blocks_to_swap} >= the model's {cfg.get('num_layers')} blocks",
                         hint=f"at most {cfg.get('num_layers', 40) - 1}")
@@ -198,7 +191,7 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
             mod.requires_grad_(False)
             mod.eval()
     if fp8:
-        n = sum(wan.store_fp8(tr) for tr, _, _ in family.experts(comps, "both").values())
+        n = sum(memory.store_fp8(tr) for tr, _, _ in family.experts(comps, "both").values())
         log(f"fp8: {n} linear layers of the transformer blocks stored in float8")
     outside_autocast(comps.vae, [*comps.text_encoders, comps.extra.get("image_encoder")])
     comps.vae.to(dev)
@@ -244,7 +237,8 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
             enc = family.encode_text(comps, caps, dev)
         return [{"prompt_embeds": enc["prompt_embeds"][j, : int(enc["length"][j])].float()} for j in range(len(caps))]
 
-    prompts = load_video_prompts(spec.samples.prompts, d.resolution, d.resolution, t.seed)
+    prompts = load_video_prompts(spec.samples.prompts, d.resolution, d.resolution, t.seed,
+                                 families.facts(family.name).guidance)
     hits0, misses0 = disk.hits, disk.misses
     cache_te = d.cache_text_encoder_outputs
     text = None
@@ -264,7 +258,7 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
         report_cache_size(run, items, comps, list(keys.values()), [disk.text_path(c) for c in {it.caption for it in items}],
                           len(flips), spatial, log)
 
-    swaps: list[wan.BlockSwap] = []
+    swaps: list[memory.BlockSwap] = []
     targets = family.default_targets if m.target_modules == "all-linear" else m.target_modules
     torch.manual_seed(spec.train.seed)  # the adapters' init from the seed alone, whatever loading did before
     random.seed(spec.train.seed)
@@ -272,11 +266,11 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
         attach_lora(tr, lora_config(spec, targets))
         swap = None
         if t.blocks_to_swap:  # with its own checkpointing: loads and drops around each block's backward
-            swap = wan.swap_blocks(tr, t.blocks_to_swap, dev)
+            swap = memory.swap_blocks(tr, t.blocks_to_swap, dev)
             swaps.append(swap)
         elif t.gradient_checkpointing:
             tr.enable_gradient_checkpointing()
-        _place(tr, dev, swap)
+        memory.place(tr, dev, swap)
     if swaps and not t.gradient_checkpointing:
         log("block swap needs gradient checkpointing: turned on")
     if swaps:
@@ -293,7 +287,7 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
 
 class VideoRecipe(DiffusionRecipe):
     def __init__(self, spec, run, precision, comps: Components, items, latents, text, prompts: list[VideoPrompt],
-                 sample_text, live_captions, *, experts: dict, swaps: list[wan.BlockSwap],
+                 sample_text, live_captions, *, experts: dict, swaps: list[memory.BlockSwap],
                  conditions: dict | None = None) -> None:
         self.experts = experts
         self.conditions = conditions  # I2V: per window, the mask + first-frame latents (+ CLIP image states)
@@ -304,7 +298,7 @@ class VideoRecipe(DiffusionRecipe):
         # an expert not being trained stays in CPU RAM (two 14B experts do not share a 24 GB card);
         # it visits the GPU only to sample, block by block (``idle_swap``)
         self.idle = {n: v[0] for n, v in comps.family.experts(comps, "both").items() if n not in experts}
-        self._idle_swaps: dict[str, wan.BlockSwap] = {}
+        self._idle_swaps: dict[str, memory.BlockSwap] = {}
         self.text_len = comps.family.text_len(comps)
 
     def _lora_modules(self) -> dict[str, torch.nn.Module]:
@@ -373,7 +367,7 @@ class VideoRecipe(DiffusionRecipe):
                                      kohya.tag_frequency(by_folder))
         meta["ss_target_frames"] = json.dumps(self.spec.data.target_frames)
         name = self.spec.output.name or "lora"
-        two = self.family.name == "wan22" and self.c.extra.get("transformer_2") is not None
+        two = self.family.separate_expert_files(set(parts), self.spec.train.experts)
         for comp, sd in parts.items():
             config = json.loads(json.dumps(self.lora_modules[comp].peft_config["default"].to_dict(), default=list))
             suffix = kohya.EXPERT_FILES[comp] if two else ""
@@ -400,8 +394,8 @@ class VideoRecipe(DiffusionRecipe):
         dev = self.precision.device
         for name, tr in self.idle.items():
             if name not in self._idle_swaps:
-                self._idle_swaps[name] = wan.BlockSwap(tr.blocks, idle_swap_count(tr, dev), dev)
-            _place(tr, dev, self._idle_swaps[name])
+                self._idle_swaps[name] = memory.BlockSwap(tr.blocks, idle_swap_count(tr, dev), dev)
+            memory.place(tr, dev, self._idle_swaps[name])
         with torch.random.fork_rng(devices=[self.precision.device] if self.precision.device.type == "cuda" else []):
             for mod in self.lora_modules.values():
                 mod.eval()
@@ -424,7 +418,7 @@ class VideoRecipe(DiffusionRecipe):
                 out_dir / f"{tag}-frames.png", pnginfo=smp.png_info(self.video_prompts[0].prompt, state.step, state.epoch))
         for name, tr in self.idle.items():  # back to CPU RAM (its swapped blocks never left it)
             self._idle_swaps[name].settle()
-            _place(tr, torch.device("cpu"), self._idle_swaps[name])
+            memory.place(tr, torch.device("cpu"), self._idle_swaps[name])
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         self.train()

@@ -71,6 +71,19 @@ class Family:
     # CPU RAM (engine/diffusion/memory.py) and fp8 stores; () = no block swap (the U-Nets)
     block_lists: ClassVar[tuple[str, ...]] = ()
     sample_steps: ClassVar[int] = 28  # the sample grids' default step count
+    # ``lorapod inspect``'s name rules for files of this family (None: still written in export/inspect.py):
+    # a regex the file's module names match only for this family (no metadata to read), the modules
+    # ComfyUI maps under ``lora_unet_`` (its own model's module paths, dots as _), and whether it also
+    # maps diffusers' ``transformer.<path>`` names
+    inspect_signature: ClassVar[str | None] = None
+    comfy_unet: ClassVar[str | None] = None
+    comfy_takes_diffusers: ClassVar[bool] = False
+
+    def separate_expert_files(self, parts: set[str], experts: str) -> bool:
+        """Whether an adapter of these components (``transformer``, ``transformer_2``, ...) trained with
+        ``train.experts`` is written as one kohya file per expert (Wan2.2 A14B); one file otherwise.
+        The engine's export and ``lorapod export`` both ask here, so they cannot disagree."""
+        return False
 
     def blocks(self, denoiser: torch.nn.Module) -> list[torch.nn.Module]:
         """The denoiser's transformer blocks in the order they run (block swap's unit)."""

@@ -132,6 +132,10 @@ class Wan22(Wan21):
 
     name = "wan22"
 
+    def separate_expert_files(self, parts, experts):
+        """A14B's two experts: a file per expert trained (both, or the one ``train.experts`` names)."""
+        return "transformer_2" in parts or experts != "both"
+
     def experts(self, c, which):
         t2 = c.extra.get("transformer_2")
         b = c.extra.get("boundary_ratio")

@@ -43,6 +43,12 @@ class QwenImage(Family):
                        r"|to_add_out)|(img|txt)_mlp\.net\.(0\.proj|2))$")
     kohya_rules = KOHYA_RULES
     block_lists = ("transformer_blocks",)
+    inspect_signature = r"(^|\.|_)transformer_blocks[._]\d+[._](img|txt)_(mlp|mod)"
+    # comfy/ldm/qwen_image/model.py: the blocks' Linear layers and the model's own
+    comfy_unet = (r"transformer_blocks_\d+_(attn_(to_[qkv]|to_out_0|add_[qkv]_proj|to_add_out)"
+                  r"|(img|txt)_mlp_net_(0_proj|2)|(img|txt)_mod_1)|img_in|txt_in|proj_out|norm_out_linear"
+                  r"|time_text_embed_timestep_embedder_linear_[12]")
+    comfy_takes_diffusers = True  # comfy/lora.py's QwenImage branch: key_map["transformer.{}"]
 
     def components(self, pipe, model_id: str) -> Components:
         return Components(self, model_id, pipe.transformer, pipe.vae, [pipe.text_encoder], [pipe.tokenizer],

@@ -46,6 +46,12 @@ class ZImage(Family):
     default_targets = r"^layers\.\d+\.(attention\.(to_q|to_k|to_v|to_out\.0)|feed_forward\.w[123])$"
     kohya_rules = KOHYA_RULES
     block_lists = ("layers",)
+    # diffusers' names (layers.N.attention.to_q / feed_forward.w1) or ComfyUI's (layers_N_attention_qkv)
+    inspect_signature = r"^(transformer\.|lora_unet_)?(layers|noise_refiner|context_refiner)[._]\d+[._](attention|feed_forward)"
+    # comfy/ldm/lumina/model.py NextDiT: the Linear layers of its blocks, the embedders and the final layer
+    comfy_unet = (r"(layers|noise_refiner|context_refiner)_\d+_(attention_(qkv|out)|feed_forward_w[123]"
+                  r"|adaLN_modulation_[01])|x_embedder|cap_embedder_1|t_embedder_mlp_[02]"
+                  r"|final_layer_(linear|adaLN_modulation_1)")
 
     def components(self, pipe, model_id: str) -> Components:
         return Components(self, model_id, pipe.transformer, pipe.vae, [pipe.text_encoder], [pipe.tokenizer],
