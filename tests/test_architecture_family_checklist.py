@@ -41,7 +41,7 @@ def test_every_field_and_method_the_checklist_names_is_the_codes():
     fields = {f.name for c in (FamilyFacts, ImageModel) for f in dataclasses.fields(c)}
     words = {n for n in named() if re.fullmatch(r"[a-z_]+", n)}
     for w in words:
-        assert w in fields or hasattr(Family, w) or w == engine_supports.__name__, w
+        assert w in fields or hasattr(Family, w) or w in (engine_supports.__name__, "dit"), w
     assert {"kohya_rules", "block_lists", "comfy_unet", "speed_group", "swaps_blocks"} <= words
 
 
@@ -59,6 +59,7 @@ def test_every_family_folder_has_each_step(name):
     assert cls.__module__ == f"lorapod.engine.diffusion.families.{name}"  # the code is the folder's
     assert cls.kohya_rules is not None and cls.comfy_unet and cls.inspect_signature and cls.block_lists
     assert callable(importlib.import_module(f"lorapod.engine.diffusion.families.{name}.tiny").build)
+    assert callable(importlib.import_module(f"lorapod.engine.diffusion.families.{name}.arch").dit)
     assert any(m.family == name for m in load_models()[1])
     tests = " ".join(p.read_text(encoding="utf-8") for p in (ROOT / "tests").glob("test_*.py"))
     assert f"families.{name} import tiny" in tests or f"families.{name}.tiny" in tests

@@ -206,7 +206,7 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
 
 
 def is_video(spec: JobSpec) -> bool:
-    """A Wan job: by the spec's family or data format, or (family auto) by the model's own index."""
+    """A video job: by the spec's family or data format, or (family auto) by the model's own index."""
     if spec.is_video:
         return True
     if spec.model.family != "auto":
@@ -229,9 +229,9 @@ def train_diffusion(spec: JobSpec, run: RunDir, *, resume: bool = False, device:
     world, device = distributed.init(device)
     log = world.only_main(log)
     prep = prepare
-    if is_video(spec):  # Wan: clips and images as windows of frames (engine/diffusion/video.py)
+    if is_video(spec):  # a video family: clips and images as windows of frames (engine/diffusion/video.py)
         if world.active:
-            raise LorapodError("video (Wan) training runs in one process for now",
+            raise LorapodError("video training runs in one process for now",
                                hint="drop --processes / set compute.gpus: 1; block swap fits 14B on one card")
         from lorapod.engine.diffusion.video import prepare_video as prep
     with world.main_first():  # rank 0 fills the latent / text caches; the others then read them

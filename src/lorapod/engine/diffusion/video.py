@@ -1,4 +1,7 @@
-"""Video LoRAs (Wan2.1 / Wan2.2) through the image engine's loop, caches, checkpoints and exports.
+"""Video LoRAs through the image engine's loop, caches, checkpoints and exports, for any video family
+(``engine/diffusion/families/``: Wan2.1 / Wan2.2 today); what differs by family is asked of the family
+(its blocks, text length, experts, VAE factors, sample frame rate, pipeline), the memory savers are
+``engine/diffusion/memory.py``.
 
 ``prepare_video`` reads top to bottom like the image ``prepare``, in the order a 24 GB GPU needs:
 refuse a wrong model or a job that cannot fit (before any weight loads), cut the clips into
@@ -31,7 +34,6 @@ from lorapod.engine.diffusion import memory
 from lorapod.engine.diffusion import samples as smp
 from lorapod.engine.diffusion import video_data as vd
 from lorapod.engine.diffusion.families import Components, resolve_family
-from lorapod.engine.diffusion.families import wan as wan_family
 from lorapod.engine.diffusion.lora import attach_lora, lora_config
 from lorapod.engine.diffusion.precision import outside_autocast, refuse_fp16
 from lorapod.engine.diffusion.quiet import quiet
@@ -92,7 +94,7 @@ def load_video_prompts(source, width: int, height: int, seed: int, guidance: flo
 
 
 def predicted_cache_bytes(items: list[vd.VideoItem], z_dim: int, text_dim: int, flips: int,
-                          text_tokens: int = wan_family.TEXT_LEN, spatial: int = 8) -> dict[str, int]:
+                          text_tokens: int = 512, spatial: int = 8) -> dict[str, int]:
     """What the caches will hold, from the windows' buckets and the model's sizes alone (fp32
     latents of z_dim x (1 + (F-1)/4) x H/s x W/s per window and flip, s the VAE's spatial factor;
     at most ``text_tokens`` umT5 states per distinct caption). Tensor bytes: each file adds a
@@ -106,7 +108,7 @@ def predicted_cache_bytes(items: list[vd.VideoItem], z_dim: int, text_dim: int, 
 def report_cache_size(run: RunDir, items: list[vd.VideoItem], comps: Components, latent_files: list[Path],
                       text_files: list[Path], flips: int, spatial: int, log=print) -> dict:
     """``cache.json`` in the run folder and one log line: predicted against written bytes."""
-    z_dim = int(comps.vae.config.z_dim)
+    z_dim = comps.family.latent_channels(comps)
     text_dim = int(getattr(comps.text_encoders[0].config, "d_model", 4096))
     pred = predicted_cache_bytes(items, z_dim, text_dim, flips, comps.family.text_len(comps), spatial)
     if comps.extra.get("i2v"):  # + the mask and first-frame latents (z + 4 channels), + CLIP image states (2.1)
@@ -127,16 +129,16 @@ def _bytes(paths) -> int:
     return sum(p.stat().st_size for p in paths if p.is_file())
 
 
-def idle_swap_count(tr: torch.nn.Module, device: torch.device) -> int:
+def idle_swap_count(blocks: list[torch.nn.Module], tr: torch.nn.Module, device: torch.device) -> int:
     """How many of an idle Wan2.2 expert's blocks to keep in CPU RAM while it samples: on CUDA as
     few as leave half of the free memory for sampling with the rest resident (the trained expert
     is on the card already: a whole 14B expert does not fit beside it on 24 GB); elsewhere all
     but one, which changes nothing there but runs the same path."""
-    n = len(tr.blocks)
+    n = len(blocks)
     if device.type != "cuda":
         return n - 1
     free, _ = torch.cuda.mem_get_info(device)
-    per_block = max(sum(p.numel() * p.element_size() for p in b.parameters()) for b in tr.blocks)
+    per_block = max(sum(p.numel() * p.element_size() for p in b.parameters()) for b in blocks)
     rest = sum(p.numel() * p.element_size() for p in tr.parameters()) - per_block * n
     fit = int((free / 2 - rest) // per_block) if per_block else n
     return min(n, max(0, n - fit))
@@ -158,7 +160,7 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
     if m.type != "lora":
         raise SpecError(f"method.type {m.type} is for LLMs; video LoRAs use method.type: lora")
     if m.train_text_encoder:
-        raise SpecError("method.train_text_encoder is not supported for Wan (its text encoder is umT5-XXL)",
+        raise SpecError(f"method.train_text_encoder is not supported for {family.name} video LoRAs",
                         hint="set method.train_text_encoder: false")
 
     rule = vd.FrameRule(tuple(d.target_frames), d.frame_extraction, d.frame_sample, d.frame_stride, d.fps)
@@ -170,7 +172,7 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
     dev = precision.device
     fp8 = precision.weights == torch.float8_e4m3fn
     cfg = memory.component_config(spec.model.id, spec.model.revision)
-    spatial = int(memory.component_config(spec.model.id, spec.model.revision, "vae").get("scale_factor_spatial", 8))
+    spatial = family.vae_spatial_factor(memory.component_config(spec.model.id, spec.model.revision, "vae"))
     if dev.type == "cuda":  # before any weight loads (and before the run is billed for loading them)
         model = memory.memory_model(spec)
         tokens = max(model.window_tokens(f, w, h) for f, w, h in (it.bucket for it in items))
@@ -191,7 +193,7 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
             mod.requires_grad_(False)
             mod.eval()
     if fp8:
-        n = sum(memory.store_fp8(tr) for tr, _, _ in family.experts(comps, "both").values())
+        n = sum(memory.store_fp8(tr, family.block_lists) for tr, _, _ in family.experts(comps, "both").values())
         log(f"fp8: {n} linear layers of the transformer blocks stored in float8")
     outside_autocast(comps.vae, [*comps.text_encoders, comps.extra.get("image_encoder")])
     comps.vae.to(dev)
@@ -250,7 +252,7 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
     if wanted:
         sample_text = dict(zip(wanted, encode_captions(wanted), strict=True))
     if cache_te:
-        te.to("cpu")  # umT5-XXL is 11 GB in bf16: off the GPU before the transformer arrives
+        te.to("cpu")  # the encoder (Wan's umT5-XXL: 11 GB in bf16) off the GPU before the transformer arrives
         if dev.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -266,7 +268,7 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
         attach_lora(tr, lora_config(spec, targets))
         swap = None
         if t.blocks_to_swap:  # with its own checkpointing: loads and drops around each block's backward
-            swap = memory.swap_blocks(tr, t.blocks_to_swap, dev)
+            swap = memory.swap_blocks(tr, t.blocks_to_swap, dev, blocks=family.blocks(tr))
             swaps.append(swap)
         elif t.gradient_checkpointing:
             tr.enable_gradient_checkpointing()
@@ -274,7 +276,7 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
     if swaps and not t.gradient_checkpointing:
         log("block swap needs gradient checkpointing: turned on")
     if swaps:
-        log(f"block swap: the frozen weights of {t.blocks_to_swap} of {len(experts[next(iter(experts))][0].blocks)} "
+        log(f"block swap: the frozen weights of {t.blocks_to_swap} of {len(family.blocks(experts[next(iter(experts))][0]))} "
             f"blocks stay in CPU RAM{' (no effect on CPU)' if dev.type != 'cuda' else ''}")
     recipe = VideoRecipe(spec, run, precision, comps, items, latents, text, prompts, sample_text, not cache_te,
                          experts=experts, swaps=swaps, conditions=conditions)
@@ -394,7 +396,9 @@ class VideoRecipe(DiffusionRecipe):
         dev = self.precision.device
         for name, tr in self.idle.items():
             if name not in self._idle_swaps:
-                self._idle_swaps[name] = memory.BlockSwap(tr.blocks, idle_swap_count(tr, dev), dev)
+                blocks = self.family.blocks(tr)
+                self._idle_swaps[name] = memory.BlockSwap(torch.nn.ModuleList(blocks), idle_swap_count(blocks, tr, dev),
+                                                          dev)
             memory.place(tr, dev, self._idle_swaps[name])
         with torch.random.fork_rng(devices=[self.precision.device] if self.precision.device.type == "cuda" else []):
             for mod in self.lora_modules.values():
@@ -410,7 +414,7 @@ class VideoRecipe(DiffusionRecipe):
                                   num_frames=vp.frames, num_inference_steps=sp.steps, generator=gen,
                                   output_type="np").frames[0]
                 arr = (np.clip(frames, 0, 1) * 255).round().astype(np.uint8)
-                path = write_clip(out_dir / f"{tag}-{k:02d}.mp4", list(arr), fps=wan_family.SAMPLE_FPS)
+                path = write_clip(out_dir / f"{tag}-{k:02d}.mp4", list(arr), fps=self.family.sample_fps)
                 paths.append(path)
                 rows.append(arr)
             labels = [f"{smp.sample_label(vp.prompt)}, {vp.frames} frames" for vp in self.video_prompts]

@@ -79,6 +79,17 @@ class Family:
     comfy_unet: ClassVar[str | None] = None
     comfy_takes_diffusers: ClassVar[bool] = False
 
+    # video families: the frame rate samples are written at
+    sample_fps: ClassVar[int] = 16
+
+    def vae_spatial_factor(self, vae_config: dict) -> int:
+        """Pixels per latent along a side, read from the VAE's config.json before anything loads."""
+        return 8
+
+    def latent_channels(self, c: Components) -> int:
+        cfg = c.vae.config
+        return int(cfg.get("z_dim") or cfg.get("latent_channels"))
+
     def separate_expert_files(self, parts: set[str], experts: str) -> bool:
         """Whether an adapter of these components (``transformer``, ``transformer_2``, ...) trained with
         ``train.experts`` is written as one kohya file per expert (Wan2.2 A14B); one file otherwise.

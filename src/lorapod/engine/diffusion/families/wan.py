@@ -33,6 +33,11 @@ class Wan21(Family):
     video: ClassVar[bool] = True
     default_targets = WAN_TARGETS
     block_lists = ("blocks",)
+    sample_fps = SAMPLE_FPS
+
+    def vae_spatial_factor(self, vae_config):
+        """Wan2.1's VAE: 8; Wan2.2 TI2V's: 16 (``scale_factor_spatial``)."""
+        return int(vae_config.get("scale_factor_spatial", 8))
 
     def load(self, model_id, revision, dtype):
         """T2V (``WanPipeline``) or I2V (``WanImageToVideoPipeline``), as the model's index says."""
