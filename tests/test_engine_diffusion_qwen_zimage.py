@@ -73,7 +73,13 @@ def test_trains_samples_and_the_diffusers_file_reloads_to_the_trained_model(asse
         keys = list(fh.keys())
         modules = {k.rsplit(".", 2)[0] if k.endswith(".weight") else k.rsplit(".", 1)[0] for k in keys}
         meta = fh.metadata()
+    from lorapod.evaluate.images import evaluate_images
     from lorapod.export.inspect import inspect_file
+
+    prompts = tmp_path / "p.txt"  # `lorapod eval`: base and each checkpoint at fixed seeds
+    prompts.write_text("zxq, a red square --w 64 --h 64 --s 2 --d 5\n")
+    res = evaluate_images(run.root, prompts, strengths=(1.0,), device="cpu", log=lambda m: None)
+    assert [(c.row, c.strength) for c in res.grids[0].cells][:2] == [("base", 0.0), ("step-3", 1.0)]
 
     report = inspect_file(run.adapter / "t.safetensors")  # what `lorapod inspect` says of the ComfyUI file
     assert report["family"] == family
