@@ -74,6 +74,15 @@ def test_trains_samples_and_the_diffusers_file_reloads_to_the_trained_model(asse
         modules = {k.rsplit(".", 2)[0] if k.endswith(".weight") else k.rsplit(".", 1)[0] for k in keys}
         meta = fh.metadata()
     from lorapod.evaluate.images import evaluate_images
+    from lorapod.export.targets import export_run
+
+    done = export_run(run.root, "comfyui", checkpoint=3, out=tmp_path / "c")  # `lorapod export` re-writes the file
+    from lorapod.rundir.layout import checkpoint_name
+
+    engine_file = run.root / "exports" / checkpoint_name(3) / "t.safetensors"
+    with safe_open(str(done.out / "t.safetensors"), "pt") as fh, safe_open(str(engine_file), "pt") as eng:
+        assert set(fh.keys()) == set(eng.keys())
+        assert all(torch.equal(fh.get_tensor(k), eng.get_tensor(k)) for k in eng.keys())  # noqa: SIM118
     from lorapod.export.inspect import inspect_file
 
     prompts = tmp_path / "p.txt"  # `lorapod eval`: base and each checkpoint at fixed seeds
