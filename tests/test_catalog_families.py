@@ -124,8 +124,6 @@ def test_a_flux2pipeline_folder_is_flux2_dev_for_planner_and_engine_alike(tmp_pa
 # needs none of these, and a family whose code is one folder (engine/diffusion/families/<name>/) may be
 # spelled in none of them but the external trainers' vocabulary.
 FAMILY_NAMES_OUTSIDE: dict[str, str] = {
-    "lorapod/export/kohya.py": "the kohya layouts of the families written before the folders; move: each into its "
-                               "folder's Family.kohya_rules, as Z-Image's and Qwen-Image's are",
     "lorapod/export/inspect.py": "the ComfyUI name rules of the families written before the folders; move: "
                                  "Family.comfy_unet / inspect_signature, as Z-Image's and Qwen-Image's are",
     "lorapod/plan/counted_models.py": "the architectures the planner's figures are counted on, per family; move: "
