@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# Families whose transformer cannot be counted on the meta device (their models.yaml rows say how their
+# figures were made instead)
+NOT_COUNTED = {"hunyuanvideo15": "HunyuanVideo15Transformer3DModel.forward branches on torch.all(image_embeds == 0)"}
 SRC = ROOT / "src" / "lorapod"
 
 
@@ -59,7 +62,8 @@ def test_every_family_folder_has_each_step(name):
     assert cls.__module__ == f"lorapod.engine.diffusion.families.{name}"  # the code is the folder's
     assert cls.kohya_rules is not None and cls.comfy_unet and cls.inspect_signature and cls.block_lists
     assert callable(importlib.import_module(f"lorapod.engine.diffusion.families.{name}.tiny").build)
-    assert callable(importlib.import_module(f"lorapod.engine.diffusion.families.{name}.arch").dit)
+    if name not in NOT_COUNTED:
+        assert callable(importlib.import_module(f"lorapod.engine.diffusion.families.{name}.arch").dit)
     assert any(m.family == name for m in load_models()[1])
     tests = " ".join(p.read_text(encoding="utf-8") for p in (ROOT / "tests").glob("test_*.py"))
     assert f"families.{name} import tiny" in tests or f"families.{name}.tiny" in tests

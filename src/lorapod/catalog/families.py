@@ -72,6 +72,12 @@ _ROWS = (
     # a multiple of 64, so buckets are made from 1024).
     FamilyFacts("zimage", "Z-Image", ("ZImagePipeline",), 1024, 5.0, "z_image", "Z-Image/lora",
                 text_encoders="qwen3", speed_group="Z-Image"),
+    # HunyuanVideo 1.5: musubi-tuner's names (dataset/architectures.py ARCHITECTURE_HUNYUAN_VIDEO_1_5_FULL
+    # "hunyuan_video_1_5"; utils/sai_model_spec.py ARCH_HUNYUAN_VIDEO_1_5 "hunyuan-video-1.5"); guidance 6.0, the
+    # CFG guider scale of tencent/HunyuanVideo-1.5's 480p/720p T2V recipes as the diffusers docs give it
+    FamilyFacts("hunyuanvideo15", "HunyuanVideo 1.5", ("HunyuanVideo15Pipeline",), 960, 6.0, "hunyuan_video_1_5",
+                "hunyuan-video-1.5/lora", text_encoders="qwen2.5-vl+byt5", is_video=True,
+                speed_group="HunyuanVideo"),
     FamilyFacts("qwenimage", "Qwen-Image", ("QwenImagePipeline",), 1024, 4.0, "qwen_image", "Qwen-Image/lora",
                 text_encoders="qwen2.5-vl", speed_group="Qwen-Image"),
 )
@@ -116,7 +122,9 @@ NOT_TRAINED: MappingProxyType[str, str] = MappingProxyType({
     "QwenImageEditPlusPipeline": "qwenimage-edit",
 })
 
-_BY_PIPELINE = {p: f.name for f in _ROWS if not f.is_video for p in f.pipelines}
+# a pipeline class that one row alone claims names that row; Wan's two rows share theirs (wan_family_of_index)
+_CLAIMS = [p for f in _ROWS for p in f.pipelines]
+_BY_PIPELINE = {p: f.name for f in _ROWS for p in f.pipelines if _CLAIMS.count(p) == 1}
 
 
 def facts(name: str) -> FamilyFacts:

@@ -95,7 +95,7 @@ def write_diffusers(src: Source, out: Path) -> Path:
     fam = family_of(src)
     parts = parts_of(src.state())
     configs = json.loads(json.dumps(peft_configs(src, parts), default=list))
-    save_diffusers(out, fam.pipeline_cls(), parts, configs)
+    save_diffusers(out, fam.lora_file_writer(), parts, configs)
     return out / "pytorch_lora_weights.safetensors"
 
 

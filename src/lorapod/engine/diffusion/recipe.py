@@ -212,7 +212,7 @@ class DiffusionRecipe:
     def export(self, out_dir: Path, state: TrainState | None) -> None:
         parts = self.adapter_parts()
         configs = {name: m.peft_config["default"].to_dict() for name, m in self.lora_modules.items()}
-        save_diffusers(out_dir, self.family.pipeline_cls(), parts, configs)
+        save_diffusers(out_dir, self.family.lora_file_writer(), parts, configs)
         m = self.spec.method
         sizes = {n: mod.out_features for n, mod in self.c.denoiser.named_modules() if hasattr(mod, "out_features")}
         tensors = kohya.to_kohya(parts, self.family.name, m.alpha, m.rslora, out_features=sizes)

@@ -109,7 +109,8 @@ def report_cache_size(run: RunDir, items: list[vd.VideoItem], comps: Components,
                       text_files: list[Path], flips: int, spatial: int, log=print) -> dict:
     """``cache.json`` in the run folder and one log line: predicted against written bytes."""
     z_dim = comps.family.latent_channels(comps)
-    text_dim = int(getattr(comps.text_encoders[0].config, "d_model", 4096))
+    cfg = comps.text_encoders[0].config
+    text_dim = int(getattr(cfg, "d_model", None) or getattr(cfg, "hidden_size", 4096))
     pred = predicted_cache_bytes(items, z_dim, text_dim, flips, comps.family.text_len(comps), spatial)
     if comps.extra.get("i2v"):  # + the mask and first-frame latents (z + 4 channels), + CLIP image states (2.1)
         pred["latents"] = pred["latents"] * (2 * z_dim + 4) // z_dim
@@ -237,7 +238,7 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
     def encode_captions(caps: list[str]) -> list[dict[str, torch.Tensor]]:
         with precision.autocast():
             enc = family.encode_text(comps, caps, dev)
-        return [{"prompt_embeds": enc["prompt_embeds"][j, : int(enc["length"][j])].float()} for j in range(len(caps))]
+        return [{k: v.float() for k, v in family.cache_text(enc, j).items()} for j in range(len(caps))]
 
     prompts = load_video_prompts(spec.samples.prompts, d.resolution, d.resolution, t.seed,
                                  families.facts(family.name).guidance)
@@ -301,21 +302,17 @@ class VideoRecipe(DiffusionRecipe):
         # it visits the GPU only to sample, block by block (``idle_swap``)
         self.idle = {n: v[0] for n, v in comps.family.experts(comps, "both").items() if n not in experts}
         self._idle_swaps: dict[str, memory.BlockSwap] = {}
-        self.text_len = comps.family.text_len(comps)
 
     def _lora_modules(self) -> dict[str, torch.nn.Module]:
         return {name: tr for name, (tr, _, _) in self.experts.items()}
 
-    def _pad(self, states: torch.Tensor) -> torch.Tensor:
-        return F.pad(states, (0, 0, 0, self.text_len - states.shape[0]))
-
     def _cond(self, batch: Batch) -> dict[str, torch.Tensor]:
         dev = self.precision.device
         if self.text is not None and not self.live_captions:
-            out = {"prompt_embeds": torch.stack([self._pad(self.text[self.items[i].caption]["prompt_embeds"])
-                                                 for i in batch.items]).to(dev)}
+            out = {k: v.to(dev) for k, v in self.family.collate_text([self.text[self.items[i].caption]
+                                                                      for i in batch.items]).items()}
         else:
-            out = {"prompt_embeds": self.family.encode_text(self.c, list(batch.captions), dev)["prompt_embeds"]}
+            out = dict(self.family.encode_text(self.c, list(batch.captions), dev))
         if self.conditions is not None:
             per = [self.conditions[(i, f)] for i, f in zip(batch.items, batch.flips, strict=True)]
             out.update({k: torch.stack([c[k] for c in per]).to(dev) for k in per[0]})
@@ -357,8 +354,7 @@ class VideoRecipe(DiffusionRecipe):
 
     # -- files
     def export(self, out_dir: Path, state: TrainState | None) -> None:
-        from diffusers import WanPipeline
-
+        pipeline_cls = self.family.lora_file_writer()
         parts = self.adapter_parts()
         m = self.spec.method
         steps, epochs = (state.step, state.epoch) if state else (0, 0)
@@ -373,7 +369,7 @@ class VideoRecipe(DiffusionRecipe):
         for comp, sd in parts.items():
             config = json.loads(json.dumps(self.lora_modules[comp].peft_config["default"].to_dict(), default=list))
             suffix = kohya.EXPERT_FILES[comp] if two else ""
-            WanPipeline.save_lora_weights(str(out_dir), transformer_lora_layers=sd, safe_serialization=True,
+            pipeline_cls.save_lora_weights(str(out_dir), transformer_lora_layers=sd, safe_serialization=True,
                                           weight_name=f"pytorch_lora_weights{suffix}.safetensors",
                                           transformer_lora_adapter_metadata=config)
             tensors = kohya.to_kohya({"transformer": sd}, self.family.name, m.alpha, m.rslora)
@@ -409,6 +405,7 @@ class VideoRecipe(DiffusionRecipe):
                 neg = self._prompt_embeds(sp.negative) if sp.scale > 1 else None
                 gen = torch.Generator(device="cpu").manual_seed(sp.seed)
                 extra = {"image": self._start_image(vp)} if self.conditions is not None else {}
+                self.family.prepare_sampling(pipe, sp.scale)
                 with self.precision.autocast():
                     frames = pipe(**self.family.sample_kwargs(pos, neg, sp.scale), **extra, width=sp.width, height=sp.height,
                                   num_frames=vp.frames, num_inference_steps=sp.steps, generator=gen,
@@ -442,10 +439,9 @@ class VideoRecipe(DiffusionRecipe):
     def _prompt_embeds(self, text: str) -> dict[str, torch.Tensor]:
         dev = self.precision.device
         dtype = self.c.denoiser.dtype
-        if text in self.sample_text:
-            return {"prompt_embeds": self._pad(self.sample_text[text]["prompt_embeds"]).unsqueeze(0).to(dev, dtype)}
-        out = self.family.encode_text(self.c, [text], dev)
-        return {"prompt_embeds": out["prompt_embeds"].to(dtype)}
+        one = (self.family.collate_text([self.sample_text[text]]) if text in self.sample_text
+               else self.family.encode_text(self.c, [text], dev))
+        return {k: v.to(dev, dtype if v.is_floating_point() else v.dtype) for k, v in one.items()}
 
 
 def contact_sheet(clips, labels: list[str] | None = None, title: str = "", per_row: int = 8):

@@ -82,6 +82,22 @@ class Family:
     # video families: the frame rate samples are written at
     sample_fps: ClassVar[int] = 16
 
+    def text_len(self, c: Components) -> int:
+        """Most text-encoder states one caption caches (the video path's cache-size prediction)."""
+        return 512
+
+    def cache_text(self, enc: dict[str, torch.Tensor], j: int) -> dict[str, torch.Tensor]:
+        """Caption ``j``'s share of a batch ``encode_text`` made, as the cache keeps it (families whose
+        captions have their own lengths keep only the real tokens here)."""
+        return {k: v[j] for k, v in enc.items()}
+
+    def prepare_sampling(self, pipe, scale: float) -> None:
+        """Anything a pipeline takes other than from its call's arguments before it samples at ``scale``."""
+
+    def experts(self, c: Components, which: str) -> dict[str, tuple[torch.nn.Module, float, float]]:
+        """Module name -> (denoiser, lowest sigma, highest sigma) it is trained on: one, over all of them."""
+        return {self.denoiser_name: (c.denoiser, 0.0, 1.0)}
+
     def vae_spatial_factor(self, vae_config: dict) -> int:
         """Pixels per latent along a side, read from the VAE's config.json before anything loads."""
         return 8
@@ -112,6 +128,10 @@ class Family:
         import diffusers
 
         return getattr(diffusers, self.pipeline_class)
+
+    def lora_file_writer(self):
+        """What writes the diffusers LoRA file (``save_lora_weights``): the pipeline class's own loader."""
+        return self.pipeline_cls()
 
     def load(self, model_id: str, revision: str | None, dtype: torch.dtype) -> Components:
         cls = self.pipeline_cls()

@@ -93,6 +93,17 @@ class Wan21(Family):
         states = te(enc.input_ids.to(device), mask).last_hidden_state
         return {"prompt_embeds": states * mask.unsqueeze(-1).to(states.dtype), "length": mask.sum(dim=1)}
 
+    def cache_text(self, enc, j):
+        """Only the real umT5 tokens are cached (``length``); ``collate_text`` pads them again."""
+        return {"prompt_embeds": enc["prompt_embeds"][j, : int(enc["length"][j])]}
+
+    def collate_text(self, per):
+        """Padded with zeros to the pipeline's 512 (``text_len``), as WanPipeline samples."""
+        import torch.nn.functional as F
+
+        return {"prompt_embeds": torch.stack([F.pad(p["prompt_embeds"], (0, 0, 0, TEXT_LEN - p["prompt_embeds"].shape[0]))
+                                              for p in per])}
+
     def encode_latents(self, c, pixels):
         """(B, 3, F, H, W) in [-1, 1] -> normalised latents (B, z, 1 + (F-1)/4, H/8, W/8)."""
         vae = c.vae
