@@ -515,7 +515,7 @@ def check_wan_blockswap(ctx: Ctx) -> dict:
     from diffusers import WanTransformer3DModel
     from peft import LoraConfig
 
-    from lorapod.engine.diffusion import wan
+    from lorapod.engine.diffusion import memory as wan
     from lorapod.engine.diffusion.families.wan import WAN_TARGETS
     from lorapod.engine.diffusion.lora import attach_lora
 

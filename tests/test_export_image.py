@@ -382,7 +382,7 @@ def wan_runs(tmp_path_factory):
 
 @pytest.mark.parametrize("family", ["wan21", "wan22"])
 def test_wan_engine_file_is_the_export_file_and_comfyui_maps_every_key(wan_runs, family):
-    """One key rule (export/kohya.py WAN_RULES): the file the engine writes at the end of training
+    """One key rule (engine/diffusion/families/wan.py WAN_RULES): the file the engine writes at the end of training
     equals `lorapod export --to comfyui`'s, one file per Wan 2.2 expert, and ComfyUI's Wan key map
     (tests/comfy_consumer.py) loads every key of each onto its expert's weights."""
     from diffusers import DiffusionPipeline

@@ -64,6 +64,13 @@ def _format(keys: list[str]) -> str:
     return "unknown"
 
 
+def _named_families() -> dict[str, Any]:
+    """The families that carry their inspect rules in their own folder (``Family.comfy_unet``)."""
+    from lorapod.engine.diffusion.families import FAMILIES
+
+    return {n: cls for n, cls in FAMILIES.items() if cls.comfy_unet is not None}
+
+
 def _family(fmt: str, keys: list[str], meta: dict[str, str]) -> str:
     version = meta.get("ss_base_model_version", "")
     if version:
@@ -73,6 +80,9 @@ def _family(fmt: str, keys: list[str], meta: dict[str, str]) -> str:
     joined = "\n".join(keys)
     if fmt == "peft":
         return "llm"
+    for name, cls in _named_families().items():
+        if cls.inspect_signature and re.search(cls.inspect_signature, joined, re.M):
+            return name
     if re.search(r"^lora_unet__?blocks_\d+_(self|cross)_attn_", joined, re.M):
         return "wan"
     # diffusers' WanTransformer3DModel (what the video engine's save_lora_weights writes): ``blocks.N``
@@ -89,6 +99,17 @@ def _family(fmt: str, keys: list[str], meta: dict[str, str]) -> str:
 
 
 def _comfy(module: str, family: str) -> tuple[bool, str]:
+    named = _named_families().get(family)
+    if named is not None:
+        if module.startswith("lora_unet_"):
+            ok = re.fullmatch(named.comfy_unet, module[len("lora_unet_"):]) is not None
+            return ok, "" if ok else "not a module of ComfyUI's model"
+        if module.startswith("transformer.") and named.comfy_takes_diffusers:
+            return True, ""
+        if module.startswith("transformer."):
+            return False, ("diffusers name: ComfyUI maps lora_unet_ + its own module names "
+                           "(`lorapod export RUN --to comfyui` writes them)")
+        return False, "unknown name"
     flux = family.startswith("flux")
     if module.startswith("lora_unet_"):
         rest = module[len("lora_unet_"):]
