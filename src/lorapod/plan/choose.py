@@ -254,7 +254,7 @@ def plan_job(
         if verdict == "does-not-fit" and not pinned:
             continue
         if g.name not in speeds:
-            speeds[g.name] = step_speed(job.model, job.settings, g, est)
+            speeds[g.name] = step_speed(job.model, job.step_settings, g, est, spec_settings=job.settings)
         speed = speeds[g.name]
         speed, e, scale_warns = multi_gpu(speed, e, spec.compute.gpus)
         scale_warns += [why] if mode == "fsdp" else []

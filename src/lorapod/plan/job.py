@@ -6,17 +6,20 @@ when that folder exists, else takes ``images=`` (``--images N``), else assumes 2
 LLM jobs are sized in tokens: the training examples' tokens x epochs, counted from the JSONL files
 when they exist as training reads them (``data.chat_split``: lines over the 4 MiB limit and bad
 lines are not read, each example is cut at ``data.sequence_len``; about 4 characters per token),
-else ``examples=`` (``--examples``) x 500 tokens.
+else ``examples=`` (``--examples``) x 500 tokens. Without packing a micro-batch costs its rows
+padded to the longest of them (plan/padding.py), replayed on the data's own lengths when they are
+here, else assumed and said.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from lorapod.catalog.models import ImageModel, LLMArch, find_model
 from lorapod.errors import DataError, PlanError
+from lorapod.plan.padding import ASSUMED_PAD, PAD_MULTIPLE, PAD_MULTIPLE_MASK, padded_tokens
 from lorapod.plan.vram import Estimate, Settings, estimate
 from lorapod.spec import JobSpec
 
@@ -48,6 +51,18 @@ class Job:
     checkpoints: int = 0
     samples: int = 0  # images or generations written while training
     warnings: list[str] = field(default_factory=list)
+    #: LLM, unpacked: token positions per row of an average micro-batch, padding included
+    #: (plan/padding.py); 0: a packed row of data.sequence_len
+    row_tokens: float = 0.0
+
+    @property
+    def step_settings(self) -> Settings:
+        """The settings an average micro-batch runs at: the spec's, with an unpacked job's rows at
+        their padded length. The speed model prices a step with these; the VRAM peak keeps the
+        spec's sequence_len (the longest batch may reach it)."""
+        if not self.row_tokens:
+            return self.settings
+        return replace(self.settings, seq_len=max(1, round(self.row_tokens)))
 
     @property
     def steps_label(self) -> str:
@@ -86,6 +101,7 @@ class _Counted:
     train_tokens: int  # one epoch, each conversation cut at data.sequence_len
     data_bytes: int
     warnings: list[str]
+    lengths: list[int] = field(default_factory=list)  # each training conversation's tokens, cut
 
 
 def _count_examples(spec: JobSpec) -> _Counted | None:
@@ -109,11 +125,34 @@ def _count_examples(spec: JobSpec) -> _Counted | None:
         notes = [f"{n}; not counted: training stops on them unless data.skip_bad_examples "
                  f"(lorapod data check {files[0]} lists them)" for n in notes]
     seq = spec.data.sequence_len
-    tokens = sum(trained_tokens(c, seq) for c in split.train)
-    cut = sum(1 for c in split.train if trained_tokens(c, seq) == seq)
+    lengths = [trained_tokens(c, seq) for c in split.train]
+    cut = sum(1 for n in lengths if n == seq)
     if cut:
         notes.append(f"{cut} training example(s) reach data.sequence_len={seq} and are counted as cut there")
-    return _Counted(len(split.train) + len(split.val), len(split.train), tokens, size, notes)
+    return _Counted(len(split.train) + len(split.val), len(split.train), sum(lengths), size, notes, lengths)
+
+
+def _unpacked_rows(spec: JobSpec, settings: Settings, lengths: list[int] | None) -> tuple[float, str]:
+    """(token positions per row of an average micro-batch, the plan's note) for an unpacked job:
+    replayed on the data's lengths (plan/padding.py), else the assumed example padded by
+    :data:`ASSUMED_PAD`."""
+    t = spec.train
+    flash = t.attention == "flash"
+    multiple = PAD_MULTIPLE_MASK if settings.attention == "mask" else PAD_MULTIPLE
+    if lengths:
+        total, batches = padded_tokens(lengths, t.micro_batch_size, t.epochs, t.seed, multiple, flash)
+        row = total / (batches * t.micro_batch_size)
+        real = sum(lengths) * max(1, t.epochs)
+        pad = "" if flash else f", {max(0.0, 1 - real / total):.0%} of it padding"
+        return row, ("data.packing is off: each micro-batch is its rows padded to the longest"
+                     + (" (train.attention flash drops the padding)" if flash else "")
+                     + f", about {row:,.0f} tokens a row{pad}, from the data's own lengths; packing would fill "
+                     f"rows of {spec.data.sequence_len}")
+    row = min(spec.data.sequence_len, round(DEFAULT_TOKENS_PER_EXAMPLE * (1.0 if flash else ASSUMED_PAD)))
+    return float(row), (f"data.packing is off and the data is not here: each micro-batch assumed to be rows of "
+                        f"{row} tokens (the assumed {DEFAULT_TOKENS_PER_EXAMPLE}-token example"
+                        + ("" if flash else f", padded to its batch's longest: x{ASSUMED_PAD:g}")
+                        + "); the time follows your examples' real lengths")
 
 
 def _prompt_count(spec: JobSpec) -> int:
@@ -174,7 +213,9 @@ def build_job(spec: JobSpec, *, images: int | None = None, examples: int | None 
         prompts = _prompt_count(spec)
     else:
         counted_ex = _count_examples(spec) if examples is None else None
+        lengths: list[int] | None = None
         if counted_ex is not None and counted_ex.train_examples:
+            lengths = counted_ex.lengths
             job.examples, train_examples = counted_ex.examples, counted_ex.train_examples
             job.tokens = counted_ex.train_tokens * t.epochs
             data_bytes = counted_ex.data_bytes
@@ -194,8 +235,10 @@ def build_job(spec: JobSpec, *, images: int | None = None, examples: int | None 
             job.tokens = int(train_tokens * t.epochs)
         per_step = t.micro_batch_size * spec.data.sequence_len
         job.steps = max(1, math.ceil(job.tokens / per_step)) if spec.data.packing else max(
-            1, math.ceil(train_examples * t.epochs / t.micro_batch_size)
-        )
+            1, math.ceil(train_examples / t.micro_batch_size)) * t.epochs
+        if not spec.data.packing:
+            job.row_tokens, note = _unpacked_rows(spec, settings, lengths)
+            warnings.append(note)
         job.download_gb = model.params * 2 / 1e9
         job.upload_gb = data_bytes / 1e9
         lora_bytes = model.lora_params(settings.r, settings.targets) * 2
