@@ -32,6 +32,11 @@ IMAGE_MB = 3.0
 EXAMPLE_KB = 2.0
 DEFAULT_SAMPLE_PROMPTS = 2
 DEFAULT_SAMPLE_STEPS = 28
+#: Fewer optimizer steps than this and the plan says so: the guides' recipes train 90-2500 (SDXL
+#: 25 x 10 x 8 = 2000, Wan 2500, a chat LoRA of 500-2000 examples x 3 epochs / 16 per step =
+#: 90-375); a LoRA's B matrix starts at zero and moves once per optimizer step, so a few dozen
+#: updates at the recipes' learning rates leave it close to the base model.
+MIN_OPTIMIZER_STEPS = 50
 
 
 @dataclass
@@ -175,6 +180,43 @@ def _saves(spec: JobSpec, every_epochs: int | None, every_steps: int | None, ste
     return 0
 
 
+def _run_length_warnings(spec: JobSpec, job: Job, assumed: str) -> list[str]:
+    """Too few optimizer steps, and intervals (eval, save, samples, warmup) the run never reaches.
+    ``assumed`` names the guessed data size the counts rest on (empty when counted from the data)."""
+    t, n, epochs = spec.train, job.optimizer_steps, spec.train.epochs
+    run = f"{n} optimizer step{'s' if n != 1 else ''}" + (f" ({assumed})" if assumed else "")
+    out = []
+    if n < MIN_OPTIMIZER_STEPS:
+        per = (f"{job.steps} micro-batch{'es' if job.steps != 1 else ''}"
+               + (f" / train.grad_accum {t.grad_accum}" if t.grad_accum > 1 else ""))
+        out.append(f"only {n} optimizer step{'s' if n != 1 else ''} ({per}{'; ' + assumed if assumed else ''}): the adapter is updated {n} time{'s' if n != 1 else ''}, where the guides' "
+                   f"recipes train 90-2500 steps; more epochs or data, or a smaller train.grad_accum / "
+                   "train.micro_batch_size")
+    warm = t.warmup_steps or math.ceil(t.warmup_ratio * n)
+    if warm >= n and n:
+        out.append(f"the warmup ({warm} steps) covers the whole run of {run}: the learning rate never reaches "
+                   f"train.learning_rate")
+    end = "only the final adapter comes out"
+    for name, every, per_epoch, what in (
+        ("eval.every_steps", spec.eval.every_steps, False,
+         "validation runs only before and after training, no curve to stop on"),
+        ("save.every_steps", spec.save.every_steps, False, f"no checkpoint before the end: {end}, nothing to resume"),
+        ("save.every_epochs", spec.save.every_epochs if not spec.save.every_steps else None, True,
+         f"no checkpoint before the end: {end}, nothing to resume"),
+        ("samples.every_steps", spec.samples.every_steps if spec.samples.prompts else None, False,
+         "no samples while training"),
+        ("samples.every_epochs", spec.samples.every_epochs if spec.samples.prompts else None, True,
+         "no samples while training"),
+    ):
+        if every is None:
+            continue
+        if per_epoch and every > epochs:
+            out.append(f"{name}={every} is more than the run's {epochs} epoch{'s' if epochs != 1 else ''}: {what}")
+        elif not per_epoch and every > n:
+            out.append(f"{name}={every} is longer than the run's {run}: {what}")
+    return out
+
+
 def _prediction_warnings(spec: JobSpec, family: str) -> list[str]:
     """The loud epsilon default for an SD 1.5/SDXL single file that does not say its objective."""
     from lorapod.errors import LorapodError
@@ -255,6 +297,9 @@ def build_job(spec: JobSpec, *, images: int | None = None, examples: int | None 
                          t.epochs) * prompts
     job.checkpoints = _saves(spec, spec.save.every_epochs, spec.save.every_steps, job.optimizer_steps, t.epochs) or 1
     job.pull_gb = job.checkpoints * lora_bytes / 1e9
+    assumed = ("with the assumed " + (f"{job.images} images" if job.is_image else f"{job.examples} examples")
+               if any("assumed" in w for w in warnings) else "")
+    warnings.extend(_run_length_warnings(spec, job, assumed))
     job.warnings = warnings
     if isinstance(model, ImageModel):
         job.warnings.extend(_prediction_warnings(spec, model.family))
