@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from lorapod.catalog.models import ImageModel, LLMArch, find_model
-from lorapod.errors import DataError, PlanError
+from lorapod.errors import DataError, LorapodError, PlanError
 from lorapod.plan.padding import ASSUMED_PAD, PAD_MULTIPLE, PAD_MULTIPLE_MASK, padded_tokens
 from lorapod.plan.vram import Estimate, Settings, estimate
 from lorapod.spec import JobSpec
@@ -87,6 +87,7 @@ class Job:
 
 
 def _count_images(paths: list[Path]) -> tuple[int, int] | None:
+    """(image files, bytes) under the folders that exist, by extension; None when none exists."""
     found = [p for p in paths if p.is_dir()]
     if not found:
         return None
@@ -97,6 +98,49 @@ def _count_images(paths: list[Path]) -> tuple[int, int] | None:
                 n += 1
                 size += f.stat().st_size
     return n, size
+
+
+_CHECKED: dict[tuple, tuple[int, int, list[str]]] = {}
+
+
+def _checked_images(spec: JobSpec, paths: list[Path]) -> tuple[int, int, list[str]] | None:
+    """(readable images, their bytes, what the data check says) for the folders that exist, as
+    ``lorapod data check`` judges them with the spec's family and trigger (data/check.py): an image
+    that does not decode is not trained on, so it is not counted, and the check's errors are said.
+    Without Pillow (the core install) the files are counted by extension, and the plan says so.
+    None when no folder exists. Cached per process by the folders' file names, sizes and times
+    (``lorapod plan`` plans a pinned job twice: its own offers and the whole market)."""
+    from lorapod.data.check import check_path, spec_check_args
+
+    found = [p for p in paths if p.is_dir()]
+    if not found:
+        return None
+    args = spec_check_args(spec)
+    key = (tuple(sorted((str(f), s.st_size, s.st_mtime_ns) for p in found for f in p.rglob("*")
+                        if (s := f.stat()) and f.is_file())), tuple(sorted((k, str(v)) for k, v in args.items())))
+    if key in _CHECKED:
+        return _CHECKED[key]
+    n, size, notes = 0, 0, []
+    for folder in found:
+        try:
+            report = check_path(folder, **args)
+        except LorapodError as exc:
+            files = _count_images([folder]) or (0, 0)
+            n, size = n + files[0], size + files[1]
+            notes.append(f"{folder}: images counted by name, not checked ({exc.message}; {exc.hint or ''})".rstrip("; "))
+            continue
+        infos = report.extra.get("infos", [])
+        ok = [i for i in infos if i.ok]
+        n += len(ok)
+        size += sum((folder / i.rel).stat().st_size for i in ok if (folder / i.rel).is_file())
+        errors = [f for f in report.findings if f.severity == "error"]
+        if errors:
+            unread = len(infos) - len(ok)
+            notes.append(f"`lorapod data check {folder}` finds {len(errors)} error(s), first: {errors[0].path}: "
+                         f"{errors[0].message.rstrip('.')}" + (f"; {unread} image(s) that do not decode are not counted"
+                                                   if unread else ""))
+    _CHECKED[key] = (n, size, notes)
+    return _CHECKED[key]
 
 
 @dataclass
@@ -239,14 +283,17 @@ def build_job(spec: JobSpec, *, images: int | None = None, examples: int | None 
     warnings: list[str] = []
     job = Job(spec, model, settings, est, steps=0)
     if isinstance(model, ImageModel):
-        counted = _count_images(spec.data_paths())
-        if counted is not None and counted[0] > 0 and images is None:
-            job.images, data_bytes = counted
+        counted = _checked_images(spec, spec.data_paths()) if images is None else None
+        if counted is not None:
+            warnings.extend(counted[2])
+        if counted is not None and counted[0] > 0:
+            job.images, data_bytes = counted[0], counted[1]
         else:
             job.images = images if images is not None else DEFAULT_IMAGES
             data_bytes = int(job.images * IMAGE_MB * 1e6)
             if images is None:
-                warnings.append(f"image count assumed {DEFAULT_IMAGES}: {spec.data.path} not found; pass --images N")
+                where = "not found" if counted is None else "holds no readable image"
+                warnings.append(f"image count assumed {DEFAULT_IMAGES}: {spec.data.path} {where}; pass --images N")
         per_epoch = math.ceil(job.images * spec.data.repeats / t.micro_batch_size)
         job.steps = per_epoch * t.epochs
         job.download_gb = model.download_gb
