@@ -130,7 +130,7 @@ def rank_by_job_cost(spec: JobSpec, job: Job, provider_name: str, offers: list[O
     known: dict[str, str] = {}
     for o in offers:
         try:
-            known[o.id] = find_gpu(o.gpu_name).name
+            known[o.id] = find_gpu(o.gpu_name, o.vram_gb or None).name  # the memory picks a shared name's card
         except LorapodError:
             continue
     # the planner prices one GPU and multiplies by compute.gpus; an offer's price is the whole instance's

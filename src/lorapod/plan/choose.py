@@ -24,7 +24,7 @@ from typing import Any
 
 from lorapod.catalog.gpus import GPU, find_gpu, load_gpus
 from lorapod.catalog.prices import PROVIDERS, PriceEntry, load_prices, tier_descriptions
-from lorapod.catalog.snapshot import closest
+from lorapod.catalog.snapshot import STALE_AFTER_DAYS, closest
 from lorapod.errors import PlanError
 from lorapod.plan.cost import Phase, cents, left_running_usd, price_job
 from lorapod.plan.estimate import Speed, step_speed
@@ -203,6 +203,16 @@ class Plan:
         return next((o for o in self.options if o.fits), None)
 
 
+def _dated(as_of: str | None) -> dt.date | None:
+    """A price's own date ("2026-10-02", or "2026-03": the first of the month), else None."""
+    if not as_of:
+        return None
+    try:
+        return dt.date.fromisoformat(as_of if len(as_of) > 7 else f"{as_of}-01")
+    except ValueError:
+        return None
+
+
 def over_cap(o: Option, spec: JobSpec) -> bool:
     """Whether the estimate crosses ``compute.max_usd`` or ``compute.max_hours``: the run would be
     stopped before the end."""
@@ -319,8 +329,14 @@ def plan_job(
             desc = tiers.get(e.provider, {}).get(e.tier)
             if e.tier == "cheapest_seen" and desc:
                 warns.append(f"{e.tier}: {desc}")
-            age = f"price from the {snap.date.isoformat()} snapshot ({snap.age_days(today)} days old)"
-            warns.append(age + (": stale, check --live" if stale else ""))
+            dated = _dated(e.as_of)
+            if dated is not None:  # a figure with its own date and source (prices.yaml)
+                days = max(0, ((today or dt.date.today()) - dated).days)
+                warns.append(f"price as of {e.as_of}, its own source in prices.yaml ({days} days old)"
+                             + (": stale, check --live" if days > STALE_AFTER_DAYS else ""))
+            else:
+                age = f"price from the {snap.date.isoformat()} snapshot ({snap.age_days(today)} days old)"
+                warns.append(age + (": stale, check --live" if stale else ""))
         warns = [*job.warnings, *warns, *_budget_warnings(spec, phases)]
         if speed.basis == "your runs":
             warns.append(f"speed from your {len(speed.runs)} run(s) with these settings: "
