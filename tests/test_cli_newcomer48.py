@@ -1,0 +1,40 @@
+"""Issue 48's frictions, each through the command a newcomer typed (F11, F12, F13, F20, F21, F24)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from .cli_helpers import run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+EX = ROOT / "examples"
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path, monkeypatch):
+    monkeypatch.setenv("LORAPOD_HOME", str(tmp_path / "home"))
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_train_without_the_data_folder_says_so_before_asking_the_hub(tmp_path, monkeypatch, capsys):
+    """F11: the SDXL example's data folder is not in the repository. Training it with no Hub to
+    reach used to wait on the Hub's retries, print its raw lines and fail on model_index.json; the
+    missing folder is now the one line, and no run folder is made."""
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    out_dir = tmp_path / "runs"
+    code, out, err = run_cli(["train", str(EX / "sdxl-object-lora.yaml"), "--set", f"output.dir={out_dir}",
+                              "--set", f"data.path={tmp_path / 'mug'}"], capsys)
+    said = " ".join((out + err).split())
+    assert code != 0 and "Traceback" not in said
+    assert f"data path {tmp_path / 'mug'} does not exist" in said and "--set data.path=PATH" in said
+    assert "model_index" not in said and "Retrying" not in said and "127.0.0.1" not in said  # the Hub never asked
+    assert not out_dir.exists()
