@@ -103,9 +103,13 @@ def test_storage_network_volume_wins_when_used_daily():
     assert adv.recommended == "network volume"
 
 
-def test_options_are_ranked_by_dollars_per_job():
+def test_options_are_ranked_by_dollars_per_job_and_hours():
+    """$ per job + compute.hour_worth_usd x hours (issue 48, F22); at 0, by dollars alone."""
     plan = plan_job(load_spec(EXAMPLES / "sdxl-object-lora.yaml"), images=25)
-    totals = [o.usd_total for o in plan.options]
+    worth = [o.usd_total + o.hours_total for o in plan.options]
+    assert worth == sorted(worth)
+    dollars = plan_job(load_spec(EXAMPLES / "sdxl-object-lora.yaml", ["compute.hour_worth_usd=0"]), images=25)
+    totals = [o.usd_total for o in dollars.options]
     assert totals == sorted(totals)
     assert {o.provider for o in plan.options} == {"runpod", "vast"}
     assert all(o.fits for o in plan.options)

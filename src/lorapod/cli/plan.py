@@ -78,7 +78,7 @@ def plan_command(
         got = live_prices(job_spec.compute.disk_gb, [find_gpu(gpu)] if gpu else None)
         prices, notes = got.entries, got.notes
     if sort not in ("rank", "usd", "time"):
-        raise PlanError(f"--sort {sort!r}: rank, usd or time", hint="lorapod plan SPEC --sort time")
+        raise PlanError(f"--sort {sort!r}: rank by usd or time, or the plan's own rank", hint="lorapod plan SPEC --sort time")
     plan = plan_job(job_spec, gpu=gpu, provider=provider, prices=prices, images=images, examples=examples,
                     trainer=trainer)
     from lorapod.plan.volume import VAST_NOTE, volume_advice, with_volume
@@ -167,7 +167,7 @@ def _print_plan(plan: Plan, notes: list[str], sort: str = "usd", spec_path: Path
     console.print(f"[bold]{job.model_name}[/] · {size} · peak VRAM about [bold]{job.estimate.peak_gb:.1f} GB[/]")
     chosen = plan.chosen
     if chosen is not None:
-        console.print(_likely_line(*chosen), highlight=False)
+        console.print(_likely_line(*chosen), highlight=False, soft_wrap=True)
     else:  # never head the table with a GPU that does not fit
         o = plan.options[0]
         fix = plan.fixes.get(o.gpu)
