@@ -38,3 +38,23 @@ def test_train_without_the_data_folder_says_so_before_asking_the_hub(tmp_path, m
     assert f"data path {tmp_path / 'mug'} does not exist" in said and "--set data.path=PATH" in said
     assert "model_index" not in said and "Retrying" not in said and "127.0.0.1" not in said  # the Hub never asked
     assert not out_dir.exists()
+
+
+def test_data_fix_leaves_an_empty_caption_for_the_user_and_the_check_still_finds_it(tmp_path, capsys):
+    """F15: `data fix --trigger` wrote the trigger alone into an empty caption, and the check's
+    caption-empty error vanished with nothing described."""
+    Image = pytest.importorskip("PIL.Image")
+    src = tmp_path / "mug"
+    src.mkdir()
+    for i in range(3):
+        Image.new("RGB", (64, 64), (50 * i, 80, 90)).save(src / f"p{i}.jpg")
+        (src / f"p{i}.txt").write_text(f"a mug on a shelf {i}\n" if i else "  \n")
+    out = tmp_path / "fixed"
+    code, said, err = run_cli(["data", "fix", str(src), "--out", str(out), "--trigger", "zxq_mug"], capsys)
+    assert code == 0, err
+    assert (out / "p0.txt").read_text().strip() == ""  # not "zxq_mug"
+    assert (out / "p1.txt").read_text() == "zxq_mug, a mug on a shelf 1\n"
+    assert "p0.txt: left empty: write a caption" in " ".join(said.split())
+    from lorapod.data.check import check_path
+
+    assert any(f.code == "caption-empty" and f.path == "p0.txt" for f in check_path(out, trigger="zxq_mug").findings)
