@@ -58,3 +58,36 @@ def test_data_fix_leaves_an_empty_caption_for_the_user_and_the_check_still_finds
     from lorapod.data.check import check_path
 
     assert any(f.code == "caption-empty" and f.path == "p0.txt" for f in check_path(out, trigger="zxq_mug").findings)
+
+
+def test_train_with_the_data_and_no_hub_is_one_line_without_the_hubs_retries(tmp_path, monkeypatch, capsys):
+    """F11, the other half: the data is here and the Hub does not answer: one line saying so, not
+    huggingface_hub's five retries printed raw before a cache miss."""
+    Image = pytest.importorskip("PIL.Image")
+    pytest.importorskip("diffusers")
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    data = tmp_path / "mug"
+    data.mkdir()
+    for i in range(3):
+        Image.new("RGB", (64, 64), (40 * i, 9, 9)).save(data / f"p{i}.jpg")
+        (data / f"p{i}.txt").write_text("zxq_mug, a mug")
+    code, out, err = run_cli(["train", str(EX / "sdxl-object-lora.yaml"), "--set", f"output.dir={tmp_path / 'runs'}",
+                              "--set", f"data.path={data}", "--device", "cpu"], capsys)
+    said = " ".join((out + err).split())
+    assert code != 0 and "Traceback" not in said
+    assert "the Hugging Face hub cannot be reached" in said and "model_index.json is not in its cache" in said
+    assert "Retrying" not in said and "thrown while requesting" not in said
+
+
+def test_a_mistyped_hub_id_gets_one_did_you_mean_list(tmp_path, monkeypatch, capsys):
+    """F12: the hint held two lists ("did you mean 'A', 'B'? check the spelling (did you mean C?)")."""
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    code, _out, err = run_cli(["plan", str(EX / "llm-chat-lora.yaml"), "--set",
+                               "model.id=meta-llama/Llama-3.1-8B-Instrct"], capsys)
+    said = " ".join(err.split())
+    assert code != 0 and said.count("did you mean") == 1, said
+    assert "did you mean 'meta-llama/Llama-3.1-8B-Instruct'," in said  # the closest id first

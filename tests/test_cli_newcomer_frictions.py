@@ -332,10 +332,11 @@ def test_a_failed_llm_train_leaves_no_empty_runs_folder_it_made(tmp_path, monkey
     (issue #38); a `runs/` that was there before stays, with what is in it."""
     import yaml
 
-    from .llm_fixtures import spec_dict
+    from .llm_fixtures import spec_dict, write_data
 
     monkeypatch.chdir(tmp_path)
-    raw = spec_dict(tmp_path / "no-such-model", tmp_path / "t.jsonl", tmp_path / "v.jsonl", "runs")
+    tr, va = write_data(tmp_path)  # the data is here (a missing file is refused before any folder)
+    raw = spec_dict(tmp_path / "no-such-model", tr, va, "runs")
     spec = tmp_path / "job.yaml"
     spec.write_text(yaml.safe_dump(raw))
     code, _out, err = run_cli(["train", str(spec)], capsys)
