@@ -91,3 +91,19 @@ def test_a_mistyped_hub_id_gets_one_did_you_mean_list(tmp_path, monkeypatch, cap
     said = " ".join(err.split())
     assert code != 0 and said.count("did you mean") == 1, said
     assert "did you mean 'meta-llama/Llama-3.1-8B-Instruct'," in said  # the closest id first
+
+
+def test_export_lists_hub_among_the_targets_it_offers(tmp_path, capsys):
+    """F20: a target that does not apply listed peft, merged, gguf, ollama, and not hub."""
+    from lorapod.rundir import RunDir
+    from lorapod.spec import load_spec
+
+    from .llm_fixtures import spec_dict
+
+    spec = load_spec(raw=spec_dict(tmp_path / "base", tmp_path / "t.jsonl", tmp_path / "v.jsonl", tmp_path / "runs"))
+    run = RunDir.create(spec.output.dir, "chat")
+    run.write_spec(spec)
+    code, _out, err = run_cli(["export", str(run.root), "--to", "comfyui"], capsys)
+    said = " ".join(err.split())
+    assert code != 0 and "not available for an LLM run" in said
+    assert "peft, merged, gguf, ollama, or hub" in said and "--repo" in said

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from lorapod.errors import ExportError
-from lorapod.export.names import IMAGE_TARGETS, LLM_TARGETS
+from lorapod.export.names import IMAGE_TARGETS, LLM_TARGETS, choices
 from lorapod.export.source import Source, open_source, output_dir
 
 
@@ -44,7 +44,7 @@ def export_run(run: str | Path, to: str, checkpoint: int | None = None, out: Pat
     allowed = IMAGE_TARGETS if src.is_image else LLM_TARGETS
     if to not in allowed:
         kind = "an image" if src.is_image else "an LLM"
-        raise ExportError(f"--to {to} is not available for {kind} run", hint=f"choose one of: {', '.join(allowed)}")
+        raise ExportError(f"--to {to} is not available for {kind} run", hint=f"choose one of: {choices(src.is_image)}")
     src.state()  # a damaged or foreign checkpoint fails here, before any folder exists
     out = Path(out) if out else src.run.root / "exports" / f"{to}-{src.label}"
     notes: list[str] = []
