@@ -107,3 +107,18 @@ def test_export_lists_hub_among_the_targets_it_offers(tmp_path, capsys):
     said = " ".join(err.split())
     assert code != 0 and "not available for an LLM run" in said
     assert "peft, merged, gguf, ollama, or hub" in said and "--repo" in said
+
+
+def test_a_sweeps_job_names_are_never_a_prefix_of_a_dated_run_id():
+    """F21: sweep jobs were named demo-2, whose ids demo-2-2026... share the prefix "demo-2" with
+    every dated id demo-2026...; `lorapod logs demo-2` then matched both."""
+    from lorapod.compute.sweep import job_specs
+    from lorapod.rundir import new_job_id
+    from lorapod.spec import load_spec
+
+    spec = load_spec(EX / "demo.yaml", ["output.name=demo"])
+    names = [s.output.name for _ov, s in job_specs(spec, ["train.learning_rate=1e-4,2e-4,3e-4"])]
+    assert names == ["demo-job1", "demo-job2", "demo-job3"]
+    dated = new_job_id("demo")  # demo-YYYYMMDD-HHMMSS-xxxx
+    assert not any(dated.startswith(n) for n in names)
+    assert not any(new_job_id(n).startswith(other) for n in names for other in names if other != n)
