@@ -122,3 +122,18 @@ def test_a_sweeps_job_names_are_never_a_prefix_of_a_dated_run_id():
     dated = new_job_id("demo")  # demo-YYYYMMDD-HHMMSS-xxxx
     assert not any(dated.startswith(n) for n in names)
     assert not any(new_job_id(n).startswith(other) for n in names for other in names if other != n)
+
+
+def test_the_demo_prints_a_small_tuned_loss_as_the_number_it_is(tmp_path, monkeypatch, capsys):
+    """F24: a tuned validation loss of 0.0004 was printed "tuned 0.000"."""
+    import lorapod.demo
+    from lorapod.demo import DemoResult
+
+    def fake_demo(out, **_kw):
+        return DemoResult(Path(out), 2.318, 0.000412, [("What colour is a lime?", "blue", "green")])
+
+    monkeypatch.setattr(lorapod.demo, "run_demo", fake_demo)
+    code, out, err = run_cli(["demo", "--out", str(tmp_path / "d")], capsys)
+    assert code == 0, err
+    said = " ".join(out.split())
+    assert "base 2.318 -> tuned 0.000412" in said and "0.000 " not in said

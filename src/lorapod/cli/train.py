@@ -126,12 +126,18 @@ def train(
         first = (result.first_eval or {}).get(key)
         last = (result.last_eval or {}).get(key)
         if first is not None and last is not None:
-            console.print(f"{label}: base {first:.4f} -> tuned {last:.4f}")
+            console.print(f"{label}: base {loss_text(first)} -> tuned {loss_text(last)}")
     if result.stopped == "stop_file":
         console.print(f"stopped on request at step {result.state.step}; resume with: lorapod train --resume {run.root}")
     else:
         console.print(f"adapter: [bold]{run.adapter}[/]")
     _say_tracking(run)
+
+
+def loss_text(x: float) -> str:
+    """A loss as a person reads it: three decimals, or three significant figures below 0.1, so a
+    tuned loss of 0.0004 is not printed as 0.000 (issue 48, F24)."""
+    return f"{x:.3f}" if abs(x) >= 0.1 or x == 0 else f"{x:.3g}"
 
 
 def _data_is_here(spec) -> None:
