@@ -90,3 +90,33 @@ def test_the_data_page_checks_as_the_cli_does_with_the_specs_trigger_and_family(
     assert "no trigger word given" in page
     said = html.unescape(plain.get("/data?folder=0&trigger=zxq_mug&family=sdxl").text)
     assert "--family sdxl --trigger zxq_mug" in said
+
+
+def _llm_run(runs: Path, name: str, prompts: list[str] | None) -> Path:
+    root = run_folder(runs, name=name, samples=0)
+    spec = {"model": {"id": "meta-llama/Llama-3.1-8B-Instruct", "family": "llm"}, "data": {"path": "chats.jsonl"}}
+    if prompts:
+        spec["samples"] = {"prompts": prompts, "every_steps": 10}
+    (root / "spec.yaml").write_text(yaml.safe_dump(spec))
+    return root
+
+
+def test_an_llm_runs_samples_are_its_answers_not_samples_0(tmp_path):
+    """F23: the run page said "Samples (0)" for an LLM run whose samples are the adapter's answers
+    (samples/<tag>-answers.jsonl, engine/llm.py); a run without samples.prompts says why it has none."""
+    import json
+
+    from lorapod.rundir.layout import answers_file
+
+    runs = tmp_path / "runs"
+    root = _llm_run(runs, "chat-20261201-120000-ab12", ["How many legs has a spider?", "2 + 2?"])
+    rows = [{"prompt": "How many legs has a spider?", "answer": "Eight <b>legs</b>."},
+            {"prompt": "2 + 2?", "answer": "4"}]
+    (root / "samples" / answers_file("step000010")).write_text(
+        "".join(json.dumps(r) + "\n" for r in rows) + '{"prompt": 3}\nnot json\n')
+    page = client(runs).get("/runs/chat-20261201-120000-ab12").text
+    assert "Samples <span class=\"dim\">(2)</span>" in page and "No samples" not in page
+    assert "How many legs has a spider?" in page and "Eight &lt;b&gt;legs&lt;/b&gt;." in page  # escaped
+    bare = _llm_run(runs, "chat-20261201-130000-cd34", None)
+    page = client(runs).get(f"/runs/{bare.name}").text
+    assert "No samples: the spec sets no" in page and "samples.prompts" in page

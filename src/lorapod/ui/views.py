@@ -26,6 +26,7 @@ from lorapod.store.preemptions import job_figures
 from lorapod.ui.runs import (
     RunIndex,
     RunView,
+    answers,
     evaluation,
     logs,
     no_step_none,
@@ -231,7 +232,12 @@ def run_context(dash: Dashboard, view: RunView, page: int = 1) -> dict[str, Any]
     except (sqlite3.Error, LorapodError):  # locked, or damaged (LedgerDamaged)
         pass  # the Runs page says the ledger cannot be read; this page still shows the run folder
     phases = [{"name": k, "s": s, "usd": view.setup_usd.get(k, 0.0)} for k, s in view.setup_s.items()]
-    return {"view": view, "gallery": gallery, "page": page, "pages": pages, "n_samples": len(flat),
+    said = answers(view.root)  # an LLM run's samples are answers, not pictures (issue 48, F23)
+    spec = spec_dict(view.root / "spec.yaml")
+    sample_spec = spec.get("samples") if isinstance(spec.get("samples"), dict) else {}
+    no_prompts = not sample_spec.get("prompts")
+    return {"view": view, "gallery": gallery, "page": page, "pages": pages,
+            "n_samples": len(flat) + sum(len(a["rows"]) for a in said), "answers": said, "no_prompts": no_prompts,
             "evaluation": evaluation(view.root), "logs": logs(view.root), "ledger_events": ledger_events,
             "phases": phases, "last_ckpt": last_ckpt, "confirm": confirms(view, last_ckpt), "spot": spot}
 
