@@ -54,7 +54,7 @@ def _mug(tmp_path: Path, n: int = 16) -> Path:
     folder = tmp_path / "mug"
     folder.mkdir()
     for i in range(n):
-        Image.new("RGB", (1024, 1024), (9 * i, 90, 120)).save(folder / f"p{i:02d}.jpg")
+        Image.new("RGB", (256, 256), (9 * i, 90, 120)).save(folder / f"p{i:02d}.jpg")
         (folder / f"p{i:02d}.txt").write_text(f"zxq_mug, a mug {i}")
     (folder / "p03.txt").write_text("a mug without the trigger")
     return folder
