@@ -33,7 +33,8 @@ def test_wan_ranks_the_guides_cards_first_not_a_22_hour_rtx_3090():
     assert top is not None and top.gpu in ("L40S", "H100 SXM", "H100 PCIe", "H100 NVL")
     assert top.hours_total < 8
     dollars_only = _plan("wan21-video-lora.yaml", "compute.hour_worth_usd=0", images=25).best
-    assert dollars_only.gpu == "RTX 3090" and dollars_only.hours_total > 15  # the old ranking, on request
+    # the old ranking, on request: a cheaper 24 GB card that takes several times as long
+    assert dollars_only.gpu in ("RTX 3090", "RTX A5000") and dollars_only.hours_total > 2 * top.hours_total
     assert dollars_only.usd_total < top.usd_total
     # the rule, on every pair of fitting offers: $ + $1 x hours, never decreasing down the table
     worth = [o.usd_total + o.hours_total for o in plan.options if o.fits]
