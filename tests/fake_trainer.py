@@ -108,7 +108,11 @@ def main() -> int:
     ap.add_argument("--chain", action="store_true", help="a state carried through the steps and checkpoints")
     ap.add_argument("--ckpt-mb", type=float, default=0.0, help="with --chain: pad each checkpoint to about this")
     ap.add_argument("--ckpt-write-s", type=float, default=0.0, help="with --chain: seconds each checkpoint's write takes")
+    ap.add_argument("--gate", action="append", default=[], metavar="STEP=FILE",
+                    help="after step STEP (and its checkpoint), wait until FILE exists: a test holds the job "
+                         "at a step until it has done what it does there (a condition, not a clock)")
     a = ap.parse_args()
+    gates = {int(g.split("=", 1)[0]): Path(g.split("=", 1)[1]) for g in a.gate}
     spec = yaml.safe_load(Path(a.spec).read_text())
     run = Path(a.run_dir)
     run.mkdir(parents=True, exist_ok=True)
@@ -169,6 +173,8 @@ def main() -> int:
                 return 0
             if step % every == 0:
                 save(run / "checkpoints" / f"step-{step}", step, chain, a.ckpt_mb, a.ckpt_write_s)
+            while step in gates and not gates[step].exists():
+                time.sleep(0.05)
     tmp = run / ".tmp-adapter"
     tmp.mkdir(exist_ok=True)
     (tmp / "adapter_model.safetensors").write_bytes(

@@ -139,17 +139,13 @@ def image_notes(spec: JobSpec, providers: list[str]) -> list[str]:
 
 
 def _check_data(spec: JobSpec, paths: list[Path], force: bool, out: Preflight) -> None:
-    from lorapod.data.check import check_path
+    from lorapod.data.check import check_path, spec_check_args
 
     val = Path(spec.data.val_path) if spec.data.val_path else None
-    model = Path(spec.model.id) if Path(spec.model.id).is_dir() else None
+    kwargs = spec_check_args(spec)  # the family, trigger, sequence length ... the spec gives its data
     for p in paths:
         if val is not None and p == val:
             continue
-        kwargs: dict[str, Any] = {"sequence_len": spec.data.sequence_len, "val": val, "model": model}
-        if spec.is_image:
-            kwargs = {"family": spec.model.family if spec.model.family != "auto" else "sdxl",
-                      "trigger": getattr(spec.data, "trigger", None)}
         report = check_path(p, **kwargs)
         if not report.has_errors:
             continue

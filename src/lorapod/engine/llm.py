@@ -32,7 +32,7 @@ from lorapod.engine.loop import FitResult, LossOut, fit
 from lorapod.errors import DataError
 from lorapod.fsutil import atomic_dir, atomic_write_text
 from lorapod.rundir import RunDir
-from lorapod.rundir.layout import sample_tag
+from lorapod.rundir.layout import answers_file, sample_tag
 from lorapod.spec import JobSpec
 
 
@@ -168,7 +168,7 @@ class LLMRecipe:
             return None
         rows = [{"prompt": p, "answer": generate(self.model, self.tokenizer, [{"role": "user", "content": p}],
                                                  self.spec.samples.max_new_tokens)} for p in prompts]
-        path = run.samples / f"{tag}-answers.jsonl"
+        path = run.samples / answers_file(tag)
         atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
         self.train()
         run.event(f"samples {tag}: {len(rows)} answer(s) in {path.name}")
