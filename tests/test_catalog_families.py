@@ -132,11 +132,6 @@ FAMILY_NAMES_OUTSIDE: dict[str, str] = {
     "lorapod/demo_image.py": "the image demo trains one named family (SD 1.5's toy)",
     "lorapod/demo_video.py": "the video demo trains one named family (Wan2.1's toy)",
     "lorapod/evaluate/images.py": "SD pipelines take a negative prompt string; move: ask the family's sample_kwargs",
-    "lorapod/cli/data.py": "'sdxl' as the data check's default family for auto",
-    "lorapod/compute/preflight.py": "'sdxl' as the default family for auto",
-    "lorapod/data/images.py": "'sdxl' as the default family for auto",
-    "lorapod/data/report.py": "'sdxl' as the default family for auto",
-    "lorapod/ui/views.py": "'sdxl' as the default family for auto",
     "lorapod/trainers/": "each external trainer's own name for each of the table's families (its vocabulary)",
 }
 

@@ -116,7 +116,7 @@ def test_batch_zero_and_negative_epochs_are_refused_naming_the_field():
 
 def test_unknown_names_get_the_closest_known_ones():
     with pytest.raises(PlanError) as e:
-        find_gpu("RTX 4080")
+        find_gpu("RTX 4099")  # (the RTX 4080 is in the catalog since issue 48)
     assert "RTX 4090" in str(e.value)
     spec = load_spec(EXAMPLES / "sdxl-object-lora.yaml")
     with pytest.raises(PlanError) as e:

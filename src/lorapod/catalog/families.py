@@ -84,6 +84,10 @@ _ROWS = (
 
 FAMILIES: MappingProxyType[str, FamilyFacts] = MappingProxyType({f.name: f for f in _ROWS})
 NAMES: tuple[str, ...] = tuple(FAMILIES)
+#: The family whose data rules apply where a spec says ``family: auto`` and nothing names the model's
+#: family (a data check before any model is known, the dashboard's extra data folders): SDXL, the
+#: guides' first job (an object LoRA on SDXL at 1024 px).
+DEFAULT_IMAGE_FAMILY = "sdxl"
 IMAGE_ONLY: tuple[str, ...] = tuple(n for n, f in FAMILIES.items() if not f.is_video)
 VIDEO: tuple[str, ...] = tuple(n for n, f in FAMILIES.items() if f.is_video)
 SPEED_GROUPS: tuple[str, ...] = tuple(dict.fromkeys(f.speed_group for f in _ROWS))

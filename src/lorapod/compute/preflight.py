@@ -92,11 +92,12 @@ def _check_block_swap(spec: JobSpec, job: Job | None) -> None:
     if not spec.is_image or not spec.train.blocks_to_swap or job is None:
         return
     kind = model_kind(job.model)
-    if framework("lorapod").swaps_blocks(kind):
+    family = getattr(job.model, "family", None)
+    if framework("lorapod").swaps_blocks(kind, family):
         return
     raise PreflightError(
-        f"train.blocks_to_swap: lorapod's engine swaps the blocks of video models only, not of {spec.model.id} "
-        f"({kind}), so the setting would be ignored and the job would need the memory it was meant to save",
+        f"train.blocks_to_swap: {spec.model.id} ({family or kind}) has no transformer blocks for lorapod's engine to "
+        "swap (a U-Net), so the setting would be refused on the instance after the model download",
         hint="set train.blocks_to_swap: 0 (lorapod plan says what fits instead), or train with --trainer "
              "sd-scripts or musubi-tuner, which swap its blocks")
 

@@ -35,9 +35,9 @@ def spec_check_args(spec: JobSpec) -> dict[str, Any]:
             try:
                 family = find_model(spec.model.id, spec.model.family, spec.model.variant).family
             except LorapodError:
-                family = "sdxl"
+                family = families.DEFAULT_IMAGE_FAMILY
         if family not in families.FAMILIES:
-            family = "sdxl"
+            family = families.DEFAULT_IMAGE_FAMILY
         return {"family": family, "trigger": spec.data.trigger, "target_frames": tuple(spec.data.target_frames),
                 "fps": spec.data.fps}
     val = Path(spec.data.val_path) if spec.data.val_path else None

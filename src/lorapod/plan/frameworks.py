@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lorapod.catalog.families import engine_supports
+
 
 @dataclass(frozen=True)
 class Framework:
@@ -35,16 +37,24 @@ class Framework:
     # lorapod's engine declares its own (lorapod.engine: video.py swaps Wan blocks); a trainer not
     # listed with a kind ignores or refuses the setting for it.
     block_swap: frozenset[str] = frozenset()
+    # lorapod's own engine answers per family, not per kind (catalog/families.py ``engine_supports``:
+    # its DiT families swap blocks, the U-Nets have none to swap)
+    swaps_per_family: bool = False
     # fp8 base weights (``model.dtype: fp8``; an Ada/Hopper/Blackwell GPU is needed all the same)
     fp8_base: bool = True
 
-    def swaps_blocks(self, kind: str) -> bool:
+    def swaps_blocks(self, kind: str, family: str | None = None) -> bool:
+        """Whether ``train.blocks_to_swap`` does something in this trainer for a model of ``kind``
+        ("image" / "video") and, where the trainer decides per family, of ``family``."""
+        if self.swaps_per_family:
+            return family is not None and engine_supports(family, "block_swap")
         return kind in self.block_swap
 
 
-#: The model kinds lorapod's own engine swaps blocks for: Wan video (engine/diffusion/video.py,
-#: ``wan.swap_blocks``). The image engine (FLUX, SD) reads no ``train.blocks_to_swap`` yet.
-LORAPOD_BLOCK_SWAP: frozenset[str] = frozenset({"video"})
+#: The model kinds lorapod's own engine swaps blocks for (engine/diffusion/memory.py ``swap_blocks``,
+#: used by the image and the video recipe); which families within them is the catalog's
+#: ``engine_supports(family, "block_swap")`` (every DiT family; the U-Nets have no blocks).
+LORAPOD_BLOCK_SWAP: frozenset[str] = frozenset({"image", "video"})
 
 FRAMEWORKS: dict[str, Framework] = {
     "hf": Framework(
@@ -60,9 +70,9 @@ FRAMEWORKS: dict[str, Framework] = {
     "lorapod": Framework(
         "lorapod", 12.0,
         why="lorapod's engine: bf16 logits (2) at label positions only, their fp32 upcast (4), log-softmax (4); the "
-        "backward's peak is log-softmax and two float32 gradients. Block swap (engine/diffusion/wan.py): the next "
+        "backward's peak is log-softmax and two float32 gradients. Block swap (engine/diffusion/memory.py): the next "
         "block is prefetched on a CUDA side stream, two swapped blocks on the GPU at a time",
-        prefetches_blocks=True, swap_in_flight=2, block_swap=LORAPOD_BLOCK_SWAP,
+        prefetches_blocks=True, swap_in_flight=2, block_swap=LORAPOD_BLOCK_SWAP, swaps_per_family=True,
     ),
     "qwen-remote-code": Framework(
         "qwen-remote-code", 12.0,

@@ -455,7 +455,9 @@ def make_fit(model: ImageModel | LLMArch, s: Settings, vram_gb: float, arch: str
             )
     changes = [c.change for c, _ in chosen]
     sets = [x for c, _ in chosen for x in c.sets]
-    if isinstance(model, ImageModel) and model.blocks and framework(s.framework).swaps_blocks(model_kind(model)):
+    if isinstance(model, ImageModel) and model.blocks and framework(s.framework).swaps_blocks(
+        model_kind(model), model.family
+    ):
         for n in range(max(1, stacked.blocks_to_swap + 1), model.blocks):
             trial = replace(stacked, blocks_to_swap=n)
             peak = estimate(model, trial).peak_gb

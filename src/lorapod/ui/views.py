@@ -123,14 +123,14 @@ class Dashboard:
         specs name (relative names from the spec's own folder), with the spec's family and trigger:
         what ``lorapod data check --family F --trigger T`` and data/check.py ``spec_check_args`` pass
         (issue 48, F8: the page found 5 errors where the CLI found 6, missing trigger)."""
-        out: list[tuple[Path, dict[str, Any]]] = [(p, {"family": "sdxl", "trigger": None}) for p in self.extra_data]
+        out: list[tuple[Path, dict[str, Any]]] = [(p, {"family": families.DEFAULT_IMAGE_FAMILY, "trigger": None}) for p in self.extra_data]
         for v in views if views is not None else self.index.views(progress=False):
             spec = spec_dict(v.spec_file)
             data, model = spec.get("data"), spec.get("model")
             data = data if isinstance(data, dict) else {}
             paths = data.get("path")
             family = model.get("family") if isinstance(model, dict) else None
-            args: dict[str, Any] = {"family": family if family in FAMILIES else "sdxl",
+            args: dict[str, Any] = {"family": family if family in FAMILIES else families.DEFAULT_IMAGE_FAMILY,
                                     "trigger": data["trigger"] if isinstance(data.get("trigger"), str) else None}
             if isinstance(data.get("target_frames"), list) and all(isinstance(n, int) for n in data["target_frames"]):
                 args["target_frames"] = tuple(data["target_frames"])
