@@ -100,10 +100,10 @@ def test_errors_are_one_clean_line_with_a_hint():
         "m.COMMANDS=[c for c in m.COMMANDS if importlib.util.find_spec('lorapod.cli.'+c)];"
         "m.main(sys.argv[1:])"
     )
-    r = subprocess.run([sys.executable, "-c", code, "plan", SDXL, "--gpu", "RTX 4080"],
+    r = subprocess.run([sys.executable, "-c", code, "plan", SDXL, "--gpu", "RTX 4099"],
                        capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 1
-    assert "unknown GPU 'RTX 4080'" in r.stderr and "RTX 4090" in r.stderr
+    assert "unknown GPU 'RTX 4099'" in r.stderr and "RTX 4090" in r.stderr
     assert "Traceback" not in r.stderr
     r = subprocess.run([sys.executable, "-c", code, "plan", "--storage", "--model-gb", "10"],
                        capture_output=True, text=True, env=env, timeout=60)

@@ -167,7 +167,7 @@ def _print_plan(plan: Plan, notes: list[str], sort: str = "usd", spec_path: Path
     console.print(f"[bold]{job.model_name}[/] · {size} · peak VRAM about [bold]{job.estimate.peak_gb:.1f} GB[/]")
     chosen = plan.chosen
     if chosen is not None:
-        console.print(_likely_line(*chosen), highlight=False, soft_wrap=True)
+        console.print(_likely_line(*chosen, width=console.width), highlight=False, soft_wrap=True)
     else:  # never head the table with a GPU that does not fit
         o = plan.options[0]
         fix = plan.fixes.get(o.gpu)
@@ -288,9 +288,10 @@ def _fmt_range(hours: list[float]) -> str:
     return f"{lo:.1f}-{hi:.1f}h"
 
 
-def _likely_line(o, spot: bool = False) -> str:
+def _likely_line(o, spot: bool = False, width: int = 0) -> str:
     """One sentence with the estimate of the option a run would rent (the #1 offer, or its spot
-    tier when compute.spot picks it) and its likely range, and what it rests on."""
+    tier when compute.spot picks it) and its likely range, and what it rests on. Wider than
+    ``width`` (a narrow terminal), the memory part goes on a line of its own."""
     from lorapod.plan.cost import cents
 
     basis = "your runs" if o.speed.basis == "your runs" else "model"
@@ -301,8 +302,12 @@ def _likely_line(o, spot: bool = False) -> str:
     unit = "min" if hi < 1.5 else "h"
     usd, (ulo, uhi) = (q.expected.usd, q.usd_range) if q is not None else (o.usd_total, o.usd_range)
     head = f"spot {o.gpu} on {o.provider}" if q is not None else f"#1 {o.gpu}"
-    return (f"{head}: {fmt(total)} {unit}, likely {fmt(lo)}-{fmt(hi)} ({basis}); ${cents(usd)}, likely "
-            f"${cents(ulo)}-{cents(uhi)}; VRAM likely {o.vram_range_gb[0]:.1f}-{o.vram_range_gb[1]:.1f} GB")
+    line = (f"{head}: {fmt(total)} {unit}, likely {fmt(lo)}-{fmt(hi)} ({basis}); ${cents(usd)}, likely "
+            f"${cents(ulo)}-{cents(uhi)}")
+    vram = f"VRAM likely {o.vram_range_gb[0]:.1f}-{o.vram_range_gb[1]:.1f} GB"
+    if width and len(line) + 2 + len(vram) > width:
+        return f"{line};\n  {vram}"
+    return f"{line}; {vram}"
 
 
 def _offers_table(plan: Plan, narrow: bool, ranges: bool = True, sort: str = "usd") -> Table:
