@@ -137,7 +137,11 @@ def main() -> int:
     ap.add_argument("--ckpt-write-s", type=float, default=0.0, help="with --chain: seconds each checkpoint's write takes")
     ap.add_argument("--scores", default=None, help="a scripted quality score per checkpoint (comma-separated): the "
                     "quality autopilot records them and train.stop_when may end the run early, normally")
+    ap.add_argument("--gate", action="append", default=[], metavar="STEP=FILE",
+                    help="after step STEP (and its checkpoint), wait until FILE exists: a test holds the job "
+                         "at a step until it has done what it does there (a condition, not a clock)")
     a = ap.parse_args()
+    gates = {int(g.split("=", 1)[0]): Path(g.split("=", 1)[1]) for g in a.gate}
     spec = yaml.safe_load(Path(a.spec).read_text())
     run = Path(a.run_dir)
     run.mkdir(parents=True, exist_ok=True)
@@ -204,6 +208,8 @@ def main() -> int:
                 if pilot is not None and pilot.on_checkpoint(step, max_steps) is not None:
                     print(f"train.stop_when at step {step}", flush=True)
                     break  # the engine's way: end normally at this checkpoint (engine/loop.py)
+            while step in gates and not gates[step].exists():
+                time.sleep(0.05)
     tmp = run / ".tmp-adapter"
     tmp.mkdir(exist_ok=True)
     (tmp / "adapter_model.safetensors").write_bytes(
