@@ -101,8 +101,22 @@ def _image_demo(out: Path, steps: int | None) -> None:
         ("metrics", res.run / METRICS),
         ("spec (train it again with lorapod train)", res.out / "spec.yaml"),
     ]
+    rows.append(("quality scores per checkpoint, the pick", res.run / "quality"))
     _show(res, rows)
+    _quality(res.quality)
     console.print(IMAGE_PICTURES_NOTE, highlight=False)
+
+
+def _quality(q: dict | None) -> None:
+    """The quality autopilot's pick, said with what its demo scorers are: random, plumbing only."""
+    if not q:
+        return
+    if q.get("checkpoint"):
+        console.print(f"quality autopilot pick: {q['checkpoint']} at strength {q['strength']:g} (scored against the "
+                      "base by lorapod's tiny random scorers: the whole path runs, the pick means nothing here; give "
+                      "quality.clip / quality.dino real models, the defaults, for a real run)", highlight=False)
+    else:
+        console.print(f"quality autopilot: no pick ({q.get('reason')})", highlight=False)
 
 
 def _video_demo(out: Path, steps: int | None) -> None:
@@ -120,7 +134,9 @@ def _video_demo(out: Path, steps: int | None) -> None:
         ("cache sizes, predicted vs actual", res.run / "cache.json"),
         ("spec (train it again with lorapod train)", res.out / "spec.yaml"),
     ]
+    rows.append(("quality scores per checkpoint, the pick", res.run / "quality"))
     _show(res, rows)
+    _quality(res.quality)
     console.print(VIDEO_PICTURES_NOTE, highlight=False)
 
 

@@ -131,7 +131,19 @@ def train(
         console.print(f"stopped on request at step {result.state.step}; resume with: lorapod train --resume {run.root}")
     else:
         console.print(f"adapter: [bold]{run.adapter}[/]")
+    _say_quality(run)
     _say_tracking(run)
+
+
+def _say_quality(run) -> None:
+    """The quality autopilot's pick, which `lorapod export` takes by default (quality/pick.json)."""
+    from lorapod.rundir.quality import pick_summary
+
+    q = pick_summary(run.root)
+    if q and q.get("checkpoint"):
+        at = f" at strength {q['strength']:g}" if q.get("strength") is not None else ""
+        console.print(f"quality pick: [bold]{q['checkpoint']}{at}[/] (lorapod export takes it by default; "
+                      f"lorapod eval {run.root} shows the scores)", highlight=False)
 
 
 def loss_text(x: float) -> str:

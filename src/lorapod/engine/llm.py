@@ -195,6 +195,37 @@ def generate(model, tokenizer, messages: list[dict], max_new_tokens: int = 48, u
     return tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True).strip()
 
 
+def generate_many(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int = 48, use_adapter: bool = True,
+                  batch: int = 16) -> list[str]:
+    """Greedy replies to many conversations, ``batch`` at a time (left-padded, so every reply starts
+    where its prompt ends): the quality autopilot's answers, one generate call per batch instead of
+    one per conversation."""
+    from contextlib import nullcontext
+
+    if not conversations:
+        return []
+    prompts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in conversations]
+    device = next(model.parameters()).device
+    stop = [t for t in {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")} if isinstance(t, int) and t >= 0]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stop[0] if stop else 0)
+    side, was_training = tokenizer.padding_side, model.training
+    tokenizer.padding_side = "left"
+    model.eval()
+    out: list[str] = []
+    try:
+        for i in range(0, len(prompts), batch):
+            enc = tokenizer(prompts[i:i + batch], add_special_tokens=False, return_tensors="pt", padding=True).to(device)
+            with (nullcontext() if use_adapter else model.disable_adapter()), torch.no_grad():
+                ids = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, use_cache=True,
+                                     pad_token_id=pad, eos_token_id=stop or None)
+            out += [tokenizer.decode(row[enc["input_ids"].shape[1]:], skip_special_tokens=True).strip() for row in ids]
+    finally:
+        tokenizer.padding_side = side
+        if was_training:
+            model.train()
+    return out
+
+
 class _TokenLosses(torch.nn.Module):
     """Decoder + LM head on label positions, as one module: FSDP2's root unit (embeddings, final
     norm, head) gathers its shards in this module's forward, which the loss calls. The decoder
@@ -342,5 +373,18 @@ def train_llm(spec: JobSpec, run: RunDir, *, resume: bool = False, device: str |
         if on_step is not None:
             on_step(state, loss)
 
-    result = fit(recipe, spec, run, recipe.precision, resume=checkpoint, on_step=step_hook, show_progress=show_progress)
+    autopilot = None
+    if world.is_main and spec.quality.score != "off":
+        from lorapod.engine.autopilot import llm_autopilot
+        from lorapod.quality.autopilot import Autopilot
+
+        if world.active:  # the evaluation's all-reduce would wait for the other processes forever
+            autopilot = Autopilot(spec, run.root, None, f"a run of {world.size} processes is not scored while it "
+                                  "trains (score it afterwards with `lorapod eval`)", log, run.event)
+            autopilot.start()
+        else:
+            autopilot = llm_autopilot(spec, run, recipe, log, load_split(spec, log=lambda m: None)[0].val,
+                                      generate_many)
+    result = fit(recipe, spec, run, recipe.precision, resume=checkpoint, on_step=step_hook, show_progress=show_progress,
+                 judge=autopilot)
     return LLMRun(run, result, recipe, stats)

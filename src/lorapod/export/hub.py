@@ -63,9 +63,10 @@ def loads_with(path: str, spec, repo_id: str) -> str:
 
 
 def publish(run: str | Path, repo_id: str, *, private: bool = False, merged: bool = False, gguf: bool = False,
-            checkpoint: int | None = None, base: str | None = None, say=print) -> Published:
-    from lorapod.export.source import open_source
+            checkpoint: int | None = None, base: str | None = None, say=print, final: bool = False) -> Published:
+    from lorapod.export.source import open_source, quality_pick
     from lorapod.export.targets import export_run
+    from lorapod.rundir import RunDir
 
     if not _REPO_ID.match(repo_id):
         raise ExportError(f"--repo {repo_id!r} is not a Hub repo id", hint="user/name or org/name, e.g. --repo me/mug-lora")
@@ -79,6 +80,9 @@ def publish(run: str | Path, repo_id: str, *, private: bool = False, merged: boo
         from lorapod.errors import DependencyError
 
         raise DependencyError("publishing needs huggingface_hub", hint="pip install 'lorapod[export]'") from exc
+    picked = quality_pick(RunDir.open(run)) if checkpoint is None and not final and not Path(run).is_file() else None
+    if picked is not None:  # the autopilot's pick by default, as `export --to X` takes it
+        checkpoint = picked.step
     src = open_source(run, checkpoint)
     spec = src.spec
     if gguf and src.is_image:
@@ -89,17 +93,17 @@ def publish(run: str | Path, repo_id: str, *, private: bool = False, merged: boo
                           "huggingface.co/settings/tokens), or run `hf auth login`")
     what = "merged" if merged else "gguf" if gguf else "adapter"
     targets = ["merged"] if merged else ["gguf"] if gguf else (["comfyui", "diffusers"] if src.is_image else ["peft"])
-    notes: list[str] = []
+    notes: list[str] = [picked.note(src.is_image)] if picked is not None else []
     with tempfile.TemporaryDirectory(prefix="lorapod-hub-") as work:
         stage = Path(work) / "repo"
         stage.mkdir()
         for target in targets:
-            done = export_run(run, target, checkpoint, Path(work) / target, base, record=False)
+            done = export_run(run, target, checkpoint, Path(work) / target, base, final=final, record=False)
             for f in done.files:
                 dest = stage / f
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(done.out / f, dest)
-            notes += done.notes
+            notes += [n for n in done.notes if n not in notes]
         for s in _samples(src.run.samples):
             (stage / "samples").mkdir(exist_ok=True)
             shutil.copy2(s, stage / "samples" / s.name)
@@ -107,8 +111,11 @@ def publish(run: str | Path, repo_id: str, *, private: bool = False, merged: boo
         files = [CardFile("README.md", "this card")] + [CardFile(r, loads_with(r, spec, repo_id)) for r in rel]
         from importlib.metadata import version
 
+        from lorapod.rundir import quality as qfiles
+
         card = render(spec, repo_id=repo_id, what=what, files=files, metrics=read_metrics_file(src.run.metrics_file),
-                      samples=[r for r in rel if r.startswith("samples/")], lorapod_version=version("lorapod"))
+                      samples=[r for r in rel if r.startswith("samples/")], lorapod_version=version("lorapod"),
+                      quality=qfiles.read_json(src.run.root, qfiles.PICK), label=src.label)
         (stage / "README.md").write_text(card, encoding="utf-8")
         try:
             url = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")

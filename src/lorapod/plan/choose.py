@@ -81,7 +81,7 @@ class Option:
 
     @property
     def train_hours(self) -> float:
-        return sum(p.hours for p in self.phases if p.name in ("train", "sampling"))
+        return sum(p.hours for p in self.phases if p.name in ("train", "sampling", "scoring"))
 
     def _scaled(self, total: float, part: float) -> list[float]:
         lo, hi = self.train_range
@@ -110,7 +110,7 @@ class Option:
 
     @property
     def usd_range(self) -> list[float]:
-        train_usd = sum(p.usd for p in self.phases if p.name in ("train", "sampling"))
+        train_usd = sum(p.usd for p in self.phases if p.name in ("train", "sampling", "scoring"))
         return self._scaled(self.usd_total, train_usd)
 
     def to_json(self) -> dict[str, Any]:

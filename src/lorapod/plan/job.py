@@ -216,6 +216,17 @@ def _prompt_count(spec: JobSpec) -> int:
     return DEFAULT_SAMPLE_PROMPTS
 
 
+def _held_out(spec: JobSpec, images: int) -> int:
+    """Images the quality autopilot keeps out of training (quality/holdout.py; none with references in
+    data.holdout_path or scoring off). Counted on all images: the planner does not read the captions
+    that tell the subject from regularisation images."""
+    from lorapod.quality.holdout import count
+
+    if spec.quality.score == "off" or spec.data.holdout_path:
+        return 0
+    return count(spec.data.holdout, images)
+
+
 def _saves(spec: JobSpec, every_epochs: int | None, every_steps: int | None, steps: int, epochs: int) -> int:
     if every_steps:
         return max(1, steps // every_steps)
@@ -294,6 +305,10 @@ def build_job(spec: JobSpec, *, images: int | None = None, examples: int | None 
             if images is None:
                 where = "not found" if counted is None else "holds no readable image"
                 warnings.append(f"image count assumed {DEFAULT_IMAGES}: {spec.data.path} {where}; pass --images N")
+        held = _held_out(spec, job.images)
+        if held:  # counted as training images still: only the captions say which are the subject's
+            warnings.append(f"up to {held} of the {job.images} images are held out of training as the quality "
+                            f"autopilot's references (data.holdout: {spec.data.holdout}; docs/quality.md)")
         per_epoch = math.ceil(job.images * spec.data.repeats / t.micro_batch_size)
         job.steps = per_epoch * t.epochs
         job.download_gb = model.download_gb

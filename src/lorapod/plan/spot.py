@@ -268,7 +268,7 @@ def quote(job: SpotJob, tier: str, bid: float, rate: Rate, train_range: tuple[fl
 
 SETUP_PHASES = ("boot + install", "download base model", "upload data", "cache", "load + tokenize",
                 "prep (download + upload + cache)")
-WORK_PHASES = ("train", "sampling")
+WORK_PHASES = ("train", "sampling", "scoring")
 STATE_KEY = "LoRA weights, grads, optimizer"
 #: what ``lorapod run`` does with the choice (compute/recovery.py)
 RUNTIME_NOTE = ("lorapod run rents the tier chosen here (--spot auto|always|never overrides compute.spot) and, "

@@ -45,6 +45,9 @@ CHART_KEYS = {
     "loss": ("loss", "val_loss", "fixed_noise_loss"),
     "lr": ("lr",),
     "speed": ("tokens_per_s", "it_per_s", "samples_per_s"),
+    # the quality autopilot's line at each scored checkpoint (quality/autopilot.py): score and parts vs the base
+    "quality": ("quality_score", "quality_fidelity", "quality_adherence", "quality_leakage", "quality_loss_gain",
+                "quality_f1_delta"),
 }
 
 
@@ -530,6 +533,35 @@ def evaluation(root: Path) -> dict[str, Any]:
     if isinstance(img, dict):
         out["images"] = img
     return out
+
+
+def quality(root: Path) -> dict[str, Any] | None:
+    """The quality autopilot's decision for the run page (quality/, read bounded: rundir/quality.py):
+    the pick and its reason, the early stop in words, and the score per checkpoint. None without one."""
+    from lorapod.rundir import quality as files
+    from lorapod.rundir.metrics import number
+
+    summary = files.pick_summary(root)
+    if summary is None:
+        return None
+    pick = files.read_json(root, files.PICK) or {}
+    rows = []
+    for t in (pick.get("table") or [])[:500]:
+        if not isinstance(t, dict):
+            continue
+        best = t.get("best") if isinstance(t.get("best"), dict) else {}
+        copies = t.get("memorised") if isinstance(t.get("memorised"), list) else []
+        rows.append({"checkpoint": str(t.get("checkpoint"))[:60], "score": number(best.get("score")),
+                     "se": number(best.get("se")), "strength": number(best.get("strength")),
+                     "copies": ", ".join(str(c)[:8] for c in copies[:8])})
+    models: dict[str, str] = {}
+    scores = files.read_scores(root)
+    if scores and isinstance(scores[-1].get("models"), dict):
+        models = {str(k)[:20]: str(v)[:200] for k, v in list(scores[-1]["models"].items())[:8]}
+    step = pick.get("step") if isinstance(pick.get("step"), int) and not isinstance(pick.get("step"), bool) else None
+    stopped = summary.get("stopped")
+    return {**summary, "step": step, "rows": rows, "models": models,
+            "stopped_line": files.saved_line(stopped, None) if stopped else None}
 
 
 def logs(root: Path) -> dict[str, str]:

@@ -30,6 +30,7 @@ from lorapod.ui.runs import (
     evaluation,
     logs,
     no_step_none,
+    quality,
     sample_prompt,
     samples,
     spec_dict,
@@ -239,6 +240,7 @@ def run_context(dash: Dashboard, view: RunView, page: int = 1) -> dict[str, Any]
     return {"view": view, "gallery": gallery, "page": page, "pages": pages,
             "n_samples": len(flat) + sum(len(a["rows"]) for a in said), "answers": said, "no_prompts": no_prompts,
             "evaluation": evaluation(view.root), "logs": logs(view.root), "ledger_events": ledger_events,
+            "quality": quality(view.root),
             "phases": phases, "last_ckpt": last_ckpt, "confirm": confirms(view, last_ckpt), "spot": spot}
 
 

@@ -16,6 +16,7 @@ import torch
 from lorapod.catalog.families import VIDEO, facts
 from lorapod.data.findings import Finding
 from lorapod.engine import distributed
+from lorapod.engine.autopilot import ImagePlan, hold_out, image_autopilot, image_prompts, plan_image
 from lorapod.engine.checkpoint import resume_point
 from lorapod.engine.device import Precision, pick_device, resolve_precision
 from lorapod.engine.diffusion import cache as dcache
@@ -71,8 +72,10 @@ def set_prediction_type(spec: JobSpec, comps: Components, run: RunDir, log=print
 
 
 def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
-            cache_root: Path | None = None) -> tuple[DiffusionRecipe, list[Finding], dcache.DiskCache | None]:
-    """Everything before the first step: checks, data, model, caches, LoRA. No training yet."""
+            cache_root: Path | None = None, quality: ImagePlan | None = None,
+            ) -> tuple[DiffusionRecipe, list[Finding], dcache.DiskCache | None]:
+    """Everything before the first step: checks, data, model, caches, LoRA. No training yet.
+    ``quality``: the autopilot's plan (images are held out only when something scores them)."""
     quiet()
     torch.manual_seed(spec.train.seed)
     random.seed(spec.train.seed)
@@ -94,6 +97,8 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
     for f in findings:
         log(f"[{f.severity}] {f.path}: {f.message}")
         run.event(f"data {f.severity} {f.code}: {f.path}")
+    # the quality autopilot's references never train
+    items, held = hold_out(spec, run, items, log, quality is not None and quality.holds_out)
 
     # model.dtype fp8 (resolve_precision has checked the GPU): load in the compute dtype, then
     # store the transformer blocks' linear weights in float8
@@ -151,6 +156,10 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
 
     prompts = smp.load_prompts(spec.samples.prompts, d.resolution, d.resolution, spec.train.seed,
                                family.default_sample_steps(comps), facts(family.name).guidance)
+    # the quality autopilot draws at quality.steps, or fewer for a model distilled for fewer (schnell: 4)
+    distilled = family.default_sample_steps(comps)
+    scoring = image_prompts(spec, [it.caption for it in items], facts(family.name).guidance,
+                            distilled if distilled < family.sample_steps else None)
 
     @torch.no_grad()
     def encode_captions(caps: list[str]) -> list[dict[str, torch.Tensor]]:
@@ -162,7 +171,8 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
     sample_text: dict[str, dict[str, torch.Tensor]] = {}
     if cache_te:
         text = disk.texts((it.caption for it in items), encode_captions)
-        wanted = sorted({p.prompt for p in prompts} | {p.negative for p in prompts})
+        wanted = sorted({p.prompt for p in prompts} | {p.negative for p in prompts}
+                        | {p.prompt for p in scoring} | {p.negative for p in scoring})
         if wanted:
             sample_text = dict(zip(wanted, encode_captions(wanted), strict=True))
         for te in comps.text_encoders:  # not needed on the GPU any more
@@ -193,6 +203,7 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
             f"({swap.pinned / 1024**3:.2f} GiB{' pinned' if dev.type == 'cuda' else ', no effect on CPU'})")
         run.event(f"block swap: {swap_n} of {len(blocks)} blocks in CPU RAM")
     recipe = DiffusionRecipe(spec, run, precision, comps, items, latents, text, prompts, sample_text, live)
+    recipe.score_prompts, recipe.holdout = scoring, held
     recipe.swap = swap
     if swap is None and spec.train.gradient_checkpointing:
         comps.denoiser.enable_gradient_checkpointing()
@@ -234,8 +245,10 @@ def train_diffusion(spec: JobSpec, run: RunDir, *, resume: bool = False, device:
             raise LorapodError("video training runs in one process for now",
                                hint="drop --processes / set compute.gpus: 1; block swap fits 14B on one card")
         from lorapod.engine.diffusion.video import prepare_video as prep
+    plan = plan_image(spec, world, log)  # before the data: images are held out only when scored
     with world.main_first():  # rank 0 fills the latent / text caches; the others then read them
-        recipe, findings, disk = prep(spec, run if world.is_main else _Quiet(run.root), device, log, cache_root)
+        recipe, findings, disk = prep(spec, run if world.is_main else _Quiet(run.root), device, log, cache_root,
+                                      quality=plan)
     trainable = sum(p.numel() for p in recipe.trainable_parameters())
     log(f"model {spec.model.id} ({recipe.family.name}, {recipe.prediction}): {trainable:,} LoRA parameters "
         f"on {recipe.precision.device} ({recipe.precision.compute})")
@@ -249,5 +262,9 @@ def train_diffusion(spec: JobSpec, run: RunDir, *, resume: bool = False, device:
         if on_step is not None:
             on_step(state, loss)
 
-    result = fit(recipe, spec, run, recipe.precision, resume=checkpoint, on_step=step_hook, show_progress=show_progress)
+    autopilot = image_autopilot(spec, run, recipe, plan, recipe.precision.device, log,
+                                getattr(recipe, "reference_frames", None))
+    result = fit(recipe, spec, run, recipe.precision, resume=checkpoint, on_step=step_hook, show_progress=show_progress,
+                 judge=autopilot)
     return DiffusionRun(run, result, recipe, findings, disk.hits if disk else 0, disk.misses if disk else 0)
+

@@ -80,6 +80,8 @@ class DiffusionRecipe:
         self._epoch_cache: dict[int, list[Batch]] = {}
         self.lora_modules = self._lora_modules()
         self._state: TrainState | None = None
+        self.score_prompts: list = []  # the quality autopilot's (engine/autopilot.py), set by prepare
+        self.holdout = None
         self.swap = None  # engine/diffusion/memory.py BlockSwap when train.blocks_to_swap keeps blocks in CPU RAM
 
     def _lora_modules(self) -> dict[str, torch.nn.Module]:
@@ -276,6 +278,31 @@ class DiffusionRecipe:
         self.train()
         self.run.event(f"samples {tag}: {len(paths)} image(s) in {out_dir}")
         return paths
+
+    @torch.no_grad()
+    def render(self, sp, strength: float) -> list:
+        """One image of a scoring prompt (quality/prompts.py ``ScorePrompt``) with the LoRA at
+        ``strength`` (0: disabled, the base model), at the prompt's own seed: what the quality
+        autopilot scores. The training's RNG streams are left as they were."""
+        from lorapod.engine.diffusion.lora import lora_strength
+
+        pipe = self.family.pipeline(self.c)
+        pipe.set_progress_bar_config(disable=True)
+        res = self.spec.data.resolution
+        with torch.random.fork_rng(devices=[self.precision.device] if self.precision.device.type == "cuda" else []):
+            for m in self.lora_modules.values():
+                m.eval()
+            # the text encoders' LoRA too (train_text_encoder): the prompt is encoded at that strength
+            with lora_strength(self.lora_modules.values(), strength):
+                pos = self._prompt_embeds(sp.prompt)
+                neg = self._prompt_embeds(sp.negative) if sp.scale > 1 else None
+                gen = torch.Generator(device="cpu").manual_seed(sp.seed)
+                with self.precision.autocast():
+                    img = pipe(**self.family.sample_kwargs(pos, neg, sp.scale), width=sp.width or res,
+                               height=sp.height or res, num_inference_steps=sp.steps, generator=gen,
+                               output_type="pil").images[0]
+        self.train()
+        return [img]
 
     def _prompt_embeds(self, text: str) -> dict[str, torch.Tensor]:
         dev = self.precision.device

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from lorapod.catalog import families
 from lorapod.data.findings import Finding
+from lorapod.engine.autopilot import hold_out, image_prompts
 from lorapod.engine.checkpoint import TrainState
 from lorapod.engine.device import Precision, pick_device, resolve_precision
 from lorapod.engine.diffusion import cache as dcache
@@ -46,6 +47,8 @@ from lorapod.spec import JobSpec
 
 DEFAULT_STEPS = 30
 DEFAULT_FRAMES = 33
+#: the longest clip the quality autopilot draws to score a checkpoint (first, middle, last frame)
+SCORE_FRAMES = 9
 _FRAMES_OPT = re.compile(r"\s--f\s+(\S+)")
 _IMAGE_OPT = re.compile(r"\s--i\s+(\S+)")
 
@@ -146,7 +149,8 @@ def idle_swap_count(blocks: list[torch.nn.Module], tr: torch.nn.Module, device: 
 
 
 def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
-                  cache_root: Path | None = None) -> tuple[VideoRecipe, list[Finding], dcache.DiskCache]:
+                  cache_root: Path | None = None, quality=None) -> tuple[VideoRecipe, list[Finding], dcache.DiskCache]:
+    """``quality``: the autopilot's plan (engine/autopilot.py: clips are held out only when scored)."""
     quiet()
     torch.manual_seed(spec.train.seed)
     random.seed(spec.train.seed)
@@ -169,6 +173,7 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
     for f in findings:
         log(f"[{f.severity}] {f.path}: {f.message}")
         run.event(f"data {f.severity} {f.code}: {f.path}")
+    items, held = hold_out(spec, run, items, log, quality is not None and quality.holds_out)
 
     dev = precision.device
     fp8 = precision.weights == torch.float8_e4m3fn
@@ -242,6 +247,7 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
 
     prompts = load_video_prompts(spec.samples.prompts, d.resolution, d.resolution, t.seed,
                                  families.facts(family.name).guidance)
+    scoring = image_prompts(spec, [it.caption for it in items], families.facts(family.name).guidance)
     hits0, misses0 = disk.hits, disk.misses
     cache_te = d.cache_text_encoder_outputs
     text = None
@@ -249,7 +255,8 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
     if cache_te:
         text = disk.texts((it.caption for it in items), encode_captions)
         log(f"text: {len(text)} captions ({disk.hits - hits0} from the cache, {disk.misses - misses0} encoded)")
-    wanted = sorted({vp.prompt.prompt for vp in prompts} | {vp.prompt.negative for vp in prompts})
+    wanted = sorted({vp.prompt.prompt for vp in prompts} | {vp.prompt.negative for vp in prompts}
+                    | {p.prompt for p in scoring} | {p.negative for p in scoring})
     if wanted:
         sample_text = dict(zip(wanted, encode_captions(wanted), strict=True))
     if cache_te:
@@ -281,6 +288,7 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
             f"blocks stay in CPU RAM{' (no effect on CPU)' if dev.type != 'cuda' else ''}")
     recipe = VideoRecipe(spec, run, precision, comps, items, latents, text, prompts, sample_text, not cache_te,
                          experts=experts, swaps=swaps, conditions=conditions)
+    recipe.score_prompts, recipe.holdout = scoring, held
     info = vd.describe(items)
     log(f"data: {info['files']} files -> {info['windows']} windows, {info['samples_per_epoch']} samples per epoch, "
         f"buckets (frames x w x h) {info['buckets']}")
@@ -389,13 +397,7 @@ class VideoRecipe(DiffusionRecipe):
         out_dir = self.run.samples
         out_dir.mkdir(parents=True, exist_ok=True)
         rows, paths = [], []
-        dev = self.precision.device
-        for name, tr in self.idle.items():
-            if name not in self._idle_swaps:
-                blocks = self.family.blocks(tr)
-                self._idle_swaps[name] = memory.BlockSwap(torch.nn.ModuleList(blocks), idle_swap_count(blocks, tr, dev),
-                                                          dev)
-            memory.place(tr, dev, self._idle_swaps[name])
+        self._idle_in()
         with torch.random.fork_rng(devices=[self.precision.device] if self.precision.device.type == "cuda" else []):
             for mod in self.lora_modules.values():
                 mod.eval()
@@ -417,14 +419,80 @@ class VideoRecipe(DiffusionRecipe):
             labels = [f"{smp.sample_label(vp.prompt)}, {vp.frames} frames" for vp in self.video_prompts]
             contact_sheet(rows, labels, f"{tag}: step {state.step}, epoch {state.epoch}, LoRA strength 1.0").save(
                 out_dir / f"{tag}-frames.png", pnginfo=smp.png_info(self.video_prompts[0].prompt, state.step, state.epoch))
-        for name, tr in self.idle.items():  # back to CPU RAM (its swapped blocks never left it)
-            self._idle_swaps[name].settle()
-            memory.place(tr, torch.device("cpu"), self._idle_swaps[name])
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
+        self._idle_out()
         self.train()
         self.run.event(f"samples {tag}: {len(paths)} clip(s) in {out_dir}")
         return paths
+
+    def _idle_in(self) -> None:
+        """An expert not being trained comes to the GPU to sample, block by block."""
+        dev = self.precision.device
+        for name, tr in self.idle.items():
+            if name not in self._idle_swaps:
+                blocks = self.family.blocks(tr)
+                self._idle_swaps[name] = memory.BlockSwap(torch.nn.ModuleList(blocks), idle_swap_count(blocks, tr, dev),
+                                                          dev)
+            memory.place(tr, dev, self._idle_swaps[name])
+
+    def _idle_out(self) -> None:
+        for name, tr in self.idle.items():  # back to CPU RAM (its swapped blocks never left it)
+            self._idle_swaps[name].settle()
+            memory.place(tr, torch.device("cpu"), self._idle_swaps[name])
+        if self.precision.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def score_frames(self) -> int:
+        """Frames of a scoring clip: the longest trained window up to :data:`SCORE_FRAMES` (4n+1)."""
+        fit = [f for f in self.spec.data.target_frames if f <= SCORE_FRAMES]
+        return max(fit) if fit else 1
+
+    @torch.no_grad()
+    def render(self, sp, strength: float) -> list:
+        """A short clip of a scoring prompt with the LoRA at ``strength`` (0: disabled), as frames:
+        what the quality autopilot scores (its first, middle and last frames)."""
+        import numpy as np
+        from PIL import Image
+
+        from lorapod.engine.diffusion.lora import lora_strength
+
+        pipe = self.family.pipeline(self.c)
+        pipe.set_progress_bar_config(disable=True)
+        res = self.spec.data.resolution
+        n = self.score_frames()
+        self._idle_in()
+        try:
+            with torch.random.fork_rng(devices=[self.precision.device] if self.precision.device.type == "cuda" else []):
+                for mod in self.lora_modules.values():
+                    mod.eval()
+                with lora_strength(self.lora_modules.values(), strength):
+                    pos = self._prompt_embeds(sp.prompt)
+                    neg = self._prompt_embeds(sp.negative) if sp.scale > 1 else None
+                    gen = torch.Generator(device="cpu").manual_seed(sp.seed)
+                    extra = ({"image": self._start_image(VideoPrompt(smp.SamplePrompt(sp.prompt, res, res, sp.seed,
+                                                                                      sp.steps, sp.scale), n))}
+                             if self.conditions is not None else {})
+                    self.family.prepare_sampling(pipe, sp.scale)
+                    with self.precision.autocast():
+                        frames = pipe(**self.family.sample_kwargs(pos, neg, sp.scale), **extra, width=sp.width or res,
+                                      height=sp.height or res, num_frames=n, num_inference_steps=sp.steps,
+                                      generator=gen, output_type="np").frames[0]
+        finally:
+            self._idle_out()
+        self.train()
+        arr = (np.clip(frames, 0, 1) * 255).round().astype(np.uint8)
+        return [Image.fromarray(f) for f in arr]
+
+    @staticmethod
+    def reference_frames(path: Path):
+        """A reference (or training file) as the image the scorers see: an image, or a clip's first frame."""
+        from PIL import Image
+
+        from lorapod.data.clips import VIDEO_EXTS, read_frames
+
+        if Path(path).suffix.lower() in VIDEO_EXTS:
+            return read_frames(Path(path), [0])[0].convert("RGB")
+        with Image.open(path) as im:
+            return im.convert("RGB")
 
     def _start_image(self, vp: VideoPrompt):
         """I2V samples start from ``--i IMAGE``, else from the first frame of the first training window."""
