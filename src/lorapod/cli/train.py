@@ -88,7 +88,9 @@ def train(
                                hint="under torchrun pass --run-dir DIR (or use lorapod train SPEC --processes N)")
         if run_dir is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
-            for sub in ("checkpoints", "samples"):
+            from lorapod.rundir.layout import CHECKPOINTS, SAMPLES
+
+            for sub in (CHECKPOINTS, SAMPLES):
                 (run_dir / sub).mkdir(exist_ok=True)
             run = RunDir(run_dir)
         else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +38,32 @@ class Interrupted(LorapodError):
     """Ctrl-C or SIGTERM: the job is stopped in order (checkpoint, pull, destroy)."""
 
     exit_code = 130
+
+
+WEEK_S = 7 * 24 * 3600.0
+#: RunOptions' numbers and the range each may take (seconds unless named otherwise)
+BOUNDS: dict[str, tuple[float, float]] = {
+    "max_usd": (1e-6, 1e6), "max_hours": (1e-6, 24 * 365.0), "poll_s": (0.01, 3600.0),
+    "pull_every_s": (0.01, 86400.0), "ready_deadline_s": (1.0, WEEK_S), "pull_extension_s": (0.0, WEEK_S),
+    "auth_grace_s": (0.0, 86400.0), "direct_ssh_s": (0.0, 86400.0), "progress_every_s": (0.01, 86400.0),
+    "max_offers": (1, 1000), "reconnect_s": (0.0, WEEK_S), "stop_margin_s": (0.0, WEEK_S),
+    "stop_wait_s": (0.0, WEEK_S), "destroy_deadline_s": (1.0, WEEK_S), "create_attempts": (1, 100),
+    "create_settle_s": (0.0, 86400.0), "default_cap_hours": (1e-6, 24 * 365.0), "watchdog_restarts": (0, 1000),
+    "disk_full_grace_s": (0.0, WEEK_S), "disk_full_retry_s": (0.01, 86400.0), "preempt_confirm_s": (0.0, 3600.0),
+    "spot_resume_wait_s": (0.0, WEEK_S), "max_preemptions": (0, 10_000), "deadman_s": (0.0, WEEK_S),
+}
+
+
+def bounded(name: str, value: Any, lo: float, hi: float) -> float:
+    """``value`` as a float when it is a finite number in ``lo..hi``; a :class:`SpecError` that
+    says so otherwise (never a traceback, never an infinite wait)."""
+    from lorapod.errors import SpecError
+
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or not lo <= value <= hi:
+        raise SpecError(f"{name} = {value!r}: must be a finite number from {lo:g} to {hi:g}",
+                        hint="a NaN, an infinity or a value out of range would wait forever or bill without end")
+    return float(value)
 
 
 @dataclass
@@ -93,6 +120,21 @@ class RunOptions:
     #: after its bid is raised within the ceiling, before its husk is destroyed
     spot_resume_wait_s: float = 600.0
     max_preemptions: int = 6  # then the rest of the job runs on-demand
+    #: the dead man's switch (compute/deadman.py): an instance no controller has reached this many
+    #: seconds after its container started destroys itself with its scoped key; None: the plan's
+    #: default (prepare.py: from the set-up time), 0: no switch
+    deadman_s: float | None = None
+
+    def __post_init__(self) -> None:
+        """Every number a user (or a script) can pass is finite and bounded, before anything is
+        rented: ``--preempt-confirm-s nan`` once waited forever on a crashed spot job while it billed."""
+        for name, (lo, hi) in BOUNDS.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            bounded(f"{name} (--{name.replace('_', '-')})", value, lo, hi)
+        for name, value in self.watchdog.items():
+            bounded(f"the watchdog's {name}", value, 0.0, WEEK_S)
 
 
 @dataclass

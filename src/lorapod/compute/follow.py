@@ -27,6 +27,20 @@ from lorapod.errors import LorapodError, RemoteError
 from lorapod.rundir import at_step
 from lorapod.rundir.metrics import POLL_BYTES, MetricsFeed
 
+#: steps whose first sight a controller keeps (the median step time and a preemption's lost work
+#: need only recent ones): a host writing millions of lines costs it no more memory than this
+SEEN_STEPS = 4096
+
+
+def planned_steps(spec: Any, job: Any) -> int | None:
+    """The job's length as lorapod knows it before anything runs: the spec's ``train.max_steps``,
+    else the planner's optimizer steps (None: neither can say)."""
+    if spec.train.max_steps:
+        return int(spec.train.max_steps)
+    if job is not None:
+        return int(job.optimizer_steps or job.steps) or None
+    return None
+
 
 @dataclass
 class Progress:
@@ -40,11 +54,22 @@ class Progress:
     stop_requested_at: float | None = None
     pulled: bool = False  # the final pull was verified and PULLED written
     disk_full: bool = False  # this machine's disk could not take the results (compute/pulls.py)
-    total_steps: int | None = None  # as the job's metrics say
-    #: wall time each step was first seen (a spot run's lost work is measured from it), and of the
-    #: first step on each instance (ledger id: its setup ends there)
+    #: the job's length, from the spec (``train.max_steps``) or the planner's count: never a host's
+    #: ``total_steps`` (a forged 10**12 once sized the recovery's tier model into a MemoryError)
+    total_steps: int | None = None
+    #: wall time each step was first seen (a spot run's lost work is measured from it; the newest
+    #: :data:`SEEN_STEPS` only, whatever a host sends), and of the first step on each instance
+    #: (ledger id: its setup ends there)
     seen_at: dict[int, float] = field(default_factory=dict)
     instance_first_step: dict[str, float] = field(default_factory=dict)
+
+    def saw(self, step: int, at: float) -> None:
+        """Step ``step`` seen at ``at`` (again after a resume: the newer time); the oldest forgotten
+        past :data:`SEEN_STEPS`."""
+        self.seen_at.pop(step, None)
+        self.seen_at[step] = at
+        while len(self.seen_at) > SEEN_STEPS:
+            del self.seen_at[next(iter(self.seen_at))]
 
     def seconds_per_step(self) -> float | None:
         """Seconds per step as seen: the median over consecutive steps seen in order."""
@@ -190,10 +215,8 @@ class Follower:
                 self.view, self.lines = MetricsView(usd_cap=ctx.max_usd), LineEvery(tty=ctx.opts.every_step)
         for rec in records:
             now = time.time()
-            p.seen_at[int(rec["step"])] = now
+            p.saw(int(rec["step"]), now)
             p.instance_first_step.setdefault(self.lease.ledger_id, now)
-            if isinstance(rec.get("total_steps"), int):
-                p.total_steps = rec["total_steps"]
             if p.first_step_at is None:
                 p.first_step_at = time.monotonic()
                 ctx.say(f"first training step after {p.first_step_at - ctx.t0:.1f} s")

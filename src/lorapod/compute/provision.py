@@ -23,6 +23,7 @@ from lorapod.compute.remote import PULL_EXCLUDES, Bootstrap, RemoteWork
 from lorapod.compute.secrets import secrets_for
 from lorapod.errors import LorapodError
 from lorapod.home import lorapod_home
+from lorapod.rundir import last_checkpoint
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def provision(ctx: JobContext, lease: Lease, work: RemoteWork, watched: Watched)
     if secrets:
         files["secrets.env"] = (secrets.encode(), 0o600)
         ctx.say(f"sending {', '.join(k for k in names if os.environ.get(k))} to the instance (0600 file)")
-    if ctx.resume and any(ctx.run.checkpoints.glob("*")):
+    if ctx.resume and last_checkpoint(ctx.run.root) is not None:
         sent = ctx.remote(lambda: work.push_path(ctx.run.root, "run", delete=False, excludes=PULL_EXCLUDES),
                           "upload checkpoints")
         ctx.say(f"uploaded the run folder to resume ({sent.literal_bytes} bytes sent)")

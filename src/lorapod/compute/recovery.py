@@ -56,7 +56,8 @@ from lorapod.compute.provider import Instance, SupportsBid, capability
 from lorapod.compute.teardown import destroy_claim
 from lorapod.errors import LorapodError, PlanError, ProviderError, RemoteError
 from lorapod.fsutil import sha256_file
-from lorapod.rundir.layout import METRICS, checkpoint_step
+from lorapod.rundir.layout import CHECKPOINTS, METRICS, checkpoints_by_step
+from lorapod.rundir.metrics import cut_after
 from lorapod.store.preemptions import record_preemption, record_spot_instance
 
 if TYPE_CHECKING:
@@ -157,6 +158,10 @@ def next_tier(policy: str, preemptions: int, max_preemptions: int, *, rate: floa
 
 # ----------------------------------------------------------------------------- the run folder
 
+#: A checkpoint's manifest.json is larger than this only when a host forged it
+MANIFEST_MAX_BYTES = 1 << 20
+
+
 def _whole(folder: Path, with_manifests: bool) -> bool:
     """A checkpoint folder as the engine writes it (engine/checkpoint.py: ``manifest.json``, each
     file's ``bytes`` and ``sha256``, written last; its ``verify`` is this rule, without importing
@@ -166,12 +171,14 @@ def _whole(folder: Path, with_manifests: bool) -> bool:
     if not manifest.is_file():
         return not with_manifests
     try:
+        if manifest.is_symlink() or manifest.stat().st_size > MANIFEST_MAX_BYTES:
+            return False  # a host's file, not the trainer's: the engine's manifest is a few KB
         files = json.loads(manifest.read_text(encoding="utf-8"))
         return isinstance(files, dict) and all(
             (folder / name).is_file() and not (folder / name).is_symlink()
             and (folder / name).stat().st_size == int(meta["bytes"]) and sha256_file(folder / name) == meta["sha256"]
             for name, meta in files.items())
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return False
 
 
@@ -179,33 +186,17 @@ def settle_run_folder(run_root: Path) -> int | None:
     """Make the local run folder resume exactly: checkpoints cut off mid-pull removed,
     ``metrics.jsonl`` cut after the newest whole checkpoint.
     Returns that checkpoint's step (None: none came home, the job starts over)."""
-    ckpts = run_root / "checkpoints"
-    folders = [p for p in ckpts.glob("*-*") if p.is_dir() and not p.name.startswith(".")
-               and checkpoint_step(p.name) is not None] if ckpts.is_dir() else []
-    with_manifests = any((p / "manifest.json").is_file() for p in folders)
+    folders = checkpoints_by_step(run_root / CHECKPOINTS)  # real step-N folders, never links
+    with_manifests = any((p / "manifest.json").is_file() for _, p in folders)
     whole: list[int] = []
-    for p in folders:
+    for step, p in folders:
         if _whole(p, with_manifests):
-            whole.append(checkpoint_step(p.name) or 0)
+            whole.append(step)
         else:  # a copy cut off on its way here: the instance it came from is gone
             shutil.rmtree(p, ignore_errors=True)
-    step = max(whole) if whole else None
-    metrics = run_root / METRICS
-    if metrics.is_file():
-        keep = []
-        for line in metrics.read_bytes().splitlines(keepends=True):
-            if not line.endswith(b"\n"):
-                break  # a line cut off by the pull
-            try:
-                s = json.loads(line).get("step")
-            except (ValueError, AttributeError):
-                continue
-            if step is not None and isinstance(s, int) and s <= step:
-                keep.append(line)
-        tmp = metrics.with_name(".tmp-metrics.jsonl")
-        tmp.write_bytes(b"".join(keep))
-        tmp.replace(metrics)
-    return step
+    newest = max(whole) if whole else None
+    cut_after(run_root / METRICS, newest)  # the one reader's rules: a hostile line is dropped, never fatal
+    return newest
 
 
 # ----------------------------------------------------------------------------- the run
@@ -377,12 +368,25 @@ class SpotRun:
             raise SpotStop(f"max-usd cap: ${spent:.4f} of ${ctx.max_usd:g} spent when the instance was preempted",
                            hint=f"raise --max-usd, then `lorapod run --resume {ctx.job_id}`")
         if ctx.max_hours is not None:
-            used = sum(max(0.0, (r.destroyed_at or now) - r.created_at) for r in ctx.ledger.job_instances(ctx.job_id))
+            used = self._hours_used(now) * 3600
             if used + ctx.opts.stop_margin_s >= ctx.max_hours * 3600:
                 raise SpotStop(f"max-hours cap: {used / 3600:.2f} h of {ctx.max_hours:g} h used when the instance "
                                "was preempted", hint=f"raise --max-hours, then `lorapod run --resume {ctx.job_id}`")
 
     def _next_tier(self, lease: Lease, rate: float, resume_step: int | None) -> tuple[str, str]:
+        """The tier model's choice; whatever goes wrong in it (its inputs are partly measured on a
+        host), recovery never fails on it: it stays on the tier it ran on, and says why."""
+        try:
+            return self._tier_model(lease, rate, resume_step)
+        except Exception as exc:  # the choice is an optimisation; the job's recovery is not optional
+            return self.tier, (f"the tier model could not decide ({type(exc).__name__}: {str(exc)[:120]}); "
+                               f"{self.tier} again, as before")
+
+    def _hours_used(self, now: float) -> float:
+        """Hours of every instance of the job, husks included, to ``now``: what max-hours counts."""
+        return sum(max(0.0, (r.destroyed_at or now) - r.created_at) for r in self.ctx.ledger.job_instances(self.ctx.job_id)) / 3600
+
+    def _tier_model(self, lease: Lease, rate: float, resume_step: int | None) -> tuple[str, str]:
         from lorapod.plan.spot import preemption_rate
 
         ctx, p = self.ctx, self.progress
@@ -390,19 +394,16 @@ class SpotRun:
         r = preemption_rate(ctx.spec.compute.preemptions_per_hour, self.preemptions, spot_hours)
         sps = p.seconds_per_step()
         remaining = None
-        if sps is not None and p.total_steps:
-            remaining = max(0, p.total_steps - (resume_step or 0)) * sps / 3600
+        if sps is not None and p.total_steps:  # the spec's or the plan's length, a resume step bounded by it
+            remaining = max(0, p.total_steps - min(resume_step or 0, p.total_steps)) * sps / 3600
         row = ctx.ledger.instance(lease.ledger_id)
         first = self.progress.instance_first_step.get(lease.ledger_id)
         setup_h = ((first - row.created_at) / 3600) if (first and row) else 0.0
-        every = ctx.spec.save.every_steps if hasattr(ctx.spec, "save") else None
+        every = ctx.spec.save.every_steps
         interval = (every * sps / 3600) if (every and sps) else None
         now = time.time()
         usd_left = (ctx.max_usd - ctx.ledger.usd(ctx.job_id, now)) if ctx.max_usd is not None else None
-        hours_left = None
-        if ctx.max_hours is not None:
-            used = sum(max(0.0, (x.destroyed_at or now) - x.created_at) for x in ctx.ledger.job_instances(ctx.job_id))
-            hours_left = ctx.max_hours - used / 3600
+        hours_left = ctx.max_hours - self._hours_used(now) if ctx.max_hours is not None else None
         return next_tier(self.policy, self.preemptions, ctx.opts.max_preemptions, rate=r.per_hour, rate_high=r.high,
                          remaining_hours=remaining, setup_hours=setup_h, checkpoint_every_hours=interval,
                          spot_usd_per_hour=rate, ondemand_usd_per_hour=self.ondemand_usd_per_hour,

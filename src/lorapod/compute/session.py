@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from lorapod.compute.acquire import Lease
 from lorapod.compute.context import Interrupted, JobContext, RunOptions
-from lorapod.compute.follow import Follower, Progress
+from lorapod.compute.follow import Follower, Progress, planned_steps
 from lorapod.compute.ledger_repair import backup as backup_ledger
 from lorapod.compute.offers import planned_job
 from lorapod.compute.provider import Provider
@@ -41,7 +41,7 @@ from lorapod.compute.recovery import Preempted, SpotRun, SpotStop, check_preempt
 from lorapod.compute.remote import RemoteWork
 from lorapod.compute.teardown import salvage, teardown
 from lorapod.errors import BudgetError, LorapodError
-from lorapod.rundir import RunDir, last_step, new_job_id
+from lorapod.rundir import RunDir, last_checkpoint, last_step, new_job_id
 from lorapod.rundir.metrics import MetricsFeed
 from lorapod.store.ledger import Ledger, LedgerBusy
 from lorapod.store.preemptions import job_figures
@@ -120,6 +120,7 @@ class Session:
                 run.write_trainer(opts.trainer)
         self.ctx = JobContext(spec, provider, target, opts or RunOptions(), ledger, run, job_id, say,
                               resume=bool(resume_job), job=planned_job(spec) if job is ... else job)
+        self.progress.total_steps = planned_steps(spec, self.ctx.job)  # never a host's figure
         self.job_id, self.run = job_id, run
         self.lease: Lease | None = None
         self.work: RemoteWork | None = None
@@ -240,7 +241,7 @@ class Session:
         uploaded when it holds a checkpoint, the metrics feed following from its end."""
         from lorapod.compute.recovery import resume_offset
 
-        has_ckpt = any(not c.name.startswith(".") for c in self.run.checkpoints.glob("*-*"))
+        has_ckpt = last_checkpoint(self.run.root) is not None
         self.ctx.resume = has_ckpt
         p = self.progress
         p.feed = MetricsFeed(offset=resume_offset(self.run.root) if has_ckpt else 0)
@@ -275,7 +276,7 @@ class Session:
         ctx, ledger, p = self.ctx, self.ctx.ledger, self.progress
         usd = ledger.usd(self.job_id)
         resume = f"; resume with `lorapod run --resume {self.job_id}`" if state != "done" else ""
-        if state != "done" and p.disk_full and not any(self.run.checkpoints.glob("*-*")):
+        if state != "done" and p.disk_full and last_checkpoint(self.run.root) is None:
             resume = "; no checkpoint reached this machine (its disk is full), so nothing here resumes"
         msg = f"{message} ({last_step(p.last_step)}, ${usd:.4f}){resume}"
         if p.feed.dropped_total:

@@ -112,7 +112,18 @@ def _erlang_cdf(x: float, shape: int, scale_rate: float) -> float:
     return 1.0 - math.exp(-z) * total
 
 
+#: above this many events the rate's quantiles come from the Wilson-Hilferty closed form, not the
+#: Erlang sum (whose terms number the events): the planner never loops over a count it is given
+EXACT_MAX_SHAPE = 200
+_Z = {0.1: -1.2815515655446004, 0.9: 1.2815515655446004}  # standard normal quantiles
+
+
 def _erlang_quantile(p: float, shape: int, scale_rate: float) -> float:
+    if shape > EXACT_MAX_SHAPE and p in _Z:
+        # Gamma(k) = chi-square(2k) / 2; Wilson-Hilferty: chi2_p(v) ~ v (1 - 2/(9v) + z_p sqrt(2/(9v)))^3,
+        # within 0.1% at these shapes
+        v = 2.0 * shape
+        return v * (1 - 2 / (9 * v) + _Z[p] * math.sqrt(2 / (9 * v))) ** 3 / 2 / scale_rate
     lo, hi = 0.0, (shape + 10 * math.sqrt(shape) + 10) / scale_rate
     for _ in range(100):
         mid = (lo + hi) / 2
@@ -174,43 +185,58 @@ class Outcome:
                 "checkpoint_every_min": round(self.interval * 60, 2) if math.isfinite(self.interval) else None}
 
 
+#: ``e^x - 1`` is taken at most this far: beyond it the expectation is astronomically past any cap
+#: (e^700 ~ 1e304 hours), and ``math.expm1`` would raise OverflowError a little further on
+MAX_EXPONENT = 700.0
+
+
+def _grow(x: float) -> float:
+    """``e^x - 1``, capped (:data:`MAX_EXPONENT`): never an OverflowError, whatever the inputs."""
+    return math.expm1(min(x, MAX_EXPONENT)) if x == x else math.inf
+
+
 def _stretch(y: float, a: float, rate: float) -> tuple[float, float]:
     """Expected hours and preemptions to get ``y`` exposed hours done in one go, each preemption
     costing ``a`` hours first and starting the stretch over."""
     if rate <= 0:
         return y, 0.0
-    fails = math.expm1(rate * y)
+    fails = _grow(rate * y)
     return (1 / rate + a) * fails, fails
 
 
-def segments(work: float, interval: float) -> list[float]:
-    """The training split at the checkpoints: full intervals, then what is left."""
-    if not math.isfinite(interval) or interval >= work:
-        return [work]
-    n = int(work // interval)
+def segments(work: float, interval: float) -> tuple[float, float, float]:
+    """The training split at the checkpoints, in closed form: ``(n, interval, rest)``, ``n`` full
+    intervals (a float: never a list of them, whatever the interval) then what is left."""
+    if not math.isfinite(interval) or interval <= 0 or interval >= work:
+        return 0.0, 0.0, work
+    n = math.floor(work / interval)
     rest = work - n * interval
-    return [interval] * n + ([rest] if rest > 1e-12 else [])
+    return float(n), interval, (rest if rest > 1e-12 else 0.0)
 
 
 def expected(job: SpotJob, rate: float, interval: float) -> Outcome:
-    """The closed-form expectation of the model in the module docstring, at ``rate`` per hour."""
+    """The closed-form expectation of the model in the module docstring, at ``rate`` per hour:
+    the ``n`` full intervals are alike, so they count once, times ``n``."""
     hours, fails = _stretch(job.setup, job.wait, rate)
     rec_hours, rec_fails = _stretch(job.resetup, job.wait, rate)
     recovery = job.wait + rec_hours  # one recovery: wait, then the setup until it completes
-    segs = segments(job.work, interval)
-    for x in segs:
+    n, full, rest = segments(job.work, interval)
+    for count, x in ((n, full), (1.0 if rest > 0 or n == 0 else 0.0, rest)):
+        if count == 0:
+            continue
         y = x + job.checkpoint
         if rate <= 0:
-            hours += y
+            hours += count * y
             continue
-        seg_fails = math.expm1(rate * y)
-        hours += (1 / rate + recovery) * seg_fails
-        fails += seg_fails * (1 + rec_fails)  # each recovery is preempted rec_fails times on average
+        seg_fails = _grow(rate * y)
+        hours += count * (1 / rate + recovery) * seg_fails
+        fails += count * seg_fails * (1 + rec_fails)  # each recovery is preempted rec_fails times on average
     hours += job.tail
     billed = hours - fails * job.wait
     usd = (billed * (job.usd_per_hour + job.storage_usd_per_hour) + fails * job.husk * job.husk_usd_per_hour
            + (1 + fails) * job.per_setup_usd)
-    return Outcome(hours, billed, usd, fails, len(segs), interval)
+    checkpoints = int(min(n + (1 if rest > 0 else 0), 2**62)) if n else 1
+    return Outcome(hours, billed, usd, fails, checkpoints, interval)
 
 
 @dataclass(frozen=True)

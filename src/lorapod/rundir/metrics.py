@@ -190,6 +190,45 @@ def read_bytes(path: Path, tail_bytes: int | None = None) -> bytes:
     return data[data.find(b"\n") + 1:]
 
 
+def cut_after(path: Path, step: int | None) -> int:
+    """Keep only the valid records of a metrics file up to ``step`` (None: none), as the engine
+    does on resume: read line by line in bounded pieces (a line longer than :data:`MAX_LINE_BYTES`
+    is dropped unread), stopped at a torn last line, never through a link, written back atomically.
+    Returns the size of the file left. What survives is what :func:`read_records` would accept, so
+    a hostile line a host planted (nested 200,000 deep, a forged step) never stops a resume."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return 0
+    feed, kept = MetricsFeed(), []
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return 0
+        skipping = False
+        while True:
+            line = fh.readline(MAX_LINE_BYTES + 1)
+            if not line:
+                break
+            if not line.endswith(b"\n"):
+                if len(line) <= MAX_LINE_BYTES:
+                    break  # a line cut off by the pull: the end of what came whole
+                skipping = True  # too long: read on to its newline, keep nothing of it
+                continue
+            if skipping:
+                skipping = False
+                continue
+            rec = feed.accept(line[:-1])
+            if rec is not None and step is not None and rec["step"] <= step:
+                kept.append(line)
+    data = b"".join(kept)
+    tmp = path.with_name(f".tmp-{path.name}")
+    tmp.unlink(missing_ok=True)
+    tmp.write_bytes(data)
+    tmp.replace(path)
+    return len(data)
+
+
 def read_records(path: Path, tail_bytes: int | None = None, feed: MetricsFeed | None = None) -> list[dict[str, Any]]:
     """The valid records of a metrics file (:func:`read_bytes`, then :func:`iter_records`)."""
     return list(iter_records(read_bytes(Path(path), tail_bytes), feed))

@@ -116,9 +116,9 @@ class Mirror:
         elif art.kind == "final":
             _link_file(art.path, self.run / "adapter" / art.path.name)
         elif art.path.is_file():
-            _link_file(art.path, self.run / "checkpoints" / art.key / art.path.name)
+            _link_file(art.path, self.run / CHECKPOINTS / art.key / art.path.name)
         else:  # a folder (a state folder, an HF checkpoint): copied whole, then renamed into place
-            key_dir = self.run / "checkpoints" / art.key
+            key_dir = self.run / CHECKPOINTS / art.key
             _link_tree(art.path, key_dir / "state" if art.kind == "state" else key_dir)
 
     def _rotate(self) -> None:
@@ -126,7 +126,7 @@ class Mirror:
         the kohya trainers' ``NAME-state``) is not one of them: counting it would delete a step
         the trainer itself kept (sd-scripts keeps ``--save_last_n_steps`` saves *and* the final
         state; tests/recorded/sd15)."""
-        keys = sorted((p for p in (self.run / "checkpoints").iterdir()
+        keys = sorted((p for p in (self.run / CHECKPOINTS).iterdir()
                        if p.is_dir() and not p.name.startswith(".") and p.name != FINAL_STATE),
                       key=lambda p: p.stat().st_mtime)
         for old in keys[: max(0, len(keys) - self.keep_last)]:
@@ -169,7 +169,7 @@ def _link_file(src: Path, dest: Path) -> None:
 
 
 def newest_checkpoint(run: Path) -> Path | None:
-    ckpts = [p for p in (run / "checkpoints").glob("*") if p.is_dir() and not p.name.startswith(".")]
+    ckpts = [p for p in (run / CHECKPOINTS).glob("*") if p.is_dir() and not p.name.startswith(".")]
     return max(ckpts, key=lambda p: p.stat().st_mtime) if ckpts else None
 
 
