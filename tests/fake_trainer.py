@@ -119,6 +119,7 @@ def main() -> int:
     ap.add_argument("--chain", action="store_true", help="a state carried through the steps and checkpoints")
     ap.add_argument("--ckpt-mb", type=float, default=0.0, help="with --chain: pad each checkpoint to about this")
     ap.add_argument("--ckpt-write-s", type=float, default=0.0, help="with --chain: seconds each checkpoint's write takes")
+    ap.add_argument("--linger-s", type=float, default=0.0, help="seconds between the adapter written and the exit")
     ap.add_argument("--forge-at", type=int, default=None, help="after this step, write what a hostile host would")
     ap.add_argument("--forge", choices=("totals", "nested"), default="totals",
                     help="totals: three more lines, and every line from then on, claiming total_steps 10**12; "
@@ -196,6 +197,7 @@ def main() -> int:
         b"fake-adapter-" + (chain.encode() if chain is not None else str(max_steps).encode()) * 1000)
     (tmp / "adapter_config.json").write_text(json.dumps({"r": 8, "steps": max_steps}))
     os.replace(tmp, run / "adapter")
+    time.sleep(a.linger_s)  # a trainer's own wrap-up after its last file (a model card, freeing memory)
     print("done")
     return 0
 

@@ -150,6 +150,9 @@ class Fault:
     #: gateway that gave up on a backend that did the work: Cloudflare, in front of RunPod's API,
     #: answers 524 "A timeout occurred" while the origin goes on and completes the request)
     acted: bool = False
+    #: only requests whose raw body holds this text (one GraphQL operation among the others on
+    #: the same path, e.g. "podRentInterruptable")
+    body_has: str = ""
 
 
 @dataclass
@@ -166,6 +169,7 @@ class FakeInstance:
     never_ready: bool = False
     deleted: bool = False
     deleted_by: str | None = None
+    deleted_at: float | None = None  # wall clock: billing ends here
     pulled_at: float = 0.0  # until then the image is being pulled
     why_not: str | None = None  # why a never-ready container does not start (the provider's words)
     proxy: TcpForwarder | None = None
@@ -266,7 +270,7 @@ class FakeControlPlane:
                 self.violations.append(f"request {h.command} {path}: {exc}")
                 self._send(h, 400, {"error": f"contract violation: {exc}"})
                 return
-        status, out = self._fault(h.command, path)
+        status, out = self._fault(h.command, path, raw)
         delay = 0.0
         if status == 0:
             delay, status, out = float(out), None, None
@@ -311,10 +315,11 @@ class FakeControlPlane:
                            args=args, headers={"Authorization": auth} if auth else {}, data=raw or None,
                            content_type="application/json")
 
-    def _fault(self, method: str, path: str) -> tuple[int | None, Any]:
+    def _fault(self, method: str, path: str, raw: bytes = b"") -> tuple[int | None, Any]:
         with self.lock:
             for f in self.faults:
-                if f.times > 0 and f.method == method and re.fullmatch(f.path, path):
+                if f.times > 0 and f.method == method and re.fullmatch(f.path, path) and (
+                        not f.body_has or f.body_has.encode() in raw):
                     f.times -= 1
                     if f.acted:
                         return f.status, ("acted", f.body)
@@ -374,6 +379,7 @@ class FakeControlPlane:
         """What destroying a container does: every process in it dies, its disk is gone."""
         inst.deleted = True
         inst.deleted_by = by
+        inst.deleted_at = time.time()
         if inst.proxy is not None:
             inst.proxy.close()
         if inst.sshd.proc is not None:  # a stopped container's sshd is down already

@@ -63,9 +63,11 @@ def acquire(ctx: JobContext, interruptible: bool = False) -> Lease:
         offer = choice.offer
         if tried >= o.max_offers:
             break
+        ctx.check_down()  # `lorapod down JOB` wins: nothing more is rented for the job
         try:
             claim, inst = _create(ctx, offer, identity, pub)
             tried += 1
+            ctx.check_down()  # asked while the create was in flight: teardown destroys what it made
             return wait_ready(ctx, claim, inst, choice.estimate)
         except NoCapacity as exc:  # nothing was rented: this offer does not count
             errors.append(f"{offer.gpu_name} ({offer.id}): {exc.message}")
@@ -194,6 +196,7 @@ def wait_ready(ctx: JobContext, claim: Claim, inst: Instance, estimate: OfferEst
     seen = [inst]  # the instance as last refreshed (its SSH route may change below)
 
     def ready() -> bool:
+        ctx.check_down()
         now = seen[0] = claim.instance = provider.refresh(seen[0])
         if now.state in ("error", "exited", "gone"):
             raise ProviderError(f"instance {now.id} is {now.state}: {now.message or ''}")
@@ -215,6 +218,7 @@ def wait_ready(ctx: JobContext, claim: Claim, inst: Instance, estimate: OfferEst
     state = _Routes(since=booted)
 
     def ssh_answers() -> bool:
+        ctx.check_down()
         transport, now_inst = conn[0], seen[0]
         try:
             transport.run("true", timeout=max(2.0, min(15.0, limit["deadline"] - time.monotonic())))

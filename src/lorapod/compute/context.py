@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lorapod.compute.provider import Instance, Offer, Provider
 from lorapod.compute.remote import Bootstrap, job_command_from_env
@@ -34,6 +34,16 @@ if TYPE_CHECKING:
 JobCommand = Callable[[str, str, str, bool], list[str]]
 
 
+class Referee(Protocol):
+    """Decides what a dropped connection means before any reconnect (compute/verdict.py ``Judge``)."""
+
+    def on_lost(self, exc: Exception, since: float) -> None: ...
+
+    def check_down(self) -> None:
+        """Raise when the user asked ``lorapod down`` for this job: nothing more is rented or waited for."""
+        ...
+
+
 class Interrupted(LorapodError):
     """Ctrl-C or SIGTERM: the job is stopped in order (checkpoint, pull, destroy)."""
 
@@ -47,7 +57,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "pull_every_s": (0.01, 86400.0), "ready_deadline_s": (1.0, WEEK_S), "pull_extension_s": (0.0, WEEK_S),
     "auth_grace_s": (0.0, 86400.0), "direct_ssh_s": (0.0, 86400.0), "progress_every_s": (0.01, 86400.0),
     "max_offers": (1, 1000), "reconnect_s": (0.0, WEEK_S), "stop_margin_s": (0.0, WEEK_S),
-    "stop_wait_s": (0.0, WEEK_S), "destroy_deadline_s": (1.0, WEEK_S), "create_attempts": (1, 100),
+    "stop_wait_s": (0.0, WEEK_S), "destroy_deadline_s": (0.0, WEEK_S), "create_attempts": (1, 100),
     "create_settle_s": (0.0, 86400.0), "default_cap_hours": (1e-6, 24 * 365.0), "watchdog_restarts": (0, 1000),
     "disk_full_grace_s": (0.0, WEEK_S), "disk_full_retry_s": (0.01, 86400.0), "preempt_confirm_s": (0.0, 3600.0),
     "spot_resume_wait_s": (0.0, WEEK_S), "max_preemptions": (0, 10_000), "deadman_s": (0.0, WEEK_S),
@@ -173,12 +183,9 @@ class JobContext:
     hard_deadline: float | None = None  # set once stopping: nothing may wait past it
     #: the planner's job for ``spec``, planned once per run (None: the planner cannot estimate it)
     job: Job | None = None
-    #: called when a connection drops: raises compute.recovery.Preempted when the provider says
-    #: the (interruptible) instance was taken back, so no reconnect waits for a stopped machine
-    preemption_check: Callable[[], None] | None = None
-    #: when the provider last said, after the whole confirm wait, that the instance was not taken
-    #: back (a second look right after need not wait again)
-    preempt_ruled_out_at: float | None = None
+    #: what decides a symptom's meaning (compute/verdict.py ``Judge``, installed by the session):
+    #: asked before every reconnect, so no reconnect waits for a stopped, destroyed or downed machine
+    referee: Referee | None = None
 
     @property
     def ledger_id(self) -> str | None:
@@ -200,17 +207,26 @@ class JobContext:
                           job_id=self.job_id, instance_id=self.ledger_id)
 
     def remote(self, fn: Callable[[], Any], what: str) -> Any:
-        """A remote operation that survives connection drops for up to ``reconnect_s``."""
+        """A remote operation that survives connection drops for up to ``reconnect_s``; before each
+        reconnect the referee asks the provider (and the ledger for the user's ``down``) whether
+        there is still something to reconnect to."""
         deadline = deadline_in(self.opts.reconnect_s)
         if self.hard_deadline is not None:
             deadline = min(deadline, self.hard_deadline)
+        first_lost: list[float] = []
 
-        def lost(_exc: Exception) -> None:
-            if self.preemption_check is not None:
-                self.preemption_check()
+        def lost(exc: Exception) -> None:
+            first_lost[:1] = first_lost[:1] or [time.time()]
+            if self.referee is not None:
+                self.referee.on_lost(exc, first_lost[0])
             self.say(f"connection lost during {what}; reconnecting")
 
         return retrying(fn, deadline, what, on_retry=lost)
+
+    def check_down(self) -> None:
+        """The user's ``lorapod down JOB`` wins over any wait or rental (raises; compute/verdict.py)."""
+        if self.referee is not None:
+            self.referee.check_down()
 
     def console_link(self) -> str:
         return self.provider.traits.console_url or f"the {self.provider.name} host ({self.target})"

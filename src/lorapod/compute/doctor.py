@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lorapod.compute.context import bounded
 from lorapod.compute.provider import Instance, InstanceSpec, Offer, Provider, Requirements, rank_offers
 from lorapod.errors import LorapodError, ProviderError
 from lorapod.home import lorapod_home
@@ -94,7 +95,10 @@ class Report:
 def cheapest_offer(provider: Provider, disk_gb: float = 20.0, spot: bool = False,
                    max_bid_per_gpu_hour: float | None = None) -> Offer:
     """The cheapest offer the provider lists as rentable now (in stock, an image-compatible host);
-    ``spot``: the cheapest interruptible one, at its bid (at most ``max_bid_per_gpu_hour``)."""
+    ``spot``: the cheapest interruptible one, at its bid (at most ``max_bid_per_gpu_hour``, a
+    finite bid: ``--max-bid nan`` once read as no ceiling at all)."""
+    if max_bid_per_gpu_hour is not None:
+        bounded("--max-bid", max_bid_per_gpu_hour, 1e-6, 1000.0)
     req = Requirements(disk_gb=disk_gb, interruptible=spot, max_bid_per_gpu_hour=max_bid_per_gpu_hour)
     offers = rank_offers(provider.offers(req), req)
     if not offers:

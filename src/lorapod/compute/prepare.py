@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from lorapod.compute.context import BOUNDS, bounded
 from lorapod.compute.launch import job_command_for
 from lorapod.compute.offers import planned_job
 from lorapod.compute.provider import Provider, SupportsVolumes, capability, from_target, on_hint
@@ -69,6 +70,15 @@ class RunFlags:
     knobs: Mapping[str, Any] = field(default_factory=dict)
     #: overrides of ``watchdog.DEFAULTS`` (``heartbeat_timeout_s``, ``poll_s``, ``stall_s``)
     watchdog: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """The numbers a user types are finite and bounded before anything else happens (the
+        knobs and the watchdog's are checked again where they land, in :class:`RunOptions`)."""
+        for name, (lo, hi) in {"max_usd": BOUNDS["max_usd"], "max_hours": BOUNDS["max_hours"],
+                               "usd_per_hour": (0.0, 1000.0), "gpus": (1, 64)}.items():
+            value = getattr(self, name)
+            if value is not None:
+                bounded(f"--{name.replace('_', '-')}", value, lo, hi)
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 A job on an interruptible instance can lose it at any moment (docs/remote.md, Spot). What the
 controller sees is only a symptom: SSH stops answering, or the job dies. Which it is, only the
-provider can say, so on either symptom the controller asks it (:func:`classify`):
+provider can say, so on either symptom the controller asks it (compute/verdict.py, the one
+decision: :class:`~lorapod.compute.verdict.Judge`):
 
 * ``exited`` for an instance rented interruptible is a **preemption** (the provider layer maps
   RunPod's stopped spot pod and Vast.ai's paused, outbid instance to it): :class:`Preempted`;
@@ -51,11 +52,14 @@ from typing import TYPE_CHECKING, Any
 
 from lorapod.compute.acquire import Lease, acquire, wait_ready
 from lorapod.compute.context import JobContext
+from lorapod.compute.follow import Progress
 from lorapod.compute.offers import requirements, spot_ceiling
 from lorapod.compute.provider import Instance, SupportsBid, capability
 from lorapod.compute.teardown import destroy_claim
-from lorapod.errors import LorapodError, PlanError, ProviderError, RemoteError
+from lorapod.compute.verdict import Fate, Judge, Preempted, ask
+from lorapod.errors import LorapodError, PlanError, ProviderError
 from lorapod.fsutil import sha256_file
+from lorapod.rundir import at_step
 from lorapod.rundir.layout import CHECKPOINTS, METRICS, checkpoints_by_step
 from lorapod.rundir.metrics import cut_after
 from lorapod.store.preemptions import record_preemption, record_spot_instance
@@ -64,58 +68,9 @@ if TYPE_CHECKING:
     from lorapod.compute.provider import Provider
 
 
-class Preempted(RemoteError):
-    """The provider took the job's interruptible instance back (stopped / paused / outbid)."""
-
-    def __init__(self, message: str, instance: Instance) -> None:
-        super().__init__(message, hint="lorapod resumes the job from its newest checkpoint on another instance")
-        self.instance = instance
-        self.noticed_at = time.time()
-
-
 class SpotStop(LorapodError):
-    """After a preemption the job cannot go on within its caps: it ends ``stopped``, resumable."""
-
-
-def classify(provider: Provider, inst: Instance) -> str:
-    """What the provider says about ``inst``: ``preempted`` (an interruptible instance that
-    exited), ``running``, ``gone``, ``failed`` (exited or in error, not interruptible) or
-    ``unknown`` (the provider did not answer: never taken for a preemption)."""
-    return _classify(provider, inst)[0]
-
-
-def _classify(provider: Provider, inst: Instance) -> tuple[str, Instance]:
-    try:
-        now = provider.refresh(inst)
-    except LorapodError:
-        return "unknown", inst
-    if now.state == "exited" and (now.interruptible or inst.interruptible):
-        return "preempted", now.with_(interruptible=True)
-    if now.state == "gone":
-        return "gone", now
-    if now.state in ("exited", "error"):
-        return "failed", now
-    return ("running" if now.state == "running" else "unknown"), now
-
-
-def check_preempted(ctx: JobContext, wait_s: float = 0.0, every_s: float = 1.0) -> None:
-    """Raise :class:`Preempted` when the provider says the job's interruptible instance was taken
-    back, asking for up to ``wait_s`` (a provider reports the stop after the SIGTERM grace).
-    Returns when it does not say so: a lost connection or a crash."""
-    claim = ctx.claim
-    inst = claim.instance if claim is not None else None
-    if inst is None or not inst.interruptible:
-        return
-    deadline = time.monotonic() + wait_s
-    while True:
-        verdict, now = _classify(ctx.provider, inst)
-        if verdict == "preempted":
-            raise Preempted(f"the provider took instance {inst.id} back ({now.message or 'stopped'})", now)
-        if verdict in ("gone", "failed") or time.monotonic() + every_s > deadline:
-            if wait_s > 0:
-                ctx.preempt_ruled_out_at = time.monotonic()
-            return
-        time.sleep(every_s)
+    """After a preemption the job cannot go on within its caps, or the user asked it to stop: it
+    ends ``stopped``, resumable."""
 
 
 # ----------------------------------------------------------------------------- the tier
@@ -207,7 +162,8 @@ class SpotRun:
     preemption recovered from (the ledger keeps the dollars: store/preemptions.py)."""
 
     ctx: JobContext
-    progress: Any  # compute.follow.Progress (follow imports this module: no import back)
+    progress: Progress
+    judge: Judge
     policy: str = "never"
     tier: str = "on-demand"
     ondemand_usd_per_hour: float | None = None
@@ -272,30 +228,53 @@ class SpotRun:
         row = ctx.ledger.instance(lease.ledger_id)
         rate = row.usd_per_hour if row is not None else lease.offer.usd_per_hour
         created = row.created_at if row is not None else exc.noticed_at
-        ctx.say(f"PREEMPTED: {ctx.provider.name} took instance {inst.id} back at step {p.last_step} "
+        ctx.say(f"PREEMPTED: {ctx.provider.name} took instance {inst.id} back {at_step(p.last_step)} "
                 f"(preemption {self.preemptions}); recovering")
         resumed = self._resume_in_place(lease, inst)
         husk_end = time.time()
         if resumed is None:
-            note = f"preempted ({inst.message or 'stopped by the provider'}): husk destroyed"
-            done = destroy_claim(ctx, ctx.claim, note, True, True) if ctx.claim is not None else None
-            if done is not None and not done.confirmed:
-                raise ProviderError(f"the preempted instance {inst.id} could not be confirmed destroyed",
-                                    hint=f"check {ctx.console_link()} and run `lorapod down {ctx.job_id}`")
-            ctx.claim = None
+            self._destroy_husk(lease, inst, exc)
             husk_end = time.time()
-            self._instance_ended(lease, preempted=True, end=exc.noticed_at)
         resume_step = settle_run_folder(ctx.run.root)
         self._record(lease, exc, rate, created, resume_step, husk_end)
         if resumed is not None:
             ctx.say(f"instance {inst.id} resumed: the job continues there from step {resume_step or 0}")
             return resumed
+        self._users_word(resume_step)
         self._check_caps(rate)
         tier, why = self._next_tier(lease, rate, resume_step)
         ctx.say(f"next instance: {tier} ({why})")
         if tier == "on-demand" and self.tier == "spot":
             ctx.ledger.event("tier", json.dumps({"tier": "on-demand", "why": why}), job_id=ctx.job_id)
         return self._acquire(tier, why)
+
+    def _destroy_husk(self, lease: Lease, inst: Instance, exc: Preempted) -> None:
+        """The preempted instance destroyed, confirmed; one that is not confirmed stops the job
+        here, said in red with what to do (exit 3): a stopped or paused husk runs no watchdog, so
+        nothing else will destroy it, and nothing more is rented while it may bill."""
+        ctx = self.ctx
+        if ctx.claim is not None:
+            note = f"preempted ({inst.message or 'stopped by the provider'}): husk destroyed"
+            done = destroy_claim(ctx, ctx.claim, note, True, False)  # no watchdog runs on a husk
+            if not done.confirmed:
+                ctx.claim = None  # ctx.unconfirmed names it; teardown has nothing else to give back
+                self._instance_ended(lease, preempted=True, end=exc.noticed_at)
+                raise SpotStop(f"the preempted instance {inst.id} could not be confirmed destroyed, so nothing more "
+                               "is rented for this job", hint=f"check {ctx.console_link()} and run "
+                                                              f"`lorapod down {ctx.job_id}`")
+        ctx.claim = None
+        self._instance_ended(lease, preempted=True, end=exc.noticed_at)
+
+    def _users_word(self, resume_step: int | None) -> None:
+        """Before anything more is rented: ``lorapod down JOB`` ends the job (DownRequested), and
+        ``lorapod stop JOB`` stops it at the newest checkpoint that came home."""
+        self.judge.check_down()
+        reason = self.judge.take_stop()
+        if reason is not None:
+            self.progress.stop_reason = reason
+            raise SpotStop(f"stopped at your request ({reason}) during the recovery, at the newest checkpoint home "
+                           f"({'step ' + str(resume_step) if resume_step is not None else 'none: the job starts over'})",
+                           hint=f"`lorapod run --resume {self.ctx.job_id}` continues from it")
 
     def _resume_in_place(self, lease: Lease, inst: Instance) -> Lease | None:
         """Where the provider resumes a paused instance (Vast.ai): wait, raise the bid within the
@@ -327,7 +306,8 @@ class SpotRun:
     def _wait_running(self, inst: Instance, wait_s: float) -> bool:
         deadline = time.monotonic() + wait_s
         while True:
-            if classify(self.ctx.provider, inst) == "running":
+            self.judge.check_down()  # `lorapod down` wins over waiting for a paused husk
+            if ask(self.ctx.provider, inst).fate is Fate.RUNNING:
                 return True
             if time.monotonic() + 1.0 > deadline:
                 return False
