@@ -14,6 +14,14 @@ client code that shows it), applied to the document before it validates anything
 The world's slower habits are modelled too: ``pull_s`` (an image pull: the provider reports
 loading, no SSH yet) and ``key_delay_s`` (a key attached after create reaches the container's
 authorized_keys only that much later).
+
+A container runs its start command when it starts (after the pull and boot) and again when a
+stopped one starts again, as ``docker start`` runs a container's command: the process carries the
+instance's variables (its scoped key among them) and nothing of this machine's environment but
+PATH, and dies with the instance. The test host's ``/root`` and ``/tmp`` are shared by every fake
+instance, so a start command's container-private files at fixed paths (``/root/...``,
+``/tmp/.lorapod-init.sh``) are mapped into the instance's own folder; each instance also gets its
+own ``LORAPOD_JOBS_DIR`` (a spot init's SIGTERM must reach only its own container's jobs).
 """
 
 from __future__ import annotations
@@ -180,6 +188,11 @@ class FakeInstance:
     signals: list[tuple[int, str]] = field(default_factory=list)
     #: work folders on a disk kept through a stop (no process left to find them by): erased on destroy
     kept_dirs: set[Path] = field(default_factory=set)
+    #: the container's start command as the provider runs it (RunPod: its CMD; Vast.ai: onstart),
+    #: started when the container starts, again after a stop; None: the image's own, a no-op here
+    start_cmd: list[str] | None = None
+    home: Path | None = None  # the container's own folder on the test host (its /root, its private files)
+    host: Any = None  # tests/host_profiles.Host when the fake builds the image's world
 
     @property
     def ready(self) -> bool:
@@ -210,6 +223,7 @@ class FakeControlPlane:
         #: provider's variables in PID 1's environment only, its PATH...); None: sshd SetEnv
         self.host_profile = host_profile
         self._hosts: list[Any] = []
+        self._homes: list[Path] = []
         self.account_key = account_key or "acct-" + secrets.token_hex(16)
         self.sshd_factory = sshd_factory
         self.work_root = work_root
@@ -345,12 +359,17 @@ class FakeControlPlane:
     # ------------------------------------------------------------------ instances
 
     def start_instance(self, iid: str, pubkey: str | None, env: dict[str, str], usd: float, gpu: str, label: str,
-                       never_ready: bool = False, why_not: str | None = None) -> FakeInstance:
-        marker = "fake-" + secrets.token_hex(6)
-        extra = "SetEnv " + " ".join(f"{k}={v}" for k, v in {**env, "LORAPOD_FAKE_INSTANCE": marker}.items())
-        if self.host_profile is not None:
-            import tempfile
+                       never_ready: bool = False, why_not: str | None = None,
+                       start_cmd: list[str] | None = None) -> FakeInstance:
+        import tempfile
 
+        marker = "fake-" + secrets.token_hex(6)
+        home = Path(tempfile.mkdtemp(prefix="lp-container-"))
+        self._homes.append(home)
+        env = {**env, "LORAPOD_JOBS_DIR": str(home / "jobs")}
+        extra = "SetEnv " + " ".join(f"{k}={v}" for k, v in {**env, "LORAPOD_FAKE_INSTANCE": marker}.items())
+        host = None
+        if self.host_profile is not None:
             from ..host_profiles import build
 
             host = build(self.host_profile, Path(tempfile.mkdtemp(prefix="lp-image-")) / "image",
@@ -362,9 +381,32 @@ class FakeControlPlane:
             server.authorize(pubkey)
         now = time.time()
         inst = FakeInstance(iid, server, marker, env, usd, gpu, label, never_ready=never_ready,
-                            ready_at=now + self.pull_s + self.boot_s, pulled_at=now + self.pull_s, why_not=why_not)
+                            ready_at=now + self.pull_s + self.boot_s, pulled_at=now + self.pull_s, why_not=why_not,
+                            start_cmd=start_cmd, home=home, host=host)
         self.instances[iid] = inst
+        if start_cmd and not never_ready:  # a container that never starts never runs its command
+            self._start_later(inst, max(0.0, (inst.ready_at or now) - now))
         return inst
+
+    def _start_later(self, inst: FakeInstance, after_s: float) -> None:
+        t = threading.Timer(after_s, self.run_start_command, [inst])
+        t.daemon = True
+        t.start()
+
+    def run_start_command(self, inst: FakeInstance) -> None:
+        """The container's command, as the container starts (module docstring)."""
+        import subprocess
+
+        if inst.deleted or inst.stopped_at is not None or not inst.start_cmd or inst.home is None:
+            return
+        home = str(inst.home)
+        argv = [a.replace("/tmp/.lorapod-init.sh", f"{home}/.lorapod-init.sh").replace("/root/", f"{home}/")
+                for a in inst.start_cmd]
+        path = inst.host.pid1_path if inst.host is not None else os.environ.get("PATH", "/usr/bin:/bin")
+        env = {"PATH": path, "HOME": home, "LANG": "C.UTF-8", **inst.env, "LORAPOD_FAKE_INSTANCE": inst.marker}
+        with open(inst.home / "start.log", "ab") as log:
+            subprocess.Popen(argv, env=env, cwd=home, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                             start_new_session=True)
 
     def authorize_later(self, inst: FakeInstance, pubkey: str) -> None:
         """The key reaches the container ``key_delay_s`` after the API accepted it."""
@@ -433,6 +475,7 @@ class FakeControlPlane:
             inst.stopped_hours += (time.time() - inst.stopped_at) / 3600
         inst.stopped_at = None
         inst.sshd.start()
+        self.run_start_command(inst)  # docker start runs the container's command again
 
     def live(self) -> list[FakeInstance]:
         return [i for i in self.instances.values() if not i.deleted]
@@ -446,6 +489,13 @@ class FakeControlPlane:
         for host in self._hosts:
             host.stop()
             shutil.rmtree(host.dir.parent, ignore_errors=True)
+        for home in self._homes:
+            shutil.rmtree(home, ignore_errors=True)
+        for inst in self.instances.values():  # a switch's files in the shared /tmp (compute/deadman.py)
+            for word in inst.start_cmd or ():
+                for token in re.findall(r"\.lorapod-switch-([0-9a-f]+)", word):
+                    for f in Path("/tmp").glob(f".lorapod-switch-{token}*"):
+                        f.unlink(missing_ok=True)
         self.server.shutdown()
         self.server.server_close()
 

@@ -22,6 +22,9 @@ def register(app: typer.Typer) -> None:
                                   "proves the bid is accepted and, on RunPod, that a preemption's SIGTERM reaches "
                                   "the job."),
         max_bid: float | None = typer.Option(None, "--max-bid", help="With --spot: the highest bid per GPU-hour."),
+        deadman_min: float | None = typer.Option(None, "--deadman-min", help="The instance destroys itself this many "
+                                                 "minutes after its start unless this doctor reached it (default: "
+                                                 "the plan's, at most the doctor's 10 minutes; docs/remote.md)."),
     ) -> None:
         """Rent the cheapest in-stock GPU for at most 10 minutes and check what the tests cannot:
         SSH and the key, rsync and Python, the scoped key destroying the instance from inside, the
@@ -44,7 +47,12 @@ def register(app: typer.Typer) -> None:
         if not yes:
             console.print("nothing was rented; run again with --yes to check it")
             return
-        report = run_doctor(prov, offer, Ledger(), say=lambda m: console.print(m, style="dim", markup=False))
+        if deadman_min is not None:
+            from lorapod.compute.context import bounded
+
+            bounded("--deadman-min", deadman_min, 0.0, MAX_MINUTES)
+        report = run_doctor(prov, offer, Ledger(), say=lambda m: console.print(m, style="dim", markup=False),
+                            deadman_min=deadman_min)
         if as_json:
             typer.echo(json.dumps(report.to_dict()))
         else:

@@ -87,8 +87,15 @@ def plan_command(
         plan.options.sort(key=lambda o: (not o.fits, o.hours_total, o.usd_total))
     why = _explanation(plan, gpu) if explain else None
     vol = volume_advice(plan, sessions_per_month)
+    from lorapod.plan.cost import deadman_line, deadman_minutes
+
+    best = plan.best
+    switch_min = deadman_minutes(job_spec, best.provider if best is not None else None)
+    switch = deadman_line(switch_min, best.usd_per_hour if best is not None else None,
+                          f"{best.gpu} on {best.provider}" if best is not None else "")
     if json_out:
         out = plan.to_json()
+        out["deadman"] = {"minutes": switch_min, "line": switch}
         out["volume"] = {"runpod": vol.to_json() if vol is not None else None, "vast": VAST_NOTE}
         fastest = _fastest_under_cap(plan)
         out["sort"] = sort
@@ -105,6 +112,7 @@ def plan_command(
     for line in [*(vol.lines() if vol is not None else []),
                  *([VAST_NOTE] if job_spec.compute.volume or any(o.provider == "vast" for o in plan.options) else [])]:
         console.print(f"[dim]volume:[/] {escape(line)}", highlight=False)  # wrapped to the terminal
+    console.print(f"[dim]{escape(switch)}[/]", highlight=False)
     if why is not None:
         from lorapod.plan.explain import lines
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from lorapod.compute.deadman import DeadMan
 from lorapod.compute.provider import Instance, Offer, Provider
 from lorapod.compute.remote import Bootstrap, job_command_from_env
 from lorapod.compute.transport import Transport
@@ -131,8 +132,8 @@ class RunOptions:
     spot_resume_wait_s: float = 600.0
     max_preemptions: int = 6  # then the rest of the job runs on-demand
     #: the dead man's switch (compute/deadman.py): an instance no controller has reached this many
-    #: seconds after its container started destroys itself with its scoped key; None: the plan's
-    #: default (prepare.py: from the set-up time), 0: no switch
+    #: seconds after its container started destroys itself with its scoped key; None or 0: no switch
+    #: (``prepare_run`` sets the plan's: plan/cost.py ``deadman_minutes``)
     deadman_s: float | None = None
 
     def __post_init__(self) -> None:
@@ -160,6 +161,8 @@ class Claim:
     instance: Instance | None = None
     transport: Transport | None = None
     created_at_mono: float = 0.0
+    #: the dead man's switch the create gave the instance (compute/deadman.py); disarmed once reached
+    deadman: DeadMan | None = None
 
 
 @dataclass

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from lorapod.compute.context import bounded
+from lorapod.compute.deadman import describe as describe_switch
 from lorapod.compute.provider import Instance, InstanceSpec, Offer, Provider, Requirements, rank_offers
 from lorapod.errors import LorapodError, ProviderError
 from lorapod.home import lorapod_home
@@ -150,11 +151,17 @@ def doctor_note(ledger: Ledger, provider: str) -> str | None:
 
 def run_doctor(provider: Provider, offer: Offer, ledger: Ledger | None = None, say: Callable[[str], None] = print,
                minutes: float = MAX_MINUTES, transport_factory: Callable[..., Any] | None = None,
-               poll_s: float = 2.0) -> Report:
+               poll_s: float = 2.0, deadman_min: float | None = None) -> Report:
     """Create one instance from ``offer``, check it, destroy it from inside, confirm; never longer
-    than ``minutes`` before the destroy begins."""
+    than ``minutes`` before the destroy begins. The instance carries a dead man's switch
+    (compute/deadman.py) of ``deadman_min`` (default: the plan's for the provider, at most the
+    doctor's ``minutes``), disarmed once its watchdog runs: a doctor killed before its instance
+    answers SSH leaves nothing billing after it."""
     from lorapod.compute.acquire import transport_for
+    from lorapod.compute.deadman import DeadMan
+    from lorapod.compute.provider import capability
     from lorapod.compute.transport import AuthRefused, ConnectionLost, ephemeral_key, public_key
+    from lorapod.plan.cost import default_deadman_minutes
 
     ledger = ledger or Ledger()
     spot = bool(offer.extra.get("interruptible"))
@@ -179,10 +186,14 @@ def run_doctor(provider: Provider, offer: Offer, ledger: Ledger | None = None, s
     finished = False
     heartbeat = None
     created_at = time.monotonic()
+    if deadman_min is None:
+        deadman_min = min(minutes, default_deadman_minutes(provider.name))
+    deadman = (DeadMan(deadman_min * 60.0) if deadman_min > 0 and capability(provider, "deadman").supported
+               else None)
     try:
         try:
             inst = provider.create(offer, InstanceSpec(label=job_id, ssh_public_key=public_key(identity),
-                                                       disk_gb=20.0, name=label))
+                                                       disk_gb=20.0, name=label, deadman=deadman))
         except LorapodError as exc:
             ledger.instance_create_failed(ledger_id, exc.message)
             report.add("create", False, exc.message)
@@ -240,6 +251,12 @@ def run_doctor(provider: Provider, offer: Offer, ledger: Ledger | None = None, s
         if py:  # the watchdog a job gets, before the checks that may hang
             heartbeat = _start_watchdog(t, provider, inst, job_id, py, minutes, offer, time.monotonic() - created_at,
                                         say)
+        if deadman is not None:  # the start command armed it: evidence that it runs, then disarmed
+            if heartbeat is not None:
+                out = t.run(deadman.disarm(), timeout=30, check=False).stdout.decode(errors="replace")
+                report.add("dead man's switch", out.startswith("LPSW disarmed"), describe_switch(out, deadman))
+            else:
+                report.add("dead man's switch", None, f"left armed ({deadman_min:g} min): no watchdog runs here")
         if spot and "sigterm path" in SPOT_CHECKS.get(provider.name, ()):
             cmd = facts.get("pid1_cmd") or ""
             report.add("sigterm path", INIT_MARK in cmd,

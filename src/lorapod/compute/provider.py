@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
     from lorapod.catalog.gpus import GPU
     from lorapod.catalog.prices import PriceEntry
+    from lorapod.compute.deadman import DeadMan
     from lorapod.compute.transport import Transport
     from lorapod.plan.job import Job
     from lorapod.spec import JobSpec
@@ -94,6 +95,9 @@ class InstanceSpec:
     image: str | None = None  # None: the provider's default image (lorapod.catalog.images.DEFAULTS)
     disk_gb: float = 50.0
     name: str = ""  # the label at the provider (lorapod-<installation>-<instance>-<job>); see ledger.py
+    #: the dead man's switch its start command carries (compute/deadman.py); None: none asked for.
+    #: A provider that declares the ``deadman`` capability puts it in its start command.
+    deadman: DeadMan | None = None
 
     @property
     def provider_label(self) -> str:

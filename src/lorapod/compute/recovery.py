@@ -323,7 +323,7 @@ class SpotRun:
         claim.created_at_mono = time.monotonic()
         new = wait_ready(ctx, claim, ctx.provider.refresh(inst), lease.estimate)
         return Lease(new.ledger_id, new.provider_id, new.instance, lease.offer, new.label, new.identity,
-                     new.transport, lease.created_at_mono, lease.estimate)
+                     new.transport, lease.created_at_mono, lease.estimate, new.deadman)
 
     def _raised_bid(self, lease: Lease) -> tuple[float, float | None]:
         """One raise: half again the instance's bid (per machine, as the provider takes it), held to

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
+from typing import TYPE_CHECKING
 
 from lorapod.catalog.gpus import GPU, find_gpu
 from lorapod.catalog.prices import PriceEntry, load_storage
 from lorapod.plan.estimate import Speed, matmul_rate, step_speed
 from lorapod.plan.job import DEFAULT_SAMPLE_STEPS, Job
+
+if TYPE_CHECKING:
+    from lorapod.spec import JobSpec
 
 # Defaults, from the guides' SDXL walk-through unless said otherwise.
 BOOT_MIN = 10.0  # start from a template and install the trainer
@@ -120,6 +124,46 @@ def price_job(job: Job, price: PriceEntry, speed: Speed | None = None) -> tuple[
         if price.storage_per_gb_month is None and not price.storage_included:
             warnings.append("Vast.ai storage and bandwidth are billed at the host's rate, not included (use --live)")
     return phases, warnings
+
+
+#: the dead man's switch (compute/deadman.py): minutes from an instance's start until it destroys
+#: itself unless a controller reached it, twice the "boot + install" estimate within these bounds
+DEADMAN_FLOOR_MIN, DEADMAN_CEILING_MIN = 10.0, 60.0
+
+
+def deadman_minutes(spec: JobSpec, provider: str | None = None) -> float:
+    """The switch's minutes for ``spec`` on ``provider``: ``compute.deadman_min`` when set (0: no
+    switch), else twice the "boot + install" estimate (the spec's ``compute.phases.boot_min``, the
+    median your ledger measured on the provider, or :data:`BOOT_MIN`), 10 to 60 minutes. What must
+    fit in it is far less (the container's start to the first SSH command and the watchdog's
+    start: seconds on a healthy host); the margin is for a slow sshd or a key that arrives late."""
+    c = spec.compute
+    if c.deadman_min is not None:
+        return float(c.deadman_min)
+    return default_deadman_minutes(provider, c.phases.boot_min)
+
+
+def default_deadman_minutes(provider: str | None = None, boot_min: float | None = None) -> float:
+    """Twice ``boot_min`` (else what the ledger measured on ``provider``, else :data:`BOOT_MIN`),
+    within :data:`DEADMAN_FLOOR_MIN` .. :data:`DEADMAN_CEILING_MIN`."""
+    boot = boot_min
+    if boot is None and provider:
+        from lorapod.store.phases import measured_boot_min
+
+        measured = measured_boot_min(provider)
+        boot = measured[0] if measured else None
+    return max(DEADMAN_FLOOR_MIN, min(DEADMAN_CEILING_MIN, 2.0 * float(boot if boot is not None else BOOT_MIN)))
+
+
+def deadman_line(minutes: float, usd_per_hour: float | None = None, where: str = "") -> str:
+    """What ``lorapod plan`` says about the switch, with what a boot slower than it costs."""
+    if minutes <= 0:
+        return ("dead man's switch: off (compute.deadman_min: 0): an instance whose controller dies before its first "
+                "SSH command bills until `lorapod down --orphans`")
+    cost = (f": ${usd_per_hour * minutes / 60:.3f} at {where} ${usd_per_hour:.3f}/h" if usd_per_hour else "")
+    return (f"dead man's switch: an instance no controller has reached {minutes:g} min after its start destroys itself "
+            f"with its own scoped key (compute.deadman_min); a boot slower than that is given up and the next offer "
+            f"tried, costing those {minutes:g} min{cost}")
 
 
 def left_running_usd(hours: float, usd_per_hour: float) -> float:

@@ -34,6 +34,7 @@ user's own key never leaves this machine.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from lorapod.catalog.images import DEFAULTS, KNOWN, image_cuda
@@ -57,6 +58,7 @@ from lorapod.compute.runpod.api import CUDA_VERSIONS, RunPodApi
 if TYPE_CHECKING:
     from lorapod.catalog.gpus import GPU
     from lorapod.catalog.prices import PriceEntry
+    from lorapod.compute.deadman import DeadMan
     from lorapod.compute.runpod.volume_mount import VolumeMount
     from lorapod.plan.job import Job
     from lorapod.spec import JobSpec
@@ -153,6 +155,9 @@ class RunPodProvider(ProviderBase):
                                      "stopped: lorapod destroys it and resumes on the next offer (compute/recovery.py)"),
             Capability("spot_resume", False, "a stopped spot pod restarted may get zero GPUs (RunPod's zero-gpus "
                                              "page): lorapod never waits for it"),
+            Capability("deadman", True, "the container's command (REST dockerStartCmd, GraphQL dockerArgs) starts the "
+                                        "switch before the image's own start script, for images whose start script "
+                                        "the catalog knows (catalog/images.py); the pod-scoped RUNPOD_API_KEY destroys"),
         ]
 
     def offers(self, req: Requirements) -> list[Offer]:
@@ -200,7 +205,7 @@ class RunPodProvider(ProviderBase):
                              secure=cloud == "SECURE"))
         return out
 
-    def _rent_spot(self, offer: Offer, body: dict[str, Any]) -> dict[str, Any]:
+    def _rent_spot(self, offer: Offer, body: dict[str, Any], deadman: DeadMan | None = None) -> dict[str, Any]:
         """The REST body as ``PodRentInterruptableInput`` (SkyPilot's fields: ports a string, env a
         list of key/value pairs, memory and vCPUs per pod), with the offer's bid."""
         gpus = body["gpuCount"]
@@ -216,7 +221,8 @@ class RunPodProvider(ProviderBase):
             pod_input["allowedCudaVersions"] = body["allowedCudaVersions"]
         start = KNOWN[body["imageName"]].start if body["imageName"] in KNOWN else ""
         if start:  # PID 1 passes the preemption's SIGTERM on to the job (compute/remote.py SPOT_INIT)
-            pod_input["dockerArgs"] = spot_init_args(start)
+            switch = self._switch(deadman)
+            pod_input["dockerArgs"] = spot_init_args(f"{switch}; {start}" if switch else start)
         for rest, gql in (("networkVolumeId", "networkVolumeId"), ("volumeMountPath", "volumeMountPath")):
             if rest in body and self.volume is not None:
                 pod_input[gql] = body[rest]
@@ -247,8 +253,11 @@ class RunPodProvider(ProviderBase):
         if self.volume is not None:
             body.update(self.volume.create_fields())
         spot = bool(offer.extra.get("interruptible"))
+        start = KNOWN[image].start if image in KNOWN else ""
+        if not spot and start and spec.deadman is not None:  # the switch first, then the image's own start script
+            body["dockerStartCmd"] = ["bash", "-c", f"{self._switch(spec.deadman)}; exec {start}"]
         try:
-            pod = self._rent_spot(offer, body) if spot else self.api.create_pod(body)
+            pod = self._rent_spot(offer, body, spec.deadman) if spot else self.api.create_pod(body)
         except ApiError as exc:
             if (exc.status == 400 or spot) and is_no_capacity(exc.message):
                 raise NoCapacity(f"RunPod has no {offer.gpu_name} ({cloud.lower()}) for this pod right now",
@@ -259,6 +268,13 @@ class RunPodProvider(ProviderBase):
                              hint="no capacity for this GPU right now; lorapod tries the next offer")
         inst = self._instance(pod, offer.usd_per_hour)
         return inst.with_(interruptible=True) if spot else inst
+
+    def _switch(self, deadman: DeadMan | None) -> str:
+        """The dead man's switch's launcher for a pod (compute/deadman.py): the watchdog's own
+        recipe, the pod's id read from its RUNPOD_POD_ID at run time; "" for none."""
+        if deadman is None or deadman.after_s <= 0:
+            return ""
+        return replace(deadman, recipe=self.api.self_destroy_recipe("")).launcher()
 
     def refresh(self, inst: Instance) -> Instance:
         pod = self.api.get_pod(inst.id)

@@ -28,6 +28,7 @@ if its bid wins again, or after :meth:`VastProvider.change_bid` raises it.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from lorapod.catalog.images import DEFAULTS, image_cuda
@@ -197,6 +198,8 @@ class VastProvider(ProviderBase):
             Capability("spot", True, "interruptible instances bid with price >= min_bid (PUT /asks/{id}/)"),
             Capability("spot_resume", True, "an outbid instance is paused with its disk and resumes when its bid "
                                             "wins again (or after change_bid raises it)"),
+            Capability("deadman", True, "onstart starts the switch; CONTAINER_API_KEY (start, stop, destroy that "
+                                        "instance only) destroys it"),
         ]
 
     def offers(self, req: Requirements) -> list[Offer]:
@@ -230,6 +233,9 @@ class VastProvider(ProviderBase):
             "cancel_unavail": True,
             "onstart": onstart_script(),
         }
+        if spec.deadman is not None and spec.deadman.after_s > 0:  # onstart is at most 4048 characters (OpenAPI)
+            body["onstart"] = f"{body['onstart']}; " + replace(
+                spec.deadman, recipe=self.api.self_destroy_recipe("")).launcher()
         spot = bool(offer.extra.get("interruptible"))
         if spot:
             body["price"] = float(offer.extra["bid"])  # the bid per machine, $/h
