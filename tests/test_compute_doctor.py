@@ -41,8 +41,9 @@ def test_doctor_passes_on_the_fakes_and_is_remembered(which, sshd_factory, remot
         report = run_doctor(prov, offer, ledger, say=lambda m: None, poll_s=0.2)
         checks = _names(report)
         assert report.passed, [(c.name, c.evidence) for c in report.checks]
-        assert list(checks) == ["offer", "create", "ssh + key", "rsync", "python", "scoped key", "price",
-                                "self-destroy", "gone"]
+        assert list(checks) == ["offer", "create", "ssh + key", "rsync", "python", "dead man's switch", "scoped key",
+                                "price", "self-destroy", "gone"]
+        assert checks["dead man's switch"].ok  # the start command armed it; this doctor disarmed it
         if which == "vast":
             assert "refused" in checks["ssh + key"].evidence  # the late key, waited for
         scoped = checks["scoped key"].evidence

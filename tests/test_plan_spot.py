@@ -305,9 +305,12 @@ def test_the_choice_follows_the_options_as_printed():
 # -- the save on SIGTERM must fit the provider's window (issue 36, item 2)
 
 def test_a_save_that_cannot_fit_runpods_5_s_refuses_always_and_makes_auto_rent_on_demand():
-    from lorapod.plan.spot import GRACE_S, SAVE_MARGIN
+    from lorapod.compute.runpod.provider import RunPodProvider
+    from lorapod.compute.vast.provider import VastProvider
+    from lorapod.plan.spot import SAVE_MARGIN
 
-    assert GRACE_S == {"runpod": 5.0}  # runpod/docs pods/pricing.mdx; Vast.ai documents no signal
+    # the providers' own facts: runpod/docs pods/pricing.mdx; Vast.ai documents no signal
+    assert (RunPodProvider.billing.sigterm_grace_s, VastProvider.billing.sigterm_grace_s) == (5.0, None)
     slow = load_spec(SDXL, ["compute.spot=always", "compute.spot_save_mb_s=20"])  # 512 MB-ish at 20 MB/s
     plan = plan_job(slow, provider="runpod", images=25)
     quotes = [o.spot for o in plan.options if o.spot is not None and o.fits]

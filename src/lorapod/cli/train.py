@@ -289,8 +289,10 @@ def _learn(run) -> None:
 def _record_plan(spec, run) -> None:
     """Write what the planner predicts for this job into plan.json, when it can say."""
     try:
+        from lorapod.compute.provider import load_facts
         from lorapod.plan.choose import plan_job
 
+        load_facts()  # how each provider bills (their classes' Billing)
         run.write_plan(plan_job(spec).to_record())
     except LorapodError as exc:  # a model the catalog does not know, say: training goes on
         run.event(f"no plan.json: {exc.message}")

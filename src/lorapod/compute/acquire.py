@@ -139,7 +139,7 @@ def _create(ctx: JobContext, offer: Offer, identity: Path | None, pub: str) -> t
     claim = ctx.claim = Claim(ledger_id, instance_label(ledger_id, ctx.job_id), offer, identity, deadman=deadman)
     spec = InstanceSpec(label=ctx.job_id, ssh_public_key=pub, disk_gb=ctx.spec.compute.disk_gb,
                         name=claim.label, image=ctx.spec.compute.image, deadman=deadman)
-    tier = " (spot: interruptible, bid)" if offer.extra.get("interruptible") else ""
+    tier = " (spot: interruptible, bid)" if offer.interruptible else ""
     ctx.say(f"creating {offer.gpu_name} on {ctx.provider.name} at ${offer.usd_per_hour:.3f}/h{tier}")
     claim.created_at_mono = time.monotonic()
     for attempt in range(1, o.create_attempts + 1):

@@ -296,9 +296,11 @@ def down_job(ledger: Ledger, job_id: str, say: Callable[[str], None] = print,
     reads it at every poll and before every rental, rents nothing more (a spot recovery in
     flight ends), brings the newest checkpoint home and destroys the instance itself; this call
     waits ``grace_s`` for that, then destroys whatever is still live. The controller records the
-    end (``stopped``: destroyed at your request); with no controller this does. Returns the
-    instances destroyed here."""
+    end (``stopped``: destroyed at your request); with no controller this does. Returns how many
+    of the job's instances were destroyed, confirmed, by this request (here or by its controller)."""
     job = find_job(ledger, job_id)
+    live_before = {r.id for r in ledger.job_instances(job.id) if r.live}
+    asked_at = time.time()
     ledger.event("down", reason, job_id=job.id)
     if followed(job) and grace_s > 0:
         say(f"asked the controller following {job.id} ({job.controller}) to bring the newest checkpoint home and "
@@ -309,10 +311,11 @@ def down_job(ledger: Ledger, job_id: str, say: Callable[[str], None] = print,
             if now is None or not followed(now):
                 break
             time.sleep(0.25)
-    n = 0
     for row in ledger.job_instances(job.id):
-        if row.live and destroy_row(ledger, row, reason, say=say):
-            n += 1
+        if row.live:
+            destroy_row(ledger, row, reason, say=say)
+    rows = ledger.job_instances(job.id)
+    n = sum(1 for r in rows if r.state == "destroyed" and (r.id in live_before or r.created_at >= asked_at))
     now = ledger.job(job.id) or job
     if now.state in ACTIVE and not followed(now):
         ledger.job_ended(job.id, "stopped", f"destroyed at your request ({reason}) {at_step(now.last_step)}; "

@@ -54,7 +54,7 @@ from lorapod.compute.acquire import Lease, acquire, wait_ready
 from lorapod.compute.context import JobContext
 from lorapod.compute.follow import Progress
 from lorapod.compute.offers import requirements, spot_ceiling
-from lorapod.compute.provider import Instance, SupportsBid, capability
+from lorapod.compute.provider import Instance, SupportsBid, capability, on_hint
 from lorapod.compute.teardown import destroy_claim
 from lorapod.compute.verdict import Fate, Judge, Preempted, ask
 from lorapod.errors import LorapodError, PlanError, ProviderError
@@ -213,7 +213,7 @@ class SpotRun:
         except LorapodError:
             return
         same = [o.usd_per_hour for o in offers if o.gpu_name == lease.offer.gpu_name
-                and o.gpu_count == lease.offer.gpu_count and not o.extra.get("interruptible")]
+                and o.gpu_count == lease.offer.gpu_count and not o.interruptible]
         if same:
             self.ondemand_usd_per_hour = min(same)
 
@@ -330,7 +330,9 @@ class SpotRun:
         the ceiling (``compute.max_bid_per_gpu_hour`` and the caps' rate, per GPU); the bid now and
         the raised one, None when there is no room (or no ceiling to stay within)."""
         ctx = self.ctx
-        current = self.bids.get(lease.ledger_id) or lease.offer.extra.get("bid") or lease.offer.usd_per_hour
+        offer = lease.offer
+        bid = offer.bid_per_gpu_hour * max(1, offer.gpu_count) if offer.bid_per_gpu_hour else None
+        current = self.bids.get(lease.ledger_id) or bid or offer.usd_per_hour
         current = float(current)
         req = requirements(ctx.spec, ctx.opts.gpu, ctx.max_usd, ctx.max_hours, job=ctx.job)
         ceiling = spot_ceiling(ctx.spec, req)
@@ -415,7 +417,7 @@ class SpotRun:
 
     def _instance_ended(self, lease: Lease, *, preempted: bool, end: float | None = None) -> None:
         """A spot instance's life for the planner's rates (store/preemptions.py)."""
-        if not lease.offer.extra.get("interruptible"):
+        if not lease.offer.interruptible:
             return
         ctx = self.ctx
         row = ctx.ledger.instance(lease.ledger_id)
@@ -428,7 +430,7 @@ class SpotRun:
 
             gpu = find_gpu(gpu).name
         record_spot_instance(ctx.ledger, ctx.job_id, provider=ctx.provider.name, gpu=gpu,
-                             tier=str(lease.offer.extra.get("spot_tier") or "spot"),
+                             tier=lease.offer.spot_tier or "spot",
                              hours=max(0.0, stop - row.created_at) / 3600, preempted=preempted,
                              instance_id=lease.ledger_id, usd_per_hour=row.usd_per_hour,
                              ondemand_usd_per_hour=self.ondemand_usd_per_hour)
@@ -461,7 +463,8 @@ def run_tier(spec: Any, provider: Provider, job: Any) -> tuple[bool, str | None]
         why = capability(provider, "spot").reason
         if policy == "always":
             raise SpecError(f"compute.spot: always, but {provider.name} has no spot tier ({why})",
-                            hint="use --on runpod or --on vast, or --spot auto|never")
+                            hint="--on a provider with a spot tier (`lorapod plan --set compute.spot=auto` prices "
+                                 f"theirs; all of them: {on_hint()}), or --spot auto|never")
         return False, f"compute.spot: auto: {provider.name} has no spot tier; on-demand"
     from lorapod.plan.choose import plan_job
 

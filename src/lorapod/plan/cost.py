@@ -3,8 +3,9 @@
 A job on a rented GPU is a sequence of billed phases: boot and install, base-model download,
 data upload, caching, training, sampling, then review, pull and destroy. Each phase has a
 default estimate (below, and in docs/planner.md) and each can be overridden in the spec under
-``compute.phases`` (minutes). Storage is billed by kind (RunPod container disk while running;
-Vast.ai storage while the instance exists) and Vast.ai bandwidth per GB at the host's rate.
+``compute.phases`` (minutes). Storage and bandwidth are billed as the offer's provider declares
+(its class's :class:`~lorapod.catalog.billing.Billing`: a fixed disk rate, or each host's, or in the
+hourly price; bandwidth per GB or not): no provider is named here.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from typing import TYPE_CHECKING
 
+from lorapod.catalog.billing import billing_for
 from lorapod.catalog.gpus import GPU, find_gpu
 from lorapod.catalog.prices import PriceEntry, load_storage
 from lorapod.plan.estimate import Speed, matmul_rate, step_speed
@@ -107,22 +109,27 @@ def price_job(job: Job, price: PriceEntry, speed: Speed | None = None) -> tuple[
     rate = price.usd_per_hour
     phases = [Phase(name, m / 60, m / 60 * rate) for name, m in minutes]
     hours = sum(p.hours for p in phases)
-    storage = load_storage()[1]
     disk = job.spec.compute.disk_gb
-    if price.provider == "runpod":
-        per_month = storage["runpod"]["container_disk"]["running"]
-        phases.append(Phase(f"storage ({disk:g} GB container disk)", 0.0, disk * per_month / HOURS_PER_MONTH * hours))
-    elif price.provider == "vast":
-        if price.storage_included:
-            phases.append(Phase(f"storage ({disk:g} GB, in the offer's $/h)", 0.0, 0.0))
-        elif price.storage_per_gb_month is not None:
-            phases.append(Phase(f"storage ({disk:g} GB)", 0.0, disk * price.storage_per_gb_month / HOURS_PER_MONTH * hours))
+    billing = billing_for(price.provider)  # the provider's own facts (its class: catalog/billing.py)
+    if billing is None:
+        warnings.append(f"how {price.provider} bills storage and bandwidth is unknown to the planner (its provider "
+                        "class declares no billing, or is not loaded): not in the estimate")
+    elif price.storage_included:
+        phases.append(Phase(f"storage ({disk:g} GB, in the offer's $/h)", 0.0, 0.0))
+    else:
+        per_hour = billing.disk_usd_per_hour(disk, price.storage_per_gb_month)
+        if per_hour is not None:
+            phases.append(Phase(f"storage ({disk:g} GB)", 0.0, per_hour * hours))
+        else:
+            warnings.append(f"{price.provider} bills storage at each host's rate, not in this estimate (use --live)")
+    if billing is not None and billing.bandwidth_per_gb:
         if price.download_per_gb is not None or price.upload_per_gb is not None:
             usd = job.download_gb * (price.download_per_gb or 0) + (job.upload_gb * (price.download_per_gb or 0))
             usd += job.pull_gb * (price.upload_per_gb or 0)
             phases.append(Phase("bandwidth", 0.0, usd))
-        if price.storage_per_gb_month is None and not price.storage_included:
-            warnings.append("Vast.ai storage and bandwidth are billed at the host's rate, not included (use --live)")
+        else:
+            warnings.append(f"{price.provider} bills bandwidth per GB at each host's rate, not in this estimate "
+                            "(use --live)")
     return phases, warnings
 
 

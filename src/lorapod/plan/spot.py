@@ -43,6 +43,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from lorapod.catalog.billing import Billing, billing_for
+
 #: prior preemptions per hour when the user sets none: an assumption, not a published figure
 #: (neither RunPod nor Vast.ai publishes rates); one preemption per 10 hours on the instance
 PRIOR_PER_HOUR = 0.1
@@ -55,21 +57,11 @@ RATE_QUANTILES = (0.1, 0.9)
 LOCAL_DISK_MB_S = 400.0  # writing a checkpoint to the instance's disk (assumption)
 SAVE_FIXED_S = 2.0  # serialising, fsync, rename, RNG and data position (assumption)
 #: noticing a preemption: one poll of the provider's state (dstack notices a lost running spot
-#: instance within 2 minutes, issue 2732), then asking for the next instance (assumption: 1 min)
+#: instance within 2 minutes, issue 2732), then asking for the next instance (assumption: 1 min).
+#: What each provider does at a preemption (stops or pauses, how long a paused husk is waited for,
+#: the SIGTERM window) is its own fact, declared on its class (catalog/billing.py ``Billing``).
 DETECT_MIN = 2.0
 ACQUIRE_MIN = 1.0
-#: Vast.ai pauses an outbid instance and resumes it if the bid wins again: wait this long for the
-#: resume before destroying the husk and moving (assumption), modelled as always moving
-VAST_RESUME_WAIT_MIN = 10.0
-#: RunPod's spot pod is "stopped" when preempted; lorapod destroys it once noticed
-RUNPOD_HUSK_MIN = DETECT_MIN
-
-#: Seconds from a preemption's SIGTERM to its SIGKILL, per provider: RunPod's pricing docs promise
-#: "a 5-second warning (SIGTERM signal, followed by SIGKILL)" (runpod/docs pods/pricing.mdx; its
-#: 2022 blog says "without notice": then nothing is saved on the signal and the newest checkpoint
-#: that reached home is what resumes). Vast.ai documents no signal before it pauses an outbid
-#: instance, whose disk it keeps: nothing to fit there.
-GRACE_S: dict[str, float] = {"runpod": 5.0}
 #: MB/s of the whole save on SIGTERM (engine/checkpoint.py: serialise adapter and optimizer,
 #: RNG, sha256 manifest, fsync, rename), from ``bench/spot_save.py`` on the shared 2-vCPU
 #: development machine (docs/performance.md, "Save on SIGTERM"): about 510 MB (SDXL rank 16, or a
@@ -337,7 +329,7 @@ def spot_job(job: Any, option: Any, bid: float, storage_per_gb_month: float | No
     """The model's inputs from the on-demand ``option`` of the same GPU x provider: its setup,
     work and tail phases, its disk's $/h, its bandwidth; the checkpoint's size from the estimate."""
     from lorapod.catalog.prices import load_storage
-    from lorapod.plan.cost import HOME_DOWNLOAD_MB_S, HOURS_PER_MONTH
+    from lorapod.plan.cost import HOME_DOWNLOAD_MB_S
 
     hours = {p.name: p.hours for p in option.phases}
     setup = sum(h for n, h in hours.items() if n in SETUP_PHASES)
@@ -351,13 +343,12 @@ def spot_job(job: Any, option: Any, bid: float, storage_per_gb_month: float | No
     checkpoint = (SAVE_FIXED_S + mb / LOCAL_DISK_MB_S) / 3600
     resetup = setup + mb / st["home_upload_mb_s"] / 3600 + mb / HOME_DOWNLOAD_MB_S / 3600
     disk = job.spec.compute.disk_gb
-    if option.provider == "vast":
-        wait = (DETECT_MIN + VAST_RESUME_WAIT_MIN + ACQUIRE_MIN) / 60
-        husk = (DETECT_MIN + VAST_RESUME_WAIT_MIN) / 60
-        husk_rate = disk * (storage_per_gb_month or 0.0) / HOURS_PER_MONTH
-    else:
-        wait, husk = (DETECT_MIN + ACQUIRE_MIN) / 60, RUNPOD_HUSK_MIN / 60
-        husk_rate = disk * float(st["runpod"]["container_disk"]["stopped"]) / HOURS_PER_MONTH
+    b = billing_of(option.provider)
+    # a paused husk is waited for (it may resume), a stopped one destroyed once noticed (DETECT_MIN)
+    waited = b.resume_wait_min if b.preempted == "pauses" else 0.0
+    wait = (DETECT_MIN + waited + ACQUIRE_MIN) / 60
+    husk = (DETECT_MIN + waited) / 60
+    husk_rate = b.disk_usd_per_hour(disk, storage_per_gb_month, stopped=True) or 0.0
     gpus = max(1, job.spec.compute.gpus)
     return SpotJob(setup, work, tail, resetup, checkpoint, wait, husk, bid * gpus, running, husk_rate, bandwidth)
 
@@ -375,7 +366,14 @@ def quote_option(job: Any, option: Any, entry: Any, storage_per_gb_month: float 
             + (" (live)" if entry.source == "live" else ""))
     q = quote(spot_job(job, option, entry.usd_per_hour, storage_per_gb_month), entry.tier, entry.usd_per_hour,
               rate, option.train_range, interval, note)
-    return replace(q, save_s=save_on_sigterm_s(job, option), grace_s=GRACE_S.get(option.provider))
+    return replace(q, save_s=save_on_sigterm_s(job, option), grace_s=billing_of(option.provider).sigterm_grace_s)
+
+
+def billing_of(provider: str) -> Billing:
+    """The provider's own facts (catalog/billing.py, declared on its class); an unknown provider's
+    preemption is modelled as a stop with no signal and no husk storage, which the plan's warnings
+    already say it cannot price."""
+    return billing_for(provider) or Billing()
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from lorapod.trainers.job import Command, TrainerJob
 
 LOG_TAIL_LINES = 25
 #: After SIGTERM, how long to wait for a save the trainer was asked for (axolotl's trigger), before
-#: ending it: RunPod's SIGKILL comes 5 s after its SIGTERM (plan/spot.py GRACE_S)
+#: ending it: RunPod's SIGKILL comes 5 s after its SIGTERM (its provider class: Billing.sigterm_grace_s)
 PREEMPT_WAIT_S = 3.5
 # The last line of a Python traceback: "AssertionError: when caching ...", "ValueError: ...".
 _EXC_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?(?P<cls>[A-Z]\w*(?:Error|Exception))(?:: (?P<msg>.+))?$")

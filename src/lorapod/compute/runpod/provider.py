@@ -37,11 +37,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from lorapod.catalog.billing import Billing
 from lorapod.catalog.images import DEFAULTS, KNOWN, image_cuda
+from lorapod.catalog.prices import load_storage
 from lorapod.compute.httpapi import ApiError
 from lorapod.compute.provider import (
     HOST_OPTIONS,
     Capability,
+    DoctorFacts,
     Instance,
     InstanceSpec,
     NoCapacity,
@@ -64,6 +67,7 @@ if TYPE_CHECKING:
     from lorapod.spec import JobSpec
 
 DEFAULT_IMAGE = DEFAULTS["runpod"]
+_STORAGE = load_storage()[1]["runpod"]  # the dated storage snapshot's row (catalog/data/storage.yaml)
 MIN_VCPU_PER_GPU = 4  # SkyPilot's minVcpuCountPerGpu; the v1 default of 2 starves data loading
 MIN_RAM_PER_GPU_GB = 16  # never below this, whatever the planner says (v1 default: 8)
 
@@ -84,6 +88,16 @@ class RunPodProvider(ProviderBase):
 
     name = "runpod"
     traits = Traits(console_url="https://www.runpod.io/console/pods")
+    #: The container disk bills while the pod runs and nothing once it is stopped (erased then; the
+    #: storage snapshot's runpod row, runpod/docs pods/pricing.mdx). Spot: a preemption is "a
+    #: 5-second warning (SIGTERM signal, followed by SIGKILL)" (pods/pricing.mdx; its 2022 blog says
+    #: "without notice": then nothing is saved on the signal and the newest checkpoint home resumes),
+    #: and the pod is stopped, not paused: lorapod destroys it once noticed.
+    billing = Billing(disk_running_gb_month=float(_STORAGE["container_disk"]["running"]),
+                      disk_stopped_gb_month=float(_STORAGE["container_disk"]["stopped"]),
+                      sigterm_grace_s=5.0, preempted="stops", source="runpod/docs pods/pricing.mdx")
+    #: the pod's own variables (runpod docs, environment variables) and what `--spot` checks
+    doctor = DoctorFacts(scoped=("RUNPOD_POD_ID", "RUNPOD_API_KEY"), spot_checks=("bid", "sigterm path"))
     #: the key ``lorapod plan --live`` reads RunPod's prices with (:meth:`price_list`)
     price_key_env = "RUNPOD_API_KEY"
     #: the network volume this run mounts (set by :meth:`attach_volume` only): limits offers, adds create fields
@@ -200,9 +214,9 @@ class RunPodProvider(ProviderBase):
                              float(bid) * req.gpu_count, vram_gb=float(g.get("memoryInGb") or 0),
                              gpu_count=req.gpu_count, region=cloud.lower(),
                              extra={"gpu_type_id": g["id"], "cloud_type": cloud, "image": image,
-                                    "min_ram_per_gpu_gb": ram, "interruptible": True, "bid_per_gpu": float(bid),
-                                    "spot_tier": "spot"},  # the catalog's tier: store/preemptions.py rates
-                             secure=cloud == "SECURE"))
+                                    "min_ram_per_gpu_gb": ram},
+                             secure=cloud == "SECURE", interruptible=True, bid_per_gpu_hour=float(bid),
+                             spot_tier="spot"))  # the catalog's tier: store/preemptions.py rates
         return out
 
     def _rent_spot(self, offer: Offer, body: dict[str, Any], deadman: DeadMan | None = None) -> dict[str, Any]:
@@ -211,7 +225,7 @@ class RunPodProvider(ProviderBase):
         gpus = body["gpuCount"]
         pod_input: dict[str, Any] = {
             "name": body["name"], "imageName": body["imageName"], "gpuTypeId": body["gpuTypeIds"][0],
-            "bidPerGpu": float(offer.extra["bid_per_gpu"]), "cloudType": body["cloudType"], "gpuCount": gpus,
+            "bidPerGpu": float(offer.bid_per_gpu_hour or offer.usd_per_hour / max(1, gpus)), "cloudType": body["cloudType"], "gpuCount": gpus,
             "containerDiskInGb": body["containerDiskInGb"], "volumeInGb": 0, "volumeMountPath": "/workspace",
             "ports": ",".join(body["ports"]), "supportPublicIp": True,
             "env": [{"key": k, "value": v} for k, v in body["env"].items()],
@@ -252,7 +266,7 @@ class RunPodProvider(ProviderBase):
             body["allowedCudaVersions"] = cuda
         if self.volume is not None:
             body.update(self.volume.create_fields())
-        spot = bool(offer.extra.get("interruptible"))
+        spot = offer.interruptible
         start = KNOWN[image].start if image in KNOWN else ""
         if not spot and start and spec.deadman is not None:  # the switch first, then the image's own start script
             body["dockerStartCmd"] = ["bash", "-c", f"{self._switch(spec.deadman)}; exec {start}"]
