@@ -185,7 +185,7 @@ def test_doctor_spot_proves_the_bid_and_the_self_destroy_on_the_fakes(which, ssh
         ledger = Ledger()
         on_demand = cheapest_offer(prov)
         offer = cheapest_offer(prov, spot=True)
-        assert offer.extra["interruptible"] and offer.usd_per_hour < on_demand.usd_per_hour  # priced at the bid
+        assert offer.interruptible and offer.usd_per_hour < on_demand.usd_per_hour  # priced at the bid
         report = run_doctor(prov, offer, ledger, say=lambda m: None, poll_s=0.2)
         checks = _names(report)
         assert report.passed and report.spot, [(c.name, c.ok, c.evidence) for c in report.checks]

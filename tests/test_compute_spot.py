@@ -213,7 +213,7 @@ def test_vast_outbid_pauses_keeps_the_disk_bills_storage_and_resumes(vast, remot
 def test_vast_bid_below_min_bid_never_runs(vast):
     prov = va(vast)
     offer = next(o for o in prov.offers(Requirements(interruptible=True, disk_gb=50)) if o.id == "9001")
-    low = offer.__class__(**{**offer.to_dict(), "extra": {**offer.extra, "bid": 0.05}})
+    low = offer.__class__(**{**offer.to_dict(), "bid_per_gpu_hour": 0.05})
     inst = prov.create(low, InstanceSpec("low", KEY, disk_gb=50))
     time.sleep(0.5)
     assert prov.refresh(inst).state == "exited"  # created, outbid from the start: a husk to destroy

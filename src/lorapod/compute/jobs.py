@@ -25,7 +25,7 @@ from lorapod.compute.wait import deadline_in, retrying
 from lorapod.engine.trackers import wandb_url
 from lorapod.errors import LorapodError
 from lorapod.rundir import at_step
-from lorapod.store.identity import controller_alive, installation_id, instance_label, parse_label
+from lorapod.store.identity import controller_alive, controller_id, installation_id, instance_label, parse_label
 from lorapod.store.ledger import InstanceRow, JobRow, Ledger
 from lorapod.store.phases import job_phases
 from lorapod.store.preemptions import job_figures
@@ -226,8 +226,9 @@ DOWN_GRACE_S = 60.0
 
 
 def followed(job: JobRow) -> bool:
-    """A controller process follows the job now (``lorapod run`` on this machine, alive)."""
-    return job.state in ACTIVE and controller_alive(job.controller)
+    """Another controller process follows the job now (``lorapod run``, alive); this very process
+    recording itself as the job's controller (a library caller) is not waited for."""
+    return job.state in ACTIVE and job.controller != controller_id() and controller_alive(job.controller)
 
 
 def stop_job(ledger: Ledger, job_id: str, reason: str) -> str:
