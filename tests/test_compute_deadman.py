@@ -27,7 +27,7 @@ import pytest
 from lorapod.compute.deadman import DeadMan
 from lorapod.compute.runpod.api import RunPodApi
 
-from .fakes.base import Fault
+from .fakes.base import Fault, switch_tokens
 from .fakes.runpod_fake import RunPodFake
 from .fakes.vast_fake import VastFake
 from .remote_helpers import cli_argv, cli_env, fake_command_template, make_spec
@@ -140,18 +140,9 @@ def test_run_killed_before_ssh_leaves_nothing_billing(fake, tmp_path, moment):
             c.kill()
     nothing_bills_soon(fake, TINY_MIN * 60 + fake.pull_s, scoped_key(fake))
     (inst,) = fake.instances.values()
-    log = Path(f"/tmp/.lorapod-switch-{_token(inst)}.log").read_text()
+    (token,) = switch_tokens(inst.start_cmd or [])
+    log = Path(f"/tmp/.lorapod-switch-{token}.log").read_text()
     assert "no controller reached this instance" in log and "Bearer" not in log
-
-
-def _token(inst) -> str | None:
-    import re
-
-    for word in inst.start_cmd or ():
-        m = re.search(r"\.lorapod-switch-([0-9a-f]+)", word)
-        if m:
-            return m.group(1)
-    return None
 
 
 @pytest.mark.parametrize("moment", ["ssh answered", "watchdog running"])

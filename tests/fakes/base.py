@@ -492,12 +492,24 @@ class FakeControlPlane:
         for home in self._homes:
             shutil.rmtree(home, ignore_errors=True)
         for inst in self.instances.values():  # a switch's files in the shared /tmp (compute/deadman.py)
-            for word in inst.start_cmd or ():
-                for token in re.findall(r"\.lorapod-switch-([0-9a-f]+)", word):
-                    for f in Path("/tmp").glob(f".lorapod-switch-{token}*"):
-                        f.unlink(missing_ok=True)
+            for token in switch_tokens(inst.start_cmd or []):
+                for f in Path("/tmp").glob(f".lorapod-switch-{token}.*"):
+                    f.unlink(missing_ok=True)
         self.server.shutdown()
         self.server.server_close()
+
+
+def switch_tokens(argv: list[str]) -> set[str]:
+    """The dead man's switches a start command launches (their tokens), in its plain text or in a
+    script it carries base64-encoded (RunPod's spot init, compute/remote.py ``spot_init_args``)."""
+    import base64
+
+    texts = list(argv)
+    for word in argv:
+        for b64 in re.findall(r"echo\$\{IFS\}([A-Za-z0-9+/=]+)", word):
+            with contextlib.suppress(ValueError):
+                texts.append(base64.b64decode(b64).decode(errors="replace"))
+    return {t for text in texts for t in re.findall(r"\.lorapod-switch-([0-9a-f]+)", text)}
 
 
 def marked_pids(marker: str) -> list[int]:

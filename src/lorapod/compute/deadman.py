@@ -30,7 +30,9 @@ prints; ``compute.deadman_min`` sets it, 0 turns it off), and counts from the co
 an image pull before it never eats into it.
 
 A container restarted on the same disk (Vast.ai resuming a paused instance) runs its start
-command again, so the switch is armed again until a controller reaches it again. An image whose
+command again, so the switch is armed again until a controller reaches it again: the mark a
+controller leaves when it reaches the instance counts only if it is newer than the container's
+own start (PID 1's), which also covers a start command that runs a moment after sshd answers. An image whose
 start command lorapod cannot wrap (a RunPod image not in the catalog: replacing its command would
 lose its sshd) gets no switch; the disarm says so, and the watchdog guards it from its first SSH
 command on, as before.
@@ -74,10 +76,30 @@ def sub(v):
     if isinstance(v, dict):
         return {k: sub(x) for k, x in v.items()}
     return v
+def container_start():
+    try:
+        with open("/proc/stat") as f:
+            btime = next(float(x.split()[1]) for x in f if x.startswith("btime"))
+        with open("/proc/1/stat") as f:
+            ticks = float(f.read().rsplit(")", 1)[1].split()[19])
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except Exception:
+        return 0.0
+def reached():
+    try:
+        return os.stat(C["reached"]).st_mtime >= container_start() - 1
+    except OSError:
+        return False
+if reached():
+    log("a controller already reached this instance since its container started: not armed")
+    raise SystemExit(0)
 end = time.monotonic() + C["after_s"]
 log("armed: this instance destroys itself in %.0f s unless a controller reaches it" % C["after_s"])
 while time.monotonic() < end:
     time.sleep(max(0.05, min(5.0, end - time.monotonic())))
+    if reached():
+        log("a controller reached this instance: disarmed")
+        raise SystemExit(0)
 log("no controller reached this instance: destroying it with its scoped key")
 delay, n = 2.0, 0
 while True:
@@ -125,7 +147,8 @@ class DeadMan:
     def program(self) -> str:
         """The switch as one shell-safe word (base64 of zlib of the Python, no quote or space)."""
         steps = [s for s in self.recipe.get("steps") or [] if s.get("kind") in ("http", "exec")]
-        config = {"after_s": float(self.after_s), "log": f"{self.base}.log", "steps": steps,
+        config = {"after_s": float(self.after_s), "log": f"{self.base}.log", "reached": f"{self.base}.reached",
+                  "steps": steps,
                   "vars": sorted({*(self.recipe.get("ids") or {}), *(str(s.get("token") or "") for s in steps)} - {""}),
                   "ua": str(self.recipe.get("user_agent") or "lorapod-switch")}
         code = "CONFIG = " + repr(json.dumps(config)) + "\n" + SWITCH_PY
@@ -141,11 +164,14 @@ class DeadMan:
                 f"done; echo 'no Python on this image: the switch is not armed' > {self.base}.log)")
 
     def disarm(self) -> str:
-        """Shell that ends the switch when it still runs (matched by its token in its command line,
-        never by name): prints ``LPSW disarmed``, ``LPSW none`` (never armed here) or ``LPSW
-        dead`` with its log's tail (armed, but not running: no Python, or killed)."""
+        """Shell that marks the instance reached in this container's life (``<base>.reached``,
+        newer than PID 1's start: a switch launched a moment later by a start command that runs
+        after sshd, or one whose kill fails, sees it and stands down; a container restarted later
+        arms it again), then ends the switch when it still runs (matched by its token in its
+        command line, never by name). Prints ``LPSW disarmed``, ``LPSW none`` (none running
+        here) or ``LPSW dead`` with its log's tail (armed, but not running: no Python, or killed)."""
         f = self.base
-        return (f"p=$(head -c 20 {f}.pid 2>/dev/null | tr -cd 0-9); "
+        return (f"touch {f}.reached 2>/dev/null; p=$(head -c 20 {f}.pid 2>/dev/null | tr -cd 0-9); "
                 f"if [ -n \"$p\" ] && tr '\\0' ' ' < /proc/$p/cmdline 2>/dev/null | grep -q 'lorapod-switch-{self.token}' "
                 f"&& kill \"$p\" 2>/dev/null; then echo 'LPSW disarmed'; "
                 f"elif [ -f {f}.log ] || [ -f {f}.pid ]; then echo 'LPSW dead'; tail -c 300 {f}.log 2>/dev/null; "

@@ -25,7 +25,13 @@ from lorapod.compute.wait import deadline_in, retrying
 from lorapod.engine.trackers import wandb_url
 from lorapod.errors import LorapodError
 from lorapod.rundir import at_step
-from lorapod.store.identity import controller_alive, controller_id, installation_id, instance_label, parse_label
+from lorapod.store.identity import (
+    controller_alive,
+    controller_id,
+    installation_id,
+    instance_label,
+    parse_label,
+)
 from lorapod.store.ledger import InstanceRow, JobRow, Ledger
 from lorapod.store.phases import job_phases
 from lorapod.store.preemptions import job_figures
