@@ -121,9 +121,10 @@ def main() -> int:
     ap.add_argument("--ckpt-write-s", type=float, default=0.0, help="with --chain: seconds each checkpoint's write takes")
     ap.add_argument("--linger-s", type=float, default=0.0, help="seconds between the adapter written and the exit")
     ap.add_argument("--forge-at", type=int, default=None, help="after this step, write what a hostile host would")
-    ap.add_argument("--forge", choices=("totals", "nested"), default="totals",
+    ap.add_argument("--forge", choices=("totals", "nested", "steps"), default="totals",
                     help="totals: three more lines, and every line from then on, claiming total_steps 10**12; "
-                         "nested: one line 200,000 brackets deep")
+                         "nested: one line 200,000 brackets deep; steps: a line claiming step 10**12, one "
+                         "claiming 10**400, a NaN loss and a negative step")
     a = ap.parse_args()
     spec = yaml.safe_load(Path(a.spec).read_text())
     run = Path(a.run_dir)
@@ -177,8 +178,11 @@ def main() -> int:
                 rec["total_steps"] = 10**12  # from here on the host claims the job is endless
             metrics.write(json.dumps(rec) + "\n")
             if a.forge_at == step:  # a host's lines: valid steps with a forged length, or JSON nested past any parser
-                forged = ([json.dumps({"step": step, "total_steps": 10**12, "loss": loss})] * 3 if a.forge == "totals"
-                          else ["[" * 200_000 + "]" * 200_000])
+                forged = {"totals": [json.dumps({"step": step, "total_steps": 10**12, "loss": loss})] * 3,
+                          "nested": ["[" * 200_000 + "]" * 200_000],
+                          "steps": [json.dumps({"step": 10**12, "loss": loss}), '{"step": 1' + "0" * 400 + "}",
+                                    f'{{"step": {step}, "loss": NaN}}', json.dumps({"step": -5, "loss": 1e308})],
+                          }[a.forge]
                 metrics.write("".join(x + "\n" for x in forged))
             metrics.flush()
             if a.eval and ((run / "STOP").exists() or step % every == 0 or step == max_steps):

@@ -1,17 +1,19 @@
 """The user's word and the provider's word win over the controller's guesses (issue 46, items 3
 and 4; issue 48 F4), each through the CLI on the RunPod fake:
 
-* ``lorapod down JOB`` in the middle of a spot recovery (the replacement's create in flight, or
-  the replacement booting) leaves nothing billing and nothing rented after it; the job ends
-  ``stopped``, destroyed at the user's request (it used to rent a third instance and train on);
+* ``lorapod down JOB`` at each moment of a spot recovery (the husk's destroy answered late with
+  nothing rented yet, the replacement's create in flight, the replacement booting, the
+  replacement being set up, and after a ``stop`` in the same window) leaves nothing billing and
+  nothing rented after it; the job ends ``stopped``, destroyed at the user's request (it used to
+  rent a third instance and train on);
 * ``lorapod stop JOB`` in the same window stops at the newest checkpoint home (it used to be refused:
   "has no live instance to stop");
 * ``lorapod down JOB`` on a running job: the controller brings the checkpoint it had on the
   instance home and reports the end as the user's (it used to say "failed: the job's work folder
   vanished" and lose that checkpoint);
 * a finished job whose instance its own watchdog destroyed while the controller was not looking
-  ends ``done`` within seconds, the ledger billing what the provider billed (it used to reconnect
-  for 10 minutes, billing the gone pod all along);
+  ends ``done`` at its last step once the provider says the pod is gone, the ledger billing what
+  the provider billed (it used to reconnect for 10 minutes, billing the gone pod all along);
 * a preempted husk whose destroy is never confirmed exits 3 with the red line, and never claims
   that a watchdog keeps trying (a stopped husk runs none).
 
@@ -34,6 +36,7 @@ import pytest
 from lorapod.rundir.layout import checkpoints_by_step
 from lorapod.store.ledger import Ledger
 
+from .fake_trainer import whole
 from .fakes.base import Fault
 from .remote_helpers import cli_argv, cli_env, fake_command_template, make_spec
 from .test_compute_recovery_hostile import remote_step
@@ -77,6 +80,12 @@ def finish(proc: subprocess.Popen, timeout: float = 180) -> tuple[int, dict, str
     return proc.returncode, (json.loads(lines[-1]) if lines else {}), " ".join(err.split())
 
 
+def whole_home(tmp_path: Path) -> int:
+    """The newest checkpoint that came home whole (every file as its manifest says), 0 for none."""
+    runs = list((tmp_path / "runs").glob("*/checkpoints"))
+    return max((s for r in runs for s, p in checkpoints_by_step(r) if whole(p)), default=0)
+
+
 def job_id() -> str:
     return Ledger().jobs()[0].id
 
@@ -89,18 +98,37 @@ def preempt_now(runpod) -> None:
 
 
 def hold_the_replacement(runpod, moment: str) -> None:
-    """Keep the recovery in the window the test acts in: the replacement's create acted on but its
-    answer 8 s late, or the replacement booting for 8 s (its image pull)."""
-    if moment == "create in flight":
+    """Keep the recovery in the window the test acts in: the husk's destroy acted on but its answer
+    8 s late, the replacement's create acted on but its answer 8 s late, or the replacement
+    booting for 8 s (its image pull)."""
+    if moment == "husk destroyed":
+        runpod.faults.append(Fault("DELETE", r"/pods/\w+", 0, delay_s=8.0))
+    elif moment.startswith("create in flight"):
         runpod.faults.append(Fault("POST", r"/graphql", 0, delay_s=8.0, body_has="podRentInterruptable"))
-    else:
+    elif moment == "booting":
         runpod.pull_s = 8.0
+
+
+def in_the_window(runpod, moment: str) -> bool:
+    """The recovery is where ``moment`` says: the husk gone and nothing rented yet; the
+    replacement created (its answer in flight, or booting); the replacement running and being set
+    up (its bootstrap, the run folder pushed back, the job started: ``down`` lands somewhere there)."""
+    pods = list(runpod.instances.values())
+    if moment == "husk destroyed":
+        return len(pods) == 1 and pods[0].deleted
+    if moment == "setting up":
+        return len(pods) == 2 and pods[1].ready
+    return len(pods) == 2
 
 
 # ----------------------------------------------------------------------------- down and stop win over recovery
 
-@pytest.mark.parametrize("moment", ["create in flight", "booting"])
+@pytest.mark.parametrize("moment", ["husk destroyed", "create in flight", "booting", "setting up",
+                                    "create in flight, after a stop"])
 def test_down_during_a_spot_recovery_rents_nothing_more_and_ends_destroyed(runpod, tmp_path, remote_root, moment):
+    """``down`` at each moment of a recovery, from the husk's destroy to the replacement's set-up
+    (and after a ``stop`` in the same window, as the issue saw it twice): nothing billing after it,
+    nothing rented after it, the job ended at the user's request."""
     spec = make_spec(tmp_path, max_steps=40, every=2, max_usd=1.0)
     env = env_for(runpod, fake_command_template(0.25, "--chain"))
     proc = start(spec, env, "--spot", "always", "--pull-every-s", "0.3", "--heartbeat-timeout-s", "60")
@@ -108,7 +136,11 @@ def test_down_during_a_spot_recovery_rents_nothing_more_and_ends_destroyed(runpo
         wait_for(lambda: remote_step(remote_root) >= 5, 120, "step 5", proc)
         hold_the_replacement(runpod, moment)
         preempt_now(runpod)
-        wait_for(lambda: len(runpod.instances) == 2, 120, "the replacement's create", proc)
+        wait_for(lambda: in_the_window(runpod, moment), 120, f"the recovery at: {moment}", proc)
+        rented = len(runpod.instances)
+        if moment.endswith("after a stop"):
+            stop = cli("stop", job_id(), env=env)
+            assert stop.returncode == 0, stop.stderr
         down = cli("down", job_id(), env=env)
         assert down.returncode == 0, down.stderr
         code, summary, err = finish(proc)
@@ -116,10 +148,12 @@ def test_down_during_a_spot_recovery_rents_nothing_more_and_ends_destroyed(runpo
         if proc.poll() is None:
             proc.kill()
     assert code == 0, err[-3000:]
-    assert summary["state"] == "stopped" and "destroyed at your request" in summary["message"], summary
-    assert len(runpod.instances) == 2, "an instance was rented after `lorapod down`"
+    assert summary["state"] == "stopped" and "at your request" in summary["message"], summary
+    if not moment.endswith("after a stop"):  # a stop alone may already have ended it: then down had nothing to do
+        assert "destroyed at your request" in summary["message"], summary
+    assert len(runpod.instances) == rented, "an instance was rented after `lorapod down`"
     (row,) = json.loads(cli("ps", "--json", env=env).stdout)
-    assert row["state"] == "stopped" and "destroyed at your request" in row["summary"]
+    assert row["state"] == "stopped" and "at your request" in row["summary"]
     assert_nothing_bills(runpod, Ledger(), remote_root)
 
 
@@ -129,6 +163,7 @@ def test_stop_during_a_spot_recovery_stops_at_the_newest_checkpoint_home(runpod,
     proc = start(spec, env, "--spot", "always", "--pull-every-s", "0.3", "--heartbeat-timeout-s", "60")
     try:
         wait_for(lambda: remote_step(remote_root) >= 7, 120, "step 7", proc)
+        wait_for(lambda: whole_home(tmp_path) >= 4, 120, "a whole checkpoint at step 4 or later home", proc)
         hold_the_replacement(runpod, "create in flight")
         preempt_now(runpod)
         wait_for(lambda: len(runpod.instances) == 2, 120, "the replacement's create", proc)
@@ -195,17 +230,15 @@ def test_a_finished_job_whose_watchdog_destroyed_its_pod_ends_done_and_bills_wha
         wait_for(lambda: pod.deleted, 60, "the watchdog's destroy")
         os.kill(proc.pid, signal.SIGCONT)
         stopped = False
-        t = time.monotonic()
-        code, summary, err = finish(proc, timeout=120)
-        took = time.monotonic() - t
+        code, summary, err = finish(proc, timeout=120)  # it used to reconnect for --reconnect-s (600 s)
     finally:
         if stopped:
             os.kill(proc.pid, signal.SIGCONT)
         if proc.poll() is None:
             proc.kill()
     assert code == 0, err[-3000:]
-    assert summary["state"] == "done", summary
-    assert took < 60, f"the controller took {took:.0f} s after the pod was gone"
+    assert summary["state"] == "done" and summary["last_step"] == 10, summary  # its last step came home with the adapter
+    assert "no longer exists" in summary["message"], summary  # asked, not reconnected to (finish's 120 s bound it)
     assert pod.deleted_by == "pod-scoped key"  # its own watchdog, not the controller
     (row,) = Ledger().instances()
     assert row.state == "destroyed"

@@ -27,7 +27,7 @@ from lorapod.compute.verdict import Fate, InstanceGone, Judge, ask
 from lorapod.compute.wait import deadline_in
 from lorapod.errors import LorapodError, RemoteError
 from lorapod.rundir import RunDir, at_step
-from lorapod.rundir.metrics import POLL_BYTES, MetricsFeed
+from lorapod.rundir.metrics import POLL_BYTES, MetricsFeed, read_records
 
 #: steps whose first sight a controller keeps (the median step time and a preemption's lost work
 #: need only recent ones): a host writing millions of lines costs it no more memory than this
@@ -203,6 +203,15 @@ class Follower:
         except OSError:
             return False
 
+    def _last_step_home(self) -> int | None:
+        """The newest step in the metrics that came home (the one reader; bounded by the job's length)."""
+        try:
+            records = read_records(RunDir(self.ctx.run.root).metrics_file, tail_bytes=POLL_BYTES,
+                                   feed=MetricsFeed(ceiling=self.ctx.spec.train.max_steps))
+        except OSError:
+            return None
+        return max((int(r["step"]) for r in records), default=None)
+
     def _ended_but_gone(self, gone: InstanceGone) -> tuple[str, str]:
         """The instance was destroyed (its watchdog saw PULLED, a cap or a silent controller; the
         provider) before the controller could see the end or verify the final pull: the job's
@@ -210,6 +219,9 @@ class Follower:
         the newest checkpoint home. Else it failed, said as such. Never "interrupted", never a
         10-minute reconnect to a machine that is gone."""
         p, root = self.progress, self.ctx.run.root
+        home = self._last_step_home()  # the metrics that came home may be newer than the last poll
+        if home is not None and (p.last_step is None or home > p.last_step):
+            p.last_step = home
         note = (f"; its instance was destroyed before the final pull was verified ({gone.message}); what came home is "
                 f"in {root}")
         if self._adapter_home():

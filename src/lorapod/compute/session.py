@@ -128,6 +128,7 @@ class Session:
         self.ctx = JobContext(spec, provider, target, opts or RunOptions(), ledger, run, job_id, say,
                               resume=bool(resume_job), job=planned_job(spec) if job is ... else job)
         self.progress.total_steps = planned_steps(spec, self.ctx.job)  # never a host's figure
+        self.progress.feed.ceiling = spec.train.max_steps  # a forged step past it is dropped, never the last step
         self.judge = Judge(self.ctx)  # the one decision of what a symptom means (compute/verdict.py)
         self.job_id, self.run = job_id, run
         self.lease: Lease | None = None
@@ -260,7 +261,7 @@ class Session:
         has_ckpt = last_checkpoint(self.run.root) is not None
         self.ctx.resume = has_ckpt
         p = self.progress
-        p.feed = MetricsFeed(offset=resume_offset(self.run.root) if has_ckpt else 0)
+        p.feed = MetricsFeed(offset=resume_offset(self.run.root) if has_ckpt else 0, ceiling=self.ctx.spec.train.max_steps)
         p.pulled, p.last_pull_at = False, None
 
     def _open(self) -> None:
