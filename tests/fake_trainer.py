@@ -125,7 +125,11 @@ def main() -> int:
                     help="totals: three more lines, and every line from then on, claiming total_steps 10**12; "
                          "nested: one line 200,000 brackets deep; steps: a line claiming step 10**12, one "
                          "claiming 10**400, a NaN loss and a negative step")
+    ap.add_argument("--gate", action="append", default=[], metavar="STEP=FILE",
+                    help="after step STEP (and its checkpoint), wait until FILE exists: a test holds the job "
+                         "at a step until it has done what it does there (a condition, not a clock)")
     a = ap.parse_args()
+    gates = {int(g.split("=", 1)[0]): Path(g.split("=", 1)[1]) for g in a.gate}
     spec = yaml.safe_load(Path(a.spec).read_text())
     run = Path(a.run_dir)
     run.mkdir(parents=True, exist_ok=True)
@@ -195,6 +199,8 @@ def main() -> int:
                 return 0
             if step % every == 0:
                 save(run / "checkpoints" / f"step-{step}", step, chain, a.ckpt_mb, a.ckpt_write_s)
+            while step in gates and not gates[step].exists():
+                time.sleep(0.05)
     tmp = run / ".tmp-adapter"
     tmp.mkdir(exist_ok=True)
     (tmp / "adapter_model.safetensors").write_bytes(

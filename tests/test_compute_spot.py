@@ -91,7 +91,7 @@ def test_runpod_spot_offers_are_bids_within_the_ceiling(runpod):
     # 4090 secure spot is $0.30 (over the ceiling); the A40 and the A4000 have no minimumBidPrice
     assert got == {("RTX 3090", "SECURE", 0.2), ("RTX 3090", "COMMUNITY", 0.11), ("RTX 4090", "COMMUNITY", 0.2)}
     assert all(o.interruptible and o.usd_per_hour == o.bid_per_gpu_hour for o in offers)
-    assert not any(o.extra.get("interruptible") for o in prov.offers(Requirements()))  # on-demand unchanged
+    assert not any(o.interruptible for o in prov.offers(Requirements()))  # on-demand unchanged
 
 
 def test_runpod_spot_pod_is_rented_with_its_bid_through_graphql(runpod):

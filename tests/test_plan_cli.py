@@ -60,8 +60,9 @@ def test_json_follows_the_schema():
         assert slo < o["speed"]["seconds_per_step"] < shi
         assert o["speed"]["basis"] == "model"
         assert o["vram_peak_gb_range"][0] <= o["vram_peak_gb"] <= o["vram_peak_gb_range"][1]
-    totals = [o["usd_total"] for o in out["options"]]
-    assert totals == sorted(totals)
+    # ranked by $ + compute.hour_worth_usd ($1) x hours (plan/choose.py rank_key)
+    worth = [o["usd_total"] + o["hours_total"] for o in out["options"]]
+    assert worth == sorted(worth)
 
 
 def test_table_names_phases_vram_and_snapshot():

@@ -200,6 +200,10 @@ class ComputeSpec(_Section):
     gpu: str | None = Field(None, description="Pin a GPU model, e.g. 'RTX 4090'.")
     max_usd: Annotated[float | None, Field(gt=0, le=1e6)] = None
     max_hours: Annotated[float | None, Field(gt=0, le=24 * 365)] = None
+    hour_worth_usd: Annotated[float, Field(ge=0, le=1000)] = Field(
+        1.0, description="What an hour of waiting for the adapter is worth to you, in dollars: the plan (and the "
+        "offer `lorapod run` rents) ranks offers by $ per job + this x hours, offers over max_usd / max_hours last; "
+        "0 ranks by dollars alone (docs/planner.md, Ranking).")
     usd_per_hour: Annotated[float | None, Field(ge=0)] = Field(
         None, description="What the machine costs, to show dollars so far during local training."
     )

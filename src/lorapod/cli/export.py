@@ -70,10 +70,10 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     ) -> None:
         """What a LoRA file is, and which keys ComfyUI, diffusers and llama.cpp would load or drop."""
-        from lorapod.cli.quiet import quiet_libraries
         from lorapod.export.inspect import inspect_file, render
 
-        quiet_libraries()  # a checkpoint's run spec is read with lorapod's own code; nothing else should talk
+        # no quiet_libraries(): inspect loads neither transformers nor diffusers (importing them to
+        # quieten them cost seconds), and a checkpoint's run spec is read with lorapod's own code
         report = inspect_file(file)
         if as_json:
             print(json.dumps(report, indent=2, default=str))

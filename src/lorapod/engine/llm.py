@@ -32,7 +32,7 @@ from lorapod.engine.loop import FitResult, LossOut, fit
 from lorapod.errors import DataError
 from lorapod.fsutil import atomic_dir, atomic_write_text
 from lorapod.rundir import RunDir
-from lorapod.rundir.layout import sample_tag
+from lorapod.rundir.layout import answers_file, sample_tag
 from lorapod.spec import JobSpec
 
 
@@ -99,7 +99,8 @@ class LLMRecipe:
 
     def token_losses(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-target NLL and the (row, position) index of each target, on the device."""
-        return self.losses(batch.to(self.precision.device))
+        # flattened for flash on the CPU (engine/attention.py), then moved: nothing is read back per layer
+        return self.losses(attention.prepare_batch(batch, self.attention).to(self.precision.device))
 
     def loss(self, batch: Batch) -> LossOut:
         nll, _ = self.token_losses(batch)
@@ -167,7 +168,7 @@ class LLMRecipe:
             return None
         rows = [{"prompt": p, "answer": generate(self.model, self.tokenizer, [{"role": "user", "content": p}],
                                                  self.spec.samples.max_new_tokens)} for p in prompts]
-        path = run.samples / f"{tag}-answers.jsonl"
+        path = run.samples / answers_file(tag)
         atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
         self.train()
         run.event(f"samples {tag}: {len(rows)} answer(s) in {path.name}")
@@ -219,12 +220,18 @@ class _TokenLosses(torch.nn.Module):
         )
         hidden = out.last_hidden_state[:, :-1]
         targets = b.labels[:, 1:]
-        where = targets != IGNORE
-        logits = self.head(hidden[where])
+        if b.label_pos is not None:  # target positions from collate: indexing them reads nothing back
+            flat = b.label_pos[:, 0] * hidden.shape[1] + b.label_pos[:, 1]
+            picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, flat)
+            wanted, where_at = targets.reshape(-1).index_select(0, flat), b.label_pos
+        else:
+            where = targets != IGNORE
+            picked, wanted, where_at = hidden[where], targets[where], where.nonzero()
+        logits = self.head(picked)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
-        nll = F.cross_entropy(logits.float(), targets[where], reduction="none")
-        return nll, where.nonzero()
+        nll = F.cross_entropy(logits.float(), wanted, reduction="none")
+        return nll, where_at
 
 
 @dataclass
@@ -326,7 +333,7 @@ def train_llm(spec: JobSpec, run: RunDir, *, resume: bool = False, device: str |
         log("the tokenizer has no chat template: using lorapod's ChatML fallback (see docs/llm.md)")
     event(f"training {spec.model.id} on {recipe.precision.device} ({recipe.precision.compute})"
           + (f", {world.size} processes" if world.active else ""))
-    event(recipe.attention.describe())
+    event(recipe.attention.describe(recipe.precision.device))
     checkpoint = resume_point(run.checkpoints, event, log) if resume and world.is_main else None
     recipe.run = run
 

@@ -40,6 +40,7 @@ from lorapod.engine.device import (
     device_memory_gb,
     memory_stats,
     peak_memory_gb,
+    peak_reserved_gb,
     reset_peak_memory,
 )
 from lorapod.engine.metrics import MetricsWriter
@@ -285,7 +286,8 @@ def fit(
             metrics.close()
             result.stopped = "out_of_memory"
             raise out_of_memory(spec, run.root, device, state.step, None, peak,
-                                when="evaluating the base model before training (eval.at_start)") from None
+                                when="evaluating the base model before training (eval.at_start)",
+                                reserved_gb=peak_reserved_gb(device)) from None
 
     stop_file = run.root / STOP_FILE
     reset_peak_memory(device)  # the peak of training, not of loading the model or caching latents
@@ -424,7 +426,8 @@ def fit(
         event(f"out of GPU memory in step {state.step + 1}: {oom}")
         path = save(window_rng) if state.step > 0 else None  # with the RNG the failed step began with
         result.stopped = "out_of_memory"
-        raise out_of_memory(spec, run.root, device, state.step, path, peak) from None
+        raise out_of_memory(spec, run.root, device, state.step, path, peak,
+                            reserved_gb=peak_reserved_gb(device)) from None
     finally:
         metrics.close()
 
@@ -436,27 +439,39 @@ RESUMABLE = {"train.gradient_checkpointing", "train.blocks_to_swap", "model.dtyp
 
 
 def out_of_memory(spec: JobSpec, run_root: Path, device: torch.device, step: int, checkpoint: Path | None,
-                  peak_gb: float | None, when: str | None = None) -> OutOfMemory:
+                  peak_gb: float | None, when: str | None = None,
+                  reserved_gb: float | None = None) -> OutOfMemory:
     """What the user reads after an out-of-memory error: the measured peak beside the plan's
     estimate (both as ``max_memory_allocated`` reads them, GiB), what was saved, and the cheapest
     change (``--set``) the planner says fits. The planner's estimate was evidently short for this
     job, so the change must bring its estimate 10% under both the card and its own first estimate."""
+    from dataclasses import replace
+
     from lorapod.catalog.models import find_model
-    from lorapod.plan.vram import Settings, estimate, make_fit
+    from lorapod.plan.vram import Settings, arch_of, estimate, make_fit
 
     card = device_memory_gb(device)
     planned: float | None = None
     change = None
     try:
         model = find_model(spec.model.id, spec.model.family, spec.model.variant)
-        settings = Settings.from_spec(spec, model)
+        # this job ran on lorapod's engine: its own features decide what may be suggested (the planner's
+        # default for an image spec is the external trainer its recipe names)
+        settings = replace(Settings.from_spec(spec, model), framework="lorapod")
         est = estimate(model, settings)
         planned = est.read_as("allocated")
-        change = make_fit(model, settings, 0.9 * min(card or est.peak_gb, est.peak_gb))
+        arch = None  # the GPU's architecture: fp8 is offered only where it runs
+        if device.type == "cuda":
+            with contextlib.suppress(RuntimeError, AssertionError):  # a torch without CUDA (tests)
+                arch = arch_of(torch.cuda.get_device_capability(device))
+        change = make_fit(model, settings, 0.9 * min(card or est.peak_gb, est.peak_gb), arch)
     except LorapodError:  # a model the planner does not know: the generic advice below
         pass
     where = f"this GPU's {card:.1f} GiB were" if card is not None else "the device's memory was"
     measured = f"peak {peak_gb:.2f} GiB allocated" if peak_gb is not None else "peak not measured off CUDA"
+    if peak_gb is not None and reserved_gb is not None:
+        measured += (f", {reserved_gb:.2f} GiB reserved by the caching allocator "
+                     f"({max(0.0, reserved_gb - peak_gb):.2f} GiB of it held but unallocated)")
     plan = f"the plan estimated {planned:.2f} GiB" if planned is not None else "the planner does not know this model"
     saved = (f"checkpoint {checkpoint.name} saved" if checkpoint is not None
              else "nothing trained yet, no checkpoint")

@@ -140,6 +140,10 @@ def _prompts(path: Path | None, spec, steps: int, seed: int, scale: float):
     return got
 
 
+#: the base row's label in a grid: the model without the LoRA, repeated across the strength columns
+BASE_ROW = "base (no LoRA)"
+
+
 def evaluate_images(run_path: str | Path, prompts: Path | None = None, strengths: tuple[float, ...] = (0.6, 0.8, 1.0),
                     steps: int = 20, seed: int = 0, clip: Path | None = None, device: str | None = None,
                     log=print) -> ImageEval:
@@ -201,10 +205,11 @@ def evaluate_images(run_path: str | Path, prompts: Path | None = None, strengths
                     scorer.score(cell, img, sp.prompt, base_img if row != "base" else None)
                 cells.append(cell)
                 images.append(img)
-            if row == "base":  # pad the base row to the grid's width
-                images += [_blank(base_img)] * (len(strengths) - 1)
+            if row == "base":  # strength does not apply: the same image in every column, as an XY plot's
+                images += [base_img] * (len(strengths) - 1)  # "no LoRA" row, not one image under "0.6"
         gname = f"images/{i:02d}-grid.png"
-        labelled_grid(grid(images, cols=len(strengths)), [r for r, _ in rows], [f"{s:g}" for s in strengths],
+        labelled_grid(grid(images, cols=len(strengths)), [BASE_ROW if r == "base" else r for r, _ in rows],
+                      [f"{s:g}" for s in strengths],
                       f"{sp.prompt}  |  seed {sp.seed}, {sp.steps} steps", corner="strength").save(run.root / "eval" / gname)
         grids.append(PromptGrid(sp.prompt, sp.seed, leak, gname, cells))
         log(f"prompt {i}: {sp.prompt!r}{' (leakage)' if leak else ''}: {len(cells)} images")
@@ -243,12 +248,6 @@ def _pixel_diff(a, b) -> float:
     import numpy as np
 
     return float(np.abs(np.asarray(a, dtype=np.float32) - np.asarray(b, dtype=np.float32)).mean() / 255.0)
-
-
-def _blank(img):
-    from PIL import Image
-
-    return Image.new("RGB", img.size, (255, 255, 255))
 
 
 class _Clip:

@@ -94,7 +94,7 @@ def publish(run: str | Path, repo_id: str, *, private: bool = False, merged: boo
         stage = Path(work) / "repo"
         stage.mkdir()
         for target in targets:
-            done = export_run(run, target, checkpoint, Path(work) / target, base)
+            done = export_run(run, target, checkpoint, Path(work) / target, base, record=False)
             for f in done.files:
                 dest = stage / f
                 dest.parent.mkdir(parents=True, exist_ok=True)
@@ -127,6 +127,12 @@ def publish(run: str | Path, repo_id: str, *, private: bool = False, merged: boo
                               hint="unset HF_HUB_OFFLINE for the upload") from exc
         except ValueError as exc:  # huggingface_hub's own checks, e.g. the card's metadata (validate-yaml)
             raise ExportError(f"the upload to {repo_id} failed: {str(exc)[:300]}", hint="see the message above") from exc
+        except _transport_errors() as exc:  # no answer at all: DNS, refused, reset, timed out
+            where = api.endpoint
+            raise ExportError(f"could not reach the Hugging Face Hub at {where}: {type(exc).__name__}: "
+                              f"{str(exc)[:200] or 'no answer'}; nothing was uploaded",
+                              hint="check the network" + (" and HF_ENDPOINT" if os.environ.get("HF_ENDPOINT") else "")
+                              + ", then run the same export again (the files are rebuilt from the run)") from exc
     src.run.event(f"published {what} of {src.label} to {repo_id} ({info.oid})")
     from lorapod.store.published import remember
 
@@ -134,6 +140,20 @@ def publish(run: str | Path, repo_id: str, *, private: bool = False, merged: boo
     remember(src.run.root, {"repo": repo_id, "what": what, "label": src.label, "commit": info.oid,
                             "private": private, "job_id": src.run.job_id})
     return Published(str(url), info.oid, ["README.md", *rel], notes)
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """The errors of a request that got no HTTP answer, from the client huggingface_hub uses
+    (httpx2 in huggingface_hub 2.x, httpx in 1.x, requests before: its ConnectionError and Timeout
+    are OSErrors). Read from the modules huggingface_hub has imported, so no client is imported here."""
+    import sys
+
+    out: list[type[BaseException]] = [OSError]
+    for module, name in (("httpx2", "TransportError"), ("httpx", "TransportError"), ("requests", "RequestException")):
+        cls = getattr(sys.modules.get(module), name, None)
+        if isinstance(cls, type) and issubclass(cls, BaseException):
+            out.append(cls)
+    return tuple(out)
 
 
 def _samples(folder: Path) -> list[Path]:

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from lorapod.errors import ExportError
-from lorapod.export.source import read_safetensors
 
 CLIP_LAYER = r"text_model_encoder_layers_\d+_(self_attn_(q|k|v|out)_proj|mlp_fc[12])"
 SD_UNET = r"(down_blocks|up_blocks|mid_block|input_blocks|middle_block|output_blocks|conv_in|conv_out|time_embed" \
@@ -64,6 +63,13 @@ def _format(keys: list[str]) -> str:
     return "unknown"
 
 
+def _named_families() -> dict[str, Any]:
+    """The families that carry their inspect rules in their own folder (``Family.comfy_unet``)."""
+    from lorapod.engine.diffusion.families import FAMILIES
+
+    return {n: cls for n, cls in FAMILIES.items() if cls.comfy_unet is not None}
+
+
 def _family(fmt: str, keys: list[str], meta: dict[str, str]) -> str:
     version = meta.get("ss_base_model_version", "")
     if version:
@@ -73,6 +79,9 @@ def _family(fmt: str, keys: list[str], meta: dict[str, str]) -> str:
     joined = "\n".join(keys)
     if fmt == "peft":
         return "llm"
+    for name, cls in _named_families().items():
+        if cls.inspect_signature and re.search(cls.inspect_signature, joined, re.M):
+            return name
     if re.search(r"^lora_unet__?blocks_\d+_(self|cross)_attn_", joined, re.M):
         return "wan"
     # diffusers' WanTransformer3DModel (what the video engine's save_lora_weights writes): ``blocks.N``
@@ -89,6 +98,17 @@ def _family(fmt: str, keys: list[str], meta: dict[str, str]) -> str:
 
 
 def _comfy(module: str, family: str) -> tuple[bool, str]:
+    named = _named_families().get(family)
+    if named is not None:
+        if module.startswith("lora_unet_"):
+            ok = re.fullmatch(named.comfy_unet, module[len("lora_unet_"):]) is not None
+            return ok, "" if ok else "not a module of ComfyUI's model"
+        if module.startswith("transformer.") and named.comfy_takes_diffusers:
+            return True, ""
+        if module.startswith("transformer."):
+            return False, ("diffusers name: ComfyUI maps lora_unet_ + its own module names "
+                           "(`lorapod export RUN --to comfyui` writes them)")
+        return False, "unknown name"
     flux = family.startswith("flux")
     if module.startswith("lora_unet_"):
         rest = module[len("lora_unet_"):]
@@ -135,9 +155,50 @@ def _diffusers(module: str, family: str) -> tuple[bool, str]:
     return False, "unknown name"
 
 
-def _scale(mod: dict[str, str], tensors) -> tuple[int, float | None, float]:
-    rank = int(tensors[mod["down"]].shape[0]) if "down" in mod else 0
-    alpha = float(tensors[mod["alpha"]]) if "alpha" in mod else None
+class _Lora:
+    """What inspect needs of a .safetensors LoRA, read without torch (issue 48, F19: importing torch,
+    transformers and diffusers took 6-14 s to inspect a tiny file): every tensor's shape, and the
+    values of the scalar ``.alpha`` tensors. safetensors' numpy reader gives shapes and float32 /
+    float16 scalars; a bfloat16 scalar (numpy has no bfloat16; sd-scripts saves alphas in the save
+    dtype) is read from the file's bytes at the offsets its header gives (the safetensors format:
+    an 8-byte little-endian header length, a JSON header, then the data)."""
+
+    def __init__(self, path: Path) -> None:
+        from safetensors import SafetensorError, safe_open
+
+        if not path.is_file():
+            raise ExportError(f"{path} does not exist", hint="check the path")
+        try:
+            with safe_open(str(path), "numpy") as fh:
+                self.meta: dict[str, str] = dict(fh.metadata() or {})
+                self.shapes = {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}  # noqa: SIM118
+                self.alphas: dict[str, float] = {}
+                for k in self.shapes:
+                    if k.endswith(".alpha"):
+                        self.alphas[k] = self._scalar(fh, path, k)
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise ExportError(f"{path} is not a readable safetensors file ({exc})",
+                              hint="it may be truncated or not a safetensors file: copy it again") from exc
+
+    @staticmethod
+    def _scalar(fh: Any, path: Path, key: str) -> float:
+        import numpy as np
+
+        try:
+            return float(np.asarray(fh.get_tensor(key)).reshape(-1)[0])
+        except (TypeError, ValueError):  # bfloat16: the upper half of a float32
+            with path.open("rb") as raw:
+                n = int.from_bytes(raw.read(8), "little")
+                entry = json.loads(raw.read(n))[key]
+                if entry.get("dtype") != "BF16":
+                    raise
+                raw.seek(8 + n + int(entry["data_offsets"][0]))
+                return float(np.frombuffer(b"\x00\x00" + raw.read(2), dtype="<f4")[0])
+
+
+def _scale(mod: dict[str, str], lora: _Lora) -> tuple[int, float | None, float]:
+    rank = int(lora.shapes[mod["down"]][0]) if "down" in mod else 0
+    alpha = lora.alphas.get(mod["alpha"]) if "alpha" in mod else None
     return rank, alpha, (alpha / rank if alpha is not None and rank else 1.0)
 
 
@@ -175,8 +236,9 @@ def inspect_file(path: str | Path) -> dict[str, Any]:
         return _peft_folder(path)
     if path.suffix == ".gguf":
         return _gguf(path)
-    tensors, meta = read_safetensors(path)
-    keys = sorted(tensors)
+    tensors = _Lora(path)
+    meta = tensors.meta
+    keys = sorted(tensors.shapes)
     fmt = _format(keys)
     mods = _modules(keys)
     if fmt == "unknown" or not any("down" in m for m in mods.values()):
@@ -198,13 +260,13 @@ def inspect_file(path: str | Path) -> dict[str, Any]:
     if fmt == "peft":
         consumers["llama.cpp"] = _llamacpp_peft(keys)
         consumers["PEFT"] = {"loads": len(mods), "drops": [], "scale": "from adapter_config.json"}
-        near = _trained_alpha_near(path) if path.name != "adapter_model.safetensors" else None
+        near = _trained_alpha_near(path)  # adapter_config.json beside it (a PEFT folder's file too), or the run's spec
         if near is not None:
             alpha, r, rslora, where = near
             report["alpha"], report["alpha_from"] = [alpha], where
             for c in consumers.values():
                 c["scale"] = [round(alpha / (r ** 0.5 if rslora else r), 6)]
-        elif path.name != "adapter_model.safetensors":
+        else:
             for c in consumers.values():
                 c["scale"] = "unknown"
             flags.append("PEFT keys carry no alpha and no adapter_config.json or run spec is beside this file: the "
@@ -246,14 +308,12 @@ def _meta_alpha(meta: dict[str, str]) -> float | None:
 
 def _llamacpp_peft(keys: list[str]) -> dict[str, Any]:
     """What convert_lora_to_gguf would take: lora_A/B of Llama-layout modules; full weights refused."""
-    from lorapod.export.kohya import split_peft_key
-
     drops, loads = [], 0
     for k in keys:
         if ".lora_A." not in k and ".lora_B." not in k:
             drops.append(f"{k}: a full weight in an adapter (llama.cpp refuses the whole file)")
             continue
-        module = split_peft_key(k)[0]
+        module = re.sub(r"\.lora_[AB]\.weight$", "", k)  # export/kohya.py split_peft_key, without its torch
         if k.endswith(".lora_A.weight"):
             if re.search(r"\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)$|lm_head$", module):
                 loads += 1

@@ -97,7 +97,7 @@ def _pick(override: float | None, default: float) -> float:
 def price_job(job: Job, price: PriceEntry, speed: Speed | None = None) -> tuple[list[Phase], list[str]]:
     """Phases with dollars for one offer, then storage and bandwidth lines; and warnings."""
     gpu = find_gpu(price.gpu)
-    speed = speed or step_speed(job.model, job.settings, gpu, job.estimate)
+    speed = speed or step_speed(job.model, job.step_settings, gpu, job.estimate, spec_settings=job.settings)
     warnings: list[str] = []
     from lorapod.store.phases import measured_boot_min
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from lorapod.rundir.layout import CHECKPOINTS, METRICS, SAMPLE_EXTS, SAMPLES, sample_parts
+from lorapod.rundir.layout import CHECKPOINTS, METRICS, SAMPLE_EXTS, SAMPLES, answers_tag, sample_parts
 from lorapod.rundir.metrics import parse_records
 from lorapod.ui.files import is_real_dir, list_files, read_text
 
@@ -462,6 +462,38 @@ def samples(root: Path) -> list[dict[str, Any]]:
                                            "mtime": mtime})
     order = sorted(groups, key=lambda t: (max(s["mtime"] for s in groups[t]), t), reverse=True)
     return [{"tag": t, "files": groups[t]} for t in order]
+
+
+#: bounds on what the Samples section reads of an LLM run's answers (the host wrote them)
+ANSWERS_FILES = 20  # the newest saves
+ANSWERS_FILE_BYTES = 256 * 1024
+ANSWERS_PER_FILE = 50
+ANSWER_CHARS = 4000
+
+
+def answers(root: Path) -> list[dict[str, Any]]:
+    """An LLM run's samples: the adapter's answers to ``samples.prompts`` at each save
+    (``samples/<tag>-answers.jsonl``, engine/llm.py), newest first, each row {prompt, answer}.
+    Read bounded (:data:`ANSWERS_FILES` files of :data:`ANSWERS_FILE_BYTES`, :data:`ANSWERS_PER_FILE`
+    rows of :data:`ANSWER_CHARS` characters); a line that is not such an object is skipped."""
+    found = [(mtime, name, tag) for name, _size, mtime in list_files(root, "samples")
+             if (tag := answers_tag(name)) is not None]
+    out = []
+    for _mtime, name, tag in sorted(found, reverse=True)[:ANSWERS_FILES]:
+        text = read_text(root, f"samples/{name}", limit=ANSWERS_FILE_BYTES) or ""
+        rows = []
+        for line in text.splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("prompt"), str) and isinstance(row.get("answer"), str):
+                rows.append({"prompt": row["prompt"][:ANSWER_CHARS], "answer": row["answer"][:ANSWER_CHARS]})
+            if len(rows) >= ANSWERS_PER_FILE:
+                break
+        if rows:
+            out.append({"tag": tag, "rows": rows})
+    return out
 
 
 def sample_prompt(root: Path, rel: str) -> str | None:

@@ -19,7 +19,7 @@ from lorapod.engine import distributed
 from lorapod.engine.checkpoint import resume_point
 from lorapod.engine.device import Precision, pick_device, resolve_precision
 from lorapod.engine.diffusion import cache as dcache
-from lorapod.engine.diffusion import dataset
+from lorapod.engine.diffusion import dataset, memory
 from lorapod.engine.diffusion import samples as smp
 from lorapod.engine.diffusion.families import Components, resolve_family
 from lorapod.engine.diffusion.fp8 import store_fp8
@@ -82,6 +82,10 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
     if m.type != "lora":
         raise SpecError(f"method.type {m.type} is for LLMs; image LoRAs use method.type: lora")
     refuse_fp16(family, precision)
+    swap_n = spec.train.blocks_to_swap or 0
+    if swap_n and not family.block_lists:
+        raise SpecError(f"train.blocks_to_swap: {family.name}'s U-Net has no transformer blocks to swap",
+                        hint="remove train.blocks_to_swap (block swap is for the diffusion transformers)")
     if m.train_text_encoder and not family.kohya_te_prefixes:
         raise SpecError(f"method.train_text_encoder is not supported for {family.name} (its text encoder is an LLM)",
                         hint="set method.train_text_encoder: false")
@@ -98,8 +102,12 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
     _freeze(comps)
     set_prediction_type(spec, comps, run, log)
     if fp8:
-        n = store_fp8(comps.denoiser)
+        n = (memory.store_fp8(comps.denoiser, family.block_lists) if family.block_lists
+             else store_fp8(comps.denoiser))
         log(f"fp8: {n} linear layers of the {family.denoiser_name} stored in float8")
+    if swap_n and swap_n >= len(family.blocks(comps.denoiser)):
+        raise SpecError(f"train.blocks_to_swap {swap_n} >= the model's {len(family.blocks(comps.denoiser))} blocks",
+                        hint=f"at most {len(family.blocks(comps.denoiser)) - 1}")
     dev = precision.device
     if precision.weights == torch.float16:
         comps.vae.to(torch.float32)  # SD/SDXL VAEs overflow to NaN in fp16 (sd-scripts' --no_half_vae)
@@ -141,10 +149,8 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
     log(f"latents: {len(latents)} ({disk.hits} from the cache, {disk.misses} encoded)")
     run.event(f"latents: {len(latents)} ({disk.hits} from the cache in {disk.root}, {disk.misses} encoded)")
 
-    # FLUX.1 [schnell] (no guidance embedding) is distilled for 4 steps; the others sample in 28
-    schnell = family.name == "flux1" and not comps.denoiser.config.get("guidance_embeds", True)
     prompts = smp.load_prompts(spec.samples.prompts, d.resolution, d.resolution, spec.train.seed,
-                               4 if schnell else 28, facts(family.name).guidance)
+                               family.default_sample_steps(comps), facts(family.name).guidance)
 
     @torch.no_grad()
     def encode_captions(caps: list[str]) -> list[dict[str, torch.Tensor]]:
@@ -163,7 +169,8 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
             te.to("cpu")
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-    comps.denoiser.to(dev)
+    if not swap_n:
+        comps.denoiser.to(dev)
 
     targets = family.default_targets if m.target_modules == "all-linear" else m.target_modules
     # The adapter's initial weights from the seed alone, whatever loading the model, the data and
@@ -175,8 +182,19 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
     if m.train_text_encoder:
         for te in comps.text_encoders:
             attach_lora(te, lora_config(spec, family.te_targets))
+    swap = None
+    if swap_n:  # block swap (N5): the last blocks' frozen weights stay in CPU RAM, with its own checkpointing
+        blocks = family.blocks(comps.denoiser)
+        if dev.type == "cuda":
+            memory.host_ram_check(memory.pinned_bytes(blocks, swap_n), f"block swap of {swap_n} blocks")
+        swap = memory.swap_blocks(comps.denoiser, swap_n, dev, blocks=blocks)
+        memory.place(comps.denoiser, dev, swap)
+        log(f"block swap: the frozen weights of {swap_n} of {len(blocks)} blocks stay in CPU RAM "
+            f"({swap.pinned / 1024**3:.2f} GiB{' pinned' if dev.type == 'cuda' else ', no effect on CPU'})")
+        run.event(f"block swap: {swap_n} of {len(blocks)} blocks in CPU RAM")
     recipe = DiffusionRecipe(spec, run, precision, comps, items, latents, text, prompts, sample_text, live)
-    if spec.train.gradient_checkpointing:
+    recipe.swap = swap
+    if swap is None and spec.train.gradient_checkpointing:
         comps.denoiser.enable_gradient_checkpointing()
         if m.train_text_encoder:
             for te in comps.text_encoders:
@@ -188,7 +206,7 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
 
 
 def is_video(spec: JobSpec) -> bool:
-    """A Wan job: by the spec's family or data format, or (family auto) by the model's own index."""
+    """A video job: by the spec's family or data format, or (family auto) by the model's own index."""
     if spec.is_video:
         return True
     if spec.model.family != "auto":
@@ -211,9 +229,9 @@ def train_diffusion(spec: JobSpec, run: RunDir, *, resume: bool = False, device:
     world, device = distributed.init(device)
     log = world.only_main(log)
     prep = prepare
-    if is_video(spec):  # Wan: clips and images as windows of frames (engine/diffusion/video.py)
+    if is_video(spec):  # a video family: clips and images as windows of frames (engine/diffusion/video.py)
         if world.active:
-            raise LorapodError("video (Wan) training runs in one process for now",
+            raise LorapodError("video training runs in one process for now",
                                hint="drop --processes / set compute.gpus: 1; block swap fits 14B on one card")
         from lorapod.engine.diffusion.video import prepare_video as prep
     with world.main_first():  # rank 0 fills the latent / text caches; the others then read them

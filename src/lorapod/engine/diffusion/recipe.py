@@ -80,6 +80,7 @@ class DiffusionRecipe:
         self._epoch_cache: dict[int, list[Batch]] = {}
         self.lora_modules = self._lora_modules()
         self._state: TrainState | None = None
+        self.swap = None  # engine/diffusion/memory.py BlockSwap when train.blocks_to_swap keeps blocks in CPU RAM
 
     def _lora_modules(self) -> dict[str, torch.nn.Module]:
         mods = {self.family.denoiser_name: self.c.denoiser}
@@ -130,7 +131,7 @@ class DiffusionRecipe:
         dev = self.precision.device
         if self.text is not None and not self.live_captions:
             per = [self.text[self.items[i].caption] for i in batch.items]
-            return {k: torch.stack([p[k] for p in per]).to(dev) for k in per[0]}
+            return {k: v.to(dev) for k, v in self.family.collate_text(per).items()}
         return self.family.encode_text(self.c, list(batch.captions), dev)
 
     def _meta(self, batch: Batch) -> dict[str, torch.Tensor]:
@@ -211,7 +212,7 @@ class DiffusionRecipe:
     def export(self, out_dir: Path, state: TrainState | None) -> None:
         parts = self.adapter_parts()
         configs = {name: m.peft_config["default"].to_dict() for name, m in self.lora_modules.items()}
-        save_diffusers(out_dir, self.family.pipeline_cls(), parts, configs)
+        save_diffusers(out_dir, self.family.lora_file_writer(), parts, configs)
         m = self.spec.method
         sizes = {n: mod.out_features for n, mod in self.c.denoiser.named_modules() if hasattr(mod, "out_features")}
         tensors = kohya.to_kohya(parts, self.family.name, m.alpha, m.rslora, out_features=sizes)
@@ -279,7 +280,8 @@ class DiffusionRecipe:
     def _prompt_embeds(self, text: str) -> dict[str, torch.Tensor]:
         dev = self.precision.device
         if text in self.sample_text:
-            return {k: v.unsqueeze(0).to(dev, self.c.denoiser.dtype) for k, v in self.sample_text[text].items()}
+            one = self.family.collate_text([self.sample_text[text]])
+            return {k: v.to(dev, self.c.denoiser.dtype if v.is_floating_point() else v.dtype) for k, v in one.items()}
         out = self.family.encode_text(self.c, [text], dev)
         return {k: v.to(self.c.denoiser.dtype) for k, v in out.items()}
 
