@@ -68,6 +68,17 @@ def whole(ckpt: Path) -> bool:
         return False
 
 
+def _step_of(line: str) -> int:
+    """A metrics line's step as the engine's resume reads it (the one reader drops what is not a
+    record: rundir/metrics.py); an unreadable line counts as past any checkpoint (dropped)."""
+    try:
+        rec = json.loads(line)
+    except (ValueError, RecursionError):
+        return 2**63
+    step = rec.get("step", 0) if isinstance(rec, dict) else None
+    return step if isinstance(step, int) else 2**63
+
+
 def fake_val_loss(lr: float, step: int) -> float:
     """A made-up validation loss: best near lr 3e-4, falling with steps (for sweep rankings)."""
     return round(abs(math.log10(lr) - math.log10(3e-4)) + 1.0 / step, 6)
@@ -137,6 +148,12 @@ def main() -> int:
     ap.add_argument("--ckpt-write-s", type=float, default=0.0, help="with --chain: seconds each checkpoint's write takes")
     ap.add_argument("--scores", default=None, help="a scripted quality score per checkpoint (comma-separated): the "
                     "quality autopilot records them and train.stop_when may end the run early, normally")
+    ap.add_argument("--linger-s", type=float, default=0.0, help="seconds between the adapter written and the exit")
+    ap.add_argument("--forge-at", type=int, default=None, help="after this step, write what a hostile host would")
+    ap.add_argument("--forge", choices=("totals", "nested", "steps"), default="totals",
+                    help="totals: three more lines, and every line from then on, claiming total_steps 10**12; "
+                         "nested: one line 200,000 brackets deep; steps: a line claiming step 10**12, one "
+                         "claiming 10**400, a NaN loss and a negative step")
     ap.add_argument("--gate", action="append", default=[], metavar="STEP=FILE",
                     help="after step STEP (and its checkpoint), wait until FILE exists: a test holds the job "
                          "at a step until it has done what it does there (a condition, not a clock)")
@@ -161,7 +178,7 @@ def main() -> int:
             mf = run / "metrics.jsonl"
             if mf.is_file():
                 keep = [x for x in mf.read_text().splitlines(keepends=True)
-                        if x.endswith("\n") and json.loads(x).get("step", 0) <= found[-1][0]]
+                        if x.endswith("\n") and _step_of(x) <= found[-1][0]]
                 mf.write_text("".join(keep))
     elif a.resume:
         done = sorted(int(p.name.split("-")[1]) for p in (run / "checkpoints").glob("step-*"))
@@ -193,7 +210,16 @@ def main() -> int:
                    "examples": n_examples}
             if a.device_name:
                 rec.update(step_time_s=a.step_s, mem_gb=round(5.0 + step / 100, 3))
+            if a.forge == "totals" and a.forge_at is not None and step >= a.forge_at:
+                rec["total_steps"] = 10**12  # from here on the host claims the job is endless
             metrics.write(json.dumps(rec) + "\n")
+            if a.forge_at == step:  # a host's lines: valid steps with a forged length, or JSON nested past any parser
+                forged = {"totals": [json.dumps({"step": step, "total_steps": 10**12, "loss": loss})] * 3,
+                          "nested": ["[" * 200_000 + "]" * 200_000],
+                          "steps": [json.dumps({"step": 10**12, "loss": loss}), '{"step": 1' + "0" * 400 + "}",
+                                    f'{{"step": {step}, "loss": NaN}}', json.dumps({"step": -5, "loss": 1e308})],
+                          }[a.forge]
+                metrics.write("".join(x + "\n" for x in forged))
             metrics.flush()
             if a.eval and ((run / "STOP").exists() or step % every == 0 or step == max_steps):
                 lr = float(spec["train"].get("learning_rate", 2e-4))
@@ -216,6 +242,7 @@ def main() -> int:
         b"fake-adapter-" + (chain.encode() if chain is not None else str(max_steps).encode()) * 1000)
     (tmp / "adapter_config.json").write_text(json.dumps({"r": 8, "steps": max_steps}))
     os.replace(tmp, run / "adapter")
+    time.sleep(a.linger_s)  # a trainer's own wrap-up after its last file (a model card, freeing memory)
     print("done")
     return 0
 

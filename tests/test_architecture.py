@@ -291,26 +291,38 @@ def test_imports_are_read_wherever_they_are(source, name, is_package, expected):
 # ----------------------------------------------------------------------------- provider names
 
 # Where a built-in provider's name (one with its own package, compute/<name>/) may be written
-# outside that package, and why: the registry, or data about the provider. docs/architecture.md
+# outside that package, and why, use by use (module:top-level name): the registry, or data about a
+# provider's own product. How a provider bills, what its spot tier does, what `doctor` checks and its
+# offers' spot fields are on its class (catalog/billing.py Billing, compute/provider.py DoctorFacts,
+# typed Offer fields), never here. docs/architecture.md
 # ("A new provider") points here; the stages, preflight, `down` and the planner's choice of which
 # offers to price never read a name.
 PROVIDER_NAMES_OUTSIDE: dict[str, str] = {
-    "lorapod/compute/provider.py": "BUILTINS: the registry, one line per built-in",
-    "lorapod/catalog/prices.py": "the snapshot's provider list and RunPod's network-volume price",
-    "lorapod/catalog/images.py": "the default image per provider",
-    "lorapod/compute/doctor.py": "SCOPED: the in-instance variables `lorapod doctor` looks for",
-    "lorapod/plan/cost.py": "how each provider bills storage (catalog/data/storage.yaml is keyed by provider)",
-    "lorapod/plan/storage.py": "RunPod's disk and network-volume prices in the storage advice",
-    "lorapod/plan/volume.py": "RunPod's network-volume advice (and Vast.ai's note)",
-    "lorapod/cli/plan.py": "prints that volume advice under each provider's name",
-    "lorapod/cli/jobs.py": "ps lists RunPod serverless endpoints (deploy/ is RunPod-only today)",
-    "lorapod/plan/spot.py": "how a preemption looks per provider (Vast.ai pauses, RunPod stops) in the spot model",
+    "lorapod/compute/provider.py:BUILTINS": "the registry, one line per built-in",
+    "lorapod/catalog/images.py:DEFAULTS": "the default image per provider: each image's facts are catalog data",
+    "lorapod/catalog/prices.py:runpod_volume_usd_per_gb_month": "RunPod's network-volume price (the snapshot's row)",
+    "lorapod/plan/storage.py:advise": "RunPod's disk and network-volume prices in the storage advice",
+    "lorapod/plan/volume.py:volume_advice": "RunPod's network-volume advice, a product only RunPod has",
+    "lorapod/plan/volume.py:with_volume": "a plan with compute.volume ranks RunPod Secure Cloud only",
+    "lorapod/cli/plan.py:plan_command": "prints that volume advice under each provider's name (and --json's keys)",
+    "lorapod/cli/jobs.py:_has_runpod_key": "ps lists RunPod serverless endpoints (deploy/ is RunPod-only today)",
 }
 
 
+def _scope(stmt: ast.stmt) -> str:
+    """The name of a module-level statement: its function or class, or what it assigns."""
+    if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return stmt.name
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(
+        stmt, ast.AnnAssign | ast.AugAssign) else []
+    found = [t.id for t in targets if isinstance(t, ast.Name)]
+    return ",".join(found) or f"line {stmt.lineno}"
+
+
 def provider_names_outside(src: Path = SRC) -> dict[str, int]:
-    """Modules outside the providers' own packages with a string that is exactly a provider's name
-    (any case), with the first line."""
+    """Each use of a built-in provider's name (a string that is exactly it, any case) outside the
+    providers' own packages, as ``module:top-level name`` (the function, class or assignment that
+    holds it), with its first line: a use, not a file, so a new decision in a listed file fails too."""
     compute = src / "lorapod" / "compute"
     names = {d.name for d in compute.iterdir() if (d / "__init__.py").is_file()}
     out: dict[str, int] = {}
@@ -318,17 +330,31 @@ def provider_names_outside(src: Path = SRC) -> dict[str, int]:
         rel = path.relative_to(src).as_posix()
         if any(rel.startswith(f"lorapod/compute/{n}/") for n in names):
             continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.lower() in names:
-                out.setdefault(rel, node.lineno)
+        for stmt in ast.parse(path.read_text(encoding="utf-8")).body:
+            for node in ast.walk(stmt):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.lower() in names:
+                    out.setdefault(f"{rel}:{_scope(stmt)}", node.lineno)
     return out
 
 
 def test_provider_names_appear_outside_their_packages_only_where_listed():
     found = provider_names_outside()
-    unlisted = {f"{rel}:{line}" for rel, line in found.items() if rel not in PROVIDER_NAMES_OUTSIDE}
+    unlisted = {f"{use} (line {line})" for use, line in found.items() if use not in PROVIDER_NAMES_OUTSIDE}
     assert not unlisted, f"a provider's name outside its package: {sorted(unlisted)}; move the decision into the " \
                          "provider (a trait, a capability, an optional interface) or list it here with why"
     stale = set(PROVIDER_NAMES_OUTSIDE) - set(found)
     assert not stale, f"no provider name left in {sorted(stale)}: take it off PROVIDER_NAMES_OUTSIDE"
     assert all(PROVIDER_NAMES_OUTSIDE.values())
+
+
+def test_the_provider_name_check_sees_a_new_use_in_a_listed_file(tmp_path):
+    """A file already listed for one use fails on a second one: the list names uses, not files."""
+    pkg = tmp_path / "lorapod"
+    (pkg / "compute" / "runpod").mkdir(parents=True)
+    (pkg / "compute" / "runpod" / "__init__.py").write_text("")
+    (pkg / "compute" / "runpod" / "provider.py").write_text('name = "runpod"\n')  # its own package: fine
+    (pkg / "plan").mkdir()
+    (pkg / "plan" / "volume.py").write_text('def volume_advice(o):\n    return o.provider == "runpod"\n\n'
+                                            'def storage_rate(o):\n    return 0.1 if o.provider == "RunPod" else 0\n')
+    assert provider_names_outside(tmp_path) == {"lorapod/plan/volume.py:volume_advice": 2,
+                                                "lorapod/plan/volume.py:storage_rate": 5}

@@ -301,7 +301,7 @@ def test_a_job_stopped_before_its_first_step_never_says_step_none(capsys):
     assert code == 0, err
     code, out, _err = run_cli(["ps", "--json"], capsys)
     (row,) = json.loads(out)
-    assert row["summary"].startswith("stopped by `lorapod down` before its first step"), row["summary"]
+    assert row["summary"].startswith("destroyed at your request (lorapod down) before its first step"), row["summary"]
     assert (at_step(None), at_step(0), last_step(None), last_step(7)) == (
         "before its first step", "at step 0", "no step yet", "last step 7")
 

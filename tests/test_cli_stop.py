@@ -92,8 +92,11 @@ def test_stop_a_remote_job_writes_stop_on_its_instance(tmp_path, capsys):
     assert proc.returncode == 0, out
     assert any("STOP written on the instance" in e["message"] for e in ledger.events(job_id))
     assert RunDir(work / "run").checkpoints_by_step()  # it saved before it ended
-    # once its instance is gone there is nothing to ask: a clear error, not a traceback
+    # once its instance is gone and no controller follows the job there is nothing to ask: a clear
+    # error, not a traceback (a controller that follows it, in a spot recovery, takes the request:
+    # tests/test_compute_users_word.py)
     ledger.instance_destroyed(iid)
+    ledger.job_ended(job_id, "stopped", "stopped at step 3")
     code, _, err = run_cli(["stop", job_id], capsys)
     assert code == 1 and "has no live instance to stop" in " ".join(err.split()) and "Traceback" not in err
     assert stop_job.__doc__ and "next save" in stop_job.__doc__

@@ -41,8 +41,9 @@ def test_doctor_passes_on_the_fakes_and_is_remembered(which, sshd_factory, remot
         report = run_doctor(prov, offer, ledger, say=lambda m: None, poll_s=0.2)
         checks = _names(report)
         assert report.passed, [(c.name, c.evidence) for c in report.checks]
-        assert list(checks) == ["offer", "create", "ssh + key", "rsync", "python", "scoped key", "price",
-                                "self-destroy", "gone"]
+        assert list(checks) == ["offer", "create", "ssh + key", "rsync", "python", "dead man's switch", "scoped key",
+                                "price", "self-destroy", "gone"]
+        assert checks["dead man's switch"].ok  # the start command armed it; this doctor disarmed it
         if which == "vast":
             assert "refused" in checks["ssh + key"].evidence  # the late key, waited for
         scoped = checks["scoped key"].evidence
@@ -184,7 +185,7 @@ def test_doctor_spot_proves_the_bid_and_the_self_destroy_on_the_fakes(which, ssh
         ledger = Ledger()
         on_demand = cheapest_offer(prov)
         offer = cheapest_offer(prov, spot=True)
-        assert offer.extra["interruptible"] and offer.usd_per_hour < on_demand.usd_per_hour  # priced at the bid
+        assert offer.interruptible and offer.usd_per_hour < on_demand.usd_per_hour  # priced at the bid
         report = run_doctor(prov, offer, ledger, say=lambda m: None, poll_s=0.2)
         checks = _names(report)
         assert report.passed and report.spot, [(c.name, c.ok, c.evidence) for c in report.checks]

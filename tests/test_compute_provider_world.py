@@ -145,7 +145,7 @@ def test_vast_search_asks_for_hosts_that_can_run_the_image(vast):
     by_id = {o.id: o for o in offers}
     assert by_id["9002"].vram_gb >= 24  # gpu_ram 24564 MB is a 24 GB card (vast.py divides by 1000)
     assert by_id["9002"].secure and not by_id["9001"].secure  # a datacenter, not merely "verified"
-    assert by_id["9001"].extra["inet_down_cost"] == 0.005
+    assert by_id["9001"].download_usd_per_gb == 0.005
     # the planner's host-memory need: 9001 has 64 GB of RAM, 9002 128 GB
     assert [o.id for o in prov.offers(Requirements(host_ram_gb=100))] == ["9002"]
     assert vast.bodies[-1][2]["cpu_ram"] == {"gte": 100000}
@@ -168,7 +168,7 @@ def test_vast_destroy_that_answers_success_false_is_not_believed(vast):
     assert vast.violations == []
 
 
-def test_vast_watchdog_recipe_requires_success_and_confirms_with_the_get(vast, monkeypatch):
+def test_vast_watchdog_recipe_requires_success_and_confirms_with_a_second_delete(vast, monkeypatch):
     prov = va(vast)
     vast.refuse_destroys = 1
     inst = prov.create(Offer("vast", "9001", "RTX 3090", 0.19), InstanceSpec("w", KEY))
@@ -241,8 +241,8 @@ def test_vast_bandwidth_is_in_the_dollars_per_job():
     from lorapod.compute.offers import planned_job, rank_by_job_cost
 
     spec = load_spec(Path(__file__).resolve().parents[1] / "examples" / "sdxl-object-lora.yaml")
-    dear = Offer("vast", "dear", "RTX 4090", 0.31, 24, extra={"inet_down_cost": 0.5, "inet_up_cost": 0.5})
-    cheap = Offer("vast", "cheap", "RTX 4090", 0.31, 24, extra={"inet_down_cost": 0.0, "inet_up_cost": 0.0})
+    dear = Offer("vast", "dear", "RTX 4090", 0.31, 24, download_usd_per_gb=0.5, upload_usd_per_gb=0.5)
+    cheap = Offer("vast", "cheap", "RTX 4090", 0.31, 24, download_usd_per_gb=0.0, upload_usd_per_gb=0.0)
     ranked = rank_by_job_cost(spec, planned_job(spec), "vast", [dear, cheap])
     assert [r.offer.id for r in ranked] == ["cheap", "dear"]
     assert ranked[1].estimate.usd_total > ranked[0].estimate.usd_total

@@ -87,11 +87,11 @@ def test_spot_requirements_follow_compute_spot_and_the_caps():
 def test_runpod_spot_offers_are_bids_within_the_ceiling(runpod):
     prov = rp(runpod)
     offers = prov.offers(Requirements(interruptible=True, max_bid_per_gpu_hour=0.25))
-    got = {(o.gpu_name, o.extra["cloud_type"], o.extra["bid_per_gpu"]) for o in offers}
+    got = {(o.gpu_name, o.extra["cloud_type"], o.bid_per_gpu_hour) for o in offers}
     # 4090 secure spot is $0.30 (over the ceiling); the A40 and the A4000 have no minimumBidPrice
     assert got == {("RTX 3090", "SECURE", 0.2), ("RTX 3090", "COMMUNITY", 0.11), ("RTX 4090", "COMMUNITY", 0.2)}
-    assert all(o.extra["interruptible"] and o.usd_per_hour == o.extra["bid_per_gpu"] for o in offers)
-    assert not any(o.extra.get("interruptible") for o in prov.offers(Requirements()))  # on-demand unchanged
+    assert all(o.interruptible and o.usd_per_hour == o.bid_per_gpu_hour for o in offers)
+    assert not any(o.interruptible for o in prov.offers(Requirements()))  # on-demand unchanged
 
 
 def test_runpod_spot_pod_is_rented_with_its_bid_through_graphql(runpod):
@@ -173,7 +173,7 @@ def test_vast_interruptible_offers_bid_their_min_bid_within_the_ceiling(vast):
     search = next(b for m, p, b in vast.bodies if p.startswith("/api/v0/bundles"))
     assert search["type"] == "bid"
     # 9002's min_bid $0.12 is over the ceiling; 9000's host cannot start the image; 9003/9004 are filtered
-    assert [(o.id, o.extra["bid"]) for o in offers] == [("9001", 0.09)]
+    assert [(o.id, o.bid_per_gpu_hour) for o in offers] == [("9001", 0.09)]
     assert offers[0].usd_per_hour == pytest.approx(0.09 + 0.1 * 50 / 730, abs=1e-6)  # bid + the disk
     assert prov.offers(Requirements(interruptible=True, max_bid_per_gpu_hour=0.01, disk_gb=50)) == []
     assert vast.violations == []
@@ -213,7 +213,7 @@ def test_vast_outbid_pauses_keeps_the_disk_bills_storage_and_resumes(vast, remot
 def test_vast_bid_below_min_bid_never_runs(vast):
     prov = va(vast)
     offer = next(o for o in prov.offers(Requirements(interruptible=True, disk_gb=50)) if o.id == "9001")
-    low = offer.__class__(**{**offer.to_dict(), "extra": {**offer.extra, "bid": 0.05}})
+    low = offer.__class__(**{**offer.to_dict(), "bid_per_gpu_hour": 0.05})
     inst = prov.create(low, InstanceSpec("low", KEY, disk_gb=50))
     time.sleep(0.5)
     assert prov.refresh(inst).state == "exited"  # created, outbid from the start: a husk to destroy

@@ -21,8 +21,9 @@ import pytest
 from lorapod.compute.context import Claim, JobContext
 from lorapod.compute.provider import Instance, Offer
 from lorapod.compute.pulls import PullGuard
-from lorapod.compute.recovery import Preempted, check_preempted, classify, next_tier, settle_run_folder
+from lorapod.compute.recovery import next_tier, settle_run_folder
 from lorapod.compute.session import run_remote
+from lorapod.compute.verdict import Fate, Judge, Preempted, ask
 from lorapod.spec import load_spec
 from lorapod.store.ledger import Ledger
 from lorapod.store.preemptions import exposure, job_figures
@@ -323,16 +324,19 @@ def _inst(state: str, interruptible: bool = True, message: str | None = None) ->
     return Instance("p1", "stub", state, interruptible=interruptible, message=message)  # type: ignore[arg-type]
 
 
-def test_classify_tells_a_preemption_from_a_crash_and_a_lost_connection():
+def test_ask_tells_a_preemption_from_a_crash_and_a_lost_connection():
     from lorapod.errors import ProviderError
 
+    def fate(provider, inst):
+        return ask(provider, inst).fate
+
     spot = _inst("running")
-    assert classify(_Provider(_inst("exited", message="paused: outbid")), spot) == "preempted"
-    assert classify(_Provider(_inst("exited", interruptible=False)), spot) == "preempted"  # rented as spot
-    assert classify(_Provider(_inst("exited", interruptible=False)), _inst("running", False)) == "failed"
-    assert classify(_Provider(_inst("running")), spot) == "running"  # a lost connection, or a crash
-    assert classify(_Provider(_inst("gone")), spot) == "gone"  # destroyed by someone: not a preemption
-    assert classify(_Provider(ProviderError("502")), spot) == "unknown"  # never taken for a preemption
+    assert fate(_Provider(_inst("exited", message="paused: outbid")), spot) is Fate.PREEMPTED
+    assert fate(_Provider(_inst("exited", interruptible=False)), spot) is Fate.PREEMPTED  # rented as spot
+    assert fate(_Provider(_inst("exited", interruptible=False)), _inst("running", False)) is Fate.FAILED
+    assert fate(_Provider(_inst("running")), spot) is Fate.RUNNING  # a lost connection, or a crash
+    assert fate(_Provider(_inst("gone")), spot) is Fate.GONE  # destroyed by someone: not a preemption
+    assert fate(_Provider(ProviderError("502")), spot) is Fate.UNKNOWN  # never taken for a preemption
 
 
 def _ctx(tmp_path, provider, inst: Instance) -> JobContext:
@@ -345,18 +349,22 @@ def _ctx(tmp_path, provider, inst: Instance) -> JobContext:
     return ctx
 
 
-def test_check_preempted_waits_for_the_provider_to_report_the_stop(tmp_path):
+def test_settle_waits_for_the_provider_to_report_the_stop(tmp_path):
     # RunPod reports the stop after its SIGTERM grace: "running" first, then "exited"
     ctx = _ctx(tmp_path, _Provider(_inst("running"), _inst("running"), _inst("exited")), _inst("running"))
     with pytest.raises(Preempted) as err:
-        check_preempted(ctx, wait_s=5.0, every_s=0.01)
+        Judge(ctx).settle(wait_s=5.0, every_s=0.01)
     assert err.value.instance.state == "exited"
     ctx = _ctx(tmp_path, _Provider(_inst("running")), _inst("running"))
+    judge = Judge(ctx)
     t = time.monotonic()
-    check_preempted(ctx, wait_s=0.3, every_s=0.05)  # still running: a crash, said after the bound
+    assert judge.settle(wait_s=0.3, every_s=0.05).fate is Fate.RUNNING  # still running: a crash, said after the bound
+    assert time.monotonic() - t < 2
+    t = time.monotonic()
+    judge.settle(wait_s=30.0, every_s=0.05)  # the whole wait was just done: a second look does not wait again
     assert time.monotonic() - t < 2
     on_demand = _ctx(tmp_path, _Provider(_inst("exited", False)), _inst("running", False))
-    check_preempted(on_demand, wait_s=5.0)  # not interruptible: never asks, never waits
+    assert Judge(on_demand).settle(wait_s=5.0) is None  # not interruptible: never asks, never waits
 
 
 def test_next_tier_falls_back_to_on_demand_when_the_numbers_say_so():
@@ -473,6 +481,7 @@ def _remote_metric_steps(remote_root: Path) -> int:
 def test_after_a_preemption_the_one_cap_counts_every_instance(tmp_path):
     """The job's dollars are every instance's (husks included) in the one ledger: when they reach
     the cap (less the stop margin at the next rate), the job stops instead of renting again."""
+    from lorapod.compute.follow import Progress
     from lorapod.compute.recovery import SpotRun, SpotStop
 
     ctx = _ctx(tmp_path, _Provider(_inst("running")), _inst("running"))
@@ -484,7 +493,7 @@ def test_after_a_preemption_the_one_cap_counts_every_instance(tmp_path):
         ledger._db.execute("UPDATE instances SET created_at=?, destroyed_at=?, state='destroyed' WHERE id=?",
                            (1000.0, 1001.0, row))
     ledger._db.commit()
-    spot = SpotRun(ctx, None)
+    spot = SpotRun(ctx, Progress(), Judge(ctx))
     spot._check_caps(rate=0.2)  # $0.85 spent: room left
     ctx.opts.stop_margin_s = 3600.0  # an hour's margin at $0.20/h: $1.05 > $1
     with pytest.raises(SpotStop, match="max-usd cap"):
@@ -566,7 +575,7 @@ def test_final_pull_brings_a_file_rewritten_in_the_same_second_at_the_same_size(
     work = SimpleNamespace(manifest=manifest, mark_pulled=lambda: None,
                            sh=lambda *a, **k: SimpleNamespace(returncode=1, stdout=b""), q=lambda *a: "x")
     follower = Follower(ctx, None, work, SimpleNamespace(boot=SimpleNamespace(python="python3")), None, Progress(),
-                        SimpleNamespace(pull=rsync_quick_check, leaves=lambda k: False))
+                        SimpleNamespace(pull=rsync_quick_check, leaves=lambda k: False), None)
     follower.final_pull()
     assert (local / "checkpoints" / "step-6" / "state.json").read_bytes() == b"new state"
     assert any("files differ" in m for m in said) and any("final pull verified" in m for m in said)

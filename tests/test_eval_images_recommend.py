@@ -11,10 +11,11 @@ from lorapod.evaluate.images import ImageEval, page, recommend
 
 
 def _metrics(path: Path, train: dict[int, float], evals: dict[int, float] | None = None) -> Path:
-    lines = [json.dumps({"step": s, "epoch": s / 10, "loss": v, "lr": 1e-4}) for s, v in sorted(train.items())]
-    lines += [json.dumps({"step": s, "epoch": s / 10, "event": "eval", "fixed_noise_loss": v})
-              for s, v in sorted((evals or {}).items())]
-    path.write_text("\n".join(lines) + "\n")
+    recs = [(s, 0, {"step": s, "epoch": s / 10, "loss": v, "lr": 1e-4}) for s, v in train.items()]
+    recs += [(s, 1, {"step": s, "epoch": s / 10, "event": "eval", "fixed_noise_loss": v}) for s, v in (evals or {}).items()]
+    # in the order the engine writes them (an eval right after its step): the one reader of
+    # metrics.jsonl (rundir/metrics.py) drops a line whose step goes back
+    path.write_text("".join(json.dumps(r) + "\n" for _, _, r in sorted(recs, key=lambda x: (x[0], x[1]))))
     return path
 
 

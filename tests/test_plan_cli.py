@@ -45,7 +45,8 @@ def test_json_follows_the_schema():
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert set(out) == {"options", "snapshot_date", "volume", "sort", "fastest_under_cap", "tier", "pinned",
-                        "whole_market"}
+                        "whole_market", "deadman"}
+    assert out["deadman"]["minutes"] >= 10 and "dead man's switch" in out["deadman"]["line"]
     assert out["pinned"] == {} and out["whole_market"] is None
     assert out["snapshot_date"] == "2026-09-15"
     assert out["options"]

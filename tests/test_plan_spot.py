@@ -65,8 +65,28 @@ def test_no_preemptions_is_the_plain_sum():
 def test_a_checkpoint_costs_its_stall_in_every_stretch():
     ckpt = SpotJob(**{**JOB.__dict__, "checkpoint": 0.01})
     assert expected(ckpt, 0.0, 0.25).hours == pytest.approx(1.2 + 4 * 0.01)
-    assert segments(1.0, 0.3) == pytest.approx([0.3, 0.3, 0.3, 0.1])
-    assert segments(1.0, math.inf) == [1.0]
+    assert segments(1.0, 0.3) == pytest.approx((3, 0.3, 0.1))
+    assert segments(1.0, math.inf) == (0, 0, 1.0)
+
+
+def test_any_interval_and_rate_are_closed_form_never_a_list_or_an_overflow():
+    """A checkpoint every 1e-300 minutes (``compute.spot_checkpoint_min``) or a rate a host's forged
+    figures could imply used to build one list element per interval (MemoryError) or overflow
+    ``math.expm1`` (OverflowError): the expectation is closed form and capped."""
+    tiny = expected(JOB, 0.1, 1e-300 / 60)
+    assert tiny.checkpoints == 2**62 and math.isfinite(tiny.hours)  # JOB's checkpoints stall nothing
+    stalled = expected(SpotJob(**{**JOB.__dict__, "checkpoint": 0.001}), 0.1, 1e-300 / 60)
+    assert stalled.hours > 1e100  # 10^302 checkpoints of 3.6 s each: astronomically past any cap
+    huge = expected(SpotJob(**{**JOB.__dict__, "work": 1e12}), 60.0, 1.0)
+    assert huge.usd > 1e40 and huge.preemptions > 1e40
+    assert expected(JOB, 1e9, 0.5).hours > 0  # no OverflowError
+    from lorapod.plan.spot import preemption_rate
+
+    r = preemption_rate(0.1, events=10**9, hours=1e10)  # the ledger's counts, closed form above 200 events
+    assert r.low < r.per_hour < r.high and r.per_hour == pytest.approx(0.1, rel=1e-3)
+    small = preemption_rate(0.1, events=201, hours=2010)
+    exact = preemption_rate(0.1, events=199, hours=1990)
+    assert small.high == pytest.approx(exact.high, rel=0.02) and small.low == pytest.approx(exact.low, rel=0.02)
 
 
 def test_young_interval():
@@ -291,9 +311,12 @@ def test_the_choice_follows_the_options_as_printed():
 # -- the save on SIGTERM must fit the provider's window (issue 36, item 2)
 
 def test_a_save_that_cannot_fit_runpods_5_s_refuses_always_and_makes_auto_rent_on_demand():
-    from lorapod.plan.spot import GRACE_S, SAVE_MARGIN
+    from lorapod.compute.runpod.provider import RunPodProvider
+    from lorapod.compute.vast.provider import VastProvider
+    from lorapod.plan.spot import SAVE_MARGIN
 
-    assert GRACE_S == {"runpod": 5.0}  # runpod/docs pods/pricing.mdx; Vast.ai documents no signal
+    # the providers' own facts: runpod/docs pods/pricing.mdx; Vast.ai documents no signal
+    assert (RunPodProvider.billing.sigterm_grace_s, VastProvider.billing.sigterm_grace_s) == (5.0, None)
     slow = load_spec(SDXL, ["compute.spot=always", "compute.spot_save_mb_s=20"])  # 512 MB-ish at 20 MB/s
     plan = plan_job(slow, provider="runpod", images=25)
     quotes = [o.spot for o in plan.options if o.spot is not None and o.fits]

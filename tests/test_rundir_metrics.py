@@ -120,3 +120,21 @@ def read_records_of(data: bytes) -> list:
     from lorapod.rundir.metrics import parse_records
 
     return parse_records(data)
+
+
+def test_a_forged_step_past_the_jobs_length_never_hides_the_real_lines_after_it(tmp_path):
+    """A host's ``step: 10**12`` inside 0..MAX_STEP: with the job's length as the ceiling it is
+    dropped without moving the floor; a resume's cut keeps every real line up to the checkpoint."""
+    from lorapod.rundir.metrics import cut_after
+
+    lines = [{"step": 1, "loss": 1.0}, {"step": 10**12, "loss": 0.5}, {"step": 2, "loss": 0.9},
+             {"step": 3, "loss": 0.8}, {"step": 4, "loss": 0.7}]
+    data = "".join(json.dumps(r) + "\n" for r in lines).encode()
+    feed = MetricsFeed(ceiling=12)
+    records, _ = feed.take(data)
+    assert [r["step"] for r in records] == [1, 2, 3, 4] and feed.dropped["step past the job's length"] == 1
+    assert [r["step"] for r in MetricsFeed().take(data)[0]] == [1, 10**12]  # no ceiling: the floor jumps
+    path = tmp_path / METRICS
+    path.write_bytes(data)
+    cut_after(path, 3)
+    assert [r["step"] for r in read_records(path)] == [1, 2, 3]

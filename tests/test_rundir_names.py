@@ -14,12 +14,17 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "lorapod"
 
 #: A string literal that spells a run-folder name as a path or a name to build or parse: the metrics
 #: file (``"metrics.jsonl"``, ``"run/metrics.jsonl"``), the stop request (``"STOP"``, ``"run/STOP"``,
-#: ``'STOP'`` inside a script's text), a checkpoint (``"step-"`` before a number, a glob, a regex or
-#: an f-string's value). Prose such as "metrics go to metrics.jsonl only" or "STOP written" is not.
+#: ``'STOP'`` inside a script's text), a checkpoint (``"step-"`` or ``"epoch-"`` before a number, a
+#: glob, a regex or an f-string's value, and a regex's ``(step|epoch)-``), the checkpoints folder
+#: (``"checkpoints"``, ``"checkpoints/"``, ``"run/checkpoints"``) and the any-checkpoint glob
+#: ``"*-*"`` that stands in for ``layout.has_checkpoints``. Prose such as "metrics go to
+#: metrics.jsonl only", "STOP written" or "three checkpoints" is not.
 SPELLED = {
     "metrics.jsonl": re.compile(r"^metrics\.jsonl$|/metrics\.jsonl\b"),
     "STOP": re.compile(r"^STOP$|/STOP\b|'STOP'"),
-    "step-N": re.compile(r"\bstep-(?=$|\d|\*|\(|\\d|\[|\{)"),
+    "step-N": re.compile(r"\b(step|epoch)-(?=$|\d|\*|\(|\\d|\[|\{)|\((step|epoch)\|(step|epoch)\)-"),
+    "checkpoints/": re.compile(r"(^|/)checkpoints/|/checkpoints$"),
+    "*-* glob": re.compile(r"^\*-\*$"),
 }
 
 #: module (relative to src/lorapod) -> why it spells the names itself
@@ -39,15 +44,40 @@ def _docstrings(tree: ast.AST) -> set[int]:
     return out
 
 
+def _folder_uses(tree: ast.AST) -> set[int]:
+    """The bare ``"checkpoints"`` literals used as a folder: a path joined with ``/``, a call's
+    argument (``Path(...)``, ``os.path.join``), an element of a tuple, list or set of names, a side
+    of a comparison (``path.parent.name == "checkpoints"``). A dict
+    key or a keyword's value (a JSON field, a plot's label) is not one."""
+    out = set()
+    for node in ast.walk(tree):
+        kids: list[ast.AST] = []
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            kids = [node.left, node.right]
+        elif isinstance(node, ast.Call):
+            kids = list(node.args)
+        elif isinstance(node, ast.Tuple | ast.List | ast.Set):
+            kids = list(node.elts)
+        elif isinstance(node, ast.Compare):  # path.parent.name == "checkpoints"
+            kids = [node.left, *node.comparators]
+        out |= {id(k) for k in kids if isinstance(k, ast.Constant) and k.value == CHECKPOINTS_WORD}
+    return out
+
+
+CHECKPOINTS_WORD = "checkpoints"
+
+
 def spelled(path: Path) -> list[tuple[int, str, str]]:
     """(line, which name, the literal) for each string literal in ``path`` that spells a name."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    docs = _docstrings(tree)
+    docs, folders = _docstrings(tree), _folder_uses(tree)
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
             found += [(node.lineno, name, node.value[:80]) for name, rx in SPELLED.items() if rx.search(node.value)]
-    return found
+            if id(node) in folders:
+                found.append((node.lineno, "checkpoints/", node.value))
+    return sorted(found)
 
 
 def test_no_module_outside_rundir_spells_the_run_folders_names():
@@ -66,9 +96,14 @@ def test_the_check_sees_what_it_is_meant_to(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text('"""metrics.jsonl and STOP in a docstring are prose."""\n'
                      'a = root / "metrics.jsonl"\nb = f"run/STOP"\nc = f"step-{n}"\nd = glob("step-*")\n'
-                     'e = "metrics go to metrics.jsonl only; STOP written; step-distilled"\n')
-    assert [(line, name) for line, name, _ in spelled(probe)] == [(2, "metrics.jsonl"), (3, "STOP"), (4, "step-N"),
-                                                                  (5, "step-N")]
+                     'e = "metrics go to metrics.jsonl only; STOP written; step-distilled; three checkpoints"\n'
+                     'f = root / "checkpoints"\ng = f"{x}/checkpoints/"\nh = re.compile(r"checkpoints/(step|epoch)-")\n'
+                     'i = c.glob("*-*")\nj = f"epoch-{n}"\nk = {"checkpoints": 3}\nplot(label="checkpoints")\n'
+                     'for sub in ("checkpoints", "samples"): pass\nif p.name == "checkpoints": pass\n')
+    assert [(line, name) for line, name, _ in spelled(probe)] == [
+        (2, "metrics.jsonl"), (3, "STOP"), (4, "step-N"), (5, "step-N"), (7, "checkpoints/"), (8, "checkpoints/"),
+        (9, "checkpoints/"), (9, "step-N"), (10, "*-* glob"), (11, "step-N"), (14, "checkpoints/"),
+        (15, "checkpoints/")]
 
 
 def test_the_watchdog_spells_the_same_names():

@@ -33,7 +33,9 @@ Family = Literal[("auto", "llm", *families.NAMES)]  # type: ignore[valid-type]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    #: no NaN or infinity anywhere in a spec: ``compute.max_bid_per_gpu_hour: .inf`` once read as "no
+    #: ceiling", and every number lorapod compares or sums must mean what it says
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ModelSpec(_Section):
@@ -279,8 +281,8 @@ class ComputeSpec(_Section):
 
     provider: str = Field("local", description="local | ssh://user@host[:port] | runpod | vast")
     gpu: str | None = Field(None, description="Pin a GPU model, e.g. 'RTX 4090'.")
-    max_usd: Annotated[float | None, Field(gt=0)] = None
-    max_hours: Annotated[float | None, Field(gt=0)] = None
+    max_usd: Annotated[float | None, Field(gt=0, le=1e6)] = None
+    max_hours: Annotated[float | None, Field(gt=0, le=24 * 365)] = None
     hour_worth_usd: Annotated[float, Field(ge=0, le=1000)] = Field(
         1.0, description="What an hour of waiting for the adapter is worth to you, in dollars: the plan (and the "
         "offer `lorapod run` rents) ranks offers by $ per job + this x hours, offers over max_usd / max_hours last; "
@@ -307,19 +309,23 @@ class ComputeSpec(_Section):
         "never", description="Interruptible (spot) GPUs: never; auto = plan picks spot only when its expected cost at "
         "the worst end of its range still beats on-demand within max_usd and max_hours; always. `lorapod run` rents "
         "the tier chosen (--spot overrides this) and resumes after each preemption (docs/remote.md, Spot).")
-    max_bid_per_gpu_hour: Annotated[float | None, Field(gt=0)] = Field(
+    max_bid_per_gpu_hour: Annotated[float | None, Field(gt=0, le=1000)] = Field(
         None, description="Highest bid per GPU-hour for a spot instance (RunPod bidPerGpu, Vast price); offers whose "
         "minimum bid is above it are not planned on spot.")
     preemptions_per_hour: Annotated[float | None, Field(gt=0, le=60)] = Field(
         None, description="Your prior for spot preemptions per hour (default 0.1, an assumption: providers publish "
         "none); the preemptions your ledger has measured for the provider, GPU and tier update it.")
-    spot_checkpoint_min: Annotated[float | None, Field(gt=0)] = Field(
+    spot_checkpoint_min: Annotated[float | None, Field(ge=0.1, le=7 * 24 * 60)] = Field(
         None, description="Minutes of training between resume checkpoints on spot (default: Young/Daly, "
         "sqrt(2 x checkpoint cost x mean time between preemptions)).")
-    spot_save_mb_s: Annotated[float | None, Field(gt=0)] = Field(
+    spot_save_mb_s: Annotated[float | None, Field(gt=0, le=1e6)] = Field(
         None, description="MB/s of a checkpoint save on your instance, as bench/spot_save.py measures it (default "
         "250, an assumption from a small shared machine): spot is refused on a provider whose SIGTERM-to-SIGKILL window "
         "(RunPod: 5 s) the save on SIGTERM does not fit.")
+    deadman_min: Annotated[float | None, Field(ge=0, le=24 * 60)] = Field(
+        None, description="The dead man's switch: a rented instance no controller has reached this many minutes after "
+        "its container started destroys itself with its own scoped key (default: from the plan's set-up time, "
+        "`lorapod plan` says it; 0 turns it off; docs/remote.md).")
 
 
 class WandbSpec(_Section):

@@ -14,6 +14,14 @@ client code that shows it), applied to the document before it validates anything
 The world's slower habits are modelled too: ``pull_s`` (an image pull: the provider reports
 loading, no SSH yet) and ``key_delay_s`` (a key attached after create reaches the container's
 authorized_keys only that much later).
+
+A container runs its start command when it starts (after the pull and boot) and again when a
+stopped one starts again, as ``docker start`` runs a container's command: the process carries the
+instance's variables (its scoped key among them) and nothing of this machine's environment but
+PATH, and dies with the instance. The test host's ``/root`` and ``/tmp`` are shared by every fake
+instance, so a start command's container-private files at fixed paths (``/root/...``,
+``/tmp/.lorapod-init.sh``) are mapped into the instance's own folder; each instance also gets its
+own ``LORAPOD_JOBS_DIR`` (a spot init's SIGTERM must reach only its own container's jobs).
 """
 
 from __future__ import annotations
@@ -150,6 +158,9 @@ class Fault:
     #: gateway that gave up on a backend that did the work: Cloudflare, in front of RunPod's API,
     #: answers 524 "A timeout occurred" while the origin goes on and completes the request)
     acted: bool = False
+    #: only requests whose raw body holds this text (one GraphQL operation among the others on
+    #: the same path, e.g. "podRentInterruptable")
+    body_has: str = ""
 
 
 @dataclass
@@ -166,6 +177,7 @@ class FakeInstance:
     never_ready: bool = False
     deleted: bool = False
     deleted_by: str | None = None
+    deleted_at: float | None = None  # wall clock: billing ends here
     pulled_at: float = 0.0  # until then the image is being pulled
     why_not: str | None = None  # why a never-ready container does not start (the provider's words)
     proxy: TcpForwarder | None = None
@@ -176,6 +188,11 @@ class FakeInstance:
     signals: list[tuple[int, str]] = field(default_factory=list)
     #: work folders on a disk kept through a stop (no process left to find them by): erased on destroy
     kept_dirs: set[Path] = field(default_factory=set)
+    #: the container's start command as the provider runs it (RunPod: its CMD; Vast.ai: onstart),
+    #: started when the container starts, again after a stop; None: the image's own, a no-op here
+    start_cmd: list[str] | None = None
+    home: Path | None = None  # the container's own folder on the test host (its /root, its private files)
+    host: Any = None  # tests/host_profiles.Host when the fake builds the image's world
 
     @property
     def ready(self) -> bool:
@@ -206,6 +223,7 @@ class FakeControlPlane:
         #: provider's variables in PID 1's environment only, its PATH...); None: sshd SetEnv
         self.host_profile = host_profile
         self._hosts: list[Any] = []
+        self._homes: list[Path] = []
         self.account_key = account_key or "acct-" + secrets.token_hex(16)
         self.sshd_factory = sshd_factory
         self.work_root = work_root
@@ -266,7 +284,7 @@ class FakeControlPlane:
                 self.violations.append(f"request {h.command} {path}: {exc}")
                 self._send(h, 400, {"error": f"contract violation: {exc}"})
                 return
-        status, out = self._fault(h.command, path)
+        status, out = self._fault(h.command, path, raw)
         delay = 0.0
         if status == 0:
             delay, status, out = float(out), None, None
@@ -311,10 +329,11 @@ class FakeControlPlane:
                            args=args, headers={"Authorization": auth} if auth else {}, data=raw or None,
                            content_type="application/json")
 
-    def _fault(self, method: str, path: str) -> tuple[int | None, Any]:
+    def _fault(self, method: str, path: str, raw: bytes = b"") -> tuple[int | None, Any]:
         with self.lock:
             for f in self.faults:
-                if f.times > 0 and f.method == method and re.fullmatch(f.path, path):
+                if f.times > 0 and f.method == method and re.fullmatch(f.path, path) and (
+                        not f.body_has or f.body_has.encode() in raw):
                     f.times -= 1
                     if f.acted:
                         return f.status, ("acted", f.body)
@@ -340,12 +359,17 @@ class FakeControlPlane:
     # ------------------------------------------------------------------ instances
 
     def start_instance(self, iid: str, pubkey: str | None, env: dict[str, str], usd: float, gpu: str, label: str,
-                       never_ready: bool = False, why_not: str | None = None) -> FakeInstance:
-        marker = "fake-" + secrets.token_hex(6)
-        extra = "SetEnv " + " ".join(f"{k}={v}" for k, v in {**env, "LORAPOD_FAKE_INSTANCE": marker}.items())
-        if self.host_profile is not None:
-            import tempfile
+                       never_ready: bool = False, why_not: str | None = None,
+                       start_cmd: list[str] | None = None) -> FakeInstance:
+        import tempfile
 
+        marker = "fake-" + secrets.token_hex(6)
+        home = Path(tempfile.mkdtemp(prefix="lp-container-"))
+        self._homes.append(home)
+        env = {**env, "LORAPOD_JOBS_DIR": str(home / "jobs")}
+        extra = "SetEnv " + " ".join(f"{k}={v}" for k, v in {**env, "LORAPOD_FAKE_INSTANCE": marker}.items())
+        host = None
+        if self.host_profile is not None:
             from ..host_profiles import build
 
             host = build(self.host_profile, Path(tempfile.mkdtemp(prefix="lp-image-")) / "image",
@@ -357,9 +381,32 @@ class FakeControlPlane:
             server.authorize(pubkey)
         now = time.time()
         inst = FakeInstance(iid, server, marker, env, usd, gpu, label, never_ready=never_ready,
-                            ready_at=now + self.pull_s + self.boot_s, pulled_at=now + self.pull_s, why_not=why_not)
+                            ready_at=now + self.pull_s + self.boot_s, pulled_at=now + self.pull_s, why_not=why_not,
+                            start_cmd=start_cmd, home=home, host=host)
         self.instances[iid] = inst
+        if start_cmd and not never_ready:  # a container that never starts never runs its command
+            self._start_later(inst, max(0.0, (inst.ready_at or now) - now))
         return inst
+
+    def _start_later(self, inst: FakeInstance, after_s: float) -> None:
+        t = threading.Timer(after_s, self.run_start_command, [inst])
+        t.daemon = True
+        t.start()
+
+    def run_start_command(self, inst: FakeInstance) -> None:
+        """The container's command, as the container starts (module docstring)."""
+        import subprocess
+
+        if inst.deleted or inst.stopped_at is not None or not inst.start_cmd or inst.home is None:
+            return
+        home = str(inst.home)
+        argv = [a.replace("/tmp/.lorapod-init.sh", f"{home}/.lorapod-init.sh").replace("/root/", f"{home}/")
+                for a in inst.start_cmd]
+        path = inst.host.pid1_path if inst.host is not None else os.environ.get("PATH", "/usr/bin:/bin")
+        env = {"PATH": path, "HOME": home, "LANG": "C.UTF-8", **inst.env, "LORAPOD_FAKE_INSTANCE": inst.marker}
+        with open(inst.home / "start.log", "ab") as log:
+            subprocess.Popen(argv, env=env, cwd=home, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                             start_new_session=True)
 
     def authorize_later(self, inst: FakeInstance, pubkey: str) -> None:
         """The key reaches the container ``key_delay_s`` after the API accepted it."""
@@ -374,6 +421,7 @@ class FakeControlPlane:
         """What destroying a container does: every process in it dies, its disk is gone."""
         inst.deleted = True
         inst.deleted_by = by
+        inst.deleted_at = time.time()
         if inst.proxy is not None:
             inst.proxy.close()
         if inst.sshd.proc is not None:  # a stopped container's sshd is down already
@@ -427,6 +475,7 @@ class FakeControlPlane:
             inst.stopped_hours += (time.time() - inst.stopped_at) / 3600
         inst.stopped_at = None
         inst.sshd.start()
+        self.run_start_command(inst)  # docker start runs the container's command again
 
     def live(self) -> list[FakeInstance]:
         return [i for i in self.instances.values() if not i.deleted]
@@ -440,8 +489,27 @@ class FakeControlPlane:
         for host in self._hosts:
             host.stop()
             shutil.rmtree(host.dir.parent, ignore_errors=True)
+        for home in self._homes:
+            shutil.rmtree(home, ignore_errors=True)
+        for inst in self.instances.values():  # a switch's files in the shared /tmp (compute/deadman.py)
+            for token in switch_tokens(inst.start_cmd or []):
+                for f in Path("/tmp").glob(f".lorapod-switch-{token}.*"):
+                    f.unlink(missing_ok=True)
         self.server.shutdown()
         self.server.server_close()
+
+
+def switch_tokens(argv: list[str]) -> set[str]:
+    """The dead man's switches a start command launches (their tokens), in its plain text or in a
+    script it carries base64-encoded (RunPod's spot init, compute/remote.py ``spot_init_args``)."""
+    import base64
+
+    texts = list(argv)
+    for word in argv:
+        for b64 in re.findall(r"echo\$\{IFS\}([A-Za-z0-9+/=]+)", word):
+            with contextlib.suppress(ValueError):
+                texts.append(base64.b64decode(b64).decode(errors="replace"))
+    return {t for text in texts for t in re.findall(r"\.lorapod-switch-([0-9a-f]+)", text)}
 
 
 def marked_pids(marker: str) -> list[int]:

@@ -19,9 +19,11 @@ can tell; docs/remote.md lists those):
   defaults 8 and 2) choose among machines the same way.
 * The pod-scoped key: whether REST v1 accepts it is documented nowhere (review row 6); the only
   documented in-pod use is ``runpodctl``, which speaks GraphQL (runpodctl ``api/pod.go``
-  ``RemovePod``: ``mutation { podTerminate(input: {podId}) }``, runpodctl#149). So by default the
-  fake refuses it on REST (401) and accepts it for GraphQL ``podTerminate`` of its own pod;
-  ``scoped_rest=True`` is the kinder world.
+  ``RemovePod``: ``mutation { podTerminate(input: {podId}) }`` and ``StopPod``: ``podStop``,
+  runpodctl#149; RunPod's docs stop a pod from inside it with "sleep 2h; runpodctl stop pod
+  $RUNPOD_POD_ID &", Manage Pods). So by default the fake refuses it on REST (401), accepts it for
+  GraphQL ``podTerminate`` and ``podStop`` of its own pod and for nothing else (no listing, no
+  prices, no rentals, no other pod); ``scoped_rest=True`` is the kinder world.
 * While an image is pulled the pod is RUNNING with no IP and no port (dstack's
   ``wait_for_instance``: "the image must be pulled" before it runs); REST says nothing else.
 
@@ -148,6 +150,19 @@ class RunPodFake(FakeControlPlane):
 
     def _graphql(self, body: dict, auth: str) -> tuple[int, Any]:
         q = str(body.get("query") or "")
+        if "podStop" in q:  # runpodctl api/pod.go StopPod: `mutation { podStop(input: {podId}) }`
+            pod_id = (body.get("variables") or {}).get("podId") or (
+                m.group(1) if (m := re.search(r'podId:\s*"([^"]+)"', q)) else None)
+            if auth != self.account_key and self.pod_keys.get(auth) != pod_id:
+                return 200, {"errors": [{"message": "Unauthorized"}], "data": None}
+            inst = self.instances.get(str(pod_id))
+            if inst is None or inst.deleted:
+                return 200, {"errors": [{"message": "pod not found"}], "data": {"podStop": None}}
+            import threading
+
+            # a stopped pod: its container disk erased, its GPU released (pods/pricing.mdx)
+            threading.Thread(target=self.stop_container, args=(inst, 5.0, True), daemon=True).start()
+            return 200, {"data": {"podStop": {"id": inst.id, "desiredStatus": "EXITED"}}}
         if "podTerminate" in q:
             # runpodctl api/pod.go RemovePod sends the pod id as $podId; dstack inlines it
             pod_id = (body.get("variables") or {}).get("podId")
@@ -195,6 +210,7 @@ class RunPodFake(FakeControlPlane):
             os.write(fd, b"\0".join(a.encode() for a in argv) + b"\0")
             os.close(fd)
             body["env"]["LORAPOD_PID1_CMDLINE"] = cmdline
+            body["dockerStartCmd"] = shlex.split(inp["dockerArgs"])  # the container's command, run at its start
             self.docker_args.append(inp["dockerArgs"])
         status, out = self._create(body, bid=float(inp["bidPerGpu"]))
         if status != 201:
@@ -248,9 +264,12 @@ class RunPodFake(FakeControlPlane):
         env = {"RUNPOD_POD_ID": pod_id, "RUNPOD_API_KEY": scoped}
         if (body.get("env") or {}).get("LORAPOD_PID1_CMDLINE"):  # a spot pod's dockerArgs (_rent_interruptable)
             env["LORAPOD_PID1_CMDLINE"] = body["env"]["LORAPOD_PID1_CMDLINE"]
+        # the container's command (REST dockerStartCmd, GraphQL dockerArgs) replaces the image's CMD
+        # (v1 PodCreateInput: "overrides the start CMD for the Docker image"); run at its start
+        start_cmd = list(body.get("dockerStartCmd") or []) or None
         inst = self.start_instance(pod_id, (body.get("env") or {}).get("PUBLIC_KEY"), env, float(price),
                                    gpu["displayName"], body.get("name", ""),
-                                   never_ready=gpu_id in self.never_ready_gpus or too_old)
+                                   never_ready=gpu_id in self.never_ready_gpus or too_old, start_cmd=start_cmd)
         if spot:
             self.spot[pod_id] = float(price)
         self.volume_gb[pod_id] = int(body.get("volumeInGb") or 0)

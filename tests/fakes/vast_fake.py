@@ -22,6 +22,10 @@ What it does because the real one does (vast-ai/vast-cli ``vast.py`` @5567983, v
   ends ``exited`` with nvidia-container-cli's message (dizcza/docker-hashcat#21: "requirement error:
   unsatisfied condition: cuda>=12.8"). ``cuda_max_good`` is what a search filters it by
   (vast.py ``offers_alias``: ``cuda_vers -> cuda_max_good``).
+* The scoped ``CONTAINER_API_KEY`` "can only start, stop, or destroy that specific instance"
+  (api-reference/hello-world.mdx): ``DELETE`` and the ``state`` of ``PUT /api/v0/instances/{id}/``
+  for its own instance; anything else with it (reading it, listing, searching, renting, another
+  instance) is 401, as an account key that is not the account's.
 * An offer's ``dph_total`` includes storage for the ``allocated_storage`` the search names, 8 GB
   when it names none (OpenAPI: "Default is 8GB"; vast.py always sends it), at the offer's
   ``storage_cost`` ($/GB/month); the instance then bills for the ``disk`` it was created with. Here
@@ -48,6 +52,7 @@ from __future__ import annotations
 import itertools
 import re
 import secrets
+import threading
 import time
 from typing import Any
 
@@ -154,9 +159,11 @@ class VastFake(FakeControlPlane):
                 return 200, {"success": False, "msg": "Instance is busy; try again later"}
             self.kill_instance(inst, "account key" if auth == self.account_key else "container key")
             return 200, {"success": True, "msg": "Instance destroyed successfully"}
-        if m and method == "GET" and self.scoped.get(auth) == m.group(1):
-            pass  # the scoped key may read its own instance (to confirm a destroy)
-        elif auth != self.account_key:
+        if m and method == "PUT" and (auth == self.account_key or self.scoped.get(auth) == m.group(1)):
+            return self._manage(m.group(1), body or {}, scoped=auth != self.account_key)
+        if auth != self.account_key:
+            # CONTAINER_API_KEY "can only start, stop, or destroy that specific instance"
+            # (vast-ai/docs api-reference/hello-world.mdx): reading it, listing, renting are refused
             return 401, {"success": False, "error": "auth_error", "msg": "Invalid user key"}
         if path == "/api/v0/bundles" and method == "POST":
             allocated = float((body or {}).get("allocated_storage") or 8.0)
@@ -180,9 +187,13 @@ class VastFake(FakeControlPlane):
                    f"update your driver to a newer version" if old else None)
             disk = float(body.get("disk") or 8.0)
             rate = price({**offer, "dph_total": float(bid)} if bid is not None else offer, disk)
+            # onstart runs when the container starts, under bash, with the instance's variables
+            # (vast-ai/docs docker-environment.mdx: predefined variables are visible to onstart)
+            onstart = body.get("onstart")
             inst = self.start_instance(iid, None, {"CONTAINER_ID": iid, "CONTAINER_API_KEY": key},
                                        rate, offer["gpu_name"], body.get("label", ""),
-                                       never_ready=offer["id"] in self.dead_offers or old, why_not=why)
+                                       never_ready=offer["id"] in self.dead_offers or old, why_not=why,
+                                       start_cmd=["bash", "-c", onstart] if onstart else None)
             self.disks[iid] = (disk, offer["storage_cost"])
             if bid is not None:
                 self.bids[iid] = float(bid)
@@ -221,6 +232,23 @@ class VastFake(FakeControlPlane):
             return 200, {"success": True, "instances_found": len(items), "total_instances": len(items),
                          "next_token": None, "instances": items}
         return 404, {"success": False, "error": "not_found", "msg": path, "_undocumented": True}
+
+    def _manage(self, iid: str, body: dict, scoped: bool) -> tuple[int, Any]:
+        """``PUT /api/v0/instances/{id}/`` (manageInstance): ``state`` stopped or running (vast.py
+        ``stop instance`` / ``start instance``), ``label``; the scoped key may change the state only."""
+        inst = self.instances.get(iid)
+        if inst is None or inst.deleted:
+            return 404, {"success": False, "error": "not_found", "msg": "Instance not found"}
+        if scoped and "label" in body:
+            return 401, {"success": False, "error": "auth_error", "msg": "Invalid user key"}
+        if "label" in body:
+            inst.label = str(body["label"])
+        if body.get("state") == "stopped" and inst.stopped_at is None:
+            # docker stop: SIGTERM, SIGKILL 10 s later; the disk stays (and bills) until destroyed
+            threading.Thread(target=self.stop_container, args=(inst, 10.0, False), daemon=True).start()
+        elif body.get("state") == "running" and inst.stopped_at is not None and inst.id not in self.competing:
+            threading.Thread(target=self.start_container, args=(inst,), daemon=True).start()
+        return 200, {"success": True}
 
     def outbid(self, iid: str, competing: float, grace_s: float = 0.0) -> bool:
         """A bid of ``competing`` for this instance's machine; above its own, the instance pauses

@@ -9,8 +9,6 @@ from typing import Any
 from lorapod.catalog.gpus import find_gpu
 from lorapod.catalog.snapshot import Snapshot, load_data
 
-PROVIDERS = ("runpod", "vast")
-
 
 @dataclass(frozen=True)
 class PriceEntry:
@@ -44,6 +42,14 @@ def load_prices() -> tuple[Snapshot, tuple[PriceEntry, ...]]:
         out.append(PriceEntry(p["provider"], p["tier"], find_gpu(p["gpu"]).name, float(p["usd_per_hour"]),
                               interruptible=True, as_of=str(p["as_of"])))
     return snap, tuple(out)
+
+
+@cache
+def snapshot_providers() -> tuple[str, ...]:
+    """The providers the price snapshot has rows for (``lorapod plan --provider`` without
+    ``--live`` takes one of these), in the order the snapshot first names them: data, never a list
+    kept in code."""
+    return tuple(dict.fromkeys(e.provider for e in load_prices()[1]))
 
 
 @cache

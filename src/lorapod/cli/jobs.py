@@ -137,12 +137,12 @@ def register(app: typer.Typer) -> None:
         pulled and its instance destroyed); nothing trained is lost. `lorapod down JOB` destroys at once."""
         from pathlib import Path
 
-        from lorapod.compute.jobs import stop_job
+        from lorapod.compute.jobs import check_ref, stop_job
         from lorapod.errors import LorapodError
         from lorapod.rundir import RunDir, describe_holder
         from lorapod.store.ledger import Ledger
 
-        folder = Path(job)
+        folder = Path(check_ref(job, "job id or run folder"))
         if folder.is_dir():  # a run on this machine: its own STOP
             run = RunDir.open(folder)
             holder = run.writer()

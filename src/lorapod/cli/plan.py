@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from lorapod.catalog.prices import snapshot_providers
 from lorapod.errors import PlanError
 
 if TYPE_CHECKING:
@@ -33,11 +34,13 @@ def plan_command(
     spec: Path | None = typer.Argument(None, help="Job spec (YAML). Not needed with --storage."),
     json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON on stdout."),
     gpu: str | None = typer.Option(None, "--gpu", help="Only this GPU, e.g. 'RTX 3090' (shown even if it does not fit)."),
-    provider: str | None = typer.Option(None, "--provider", help="Only this provider: runpod | vast; any: every "
-                                        "provider, whatever compute.provider says."),
+    provider: str | None = typer.Option(None, "--provider", help=f"Only this provider: {' | '.join(snapshot_providers())} "
+                                        "(the price snapshot's; with --live, a registered provider's live prices "
+                                        "too); any: every provider, whatever compute.provider says."),
     any_gpu: bool = typer.Option(False, "--any-gpu", help="Every GPU, whatever compute.gpu pins (with --provider "
                                  "any: the whole market)."),
-    live: bool = typer.Option(False, "--live", help="Refresh prices from RunPod/Vast.ai (RUNPOD_API_KEY, VAST_API_KEY)."),
+    live: bool = typer.Option(False, "--live", help="Refresh prices from every registered provider that lists them "
+                              "(its price_key_env: RUNPOD_API_KEY, VAST_API_KEY for the built-ins)."),
     set_: list[str] = typer.Option([], "--set", help="Override a spec value, e.g. --set train.micro_batch_size=2."),
     gpus: int | None = typer.Option(None, "--gpus", min=1, help="GPUs per instance (compute.gpus), data-parallel."),
     images: int | None = typer.Option(None, "--images", help="Image count when data.path is not on this machine."),
@@ -79,6 +82,9 @@ def plan_command(
         prices, notes = got.entries, got.notes
     if sort not in ("rank", "usd", "time"):
         raise PlanError(f"--sort {sort!r}: rank by usd or time, or the plan's own rank", hint="lorapod plan SPEC --sort time")
+    from lorapod.compute.provider import load_facts
+
+    load_facts()  # how each provider bills (its class's Billing): the planner reads them as data
     plan = plan_job(job_spec, gpu=gpu, provider=provider, prices=prices, images=images, examples=examples,
                     trainer=trainer)
     from lorapod.plan.volume import VAST_NOTE, volume_advice, with_volume
@@ -91,8 +97,15 @@ def plan_command(
         plan.options.sort(key=lambda o: (not o.fits, o.usd_total, o.hours_total))
     why = _explanation(plan, gpu) if explain else None
     vol = volume_advice(plan, sessions_per_month)
+    from lorapod.plan.cost import deadman_line, deadman_minutes
+
+    best = plan.best
+    switch_min = deadman_minutes(job_spec, best.provider if best is not None else None)
+    switch = deadman_line(switch_min, best.usd_per_hour if best is not None else None,
+                          f"{best.gpu} on {best.provider}" if best is not None else "")
     if json_out:
         out = plan.to_json()
+        out["deadman"] = {"minutes": switch_min, "line": switch}
         out["volume"] = {"runpod": vol.to_json() if vol is not None else None, "vast": VAST_NOTE}
         fastest = _fastest_under_cap(plan)
         out["sort"] = sort
@@ -109,6 +122,7 @@ def plan_command(
     for line in [*(vol.lines() if vol is not None else []),
                  *([VAST_NOTE] if job_spec.compute.volume or any(o.provider == "vast" for o in plan.options) else [])]:
         console.print(f"[dim]volume:[/] {escape(line)}", highlight=False)  # wrapped to the terminal
+    console.print(f"[dim]{escape(switch)}[/]", highlight=False)
     if why is not None:
         from lorapod.plan.explain import lines
 
@@ -260,7 +274,7 @@ def _print_spot(plan: Plan) -> None:
         first = next(o.spot for o in plan.options if o.spot is not None)
         console.print(f"[dim]preemption rate: {escape(first.rate.basis)}[/]", highlight=False)
         windowed = [o for o in plan.options if o.spot is not None and o.fits and o.spot.grace_s is not None]
-        if windowed:  # the save on SIGTERM against the provider's window (plan/spot.py GRACE_S)
+        if windowed:  # the save on SIGTERM against the provider's window (the provider's Billing.sigterm_grace_s)
             w = max(windowed, key=lambda o: o.spot.save_s)
             console.print(f"[dim]save on SIGTERM: about {w.spot.save_s:.1f} s at most ({escape(w.gpu)}); "
                           f"{escape(w.provider)} gives {w.spot.grace_s:g} s before SIGKILL"

@@ -15,6 +15,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from lorapod.compute.provider import on_hint  # the registry's names (built-ins and plugins), for the help
+
 console = Console(stderr=True, highlight=False)
 
 
@@ -32,8 +34,7 @@ def register(app: typer.Typer) -> None:
     @app.command("run")
     def run(
         spec: Path | None = typer.Argument(None, help="The job spec (YAML). Not needed with --resume."),
-        on: str | None = typer.Option(None, "--on", help="vast | runpod | local | ssh://user@host:port "
-                                      "(default: spec.compute.provider)."),
+        on: str | None = typer.Option(None, "--on", help=f"{on_hint()} (default: spec.compute.provider)."),
         identity: Path | None = typer.Option(None, "--identity", help="SSH private key (default: a fresh "
                                              "ed25519 key pair per job on clouds; your SSH defaults on ssh://)."),
         gpu: str | None = typer.Option(None, "--gpu", help="Pin a GPU model, e.g. 'RTX 3090'."),
@@ -52,7 +53,7 @@ def register(app: typer.Typer) -> None:
                                    "images keep one; the choice is printed)."),
         deps: str = typer.Option("auto", "--deps", help="auto: install what the job needs where --python lacks "
                                  "it (a cached virtualenv keeping the image's torch) | none: use --python as it is."),
-        image: str | None = typer.Option(None, "--image", help="Container image for runpod/vast "
+        image: str | None = typer.Option(None, "--image", help="Container image for a rented instance "
                                          "(default: compute.image, else lorapod's per provider)."),
         force: bool = typer.Option(False, "--force", help="Rent even when `lorapod data check` finds errors."),
         usd_per_hour: float | None = typer.Option(None, "--usd-per-hour", help="For ssh hosts: what the "

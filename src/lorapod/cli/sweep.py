@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from lorapod.compute.provider import on_hint  # the registry's names (built-ins and plugins), for the help
+
 console = Console(stderr=True, highlight=False)
 
 
@@ -23,8 +25,8 @@ def register(app: typer.Typer) -> None:
     def sweep(
         spec: Path = typer.Argument(..., help="The job spec (YAML) every job starts from."),
         grid: list[str] = typer.Option(..., "--grid", help="KEY=V1,V2,... (repeat: the jobs are every combination)."),
-        on: list[str] = typer.Option([], "--on", help="local | vast | runpod | ssh://user@host:port; repeat for "
-                                     "several hosts (default: spec.compute.provider)."),
+        on: list[str] = typer.Option([], "--on", help=f"{on_hint()}; repeat for several hosts (default: "
+                                     "spec.compute.provider)."),
         parallel: int = typer.Option(1, "--parallel", min=1, help="Jobs at once."),
         max_usd: float | None = typer.Option(None, "--max-usd", help="Total dollar cap across all jobs: no job "
                                              "starts that could cross it; running jobs stop at their share."),

@@ -89,7 +89,9 @@ def train(
                                hint="under torchrun pass --run-dir DIR (or use lorapod train SPEC --processes N)")
         if run_dir is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
-            for sub in ("checkpoints", "samples"):
+            from lorapod.rundir.layout import CHECKPOINTS, SAMPLES
+
+            for sub in (CHECKPOINTS, SAMPLES):
                 (run_dir / sub).mkdir(exist_ok=True)
             run = RunDir(run_dir)
         else:
@@ -322,8 +324,10 @@ def _learn(run) -> None:
 def _record_plan(spec, run) -> None:
     """Write what the planner predicts for this job into plan.json, when it can say."""
     try:
+        from lorapod.compute.provider import load_facts
         from lorapod.plan.choose import plan_job
 
+        load_facts()  # how each provider bills (their classes' Billing)
         run.write_plan(plan_job(spec).to_record())
     except LorapodError as exc:  # a model the catalog does not know, say: training goes on
         run.event(f"no plan.json: {exc.message}")

@@ -15,9 +15,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lorapod.compute.context import Claim, Interrupted, JobContext
+from lorapod.compute.deadman import DeadMan
 from lorapod.compute.httpapi import ApiError
 from lorapod.compute.offers import OfferEstimate, choose_offers
-from lorapod.compute.provider import CreatedButUnusable, Instance, InstanceSpec, NoCapacity, Offer, Provider
+from lorapod.compute.provider import (
+    CreatedButUnusable,
+    Instance,
+    InstanceSpec,
+    NoCapacity,
+    Offer,
+    Provider,
+    capability,
+)
 from lorapod.compute.teardown import destroy_claim, find_by_label, job_key_dir
 from lorapod.compute.transport import (
     AuthRefused,
@@ -47,6 +56,8 @@ class Lease:
     #: the planner's estimate for the offer rented (None: it cannot estimate this job or GPU);
     #: the default $ cap and the pull guard read it
     estimate: OfferEstimate | None = None
+    #: the dead man's switch the instance started with (provision disarms it once the watchdog runs)
+    deadman: DeadMan | None = None
 
 
 def acquire(ctx: JobContext, interruptible: bool = False) -> Lease:
@@ -63,9 +74,11 @@ def acquire(ctx: JobContext, interruptible: bool = False) -> Lease:
         offer = choice.offer
         if tried >= o.max_offers:
             break
+        ctx.check_down()  # `lorapod down JOB` wins: nothing more is rented for the job
         try:
             claim, inst = _create(ctx, offer, identity, pub)
             tried += 1
+            ctx.check_down()  # asked while the create was in flight: teardown destroys what it made
             return wait_ready(ctx, claim, inst, choice.estimate)
         except NoCapacity as exc:  # nothing was rented: this offer does not count
             errors.append(f"{offer.gpu_name} ({offer.id}): {exc.message}")
@@ -120,10 +133,13 @@ def _create(ctx: JobContext, offer: Offer, identity: Path | None, pub: str) -> t
                                          offer.to_dict())
     ledger.job_update(ctx.job_id, instance_id=ledger_id)
     ledger.instance_access(ledger_id, {"target": ctx.target, "identity": str(identity) if identity else None})
-    claim = ctx.claim = Claim(ledger_id, instance_label(ledger_id, ctx.job_id), offer, identity)
+    deadman = None
+    if o.deadman_s and not ctx.provider.traits.borrowed and capability(ctx.provider, "deadman").supported:
+        deadman = DeadMan(o.deadman_s)  # armed by the instance's start command (compute/deadman.py)
+    claim = ctx.claim = Claim(ledger_id, instance_label(ledger_id, ctx.job_id), offer, identity, deadman=deadman)
     spec = InstanceSpec(label=ctx.job_id, ssh_public_key=pub, disk_gb=ctx.spec.compute.disk_gb,
-                        name=claim.label, image=ctx.spec.compute.image)
-    tier = " (spot: interruptible, bid)" if offer.extra.get("interruptible") else ""
+                        name=claim.label, image=ctx.spec.compute.image, deadman=deadman)
+    tier = " (spot: interruptible, bid)" if offer.interruptible else ""
     if ctx.provider.traits.borrowed:  # a machine that exists: its GPU is whatever it has, read once it answers
         planned = f" (planned as {offer.gpu_name}, compute.gpu)" if offer.gpu_name != "this host" else ""
         ctx.say(f"using the {ctx.provider.name} host {offer.id}{planned} at ${offer.usd_per_hour:.3f}/h")
@@ -198,6 +214,7 @@ def wait_ready(ctx: JobContext, claim: Claim, inst: Instance, estimate: OfferEst
     seen = [inst]  # the instance as last refreshed (its SSH route may change below)
 
     def ready() -> bool:
+        ctx.check_down()
         now = seen[0] = claim.instance = provider.refresh(seen[0])
         if now.state in ("error", "exited", "gone"):
             raise ProviderError(f"instance {now.id} is {now.state}: {now.message or ''}")
@@ -211,6 +228,14 @@ def wait_ready(ctx: JobContext, claim: Claim, inst: Instance, estimate: OfferEst
     backoff_until(ready, limit, f"instance {inst.id} to boot", hint, most=10)
     ctx.phase("boot", time.monotonic() - claim.created_at_mono)
     booted_inst = seen[0]
+    if claim.deadman is not None:
+        # the switch counts from the container's start (about now): a controller that cannot reach
+        # the instance before it fires gives it up first, with a margin for the watchdog's start
+        margin = min(60.0, claim.deadman.after_s / 4)
+        limit["deadline"] = min(limit["deadline"], time.monotonic() + claim.deadman.after_s - margin)
+        limit["most"] = min(limit["most"], limit["deadline"])
+        hint = (f"its dead man's switch destroys it {claim.deadman.after_s / 60:.1f} min after its start unless a "
+                "controller reaches it (compute.deadman_min); lorapod gives it up and tries the next offer")
     _bill_at_the_providers_price(ctx, claim.ledger_id, booted_inst)
     routes = [(booted_inst.ssh_host or "", booted_inst.ssh_port), *booted_inst.ssh_alternates]
     conn = [transport_for(provider, booted_inst, claim.identity, claim.ledger_id)]
@@ -219,6 +244,7 @@ def wait_ready(ctx: JobContext, claim: Claim, inst: Instance, estimate: OfferEst
     state = _Routes(since=booted)
 
     def ssh_answers() -> bool:
+        ctx.check_down()
         transport, now_inst = conn[0], seen[0]
         try:
             transport.run("true", timeout=max(2.0, min(15.0, limit["deadline"] - time.monotonic())))
@@ -253,7 +279,7 @@ def wait_ready(ctx: JobContext, claim: Claim, inst: Instance, estimate: OfferEst
     ctx.ledger.instance_ready(claim.ledger_id, ready_inst.ssh_host or "", ready_inst.ssh_port, ready_inst.ssh_user)
     ctx.say(f"instance {ready_inst.id} answers on {ready_inst.ssh_user}@{ready_inst.ssh_host}:{ready_inst.ssh_port}")
     return Lease(claim.ledger_id, ready_inst.id, ready_inst, claim.offer, claim.label, claim.identity, transport,
-                 claim.created_at_mono, estimate)
+                 claim.created_at_mono, estimate, claim.deadman)
 
 
 @dataclass

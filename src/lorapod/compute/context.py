@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from lorapod.compute.deadman import DeadMan
 from lorapod.compute.provider import Instance, Offer, Provider
 from lorapod.compute.remote import Bootstrap, job_command_from_env
 from lorapod.compute.transport import Transport
@@ -33,10 +35,46 @@ if TYPE_CHECKING:
 JobCommand = Callable[[str, str, str, bool], list[str]]
 
 
+class Referee(Protocol):
+    """Decides what a dropped connection means before any reconnect (compute/verdict.py ``Judge``)."""
+
+    def on_lost(self, exc: Exception, since: float) -> None: ...
+
+    def check_down(self) -> None:
+        """Raise when the user asked ``lorapod down`` for this job: nothing more is rented or waited for."""
+        ...
+
+
 class Interrupted(LorapodError):
     """Ctrl-C or SIGTERM: the job is stopped in order (checkpoint, pull, destroy)."""
 
     exit_code = 130
+
+
+WEEK_S = 7 * 24 * 3600.0
+#: RunOptions' numbers and the range each may take (seconds unless named otherwise)
+BOUNDS: dict[str, tuple[float, float]] = {
+    "max_usd": (1e-6, 1e6), "max_hours": (1e-6, 24 * 365.0), "poll_s": (0.01, 3600.0),
+    "pull_every_s": (0.01, 86400.0), "ready_deadline_s": (1.0, WEEK_S), "pull_extension_s": (0.0, WEEK_S),
+    "auth_grace_s": (0.0, 86400.0), "direct_ssh_s": (0.0, 86400.0), "progress_every_s": (0.01, 86400.0),
+    "max_offers": (1, 1000), "reconnect_s": (0.0, WEEK_S), "stop_margin_s": (0.0, WEEK_S),
+    "stop_wait_s": (0.0, WEEK_S), "destroy_deadline_s": (0.0, WEEK_S), "create_attempts": (1, 100),
+    "create_settle_s": (0.0, 86400.0), "default_cap_hours": (1e-6, 24 * 365.0), "watchdog_restarts": (0, 1000),
+    "disk_full_grace_s": (0.0, WEEK_S), "disk_full_retry_s": (0.01, 86400.0), "preempt_confirm_s": (0.0, 3600.0),
+    "spot_resume_wait_s": (0.0, WEEK_S), "max_preemptions": (0, 10_000), "deadman_s": (0.0, WEEK_S),
+}
+
+
+def bounded(name: str, value: Any, lo: float, hi: float) -> float:
+    """``value`` as a float when it is a finite number in ``lo..hi``; a :class:`SpecError` that
+    says so otherwise (never a traceback, never an infinite wait)."""
+    from lorapod.errors import SpecError
+
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or not lo <= value <= hi:
+        raise SpecError(f"{name} = {value!r}: must be a finite number from {lo:g} to {hi:g}",
+                        hint="a NaN, an infinity or a value out of range would wait forever or bill without end")
+    return float(value)
 
 
 @dataclass
@@ -93,6 +131,21 @@ class RunOptions:
     #: after its bid is raised within the ceiling, before its husk is destroyed
     spot_resume_wait_s: float = 600.0
     max_preemptions: int = 6  # then the rest of the job runs on-demand
+    #: the dead man's switch (compute/deadman.py): an instance no controller has reached this many
+    #: seconds after its container started destroys itself with its scoped key; None or 0: no switch
+    #: (``prepare_run`` sets the plan's: plan/cost.py ``deadman_minutes``)
+    deadman_s: float | None = None
+
+    def __post_init__(self) -> None:
+        """Every number a user (or a script) can pass is finite and bounded, before anything is
+        rented: ``--preempt-confirm-s nan`` once waited forever on a crashed spot job while it billed."""
+        for name, (lo, hi) in BOUNDS.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            bounded(f"{name} (--{name.replace('_', '-')})", value, lo, hi)
+        for name, value in self.watchdog.items():
+            bounded(f"the watchdog's {name}", value, 0.0, WEEK_S)
 
 
 @dataclass
@@ -108,6 +161,8 @@ class Claim:
     instance: Instance | None = None
     transport: Transport | None = None
     created_at_mono: float = 0.0
+    #: the dead man's switch the create gave the instance (compute/deadman.py); disarmed once reached
+    deadman: DeadMan | None = None
 
 
 @dataclass
@@ -131,12 +186,9 @@ class JobContext:
     hard_deadline: float | None = None  # set once stopping: nothing may wait past it
     #: the planner's job for ``spec``, planned once per run (None: the planner cannot estimate it)
     job: Job | None = None
-    #: called when a connection drops: raises compute.recovery.Preempted when the provider says
-    #: the (interruptible) instance was taken back, so no reconnect waits for a stopped machine
-    preemption_check: Callable[[], None] | None = None
-    #: when the provider last said, after the whole confirm wait, that the instance was not taken
-    #: back (a second look right after need not wait again)
-    preempt_ruled_out_at: float | None = None
+    #: what decides a symptom's meaning (compute/verdict.py ``Judge``, installed by the session):
+    #: asked before every reconnect, so no reconnect waits for a stopped, destroyed or downed machine
+    referee: Referee | None = None
 
     @property
     def ledger_id(self) -> str | None:
@@ -158,17 +210,26 @@ class JobContext:
                           job_id=self.job_id, instance_id=self.ledger_id)
 
     def remote(self, fn: Callable[[], Any], what: str) -> Any:
-        """A remote operation that survives connection drops for up to ``reconnect_s``."""
+        """A remote operation that survives connection drops for up to ``reconnect_s``; before each
+        reconnect the referee asks the provider (and the ledger for the user's ``down``) whether
+        there is still something to reconnect to."""
         deadline = deadline_in(self.opts.reconnect_s)
         if self.hard_deadline is not None:
             deadline = min(deadline, self.hard_deadline)
+        first_lost: list[float] = []
 
-        def lost(_exc: Exception) -> None:
-            if self.preemption_check is not None:
-                self.preemption_check()
+        def lost(exc: Exception) -> None:
+            first_lost[:1] = first_lost[:1] or [time.time()]
+            if self.referee is not None:
+                self.referee.on_lost(exc, first_lost[0])
             self.say(f"connection lost during {what}; reconnecting")
 
         return retrying(fn, deadline, what, on_retry=lost)
+
+    def check_down(self) -> None:
+        """The user's ``lorapod down JOB`` wins over any wait or rental (raises; compute/verdict.py)."""
+        if self.referee is not None:
+            self.referee.check_down()
 
     def console_link(self) -> str:
         return self.provider.traits.console_url or f"the {self.provider.name} host ({self.target})"

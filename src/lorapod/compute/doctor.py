@@ -35,7 +35,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lorapod.compute.provider import Instance, InstanceSpec, Offer, Provider, Requirements, rank_offers
+from lorapod.compute.context import bounded
+from lorapod.compute.deadman import describe as describe_switch
+from lorapod.compute.provider import (
+    DoctorFacts,
+    Instance,
+    InstanceSpec,
+    Offer,
+    Provider,
+    Requirements,
+    doctor_facts,
+    rank_offers,
+)
 from lorapod.errors import LorapodError, ProviderError
 from lorapod.home import lorapod_home
 from lorapod.store.identity import instance_label
@@ -43,13 +54,9 @@ from lorapod.store.ledger import Ledger
 
 MAX_MINUTES = 10.0
 DOCTOR_JOB = "doctor"
-#: the provider's in-instance variables: their presence is checked, their values never read here
-SCOPED = {"runpod": ("RUNPOD_POD_ID", "RUNPOD_API_KEY"), "vast": ("CONTAINER_ID", "CONTAINER_API_KEY")}
 #: The checks a doctor run makes, in order; it passed only when every one ran and held (a run that
 #: was interrupted, or stopped at an earlier failure, never records a pass). ``cleanup`` may follow.
 CHECKS = ("offer", "create", "ssh + key", "rsync", "python", "scoped key", "price", "self-destroy", "gone")
-#: what ``--spot`` checks besides, per provider (module docstring)
-SPOT_CHECKS = {"runpod": ("bid", "sigterm path"), "vast": ("bid",)}
 #: the mark of lorapod's spot init in PID 1's command line (compute/remote.py spot_init_args)
 INIT_MARK = ".lorapod-init.sh"
 #: The doctor's instance gets a job's watchdog (compute/watchdog.py) with these, and its cap: the
@@ -74,11 +81,13 @@ class Report:
     checks: list[Check] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)
     spot: bool = False
+    #: what ``--spot`` checks besides on this provider (its class's ``DoctorFacts.spot_checks``)
+    spot_checks: tuple[str, ...] = ()
 
     @property
     def passed(self) -> bool:
         names = [c.name for c in self.checks]
-        need = CHECKS + (SPOT_CHECKS.get(self.provider, ()) if self.spot else ())
+        need = CHECKS + (self.spot_checks if self.spot else ())
         return all(n in names for n in need) and all(c.ok for c in self.checks)
 
     def add(self, name: str, ok: bool | None, evidence: str) -> Check:
@@ -94,7 +103,10 @@ class Report:
 def cheapest_offer(provider: Provider, disk_gb: float = 20.0, spot: bool = False,
                    max_bid_per_gpu_hour: float | None = None) -> Offer:
     """The cheapest offer the provider lists as rentable now (in stock, an image-compatible host);
-    ``spot``: the cheapest interruptible one, at its bid (at most ``max_bid_per_gpu_hour``)."""
+    ``spot``: the cheapest interruptible one, at its bid (at most ``max_bid_per_gpu_hour``, a
+    finite bid: ``--max-bid nan`` once read as no ceiling at all)."""
+    if max_bid_per_gpu_hour is not None:
+        bounded("--max-bid", max_bid_per_gpu_hour, 1e-6, 1000.0)
     req = Requirements(disk_gb=disk_gb, interruptible=spot, max_bid_per_gpu_hour=max_bid_per_gpu_hour)
     offers = rank_offers(provider.offers(req), req)
     if not offers:
@@ -135,7 +147,7 @@ def ever_passed(ledger: Ledger, provider: str) -> bool:
 
 def doctor_note(ledger: Ledger, provider: str) -> str | None:
     """What ``lorapod run`` says before renting from a provider ``doctor`` never passed here."""
-    if provider not in SCOPED or ever_passed(ledger, provider):
+    if doctor_facts(provider) is None or ever_passed(ledger, provider):
         return None
     last = last_report(ledger, provider)
     failed = [c["name"] for c in (last or {}).get("checks", []) if not c.get("ok")]
@@ -146,17 +158,24 @@ def doctor_note(ledger: Ledger, provider: str) -> str | None:
 
 def run_doctor(provider: Provider, offer: Offer, ledger: Ledger | None = None, say: Callable[[str], None] = print,
                minutes: float = MAX_MINUTES, transport_factory: Callable[..., Any] | None = None,
-               poll_s: float = 2.0) -> Report:
+               poll_s: float = 2.0, deadman_min: float | None = None) -> Report:
     """Create one instance from ``offer``, check it, destroy it from inside, confirm; never longer
-    than ``minutes`` before the destroy begins."""
+    than ``minutes`` before the destroy begins. The instance carries a dead man's switch
+    (compute/deadman.py) of ``deadman_min`` (default: the plan's for the provider, at most the
+    doctor's ``minutes``), disarmed once its watchdog runs: a doctor killed before its instance
+    answers SSH leaves nothing billing after it."""
     from lorapod.compute.acquire import transport_for
+    from lorapod.compute.deadman import DeadMan
+    from lorapod.compute.provider import capability
     from lorapod.compute.transport import AuthRefused, ConnectionLost, ephemeral_key, public_key
+    from lorapod.plan.cost import default_deadman_minutes
 
     ledger = ledger or Ledger()
-    spot = bool(offer.extra.get("interruptible"))
-    report = Report(provider.name, cap_usd(offer, minutes), spot=spot)
+    spot = offer.interruptible
+    facts = doctor_facts(provider.name) or DoctorFacts()  # what its class says its instances get
+    report = Report(provider.name, cap_usd(offer, minutes), spot=spot, spot_checks=facts.spot_checks)
     report.add("offer", True, f"{offer.gpu_name} ({offer.id}) at ${offer.usd_per_hour:.3f}/h"
-               + (f", a bid of ${float(offer.extra.get('bid_per_gpu') or offer.extra.get('bid') or 0):.3f}/GPU-h"
+               + (f", a bid of ${offer.bid_per_gpu_hour or 0:.3f}/GPU-h"
                   if spot else ""))
     deadline = time.monotonic() + minutes * 60.0
     job_id = f"{DOCTOR_JOB}-{provider.name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -175,10 +194,14 @@ def run_doctor(provider: Provider, offer: Offer, ledger: Ledger | None = None, s
     finished = False
     heartbeat = None
     created_at = time.monotonic()
+    if deadman_min is None:
+        deadman_min = min(minutes, default_deadman_minutes(provider.name))
+    deadman = (DeadMan(deadman_min * 60.0) if deadman_min > 0 and capability(provider, "deadman").supported
+               else None)
     try:
         try:
             inst = provider.create(offer, InstanceSpec(label=job_id, ssh_public_key=public_key(identity),
-                                                       disk_gb=20.0, name=label))
+                                                       disk_gb=20.0, name=label, deadman=deadman))
         except LorapodError as exc:
             ledger.instance_create_failed(ledger_id, exc.message)
             report.add("create", False, exc.message)
@@ -228,22 +251,28 @@ def run_doctor(provider: Provider, offer: Offer, ledger: Ledger | None = None, s
         report.add("ssh + key", True, f"root@{host}:{port} after {time.monotonic() - t0:.0f} s"
                    + (" (the proxy: the direct route did not answer)" if route else "") + key_wait)
         ledger.instance_ready(ledger_id, host, port, "root")
-        facts = _probe(t, provider.name)
-        report.add("rsync", bool(facts.get("rsync")), facts.get("rsync") or "not on the SSH session's PATH")
-        py = facts.get("python")
-        report.add("python", bool(py), (f"{py} (Python {facts.get('python_version', '?')})" if py else
-                                       "no interpreter found") + f"; PID 1's PATH: {facts.get('pid1_path') or '?'}")
+        found = _probe(t, facts.scoped)
+        report.add("rsync", bool(found.get("rsync")), found.get("rsync") or "not on the SSH session's PATH")
+        py = found.get("python")
+        report.add("python", bool(py), (f"{py} (Python {found.get('python_version', '?')})" if py else
+                                       "no interpreter found") + f"; PID 1's PATH: {found.get('pid1_path') or '?'}")
         if py:  # the watchdog a job gets, before the checks that may hang
             heartbeat = _start_watchdog(t, provider, inst, job_id, py, minutes, offer, time.monotonic() - created_at,
                                         say)
-        if spot and "sigterm path" in SPOT_CHECKS.get(provider.name, ()):
-            cmd = facts.get("pid1_cmd") or ""
+        if deadman is not None:  # the start command armed it: evidence that it runs, then disarmed
+            if heartbeat is not None:
+                out = t.run(deadman.disarm(), timeout=30, check=False).stdout.decode(errors="replace")
+                report.add("dead man's switch", out.startswith("LPSW disarmed"), describe_switch(out, deadman))
+            else:
+                report.add("dead man's switch", None, f"left armed ({deadman_min:g} min): no watchdog runs here")
+        if spot and "sigterm path" in facts.spot_checks:
+            cmd = found.get("pid1_cmd") or ""
             report.add("sigterm path", INIT_MARK in cmd,
                        "PID 1 is lorapod's init: a preemption's SIGTERM reaches the job" if INIT_MARK in cmd else
                        f"PID 1 is {cmd[:120] or '?'}, not lorapod's init: a preemption's SIGTERM would not reach "
                        "the job (an image whose start command lorapod does not know: catalog/images.py)")
-        names = SCOPED.get(provider.name, ())
-        seen = facts.get("scoped", {})
+        names = facts.scoped
+        seen = found.get("scoped", {})
         report.add("scoped key", all(seen.get(n) for n in names),
                    ", ".join(f"{n}: {seen.get(n) or 'missing'}" for n in names))
         inst = provider.refresh(inst)
@@ -297,9 +326,8 @@ def _start_watchdog(t: Any, provider: Provider, inst: Instance, job_id: str, pyt
     return _start_heartbeat(work, WATCHDOG["heartbeat_timeout_s"])
 
 
-def _probe(t: Any, provider: str) -> dict[str, Any]:
-    """One shell round trip: tools, interpreters and the presence of the scoped variables."""
-    names = SCOPED.get(provider, ())
+def _probe(t: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    """One shell round trip: tools, interpreters and the presence of the scoped variables ``names``."""
     # env values are never printed: only "session", "pid1" or "file" for each name
     checks = " ".join(
         f"s=; env | grep -q '^{n}=' && s=session; "

@@ -9,6 +9,7 @@ sha256 against the instance's own list, then PULLED. What the follower has seen 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -22,10 +23,25 @@ from lorapod.compute.pulls import LocalDiskFull, PullGuard
 from lorapod.compute.remote import RemoteWork, WatchdogNotRunning, local_manifest
 from lorapod.compute.teardown import fetch_logs, mark_keep
 from lorapod.compute.trust import safe_relpath
+from lorapod.compute.verdict import Fate, InstanceGone, Judge, ask
 from lorapod.compute.wait import deadline_in
 from lorapod.errors import LorapodError, RemoteError
-from lorapod.rundir import at_step
-from lorapod.rundir.metrics import POLL_BYTES, MetricsFeed
+from lorapod.rundir import RunDir, at_step
+from lorapod.rundir.metrics import POLL_BYTES, MetricsFeed, read_records
+
+#: steps whose first sight a controller keeps (the median step time and a preemption's lost work
+#: need only recent ones): a host writing millions of lines costs it no more memory than this
+SEEN_STEPS = 4096
+
+
+def planned_steps(spec: Any, job: Any) -> int | None:
+    """The job's length as lorapod knows it before anything runs: the spec's ``train.max_steps``,
+    else the planner's optimizer steps (None: neither can say)."""
+    if spec.train.max_steps:
+        return int(spec.train.max_steps)
+    if job is not None:
+        return int(job.optimizer_steps or job.steps) or None
+    return None
 
 
 @dataclass
@@ -40,11 +56,22 @@ class Progress:
     stop_requested_at: float | None = None
     pulled: bool = False  # the final pull was verified and PULLED written
     disk_full: bool = False  # this machine's disk could not take the results (compute/pulls.py)
-    total_steps: int | None = None  # as the job's metrics say
-    #: wall time each step was first seen (a spot run's lost work is measured from it), and of the
-    #: first step on each instance (ledger id: its setup ends there)
+    #: the job's length, from the spec (``train.max_steps``) or the planner's count: never a host's
+    #: ``total_steps`` (a forged 10**12 once sized the recovery's tier model into a MemoryError)
+    total_steps: int | None = None
+    #: wall time each step was first seen (a spot run's lost work is measured from it; the newest
+    #: :data:`SEEN_STEPS` only, whatever a host sends), and of the first step on each instance
+    #: (ledger id: its setup ends there)
     seen_at: dict[int, float] = field(default_factory=dict)
     instance_first_step: dict[str, float] = field(default_factory=dict)
+
+    def saw(self, step: int, at: float) -> None:
+        """Step ``step`` seen at ``at`` (again after a resume: the newer time); the oldest forgotten
+        past :data:`SEEN_STEPS`."""
+        self.seen_at.pop(step, None)
+        self.seen_at[step] = at
+        while len(self.seen_at) > SEEN_STEPS:
+            del self.seen_at[next(iter(self.seen_at))]
 
     def seconds_per_step(self) -> float | None:
         """Seconds per step as seen: the median over consecutive steps seen in order."""
@@ -72,32 +99,35 @@ class _WatchdogWatch:
 
 class Follower:
     def __init__(self, ctx: JobContext, lease: Lease, work: RemoteWork, watched: Watched, started: Started,
-                 progress: Progress, pulls: PullGuard) -> None:
+                 progress: Progress, pulls: PullGuard, judge: Judge) -> None:
         self.ctx, self.lease, self.work, self.watched, self.started = ctx, lease, work, watched, started
-        self.progress, self.pulls = progress, pulls
+        self.progress, self.pulls, self.judge = progress, pulls, judge
         self.view: Any = None  # engine.progress.MetricsView, made when the first metrics arrive (max_usd known)
         self.lines: Any = None  # engine.progress.LineEvery: piped, a line every 30 s as `lorapod train` prints
         self.wd = _WatchdogWatch()
 
     def follow(self) -> tuple[str, str]:
-        """Until the job is done (or stopped): returns (state, message), or raises with what to do."""
+        """Until the job is done (or stopped): returns (state, message), or raises with what to do.
+        An instance found gone (:class:`InstanceGone`: asked, never reconnected to) ends it by what
+        came home: a job whose adapter is here finished, whatever destroyed the instance after."""
+        try:
+            return self._follow()
+        except InstanceGone as gone:
+            return self._ended_but_gone(gone)
+
+    def _follow(self) -> tuple[str, str]:
         ctx, o, p, work = self.ctx, self.ctx.opts, self.progress, self.work
         next_pull = time.monotonic() + o.pull_every_s
         beat_s = beat_limit_s(self.watched.watchdog)
         while True:
+            self._users_word()
             st = ctx.remote(lambda: work.poll(p.metrics_offset, limit=POLL_BYTES, watchdog_beat_s=beat_s), "poll")
             more = self.take_metrics(st.metrics)
             self._check_watchdog(st)
             if st.gone:
-                self._unless_preempted()
-                raise RemoteError("the job's work folder vanished on the instance (the watchdog or someone "
-                                  "removed it)", hint="see `lorapod logs JOB`; resume with `lorapod run --resume JOB`")
-            if st.done and self._destroyed_elsewhere():
-                # `lorapod down JOB` (or the dashboard's Destroy) took the instance while the job ran:
-                # job.sh passes the destroy's SIGTERM on, so the job may end (exit 143) a poll before
-                # its folder is gone; that is the destroy, not a failure of the job
-                raise RemoteError("the job's instance was destroyed while it ran (`lorapod down` or the dashboard), "
-                                  "so its work folder vanished", hint="resume with `lorapod run --resume JOB`")
+                # the work folder vanished: `lorapod down` (or the dashboard's Destroy), the instance's
+                # own watchdog, the provider taking it back? Asked, never guessed (compute/verdict.py)
+                self._what_happened()
             if st.stop and not p.stop_reason:
                 p.stop_reason = f"the watchdog asked the job to stop: {st.stop}"
                 p.stop_requested_at = time.monotonic()
@@ -119,7 +149,8 @@ class Follower:
         failed = not p.stop_reason and not (st.exit and (st.exit.strip() == "0" or st.exit.startswith("killed:")))
         tail = ""
         if failed:
-            self._unless_preempted()  # a job that died on a spot instance: preempted, or a crash?
+            self.judge.check_down()  # the job died because `lorapod down` destroyed its instance
+            self.judge.settle(ctx.opts.preempt_confirm_s)  # died on a spot instance: preempted, or a crash?
             # read before PULLED: the watchdog destroys the instance on its next poll after it
             tail = ctx.remote(work.job_log_tail, "job log")
         self.final_pull()
@@ -139,20 +170,71 @@ class Follower:
         raise RemoteError(f"the job failed on the instance (exit {st.exit or 'unknown'}) {at_step(p.last_step)}",
                           hint=f"see {root}/job.log; {again}")
 
-    def _destroyed_elsewhere(self) -> bool:
-        """The ledger says this instance is being or was destroyed: only another command does that
-        while this controller follows (its own teardown comes after :meth:`follow`)."""
+    def _users_word(self) -> None:
+        """At every poll: ``lorapod down JOB`` ends the follow (the session brings home what is
+        saved and destroys), ``lorapod stop JOB`` is STOP on the instance (once per request)."""
+        self.judge.check_down()
+        reason = self.judge.take_stop()
+        if reason is not None and not self.progress.stop_reason:
+            self._request_stop(f"{reason} (`lorapod stop`)")
+
+    def _what_happened(self) -> None:
+        """The work folder vanished: the user's ``down``, a preemption, a gone instance, each
+        raised as what it is; else the folder was removed on a running instance, which is a
+        failure of the job."""
+        self.judge.check_down()
+        v = self.judge.settle(self.ctx.opts.preempt_confirm_s)
+        if v is None:
+            v = ask(self.ctx.provider, self.lease.instance)
+        if v.fate is Fate.GONE:
+            self.judge.gone(v.instance, time.time())
+            self.judge.check_down()
+            raise InstanceGone(f"instance {self.lease.instance.id} was destroyed while the job ran (its watchdog at a "
+                               "cap or a silent controller, or the provider)", v.instance, time.time())
+        raise RemoteError("the job's work folder vanished on a running instance (someone removed it)",
+                          hint="see `lorapod logs JOB`; resume with `lorapod run --resume JOB`")
+
+    def _adapter_home(self) -> bool:
+        """The job's final adapter came home from this instance: written there (its pulled mtime
+        is the instance's) since the instance was created, so an older run's adapter never counts."""
+        adapter = RunDir(self.ctx.run.root).adapter
         row = self.ctx.ledger.instance(self.lease.ledger_id)
-        return row is not None and row.state in ("destroying", "destroyed")
+        since = row.created_at if row is not None else 0.0
+        try:
+            return adapter.is_dir() and not adapter.is_symlink() and any(
+                f.is_file() and not f.is_symlink() and f.stat().st_mtime >= since - 5 for f in adapter.iterdir())
+        except OSError:
+            return False
 
-    def _unless_preempted(self) -> None:
-        """On an interruptible instance, ask the provider (for up to ``preempt_confirm_s``: RunPod
-        reports the stop after its SIGTERM grace) before calling the job's end a crash; raises
-        compute.recovery.Preempted when it was taken back."""
-        if self.lease.instance.interruptible:
-            from lorapod.compute.recovery import check_preempted
+    def _last_step_home(self) -> int | None:
+        """The newest step in the metrics that came home (the one reader; bounded by the job's length)."""
+        try:
+            records = read_records(RunDir(self.ctx.run.root).metrics_file, tail_bytes=POLL_BYTES,
+                                   feed=MetricsFeed(ceiling=self.ctx.spec.train.max_steps))
+        except OSError:
+            return None
+        return max((int(r["step"]) for r in records), default=None)
 
-            check_preempted(self.ctx, self.ctx.opts.preempt_confirm_s)
+    def _ended_but_gone(self, gone: InstanceGone) -> tuple[str, str]:
+        """The instance was destroyed (its watchdog saw PULLED, a cap or a silent controller; the
+        provider) before the controller could see the end or verify the final pull: the job's
+        end is what came home. Its adapter here: it finished. A stop it was asked for: stopped,
+        the newest checkpoint home. Else it failed, said as such. Never "interrupted", never a
+        10-minute reconnect to a machine that is gone."""
+        p, root = self.progress, self.ctx.run.root
+        home = self._last_step_home()  # the metrics that came home may be newer than the last poll
+        if home is not None and (p.last_step is None or home > p.last_step):
+            p.last_step = home
+        note = (f"; its instance was destroyed before the final pull was verified ({gone.message}); what came home is "
+                f"in {root}")
+        if self._adapter_home():
+            p.pulled = True  # nothing more can come: teardown must not wait for it
+            return "done", f"finished {at_step(p.last_step)}{note}"
+        if p.stop_reason:
+            return "stopped", f"stopped {at_step(p.last_step)}: {p.stop_reason}{note}"
+        raise RemoteError(f"the job's instance was destroyed {at_step(p.last_step)} before the job's adapter came home "
+                          f"({gone.message})", hint=f"checkpoints that came home are in {root}: "
+                          f"`lorapod run --resume {self.ctx.job_id}`")
 
     def stop_in_order(self, why: str) -> None:
         """Interrupted: STOP -> wait (bounded) -> final pull. A second signal skips to destroy."""
@@ -193,10 +275,8 @@ class Follower:
                 self.view, self.lines = MetricsView(usd_cap=ctx.max_usd), LineEvery(tty=ctx.opts.every_step)
         for rec in records:
             now = time.time()
-            p.seen_at[int(rec["step"])] = now
+            p.saw(int(rec["step"]), now)
             p.instance_first_step.setdefault(self.lease.ledger_id, now)
-            if isinstance(rec.get("total_steps"), int):
-                p.total_steps = rec["total_steps"]
             if p.first_step_at is None:
                 p.first_step_at = time.monotonic()
                 ctx.say(f"first training step after {p.first_step_at - ctx.t0:.1f} s")
@@ -298,7 +378,8 @@ class Follower:
             bad = [k for k, v in remote.items() if local.get(k) != v and not self.pulls.leaves(k)]
             if not bad:
                 fetch_logs(ctx, work)  # before PULLED: the watchdog may remove the folder right after it
-                ctx.remote(work.mark_pulled, "mark pulled")
+                with contextlib.suppress(InstanceGone):  # verified just before: its watchdog saw PULLED, destroyed it
+                    ctx.remote(work.mark_pulled, "mark pulled")
                 p.pulled = True
                 p.last_pull_at = time.monotonic()
                 ctx.say(f"final pull verified: {len(remote)} files, sizes and sha256 match")

@@ -26,7 +26,13 @@ from lorapod.engine.trackers import wandb_url
 from lorapod.errors import LorapodError
 from lorapod.rundir import at_step
 from lorapod.rundir.quality import pick_summary
-from lorapod.store.identity import controller_alive, installation_id, instance_label, parse_label
+from lorapod.store.identity import (
+    controller_alive,
+    controller_id,
+    installation_id,
+    instance_label,
+    parse_label,
+)
 from lorapod.store.ledger import InstanceRow, JobRow, Ledger
 from lorapod.store.phases import job_phases
 from lorapod.store.preemptions import job_figures
@@ -133,13 +139,28 @@ def row_instance(row: InstanceRow, label: str | None = None) -> Instance:
                     ssh_port=row.ssh_port or 22, ssh_user=row.ssh_user or "root", label=label or row.job_id)
 
 
+#: the longest job id or run folder name a command takes: a file name's limit (job ids are
+#: ``<name>-<date>-<time>-<hex>``, well under it); anything longer is refused before any lookup
+MAX_REF = 255
+
+
+def check_ref(text: str, what: str = "job id") -> str:
+    """``text`` when it can be a job id (or a run folder's name); a clear error otherwise (a
+    100,000-character id once reached the filesystem and the ledger as a traceback)."""
+    if not text or len(text) > MAX_REF or "\x00" in text or any(c in text for c in "\n\r"):
+        shown = text[:40].encode("unicode_escape").decode() + ("..." if len(text) > 40 else "")
+        raise LorapodError(f"'{shown}' ({len(text)} characters) is not a {what}",
+                           hint=f"a {what} is at most {MAX_REF} characters on one line: `lorapod ps` lists them")
+    return text
+
+
 class NoSuchJob(LorapodError):
     """No job in the ledger has this id or starts with it (`logs` then looks for a local run)."""
 
 
 def find_job(ledger: Ledger, job_id: str) -> JobRow:
     """The ledger's job by id or unique prefix; an error that lists the matches of an ambiguous one."""
-    job = ledger.job(job_id)
+    job = ledger.job(check_ref(job_id))
     if job is None:
         matches = [j.id for j in ledger.jobs() if j.id.startswith(job_id)]
         if len(matches) > 1:
@@ -154,7 +175,7 @@ def find_local_run(name: str, runs: Path = Path("runs")) -> Path | None:
     """A run folder `lorapod train` wrote (it is in no ledger): the path itself, or a folder of
     ``runs`` whose name is ``name`` or starts with it (an ambiguous start is an error that lists
     them). None when there is none."""
-    p = Path(name).expanduser()
+    p = Path(check_ref(name, "job id or run folder")).expanduser()
     if (p / "spec.yaml").is_file():
         return p
     if not runs.is_dir() or "/" in name:
@@ -207,19 +228,47 @@ def reached(ledger: Ledger, job: JobRow, why_none: str, hint: str) -> Iterator[R
         r.close()
 
 
+ACTIVE = ("starting", "running", "stopping")
+#: how long ``lorapod down JOB`` lets a live controller bring the newest checkpoint home and destroy
+#: the instance itself before it destroys it from here (session.DOWN_PULL_S is the controller's part)
+DOWN_GRACE_S = 60.0
+
+
+def followed(job: JobRow) -> bool:
+    """Another controller process follows the job now (``lorapod run``, alive); this very process
+    recording itself as the job's controller (a library caller) is not waited for."""
+    return job.state in ACTIVE and job.controller != controller_id() and controller_alive(job.controller)
+
+
 def stop_job(ledger: Ledger, job_id: str, reason: str) -> str:
-    """Stop at the next save: write ``run/STOP`` on the job's live instance (the engine and the
-    trainer runner save a checkpoint and exit; the session then pulls the run and destroys the
-    instance, as after any end). Returns what was done, in words; raises when there is no live
-    instance to ask. A run on this machine outside the ledger is stopped with
+    """Stop at the next save. The request goes to the ledger first (kind ``stop``), which the
+    job's controller reads at every poll and before every rental: during a spot recovery it
+    stops at the newest checkpoint that came home instead of renting again. ``run/STOP`` is also
+    written on the live instance when there is one (the engine and the trainer runner save and
+    exit; the session pulls and destroys, as after any end). Raises when neither a controller nor
+    a live instance can hear it. A run on this machine outside the ledger is stopped with
     :meth:`lorapod.rundir.RunDir.request_stop` instead (``lorapod stop RUN_FOLDER``)."""
     job = find_job(ledger, job_id)
-    with reached(ledger, job, f" to stop ({job.state})",
-                 "`lorapod ps` lists what runs; a run on this machine: `lorapod stop RUN_FOLDER`") as r:
-        r.work.request_stop(reason)
-    ledger.event("job", f"STOP written on the instance: {reason}", job_id=job.id)
-    return (f"STOP written on {r.row.provider_id or r.row.id}: {job.id} saves a checkpoint at its next step and "
-            f"ends; the run is pulled and the instance destroyed (resume later with `lorapod run --resume {job.id}`)")
+    controller = followed(job)
+    r = reach(ledger, job)
+    if r is None and not controller:
+        raise LorapodError(f"job {job.id} has no live instance to stop ({job.state})",
+                           hint="`lorapod ps` lists what runs; a run on this machine: `lorapod stop RUN_FOLDER`")
+    ledger.event("stop", reason, job_id=job.id)  # the controller's word (compute/verdict.py)
+    where = "its controller will stop it at the newest checkpoint"
+    if r is not None:
+        try:
+            with contextlib.closing(r):
+                r.work.request_stop(reason)
+            where = f"STOP written on {r.row.provider_id or r.row.id}"
+            ledger.event("job", f"STOP written on the instance: {reason}", job_id=job.id)
+        except LorapodError as exc:
+            if not controller:
+                raise
+            where += f" (its instance did not answer: {exc.message})"
+    return (f"{where}: {job.id} saves a checkpoint at its next step (during a spot recovery: the newest one home) "
+            f"and ends; the run is pulled and the instance destroyed (resume later with "
+            f"`lorapod run --resume {job.id}`)")
 
 
 def pull_job(ledger: Ledger, job_id: str, deadline_s: float = 600.0) -> int:
@@ -249,15 +298,40 @@ def _gone(prov: Provider, row: InstanceRow) -> bool:
         return False
 
 
-def down_job(ledger: Ledger, job_id: str, say: Callable[[str], None] = print) -> int:
+def down_job(ledger: Ledger, job_id: str, say: Callable[[str], None] = print,
+             grace_s: float = DOWN_GRACE_S, reason: str = "lorapod down") -> int:
+    """Destroy a job's instances, confirmed, and make sure nothing more is rented for it.
+
+    The request goes to the ledger first (kind ``down``): the job's controller, if one follows it,
+    reads it at every poll and before every rental, rents nothing more (a spot recovery in
+    flight ends), brings the newest checkpoint home and destroys the instance itself; this call
+    waits ``grace_s`` for that, then destroys whatever is still live. The controller records the
+    end (``stopped``: destroyed at your request); with no controller this does. Returns how many
+    of the job's instances were destroyed, confirmed, by this request (here or by its controller)."""
     job = find_job(ledger, job_id)
-    n = 0
+    live_before = {r.id for r in ledger.job_instances(job.id) if r.live}
+    asked_at = time.time()
+    ledger.event("down", reason, job_id=job.id)
+    if followed(job) and grace_s > 0:
+        say(f"asked the controller following {job.id} ({job.controller}) to bring the newest checkpoint home and "
+            f"destroy its instance; waiting up to {grace_s:.0f} s")
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            now = ledger.job(job.id)
+            if now is None or not followed(now):
+                break
+            time.sleep(0.25)
     for row in ledger.job_instances(job.id):
-        if row.live and destroy_row(ledger, row, "lorapod down", say=say):
-            n += 1
-    if job.state in ("starting", "running", "stopping"):
-        ledger.job_ended(job.id, "stopped", f"stopped by `lorapod down` {at_step(job.last_step)}; "
+        if row.live:
+            destroy_row(ledger, row, reason, say=say)
+    rows = ledger.job_instances(job.id)
+    n = sum(1 for r in rows if r.state == "destroyed" and (r.id in live_before or r.created_at >= asked_at))
+    now = ledger.job(job.id) or job
+    if now.state in ACTIVE and not followed(now):
+        ledger.job_ended(job.id, "stopped", f"destroyed at your request ({reason}) {at_step(now.last_step)}; "
                                             f"resume with `lorapod run --resume {job.id}`")
+    elif now.state in ACTIVE:
+        say(f"the controller following {job.id} records its end (it rents nothing more)")
     return n
 
 

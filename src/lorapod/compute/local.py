@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from lorapod.catalog.billing import Billing
 from lorapod.compute.provider import Instance, Traits, without
 from lorapod.compute.ssh import HostProvider
 from lorapod.compute.transport import LocalTransport, Transport
@@ -18,6 +19,8 @@ from lorapod.home import lorapod_home
 class LocalProvider(HostProvider):
     name = "local"
     traits = Traits(borrowed=True, runs_here=True)  # this process's own interpreter, nothing installed
+    #: a machine you lend: the price you give it (--usd-per-hour) is all it costs, disk and bandwidth included
+    billing = Billing(source="your own machine")
 
     def __init__(self, home: str | Path | None = None, usd_per_hour: float = 0.0) -> None:
         super().__init__(usd_per_hour)

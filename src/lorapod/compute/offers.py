@@ -13,7 +13,8 @@ cheapest hourly price first. A pinned GPU that matches nothing is an error namin
 The estimate travels as a typed value beside its offer (:class:`RankedOffer`), built from the
 job the run planned once (``prepare_run``); the acquire stage puts it on the ``Lease``, where the
 default cap (``provision``) and the pull guard (``session``) read it. Nothing planner-made rides
-in the provider's free-form ``Offer.extra``.
+in the provider's free-form ``Offer.extra``: what a provider says about an offer that callers read
+(its spot bid and tier, its bandwidth rates, whether its price covers the disk) is a typed field.
 """
 
 from __future__ import annotations
@@ -140,8 +141,7 @@ def rank_by_job_cost(spec: JobSpec, job: Job, provider_name: str, offers: list[O
                           source="live", offer_id=o.id,
                           # Vast.ai: bandwidth is billed per GB at the host's rate, apart from
                           # dph_total, which already covers the disk asked for (allocated_storage)
-                          download_per_gb=_rate(o.extra.get("inet_down_cost")),
-                          upload_per_gb=_rate(o.extra.get("inet_up_cost")),
+                          download_per_gb=o.download_usd_per_gb, upload_per_gb=o.upload_usd_per_gb,
                           storage_included=o.storage_included)
                for o in offers if o.id in known]
     if not entries:
@@ -186,10 +186,6 @@ def rank_by_job_cost(spec: JobSpec, job: Job, provider_name: str, offers: list[O
                 hint="raise --max-hours, or pin a faster --gpu; `lorapod plan` compares them",
             )
     return [r for _, r in priced] + unpriced
-
-
-def _rate(v: object) -> float | None:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 else None
 
 
 def spot_requirements(spec: JobSpec, gpu: str | None = None, max_usd: float | None = None,

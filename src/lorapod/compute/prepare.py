@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from lorapod.compute.context import BOUNDS, bounded
 from lorapod.compute.launch import job_command_for
 from lorapod.compute.offers import planned_job
 from lorapod.compute.provider import Provider, SupportsVolumes, capability, from_target, on_hint
@@ -70,6 +71,15 @@ class RunFlags:
     #: overrides of ``watchdog.DEFAULTS`` (``heartbeat_timeout_s``, ``poll_s``, ``stall_s``)
     watchdog: Mapping[str, float] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """The numbers a user types are finite and bounded before anything else happens (the
+        knobs and the watchdog's are checked again where they land, in :class:`RunOptions`)."""
+        for name, (lo, hi) in {"max_usd": BOUNDS["max_usd"], "max_hours": BOUNDS["max_hours"],
+                               "usd_per_hour": (0.0, 1000.0), "gpus": (1, 64)}.items():
+            value = getattr(self, name)
+            if value is not None:
+                bounded(f"--{name.replace('_', '-')}", value, lo, hi)
+
 
 @dataclass
 class PreparedRun:
@@ -103,16 +113,19 @@ def provider_for(target: str, identity: Path | None = None, usd_per_hour: float 
     return from_target(target)
 
 
-def run_options(spec: JobSpec, flags: RunFlags, trainer: str | None = None) -> RunOptions:
+def run_options(spec: JobSpec, flags: RunFlags, trainer: str | None = None, provider: str | None = None) -> RunOptions:
     """The session's knobs from the flags; with an external trainer its wrapper replaces
-    lorapod's engine as the job command on the instance."""
+    lorapod's engine as the job command on the instance. The dead man's switch's window is the
+    plan's (plan/cost.py ``deadman_minutes``: ``compute.deadman_min``, else from the set-up time)."""
+    from lorapod.plan.cost import deadman_minutes
     from lorapod.trainers import canonical
     from lorapod.trainers.on_instance import trainer_job_command
 
+    knobs = {"deadman_s": deadman_minutes(spec, provider) * 60.0, **flags.knobs}
     opts = RunOptions(identity=flags.identity, gpu=flags.gpu, max_usd=flags.max_usd, max_hours=flags.max_hours,
                       bootstrap=Bootstrap(flags.bootstrap, flags.python, flags.deps),
                       job_command=job_command_for(spec.compute.gpus), watchdog=dict(flags.watchdog),
-                      forward_env=tuple(flags.forward_env) if flags.forward_env else None, **flags.knobs)
+                      forward_env=tuple(flags.forward_env) if flags.forward_env else None, **knobs)
     if trainer:
         opts.job_command = trainer_job_command(trainer, flags.trainer_src)
         opts.trainer = canonical(trainer)
@@ -186,7 +199,7 @@ def prepare_run(spec: Path | JobSpec | None = None, on: str | None = None, flags
                             hint="drop compute.volume / --volume for this provider (docs/remote.md, Volumes)")
         provider.attach_volume(spec_obj, spec_obj.compute.volume, job, flags.gpu, flags.max_usd, flags.max_hours,
                                say)
-    options = run_options(spec_obj, flags, trainer)
+    options = run_options(spec_obj, flags, trainer, provider.name)
     options.spot_policy, options.spot = spec_obj.compute.spot, on_spot
     return PreparedRun(spec_obj, provider, target, options, trainer, spec_path, resume_job, ledger, job)
 
@@ -258,7 +271,7 @@ def prepare_sweep(spec: Path, grid: Sequence[str], on: Sequence[str], flags: Run
                 exc.args = (exc.message,)
                 raise
     first = prepared[: len(targets)]
-    base_options = run_options(base, flags)
+    base_options = run_options(base, flags, provider=targets[0] if targets and "://" not in targets[0] else None)
     return PreparedSweep(base, [(p.target, p.provider) for p in first if p.provider is not None],
                          lambda: dataclasses.replace(base_options, watchdog=dict(base_options.watchdog)), str(spec),
                          [p.job for p in prepared[:: len(targets)]])

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
+from lorapod.catalog.billing import Billing, register_billing
 from lorapod.errors import ProviderError
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 
     from lorapod.catalog.gpus import GPU
     from lorapod.catalog.prices import PriceEntry
+    from lorapod.compute.deadman import DeadMan
     from lorapod.compute.transport import Transport
     from lorapod.plan.job import Job
     from lorapod.spec import JobSpec
@@ -80,6 +82,15 @@ class Offer:
     #: the hourly price already covers the disk asked for (Vast.ai's ``dph_total`` with
     #: ``allocated_storage``), so the planner adds no storage charge
     storage_included: bool = False
+    #: an interruptible (spot) offer: the provider's create bids ``bid_per_gpu_hour`` per GPU-hour
+    #: (RunPod's ``bidPerGpu``, Vast.ai's ``price`` per machine = this x GPUs); ``spot_tier`` is the
+    #: catalog's tier of its price, which the ledger measures preemption rates by (store/preemptions.py)
+    interruptible: bool = False
+    bid_per_gpu_hour: float | None = None
+    spot_tier: str | None = None
+    #: bandwidth billed per GB apart from the hourly price (Vast.ai's host rates), in the $ per job
+    download_usd_per_gb: float | None = None
+    upload_usd_per_gb: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,6 +105,9 @@ class InstanceSpec:
     image: str | None = None  # None: the provider's default image (lorapod.catalog.images.DEFAULTS)
     disk_gb: float = 50.0
     name: str = ""  # the label at the provider (lorapod-<installation>-<instance>-<job>); see ledger.py
+    #: the dead man's switch its start command carries (compute/deadman.py); None: none asked for.
+    #: A provider that declares the ``deadman`` capability puts it in its start command.
+    deadman: DeadMan | None = None
 
     @property
     def provider_label(self) -> str:
@@ -160,6 +174,18 @@ class Capability:
     name: str
     supported: bool
     reason: str = ""
+
+
+@dataclass(frozen=True)
+class DoctorFacts:
+    """What ``lorapod doctor`` looks for on a provider's instance (compute/doctor.py): the scoped
+    variables the instance gets (never their values), and the spot checks that apply there."""
+
+    #: the in-instance variables a self-destroy needs (RunPod's RUNPOD_POD_ID and pod-scoped
+    #: RUNPOD_API_KEY; Vast.ai's CONTAINER_ID and CONTAINER_API_KEY)
+    scoped: tuple[str, ...] = ()
+    #: ``--spot`` checks: "bid" (the bid was taken), "sigterm path" (PID 1 passes SIGTERM on)
+    spot_checks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -232,9 +258,15 @@ class Provider(Protocol):
 class ProviderBase:
     """The documented defaults of the optional parts of :class:`Provider`: a rented machine
     (``Traits()``), reached over OpenSSH (``transport`` None), with no persistent cache and no
-    default image."""
+    default image, its billing unknown to the planner and no in-instance facts for ``doctor``
+    until the class declares them (``billing``, ``doctor``)."""
 
     traits: ClassVar[Traits] = Traits()
+    #: how it bills disk and bandwidth and what its spot tier does (catalog/billing.py): the planner
+    #: prices its offers by it (storage, bandwidth, a preemption's husk and SIGTERM window)
+    billing: ClassVar[Billing | None] = None
+    #: what ``lorapod doctor`` checks on its instance (:class:`DoctorFacts`); None: not checkable
+    doctor: ClassVar[DoctorFacts | None] = None
     image: str | None = None
 
     def transport(self, inst: Instance, identity: Path | None, known_hosts: Path) -> Transport | None:
@@ -326,6 +358,7 @@ def register(name: str, cls: ProviderClass) -> None:
         raise ValueError(f"provider '{name}' must be a class with from_kwargs() and declared traits "
                          "(subclass ProviderBase)")
     _REGISTRY[name] = cls
+    _learn(name, cls)
 
 
 HOST_OPTIONS = ("target", "identity", "usd_per_hour")  # what `lorapod run --on ssh://...` passes
@@ -352,6 +385,7 @@ def provider_class(name: str) -> ProviderClass:
 
         module, _, cls = BUILTINS[name].partition(":")
         builtin: ProviderClass = getattr(importlib.import_module(module), cls)
+        _learn(name, builtin)
         return builtin
     found = _REGISTRY.get(name)
     if found is None:
@@ -360,6 +394,36 @@ def provider_class(name: str) -> ProviderClass:
             hint=f"use one of: {', '.join(names())}, or ssh://user@host:port",
         )
     return found
+
+
+def _learn(name: str, cls: object) -> None:
+    """The planner learns a provider's billing facts when its class is loaded or registered."""
+    billing = getattr(cls, "billing", None)
+    if isinstance(billing, Billing):
+        register_billing(name, billing)
+
+
+def load_facts() -> list[str]:
+    """Load every registered provider class, built-in and plugin, so the planner knows how each
+    bills (catalog/billing.py): what ``plan``, ``run`` and the dashboard call before planning.
+    Returns the names loaded; a built-in that cannot be imported here is skipped."""
+    loaded = []
+    for name in names():
+        try:
+            provider_class(name)
+        except (ImportError, AttributeError, ProviderError):
+            continue
+        loaded.append(name)
+    return loaded
+
+
+def doctor_facts(name: str) -> DoctorFacts | None:
+    """What ``lorapod doctor`` checks on ``name``'s instances (its class's ``doctor``)."""
+    try:
+        facts = getattr(provider_class(name), "doctor", None)
+    except (ImportError, AttributeError, ProviderError):
+        return None
+    return facts if isinstance(facts, DoctorFacts) else None
 
 
 def get(name: str, **kwargs: Any) -> Provider:

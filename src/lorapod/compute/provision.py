@@ -18,11 +18,13 @@ from typing import Any
 from lorapod.compute.acquire import Lease
 from lorapod.compute.bootstrap import bootstrap_for
 from lorapod.compute.context import JobContext
+from lorapod.compute.deadman import describe as describe_switch
 from lorapod.compute.guards import guard_script
 from lorapod.compute.remote import PULL_EXCLUDES, Bootstrap, RemoteWork, with_device
 from lorapod.compute.secrets import secrets_for
 from lorapod.errors import LorapodError
 from lorapod.home import lorapod_home
+from lorapod.rundir import last_checkpoint
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,10 @@ def start_watchdog(ctx: JobContext, lease: Lease, work: RemoteWork) -> Watched:
     ctx.remote(lambda: work.start_watchdog(wd, python), "start the watchdog")
     pid = ctx.remote(work.watchdog_alive, "check the watchdog")  # or WatchdogNotRunning: teardown destroys
     ctx.say(f"watchdog started on the instance ({cap_note}; running, pid {pid})")
+    if lease.deadman is not None:  # the watchdog guards it now: the switch of its first minutes goes
+        dm = lease.deadman
+        out = ctx.remote(lambda: work.sh(dm.disarm(), timeout=30, check=False), "disarm the dead man's switch")
+        ctx.say(describe_switch(out.stdout.decode(errors="replace"), dm))
     return Watched(boot, wd, cap_note, _start_heartbeat(work, float(wd.get("heartbeat_timeout_s", 600.0))), host)
 
 
@@ -101,7 +107,7 @@ def provision(ctx: JobContext, lease: Lease, work: RemoteWork, watched: Watched)
     if secrets:
         files["secrets.env"] = (secrets.encode(), 0o600)
         ctx.say(f"sending {', '.join(k for k in names if os.environ.get(k))} to the instance (0600 file)")
-    if ctx.resume and any(ctx.run.checkpoints.glob("*")):
+    if ctx.resume and last_checkpoint(ctx.run.root) is not None:
         sent = ctx.remote(lambda: work.push_path(ctx.run.root, "run", delete=False, excludes=PULL_EXCLUDES),
                           "upload checkpoints")
         ctx.say(f"uploaded the run folder to resume ({sent.literal_bytes} bytes sent)")

@@ -35,6 +35,7 @@ from lorapod.compute.remote import PULL_EXCLUDES
 from lorapod.compute.transport import SyncStats
 from lorapod.compute.trust import RUN_FILES_PY, safe_relpath
 from lorapod.errors import RemoteError
+from lorapod.rundir.layout import CHECKPOINTS, checkpoint_path, checkpoint_rank
 
 if TYPE_CHECKING:
     from lorapod.spec import JobSpec
@@ -57,7 +58,6 @@ RESERVE_BYTES = 256 << 20  # left free here after a pull: logs, the ledger, the 
 CAP_MARGIN = 10.0
 CAP_FLOOR_GB = 2.0
 SPARSE_MIN_BYTES = 16 << 20  # smaller files are never called sparse
-_STEP = re.compile(r"checkpoints/(step|epoch)-(\d+)/")
 
 
 class LocalDiskFull(RemoteError):
@@ -90,20 +90,25 @@ class RemoteFiles:
     def sparse(self) -> list[str]:
         return sorted(k for k, (size, alloc) in self.files.items() if size >= SPARSE_MIN_BYTES and alloc < size // 2)
 
+    def _checkpoints(self) -> set[str]:
+        """``checkpoints/step-N/`` of every file in one (rundir.layout names them)."""
+        return {f"{c}/" for k in self.files if (c := checkpoint_path(k)) is not None}
+
     def newest_checkpoint(self) -> str | None:
-        steps = {m.group(0) for k in self.files if (m := _STEP.match(k))}
-        return max(steps, key=lambda s: int(_STEP.match(s).group(2)), default=None)  # type: ignore[union-attr]
+        """The newest by the run folder's one rule (``rundir.layout.checkpoint_rank``: a step beats an epoch)."""
+        found = self._checkpoints()
+        return max(found, key=lambda c: checkpoint_rank(c.split("/")[1]) or (False, -1), default=None)
 
     def older_checkpoints(self) -> list[str]:
         newest = self.newest_checkpoint()
-        return sorted({m.group(0) for k in self.files if (m := _STEP.match(k))} - {newest} if newest else set())
+        return sorted(self._checkpoints() - {newest} if newest else set())
 
     def beyond_newest(self) -> list[str]:
         """Top-level folders other than the newest checkpoint and the adapter (samples, tensorboard):
         left for later when only the smallest set that resumes is pulled. The quality autopilot's
         folder always comes (small: its scores and decision are what a resumed run continues from)."""
         tops = {k.split("/", 1)[0] + "/" for k in self.files if "/" in k}
-        return sorted(tops - {"checkpoints/", "adapter/", "quality/"})
+        return sorted(tops - {f"{CHECKPOINTS}/", "adapter/", "quality/"})
 
 
 def remote_files(work: Any, python: str) -> RemoteFiles:

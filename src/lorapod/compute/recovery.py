@@ -2,7 +2,8 @@
 
 A job on an interruptible instance can lose it at any moment (docs/remote.md, Spot). What the
 controller sees is only a symptom: SSH stops answering, or the job dies. Which it is, only the
-provider can say, so on either symptom the controller asks it (:func:`classify`):
+provider can say, so on either symptom the controller asks it (compute/verdict.py, the one
+decision: :class:`~lorapod.compute.verdict.Judge`):
 
 * ``exited`` for an instance rented interruptible is a **preemption** (the provider layer maps
   RunPod's stopped spot pod and Vast.ai's paused, outbid instance to it): :class:`Preempted`;
@@ -51,70 +52,25 @@ from typing import TYPE_CHECKING, Any
 
 from lorapod.compute.acquire import Lease, acquire, wait_ready
 from lorapod.compute.context import JobContext
+from lorapod.compute.follow import Progress
 from lorapod.compute.offers import requirements, spot_ceiling
-from lorapod.compute.provider import Instance, SupportsBid, capability
+from lorapod.compute.provider import Instance, SupportsBid, capability, on_hint
 from lorapod.compute.teardown import destroy_claim
-from lorapod.errors import LorapodError, PlanError, ProviderError, RemoteError
+from lorapod.compute.verdict import Fate, Judge, Preempted, ask
+from lorapod.errors import LorapodError, PlanError, ProviderError
 from lorapod.fsutil import sha256_file
-from lorapod.rundir.layout import METRICS, checkpoint_step
+from lorapod.rundir import at_step
+from lorapod.rundir.layout import CHECKPOINTS, METRICS, checkpoints_by_step
+from lorapod.rundir.metrics import cut_after
 from lorapod.store.preemptions import record_preemption, record_spot_instance
 
 if TYPE_CHECKING:
     from lorapod.compute.provider import Provider
 
 
-class Preempted(RemoteError):
-    """The provider took the job's interruptible instance back (stopped / paused / outbid)."""
-
-    def __init__(self, message: str, instance: Instance) -> None:
-        super().__init__(message, hint="lorapod resumes the job from its newest checkpoint on another instance")
-        self.instance = instance
-        self.noticed_at = time.time()
-
-
 class SpotStop(LorapodError):
-    """After a preemption the job cannot go on within its caps: it ends ``stopped``, resumable."""
-
-
-def classify(provider: Provider, inst: Instance) -> str:
-    """What the provider says about ``inst``: ``preempted`` (an interruptible instance that
-    exited), ``running``, ``gone``, ``failed`` (exited or in error, not interruptible) or
-    ``unknown`` (the provider did not answer: never taken for a preemption)."""
-    return _classify(provider, inst)[0]
-
-
-def _classify(provider: Provider, inst: Instance) -> tuple[str, Instance]:
-    try:
-        now = provider.refresh(inst)
-    except LorapodError:
-        return "unknown", inst
-    if now.state == "exited" and (now.interruptible or inst.interruptible):
-        return "preempted", now.with_(interruptible=True)
-    if now.state == "gone":
-        return "gone", now
-    if now.state in ("exited", "error"):
-        return "failed", now
-    return ("running" if now.state == "running" else "unknown"), now
-
-
-def check_preempted(ctx: JobContext, wait_s: float = 0.0, every_s: float = 1.0) -> None:
-    """Raise :class:`Preempted` when the provider says the job's interruptible instance was taken
-    back, asking for up to ``wait_s`` (a provider reports the stop after the SIGTERM grace).
-    Returns when it does not say so: a lost connection or a crash."""
-    claim = ctx.claim
-    inst = claim.instance if claim is not None else None
-    if inst is None or not inst.interruptible:
-        return
-    deadline = time.monotonic() + wait_s
-    while True:
-        verdict, now = _classify(ctx.provider, inst)
-        if verdict == "preempted":
-            raise Preempted(f"the provider took instance {inst.id} back ({now.message or 'stopped'})", now)
-        if verdict in ("gone", "failed") or time.monotonic() + every_s > deadline:
-            if wait_s > 0:
-                ctx.preempt_ruled_out_at = time.monotonic()
-            return
-        time.sleep(every_s)
+    """After a preemption the job cannot go on within its caps, or the user asked it to stop: it
+    ends ``stopped``, resumable."""
 
 
 # ----------------------------------------------------------------------------- the tier
@@ -157,6 +113,10 @@ def next_tier(policy: str, preemptions: int, max_preemptions: int, *, rate: floa
 
 # ----------------------------------------------------------------------------- the run folder
 
+#: A checkpoint's manifest.json is larger than this only when a host forged it
+MANIFEST_MAX_BYTES = 1 << 20
+
+
 def _whole(folder: Path, with_manifests: bool) -> bool:
     """A checkpoint folder as the engine writes it (engine/checkpoint.py: ``manifest.json``, each
     file's ``bytes`` and ``sha256``, written last; its ``verify`` is this rule, without importing
@@ -166,12 +126,14 @@ def _whole(folder: Path, with_manifests: bool) -> bool:
     if not manifest.is_file():
         return not with_manifests
     try:
+        if manifest.is_symlink() or manifest.stat().st_size > MANIFEST_MAX_BYTES:
+            return False  # a host's file, not the trainer's: the engine's manifest is a few KB
         files = json.loads(manifest.read_text(encoding="utf-8"))
         return isinstance(files, dict) and all(
             (folder / name).is_file() and not (folder / name).is_symlink()
             and (folder / name).stat().st_size == int(meta["bytes"]) and sha256_file(folder / name) == meta["sha256"]
             for name, meta in files.items())
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return False
 
 
@@ -179,33 +141,17 @@ def settle_run_folder(run_root: Path) -> int | None:
     """Make the local run folder resume exactly: checkpoints cut off mid-pull removed,
     ``metrics.jsonl`` cut after the newest whole checkpoint.
     Returns that checkpoint's step (None: none came home, the job starts over)."""
-    ckpts = run_root / "checkpoints"
-    folders = [p for p in ckpts.glob("*-*") if p.is_dir() and not p.name.startswith(".")
-               and checkpoint_step(p.name) is not None] if ckpts.is_dir() else []
-    with_manifests = any((p / "manifest.json").is_file() for p in folders)
+    folders = checkpoints_by_step(run_root / CHECKPOINTS)  # real step-N folders, never links
+    with_manifests = any((p / "manifest.json").is_file() for _, p in folders)
     whole: list[int] = []
-    for p in folders:
+    for step, p in folders:
         if _whole(p, with_manifests):
-            whole.append(checkpoint_step(p.name) or 0)
+            whole.append(step)
         else:  # a copy cut off on its way here: the instance it came from is gone
             shutil.rmtree(p, ignore_errors=True)
-    step = max(whole) if whole else None
-    metrics = run_root / METRICS
-    if metrics.is_file():
-        keep = []
-        for line in metrics.read_bytes().splitlines(keepends=True):
-            if not line.endswith(b"\n"):
-                break  # a line cut off by the pull
-            try:
-                s = json.loads(line).get("step")
-            except (ValueError, AttributeError):
-                continue
-            if step is not None and isinstance(s, int) and s <= step:
-                keep.append(line)
-        tmp = metrics.with_name(".tmp-metrics.jsonl")
-        tmp.write_bytes(b"".join(keep))
-        tmp.replace(metrics)
-    return step
+    newest = max(whole) if whole else None
+    cut_after(run_root / METRICS, newest)  # the one reader's rules: a hostile line is dropped, never fatal
+    return newest
 
 
 # ----------------------------------------------------------------------------- the run
@@ -216,7 +162,8 @@ class SpotRun:
     preemption recovered from (the ledger keeps the dollars: store/preemptions.py)."""
 
     ctx: JobContext
-    progress: Any  # compute.follow.Progress (follow imports this module: no import back)
+    progress: Progress
+    judge: Judge
     policy: str = "never"
     tier: str = "on-demand"
     ondemand_usd_per_hour: float | None = None
@@ -266,7 +213,7 @@ class SpotRun:
         except LorapodError:
             return
         same = [o.usd_per_hour for o in offers if o.gpu_name == lease.offer.gpu_name
-                and o.gpu_count == lease.offer.gpu_count and not o.extra.get("interruptible")]
+                and o.gpu_count == lease.offer.gpu_count and not o.interruptible]
         if same:
             self.ondemand_usd_per_hour = min(same)
 
@@ -281,30 +228,53 @@ class SpotRun:
         row = ctx.ledger.instance(lease.ledger_id)
         rate = row.usd_per_hour if row is not None else lease.offer.usd_per_hour
         created = row.created_at if row is not None else exc.noticed_at
-        ctx.say(f"PREEMPTED: {ctx.provider.name} took instance {inst.id} back at step {p.last_step} "
+        ctx.say(f"PREEMPTED: {ctx.provider.name} took instance {inst.id} back {at_step(p.last_step)} "
                 f"(preemption {self.preemptions}); recovering")
         resumed = self._resume_in_place(lease, inst)
         husk_end = time.time()
         if resumed is None:
-            note = f"preempted ({inst.message or 'stopped by the provider'}): husk destroyed"
-            done = destroy_claim(ctx, ctx.claim, note, True, True) if ctx.claim is not None else None
-            if done is not None and not done.confirmed:
-                raise ProviderError(f"the preempted instance {inst.id} could not be confirmed destroyed",
-                                    hint=f"check {ctx.console_link()} and run `lorapod down {ctx.job_id}`")
-            ctx.claim = None
+            self._destroy_husk(lease, inst, exc)
             husk_end = time.time()
-            self._instance_ended(lease, preempted=True, end=exc.noticed_at)
         resume_step = settle_run_folder(ctx.run.root)
         self._record(lease, exc, rate, created, resume_step, husk_end)
         if resumed is not None:
             ctx.say(f"instance {inst.id} resumed: the job continues there from step {resume_step or 0}")
             return resumed
+        self._users_word(resume_step)
         self._check_caps(rate)
         tier, why = self._next_tier(lease, rate, resume_step)
         ctx.say(f"next instance: {tier} ({why})")
         if tier == "on-demand" and self.tier == "spot":
             ctx.ledger.event("tier", json.dumps({"tier": "on-demand", "why": why}), job_id=ctx.job_id)
         return self._acquire(tier, why)
+
+    def _destroy_husk(self, lease: Lease, inst: Instance, exc: Preempted) -> None:
+        """The preempted instance destroyed, confirmed; one that is not confirmed stops the job
+        here, said in red with what to do (exit 3): a stopped or paused husk runs no watchdog, so
+        nothing else will destroy it, and nothing more is rented while it may bill."""
+        ctx = self.ctx
+        if ctx.claim is not None:
+            note = f"preempted ({inst.message or 'stopped by the provider'}): husk destroyed"
+            done = destroy_claim(ctx, ctx.claim, note, True, False)  # no watchdog runs on a husk
+            if not done.confirmed:
+                ctx.claim = None  # ctx.unconfirmed names it; teardown has nothing else to give back
+                self._instance_ended(lease, preempted=True, end=exc.noticed_at)
+                raise SpotStop(f"the preempted instance {inst.id} could not be confirmed destroyed, so nothing more "
+                               "is rented for this job", hint=f"check {ctx.console_link()} and run "
+                                                              f"`lorapod down {ctx.job_id}`")
+        ctx.claim = None
+        self._instance_ended(lease, preempted=True, end=exc.noticed_at)
+
+    def _users_word(self, resume_step: int | None) -> None:
+        """Before anything more is rented: ``lorapod down JOB`` ends the job (DownRequested), and
+        ``lorapod stop JOB`` stops it at the newest checkpoint that came home."""
+        self.judge.check_down()
+        reason = self.judge.take_stop()
+        if reason is not None:
+            self.progress.stop_reason = reason
+            raise SpotStop(f"stopped at your request ({reason}) during the recovery, at the newest checkpoint home "
+                           f"({'step ' + str(resume_step) if resume_step is not None else 'none: the job starts over'})",
+                           hint=f"`lorapod run --resume {self.ctx.job_id}` continues from it")
 
     def _resume_in_place(self, lease: Lease, inst: Instance) -> Lease | None:
         """Where the provider resumes a paused instance (Vast.ai): wait, raise the bid within the
@@ -336,7 +306,8 @@ class SpotRun:
     def _wait_running(self, inst: Instance, wait_s: float) -> bool:
         deadline = time.monotonic() + wait_s
         while True:
-            if classify(self.ctx.provider, inst) == "running":
+            self.judge.check_down()  # `lorapod down` wins over waiting for a paused husk
+            if ask(self.ctx.provider, inst).fate is Fate.RUNNING:
                 return True
             if time.monotonic() + 1.0 > deadline:
                 return False
@@ -352,14 +323,16 @@ class SpotRun:
         claim.created_at_mono = time.monotonic()
         new = wait_ready(ctx, claim, ctx.provider.refresh(inst), lease.estimate)
         return Lease(new.ledger_id, new.provider_id, new.instance, lease.offer, new.label, new.identity,
-                     new.transport, lease.created_at_mono, lease.estimate)
+                     new.transport, lease.created_at_mono, lease.estimate, new.deadman)
 
     def _raised_bid(self, lease: Lease) -> tuple[float, float | None]:
         """One raise: half again the instance's bid (per machine, as the provider takes it), held to
         the ceiling (``compute.max_bid_per_gpu_hour`` and the caps' rate, per GPU); the bid now and
         the raised one, None when there is no room (or no ceiling to stay within)."""
         ctx = self.ctx
-        current = self.bids.get(lease.ledger_id) or lease.offer.extra.get("bid") or lease.offer.usd_per_hour
+        offer = lease.offer
+        bid = offer.bid_per_gpu_hour * max(1, offer.gpu_count) if offer.bid_per_gpu_hour else None
+        current = self.bids.get(lease.ledger_id) or bid or offer.usd_per_hour
         current = float(current)
         req = requirements(ctx.spec, ctx.opts.gpu, ctx.max_usd, ctx.max_hours, job=ctx.job)
         ceiling = spot_ceiling(ctx.spec, req)
@@ -377,12 +350,25 @@ class SpotRun:
             raise SpotStop(f"max-usd cap: ${spent:.4f} of ${ctx.max_usd:g} spent when the instance was preempted",
                            hint=f"raise --max-usd, then `lorapod run --resume {ctx.job_id}`")
         if ctx.max_hours is not None:
-            used = sum(max(0.0, (r.destroyed_at or now) - r.created_at) for r in ctx.ledger.job_instances(ctx.job_id))
+            used = self._hours_used(now) * 3600
             if used + ctx.opts.stop_margin_s >= ctx.max_hours * 3600:
                 raise SpotStop(f"max-hours cap: {used / 3600:.2f} h of {ctx.max_hours:g} h used when the instance "
                                "was preempted", hint=f"raise --max-hours, then `lorapod run --resume {ctx.job_id}`")
 
     def _next_tier(self, lease: Lease, rate: float, resume_step: int | None) -> tuple[str, str]:
+        """The tier model's choice; whatever goes wrong in it (its inputs are partly measured on a
+        host), recovery never fails on it: it stays on the tier it ran on, and says why."""
+        try:
+            return self._tier_model(lease, rate, resume_step)
+        except Exception as exc:  # the choice is an optimisation; the job's recovery is not optional
+            return self.tier, (f"the tier model could not decide ({type(exc).__name__}: {str(exc)[:120]}); "
+                               f"{self.tier} again, as before")
+
+    def _hours_used(self, now: float) -> float:
+        """Hours of every instance of the job, husks included, to ``now``: what max-hours counts."""
+        return sum(max(0.0, (r.destroyed_at or now) - r.created_at) for r in self.ctx.ledger.job_instances(self.ctx.job_id)) / 3600
+
+    def _tier_model(self, lease: Lease, rate: float, resume_step: int | None) -> tuple[str, str]:
         from lorapod.plan.spot import preemption_rate
 
         ctx, p = self.ctx, self.progress
@@ -390,19 +376,16 @@ class SpotRun:
         r = preemption_rate(ctx.spec.compute.preemptions_per_hour, self.preemptions, spot_hours)
         sps = p.seconds_per_step()
         remaining = None
-        if sps is not None and p.total_steps:
-            remaining = max(0, p.total_steps - (resume_step or 0)) * sps / 3600
+        if sps is not None and p.total_steps:  # the spec's or the plan's length, a resume step bounded by it
+            remaining = max(0, p.total_steps - min(resume_step or 0, p.total_steps)) * sps / 3600
         row = ctx.ledger.instance(lease.ledger_id)
         first = self.progress.instance_first_step.get(lease.ledger_id)
         setup_h = ((first - row.created_at) / 3600) if (first and row) else 0.0
-        every = ctx.spec.save.every_steps if hasattr(ctx.spec, "save") else None
+        every = ctx.spec.save.every_steps
         interval = (every * sps / 3600) if (every and sps) else None
         now = time.time()
         usd_left = (ctx.max_usd - ctx.ledger.usd(ctx.job_id, now)) if ctx.max_usd is not None else None
-        hours_left = None
-        if ctx.max_hours is not None:
-            used = sum(max(0.0, (x.destroyed_at or now) - x.created_at) for x in ctx.ledger.job_instances(ctx.job_id))
-            hours_left = ctx.max_hours - used / 3600
+        hours_left = ctx.max_hours - self._hours_used(now) if ctx.max_hours is not None else None
         return next_tier(self.policy, self.preemptions, ctx.opts.max_preemptions, rate=r.per_hour, rate_high=r.high,
                          remaining_hours=remaining, setup_hours=setup_h, checkpoint_every_hours=interval,
                          spot_usd_per_hour=rate, ondemand_usd_per_hour=self.ondemand_usd_per_hour,
@@ -438,7 +421,7 @@ class SpotRun:
 
     def _instance_ended(self, lease: Lease, *, preempted: bool, end: float | None = None) -> None:
         """A spot instance's life for the planner's rates (store/preemptions.py)."""
-        if not lease.offer.extra.get("interruptible"):
+        if not lease.offer.interruptible:
             return
         ctx = self.ctx
         row = ctx.ledger.instance(lease.ledger_id)
@@ -451,7 +434,7 @@ class SpotRun:
 
             gpu = find_gpu(gpu).name
         record_spot_instance(ctx.ledger, ctx.job_id, provider=ctx.provider.name, gpu=gpu,
-                             tier=str(lease.offer.extra.get("spot_tier") or "spot"),
+                             tier=lease.offer.spot_tier or "spot",
                              hours=max(0.0, stop - row.created_at) / 3600, preempted=preempted,
                              instance_id=lease.ledger_id, usd_per_hour=row.usd_per_hour,
                              ondemand_usd_per_hour=self.ondemand_usd_per_hour)
@@ -484,7 +467,8 @@ def run_tier(spec: Any, provider: Provider, job: Any) -> tuple[bool, str | None]
         why = capability(provider, "spot").reason
         if policy == "always":
             raise SpecError(f"compute.spot: always, but {provider.name} has no spot tier ({why})",
-                            hint="use --on runpod or --on vast, or --spot auto|never")
+                            hint="--on a provider with a spot tier (`lorapod plan --set compute.spot=auto` prices "
+                                 f"theirs; all of them: {on_hint()}), or --spot auto|never")
         return False, f"compute.spot: auto: {provider.name} has no spot tier; on-demand"
     from lorapod.plan.choose import plan_job
 

@@ -30,18 +30,20 @@ from typing import TYPE_CHECKING, Any
 
 from lorapod.compute.acquire import Lease
 from lorapod.compute.context import Interrupted, JobContext, RunOptions
-from lorapod.compute.follow import Follower, Progress
+from lorapod.compute.follow import Follower, Progress, planned_steps
 from lorapod.compute.ledger_repair import backup as backup_ledger
 from lorapod.compute.offers import planned_job
 from lorapod.compute.provider import Provider
 from lorapod.compute.provision import Watched, open_work, provision, start_watchdog
 from lorapod.compute.pulls import PullGuard
 from lorapod.compute.pulls import cap_bytes as pull_cap_bytes
-from lorapod.compute.recovery import Preempted, SpotRun, SpotStop, check_preempted, clear_remote_run
+from lorapod.compute.recovery import SpotRun, SpotStop, clear_remote_run
 from lorapod.compute.remote import RemoteWork
 from lorapod.compute.teardown import salvage, teardown
+from lorapod.compute.verdict import DownRequested, Judge
+from lorapod.compute.wait import deadline_in
 from lorapod.errors import BudgetError, LorapodError
-from lorapod.rundir import RunDir, last_step, new_job_id
+from lorapod.rundir import RunDir, at_step, last_checkpoint, last_step, new_job_id
 from lorapod.rundir.metrics import MetricsFeed
 from lorapod.store.ledger import Ledger, LedgerBusy
 from lorapod.store.preemptions import job_figures
@@ -49,6 +51,11 @@ from lorapod.store.preemptions import job_figures
 if TYPE_CHECKING:
     from lorapod.plan.job import Job
     from lorapod.spec import JobSpec
+
+
+#: seconds a controller that noticed ``lorapod down`` spends bringing the newest checkpoint home
+#: before it destroys (``down`` itself waits ``jobs.DOWN_GRACE_S`` for it, then destroys anyway)
+DOWN_PULL_S = 45.0
 
 
 @dataclass
@@ -146,6 +153,9 @@ class Session:
                 run.write_trainer(opts.trainer)
         self.ctx = JobContext(spec, provider, target, opts or RunOptions(), ledger, run, job_id, say,
                               resume=bool(resume_job), job=planned_job(spec) if job is ... else job)
+        self.progress.total_steps = planned_steps(spec, self.ctx.job)  # never a host's figure
+        self.progress.feed.ceiling = spec.train.max_steps  # a forged step past it is dropped, never the last step
+        self.judge = Judge(self.ctx)  # the one decision of what a symptom means (compute/verdict.py)
         self.job_id, self.run = job_id, run
         self.lease: Lease | None = None
         self.work: RemoteWork | None = None
@@ -179,23 +189,30 @@ class Session:
         self._open()
         old = self._install_signal_handlers()
         state, message = "failed", "did not start"
-        spot = self.spot = SpotRun(ctx, self.progress)
-        ctx.preemption_check = lambda: check_preempted(ctx)
+        judge = ctx.referee = self.judge
+        spot = self.spot = SpotRun(ctx, self.progress, judge)
         try:
             lease = self.lease = spot.acquire()
             while True:
                 try:
+                    judge.check_down()  # `lorapod down` wins: nothing more is set up or rented
+                    asked = judge.take_stop()
+                    if asked is not None:  # `lorapod stop` before the job runs here: the newest checkpoint home stands
+                        self.progress.stop_reason = asked
+                        state, message = "stopped", (f"stopped at your request ({asked}) before the job ran on "
+                                                     f"instance {lease.provider_id}, {at_step(self.progress.last_step)}")
+                        break
                     work = self.work = open_work(ctx, lease)
                     if spot.preemptions:  # the settled run folder from here is the only truth there
                         clear_remote_run(ctx, work)
                     watched = self.watched = start_watchdog(ctx, lease, work)
                     started = provision(ctx, lease, work, watched)
                     self.follower = Follower(ctx, lease, work, watched, started, self.progress,
-                                             self._pulls_for(work))
+                                             self._pulls_for(work), judge)
                     state, message = self.follower.follow()
                     break
                 except LorapodError as exc:
-                    pre = self._as_preemption(exc)
+                    pre = None if isinstance(exc, Interrupted | BudgetError) else judge.preempted(exc)
                     if pre is None:
                         raise
                     self._left_instance()
@@ -203,17 +220,21 @@ class Session:
                         lease = self.lease = spot.recover(lease, pre)
                     except SpotStop as stop:
                         self.lease = None
-                        self.progress.stop_reason = stop.message
-                        state, message = "stopped", f"stopped at step {self.progress.last_step}: {stop.message}"
+                        self.progress.stop_reason = self.progress.stop_reason or stop.message
+                        state, message = "stopped", f"stopped {at_step(self.progress.last_step)}: {stop.message}"
                         break
                     self._resume_from_here()
+        except DownRequested as exc:  # the user's `lorapod down JOB`: what is saved comes home, then destroy
+            state, message = "stopped", f"{exc.message} {at_step(self.progress.last_step)}"
+            self.progress.stop_reason = exc.message
+            self._bring_home_before_down()
         except Interrupted as exc:
             state, message = "interrupted", str(exc.message)
             if self.follower is not None:  # None: the job never ran, nothing to checkpoint or pull
                 self.follower.stop_in_order("interrupted")
         except BaseException as exc:
             state, message = "failed", exc.message if isinstance(exc, LorapodError) else f"{type(exc).__name__}: {exc}"
-            if self.work is not None:
+            if self.work is not None and ctx.claim is not None:  # a gone instance has nothing to salvage
                 salvage(ctx, self._pulls_for(self.work))
             raise
         finally:
@@ -233,23 +254,20 @@ class Session:
                 self.summary = self._close(state, message)
         return self.summary
 
-    def _as_preemption(self, exc: LorapodError) -> Preempted | None:
-        """Whatever a stage raised on an interruptible instance (an rsync killed mid-pull, a
-        command cut off, a job that died), the provider is asked before it counts as a failure:
-        the :class:`Preempted` it says it was, or None."""
-        if isinstance(exc, Preempted):
-            return exc
-        if isinstance(exc, Interrupted | BudgetError):
-            return None
-        ruled_out = self.ctx.preempt_ruled_out_at
-        recent = ruled_out is not None and time.monotonic() - ruled_out < 60  # the follower just waited
+    def _bring_home_before_down(self) -> None:
+        """``lorapod down JOB`` reached this controller while the instance still answers: the
+        newest checkpoint and the adapter come home first (bounded: ``down`` destroys the instance
+        itself once its grace is over, which ends this pull), then teardown destroys it."""
+        ctx = self.ctx
+        if self.work is None or ctx.claim is None:
+            return
+        ctx.hard_deadline = deadline_in(DOWN_PULL_S)
         try:
-            check_preempted(self.ctx, 0.0 if recent else self.ctx.opts.preempt_confirm_s)
-        except Preempted as pre:
-            self.ctx.say(f"{exc.message.splitlines()[0] if exc.message else type(exc).__name__}: the instance was "
-                         "preempted")
-            return pre
-        return None
+            st = self._pulls_for(self.work).pull("before `lorapod down`", newest_only=True)
+            self.progress.last_pull_at = time.monotonic()
+            ctx.say(f"brought home {st.files_transferred} file(s) saved before `lorapod down`; destroying")
+        except (LorapodError, OSError) as exc:
+            ctx.say(f"could not bring the newest checkpoint home before `lorapod down` ({exc}); destroying")
 
     def _left_instance(self) -> None:
         """The instance was taken back: its heartbeat, connection and followers are of no more use."""
@@ -266,10 +284,10 @@ class Session:
         uploaded when it holds a checkpoint, the metrics feed following from its end."""
         from lorapod.compute.recovery import resume_offset
 
-        has_ckpt = any(not c.name.startswith(".") for c in self.run.checkpoints.glob("*-*"))
+        has_ckpt = last_checkpoint(self.run.root) is not None
         self.ctx.resume = has_ckpt
         p = self.progress
-        p.feed = MetricsFeed(offset=resume_offset(self.run.root) if has_ckpt else 0)
+        p.feed = MetricsFeed(offset=resume_offset(self.run.root) if has_ckpt else 0, ceiling=self.ctx.spec.train.max_steps)
         p.pulled, p.last_pull_at = False, None
 
     def _open(self) -> None:
@@ -301,7 +319,7 @@ class Session:
         ctx, ledger, p = self.ctx, self.ctx.ledger, self.progress
         usd = ledger.usd(self.job_id)
         resume = f"; resume with `lorapod run --resume {self.job_id}`" if state != "done" else ""
-        if state != "done" and p.disk_full and not any(self.run.checkpoints.glob("*-*")):
+        if state != "done" and p.disk_full and last_checkpoint(self.run.root) is None:
             resume = "; no checkpoint reached this machine (its disk is full), so nothing here resumes"
         msg = f"{message} ({last_step(p.last_step)}, ${usd:.4f}){resume}"
         if p.feed.dropped_total:

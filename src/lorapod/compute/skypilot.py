@@ -75,8 +75,10 @@ def choose_gpu(spec: JobSpec, gpu: str | None = None) -> str:
     """The pinned GPU, else the planner's cheapest fitting one that SkyPilot has a name for."""
     if gpu or spec.compute.gpu:
         return gpu or spec.compute.gpu  # type: ignore[return-value]
+    from lorapod.compute.provider import load_facts
     from lorapod.plan.choose import plan_job
 
+    load_facts()
     plan = plan_job(spec)
     for option in plan.options:
         if option.fits and option.gpu in SKY_ACCELERATORS:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from lorapod.catalog.billing import Billing
 from lorapod.compute.provider import (
     Capability,
     Instance,
@@ -57,6 +58,8 @@ class HostProvider(ProviderBase):
 
     name = "ssh"
     traits = Traits(borrowed=True)  # the machine is not ours: destroy = remove our work folder
+    #: a machine you lend: the price you give it (--usd-per-hour) is all it costs, disk and bandwidth included
+    billing = Billing(source="your own machine")
 
     def __init__(self, usd_per_hour: float = 0.0) -> None:
         self.usd_per_hour = usd_per_hour

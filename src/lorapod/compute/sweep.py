@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lorapod.compute.context import BOUNDS, bounded
 from lorapod.compute.offers import planned_job
 from lorapod.compute.provider import Provider, on_hint
 from lorapod.compute.session import RunOptions, Session
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from lorapod.plan.job import Job
 
 MIN_ALLOTMENT_USD = 0.01  # below a cent a job cannot do anything useful
+MAX_PARALLEL = 64  # jobs at once: each is a controller thread and an instance billing
 # A job is started only if its allotment pays for this many stop margins on the cheapest offer:
 # one is what the orderly stop (checkpoint, pull, destroy) needs, the rest is for work.
 MIN_MARGINS = 2.0
@@ -158,8 +160,10 @@ class Sweep:
         (``prepare_sweep``); the others are planned here, once each."""
         if not targets:
             raise SpecError("a sweep needs somewhere to run", hint=f"--on {on_hint()}")
-        if parallel < 1:
-            raise SpecError("--parallel must be at least 1")
+        if parallel < 1 or parallel > MAX_PARALLEL:
+            raise SpecError(f"--parallel must be from 1 to {MAX_PARALLEL}")
+        if max_usd is not None:
+            bounded("--max-usd", max_usd, *BOUNDS["max_usd"])
         self.spec = spec
         self.targets = list(targets)
         self.parallel = parallel

@@ -69,24 +69,16 @@ NOISE = 0.02
 def _losses(metrics: Path) -> tuple[dict[int, float], dict[int, float]]:
     """(validation loss by step, training loss by step) from metrics.jsonl; the last record of a
     step wins (a resumed run logs its steps again)."""
+    from lorapod.rundir.metrics import number, read_records
+
     val: dict[int, float] = {}
     train: dict[int, float] = {}
-    try:
-        lines = metrics.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return val, train
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
-            continue
-        v = rec.get("fixed_noise_loss", rec.get("val_loss")) if rec.get("event") == "eval" else None
-        if isinstance(v, (int, float)):
-            val[rec["step"]] = float(v)
-        elif isinstance(rec.get("loss"), (int, float)) and "event" not in rec:
-            train[rec["step"]] = float(rec["loss"])
+    for rec in read_records(metrics):  # the one reader: bounded, a hostile line dropped, never through a link
+        v = number(rec.get("fixed_noise_loss", rec.get("val_loss"))) if rec.get("event") == "eval" else None
+        if v is not None:
+            val[rec["step"]] = v
+        elif (loss := number(rec.get("loss"))) is not None and "event" not in rec:
+            train[rec["step"]] = loss
     return val, train
 
 

@@ -214,7 +214,9 @@ def _trained_alpha_near(path: Path) -> tuple[float, int, bool, str] | None:
         except (ValueError, KeyError, TypeError):
             return None
     run_root = path.parent.parent.parent
-    if path.parent.parent.name == "checkpoints" and (run_root / "spec.yaml").is_file():
+    from lorapod.rundir.layout import CHECKPOINTS
+
+    if path.parent.parent.name == CHECKPOINTS and (run_root / "spec.yaml").is_file():
         from lorapod.errors import LorapodError
         from lorapod.spec import load_spec
 

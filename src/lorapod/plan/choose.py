@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lorapod.catalog.gpus import GPU, find_gpu, load_gpus
-from lorapod.catalog.prices import PROVIDERS, PriceEntry, load_prices, tier_descriptions
+from lorapod.catalog.prices import PriceEntry, load_prices, snapshot_providers, tier_descriptions
 from lorapod.catalog.snapshot import STALE_AFTER_DAYS, closest
 from lorapod.errors import PlanError
 from lorapod.plan.cost import Phase, cents, left_running_usd, price_job
@@ -234,12 +234,13 @@ def _check_provider(name: str, priced: set[str] | frozenset[str] = frozenset()) 
     if name in priced:
         return name
     key = name.strip().lower().replace(".ai", "")
-    if key in PROVIDERS:
+    known = snapshot_providers()
+    if key in known:
         return key
-    near = closest(name, list(PROVIDERS))
+    near = closest(name, list(known))
     raise PlanError(
         f"unknown provider {name!r}",
-        hint=(f"did you mean {', '.join(repr(n) for n in near)}? " if near else "") + f"known: {', '.join(PROVIDERS)}",
+        hint=(f"did you mean {', '.join(repr(n) for n in near)}? " if near else "") + f"known: {', '.join(known)}",
     )
 
 
@@ -284,7 +285,7 @@ def plan_job(
         provider = None
     elif provider is not None:
         pins["--provider"] = provider
-    elif spec.compute.provider in PROVIDERS:
+    elif spec.compute.provider in snapshot_providers():
         provider = pins["compute.provider"] = spec.compute.provider
     prov = _check_provider(provider, {e.provider for e in prices or ()}) if provider else None
     if pinned:

@@ -3,20 +3,26 @@
 A job on a rented GPU is a sequence of billed phases: boot and install, base-model download,
 data upload, caching, training, sampling, then review, pull and destroy. Each phase has a
 default estimate (below, and in docs/planner.md) and each can be overridden in the spec under
-``compute.phases`` (minutes). Storage is billed by kind (RunPod container disk while running;
-Vast.ai storage while the instance exists) and Vast.ai bandwidth per GB at the host's rate.
+``compute.phases`` (minutes). Storage and bandwidth are billed as the offer's provider declares
+(its class's :class:`~lorapod.catalog.billing.Billing`: a fixed disk rate, or each host's, or in the
+hourly price; bandwidth per GB or not): no provider is named here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
+from typing import TYPE_CHECKING
 
+from lorapod.catalog.billing import billing_for
 from lorapod.catalog.gpus import GPU, find_gpu
 from lorapod.catalog.prices import PriceEntry, load_storage
 from lorapod.plan.estimate import Speed, matmul_rate, step_speed
 from lorapod.plan.job import DEFAULT_SAMPLE_STEPS, Job
 from lorapod.spec import JobSpec
+
+if TYPE_CHECKING:
+    from lorapod.spec import JobSpec
 
 # Defaults, from the guides' SDXL walk-through unless said otherwise.
 BOOT_MIN = 10.0  # start from a template and install the trainer
@@ -151,23 +157,68 @@ def price_job(job: Job, price: PriceEntry, speed: Speed | None = None) -> tuple[
     rate = price.usd_per_hour
     phases = [Phase(name, m / 60, m / 60 * rate) for name, m in minutes]
     hours = sum(p.hours for p in phases)
-    storage = load_storage()[1]
     disk = job.spec.compute.disk_gb
-    if price.provider == "runpod":
-        per_month = storage["runpod"]["container_disk"]["running"]
-        phases.append(Phase(f"storage ({disk:g} GB container disk)", 0.0, disk * per_month / HOURS_PER_MONTH * hours))
-    elif price.provider == "vast":
-        if price.storage_included:
-            phases.append(Phase(f"storage ({disk:g} GB, in the offer's $/h)", 0.0, 0.0))
-        elif price.storage_per_gb_month is not None:
-            phases.append(Phase(f"storage ({disk:g} GB)", 0.0, disk * price.storage_per_gb_month / HOURS_PER_MONTH * hours))
+    billing = billing_for(price.provider)  # the provider's own facts (its class: catalog/billing.py)
+    if billing is None:
+        warnings.append(f"how {price.provider} bills storage and bandwidth is unknown to the planner (its provider "
+                        "class declares no billing, or is not loaded): not in the estimate")
+    elif price.storage_included:
+        phases.append(Phase(f"storage ({disk:g} GB, in the offer's $/h)", 0.0, 0.0))
+    else:
+        per_hour = billing.disk_usd_per_hour(disk, price.storage_per_gb_month)
+        if per_hour is not None:
+            phases.append(Phase(f"storage ({disk:g} GB)", 0.0, per_hour * hours))
+        else:
+            warnings.append(f"{price.provider} bills storage at each host's rate, not in this estimate (use --live)")
+    if billing is not None and billing.bandwidth_per_gb:
         if price.download_per_gb is not None or price.upload_per_gb is not None:
             usd = job.download_gb * (price.download_per_gb or 0) + (job.upload_gb * (price.download_per_gb or 0))
             usd += job.pull_gb * (price.upload_per_gb or 0)
             phases.append(Phase("bandwidth", 0.0, usd))
-        if price.storage_per_gb_month is None and not price.storage_included:
-            warnings.append("Vast.ai storage and bandwidth are billed at the host's rate, not included (use --live)")
+        else:
+            warnings.append(f"{price.provider} bills bandwidth per GB at each host's rate, not in this estimate "
+                            "(use --live)")
     return phases, warnings
+
+
+#: the dead man's switch (compute/deadman.py): minutes from an instance's start until it destroys
+#: itself unless a controller reached it, twice the "boot + install" estimate within these bounds
+DEADMAN_FLOOR_MIN, DEADMAN_CEILING_MIN = 10.0, 60.0
+
+
+def deadman_minutes(spec: JobSpec, provider: str | None = None) -> float:
+    """The switch's minutes for ``spec`` on ``provider``: ``compute.deadman_min`` when set (0: no
+    switch), else twice the "boot + install" estimate (the spec's ``compute.phases.boot_min``, the
+    median your ledger measured on the provider, or :data:`BOOT_MIN`), 10 to 60 minutes. What must
+    fit in it is far less (the container's start to the first SSH command and the watchdog's
+    start: seconds on a healthy host); the margin is for a slow sshd or a key that arrives late."""
+    c = spec.compute
+    if c.deadman_min is not None:
+        return float(c.deadman_min)
+    return default_deadman_minutes(provider, c.phases.boot_min)
+
+
+def default_deadman_minutes(provider: str | None = None, boot_min: float | None = None) -> float:
+    """Twice ``boot_min`` (else what the ledger measured on ``provider``, else :data:`BOOT_MIN`),
+    within :data:`DEADMAN_FLOOR_MIN` .. :data:`DEADMAN_CEILING_MIN`."""
+    boot = boot_min
+    if boot is None and provider:
+        from lorapod.store.phases import measured_boot_min
+
+        measured = measured_boot_min(provider)
+        boot = measured[0] if measured else None
+    return max(DEADMAN_FLOOR_MIN, min(DEADMAN_CEILING_MIN, 2.0 * float(boot if boot is not None else BOOT_MIN)))
+
+
+def deadman_line(minutes: float, usd_per_hour: float | None = None, where: str = "") -> str:
+    """What ``lorapod plan`` says about the switch, with what a boot slower than it costs."""
+    if minutes <= 0:
+        return ("dead man's switch: off (compute.deadman_min: 0): an instance whose controller dies before its first "
+                "SSH command bills until `lorapod down --orphans`")
+    cost = (f": ${usd_per_hour * minutes / 60:.3f} at {where} ${usd_per_hour:.3f}/h" if usd_per_hour else "")
+    return (f"dead man's switch: an instance no controller has reached {minutes:g} min after its start destroys itself "
+            f"with its own scoped key (compute.deadman_min); a boot slower than that is given up and the next offer "
+            f"tried, costing those {minutes:g} min{cost}")
 
 
 def left_running_usd(hours: float, usd_per_hour: float) -> float:

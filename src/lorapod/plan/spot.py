@@ -43,6 +43,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from lorapod.catalog.billing import Billing, billing_for
+
 #: prior preemptions per hour when the user sets none: an assumption, not a published figure
 #: (neither RunPod nor Vast.ai publishes rates); one preemption per 10 hours on the instance
 PRIOR_PER_HOUR = 0.1
@@ -55,21 +57,11 @@ RATE_QUANTILES = (0.1, 0.9)
 LOCAL_DISK_MB_S = 400.0  # writing a checkpoint to the instance's disk (assumption)
 SAVE_FIXED_S = 2.0  # serialising, fsync, rename, RNG and data position (assumption)
 #: noticing a preemption: one poll of the provider's state (dstack notices a lost running spot
-#: instance within 2 minutes, issue 2732), then asking for the next instance (assumption: 1 min)
+#: instance within 2 minutes, issue 2732), then asking for the next instance (assumption: 1 min).
+#: What each provider does at a preemption (stops or pauses, how long a paused husk is waited for,
+#: the SIGTERM window) is its own fact, declared on its class (catalog/billing.py ``Billing``).
 DETECT_MIN = 2.0
 ACQUIRE_MIN = 1.0
-#: Vast.ai pauses an outbid instance and resumes it if the bid wins again: wait this long for the
-#: resume before destroying the husk and moving (assumption), modelled as always moving
-VAST_RESUME_WAIT_MIN = 10.0
-#: RunPod's spot pod is "stopped" when preempted; lorapod destroys it once noticed
-RUNPOD_HUSK_MIN = DETECT_MIN
-
-#: Seconds from a preemption's SIGTERM to its SIGKILL, per provider: RunPod's pricing docs promise
-#: "a 5-second warning (SIGTERM signal, followed by SIGKILL)" (runpod/docs pods/pricing.mdx; its
-#: 2022 blog says "without notice": then nothing is saved on the signal and the newest checkpoint
-#: that reached home is what resumes). Vast.ai documents no signal before it pauses an outbid
-#: instance, whose disk it keeps: nothing to fit there.
-GRACE_S: dict[str, float] = {"runpod": 5.0}
 #: MB/s of the whole save on SIGTERM (engine/checkpoint.py: serialise adapter and optimizer,
 #: RNG, sha256 manifest, fsync, rename), from ``bench/spot_save.py`` on the shared 2-vCPU
 #: development machine (docs/performance.md, "Save on SIGTERM"): about 510 MB (SDXL rank 16, or a
@@ -112,7 +104,18 @@ def _erlang_cdf(x: float, shape: int, scale_rate: float) -> float:
     return 1.0 - math.exp(-z) * total
 
 
+#: above this many events the rate's quantiles come from the Wilson-Hilferty closed form, not the
+#: Erlang sum (whose terms number the events): the planner never loops over a count it is given
+EXACT_MAX_SHAPE = 200
+_Z = {0.1: -1.2815515655446004, 0.9: 1.2815515655446004}  # standard normal quantiles
+
+
 def _erlang_quantile(p: float, shape: int, scale_rate: float) -> float:
+    if shape > EXACT_MAX_SHAPE and p in _Z:
+        # Gamma(k) = chi-square(2k) / 2; Wilson-Hilferty: chi2_p(v) ~ v (1 - 2/(9v) + z_p sqrt(2/(9v)))^3,
+        # within 0.1% at these shapes
+        v = 2.0 * shape
+        return v * (1 - 2 / (9 * v) + _Z[p] * math.sqrt(2 / (9 * v))) ** 3 / 2 / scale_rate
     lo, hi = 0.0, (shape + 10 * math.sqrt(shape) + 10) / scale_rate
     for _ in range(100):
         mid = (lo + hi) / 2
@@ -174,43 +177,58 @@ class Outcome:
                 "checkpoint_every_min": round(self.interval * 60, 2) if math.isfinite(self.interval) else None}
 
 
+#: ``e^x - 1`` is taken at most this far: beyond it the expectation is astronomically past any cap
+#: (e^700 ~ 1e304 hours), and ``math.expm1`` would raise OverflowError a little further on
+MAX_EXPONENT = 700.0
+
+
+def _grow(x: float) -> float:
+    """``e^x - 1``, capped (:data:`MAX_EXPONENT`): never an OverflowError, whatever the inputs."""
+    return math.expm1(min(x, MAX_EXPONENT)) if x == x else math.inf
+
+
 def _stretch(y: float, a: float, rate: float) -> tuple[float, float]:
     """Expected hours and preemptions to get ``y`` exposed hours done in one go, each preemption
     costing ``a`` hours first and starting the stretch over."""
     if rate <= 0:
         return y, 0.0
-    fails = math.expm1(rate * y)
+    fails = _grow(rate * y)
     return (1 / rate + a) * fails, fails
 
 
-def segments(work: float, interval: float) -> list[float]:
-    """The training split at the checkpoints: full intervals, then what is left."""
-    if not math.isfinite(interval) or interval >= work:
-        return [work]
-    n = int(work // interval)
+def segments(work: float, interval: float) -> tuple[float, float, float]:
+    """The training split at the checkpoints, in closed form: ``(n, interval, rest)``, ``n`` full
+    intervals (a float: never a list of them, whatever the interval) then what is left."""
+    if not math.isfinite(interval) or interval <= 0 or interval >= work:
+        return 0.0, 0.0, work
+    n = math.floor(work / interval)
     rest = work - n * interval
-    return [interval] * n + ([rest] if rest > 1e-12 else [])
+    return float(n), interval, (rest if rest > 1e-12 else 0.0)
 
 
 def expected(job: SpotJob, rate: float, interval: float) -> Outcome:
-    """The closed-form expectation of the model in the module docstring, at ``rate`` per hour."""
+    """The closed-form expectation of the model in the module docstring, at ``rate`` per hour:
+    the ``n`` full intervals are alike, so they count once, times ``n``."""
     hours, fails = _stretch(job.setup, job.wait, rate)
     rec_hours, rec_fails = _stretch(job.resetup, job.wait, rate)
     recovery = job.wait + rec_hours  # one recovery: wait, then the setup until it completes
-    segs = segments(job.work, interval)
-    for x in segs:
+    n, full, rest = segments(job.work, interval)
+    for count, x in ((n, full), (1.0 if rest > 0 or n == 0 else 0.0, rest)):
+        if count == 0:
+            continue
         y = x + job.checkpoint
         if rate <= 0:
-            hours += y
+            hours += count * y
             continue
-        seg_fails = math.expm1(rate * y)
-        hours += (1 / rate + recovery) * seg_fails
-        fails += seg_fails * (1 + rec_fails)  # each recovery is preempted rec_fails times on average
+        seg_fails = _grow(rate * y)
+        hours += count * (1 / rate + recovery) * seg_fails
+        fails += count * seg_fails * (1 + rec_fails)  # each recovery is preempted rec_fails times on average
     hours += job.tail
     billed = hours - fails * job.wait
     usd = (billed * (job.usd_per_hour + job.storage_usd_per_hour) + fails * job.husk * job.husk_usd_per_hour
            + (1 + fails) * job.per_setup_usd)
-    return Outcome(hours, billed, usd, fails, len(segs), interval)
+    checkpoints = int(min(n + (1 if rest > 0 else 0), 2**62)) if n else 1
+    return Outcome(hours, billed, usd, fails, checkpoints, interval)
 
 
 @dataclass(frozen=True)
@@ -311,7 +329,7 @@ def spot_job(job: Any, option: Any, bid: float, storage_per_gb_month: float | No
     """The model's inputs from the on-demand ``option`` of the same GPU x provider: its setup,
     work and tail phases, its disk's $/h, its bandwidth; the checkpoint's size from the estimate."""
     from lorapod.catalog.prices import load_storage
-    from lorapod.plan.cost import HOME_DOWNLOAD_MB_S, HOURS_PER_MONTH
+    from lorapod.plan.cost import HOME_DOWNLOAD_MB_S
 
     hours = {p.name: p.hours for p in option.phases}
     setup = sum(h for n, h in hours.items() if n in SETUP_PHASES)
@@ -325,13 +343,12 @@ def spot_job(job: Any, option: Any, bid: float, storage_per_gb_month: float | No
     checkpoint = (SAVE_FIXED_S + mb / LOCAL_DISK_MB_S) / 3600
     resetup = setup + mb / st["home_upload_mb_s"] / 3600 + mb / HOME_DOWNLOAD_MB_S / 3600
     disk = job.spec.compute.disk_gb
-    if option.provider == "vast":
-        wait = (DETECT_MIN + VAST_RESUME_WAIT_MIN + ACQUIRE_MIN) / 60
-        husk = (DETECT_MIN + VAST_RESUME_WAIT_MIN) / 60
-        husk_rate = disk * (storage_per_gb_month or 0.0) / HOURS_PER_MONTH
-    else:
-        wait, husk = (DETECT_MIN + ACQUIRE_MIN) / 60, RUNPOD_HUSK_MIN / 60
-        husk_rate = disk * float(st["runpod"]["container_disk"]["stopped"]) / HOURS_PER_MONTH
+    b = billing_of(option.provider)
+    # a paused husk is waited for (it may resume), a stopped one destroyed once noticed (DETECT_MIN)
+    waited = b.resume_wait_min if b.preempted == "pauses" else 0.0
+    wait = (DETECT_MIN + waited + ACQUIRE_MIN) / 60
+    husk = (DETECT_MIN + waited) / 60
+    husk_rate = b.disk_usd_per_hour(disk, storage_per_gb_month, stopped=True) or 0.0
     gpus = max(1, job.spec.compute.gpus)
     return SpotJob(setup, work, tail, resetup, checkpoint, wait, husk, bid * gpus, running, husk_rate, bandwidth)
 
@@ -349,7 +366,14 @@ def quote_option(job: Any, option: Any, entry: Any, storage_per_gb_month: float 
             + (" (live)" if entry.source == "live" else ""))
     q = quote(spot_job(job, option, entry.usd_per_hour, storage_per_gb_month), entry.tier, entry.usd_per_hour,
               rate, option.train_range, interval, note)
-    return replace(q, save_s=save_on_sigterm_s(job, option), grace_s=GRACE_S.get(option.provider))
+    return replace(q, save_s=save_on_sigterm_s(job, option), grace_s=billing_of(option.provider).sigterm_grace_s)
+
+
+def billing_of(provider: str) -> Billing:
+    """The provider's own facts (catalog/billing.py, declared on its class); an unknown provider's
+    preemption is modelled as a stop with no signal and no husk storage, which the plan's warnings
+    already say it cannot price."""
+    return billing_for(provider) or Billing()
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,24 @@ def checkpoint_step(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def checkpoint_rank(name: str) -> tuple[bool, int] | None:
+    """Where a checkpoint folder's name ranks among a run's: ``step-N`` and ``epoch-N`` (as
+    trainers/base.py names sd-scripts') by their number, a step beating an epoch; None for any
+    other name. The one "newest" rule: :func:`last_checkpoint` and the pull guard's smallest set
+    that resumes (compute/pulls.py) both rank by it."""
+    m = _CHECKPOINT_RE.fullmatch(name) or _EPOCH_RE.fullmatch(name)
+    return (name.startswith(_CHECKPOINT), int(m.group(1))) if m else None
+
+
+def checkpoint_path(rel: str) -> str | None:
+    """The checkpoint folder a path relative to the run folder lies in (``checkpoints/step-40/a.bin``
+    -> ``checkpoints/step-40``); None for a path outside any ``step-N`` / ``epoch-N`` folder."""
+    parts = rel.split("/")
+    if len(parts) >= 2 and parts[0] == CHECKPOINTS and checkpoint_rank(parts[1]) is not None:
+        return f"{CHECKPOINTS}/{parts[1]}"
+    return None
+
+
 def sample_tag(step: int) -> str:
     """The stem prefix of the samples of ``step``: ``step000040`` (the files are ``<tag>-NN.ext``)."""
     return f"step{int(step):06d}"
@@ -120,8 +138,8 @@ def last_checkpoint(root: Path) -> str | None:
         return None
     try:
         with os.scandir(folder) as it:
-            names = [e.name for e in it if e.is_dir(follow_symlinks=False)
-                     and (_CHECKPOINT_RE.fullmatch(e.name) or _EPOCH_RE.fullmatch(e.name))]
+            ranked = [(rank, e.name) for e in it if e.is_dir(follow_symlinks=False)
+                      and (rank := checkpoint_rank(e.name)) is not None]
     except OSError:
         return None
-    return max(names, key=lambda n: (n.startswith(_CHECKPOINT), int(n.split("-")[1])), default=None)
+    return max(ranked)[1] if ranked else None

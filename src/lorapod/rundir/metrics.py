@@ -71,10 +71,14 @@ class MetricsFeed:
 
     ``floor`` is the lowest step accepted next (the last accepted step); ``None`` accepts any
     valid step first (a resumed job legitimately restarts from its checkpoint's step).
+    ``ceiling`` is the highest step the job can reach, as lorapod knows it (the spec's
+    ``train.max_steps``; None: :data:`MAX_STEP`): a line past it is dropped without moving the
+    floor, so one forged ``step: 10**12`` never hides the real lines after it.
     """
 
     offset: int = 0
     floor: int | None = None
+    ceiling: int | None = None
     dropped: Counter[str] = field(default_factory=Counter)
     _skipping: bool = False  # inside an over-long line: drop bytes up to its newline
 
@@ -141,6 +145,8 @@ class MetricsFeed:
             return None, "no integer step"
         if not 0 <= step <= MAX_STEP:
             return None, f"step outside 0..{MAX_STEP}"
+        if self.ceiling is not None and step > self.ceiling:
+            return None, "step past the job's length"
         if self.floor is not None and step < self.floor:
             return None, "step lower than the last one"
         self.floor = step
@@ -188,6 +194,46 @@ def read_bytes(path: Path, tail_bytes: int | None = None) -> bytes:
         fh.seek(st.st_size - tail_bytes)
         data = fh.read(tail_bytes)
     return data[data.find(b"\n") + 1:]
+
+
+def cut_after(path: Path, step: int | None) -> int:
+    """Keep only the valid records of a metrics file up to ``step`` (None: none), as the engine
+    does on resume: read line by line in bounded pieces (a line longer than :data:`MAX_LINE_BYTES`
+    is dropped unread), stopped at a torn last line, never through a link, written back atomically.
+    Returns the size of the file left. What survives is what :func:`read_records` would accept, so
+    a hostile line a host planted (nested 200,000 deep, a forged step) never stops a resume, and a
+    line past ``step`` never hides the ones before it."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return 0
+    feed, kept = MetricsFeed(ceiling=-1 if step is None else step), []
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return 0
+        skipping = False
+        while True:
+            line = fh.readline(MAX_LINE_BYTES + 1)
+            if not line:
+                break
+            if not line.endswith(b"\n"):
+                if len(line) <= MAX_LINE_BYTES:
+                    break  # a line cut off by the pull: the end of what came whole
+                skipping = True  # too long: read on to its newline, keep nothing of it
+                continue
+            if skipping:
+                skipping = False
+                continue
+            rec = feed.accept(line[:-1])
+            if rec is not None and step is not None and rec["step"] <= step:
+                kept.append(line)
+    data = b"".join(kept)
+    tmp = path.with_name(f".tmp-{path.name}")
+    tmp.unlink(missing_ok=True)
+    tmp.write_bytes(data)
+    tmp.replace(path)
+    return len(data)
 
 
 def read_records(path: Path, tail_bytes: int | None = None, feed: MetricsFeed | None = None) -> list[dict[str, Any]]:

@@ -94,6 +94,7 @@ CREATE TABLE IF NOT EXISTS prices (
   seen_at REAL NOT NULL,
   PRIMARY KEY (provider, offer_id, seen_at)
 );
+CREATE INDEX IF NOT EXISTS events_job_kind ON events(job_id, kind);
 """
 
 LIVE = ("creating", "live", "destroying")
@@ -531,6 +532,13 @@ class Ledger:
         else:
             rows = self._db.execute("SELECT * FROM events ORDER BY seq")
         return [dict(r) for r in rows]
+
+    def last_event(self, job_id: str, kind: str, since: float) -> dict[str, Any] | None:
+        """The newest event of ``kind`` for ``job_id`` written at or after ``since`` (wall clock):
+        a controller reads the user's ``down`` and ``stop`` requests with it at every poll."""
+        row = self._db.execute("SELECT * FROM events WHERE job_id=? AND kind=? AND ts>=? ORDER BY seq DESC LIMIT 1",
+                               (job_id, kind, since)).fetchone()
+        return dict(row) if row is not None else None
 
     def records(self, *kinds: str, job_id: str | None = None) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
         """(event, record) for the events of ``kinds`` whose message is a JSON object, in order:

@@ -76,7 +76,12 @@ class SpotFigures:
     spot_hours: float
 
     def line(self) -> str:
-        saved = f", saved ${self.saved_usd:.4f} vs on-demand" if self.saved_usd is not None else ""
+        """The summary's, ``ps``'s and ``logs``'s words: a negative saving is a cost, said as one."""
+        saved = ""
+        if self.saved_usd is not None and self.saved_usd >= 0:
+            saved = f", saved ${self.saved_usd:.4f} vs on-demand"
+        elif self.saved_usd is not None:
+            saved = f", ${-self.saved_usd:.4f} MORE than on-demand would have cost"
         return f"spot: {self.preemptions} preemption(s) costing ${self.cost_usd:.4f}{saved}"
 
     def to_json(self) -> dict[str, object]:

@@ -46,7 +46,7 @@ from lorapod.trainers.job import Command, TrainerJob
 
 LOG_TAIL_LINES = 25
 #: After SIGTERM, how long to wait for a save the trainer was asked for (axolotl's trigger), before
-#: ending it: RunPod's SIGKILL comes 5 s after its SIGTERM (plan/spot.py GRACE_S)
+#: ending it: RunPod's SIGKILL comes 5 s after its SIGTERM (its provider class: Billing.sigterm_grace_s)
 PREEMPT_WAIT_S = 3.5
 # The last line of a Python traceback: "AssertionError: when caching ...", "ValueError: ...".
 _EXC_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?(?P<cls>[A-Z]\w*(?:Error|Exception))(?:: (?P<msg>.+))?$")
@@ -117,9 +117,9 @@ class Mirror:
         elif art.kind == "final":
             _link_file(art.path, self.run / "adapter" / art.path.name)
         elif art.path.is_file():
-            _link_file(art.path, self.run / "checkpoints" / art.key / art.path.name)
+            _link_file(art.path, self.run / CHECKPOINTS / art.key / art.path.name)
         else:  # a folder (a state folder, an HF checkpoint): copied whole, then renamed into place
-            key_dir = self.run / "checkpoints" / art.key
+            key_dir = self.run / CHECKPOINTS / art.key
             _link_tree(art.path, key_dir / "state" if art.kind == "state" else key_dir)
 
     def _rotate(self) -> None:
@@ -128,7 +128,7 @@ class Mirror:
         the trainer itself kept (sd-scripts keeps ``--save_last_n_steps`` saves *and* the final
         state; tests/recorded/sd15)."""
         kept = self.protect() if self.protect is not None else set()
-        keys = sorted((p for p in (self.run / "checkpoints").iterdir()
+        keys = sorted((p for p in (self.run / CHECKPOINTS).iterdir()
                        if p.is_dir() and not p.name.startswith(".") and p.name != FINAL_STATE and p.name not in kept),
                       key=lambda p: p.stat().st_mtime)
         for old in keys[: max(0, len(keys) - self.keep_last)]:
@@ -208,7 +208,7 @@ def _link_file(src: Path, dest: Path) -> None:
 
 
 def newest_checkpoint(run: Path) -> Path | None:
-    ckpts = [p for p in (run / "checkpoints").glob("*") if p.is_dir() and not p.name.startswith(".")]
+    ckpts = [p for p in (run / CHECKPOINTS).glob("*") if p.is_dir() and not p.name.startswith(".")]
     return max(ckpts, key=lambda p: p.stat().st_mtime) if ckpts else None
 
 

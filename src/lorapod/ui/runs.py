@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from lorapod.rundir.layout import CHECKPOINTS, METRICS, SAMPLE_EXTS, answers_tag, sample_parts
+from lorapod.rundir.layout import CHECKPOINTS, METRICS, SAMPLE_EXTS, SAMPLES, answers_tag, sample_parts
 from lorapod.rundir.metrics import parse_records
 from lorapod.ui.files import is_real_dir, list_files, read_text
 
@@ -30,7 +30,7 @@ ACTIVE = ("starting", "running", "stopping")
 #: A local run folder whose metrics changed this recently counts as running.
 LOCAL_LIVE_S = 120.0
 #: Folders never searched for run folders.
-SKIP_DIRS = {".git", ".venv", "venv", "node_modules", "__pycache__", "checkpoints", "samples", "adapter",
+SKIP_DIRS = {".git", ".venv", "venv", "node_modules", "__pycache__", CHECKPOINTS, SAMPLES, "adapter",
              "exports", "tensorboard", "eval", "data", "base-model"}
 SCAN_DEPTH = 3
 #: Bytes at the end of metrics.jsonl read for the Runs page's step, loss and ETA.

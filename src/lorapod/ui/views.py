@@ -170,9 +170,11 @@ def _on_builtin_model(spec_path: Path) -> bool:
 
 def plan_json(spec_path: Path) -> dict[str, Any]:
     """The Plan page's plan of one spec file: the planner's own :meth:`~lorapod.plan.choose.Plan.to_page`."""
+    from lorapod.compute.provider import load_facts
     from lorapod.plan.choose import plan_job
     from lorapod.spec import load_spec
 
+    load_facts()  # how each provider bills (their classes' Billing)
     return plan_job(load_spec(spec_path)).to_page()
 
 

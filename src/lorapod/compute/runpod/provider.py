@@ -34,13 +34,17 @@ user's own key never leaves this machine.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from lorapod.catalog.billing import Billing
 from lorapod.catalog.images import DEFAULTS, KNOWN, image_cuda
+from lorapod.catalog.prices import load_storage
 from lorapod.compute.httpapi import ApiError
 from lorapod.compute.provider import (
     HOST_OPTIONS,
     Capability,
+    DoctorFacts,
     Instance,
     InstanceSpec,
     NoCapacity,
@@ -57,11 +61,13 @@ from lorapod.compute.runpod.api import CUDA_VERSIONS, RunPodApi
 if TYPE_CHECKING:
     from lorapod.catalog.gpus import GPU
     from lorapod.catalog.prices import PriceEntry
+    from lorapod.compute.deadman import DeadMan
     from lorapod.compute.runpod.volume_mount import VolumeMount
     from lorapod.plan.job import Job
     from lorapod.spec import JobSpec
 
 DEFAULT_IMAGE = DEFAULTS["runpod"]
+_STORAGE = load_storage()[1]["runpod"]  # the dated storage snapshot's row (catalog/data/storage.yaml)
 MIN_VCPU_PER_GPU = 4  # SkyPilot's minVcpuCountPerGpu; the v1 default of 2 starves data loading
 MIN_RAM_PER_GPU_GB = 16  # never below this, whatever the planner says (v1 default: 8)
 
@@ -82,6 +88,16 @@ class RunPodProvider(ProviderBase):
 
     name = "runpod"
     traits = Traits(console_url="https://www.runpod.io/console/pods")
+    #: The container disk bills while the pod runs and nothing once it is stopped (erased then; the
+    #: storage snapshot's runpod row, runpod/docs pods/pricing.mdx). Spot: a preemption is "a
+    #: 5-second warning (SIGTERM signal, followed by SIGKILL)" (pods/pricing.mdx; its 2022 blog says
+    #: "without notice": then nothing is saved on the signal and the newest checkpoint home resumes),
+    #: and the pod is stopped, not paused: lorapod destroys it once noticed.
+    billing = Billing(disk_running_gb_month=float(_STORAGE["container_disk"]["running"]),
+                      disk_stopped_gb_month=float(_STORAGE["container_disk"]["stopped"]),
+                      sigterm_grace_s=5.0, preempted="stops", source="runpod/docs pods/pricing.mdx")
+    #: the pod's own variables (runpod docs, environment variables) and what `--spot` checks
+    doctor = DoctorFacts(scoped=("RUNPOD_POD_ID", "RUNPOD_API_KEY"), spot_checks=("bid", "sigterm path"))
     #: the key ``lorapod plan --live`` reads RunPod's prices with (:meth:`price_list`)
     price_key_env = "RUNPOD_API_KEY"
     #: the network volume this run mounts (set by :meth:`attach_volume` only): limits offers, adds create fields
@@ -153,6 +169,9 @@ class RunPodProvider(ProviderBase):
                                      "stopped: lorapod destroys it and resumes on the next offer (compute/recovery.py)"),
             Capability("spot_resume", False, "a stopped spot pod restarted may get zero GPUs (RunPod's zero-gpus "
                                              "page): lorapod never waits for it"),
+            Capability("deadman", True, "the container's command (REST dockerStartCmd, GraphQL dockerArgs) starts the "
+                                        "switch before the image's own start script, for images whose start script "
+                                        "the catalog knows (catalog/images.py); the pod-scoped RUNPOD_API_KEY destroys"),
         ]
 
     def offers(self, req: Requirements) -> list[Offer]:
@@ -195,18 +214,18 @@ class RunPodProvider(ProviderBase):
                              float(bid) * req.gpu_count, vram_gb=float(g.get("memoryInGb") or 0),
                              gpu_count=req.gpu_count, region=cloud.lower(),
                              extra={"gpu_type_id": g["id"], "cloud_type": cloud, "image": image,
-                                    "min_ram_per_gpu_gb": ram, "interruptible": True, "bid_per_gpu": float(bid),
-                                    "spot_tier": "spot"},  # the catalog's tier: store/preemptions.py rates
-                             secure=cloud == "SECURE"))
+                                    "min_ram_per_gpu_gb": ram},
+                             secure=cloud == "SECURE", interruptible=True, bid_per_gpu_hour=float(bid),
+                             spot_tier="spot"))  # the catalog's tier: store/preemptions.py rates
         return out
 
-    def _rent_spot(self, offer: Offer, body: dict[str, Any]) -> dict[str, Any]:
+    def _rent_spot(self, offer: Offer, body: dict[str, Any], deadman: DeadMan | None = None) -> dict[str, Any]:
         """The REST body as ``PodRentInterruptableInput`` (SkyPilot's fields: ports a string, env a
         list of key/value pairs, memory and vCPUs per pod), with the offer's bid."""
         gpus = body["gpuCount"]
         pod_input: dict[str, Any] = {
             "name": body["name"], "imageName": body["imageName"], "gpuTypeId": body["gpuTypeIds"][0],
-            "bidPerGpu": float(offer.extra["bid_per_gpu"]), "cloudType": body["cloudType"], "gpuCount": gpus,
+            "bidPerGpu": float(offer.bid_per_gpu_hour or offer.usd_per_hour / max(1, gpus)), "cloudType": body["cloudType"], "gpuCount": gpus,
             "containerDiskInGb": body["containerDiskInGb"], "volumeInGb": 0, "volumeMountPath": "/workspace",
             "ports": ",".join(body["ports"]), "supportPublicIp": True,
             "env": [{"key": k, "value": v} for k, v in body["env"].items()],
@@ -216,7 +235,8 @@ class RunPodProvider(ProviderBase):
             pod_input["allowedCudaVersions"] = body["allowedCudaVersions"]
         start = KNOWN[body["imageName"]].start if body["imageName"] in KNOWN else ""
         if start:  # PID 1 passes the preemption's SIGTERM on to the job (compute/remote.py SPOT_INIT)
-            pod_input["dockerArgs"] = spot_init_args(start)
+            switch = self._switch(deadman)
+            pod_input["dockerArgs"] = spot_init_args(f"{switch}; {start}" if switch else start)
         for rest, gql in (("networkVolumeId", "networkVolumeId"), ("volumeMountPath", "volumeMountPath")):
             if rest in body and self.volume is not None:
                 pod_input[gql] = body[rest]
@@ -246,9 +266,12 @@ class RunPodProvider(ProviderBase):
             body["allowedCudaVersions"] = cuda
         if self.volume is not None:
             body.update(self.volume.create_fields())
-        spot = bool(offer.extra.get("interruptible"))
+        spot = offer.interruptible
+        start = KNOWN[image].start if image in KNOWN else ""
+        if not spot and start and spec.deadman is not None:  # the switch first, then the image's own start script
+            body["dockerStartCmd"] = ["bash", "-c", f"{self._switch(spec.deadman)}; exec {start}"]
         try:
-            pod = self._rent_spot(offer, body) if spot else self.api.create_pod(body)
+            pod = self._rent_spot(offer, body, spec.deadman) if spot else self.api.create_pod(body)
         except ApiError as exc:
             if (exc.status == 400 or spot) and is_no_capacity(exc.message):
                 raise NoCapacity(f"RunPod has no {offer.gpu_name} ({cloud.lower()}) for this pod right now",
@@ -259,6 +282,13 @@ class RunPodProvider(ProviderBase):
                              hint="no capacity for this GPU right now; lorapod tries the next offer")
         inst = self._instance(pod, offer.usd_per_hour)
         return inst.with_(interruptible=True) if spot else inst
+
+    def _switch(self, deadman: DeadMan | None) -> str:
+        """The dead man's switch's launcher for a pod (compute/deadman.py): the watchdog's own
+        recipe, the pod's id read from its RUNPOD_POD_ID at run time; "" for none."""
+        if deadman is None or deadman.after_s <= 0:
+            return ""
+        return replace(deadman, recipe=self.api.self_destroy_recipe("")).launcher()
 
     def refresh(self, inst: Instance) -> Instance:
         pod = self.api.get_pod(inst.id)

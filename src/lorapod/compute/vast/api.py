@@ -78,14 +78,17 @@ class VastApi(HttpApi):
         """How the watchdog destroys its own instance with the scoped ``CONTAINER_API_KEY``
         ("can only start, stop, or destroy that specific instance", api-reference/hello-world.mdx),
         as data the standard-library watchdog interprets: DELETE must answer ``success: true``
-        (vast.py ``destroy_instance``), then the GET must say ``instances: null`` (vast.py
-        ``show__instance``) before the watchdog believes it."""
+        (vast.py ``destroy_instance``: a 200 with ``success: false`` did nothing), then a second
+        DELETE must find no such instance (404) before the watchdog believes it. Why not the GET
+        vast.py's ``show instance`` sends: the scoped key may only start, stop or destroy, so a
+        read with it is not documented to work; "gone" is what destroy itself can tell. The
+        controller's own confirm is the account key's GET (compute/teardown.py)."""
         url = f"{self.base_url}/api/v0/instances/{{CONTAINER_ID}}/"
         return {
             "steps": [{"name": "DELETE", "kind": "http", "method": "DELETE", "url": url, "token": "CONTAINER_API_KEY",
                        "done_status": [200], "done_json": {"success": True}, "gone_status": [404]}],
-            "confirm": {"name": "GET", "kind": "http", "method": "GET", "url": url, "token": "CONTAINER_API_KEY",
-                        "gone_status": [404], "gone_json": {"instances": None}},
+            "confirm": {"name": "DELETE again", "kind": "http", "method": "DELETE", "url": url,
+                        "token": "CONTAINER_API_KEY", "gone_status": [404]},
             "ids": {"CONTAINER_ID": instance_id},
             "user_agent": user_agent("lorapod-watchdog"),
         }

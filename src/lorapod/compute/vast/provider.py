@@ -28,13 +28,16 @@ if its bid wins again, or after :meth:`VastProvider.change_bid` raises it.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from lorapod.catalog.billing import Billing
 from lorapod.catalog.images import DEFAULTS, image_cuda
 from lorapod.compute.provider import (
     HOST_OPTIONS,
     Capability,
     CreatedButUnusable,
+    DoctorFacts,
     Instance,
     InstanceSpec,
     Offer,
@@ -143,6 +146,15 @@ class VastProvider(ProviderBase):
     #: the key attached after create reaches the container seconds later ("If authentication
     #: fails, try again after a few seconds", Vast's SSH banner): readiness waits for it
     traits = Traits(key_arrives_late=True, console_url="https://cloud.vast.ai/instances/")
+    #: Each host sets its disk rate (an offer's ``storage_cost``, $/GB-month) and its bandwidth
+    #: (``inet_down_cost`` / ``inet_up_cost``, $/GB); storage bills "while the instance exists, running
+    #: or stopped" (vast-ai/docs). Spot: an outbid instance is paused, disk kept and billed ("Disk
+    #: charges continue; no GPU charges", docs.vast.ai show-instance), with no documented signal first;
+    #: it may resume if its bid wins again, so it is waited for 10 minutes (an assumption) first.
+    billing = Billing(disk_rate_per_offer=True, bandwidth_per_gb=True, sigterm_grace_s=None, preempted="pauses",
+                      resume_wait_min=10.0, source="vast-ai/docs instance-types.mdx; docs.vast.ai show-instance")
+    #: the instance's own variables (vast-ai/docs docker-environment.mdx) and what `--spot` checks
+    doctor = DoctorFacts(scoped=("CONTAINER_ID", "CONTAINER_API_KEY"), spot_checks=("bid",))
 
     #: the key ``lorapod plan --live`` reads Vast's prices with (:meth:`price_list`)
     price_key_env = "VAST_API_KEY"
@@ -197,6 +209,8 @@ class VastProvider(ProviderBase):
             Capability("spot", True, "interruptible instances bid with price >= min_bid (PUT /asks/{id}/)"),
             Capability("spot_resume", True, "an outbid instance is paused with its disk and resumes when its bid "
                                             "wins again (or after change_bid raises it)"),
+            Capability("deadman", True, "onstart starts the switch; CONTAINER_API_KEY (start, stop, destroy that "
+                                        "instance only) destroys it"),
         ]
 
     def offers(self, req: Requirements) -> list[Offer]:
@@ -205,19 +219,21 @@ class VastProvider(ProviderBase):
         for o in self.api.search_offers(query):
             if not isinstance(o, dict) or "id" not in o:
                 continue
-            extra = {k: o[k] for k in ("inet_down_cost", "inet_up_cost", "cuda_max_good", "datacenter")
-                     if isinstance(o.get(k), int | float | bool)}
+            extra = {k: o[k] for k in ("cuda_max_good", "datacenter") if isinstance(o.get(k), int | float | bool)}
+            gpus = int(_num(o.get("num_gpus")) or 1)
+            spot: dict[str, Any] = {}
             if req.interruptible:
-                bid = _num(o.get("min_bid"))
-                per_gpu = bid / max(1, int(_num(o.get("num_gpus")) or 1))
-                if not bid or (req.max_bid_per_gpu_hour is not None and per_gpu > req.max_bid_per_gpu_hour):
+                per_gpu = _num(o.get("min_bid")) / max(1, gpus)
+                if not per_gpu or (req.max_bid_per_gpu_hour is not None and per_gpu > req.max_bid_per_gpu_hour):
                     continue
-                extra.update(interruptible=True, bid=bid, spot_tier="min_bid")  # the catalog's tier (rates)
+                spot = {"interruptible": True, "bid_per_gpu_hour": per_gpu, "spot_tier": "min_bid"}  # the catalog's tier
             out.append(Offer(self.name, str(o["id"]), str(o.get("gpu_name") or "?"), _num(o.get("dph_total")),
-                             vram_gb=_num(o.get("gpu_ram")) / 1000, gpu_count=int(_num(o.get("num_gpus")) or 1),
+                             vram_gb=_num(o.get("gpu_ram")) / 1000, gpu_count=gpus,
                              storage_usd_per_gb_month=o.get("storage_cost"), reliability=o.get("reliability"),
                              region=o.get("geolocation"), extra=extra, secure=is_secure(o),
-                             storage_included=True))  # dph_total prices allocated_storage (offer_query)
+                             storage_included=True,  # dph_total prices allocated_storage (offer_query)
+                             download_usd_per_gb=_rate(o.get("inet_down_cost")),
+                             upload_usd_per_gb=_rate(o.get("inet_up_cost")), **spot))
         return out
 
     def create(self, offer: Offer, spec: InstanceSpec) -> Instance:
@@ -230,9 +246,12 @@ class VastProvider(ProviderBase):
             "cancel_unavail": True,
             "onstart": onstart_script(),
         }
-        spot = bool(offer.extra.get("interruptible"))
-        if spot:
-            body["price"] = float(offer.extra["bid"])  # the bid per machine, $/h
+        if spec.deadman is not None and spec.deadman.after_s > 0:  # onstart is at most 4048 characters (OpenAPI)
+            body["onstart"] = f"{body['onstart']}; " + replace(
+                spec.deadman, recipe=self.api.self_destroy_recipe("")).launcher()
+        spot = offer.interruptible
+        if spot:  # the bid per machine, $/h
+            body["price"] = round(float(offer.bid_per_gpu_hour or 0.0) * max(1, offer.gpu_count), 6)
         new_id = self.api.create_instance(int(offer.id), body)
         inst = Instance(id=str(new_id), provider=self.name, state="booting", usd_per_hour=offer.usd_per_hour,
                         gpu_name=offer.gpu_name, label=spec.provider_label, interruptible=spot)
@@ -314,6 +333,14 @@ def _port(v: Any) -> int | None:
     except (TypeError, ValueError):
         return None
     return p if 0 < p < 65536 else None
+
+
+def _rate(v: Any) -> float | None:
+    """A host's per-GB rate: a finite number >= 0, else None (unknown)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    x = float(v)
+    return x if x == x and 0 <= x < float("inf") else None
 
 
 def _num(v: Any) -> float:
