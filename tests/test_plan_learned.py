@@ -100,8 +100,11 @@ def test_explain_lists_the_runs_and_the_published_points(tmp_path):
 def test_every_estimate_prints_a_likely_range():
     r = CliRunner().invoke(build_app(), ["plan", str(SDXL), "--images", "25", "--gpu", "RTX 4090", "--provider", "vast"])
     assert r.exit_code == 0, r.output
-    line = next(x for x in r.output.splitlines() if x.startswith("#1 RTX 4090:"))
-    assert "likely" in line and "(model)" in line and "VRAM likely" in line
+    lines = r.output.splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith("#1 RTX 4090:"))
+    # the entry, with the indented lines it wraps onto at 80 columns
+    entry = " ".join([lines[at], *(x.strip() for x in lines[at + 1:] if x.startswith("  ")) ][:2])
+    assert "likely" in lines[at] and "(model)" in entry and "VRAM likely" in entry
 
 
 # ---------------------------------------------------------------- local runs, and where the GPU comes from

@@ -88,7 +88,7 @@ def test_spot_auto_headline_phase_table_and_tier_line_describe_the_same_offer():
 
     out = " ".join(_cli(str(EX / "sdxl-object-lora.yaml"), "--images", "25", "--set", "compute.spot=auto").split())
     usd = f"${q.expected.usd:.2f}"
-    head = re.search(r"spot (\S+ \S+) on (\w+): [^;]+; (\$[\d.]+),", out)
+    head = re.search(r"spot (.+?) on (\w+): [^;]+; (\$[\d.]+),", out)
     assert head and head[1] == chosen.gpu and head[2] == chosen.provider and head[3] == usd
     assert f"Phases, the tier chosen: {chosen.gpu} on {chosen.provider}, spot" in out
     total = re.search(r"checkpoints \+ [\d.]+ preemptions expected \S+ [\d.]+ total \S+ ([\d.]+)", out)

@@ -12,7 +12,7 @@ import shutil
 import pytest
 import torch
 
-from lorapod.engine.autopilot import LoraFiles, external_autopilot, lora_file
+from lorapod.engine.external_judge import LoraFiles, external_autopilot, lora_file
 from lorapod.rundir import RunDir
 from lorapod.rundir import quality as files
 from lorapod.spec import load_spec
@@ -170,7 +170,7 @@ def test_a_partial_adapter_leaves_no_weight_of_the_checkpoint_before(llm_pair):
     checkpoint loaded had it."""
     from safetensors.torch import load_file
 
-    from lorapod.engine.autopilot import load_peft_adapter
+    from lorapod.engine.external_judge import load_peft_adapter
     from lorapod.engine.llm import prepare
 
     spec, _, _, ext = llm_pair

@@ -143,6 +143,17 @@ def read_frames(path: Path, indices: list[int]):
     return [got[i] for i in indices]
 
 
+def reference_image(path: Path):
+    """A reference (or training file) as the image the quality scorers see: an image, or a clip's
+    first frame (a video run's references and training files are clips)."""
+    from PIL import Image
+
+    if Path(path).suffix.lower() in VIDEO_EXTS:
+        return read_frames(Path(path), [0])[0].convert("RGB")
+    with Image.open(path) as im:
+        return im.convert("RGB")
+
+
 def write_clip(path: Path, frames, fps: float = 16.0, codec: str | None = None) -> Path:
     """Write RGB frames (uint8 HxWx3 arrays) as a clip: H.264 in .mp4/.mov when the FFmpeg build has
     it, else MPEG-4 part 2; VP9 in .webm. Sides are rounded down to even numbers (yuv420p)."""

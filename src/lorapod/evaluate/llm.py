@@ -156,14 +156,14 @@ def _peft_file(path: Path) -> Path | None:
 
 def _load(recipe, mgr: CheckpointManager, path: Path) -> None:
     """A checkpoint's adapter into the recipe's model: lorapod's own (verified against its manifest),
-    or an external trainer's PEFT adapter (engine/autopilot.py ``load_peft_adapter`` refuses one
+    or an external trainer's PEFT adapter (engine/external_judge.py ``load_peft_adapter`` refuses one
     that is not this run's LoRA)."""
     if mgr.verify(path):
         recipe.load_adapter_state(mgr.load(path).adapter())
         return
     from safetensors.torch import load_file
 
-    from lorapod.engine.autopilot import load_peft_adapter, peft_adapter_config
+    from lorapod.engine.external_judge import load_peft_adapter, peft_adapter_config
 
     file = _peft_file(path)
     if file is None:

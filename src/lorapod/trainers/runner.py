@@ -308,7 +308,7 @@ def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: s
                 say: Callable[[str], None] = print, judge=None) -> str:
     """Run the whole job; returns ``done``, ``stopped`` (run/STOP, or train.stop_when) or ``preempted``
     (SIGTERM). Raises with the reason on failure. ``judge``: the quality autopilot scoring each
-    mirrored checkpoint (default: engine/autopilot.py ``external_autopilot`` for the spec)."""
+    mirrored checkpoint (default: engine/external_judge.py ``external_autopilot`` for the spec)."""
     term = [False]
     old_term = None
     # A job started in the background by a shell has SIGINT ignored, and an ignored signal stays
@@ -369,7 +369,7 @@ def _run(spec, trainer_name: str, run_dir: Path, work: Path, python: str, src: s
     metrics = MetricsWriter(run_dir / METRICS, resume_step=resume_step,
                             trackers=_forwarded_trackers(spec, trainer.name, run_dir))
     if judge is None:
-        from lorapod.engine.autopilot import external_autopilot
+        from lorapod.engine.external_judge import external_autopilot
 
         judge = external_autopilot(spec, run_dir, say)
     mirror = Mirror(trainer, layout, job.output_name, run_dir, spec.save.keep_last, job.step_offset,

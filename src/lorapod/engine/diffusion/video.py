@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from lorapod.catalog import families
 from lorapod.data.findings import Finding
-from lorapod.engine.autopilot import hold_out, image_prompts
+from lorapod.engine.autopilot import SCORE_FRAMES, hold_out, image_prompts
 from lorapod.engine.checkpoint import TrainState
 from lorapod.engine.device import Precision, pick_device, resolve_precision
 from lorapod.engine.diffusion import cache as dcache
@@ -47,8 +47,6 @@ from lorapod.spec import JobSpec
 
 DEFAULT_STEPS = 30
 DEFAULT_FRAMES = 33
-#: the longest clip the quality autopilot draws to score a checkpoint (first, middle, last frame)
-SCORE_FRAMES = 9
 _FRAMES_OPT = re.compile(r"\s--f\s+(\S+)")
 _IMAGE_OPT = re.compile(r"\s--i\s+(\S+)")
 
@@ -485,14 +483,9 @@ class VideoRecipe(DiffusionRecipe):
     @staticmethod
     def reference_frames(path: Path):
         """A reference (or training file) as the image the scorers see: an image, or a clip's first frame."""
-        from PIL import Image
+        from lorapod.data.clips import reference_image
 
-        from lorapod.data.clips import VIDEO_EXTS, read_frames
-
-        if Path(path).suffix.lower() in VIDEO_EXTS:
-            return read_frames(Path(path), [0])[0].convert("RGB")
-        with Image.open(path) as im:
-            return im.convert("RGB")
+        return reference_image(path)
 
     def _start_image(self, vp: VideoPrompt):
         """I2V samples start from ``--i IMAGE``, else from the first frame of the first training window."""
