@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from lorapod.spec import load_spec
-from lorapod.trainers import Layout, prepare
+from lorapod.trainers import prepare
+from lorapod.trainers.base import Layout
 from lorapod.trainers.contracts import check_ai_toolkit, check_argv, check_axolotl, check_dataset_toml, load
 from lorapod.trainers.on_instance import print_trainer_job
 

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from lorapod.trainers import Layout, get
+from lorapod.trainers import get
+from lorapod.trainers.base import Layout
 from lorapod.trainers.bridge import KohyaProgress
 from lorapod.trainers.runner import Mirror
 

@@ -70,7 +70,8 @@ def test_stop_waits_for_the_next_save_then_resume_continues(tmp_path, monkeypatc
     assert not (run / "adapter").exists()
     # lorapod run --resume: the newest checkpoint is put back where ai-toolkit resumes from
     (run / "STOP").unlink()
-    from lorapod.trainers import Layout, get
+    from lorapod.trainers import get
+    from lorapod.trainers.base import Layout
     from lorapod.trainers.runner import newest_checkpoint
 
     trainer = get("ai-toolkit")

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from lorapod.spec import load_spec
-from lorapod.trainers import Layout, get, prepare
+from lorapod.trainers import get, prepare
+from lorapod.trainers.base import Layout
 from lorapod.trainers.contracts import check_job
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from lorapod.errors import PlanError
+from lorapod.trainers import hint as trainer_hint
 
 if TYPE_CHECKING:
     from lorapod.plan.choose import Plan
@@ -43,7 +44,7 @@ def plan_command(
     images: int | None = typer.Option(None, "--images", help="Image count when data.path is not on this machine."),
     examples: int | None = typer.Option(None, "--examples", help="Chat example count when the data file is not here."),
     trainer: str | None = typer.Option(None, "--trainer", help="Price the job as an external trainer runs it: "
-                                       "sd-scripts | ai-toolkit | musubi-tuner | axolotl (setup time, VRAM)."),
+                                       f"{trainer_hint()} (setup time, VRAM)."),
     storage: bool = typer.Option(False, "--storage", help="Advise which disk to pay for instead of planning a job."),
     model_gb: float | None = typer.Option(None, "--model-gb", help="--storage: size of the models you keep."),
     sessions_per_month: float | None = typer.Option(None, "--sessions-per-month", help="--storage, and the network "

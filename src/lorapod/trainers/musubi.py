@@ -15,10 +15,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from lorapod.errors import LorapodError
-from lorapod.trainers import tomlw, tracking
+from lorapod.trainers import tomlw
 from lorapod.trainers.base import Layout, Trainer, precision, prompts_of, safe_name
 from lorapod.trainers.job import Command, TrainerJob
-from lorapod.trainers.sd_scripts import OPTIMIZERS, KohyaOutputs, _num, hf_download, last_n_steps
+from lorapod.trainers.sd_scripts import (
+    OPTIMIZERS,
+    KohyaOutputs,
+    _num,
+    hf_download,
+    kohya_tracker_args,
+    last_n_steps,
+)
 
 SRC = "src/musubi_tuner"
 # What musubi's datasources read, top folder only and these spellings only
@@ -233,7 +240,7 @@ class MusubiTuner(KohyaOutputs, Trainer):
         if s.every_epochs:
             a += ["--save_every_n_epochs", str(s.every_epochs), "--save_last_n_epochs", str(s.keep_last)]
         a += ["--save_state", "--output_dir", layout.out, "--output_name", name, "--logging_dir", layout.logs,
-              *tracking.kohya_args(spec, layout, files)]
+              *kohya_tracker_args(spec, layout, files)]
         prompts = prompts_of(spec)
         if prompts:
             files[f"{layout.job}/prompts.txt"] = "\n".join(prompts) + "\n"

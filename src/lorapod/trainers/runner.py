@@ -248,12 +248,10 @@ class TrainerProcess:
         return self.proc.wait()
 
 
-def _forwarded_trackers(spec, trainer_name: str, run_dir: Path) -> list:
+def _forwarded_trackers(spec, trainer: Trainer, run_dir: Path) -> list:
     """Trackers fed from the bridged metrics, for a trainer that cannot log to them itself
-    (ai-toolkit and W&B: trainers/tracking.py says why)."""
-    from lorapod.trainers.tracking import forwarded
-
-    if not forwarded(spec, trainer_name):
+    (its ``forwarded_trackers``: ai-toolkit and W&B, trainers/ai_toolkit.py says why)."""
+    if not trainer.forwarded(spec):
         return []
     from lorapod.engine.trackers import WandbTracker
     from lorapod.rundir import RunDir
@@ -327,7 +325,7 @@ def _run(spec, trainer_name: str, run_dir: Path, work: Path, python: str, src: s
 
     # on resume, lines logged after the checkpoint go: the trainer logs those steps again
     metrics = MetricsWriter(run_dir / METRICS, resume_step=resume_step,
-                            trackers=_forwarded_trackers(spec, trainer.name, run_dir))
+                            trackers=_forwarded_trackers(spec, trainer, run_dir))
     mirror = Mirror(trainer, layout, job.output_name, run_dir, spec.save.keep_last, job.step_offset)
     bridge = trainer.metrics_parser(job)
     lock = threading.Lock()
