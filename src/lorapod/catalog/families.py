@@ -54,6 +54,16 @@ _ROWS = (
                 "wan2.1", "wan2.1-t2v/lora", text_encoders="umt5", is_video=True),
     FamilyFacts("wan22", "Wan2.2", ("WanPipeline", "WanImageToVideoPipeline"), 960, 5.0,
                 "wan2.2", "wan2.2-t2v/lora", text_encoders="umt5", is_video=True),
+    # Z-Image and Qwen-Image: ss_base_model_version and modelspec.architecture as musubi-tuner writes them
+    # (dataset/architectures.py ARCHITECTURE_Z_IMAGE_FULL "z_image" / ARCHITECTURE_QWEN_IMAGE_FULL "qwen_image";
+    # utils/sai_model_spec.py ARCH_Z_IMAGE "Z-Image", ARCH_QWEN_IMAGE "Qwen-Image", + "/lora"). Guidance: the
+    # pipelines' own defaults (ZImagePipeline guidance_scale 5.0; QwenImagePipeline true_cfg_scale 4.0). Resolution:
+    # the LoRA recipes' 1024 (musubi-tuner docs/qwen_image.md measures at 1024x1024; Qwen-Image's own 1328 px is not
+    # a multiple of 64, so buckets are made from 1024).
+    FamilyFacts("zimage", "Z-Image", ("ZImagePipeline",), 1024, 5.0, "z_image", "Z-Image/lora",
+                text_encoders="qwen3"),
+    FamilyFacts("qwenimage", "Qwen-Image", ("QwenImagePipeline",), 1024, 4.0, "qwen_image", "Qwen-Image/lora",
+                text_encoders="qwen2.5-vl"),
 )
 
 FAMILIES: MappingProxyType[str, FamilyFacts] = MappingProxyType({f.name: f for f in _ROWS})
@@ -67,9 +77,15 @@ VIDEO: tuple[str, ...] = tuple(n for n, f in FAMILIES.items() if f.is_video)
 # "black-forest-labs/FLUX.2-dev")), while FLUX.2 [klein] is Flux2KleinPipeline with a Qwen3
 # encoder (pipeline_flux2_klein.py, "black-forest-labs/FLUX.2-klein-base-9B"); a folder whose
 # model_index.json says Flux2Pipeline is therefore dev (32B), never klein.
+#
+# Qwen-Image-Edit (QwenImageEditPipeline, and Edit-2509/2511 as QwenImageEditPlusPipeline) trains on pairs of
+# a control image and a target (musubi-tuner docs/qwen_image.md, --model_version edit*), which lorapod's image
+# data does not carry: named here so a folder of it is refused as what it is, not as "unknown".
 NOT_TRAINED: MappingProxyType[str, str] = MappingProxyType({
     "Flux2Pipeline": "flux2-dev",
     "StableDiffusion3Pipeline": "sd3",
+    "QwenImageEditPipeline": "qwenimage-edit",
+    "QwenImageEditPlusPipeline": "qwenimage-edit",
 })
 
 _BY_PIPELINE = {p: f.name for f in _ROWS if not f.is_video for p in f.pipelines}
