@@ -10,7 +10,9 @@ Nothing is downloaded: every model is built from its published configuration wit
   unet/config.json (860 M parameters; sd-scripts converts it into its fixed-size original U-Net,
   so nothing smaller loads), CLIP ViT-L/14's text model (12 layers, width 768, 123 M) and SD 1.5's
   VAE (83 M), all real shapes.
-- SDXL (``sdxl``): the same with SDXL base's U-Net config (2.6 B), CLIP ViT-L/14 and OpenCLIP
+- SDXL (``sdxl``): the same with SDXL base's U-Net config (2.6 B; both U-Nets built on the meta device
+  and written tensor by tensor with torch's default initialisation, so building SDXL peaks at one
+  tensor, not at the model plus its serialised copy), CLIP ViT-L/14 and OpenCLIP
   bigG's text models. Stand-in, because two 2-core runs of the real 695 M bigG encoder plus a
   2.6 B U-Net do not fit the machine's memory with the rest: bigG keeps its width 1280 and
   projection 1280 (what the U-Net consumes) with 2 layers instead of 32 (sd-scripts reads the
@@ -120,8 +122,16 @@ def sd_folder(dest: Path, family: str) -> None:
 
     torch.manual_seed(0)
     dest.mkdir(parents=True, exist_ok=True)
-    unet = UNet2DConditionModel(**(SD15_UNET if family == "sd15" else SDXL_UNET))
-    unet.save_pretrained(dest / "unet")
+    # The U-Net on the meta device, its config saved as diffusers saves it and its weights written one
+    # tensor at a time (write_safetensors): SDXL's 2.6 B parameters built and then serialised whole
+    # (save_pretrained) peaked at 19.7 GB, the model plus safetensors' copy of it; this way the
+    # peak is one tensor (issue 44).
+    with torch.device("meta"):
+        unet = UNet2DConditionModel(**(SD15_UNET if family == "sd15" else SDXL_UNET))
+    unet.save_config(dest / "unet")
+    write_safetensors(dest / "unet" / "diffusion_pytorch_model.safetensors",
+                      [(n, tuple(t.shape), torch.float32, torch_default_init(n, tuple(t.shape)))
+                       for n, t in unet.state_dict().items()])
     del unet
     AutoencoderKL(**VAE, scaling_factor=0.18215 if family == "sd15" else 0.13025).save_pretrained(dest / "vae")
     text_model(CLIP_L, False).save_pretrained(dest / "text_encoder")
@@ -165,6 +175,22 @@ def write_safetensors(path: Path, tensors) -> None:
         f.write(struct.pack("<Q", len(raw)) + raw)
         for _name, _shape, _dtype, make in items:
             f.write(make().contiguous().view(torch.uint8).numpy().tobytes())
+
+
+def torch_default_init(name: str, shape: tuple[int, ...]):
+    """What torch gives a freshly built layer, per tensor and without the layer: a Linear or Conv
+    weight and bias uniform in +-1/sqrt(fan_in) (``reset_parameters``: kaiming_uniform_ with
+    a=sqrt(5)), a norm's weight 1 and bias 0. Deterministic: the global generator, in file order."""
+    def make():
+        import torch
+
+        if len(shape) >= 2:
+            bound = 1.0 / max(1, int(torch.tensor(shape[1:]).prod().item())) ** 0.5
+            return torch.empty(shape).uniform_(-bound, bound)
+        if "norm" in name:
+            return torch.ones(shape) if name.endswith("weight") else torch.zeros(shape)
+        return torch.zeros(shape)
+    return make
 
 
 def wan_files(dest: Path) -> None:

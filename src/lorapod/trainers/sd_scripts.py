@@ -113,7 +113,7 @@ class KohyaOutputs:
         if not state.is_dir():
             raise TrainerRefused(f"{checkpoint} holds no trainer state to resume from",
                                  hint="it was saved without --save_state; start a new run")
-        job.commands[-1].argv += ["--resume", str(state)]
+        job.train_command().argv += ["--resume", str(state)]
         job.step_offset = resumed_step(checkpoint)
 
 
@@ -160,7 +160,7 @@ class SdScripts(KohyaOutputs, Trainer):
         initial_step`` after the skipped epochs were subtracted), and its bar runs to
         ``max_train_steps`` (tests/recorded/sd15/resume.log): lorapod adds the state's step."""
         super().resume(job, checkpoint)
-        job.commands[-1].argv.append("--skip_until_initial_step")
+        job.train_command().argv.append("--skip_until_initial_step")
 
     def refuse(self, spec) -> list[str]:
         r = super().refuse(spec)
