@@ -32,6 +32,8 @@ CASES = {
     "sdxl-object-lora": (25, ["sd-scripts", "ai-toolkit"]),
     "flux2-klein-lora": (20, ["ai-toolkit"]),
     "wan21-video-lora": (18, ["musubi-tuner"]),
+    "zimage-musubi-lora": (20, ["musubi-tuner"]),
+    "qwenimage-musubi-lora": (20, ["musubi-tuner"]),
     "llm-chat-lora": (None, ["axolotl"]),
 }
 PAIRS = [(ex, tr) for ex, (_, trs) in CASES.items() for tr in trs]

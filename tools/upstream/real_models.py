@@ -1,6 +1,6 @@
 """Random weights in the real shapes, and tokenizers built here, for the real trainer runs.
 
-    TRAINER_PYTHON tools/upstream/real_models.py sd15|sdxl|wan DEST HF_HOME
+    TRAINER_PYTHON tools/upstream/real_models.py sd15|sdxl|wan|zimage|qwenimage DEST HF_HOME
 
 Runs under the trainer's own Python (its diffusers/transformers write the files its loader reads).
 Nothing is downloaded: every model is built from its published configuration with random weights.
@@ -25,13 +25,33 @@ Nothing is downloaded: every model is built from its published configuration wit
   text encoder (5.7 B parameters, 11 GB in bf16) is not built: tools/upstream/cpu_shims.py
   ``umt5_random`` answers musubi's ``T5EncoderModel`` with random outputs of its shape (one
   ``[tokens, 4096]`` bf16 tensor per caption), and musubi's own cache step writes them.
+- Z-Image (``zimage``) and Qwen-Image (``qwenimage``), the files lorapod's musubi-tuner job downloads
+  (ComfyUI's repackaged DiT, VAE and text encoder, trainers/musubi.py), built from musubi-tuner's own
+  classes and configurations: each loader is called once with its weights file replaced by a
+  recorder (:func:`built_by`), so the configuration is the one musubi builds, not a copy. Width is
+  never changed; depth is (cpu_shims.py ``DEPTH``), because neither fits a 24 GB CPU machine in fp32 (Z-Image's
+  6.2 B DiT is 24.6 GB, Qwen-Image's 20.4 B DiT 82 GB, their text encoders Qwen3-4B 16 GB and
+  Qwen2.5-VL-7B 33 GB): the Z-Image DiT keeps 1 of its 30 main layers (and all 2 + 2 refiner
+  layers), Qwen-Image's 1 of its 60 blocks, Qwen3-4B 2 of 36 layers, Qwen2.5-VL-7B 2 of 28 language
+  layers and 1 of 32 vision blocks; the VAEs are whole. One shim sets these depths where musubi builds
+  each model (cpu_shims.py ``depth``), for this builder and for the trainer's own processes alike, so
+  the files and the models that load them cannot disagree.
+  Files are written in the real files' dtypes (bf16, the VAE of Z-Image fp32) and key layouts where
+  musubi reads one without converting it (the Qwen2.5-VL file in the ComfyUI layout, ``model.`` and
+  ``visual.``, which musubi renames on load).
 - The tokenizers: sd-scripts loads ``openai/clip-vit-large-patch14`` (and for SDXL
   ``laion/CLIP-ViT-bigG-14-laion2B-39B-b160k``) by hub id (library/strategy_sd.py, strategy_sdxl.py),
   and lorapod's job passes no ``--tokenizer_cache_dir``. So a CLIP BPE tokenizer (CLIPTokenizer's
   vocab.json/merges.txt format: the 256 byte symbols, each also with ``</w>``, the two special
   tokens, no merges, so every word is spelled out by its bytes) is put into a Hugging Face cache
   under that id, and the run uses it with ``HF_HUB_OFFLINE=1``: the trainer's own loader reads it
-  exactly as it would read the downloaded one.
+  exactly as it would read the downloaded one. Z-Image and Qwen-Image load a ``Qwen2Tokenizer`` from
+  ``Tongyi-MAI/Z-Image`` / ``Qwen/Qwen-Image`` (subfolder ``tokenizer``): the same byte-level stand-in
+  in Qwen's BPE files, with Qwen's special tokens at their real ids (``<|endoftext|>`` 151643,
+  ``<|im_start|>`` 151644, ``<|im_end|>`` 151645) and, for Z-Image's ``apply_chat_template``, a chat
+  template that renders one user turn as Qwen3's does (``<|im_start|>user\n...<|im_end|>\n<|im_start|>assistant\n``).
+  Captions become more tokens than with the real merges (one per byte); the shapes the trainers
+  handle are the real ones.
 """
 
 from __future__ import annotations
@@ -39,6 +59,10 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+
+QWEN_SPECIALS = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645}
+QWEN3_CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+              "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 # SD 1.5's unet/config.json (stable-diffusion-v1-5/stable-diffusion-v1-5), the fields that shape it
 SD15_UNET = {"sample_size": 64, "in_channels": 4, "out_channels": 4, "layers_per_block": 2,
@@ -226,6 +250,126 @@ def wan_files(dest: Path) -> None:
     (dest / "models_t5_umt5-xxl-enc-bf16.pth").write_bytes(b"")
 
 
+def qwen_tokenizer(folder: Path, chat_template: str | None = None) -> None:
+    """A Qwen2Tokenizer (vocab.json + merges.txt): the 256 byte symbols, no merges, Qwen's specials."""
+    chars = list(bytes_to_unicode().values())
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.json").write_text(json.dumps({c: i for i, c in enumerate(chars)}))
+    (folder / "merges.txt").write_text("#version: 0.2\n")
+    cfg = {"tokenizer_class": "Qwen2Tokenizer", "model_max_length": 131072, "eos_token": "<|im_end|>",
+           "pad_token": "<|endoftext|>", "unk_token": None, "bos_token": None, "errors": "replace",
+           "added_tokens_decoder": {str(i): {"content": s, "lstrip": False, "normalized": False, "rstrip": False,
+                                             "single_word": False, "special": True} for s, i in QWEN_SPECIALS.items()}}
+    if chat_template:
+        cfg["chat_template"] = chat_template
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+
+
+class _Built(Exception):
+    pass
+
+
+def built_by(module, name: str, call) -> tuple[object, tuple, dict]:
+    """What ``call()`` passes to ``module.name`` (a class or config the trainer's loader builds), the
+    loader stopped right there, before it opens any weights file: (the real callable, args, kwargs)."""
+    real = getattr(module, name)
+
+    def record(*args, **kwargs):
+        raise _Built(args, kwargs)
+
+    setattr(module, name, record)
+    try:
+        call()
+    except _Built as got:
+        return real, got.args[0], got.args[1]
+    finally:
+        setattr(module, name, real)
+    raise RuntimeError(f"{module.__name__}.{name} was not called")
+
+
+def random_init(name: str, shape: tuple[int, ...]):
+    """torch_default_init, with transformers' N(0, 0.02) for token embeddings and LM heads."""
+    if len(shape) == 2 and ("embed_tokens" in name or "lm_head" in name):
+        def make():
+            import torch
+
+            return torch.randn(shape) * 0.02
+        return make
+    if len(shape) == 1 and ("norm" in name or name.endswith("gamma")) and not name.endswith("bias"):
+        def ones():
+            import torch
+
+            return torch.ones(shape)
+        return ones
+    return torch_default_init(name, shape)
+
+
+def write_module(path: Path, state: dict, dtype, rename=lambda k: k) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_safetensors(path, [(rename(n), tuple(t.shape), dtype, _cast(random_init(n, tuple(t.shape)), dtype))
+                             for n, t in state.items()])
+
+
+def _cast(make, dtype):
+    return lambda: make().to(dtype)
+
+
+def zimage_files(dest: Path, hf_home: Path) -> None:
+    """trainers/musubi.py ZIMAGE_FILES under DEST, built by musubi-tuner's Z-Image code."""
+    import torch
+    from musubi_tuner.zimage import zimage_autoencoder, zimage_model, zimage_utils
+
+    torch.manual_seed(0)
+    dit = zimage_model.create_model("torch", False, torch.bfloat16)  # on meta (init_empty_weights)
+    write_module(dest / "split_files/diffusion_models/z_image_bf16.safetensors", dit.state_dict(), torch.bfloat16)
+    vae_cls, args, kwargs = built_by(zimage_autoencoder, "AutoencoderKL",
+                                     lambda: zimage_autoencoder.load_autoencoder_kl("never-read"))
+    with torch.device("meta"):
+        vae = vae_cls(*args, **kwargs)
+    write_module(dest / "split_files/vae/ae.safetensors", vae.state_dict(), torch.float32)
+    cfg_cls, args, kwargs = built_by(zimage_utils, "Qwen3Config",
+                                     lambda: zimage_utils.load_qwen3("never-read", dtype=None, device="cpu"))
+    from transformers import Qwen3ForCausalLM
+
+    with torch.device("meta"):
+        te = Qwen3ForCausalLM(cfg_cls(*args, **kwargs))
+    state = {k: v for k, v in te.state_dict().items() if k != "lm_head.weight"}  # tied: musubi copies embed_tokens
+    write_module(dest / "split_files/text_encoders/qwen_3_4b.safetensors", state, torch.bfloat16)
+    hub_cache(hf_home, zimage_utils.ZIMAGE_ID, lambda f: qwen_tokenizer(f / "tokenizer", QWEN3_CHAT))
+
+
+def qwenimage_files(dest: Path, hf_home: Path) -> None:
+    """trainers/musubi.py QWEN_IMAGE_FILES under DEST, built by musubi-tuner's Qwen-Image code."""
+    import torch
+    from musubi_tuner.qwen_image import qwen_image_model, qwen_image_utils
+
+    torch.manual_seed(0)
+    dit = qwen_image_model.create_model("torch", False, False, False, False, torch.bfloat16)
+    write_module(dest / "split_files/diffusion_models/qwen_image_bf16.safetensors", dit.state_dict(), torch.bfloat16)
+    vae_cls, args, kwargs = built_by(qwen_image_utils, "AutoencoderKLQwenImage",
+                                     lambda: qwen_image_utils.load_vae("never-read"))
+    with torch.device("meta"):
+        vae = vae_cls(*args, **kwargs)
+    write_module(dest / "split_files/vae/qwen_image_vae.safetensors", vae.state_dict(), torch.bfloat16)
+    cfg_cls, args, kwargs = built_by(qwen_image_utils, "Qwen2_5_VLConfig",
+                                     lambda: qwen_image_utils.load_qwen2_5_vl("never-read", None, "cpu"))
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    with torch.device("meta"):
+        te = Qwen2_5_VLForConditionalGeneration(cfg_cls(*args, **kwargs))
+
+    def comfy_layout(key: str) -> str:  # what musubi's load_qwen2_5_vl renames back (model. / visual.)
+        if key.startswith("model.language_model."):
+            return "model." + key[len("model.language_model."):]
+        if key.startswith("model.visual."):
+            return "visual." + key[len("model.visual."):]
+        return key
+
+    write_module(dest / "split_files/text_encoders/qwen_2.5_vl_7b.safetensors", te.state_dict(), torch.bfloat16,
+                 comfy_layout)
+    hub_cache(hf_home, qwen_image_utils.QWEN_IMAGE_ID, lambda f: qwen_tokenizer(f / "tokenizer"))
+
+
 def main() -> None:
     kind, dest, hf_home = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     hub_cache(hf_home, "openai/clip-vit-large-patch14", clip_tokenizer)
@@ -235,6 +379,10 @@ def main() -> None:
         sd_folder(dest, kind)
     elif kind == "wan":
         wan_files(dest)
+    elif kind == "zimage":
+        zimage_files(dest, hf_home)
+    elif kind == "qwenimage":
+        qwenimage_files(dest, hf_home)
     else:
         raise SystemExit(f"unknown model {kind}")
     (dest / ".built").write_text("ok\n")

@@ -50,12 +50,16 @@ REPO = Path(__file__).resolve().parents[2]
 RECORDED = REPO / "tests" / "recorded"
 MODELS = Path(__file__).with_name("real_models.py")
 TRAINER = {"sd15": "sd-scripts", "sd15-128": "sd-scripts", "sdxl": "sd-scripts", "wan": "musubi-tuner",
-           "aitk-sd15": "ai-toolkit"}
+           "aitk-sd15": "ai-toolkit", "zimage": "musubi-tuner", "qwenimage": "musubi-tuner"}
+# the random-weight model each case trains (real_models.py builds it)
+MODEL = {"sd15": "sd15", "sd15-128": "sd15", "sdxl": "sdxl", "wan": "wan", "aitk-sd15": "sd15", "zimage": "zimage",
+         "qwenimage": "qwenimage"}
 # what each trainer's TensorBoard/database calls the loss lorapod's bridge reads
 TB_LOSS = {"sd-scripts": "loss/average", "musubi-tuner": "loss/average"}
-RESUMED = ("sd15", "wan")  # the cases resumed for two more steps (lorapod train --resume)
+RESUMED = ("sd15", "wan", "zimage")  # the cases resumed for two more steps (lorapod train --resume)
 # the start-up stand-ins each trainer needs on a CPU torch (tools/upstream/cpu_shims.py says why)
-SHIMS = {"sd-scripts": "torchvision", "musubi-tuner": "torchvision,cuda_device,umt5_random", "ai-toolkit": "torchvision,torchaudio"}
+SHIMS = {"sd-scripts": "torchvision", "musubi-tuner": "torchvision,cuda_device,umt5_random,depth",
+         "ai-toolkit": "torchvision,torchaudio"}
 
 
 def install_shims(python: str) -> None:
@@ -121,6 +125,12 @@ def spec_for(case: str, root: Path, steps: int, model: Path) -> dict:
                          "target_frames": [1, 5], "frame_extraction": "head", "fps": 16, "trigger": "zxq",
                          "buckets": True},
                 "train": {**train, "timestep_sampling": "shift", "timestep_shift": 3.0}}
+    if case in ("zimage", "qwenimage"):  # examples/zimage-musubi-lora.yaml, qwenimage-musubi-lora.yaml, small
+        model_id = {"zimage": "Tongyi-MAI/Z-Image", "qwenimage": "Qwen/Qwen-Image"}[case]
+        return {**common, "model": {"id": model_id, "family": case, "dtype": "bf16"},
+                "data": {"path": str(make_images(root / "mug")), "format": "images", "resolution": 256,
+                         "repeats": 1, "buckets": True, "trigger": "zxq_mug"},
+                "train": {**train, "timestep_sampling": "shift", "timestep_shift": 2.0}}
     raise SystemExit(f"unknown case {case}")
 
 
@@ -261,8 +271,7 @@ def main() -> int:
            "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONUNBUFFERED": "1", "COLUMNS": "160", "LORAPOD_CPU_SHIMS": SHIMS[trainer]}
     install_shims(ns.python)
-    fam = "sdxl" if ns.case == "sdxl" else "wan" if ns.case == "wan" else "sd15"
-    model = build_model(fam, ns.python, models, env)
+    model = build_model(MODEL[ns.case], ns.python, models, env)
 
     import yaml
 
@@ -273,7 +282,7 @@ def main() -> int:
     spec = work / "spec.yaml"
     spec.write_text(yaml.safe_dump(spec_for(ns.case, root, steps, model)))
     run = work / "run"
-    if fam == "wan":  # the files lorapod's job downloads, already where it puts them (offline: kept as they are)
+    if trainer == "musubi-tuner":  # the files lorapod's job downloads, already where it puts them (offline: kept)
         linked = work / f".{run.name}-trainer" / "trainer" / "models"
         linked.parent.mkdir(parents=True, exist_ok=True)
         linked.symlink_to(model)

@@ -38,6 +38,18 @@ FLUX_DIFFUSERS = (r"(single_)?transformer_blocks\.\d+\.(attn\.(to_q|to_k|to_v|to
 WAN = (r"_?blocks_\d+_(self_attn_[qkvo]|cross_attn_([qkvo]|k_img|v_img)|ffn_[02])|patch_embedding"
        r"|(text|time)_embedding_[02]|time_projection_1|head_head|img_emb_proj_[0134]")
 
+# Z-Image as ComfyUI loads it: Lumina2's NextDiT (comfy/ldm/lumina/model.py), q/k/v fused in
+# ``attention.qkv``, ``attention.out``, ``feed_forward.w1/w2/w3``; comfy/lora.py maps ``lora_unet_<its
+# path>`` onto it (the generic rule) and, for the Z-Image names with separate to_q/k/v, only the PEFT
+# spellings (``diffusion_model.`` / ``transformer.`` / bare, through comfy/utils.py z_image_to_diffusers).
+ZIMAGE = (r"(layers|noise_refiner|context_refiner)_\d+_(attention_(qkv|out)|feed_forward_w[123]|adaLN_modulation_0)"
+          r"|x_embedder|cap_embedder_1|t_embedder_mlp_[02]|final_layer_(linear|adaLN_modulation_1)")
+ZIMAGE_SPLIT = r"(layers|noise_refiner|context_refiner)_\d+_attention_(to_[qkv]|to_out_0)"
+# Qwen-Image as ComfyUI loads it (comfy/ldm/qwen_image/model.py): diffusers' module names, mapped from
+# ``lora_unet_<path>`` by the generic rule (and from ``<path>`` / ``transformer.<path>`` by its QwenImage branch)
+QWEN_IMAGE = (r"transformer_blocks_\d+_(attn_(to_[qkv]|to_out_0|add_[qkv]_proj|to_add_out)|(img|txt)_mlp_net_(0_proj|2)"
+              r"|(img|txt)_mod_1)|img_in|txt_in|proj_out|norm_out_linear|time_text_embed_timestep_embedder_linear_[12]")
+
 
 def _modules(keys: list[str]) -> dict[str, dict[str, str]]:
     """module -> {'down': key, 'up': key, 'alpha': key} for kohya and PEFT spellings."""
@@ -90,6 +102,13 @@ def _family(fmt: str, keys: list[str], meta: dict[str, str]) -> str:
 
 def _comfy(module: str, family: str) -> tuple[bool, str]:
     flux = family.startswith("flux")
+    if module.startswith("lora_unet_") and family in ("zimage", "qwenimage"):
+        rest = module[len("lora_unet_"):]
+        if family == "zimage" and re.fullmatch(ZIMAGE_SPLIT, rest):
+            return False, ("musubi-tuner's Z-Image layout (separate to_q/k/v): ComfyUI's model fuses them in "
+                           "attention.qkv; convert with musubi's networks/convert_z_image_lora_to_comfy.py")
+        ok = re.fullmatch(ZIMAGE if family == "zimage" else QWEN_IMAGE, rest) is not None
+        return ok, "" if ok else "not a module of the model"
     if module.startswith("lora_unet_"):
         rest = module[len("lora_unet_"):]
         ok = re.fullmatch(BFL if flux else WAN if family.startswith("wan") else SD_UNET, rest) is not None

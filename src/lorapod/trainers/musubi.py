@@ -79,16 +79,20 @@ class Arch:
     video: bool  # reads clips
     max_swap: int  # --blocks_to_swap's ceiling (its docs; the DiT's blocks less what must stay)
     convert: str | None = None  # networks/<script> that writes the ComfyUI layout, run after training
+    # an fp8 base as its docs ask for it: docs/zimage.md and docs/qwen_image.md, "--fp8_base and
+    # --fp8_scaled ... (specify both together)"; Wan's docs use --fp8_base alone
+    fp8_scaled: bool = False
 
 
 ARCHS = {
     "wan21": Arch("wan21", "wan", "networks.lora_wan", "--t5", 16, True, 39),
     # docs/zimage.md: "--blocks_to_swap ... The maximum number of blocks that can be offloaded is 28"
     "zimage": Arch("zimage", "zimage", "networks.lora_zimage", "--text_encoder", 16, False, 28,
-                   convert="convert_z_image_lora_to_comfy.py"),
+                   convert="convert_z_image_lora_to_comfy.py", fp8_scaled=True),
     # docs/qwen_image.md: the 60-block DiT swaps up to 59 blocks (--blocks_to_swap 45 is its 12 GB row);
     # its text-encoder cache is shown with --batch_size 1
-    "qwenimage": Arch("qwenimage", "qwen_image", "networks.lora_qwen_image", "--text_encoder", 1, False, 59),
+    "qwenimage": Arch("qwenimage", "qwen_image", "networks.lora_qwen_image", "--text_encoder", 1, False, 59,
+                      fp8_scaled=True),
 }
 
 
@@ -281,7 +285,7 @@ class MusubiTuner(KohyaOutputs, Trainer):
             a += ["--vae", vae, arch.te_flag, te]
         a += ["--dataset_config", toml, "--sdpa", "--mixed_precision", "no" if prec == "fp32" else prec]
         if spec.model.dtype == "fp8":
-            a.append("--fp8_base")
+            a += ["--fp8_base", "--fp8_scaled"] if arch.fp8_scaled else ["--fp8_base"]
         a += ["--network_module", arch.network, "--network_dim", str(m.r), "--network_alpha", _num(m.alpha)]
         if m.dropout:
             a += ["--network_dropout", _num(m.dropout)]
