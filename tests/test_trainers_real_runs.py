@@ -30,6 +30,9 @@ CASES = {
     "sdxl": ("sd-scripts", "SD_SCRIPTS"),
     "wan": ("musubi-tuner", "MUSUBI_TUNER"),
     "aitk-sd15": ("ai-toolkit", "AI_TOOLKIT"),
+    # the families lorapod's own engine also trains, here through musubi-tuner (depth reduced: real_models.py)
+    "zimage": ("musubi-tuner", "MUSUBI_TUNER"),
+    "qwenimage": ("musubi-tuner", "MUSUBI_TUNER"),
 }
 
 

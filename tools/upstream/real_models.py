@@ -36,7 +36,9 @@ Nothing is downloaded: every model is built from its published configuration wit
   layers and 1 of 32 vision blocks; the VAEs are whole. One shim sets these depths where musubi builds
   each model (cpu_shims.py ``depth``), for this builder and for the trainer's own processes alike, so
   the files and the models that load them cannot disagree.
-  Files are written in the real files' dtypes (bf16, the VAE of Z-Image fp32) and key layouts where
+  Files are written in the real files' dtypes (bf16, the VAE of Z-Image fp32; Qwen-Image's VAE in fp32
+  too, where ComfyUI's is bf16: musubi runs the VAE in its file's dtype, and a CPU's bf16 3D
+  convolutions took minutes per image) and key layouts where
   musubi reads one without converting it (the Qwen2.5-VL file in the ComfyUI layout, ``model.`` and
   ``visual.``, which musubi renames on load).
 - The tokenizers: sd-scripts loads ``openai/clip-vit-large-patch14`` (and for SDXL
@@ -350,7 +352,9 @@ def qwenimage_files(dest: Path, hf_home: Path) -> None:
                                      lambda: qwen_image_utils.load_vae("never-read"))
     with torch.device("meta"):
         vae = vae_cls(*args, **kwargs)
-    write_module(dest / "split_files/vae/qwen_image_vae.safetensors", vae.state_dict(), torch.bfloat16)
+    # fp32 where ComfyUI's file is bf16 (musubi's load_vae keeps the file's dtype): a CPU's bf16 3D
+    # convolutions took over 8 minutes for two 256 px images; the code path is the same
+    write_module(dest / "split_files/vae/qwen_image_vae.safetensors", vae.state_dict(), torch.float32)
     cfg_cls, args, kwargs = built_by(qwen_image_utils, "Qwen2_5_VLConfig",
                                      lambda: qwen_image_utils.load_qwen2_5_vl("never-read", None, "cpu"))
     from transformers import Qwen2_5_VLForConditionalGeneration

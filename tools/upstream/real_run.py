@@ -128,7 +128,7 @@ def spec_for(case: str, root: Path, steps: int, model: Path) -> dict:
     if case in ("zimage", "qwenimage"):  # examples/zimage-musubi-lora.yaml, qwenimage-musubi-lora.yaml, small
         model_id = {"zimage": "Tongyi-MAI/Z-Image", "qwenimage": "Qwen/Qwen-Image"}[case]
         return {**common, "model": {"id": model_id, "family": case, "dtype": "bf16"},
-                "data": {"path": str(make_images(root / "mug")), "format": "images", "resolution": 256,
+                "data": {"path": str(make_images(root / "mug", size=128)), "format": "images", "resolution": 128,
                          "repeats": 1, "buckets": True, "trigger": "zxq_mug"},
                 "train": {**train, "timestep_sampling": "shift", "timestep_shift": 2.0}}
     raise SystemExit(f"unknown case {case}")
@@ -326,7 +326,10 @@ def main() -> int:
     print(f"LoRA: {adapter[0].name if adapter else 'none'}, {len(keys)} tensors")
     if not adapter:
         problems.append("no LoRA in the run folder's adapter/")
-    for a in adapter:
+    # the file meant for ComfyUI: a converting family's NAME-comfyui.safetensors (musubi's own layout
+    # beside it is for musubi's tools), else the one LoRA
+    comfy = [a for a in adapter if a.name.endswith("-comfyui.safetensors")] or adapter
+    for a in comfy:
         problems += lora_check(a)
     print("\n".join(f"FAIL: {p}" for p in problems) if problems else
           "ok: every launch exited 0, lorapod's metrics equal the trainer's own log at every step, the LoRA loads whole")

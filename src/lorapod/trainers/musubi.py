@@ -174,8 +174,13 @@ class MusubiTuner(KohyaOutputs, Trainer):
     def resume(self, job: TrainerJob, checkpoint: Path) -> None:
         """musubi-tuner's ``--resume`` restores the state but starts its loop at step 0 and epoch 0
         (training/trainer_base.py: ``global_step = 0``, "TODO skip until initial step"), so it
-        would train ``max_train_steps`` more: lorapod asks for the steps left, and counts on."""
+        would train ``max_train_steps`` more: lorapod asks for the steps left, and counts on. Its cache
+        steps get ``--skip_existing``: a resume trains the same data, so latents and text-encoder
+        outputs already cached in the job's folder are not encoded again."""
         super().resume(job, checkpoint)
+        for cmd in job.commands:  # the same data: the caches the first launch wrote stand (a new machine has none)
+            if cmd.phase == "prepare" and cmd.script and "_cache_" in cmd.script:
+                cmd.argv.append("--skip_existing")
         argv = job.train_command().argv
         if "--max_train_steps" in argv:
             i = argv.index("--max_train_steps") + 1
