@@ -147,3 +147,13 @@ def test_inspect_loads_musubis_qwen_image_layout_in_comfyui(tmp_path):
     assert rep["consumers"]["ComfyUI"]["loads"] == 4 and rep["consumers"]["ComfyUI"]["drops"] == []
     rep = inspect_file(_kohya_file(tmp_path / "bad.safetensors", ["lora_unet_blocks_0_attn_qkv"], "qwen_image"))
     assert rep["consumers"]["ComfyUI"]["drops"] == ["lora_unet_blocks_0_attn_qkv: not a module of the model"]
+
+
+def test_qwen_image_refuses_a_precision_its_trainer_cannot_run(tmp_path):
+    """qwen_image_train_network.py keeps the DiT in bf16 and feeds it fp32 inputs: with
+    --mixed_precision no the real run stopped at the first linear layer (mat1 and mat2 dtypes)."""
+    msg = refused(spec_with(tmp_path, "qwenimage", model={"id": "Qwen/Qwen-Image"}, train={"precision": "fp32"}),
+                  "musubi-tuner")
+    assert "DiT in bf16 only" in msg and "train.precision bf16" in msg
+    job = job_for(tmp_path, "zimage", train={"precision": "fp32"})  # Z-Image's trainer follows the precision
+    assert job.train_command().argv[job.train_command().argv.index("--mixed_precision") + 1] == "no"

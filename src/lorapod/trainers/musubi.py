@@ -20,7 +20,7 @@ from pathlib import Path
 from lorapod.errors import LorapodError
 from lorapod.trainers import tomlw
 from lorapod.trainers.base import Artifact, Layout, Trainer, precision, prompts_of, safe_name
-from lorapod.trainers.job import Command, TrainerJob
+from lorapod.trainers.job import Command, TrainerJob, TrainerRefused
 from lorapod.trainers.sd_scripts import (
     OPTIMIZERS,
     KohyaOutputs,
@@ -82,6 +82,11 @@ class Arch:
     # an fp8 base as its docs ask for it: docs/zimage.md and docs/qwen_image.md, "--fp8_base and
     # --fp8_scaled ... (specify both together)"; Wan's docs use --fp8_base alone
     fp8_scaled: bool = False
+    # train.precision values its trainer runs: Qwen-Image's keeps its DiT in bf16 whatever is asked
+    # (qwen_image_train_network.py main: ``args.dit_dtype = "bfloat16"``) and feeds it fp32 inputs, which
+    # only autocast reconciles: with --mixed_precision no its first linear layer fails ("mat1 and mat2
+    # must have the same dtype", the real run), fp16 autocast would run a bf16 model in fp16
+    precisions: tuple[str, ...] = ("auto", "bf16", "fp16", "fp32")
 
 
 ARCHS = {
@@ -92,7 +97,7 @@ ARCHS = {
     # docs/qwen_image.md: the 60-block DiT swaps up to 59 blocks (--blocks_to_swap 45 is its 12 GB row);
     # its text-encoder cache is shown with --batch_size 1
     "qwenimage": Arch("qwenimage", "qwen_image", "networks.lora_qwen_image", "--text_encoder", 1, False, 59,
-                      fp8_scaled=True),
+                      fp8_scaled=True, precisions=("auto", "bf16")),
 }
 
 
@@ -176,12 +181,30 @@ class MusubiTuner(KohyaOutputs, Trainer):
         (training/trainer_base.py: ``global_step = 0``, "TODO skip until initial step"), so it
         would train ``max_train_steps`` more: lorapod asks for the steps left, and counts on. Its cache
         steps get ``--skip_existing``: a resume trains the same data, so latents and text-encoder
-        outputs already cached in the job's folder are not encoded again."""
+        outputs already cached in the job's folder are not encoded again. An epoch-counted job
+        (``--max_train_epochs``) would train every epoch again: it resumes as the run's total steps
+        (its bar's total, in the run's metrics) less those done."""
+        from lorapod.trainers.runner import FINAL_STATE
+
         super().resume(job, checkpoint)
+        if not job.step_offset:
+            raise TrainerRefused(
+                f"{checkpoint} is musubi-tuner's state, but lorapod cannot tell the step it was saved at "
+                "(its folder name names none, and it has no step.json: saved by an older lorapod)",
+                hint=f"remove {checkpoint} to resume from the newest step checkpoint" if checkpoint.name == FINAL_STATE
+                else "start a new run")
         for cmd in job.commands:  # the same data: the caches the first launch wrote stand (a new machine has none)
             if cmd.phase == "prepare" and cmd.script and "_cache_" in cmd.script:
                 cmd.argv.append("--skip_existing")
         argv = job.train_command().argv
+        if "--max_train_epochs" in argv:
+            total = run_total_steps(checkpoint.parent.parent)
+            if total is None:
+                raise TrainerRefused(f"musubi-tuner starts its epochs at 0 again on --resume, and the run folder's "
+                                     f"metrics say no total step count to resume {checkpoint.name} within",
+                                     hint="set train.max_steps (the steps the run should reach) and resume again")
+            i = argv.index("--max_train_epochs")
+            argv[i:i + 2] = ["--max_train_steps", str(total)]
         if "--max_train_steps" in argv:
             i = argv.index("--max_train_steps") + 1
             argv[i] = str(max(1, int(argv[i]) - job.step_offset))
@@ -210,6 +233,9 @@ class MusubiTuner(KohyaOutputs, Trainer):
                      "data.shuffle_captions, data.flip and data.caption_dropout must be off")
         if arch.family == "wan21" and wan_task(spec) not in DIT_FILES:
             r.append(f"no Wan2.1 weights known for {spec.model.id}")
+        if t.precision not in arch.precisions:
+            r.append(f"musubi-tuner trains {arch.family}'s DiT in bf16 only (its trainer fixes the DiT's dtype): "
+                     "train.precision bf16")
         if arch.family == "qwenimage" and "2512" in f"{spec.model.id} {spec.model.variant or ''}":
             r.append("lorapod knows musubi-tuner's files for Qwen-Image (the original) only: for Qwen-Image-2512 "
                      "use lorapod's own engine (without --trainer)")
@@ -365,6 +391,28 @@ class MusubiTuner(KohyaOutputs, Trainer):
         if converted.is_file():
             found.append(Artifact("final", converted.name, converted))
         return found
+
+
+def run_total_steps(run: Path) -> int | None:
+    """The run's total optimizer steps as its trainer counted them: the newest ``total_steps`` in
+    the run folder's metrics (the kohya bar's total, the resume offset added); None if none."""
+    import json
+
+    from lorapod.rundir.layout import METRICS
+
+    total = None
+    try:
+        lines = (run / METRICS).read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        try:
+            value = json.loads(line).get("total_steps")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(value, int) and value > 0:
+            total = value
+    return total
 
 
 def _swap_for_vram(spec) -> tuple[int, str | None]:

@@ -120,13 +120,23 @@ class KohyaOutputs:
 def resumed_step(checkpoint: Path) -> int:
     """The optimizer step a kohya state was saved at: its ``train_state.json`` ``current_step``
     (sd-scripts saves one with every state), else the checkpoint's key (``step-N``; musubi-tuner's
-    states hold no train_state.json, tests/recorded/wan)."""
+    states hold no train_state.json, tests/recorded/wan), else, for the final state (``last``), the
+    run's step the runner wrote beside it when the trainer ended (runner.FINAL_STATE_STEP)."""
     import json
+
+    from lorapod.trainers.runner import FINAL_STATE_STEP
 
     try:
         return int(json.loads((checkpoint / "state" / "train_state.json").read_text())["current_step"])
     except (OSError, ValueError, KeyError, TypeError):
-        return checkpoint_step(checkpoint.name) or 0
+        pass
+    step = checkpoint_step(checkpoint.name)
+    if step is not None:
+        return step
+    try:
+        return int(json.loads((checkpoint / FINAL_STATE_STEP).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
 
 
 class SdScripts(KohyaOutputs, Trainer):
