@@ -52,9 +52,9 @@ def phase(case: str, name: str = "two-steps") -> dict:
     return files(case)["runs"][name]
 
 
-@pytest.mark.parametrize("case", ["sd15", "wan"])
+@pytest.mark.parametrize("case", ["sd15", "wan", "qwenimage"])
 def test_kohya_bridge_gives_each_step_the_loss_the_trainer_logged(case):
-    """The trainer (sd-scripts; musubi-tuner) redraws its bar on update(1) with the previous step's
+    """The trainer (sd-scripts; musubi-tuner, Wan and Qwen-Image) redraws its bar on update(1) with the previous step's
     avr_loss before it sets the new one: lorapod's record for every step, the last included, carries
     that step's own loss, the ``loss/average`` the trainer wrote to TensorBoard (to the bar's 3
     significant digits)."""

@@ -36,9 +36,8 @@ Nothing is downloaded: every model is built from its published configuration wit
   layers and 1 of 32 vision blocks; the VAEs are whole. One shim sets these depths where musubi builds
   each model (cpu_shims.py ``depth``), for this builder and for the trainer's own processes alike, so
   the files and the models that load them cannot disagree.
-  Files are written in the real files' dtypes (bf16, the VAE of Z-Image fp32; Qwen-Image's VAE in fp32
-  too, where ComfyUI's is bf16: musubi runs the VAE in its file's dtype, and a CPU's bf16 3D
-  convolutions took minutes per image) and key layouts where
+  Files are written in the real files' dtypes (bf16, the VAE of Z-Image fp32; musubi runs Qwen-Image's
+  bf16 VAE in its file's dtype, fast on a CPU only under cpu_shims.py ``bf16_cpu``) and key layouts where
   musubi reads one without converting it (the Qwen2.5-VL file in the ComfyUI layout, ``model.`` and
   ``visual.``, which musubi renames on load).
 - The tokenizers: sd-scripts loads ``openai/clip-vit-large-patch14`` (and for SDXL
@@ -49,11 +48,13 @@ Nothing is downloaded: every model is built from its published configuration wit
   under that id, and the run uses it with ``HF_HUB_OFFLINE=1``: the trainer's own loader reads it
   exactly as it would read the downloaded one. Z-Image and Qwen-Image load a ``Qwen2Tokenizer`` from
   ``Tongyi-MAI/Z-Image`` / ``Qwen/Qwen-Image`` (subfolder ``tokenizer``): the same byte-level stand-in
-  in Qwen's BPE files, with Qwen's special tokens at their real ids (``<|endoftext|>`` 151643,
+  in Qwen's BPE files, plus merges that spell the words of the texts the runs encode (Qwen-Image's
+  template, Z-Image's chat turn, the captions) whole, so they come out as about as many tokens as
+  with Qwen's own merges (Qwen-Image drops its template's first 34), with Qwen's special tokens at
+  their real ids (``<|endoftext|>`` 151643,
   ``<|im_start|>`` 151644, ``<|im_end|>`` 151645) and, for Z-Image's ``apply_chat_template``, a chat
   template that renders one user turn as Qwen3's does (``<|im_start|>user\n...<|im_end|>\n<|im_start|>assistant\n``).
-  Captions become more tokens than with the real merges (one per byte); the shapes the trainers
-  handle are the real ones.
+  Other text falls back to one token per byte; the shapes the trainers handle are the real ones.
 """
 
 from __future__ import annotations
@@ -188,7 +189,7 @@ def write_safetensors(path: Path, tensors) -> None:
 
     import torch
 
-    names = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+    names = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.int64: "I64"}
     items = list(tensors)  # (name, shape, dtype, make)
     header, offset = {}, 0
     for name, shape, dtype, _ in items:
@@ -200,7 +201,7 @@ def write_safetensors(path: Path, tensors) -> None:
     with path.open("wb") as f:
         f.write(struct.pack("<Q", len(raw)) + raw)
         for _name, _shape, _dtype, make in items:
-            f.write(make().contiguous().view(torch.uint8).numpy().tobytes())
+            f.write(make().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
 
 
 def torch_default_init(name: str, shape: tuple[int, ...]):
@@ -252,12 +253,48 @@ def wan_files(dest: Path) -> None:
     (dest / "models_t5_umt5-xxl-enc-bf16.pth").write_bytes(b"")
 
 
+# The text the real runs' Qwen tokenizers see: Qwen-Image's prompt template (qwen_image_utils.py
+# get_qwen_prompt_embeds, whose first 34 tokens it drops), Z-Image's chat turn, and real_run.py's caption
+QWEN_TEXTS = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
+              "spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n",
+              "<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n", "zxq_mug, a mug on a table")
+
+
+def word_merges(texts, pattern: str) -> list[tuple[str, str]]:
+    """BPE merges that spell every pre-token of ``texts`` (split by the tokenizer's own ``pattern``) as
+    one token, built left to right, so those words tokenize whole as with Qwen's real merges."""
+    import regex
+
+    byte_char = bytes_to_unicode()
+    merges: list[tuple[str, str]] = []
+    seen: set[tuple[str, str]] = set()
+    for text in texts:
+        for part in text.split("<|"):  # the special tokens are matched whole before pre-tokenizing
+            part = part.split("|>", 1)[-1]
+            for piece in regex.findall(pattern, part):
+                chars = [byte_char[b] for b in piece.encode("utf-8")]
+                acc = chars[0] if chars else ""
+                for c in chars[1:]:
+                    if (acc, c) not in seen:
+                        seen.add((acc, c))
+                        merges.append((acc, c))
+                    acc += c
+    return merges
+
+
 def qwen_tokenizer(folder: Path, chat_template: str | None = None) -> None:
-    """A Qwen2Tokenizer (vocab.json + merges.txt): the 256 byte symbols, no merges, Qwen's specials."""
+    """A Qwen2Tokenizer (vocab.json + merges.txt): the 256 byte symbols, merges for the words the runs
+    use (:func:`word_merges`), Qwen's specials at their ids."""
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
     chars = list(bytes_to_unicode().values())
+    merges = word_merges(QWEN_TEXTS, PRETOKENIZE_REGEX)
+    vocab = {c: i for i, c in enumerate(chars)}
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "vocab.json").write_text(json.dumps({c: i for i, c in enumerate(chars)}))
-    (folder / "merges.txt").write_text("#version: 0.2\n")
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
     cfg = {"tokenizer_class": "Qwen2Tokenizer", "model_max_length": 131072, "eos_token": "<|im_end|>",
            "pad_token": "<|endoftext|>", "unk_token": None, "bos_token": None, "errors": "replace",
            "added_tokens_decoder": {str(i): {"content": s, "lstrip": False, "normalized": False, "rstrip": False,
@@ -297,7 +334,7 @@ def random_init(name: str, shape: tuple[int, ...]):
 
             return torch.randn(shape) * 0.02
         return make
-    if len(shape) == 1 and ("norm" in name or name.endswith("gamma")) and not name.endswith("bias"):
+    if len(shape) == 1 and ("norm" in name or name.endswith(("gamma", "running_var"))) and not name.endswith("bias"):
         def ones():
             import torch
 
@@ -307,8 +344,14 @@ def random_init(name: str, shape: tuple[int, ...]):
 
 
 def write_module(path: Path, state: dict, dtype, rename=lambda k: k) -> None:
+    """``state``'s tensors, random as a fresh module's, in ``dtype`` (integer buffers as they are:
+    a BatchNorm's ``num_batches_tracked``, 0)."""
+    import torch
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_safetensors(path, [(rename(n), tuple(t.shape), dtype, _cast(random_init(n, tuple(t.shape)), dtype))
+    write_safetensors(path, [(rename(n), tuple(t.shape), torch.int64, lambda: torch.zeros((), dtype=torch.int64))
+                             if t.dtype == torch.int64 else
+                             (rename(n), tuple(t.shape), dtype, _cast(random_init(n, tuple(t.shape)), dtype))
                              for n, t in state.items()])
 
 
@@ -352,9 +395,7 @@ def qwenimage_files(dest: Path, hf_home: Path) -> None:
                                      lambda: qwen_image_utils.load_vae("never-read"))
     with torch.device("meta"):
         vae = vae_cls(*args, **kwargs)
-    # fp32 where ComfyUI's file is bf16 (musubi's load_vae keeps the file's dtype): a CPU's bf16 3D
-    # convolutions took over 8 minutes for two 256 px images; the code path is the same
-    write_module(dest / "split_files/vae/qwen_image_vae.safetensors", vae.state_dict(), torch.float32)
+    write_module(dest / "split_files/vae/qwen_image_vae.safetensors", vae.state_dict(), torch.bfloat16)
     cfg_cls, args, kwargs = built_by(qwen_image_utils, "Qwen2_5_VLConfig",
                                      lambda: qwen_image_utils.load_qwen2_5_vl("never-read", None, "cpu"))
     from transformers import Qwen2_5_VLForConditionalGeneration

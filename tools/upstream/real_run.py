@@ -5,11 +5,13 @@
 
 CASE is ``sd15`` (sd-scripts train_network.py: two steps, then ``lorapod train --resume`` of
 that run folder for two more), ``sdxl`` (sd-scripts sdxl_train_network.py), ``wan``
-(musubi-tuner wan_train_network.py, Wan2.1 T2V 1.3B on clips and stills; resumed for two more too) or ``aitk-sd15``
-(ai-toolkit run.py, arch sd1) or ``sd15-128`` (sd-scripts at data.resolution 128 with buckets,
-below sd-scripts' default min_bucket_reso). CHECKOUT is the trainer at lorapod's pinned commit
-(``python tools/upstream_check.py fetch`` prints how to get it) and TRAINER_PYTHON a CPU Python
-with its requirements (docs/trainers.md, "Real runs", has the recipes).
+(musubi-tuner wan_train_network.py, Wan2.1 T2V 1.3B on clips and stills; resumed for two more too),
+``zimage`` (musubi-tuner zimage_train_network.py, then its ComfyUI conversion; resumed too),
+``qwenimage`` (musubi-tuner qwen_image_train_network.py), ``aitk-sd15`` (ai-toolkit run.py, arch
+sd1) or ``sd15-128`` (sd-scripts at
+data.resolution 128 with buckets, below sd-scripts' default min_bucket_reso). CHECKOUT is the
+trainer at lorapod's pinned commit (tools/upstream/setup.py unpacks it from ../shared/upstream) and
+TRAINER_PYTHON a CPU Python with its requirements (setup.py builds it; docs/trainers.md, "Real runs").
 
 Each run is a user's: ``TRAINER_PYTHON -m lorapod train SPEC --trainer X --trainer-src CHECKOUT``
 (lorapod's job wrapper, ``trainers.runner.run_trainer``, what ``trainer-run`` runs on an
@@ -24,9 +26,10 @@ it wrote and the run folder, the LoRA's key names and shapes (no weights), time 
 tests/test_trainers_recorded_real.py checks lorapod's bridge and mirror against those records.
 
 What a run must show, or the script exits 1 (the ``upstream`` tests and .ci/run rely on it): every
-launch exits 0; lorapod's metrics are steps 1..N, each once and in order, and equal the trainer's
-own log at every step; the final LoRA is in the run folder's ``adapter/`` and ``lorapod inspect``
-reads it as a kohya file that ComfyUI's key rule loads whole (no module dropped); a resumed case
+launch exits 0; lorapod's metrics are steps 1..N, each once and in order (ai-toolkit's from step 2:
+it logs nothing for its first update), and equal the trainer's own log at every step; the final LoRA is in the run folder's ``adapter/`` and ``lorapod inspect``
+reads it as a kohya file that ComfyUI's key rule loads whole (no module dropped), and ``lorapod export
+RUN --to comfyui`` writes that file; a resumed case
 continues at the right step (its checkpoints are named by the run's steps: ``step-3``, ``step-4``).
 The data folder is made afresh for each run, so sd-scripts' latent cache (``.npz`` beside the
 images) never carries over from an earlier one and a rerun gives the same losses. ``--models``
@@ -58,7 +61,7 @@ MODEL = {"sd15": "sd15", "sd15-128": "sd15", "sdxl": "sdxl", "wan": "wan", "aitk
 TB_LOSS = {"sd-scripts": "loss/average", "musubi-tuner": "loss/average"}
 RESUMED = ("sd15", "wan", "zimage")  # the cases resumed for two more steps (lorapod train --resume)
 # the start-up stand-ins each trainer needs on a CPU torch (tools/upstream/cpu_shims.py says why)
-SHIMS = {"sd-scripts": "torchvision", "musubi-tuner": "torchvision,cuda_device,umt5_random,depth",
+SHIMS = {"sd-scripts": "torchvision", "musubi-tuner": "torchvision,cuda_device,umt5_random,depth,bf16_cpu",
          "ai-toolkit": "torchvision,torchaudio"}
 
 
@@ -130,7 +133,9 @@ def spec_for(case: str, root: Path, steps: int, model: Path) -> dict:
         return {**common, "model": {"id": model_id, "family": case, "dtype": "bf16"},
                 "data": {"path": str(make_images(root / "mug", size=128)), "format": "images", "resolution": 128,
                          "repeats": 1, "buckets": True, "trigger": "zxq_mug"},
-                "train": {**train, "timestep_sampling": "shift", "timestep_shift": 2.0}}
+                # Qwen-Image's DiT trains in bf16 only (trainers/musubi.py ARCHS): autocast, as on a GPU
+                "train": {**train, "timestep_sampling": "shift", "timestep_shift": 2.0,
+                          **({"precision": "bf16"} if case == "qwenimage" else {})}}
     raise SystemExit(f"unknown case {case}")
 
 
@@ -232,8 +237,9 @@ def lora_check(adapter: Path) -> list[str]:
     return bad
 
 
-def build_model(kind: str, python: str, models: Path, env: dict) -> Path:
-    """The random-weight model ``kind``, built once per builder version into ``models`` (kept between runs)."""
+def build_model(kind: str, python: str, models: Path, env: dict) -> tuple[Path, dict | None]:
+    """The random-weight model ``kind``, built once per builder version into ``models`` (kept between
+    runs), and the build's seconds and peak memory (None when it was built already)."""
     import hashlib
 
     version = hashlib.sha256(MODELS.read_bytes()).hexdigest()[:10]
@@ -246,9 +252,10 @@ def build_model(kind: str, python: str, models: Path, env: dict) -> Path:
         peak = models / f".{kind}-peak_kb.txt"
         subprocess.run([sys.executable, "-c", PEAK, str(peak), python, str(MODELS), kind, str(model), str(models / "hf")],
                        env=env, check=True)
-        print(f"built {model.name} in {time.monotonic() - t0:.0f} s, peak {int(peak.read_text()) / 1024 / 1024:.1f} GB",
-              flush=True)
-    return model
+        secs, kb = time.monotonic() - t0, int(peak.read_text())
+        print(f"built {model.name} in {secs:.0f} s, peak {kb / 1024 / 1024:.1f} GB", flush=True)
+        return model, {"seconds": round(secs), "peak_rss_mb": round(kb / 1024)}
+    return model, None
 
 
 def main() -> int:
@@ -271,7 +278,7 @@ def main() -> int:
            "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONUNBUFFERED": "1", "COLUMNS": "160", "LORAPOD_CPU_SHIMS": SHIMS[trainer]}
     install_shims(ns.python)
-    model = build_model(MODEL[ns.case], ns.python, models, env)
+    model, built = build_model(MODEL[ns.case], ns.python, models, env)
 
     import yaml
 
@@ -295,6 +302,7 @@ def main() -> int:
     problems: list[str] = []
     for name, args in phases:
         rc, out, secs, peak = run_lorapod(ns.python, args, env, work)
+        (work / f"{name}.log").write_bytes(out)  # the whole output, for a failure's reason
         got = metrics(run)
         runs = tb_runs(trainer_out / "logs", TB_LOSS[trainer]) if trainer in TB_LOSS else \
             [aitk_losses(trainer_out / "out" / "real" / "loss_log.db")]
@@ -311,8 +319,11 @@ def main() -> int:
         print("  lorapod metrics:", [(m["step"], m.get("loss")) for m in got])
         print("  trainer logged: ", logged)
         want = list(range(1, steps * len(results) + 1))
+        if trainer == "ai-toolkit":  # it logs nothing for a launch's first update (BaseSDTrainProcess.run:
+            want = want[1:]          # "don't do on first step", step_num != start_step): no metrics there
         if rc != 0:
-            problems.append(f"{name}: lorapod train exited {rc}")
+            problems.append(f"{name}: lorapod train exited {rc} (its output: {work / f'{name}.log'})")
+            print(out.decode(errors="replace")[-6000:])
             break
         if [m["step"] for m in got] != want:
             problems.append(f"{name}: metrics hold steps {[m['step'] for m in got]}, not {want} each once")
@@ -331,13 +342,23 @@ def main() -> int:
     comfy = [a for a in adapter if a.name.endswith("-comfyui.safetensors")] or adapter
     for a in comfy:
         problems += lora_check(a)
+    if adapter and not problems:  # what a user does next: lorapod export RUN --to comfyui
+        rc, out, _secs, _peak = run_lorapod(sys.executable, ["export", str(run), "--to", "comfyui"], env, work)
+        exported = sorted((run / "exports" / "comfyui-final").glob("*.safetensors"))
+        print(f"  export --to comfyui: exit {rc}, {[e.name for e in exported]}")
+        if rc != 0 or [e.name for e in exported] != [a.name for a in comfy]:
+            problems.append(f"lorapod export --to comfyui: exit {rc}, wrote {[e.name for e in exported]}, "
+                            f"not {[a.name for a in comfy]}: {out.decode(errors='replace')[-800:]}")
+        elif any(lora_keys(e) != lora_keys(a) for e, a in zip(exported, comfy, strict=True)):
+            problems.append("lorapod export --to comfyui: the exported file is not the trainer's")
     print("\n".join(f"FAIL: {p}" for p in problems) if problems else
           "ok: every launch exited 0, lorapod's metrics equal the trainer's own log at every step, the LoRA loads whole")
     if ns.summary:
         with open(ns.summary, "a", encoding="utf-8") as fh:
             fh.write(json.dumps({"case": ns.case, "trainer": trainer, "ok": not problems, "problems": problems,
-                                 "phases": {n: {"seconds": r["seconds"], "peak_rss_mb": r["peak_rss_mb"]}
-                                            for n, r in results.items()}}) + "\n")
+                                 "phases": {**({f"build {MODEL[ns.case]}": built} if built else {}),
+                                            **{n: {"seconds": r["seconds"], "peak_rss_mb": r["peak_rss_mb"]}
+                                               for n, r in results.items()}}}) + "\n")
     if ns.record:
         dest = RECORDED / ns.case
         dest.mkdir(parents=True, exist_ok=True)
