@@ -52,6 +52,28 @@ def main() -> None:
                   counted["traffic_mb_per_token.forward"]),
                  (m.name, "traffic_mb_per_token.backward", m.traffic_mb_per_token[1],
                   counted["traffic_mb_per_token.backward"])]
+    import importlib
+    import pkgutil
+
+    from lorapod.catalog.models import load_models
+    from lorapod.engine.diffusion import families as family_pkg
+    from lorapod.plan.counted_models import count_dit
+
+    for info in pkgutil.iter_modules(family_pkg.__path__):  # families whose folder holds arch.py
+        if not info.ispkg:
+            continue
+        try:
+            arch = importlib.import_module(f"{family_pkg.__name__}.{info.name}.arch")
+        except ModuleNotFoundError:
+            continue
+        counted = count_dit(arch.dit())
+        for m in (m for m in load_models()[1] if m.family == info.name):
+            rows += [(m.name, "token_params_b", m.token_params_b, counted["token_params_b"]),
+                     (m.name, "kernels_per_fwd", m.kernels_per_fwd, counted["kernels_per_fwd"]),
+                     (m.name, "traffic_mb_per_token.forward", m.traffic_mb_per_token[0],
+                      counted["traffic_mb_per_token.forward"]),
+                     (m.name, "traffic_mb_per_token.backward", m.traffic_mb_per_token[1],
+                      counted["traffic_mb_per_token.backward"])]
     flux = find_model("flux1-dev")
     rows.append(("FLUX.1 (VAE only)", "vae_encode_tflops_at_ref", flux.vae_encode_tflops_at_ref,
                  round(vae_encode(flux.ref_resolution, FLUX1_VAE_CONFIG).tflops, 2)))

@@ -1,9 +1,14 @@
 """lorapod's first contact with a GPU, in one run of at most 8 minutes on one card: every check the GPU
 review (2026-12-02) and issue 33 ask for, the planner's prediction printed beside what is measured.
 
-    PYTHONPATH=src python bench/gpu_check.py --out OUT_DIR            # on the GPU (budget 480 s)
+    PYTHONPATH=src python bench/gpu_check.py --out OUT_DIR            # on the GPU (budget 450 s)
     PYTHONPATH=src python bench/gpu_check.py --smoke --out /tmp/gc    # CPU, tiny shapes: checks the script (CI)
     PYTHONPATH=src python bench/gpu_check.py --out OUT_DIR --only sdxl,oom
+
+``--out`` gets ``gpu_check.json`` only (the lent GPU machine returns at most 8 files and 64 MiB);
+the checks' work files (a 1 GB model folder, run folders) go to ``--work``, a temporary folder by
+default, removed at the end. docs/performance.md has the exact call for the lent GPU, with the
+wheels ``tools/gpu_wheels.sh`` builds.
 
 Models are built from their published configs with random weights (speed and memory do not depend
 on the values; nothing is downloaded): Qwen2.5-0.5B for the LLM runs, Qwen2.5-0.5B- and 7B-shaped
@@ -31,6 +36,8 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import contextlib
+
 import torch
 
 HERE = Path(__file__).resolve().parent
@@ -40,13 +47,15 @@ GiB = 1024**3
 
 
 class Ctx:
-    def __init__(self, smoke: bool, out: Path, budget: float, gpu: str) -> None:
+    def __init__(self, smoke: bool, out: Path, budget: float, gpu: str, work: Path) -> None:
         self.smoke = smoke
         self.cuda = torch.cuda.is_available() and not smoke
         self.dev = torch.device("cuda" if self.cuda else "cpu")
         self.out = out
-        self.work = out / "work"
+        self.work = work
         self.work.mkdir(parents=True, exist_ok=True)
+        self.peak_tflops: float | None = None  # the measured bf16 matmul peak (check_peak)
+        self.lorapod_tokens_s: float | None = None  # llm_lora's seq2048 real tokens/s, for the TRL ratio
         self.deadline = time.time() + budget
         self.gpu = torch.cuda.get_device_name(0) if self.cuda else gpu  # the planner's card
         self.llm: Path | None = None
@@ -105,23 +114,24 @@ def _timed(ctx: Ctx, fn, warmup: int, iters: int) -> float:
 
 def check_env(ctx: Ctx) -> dict:
     """Versions, the GPU, the precision ``auto`` picks (G6), TF32 (G19), host-to-device GB/s (block swap)."""
-    import diffusers
-    import peft
-    import transformers
+    import importlib
 
-    from lorapod.engine.device import bf16_native, resolve_precision
+    from lorapod.engine.attention import flash_available, varlen_available
+    from lorapod.engine.device import bf16_native, resolve_precision, tf32_flags
 
-    out: dict = {"torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__,
-                 "peft": peft.__version__, "diffusers": diffusers.__version__, "device": ctx.gpu if ctx.cuda else "cpu"}
-    try:
-        import bitsandbytes
-
-        out["bitsandbytes"] = bitsandbytes.__version__
-    except Exception as exc:
-        out["bitsandbytes"] = f"not importable ({type(exc).__name__})"
+    out: dict = {"torch": torch.__version__, "cuda": torch.version.cuda, "device": ctx.gpu if ctx.cuda else "cpu"}
+    for name in ("transformers", "huggingface_hub", "peft", "accelerate", "diffusers", "trl", "bitsandbytes",
+                 "pydantic", "triton"):
+        try:
+            out[name] = importlib.import_module(name).__version__
+        except Exception as exc:
+            out[name] = f"not importable ({type(exc).__name__})"
+    out["varlen_attn"] = varlen_available()
+    out["flash_attn"] = flash_available()
     p = resolve_precision("auto", "auto", ctx.dev)
     out["auto_precision"] = p.compute
-    out["tf32_matmul"] = torch.backends.cuda.matmul.fp32_precision
+    out["tf32_matmul_conv"] = list(tf32_flags())
+    out["alloc_conf"] = os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
     if ctx.cuda:
         out["capability"] = list(torch.cuda.get_device_capability(0))
         out["bf16_supported_default"] = torch.cuda.is_bf16_supported()
@@ -168,6 +178,147 @@ def check_attention(ctx: Ctx) -> dict:
                     row["flash"] = f"refused: {str(exc).splitlines()[0][:120]}"
             rows.append(row)
     return {"runs": rows}
+
+
+def check_peak(ctx: Ctx) -> dict:
+    """The card's measured bf16 matmul peak (8,192 x 8,192 x 8,192, TFLOP/s): the MFU columns'
+    denominator, beside the catalog's datasheet figure."""
+    n = 256 if ctx.smoke else 8192
+    dtype = torch.bfloat16 if ctx.cuda else torch.float32
+    a = torch.randn(n, n, device=ctx.dev, dtype=dtype)
+    b = torch.randn(n, n, device=ctx.dev, dtype=dtype)
+    sec = _timed(ctx, lambda: a @ b, 2, 5 if ctx.smoke else 20)
+    ctx.peak_tflops = 2 * n**3 / sec / 1e12
+    out = {"n": n, "dtype": str(dtype), "tflops": round(ctx.peak_tflops, 1)}
+    with contextlib.suppress(Exception):
+        out["catalog_bf16_tflops"] = _gpu(ctx).bf16_tflops
+    return out
+
+
+def check_packed_attention(ctx: Ctx) -> dict:
+    """One Qwen2.5-0.5B attention layer (14 / 2 heads of 64) on 4 packed rows of chat-length examples,
+    forward + backward, at two lengths: lorapod's padding-free path as the engine runs it here
+    (varlen_attn on CUDA where torch has it, else one SDPA per example) beside torch's varlen_attn
+    called directly (the ideal) and, on CUDA, one dense masked SDPA call; ms, and the ops counted."""
+    import attention_ops
+
+    rows = []
+    for n in ((128, 256) if ctx.smoke else (2048, 4096)):
+        batch = attention_ops.packed_rows(n, 4)
+        dtype = torch.bfloat16 if ctx.cuda else torch.float32
+        for path in ("split", "varlen_attn"):
+            if path == "varlen_attn" and not (ctx.cuda and _has_varlen()):
+                rows.append({"tokens": n, "path": path, "skipped": "needs CUDA and torch's varlen_attn"})
+                continue
+            runs = "varlen_attn" if path == "varlen_attn" else "lorapod"
+            if runs == "varlen_attn":
+                fn = functools.partial(attention_ops.run, "varlen_attn", batch, str(ctx.dev), dtype)
+            else:  # what the engine runs on this device: its own choice
+                fn = functools.partial(_lorapod_attention, batch, ctx, dtype)
+            ctx.reset()
+            sec = _timed(ctx, fn, 1, 3)
+            rows.append({"tokens": n, "path": runs, "examples": sum(1 for p in batch.pad_seqs if not p),
+                         "ms": round(sec * 1e3, 2), "peak_gib": ctx.peak()})
+    return {"runs": rows}
+
+
+def _has_varlen() -> bool:
+    from lorapod.engine.attention import varlen_available
+
+    return varlen_available()
+
+
+def _lorapod_attention(batch, ctx: Ctx, dtype) -> None:
+    from types import SimpleNamespace
+
+    import attention_ops
+    from lorapod.engine import attention
+
+    B, L = batch.input_ids.shape
+    q = torch.randn(B, attention_ops.HEADS, L, attention_ops.DIM, device=ctx.dev, dtype=dtype, requires_grad=True)
+    k = torch.randn(B, attention_ops.KV, L, attention_ops.DIM, device=ctx.dev, dtype=dtype, requires_grad=True)
+    moved = batch.to(ctx.dev)
+    kw = attention.forward_kwargs(moved, attention.AttentionPath("sdpa", False, "gpu_check"), dtype)
+    kw.pop("attention_mask")
+    out, _ = attention.varlen_sdpa(SimpleNamespace(training=True, is_causal=True), q, k, k, None, **kw)
+    out.float().sum().backward()
+
+
+def check_flex(ctx: Ctx) -> dict:
+    """flex_attention as transformers runs it for a model without sdpa (Gemma 2 on CUDA; review N7):
+    compiled, on packed rows, forward + backward at two lengths; the first call at each length
+    includes the compile (and the recompile that a second length brings), then the steady time.
+    Gemma 2's head_dim 256 (8 query / 4 key-value heads). CPU (--smoke): eager forward only."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    import attention_ops
+
+    heads, kv, dim = (2, 1, 16) if ctx.smoke else (8, 4, 256)
+    dtype = torch.bfloat16 if ctx.cuda else torch.float32
+    fn = torch.compile(flex_attention) if ctx.cuda else flex_attention
+    rows = []
+    for n in ((64, 72) if ctx.smoke else (2048, 2056)):
+        batch = attention_ops.packed_rows(n, 1)
+        doc = batch.segment_ids[0].to(ctx.dev)
+        pos = batch.position_ids[0].to(ctx.dev)
+
+        def mask(b, h, q, k, doc=doc, pos=pos):
+            return (doc[q] == doc[k]) & (pos[q] >= pos[k])
+
+        block = create_block_mask(mask, 1, None, n, n, device=str(ctx.dev))
+        q = torch.randn(1, heads, n, dim, device=ctx.dev, dtype=dtype, requires_grad=ctx.cuda)
+        k = torch.randn(1, kv, n, dim, device=ctx.dev, dtype=dtype, requires_grad=ctx.cuda)
+        times = []
+        for _ in range(3 if ctx.cuda else 1):
+            t0 = time.perf_counter()
+            o = fn(q, k, k, block_mask=block, enable_gqa=True)
+            if ctx.cuda:
+                o.float().sum().backward()
+            ctx.sync()
+            times.append(time.perf_counter() - t0)
+        rows.append({"tokens": n, "first_call_s": round(times[0], 2),
+                     "steady_ms": round(statistics.median(times[1:]) * 1e3, 2) if len(times) > 1 else None,
+                     "compiled": ctx.cuda})
+    return {"runs": rows, "note": "the first call at the second length includes dynamo's recompile"}
+
+
+def check_trl_varlen(ctx: Ctx) -> dict:
+    """The LLM standard: TRL's SFTTrainer, packed and padding-free (its collator's cu_seq_lens), on
+    FlashAttention varlen (torch's varlen_attn, bench/llm_throughput.py ``torch_varlen``), the same
+    model, data, LoRA and length as llm_lora's seq2048; tokens/s, MFU and lorapod's ratio to it at
+    equal data. CPU (--smoke): TRL on sdpa, two steps (no varlen kernel there)."""
+    import llm_throughput
+
+    root = _llm_assets(ctx)
+    attn = llm_throughput.TORCH_VARLEN if ctx.cuda and _has_varlen() else "sdpa"
+    seq = 128 if ctx.smoke else 2048
+    ctx.reset()
+    res = llm_throughput.run_trl(root, ctx.work / "trl", seq, 2 if ctx.smoke else 10, ctx.cuda, 0, attn=attn)
+    kept = res["step_times"][2:] if len(res["step_times"]) > 3 else res["step_times"]
+    sec = statistics.median(kept)
+    tokens_s = res["real_tokens"] / max(1, res["steps"]) / sec
+    row = {"attention": attn, "steps": res["steps"], "s_per_step": round(sec, 4), "real_tokens_per_s": round(tokens_s),
+           "peak_allocated_gib": ctx.peak()}
+    if ctx.lorapod_tokens_s:
+        row["lorapod_over_trl"] = round(ctx.lorapod_tokens_s / tokens_s, 2)
+    return row
+
+
+def _mfu(ctx: Ctx, model, tokens_s: float, mean_example: float) -> dict:
+    """Model FLOPs utilisation: (6 N + attention) x real tokens/s over the measured bf16 peak. N is every
+    parameter (the usual 6N: forward 2N, backward 4N; LoRA skips the base's weight gradients, so the
+    work done is nearer 4N: MFU by 6N is the convention, not the work); attention per token, forward +
+    backward, causal, over examples of ``mean_example`` tokens: 6 x layers x heads x head_dim x length."""
+    cfg = model.config
+    n = sum(p.numel() for p in model.parameters())
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    attn = 6 * cfg.num_hidden_layers * cfg.num_attention_heads * head_dim * mean_example
+    flops = (6 * n + attn) * tokens_s
+    peak = ctx.peak_tflops
+    out = {"model_tflops_6n_attn": round(flops / 1e12, 2), "peak_tflops": round(peak, 1) if peak else None}
+    if peak:
+        out["mfu"] = round(flops / 1e12 / peak, 3)
+    return out
 
 
 def _llm_assets(ctx: Ctx) -> Path:
@@ -243,6 +394,10 @@ def _llm_row(ctx: Ctx, spec, out, run) -> dict:
            # base weights get no gradient under LoRA: 2N forward + 2N input gradients per token
            "model_tflops": round(4 * total * tokens / 1e12, 2),
            "planner": _planned(ctx, model, Settings.from_spec(spec, model))}
+    ex = out.recipe.train_examples
+    mean_example = sum(len(e) ** 2 for e in ex) / max(1, sum(len(e) for e in ex))  # a token's mean causal context x 2
+    row.update(_mfu(ctx, out.recipe.model.get_base_model(), row["real_tokens_per_s"], mean_example))
+    row["attention"] = out.recipe.attention.describe(ctx.dev)
     return row
 
 
@@ -258,6 +413,8 @@ def check_llm_lora(ctx: Ctx) -> dict:
         spec = _llm_spec(ctx, root, name, **over)
         out, run = _train(ctx, spec, name)
         rows[name] = _llm_row(ctx, spec, out, run)
+        if name == "seq2048":
+            ctx.lorapod_tokens_s = rows[name]["real_tokens_per_s"]
         del out
     return rows
 
@@ -358,7 +515,7 @@ def check_wan_blockswap(ctx: Ctx) -> dict:
     from diffusers import WanTransformer3DModel
     from peft import LoraConfig
 
-    from lorapod.engine.diffusion import wan
+    from lorapod.engine.diffusion import memory as wan
     from lorapod.engine.diffusion.families.wan import WAN_TARGETS
     from lorapod.engine.diffusion.lora import attach_lora
 
@@ -442,25 +599,54 @@ def check_oom(ctx: Ctx) -> dict:
         _train(ctx, spec, "oom")
         return {"error": "no out-of-memory error under the cap"}
     except OutOfMemory as exc:
-        return {"raised": type(exc).__name__, "message": exc.message, "hint": exc.hint, "step": exc.step,
-                "checkpoint": str(exc.checkpoint) if exc.checkpoint else None, "peak_gib": exc.peak_gb,
-                "planned_gib": exc.planned_gb}
+        rec = {"raised": type(exc).__name__, "message": exc.message, "hint": exc.hint, "step": exc.step,
+               "checkpoint": str(exc.checkpoint) if exc.checkpoint else None, "peak_gib": exc.peak_gb,
+               "planned_gib": exc.planned_gb}
     finally:
         LLMRecipe.loss = real_loss
+    try:
+        rec["resume"] = _resume_after_oom(ctx, spec, rec)
+    finally:
         if ctx.cuda:
             torch.cuda.set_per_process_memory_fraction(1.0)
+    return rec
 
 
-# name -> (function, rough seconds on an H200)
+def _resume_after_oom(ctx: Ctx, spec, rec: dict) -> dict:
+    """What the hint says, done: ``--resume`` with its ``--set`` changes (still under the cap), when
+    the checkpoint survives them; the run must then reach its last step."""
+    import re
+
+    from lorapod.engine.llm import train_llm
+    from lorapod.rundir import RunDir
+    from lorapod.spec import load_spec
+
+    sets = re.findall(r"--set (\S+)", rec.get("hint") or "")
+    if not rec.get("checkpoint") or "continue with: lorapod train --resume" not in (rec.get("hint") or ""):
+        return {"skipped": "the hint offers no resume (a new run): " + " ".join(sets)}
+    run = RunDir.open(Path(rec["checkpoint"]).parents[1])
+    resumed = load_spec(raw=spec.model_dump(mode="json"), overrides=sets)
+    ctx.reset()
+    out = train_llm(resumed, run, resume=True, device=str(ctx.dev), show_progress=False, log=lambda m: None)
+    return {"sets": sets, "last_step": out.result.state.step, "max_steps": resumed.train.max_steps,
+            "peak_gib": ctx.peak()}
+
+
+# name -> (function, rough seconds on an H200), in the order they run: what the first real run must
+# settle first (N1-N4, N7, the LLM standard), then the image checks the budget may leave out
 CHECKS = {
     "env": (check_env, 5),
-    "attention": (check_attention, 20),
-    "llm_lora": (check_llm_lora, 90),
-    "qlora": (check_qlora, 60),
-    "sdxl": (check_sdxl, 50),
-    "dit": (check_dit, 40),
-    "wan_blockswap": (check_wan_blockswap, 60),
-    "oom": (check_oom, 30),
+    "peak": (check_peak, 5),
+    "attention": (check_attention, 15),
+    "packed_attention": (check_packed_attention, 15),
+    "flex": (check_flex, 90),
+    "llm_lora": (check_llm_lora, 80),
+    "trl_varlen": (check_trl_varlen, 50),
+    "qlora": (check_qlora, 50),
+    "oom": (check_oom, 40),
+    "sdxl": (check_sdxl, 45),
+    "dit": (check_dit, 35),
+    "wan_blockswap": (check_wan_blockswap, 55),
 }
 
 
@@ -476,9 +662,11 @@ def _say(name: str, rec: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True, help="folder for gpu_check.json (and the checks' work files)")
+    ap.add_argument("--out", type=Path, required=True, help="folder for gpu_check.json (nothing else is written there)")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="folder for the checks' work files (default: a temporary folder, removed at the end)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the script, not a GPU")
-    ap.add_argument("--budget", type=float, default=480, help="seconds; a check that would pass it is skipped")
+    ap.add_argument("--budget", type=float, default=450, help="seconds; a check that would pass it is skipped")
     ap.add_argument("--only", default=None, help="comma-separated checks: " + ",".join(CHECKS))
     ap.add_argument("--gpu", default="H200", help="the planner's GPU with --smoke")
     args = ap.parse_args(argv)
@@ -486,7 +674,14 @@ def main(argv: list[str] | None = None) -> dict:
         sys.exit("no CUDA GPU here: run with --smoke to check the script on CPU")
     if args.smoke:
         torch.set_num_threads(min(4, torch.get_num_threads()))
-    ctx = Ctx(args.smoke, args.out, args.budget, args.gpu)
+    import shutil
+    import tempfile
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = args.work or Path(tempfile.mkdtemp(prefix="gpu_check-"))
+    if work.resolve().is_relative_to(args.out.resolve()):
+        sys.exit("--work must be outside --out (the result folder gets gpu_check.json only)")
+    ctx = Ctx(args.smoke, args.out, args.budget, args.gpu, work)
     from lorapod.engine.llm import quiet_hf
 
     quiet_hf()
@@ -511,6 +706,8 @@ def main(argv: list[str] | None = None) -> dict:
         path.write_text(json.dumps(report, indent=1, default=str), encoding="utf-8")
         print(_say(name, rec), flush=True)
     print(f"wrote {path}")
+    if args.work is None:
+        shutil.rmtree(work, ignore_errors=True)
     return report
 
 

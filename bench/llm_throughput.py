@@ -169,12 +169,42 @@ class _Timer:
         return T()
 
 
-def _base(root: Path, cuda: bool):
+TORCH_VARLEN = "torch_varlen"
+
+
+def register_torch_varlen() -> None:
+    """``attn_implementation="torch_varlen"``: what transformers' ``flash_attention_2`` does with
+    flash_attn's varlen function, on torch's own FlashAttention varlen kernel
+    (``torch.nn.attention.varlen.varlen_attn``, torch >= 2.9): the attention TRL's padding-free
+    training is built for, whose collator hands the model ``cu_seq_lens_q/k`` and ``max_length_q/k``
+    computed on the CPU (``trl/trainer/sft_trainer.py``). flash-attn itself has no wheel on PyPI and
+    is not in the rented images, so this is the standard that can run there. CUDA, fp16/bf16 only."""
+    from torch.nn.attention.varlen import varlen_attn
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
+
+    def attend(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
+               **kwargs):
+        B, H, L, D = query.shape
+        cu, m = kwargs["cu_seq_lens_q"], kwargs["max_length_q"]
+        q, k, v = (t.transpose(1, 2).reshape(B * L, t.shape[1], D) for t in (query, key, value))
+        window = (sliding_window - 1, 0) if sliding_window else (-1, 0)
+        out = varlen_attn(q, k, v, cu.to(query.device), cu.to(query.device), m, m, scale=scaling,
+                          window_size=window, enable_gqa=key.shape[1] != H)
+        return out.reshape(B, L, H, D), None
+
+    AttentionInterface.register(TORCH_VARLEN, attend)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(TORCH_VARLEN, flash_attention_mask)
+
+
+def _base(root: Path, cuda: bool, attn: str = "sdpa"):
     import torch
     from transformers import AutoModelForCausalLM
 
+    if attn == TORCH_VARLEN:
+        register_torch_varlen()
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_pretrained(root / "model", attn_implementation="sdpa",
+    return AutoModelForCausalLM.from_pretrained(root / "model", attn_implementation=attn,
                                                 dtype=torch.bfloat16 if cuda else torch.float32,
                                                 device_map={"": 0} if cuda else None)
 
@@ -209,12 +239,15 @@ def run_trainer(root: Path, out: Path, seq_len: int, steps: int, cuda: bool, war
             "real_tokens": sum(len(e) for e in examples)}
 
 
-def run_trl(root: Path, out: Path, seq_len: int, steps: int, cuda: bool, warmup: int) -> dict:
+def run_trl(root: Path, out: Path, seq_len: int, steps: int, cuda: bool, warmup: int, attn: str = "sdpa") -> dict:
+    """TRL's SFTTrainer, packed and padding-free. ``attn``: ``sdpa`` (transformers then builds a dense
+    packed mask: a weak baseline, review G5) or :data:`TORCH_VARLEN` (FlashAttention varlen: the
+    standard lorapod is measured against on a GPU, bench/gpu_check.py)."""
     from peft import LoraConfig
     from trl import SFTConfig, SFTTrainer
 
     tok, examples = tokenized(root, "train", seq_len)
-    model = _base(root, cuda)
+    model = _base(root, cuda, attn)
     # TRL packs with best-fit decreasing and restarts position_ids per example ("padding-free")
     ds = _hf_dataset(examples).map(lambda r: {"completion_mask": [int(x != -100) for x in r["labels"]]})
     ds = ds.remove_columns(["labels"])

@@ -24,6 +24,7 @@ import sys
 from collections import defaultdict
 from statistics import median
 
+from lorapod.catalog.families import SPEED_GROUPS
 from lorapod.plan.fit import Residual, held_out, model_family, peak_share, range_holds
 
 TARGETS = {"speed": 0.20, "vram": 0.25, "speed ratio": 0.20}
@@ -31,7 +32,7 @@ TARGETS = {"speed": 0.20, "vram": 0.25, "speed ratio": 0.20}
 # held-out points, and the printed range holding this share.
 SHARE_WITHIN = {"speed": 0.75, "vram": 0.80}
 SHARE_IN_RANGE = 0.80
-MODEL_FAMILIES = ("SD/SDXL", "FLUX", "Wan", "LLM")  # fit.model_family
+MODEL_FAMILIES = (*SPEED_GROUPS, "LLM")  # fit.model_family: the catalog's speed groups
 
 
 def families(res: list[Residual]) -> list[dict[str, object]]:

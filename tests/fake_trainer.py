@@ -93,6 +93,33 @@ def fetch_model(run: Path, repo_id: str, download_s: float) -> None:
                                                       "lorapod_cache_dir": os.environ.get("LORAPOD_CACHE_DIR")}))
 
 
+class ScriptedScores:
+    """A quality scoring (lorapod/quality/autopilot.py's ``Scoring``) that reads its scores from a
+    script: the score of the k-th checkpoint is ``curve[k - 1]`` (the last one repeated). Everything
+    after it (the records in run/quality, the pick, train.stop_when, the seconds saved) is lorapod's
+    own code, run on the instance as the engine runs it."""
+
+    kind = "image"
+
+    def __init__(self, curve: list[float], every: int) -> None:
+        self.curve, self.every = curve, every
+
+    def measure(self, step: int) -> dict:
+        score = self.curve[min(max(step // self.every, 1), len(self.curve)) - 1]
+        return {"kind": self.kind, "strengths": {"1": {"score": score, "se": 0.002, "fidelity": score}},
+                "models": {"scripted": "tests/fake_trainer.py --scores"}}
+
+
+def autopilot(spec_path: str, run: Path, curve: str, every: int):
+    from lorapod.quality.autopilot import Autopilot
+    from lorapod.spec import load_spec
+
+    pilot = Autopilot(load_spec(spec_path), run, ScriptedScores([float(x) for x in curve.split(",")], every),
+                      log=lambda m: print(m, flush=True))
+    pilot.start()
+    return pilot
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("spec")
@@ -108,7 +135,13 @@ def main() -> int:
     ap.add_argument("--chain", action="store_true", help="a state carried through the steps and checkpoints")
     ap.add_argument("--ckpt-mb", type=float, default=0.0, help="with --chain: pad each checkpoint to about this")
     ap.add_argument("--ckpt-write-s", type=float, default=0.0, help="with --chain: seconds each checkpoint's write takes")
+    ap.add_argument("--scores", default=None, help="a scripted quality score per checkpoint (comma-separated): the "
+                    "quality autopilot records them and train.stop_when may end the run early, normally")
+    ap.add_argument("--gate", action="append", default=[], metavar="STEP=FILE",
+                    help="after step STEP (and its checkpoint), wait until FILE exists: a test holds the job "
+                         "at a step until it has done what it does there (a condition, not a clock)")
     a = ap.parse_args()
+    gates = {int(g.split("=", 1)[0]): Path(g.split("=", 1)[1]) for g in a.gate}
     spec = yaml.safe_load(Path(a.spec).read_text())
     run = Path(a.run_dir)
     run.mkdir(parents=True, exist_ok=True)
@@ -137,6 +170,9 @@ def main() -> int:
         fetch_model(run, a.hf_model, a.download_s)
     if a.device_name:
         (run / "device.json").write_text(json.dumps({"type": "cuda", "name": a.device_name, "processes": 1}))
+    pilot = autopilot(a.spec, run, a.scores, every) if a.scores else None
+    if pilot is not None and start > 1 and pilot.on_checkpoint(start - 1, max_steps) is not None:
+        start = max_steps + 1  # decided before the preemption: the run ends at the checkpoint it resumed from
     with open(run / "events.log", "a") as ev:
         ev.write(f"fake trainer: {n_examples} examples, steps {start}..{max_steps}\n")
         ev.write(f"HF_TOKEN {'present' if os.environ.get('HF_TOKEN') else 'absent'}\n")
@@ -169,6 +205,11 @@ def main() -> int:
                 return 0
             if step % every == 0:
                 save(run / "checkpoints" / f"step-{step}", step, chain, a.ckpt_mb, a.ckpt_write_s)
+                if pilot is not None and pilot.on_checkpoint(step, max_steps) is not None:
+                    print(f"train.stop_when at step {step}", flush=True)
+                    break  # the engine's way: end normally at this checkpoint (engine/loop.py)
+            while step in gates and not gates[step].exists():
+                time.sleep(0.05)
     tmp = run / ".tmp-adapter"
     tmp.mkdir(exist_ok=True)
     (tmp / "adapter_model.safetensors").write_bytes(

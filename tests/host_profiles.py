@@ -36,7 +36,39 @@ from lorapod.compute.hostfacts import PID1_SEAM
 #: sshd's default PATH for root sessions (OpenSSH ``_PATH_STDPATH`` + sbin dirs, Debian build).
 SSH_DEFAULT_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 #: never linked from this machine: each profile decides whether the image has them
-IMAGE_DECIDES = ("rsync", "python", "pip", "apt", "apt-get", "yum", "dnf", "conda", "uv", "uvx")
+IMAGE_DECIDES = ("rsync", "python", "pip", "apt", "apt-get", "yum", "dnf", "conda", "uv", "uvx", "nvidia-smi")
+
+#: ``nvidia-smi`` as NVIDIA's driver ships it, for the three query forms lorapod uses (nvidia-smi(1):
+#: ``--query-gpu=name,driver_version,memory.total --format=csv,noheader`` prints one CSV line per GPU,
+#: ``-L`` one ``GPU i: NAME (UUID: ...)`` line, the bare command the banner whose first box says
+#: ``Driver Version: X`` and ``CUDA Version: Y``, the newest CUDA that driver runs). The NVIDIA
+#: container toolkit mounts it into every GPU container (its ``utility`` capability), whatever the image.
+NVIDIA_SMI = r"""#!/bin/sh
+case "$*" in
+  *--query-gpu*) echo "$GPU_NAME, $DRIVER, $GPU_MIB MiB" ;;
+  *-L*) echo "GPU 0: $GPU_NAME (UUID: GPU-5e4c2b1a-0000-4000-8000-000000000000)" ;;
+  *) printf '%s\n' "+-----------------------------------------------------------------------------------------+" \
+       "| NVIDIA-SMI $DRIVER             Driver Version: $DRIVER     CUDA Version: $CUDA     |" \
+       "|-----------------------------------------+------------------------+----------------------+" ;;
+esac
+"""
+
+
+@dataclass(frozen=True)
+class Driver:
+    """An NVIDIA driver as a host has it: its version and the newest CUDA it runs (the CUDA Toolkit
+    release notes' table "CUDA Toolkit and Corresponding Driver Versions")."""
+
+    version: str
+    cuda: str
+    gpu: str = "NVIDIA GeForce RTX 4090"
+    mib: int = 24564
+
+
+#: Drivers the providers' hosts run (RunPod's and Vast.ai's offers filter on CUDA 12.4 ... 13.0):
+#: 550.x is the CUDA 12.4 branch, 570.x 12.8 (the first with Blackwell), 580.x 13.0.
+DRIVERS = {"12.4": Driver("550.144.03", "12.4"), "12.8": Driver("570.133.20", "12.8"),
+           "13.0": Driver("580.65.06", "13.0", "NVIDIA H100 80GB HBM3", 81559)}
 
 APT_GET = r"""#!/bin/sh
 # Stand-in for apt-get on an image whose Dockerfile ran `rm -rf /var/lib/apt/lists/*`
@@ -70,6 +102,11 @@ class Profile:
     pid1_env: bool = False
     #: the interpreter prints this on stdout before anything else (a wrapper or sitecustomize)
     python_banner: str | None = None
+    #: an NVIDIA GPU and its driver (``nvidia-smi`` on PATH); None: a CPU host
+    driver: Driver | None = None
+    #: the image's Python: "test" (this machine's test interpreter: torch, a CPU build, and everything
+    #: lorapod needs), "no-torch" (a fresh virtualenv: an image without torch)
+    python_kind: str = "test"
 
 
 PROFILES = {p.name: p for p in (
@@ -97,6 +134,22 @@ PROFILES = {p.name: p for p in (
             "runpod/containers official-templates/base/Dockerfile: rsync installed; "
             "ln -sf /usr/bin/python3.12 /usr/local/bin/python; python3 stays the distribution's",
             python="python-not-python3"),
+    # GPU hosts. Their image's torch is this machine's CPU build: it cannot use the GPU, as PyPI's
+    # CUDA 13 torch (torch 2.13.0's wheel metadata: nvidia-*-cu13 requirements) cannot on a 12.x
+    # driver, and as any CPU build of torch cannot; torch.cuda.is_available() is really False.
+    Profile("gpu-cuda-12.4-driver",
+            "a RunPod/Vast host on the 550 driver branch (CUDA 12.4; runpod/containers' cu124 images) whose "
+            "image torch cannot use the GPU", driver=DRIVERS["12.4"]),
+    Profile("gpu-cuda-12.8-driver",
+            "runpod/pytorch:1.0.2-cu1281-torch280 (base nvidia/cuda:12.8.1: NVIDIA_REQUIRE_CUDA cuda>=12.8) on a "
+            "570 driver, with a torch that cannot use the GPU", driver=DRIVERS["12.8"]),
+    Profile("gpu-cuda-13.0-driver",
+            "an H100 host on the 580 driver branch (CUDA 13.0), which PyPI's torch >= 2.9 builds need",
+            driver=DRIVERS["13.0"]),
+    Profile("gpu-image-without-torch",
+            "a CUDA base image with Python and no torch (nvidia/cuda:12.8.1-cudnn-devel-ubuntu22.04, the base of "
+            "runpod/containers' images before their torch layer) on a 570 driver",
+            driver=DRIVERS["12.8"], python_kind="no-torch"),
     Profile("provider-vars-in-pid1",
             "runpod-python runpod/cli/utils/ssh_cmd.py reads the pod's variables from /proc/1/environ; "
             "vast-ai/docs docker-environment.mdx: predefined variables are not in SSH sessions",
@@ -139,13 +192,22 @@ def _tool_view(d: Path, keep: tuple[str, ...] = ()) -> Path:
     return d
 
 
-def _python_at(path: Path, banner: str | None) -> Path:
-    """The image's interpreter at ``path``: this machine's test Python (it has what lorapod needs)."""
+def _python_at(path: Path, banner: str | None, python: str | None = None) -> Path:
+    """The image's interpreter at ``path``: this machine's test Python (it has what lorapod needs),
+    or ``python``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     say = f"echo {banner!r}\n" if banner else ""
-    path.write_text(f"#!/bin/sh\n{say}exec {sys.executable} \"$@\"\n")
+    path.write_text(f"#!/bin/sh\n{say}exec {python or sys.executable} \"$@\"\n")
     path.chmod(0o755)
     return path
+
+
+def _python_without_torch(d: Path) -> str:
+    """A fresh virtualenv of this machine's base interpreter: Python and pip, no torch."""
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", "--without-pip", str(d)], check=True, timeout=300,
+                   capture_output=True)
+    return str(d / "bin" / "python")
 
 
 def build(profile: Profile, d: Path, env: dict[str, str] | None = None) -> Host:
@@ -157,8 +219,15 @@ def build(profile: Profile, d: Path, env: dict[str, str] | None = None) -> Host:
     view = _tool_view(d / "usr-bin", keep=("rsync",) if profile.rsync else ())
     session: dict[str, str] = {}
     pid1_path = [str(view)]
+    chosen = _python_without_torch(d / "venv-no-torch") if profile.python_kind == "no-torch" else None
+    if profile.driver is not None:
+        smi = view / "nvidia-smi"
+        smi.write_text(NVIDIA_SMI)
+        smi.chmod(0o755)
+        drv = profile.driver
+        env = {"DRIVER": drv.version, "CUDA": drv.cuda, "GPU_NAME": drv.gpu, "GPU_MIB": str(drv.mib), **env}
     if profile.python == "path":
-        image_py = _python_at(view / "python3", profile.python_banner)
+        image_py = _python_at(view / "python3", profile.python_banner, chosen)
     elif profile.python == "conda":
         image_py = _python_at(d / "opt" / "conda" / "bin" / "python3", profile.python_banner)
         os.symlink(image_py, image_py.parent / "python")

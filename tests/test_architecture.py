@@ -36,7 +36,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # store/: the controller's records (the ledger, who owns what); the planner reads measured runs
     # and boot times from it, compute writes them
     ("lorapod.tokenizer", "lorapod.rundir", "lorapod.builtin", "lorapod.chat", "lorapod.store"),
-    ("lorapod.data",),
+    # quality/: the autopilot's scoring and deciding, which the engine and the trainer runner call at
+    # each checkpoint and export, evaluate, compute and the dashboard read
+    ("lorapod.data", "lorapod.quality"),
     ("lorapod.plan",),
     # the two image LoRA file formats: the engine writes them at the end of training, export/
     # converts and re-writes them from checkpoints, and they import neither

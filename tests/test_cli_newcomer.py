@@ -276,7 +276,7 @@ def test_plan_sorts_by_time_marks_the_fastest_under_the_cap_and_says_what_80_col
 
     spec = str(Path(__file__).resolve().parents[1] / "examples" / "wan21-video-lora.yaml")
     cap = ["--set", "compute.max_usd=5"]
-    by_usd = json.loads(lorapod("plan", spec, "--json", *cap).stdout)
+    by_usd = json.loads(lorapod("plan", spec, "--json", "--sort", "usd", *cap).stdout)
     by_time = json.loads(lorapod("plan", spec, "--json", "--sort", "time", *cap).stdout)
     fits = [o for o in by_time["options"] if o["fits"]]
     assert [o["hours_total"] for o in fits] == sorted(o["hours_total"] for o in fits)
@@ -284,7 +284,7 @@ def test_plan_sorts_by_time_marks_the_fastest_under_the_cap_and_says_what_80_col
     under = [o for o in fits if o["usd_total"] <= 5]
     fastest = by_time["options"][by_time["fastest_under_cap"]]
     assert fastest["hours_total"] == min(o["hours_total"] for o in under) and fastest["usd_total"] <= 5
-    narrow = lorapod("plan", spec, *cap, env={"COLUMNS": "80"}).stdout
+    narrow = lorapod("plan", spec, "--sort", "usd", *cap, env={"COLUMNS": "80"}).stdout
     assert "left out at 80 columns" in narrow and "--json has everything" in narrow
     assert re.search(rf"fastest under the \$5\.00 cap: #\d+ {fastest['gpu']} on {fastest['provider']}", narrow)
     wide = lorapod("plan", spec, "--sort", "time", env={"COLUMNS": "160"}).stdout

@@ -234,7 +234,8 @@ def test_every_help_page_shows_clicks_metavars_and_whole_summaries(monkeypatch, 
 
 def test_plan_prices_the_gpus_the_snapshot_gained_offline_each_entry_dated_and_sourced(capsys):
     """The snapshot had 6 GPUs; A40, A100 40GB, H200 and RTX A6000 gained published figures (issue
-    #38). Each added entry names its own date and source; L4 has none and still says --live."""
+    #38), RTX A5000 and L4 on RunPod (issue 48). Each added entry names its own date and source; the
+    RTX 4080 has none and says --live."""
     import json
 
     import yaml
@@ -243,16 +244,18 @@ def test_plan_prices_the_gpus_the_snapshot_gained_offline_each_entry_dated_and_s
 
     spec = str(ROOT / "examples" / "sdxl-object-lora.yaml")
     want = {"A40": {("runpod", "price_page", 0.44)}, "A100 40GB": {("runpod", "cheapest_seen", 1.0)},
-            "H200": {("runpod", "price_page", 4.59), ("vast", "from", 3.5)}, "RTX A6000": {("vast", "from", 0.55)}}
+            "H200": {("runpod", "price_page", 4.59), ("vast", "from", 3.5)}, "RTX A6000": {("vast", "from", 0.55)},
+            "RTX A5000": {("runpod", "cheapest_seen", 0.16), ("runpod", "price_page", 0.27)},
+            "L4": {("runpod", "price_page", 0.78)}}
     for gpu, rows in want.items():
         code, out, err = run_cli(["plan", spec, "--images", "25", "--gpu", gpu, "--json"], capsys)
         assert code == 0, (gpu, err)
         assert {(o["provider"], o["tier"], o["usd_per_hour"]) for o in json.loads(out)["options"]} == rows
-    code, _out, err = run_cli(["plan", spec, "--images", "25", "--gpu", "L4"], capsys)
-    assert code == 1 and "no price for L4" in err and "--live" in err
+    code, _out, err = run_cli(["plan", spec, "--images", "25", "--gpu", "RTX 4080"], capsys)
+    assert code == 1 and "no price for RTX 4080" in err and "--live" in err
     raw = yaml.safe_load((Path(snapshot.__file__).parent / "data" / "prices.yaml").read_text())
     dated = [p for p in raw["prices"] if "as_of" in p]
-    assert len(dated) == 5 and all(p.get("source") for p in dated)
+    assert len(dated) == 8 and all(p.get("source") for p in dated)
 
 
 def test_a_mistyped_model_id_with_no_hub_fails_fast_and_names_the_fix_train_takes(tmp_path, monkeypatch, capsys):
@@ -329,10 +332,11 @@ def test_a_failed_llm_train_leaves_no_empty_runs_folder_it_made(tmp_path, monkey
     (issue #38); a `runs/` that was there before stays, with what is in it."""
     import yaml
 
-    from .llm_fixtures import spec_dict
+    from .llm_fixtures import spec_dict, write_data
 
     monkeypatch.chdir(tmp_path)
-    raw = spec_dict(tmp_path / "no-such-model", tmp_path / "t.jsonl", tmp_path / "v.jsonl", "runs")
+    tr, va = write_data(tmp_path)  # the data is here (a missing file is refused before any folder)
+    raw = spec_dict(tmp_path / "no-such-model", tr, va, "runs")
     spec = tmp_path / "job.yaml"
     spec.write_text(yaml.safe_dump(raw))
     code, _out, err = run_cli(["train", str(spec)], capsys)

@@ -129,5 +129,5 @@ def test_plan_knows_each_default_images_torch():
         assert envsetup.release(KNOWN[image].torch) >= envsetup.release(ENGINE_MIN_TORCH)
         assert image_note(image, ENGINE_MIN_TORCH) is None
     old = image_note("runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04", ENGINE_MIN_TORCH)
-    assert old is not None and "ships torch 2.4.0" in old and ">= 2.6" in old
+    assert old is not None and "ships torch 2.4.0" in old and f">= {ENGINE_MIN_TORCH}" in old
     assert "not in lorapod's catalog" in (image_note("me/mine:1", ENGINE_MIN_TORCH) or "")

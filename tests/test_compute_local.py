@@ -154,3 +154,19 @@ def test_poll_waits_for_the_watchdogs_verdict_while_it_stops_the_job(tmp_path):
     (folder / "job.exit").write_text("143\n")
     os.utime(folder / "job.killing", (0, 0))  # a marker a minute old: its watchdog died mid-stop
     assert w.poll(0).exit == "143"
+
+
+def test_a_borrowed_host_is_used_not_created_and_a_job_that_trained_nothing_is_not_resumed(tmp_path):
+    """Issue 48, F13: `run --on local` said "creating RTX 3090" (compute.gpu) on a machine without
+    a GPU, and a job that died before its first step was told to `--resume`."""
+    spec_path = make_spec(tmp_path, gpu="RTX 3090")
+    said: list[str] = []
+    with pytest.raises(RemoteError) as exc:
+        run_remote(load_spec(spec_path), LocalProvider(home=tmp_path / "machine"), "local",
+                   fast_options(job_command=fake_command(0.02, ("--fail-at", "1"))), Ledger(), str(spec_path),
+                   say=said.append)
+    text = "\n".join(said)
+    assert "creating" not in text and "using the local host" in text and "planned as RTX 3090" in text
+    assert "before its first step" in exc.value.message
+    hint = exc.value.hint or ""
+    assert "--resume" not in hint and "nothing was trained" in hint and "lorapod run SPEC --on local" in hint

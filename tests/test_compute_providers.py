@@ -76,10 +76,45 @@ def test_runpod_e2e_with_retries_on_429_and_500(runpod, tmp_path, remote_root):
     assert pod.deleted_by in ("account key", "pod-scoped key")
 
 
-def test_runpod_never_ready_is_destroyed_and_next_offer_tried(sshd_factory, remote_root, tmp_path):
+class SkewedClock:
+    """``time`` as acquire.py and wait.py see it, with a monotonic clock the test moves forward:
+    the deadline of an instance that never gets ready passes after a few of its polls, whatever the
+    machine's load, while the next offer boots against the real clock and a generous deadline."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.offset
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+def test_runpod_never_ready_is_destroyed_and_next_offer_tried(sshd_factory, remote_root, tmp_path, monkeypatch):
+    """Waits on conditions (issue 48, F17): with ready_deadline_s=2 the offer that does boot had
+    2 s of real time too, which a loaded machine's SSH handshake alone could use up. Now the
+    deadline is 120 s; the never-ready pod's wait is ended by the clock moving 50 s at each of
+    its polls (the provider saying "not ready" is the condition), the next pod's by SSH answering."""
+    from lorapod.compute import acquire, wait
+
+    clock = SkewedClock()
+    monkeypatch.setattr(acquire, "time", clock)
+    monkeypatch.setattr(wait, "time", clock)
     fake = RunPodFake(sshd_factory, remote_root, never_ready_gpus=("NVIDIA GeForce RTX 3090",))
+    provider = rp_provider(fake)
+    real_refresh = provider.refresh
+
+    def refresh(inst):
+        now = real_refresh(inst)
+        if now.gpu_name == "RTX 3090" and not now.ssh_ready:
+            clock.offset += 50.0  # one poll of a pod that is not ready: time passes for its deadline
+        return now
+
+    monkeypatch.setattr(provider, "refresh", refresh)
     try:
-        summary, ledger = run(tmp_path, rp_provider(fake), "runpod", ready_deadline_s=2.0)
+        summary, ledger = run(tmp_path, provider, "runpod", ready_deadline_s=120.0)
+        assert clock.offset >= 100  # the never-ready pod's deadline passed by its polls, not by the clock
         assert summary.state == "done"
         first, second = ledger.instances()
         assert first.gpu_name == "RTX 3090" and first.state == "destroyed" and first.ready_at is None

@@ -38,7 +38,8 @@ STEPS, EVERY = 16, 2
 def spot_options(**kw):
     step_s = kw.pop("step_s", 0.2)
     return fast_options(job_command=kw.pop("job_command", None) or fake_command(step_s, ("--chain", "--ckpt-mb", "2")),
-                        spot=True, spot_policy="always", preempt_confirm_s=3.0, spot_resume_wait_s=1.5,
+                        spot=True, spot_policy="always", preempt_confirm_s=kw.pop("preempt_confirm_s", 3.0),
+                        spot_resume_wait_s=1.5,
                         pull_every_s=0.3, **kw)
 
 
@@ -74,33 +75,52 @@ def assert_nothing_bills(fake, ledger: Ledger, remote_root: Path) -> None:
 def test_runpod_job_preempted_three_times_ends_as_if_uninterrupted(runpod, tmp_path, remote_root, monkeypatch):
     """Preempted during setup (after the bootstrap, before the data), mid-step, and while pulling a
     checkpoint: each time the stopped pod is destroyed (confirmed), a new spot pod is rented, and
-    the job resumes from the newest checkpoint that came home whole."""
+    the job resumes from the newest checkpoint that came home whole.
+
+    Waits on conditions only (issue 48, F17: it failed on a loaded machine, where the trainer ran
+    ahead of the controller): the stand-in holds after step 6 until the mid-run preemption is on its
+    way, which comes once a whole checkpoint is home (so the resume has one to start from), and
+    after step 12 until the mid-pull one is; and the controller may ask the provider for up to
+    120 s whether a dead job's pod was taken back (it stops asking as soon as the provider says
+    so), where 3 s let a slow "stopped" read as a crash."""
     spec_path = make_spec(tmp_path, max_steps=STEPS, every=EVERY)
     want_losses, want_adapter = uninterrupted(tmp_path, spec_path)
     moments: list[str] = []
+    gates = {"mid-step": tmp_path / "gate-6", "mid-pull": tmp_path / "gate-12"}
 
     def preempt(why: str) -> None:
         moments.append(why)
         pod = newest_live(runpod)
         threading.Thread(target=runpod.preempt, args=(pod, 0.5), daemon=True).start()
         time.sleep(0.05)  # the SIGTERM is on its way before the controller goes on
+        if why in gates:  # the job may go on: the next pod passes this step
+            gates[why].write_text("open")
 
     def say(msg: str) -> None:
         if not moments and msg.startswith("bootstrapped"):
             preempt("setup")
-        elif len(moments) == 1 and msg.startswith("step ") and _step(msg) >= 5:
-            preempt("mid-step")
 
     real_pull = PullGuard.pull
+
+    def home() -> bool:  # a whole checkpoint came home (the rule the resume uses)
+        from .fake_trainer import whole
+
+        return any(whole(p) for p in tmp_path.glob("runs/*/checkpoints/step-*"))
 
     def pull(self, why, newest_only=False):
         if len(moments) == 2 and why == "progress" and _remote_steps(remote_root) >= 10:
             preempt("mid-pull")
-        return real_pull(self, why, newest_only=newest_only)
+        got = real_pull(self, why, newest_only=newest_only)
+        if len(moments) == 1 and _remote_steps(remote_root) >= 4 and home():
+            preempt("mid-step")  # the job is running (held after step 6 at the latest)
+        return got
 
     monkeypatch.setattr(PullGuard, "pull", pull)
     ledger = Ledger()
-    summary = run_remote(load_spec(spec_path), rp(runpod), "runpod", spot_options(max_usd=1.0), ledger,
+    held = fake_command(0.2, ("--chain", "--ckpt-mb", "2", "--gate", f"6={gates['mid-step']}",
+                              "--gate", f"12={gates['mid-pull']}"))
+    summary = run_remote(load_spec(spec_path), rp(runpod), "runpod",
+                         spot_options(max_usd=1.0, job_command=held, preempt_confirm_s=120.0), ledger,
                          str(spec_path), say=say)
     assert moments == ["setup", "mid-step", "mid-pull"], moments
     assert summary.state == "done", summary.message

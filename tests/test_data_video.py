@@ -220,7 +220,7 @@ def test_the_engine_and_the_planner_count_one_wan_job_alike(tmp_path):
 
     from lorapod.catalog.gpus import GPU
     from lorapod.catalog.models import find_model
-    from lorapod.engine.diffusion import wan
+    from lorapod.engine.diffusion import memory as wan
     from lorapod.errors import HardwareError
     from lorapod.plan.vram import Settings, estimate
     from lorapod.spec import JobSpec

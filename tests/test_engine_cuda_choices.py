@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lorapod.engine import llm_model
+from lorapod.engine import device, llm_model
 from lorapod.engine.checkpoint import capture_rng, load_state, restore_rng, save_state
-from lorapod.engine.device import Precision, resolve_precision
+from lorapod.engine.device import Precision, resolve_precision, set_tf32, tf32_flags
 from lorapod.errors import HardwareError
 from lorapod.spec import load_spec
 
@@ -38,9 +38,9 @@ CUDA = torch.device("cuda")
 @pytest.fixture(autouse=True)
 def tf32_flags_restored():
     """resolve_precision turns TF32 on for a CUDA device: the global flags go back after each test."""
-    before = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
+    before = tf32_flags()
     yield
-    torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = before
+    set_tf32(*before)
 
 
 @pytest.mark.parametrize("capability", [(7, 5), (7, 0)])  # T4, V100: bf16 only emulated
@@ -61,16 +61,63 @@ def test_auto_precision_is_bf16_on_ampere_and_later(monkeypatch):
 
 def test_a_cuda_engine_runs_fp32_matmuls_on_tf32(monkeypatch):
     fake_gpu(monkeypatch, 9, 0)
-    torch.backends.cuda.matmul.fp32_precision = "ieee"  # PyTorch's default
+    set_tf32(False)  # PyTorch's default
     resolve_precision("fp32", "auto", CUDA)
-    assert torch.backends.cuda.matmul.fp32_precision == "tf32"
-    assert torch.backends.cudnn.conv.fp32_precision == "tf32"
+    assert tf32_flags() == (True, True)
+    if device.new_tf32_api():  # torch >= 2.9: the new API, and no legacy flag was touched
+        assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+        assert torch.backends.cudnn.conv.fp32_precision == "tf32"
 
 
 def test_cpu_leaves_tf32_alone():
-    torch.backends.cuda.matmul.fp32_precision = "ieee"
+    set_tf32(False)
     resolve_precision("auto", "auto", torch.device("cpu"))
-    assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+    assert tf32_flags() == (False, False)
+
+
+class Torch28cuBLAS:
+    """``torch.backends.cuda.matmul`` as torch 2.7 and 2.8 have it (``cuBLASModule``,
+    ``torch/backends/cuda/__init__.py@2.8.0:140-149``, the same in 2.7.0): four known flags,
+    and ``AttributeError("Unknown attribute " + name)`` for anything else, read or written."""
+
+    KNOWN = ("allow_tf32", "allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction",
+             "allow_fp16_accumulation")
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "flags", dict.fromkeys(self.KNOWN, False))
+
+    def __getattr__(self, name):
+        if name in self.KNOWN:
+            return self.flags[name]
+        raise AttributeError("Unknown attribute " + name)
+
+    def __setattr__(self, name, value):
+        if name in self.KNOWN:
+            self.flags[name] = value
+            return
+        raise AttributeError("Unknown attribute " + name)
+
+
+class Torch28cuDNN:
+    """``torch.backends.cudnn`` of torch 2.8: ``allow_tf32`` and no ``conv`` sub-module
+    (``torch/backends/cudnn/__init__.py@2.8.0``: ``CudnnModule`` has ``enabled``, ``deterministic``,
+    ``benchmark``, ``allow_tf32``...)."""
+
+    def __init__(self) -> None:
+        self.allow_tf32 = False
+
+
+def test_tf32_on_a_torch_without_the_fp32_precision_api(monkeypatch):
+    """Review N1: on RunPod's default image (torch 2.8) every CUDA job crashed in resolve_precision
+    because ``fp32_precision`` does not exist there. With torch 2.8's modules, the legacy flags are set."""
+    matmul, cudnn = Torch28cuBLAS(), Torch28cuDNN()
+    monkeypatch.setattr(torch.backends.cuda, "matmul", matmul)
+    monkeypatch.setattr(torch.backends, "cudnn", cudnn)
+    fake_gpu(monkeypatch, 9, 0)
+    p = resolve_precision("auto", "auto", CUDA)
+    assert p.compute == "bf16"
+    assert matmul.allow_tf32 is True and cudnn.allow_tf32 is True
+    assert tf32_flags() == (True, True)
 
 
 def _one_gpu_rng(monkeypatch, gpus_seen_when_saved: int = 8):

@@ -165,6 +165,7 @@ def test_v_pred_cli_flag_sets_the_spec(tmp_path):
     from lorapod.cli.main import build_app
 
     spec = tmp_path / "s.yaml"
+    (tmp_path / "imgs").mkdir()  # the data is here (a missing data path is refused before the run folder)
     spec.write_text(f"model: {{id: {tmp_path / 'missing.safetensors'}, family: sd15}}\n"
                     f"data: {{path: {tmp_path / 'imgs'}, format: images}}\n"
                     f"output: {{dir: {tmp_path / 'runs'}}}\n")

@@ -15,7 +15,7 @@ from safetensors import safe_open
 from lorapod.builtin.wan import build_wan
 from lorapod.demo_video import write_clips
 from lorapod.engine.checkpoint import CheckpointManager
-from lorapod.engine.diffusion import wan as wanmod
+from lorapod.engine.diffusion import memory as wanmod
 from lorapod.errors import HardwareError
 from lorapod.rundir import RunDir
 from lorapod.spec import load_spec

@@ -88,6 +88,27 @@ def test_no_token_and_a_bad_repo_are_one_clear_error(hub, trained, monkeypatch, 
     assert "me/x" not in hub.repos
 
 
+def test_an_unreachable_hub_is_one_clear_line_and_no_export_is_logged(hub, trained, monkeypatch, capsys):
+    """Issue 48, F1: a token and no Hub to reach (a loopback port nothing listens on: connection
+    refused, as a network down or a firewall says it) is one line naming the Hub, not a traceback;
+    and the staged files of the failed upload are not logged as exports of the run (F23)."""
+    import socket
+
+    with socket.socket() as s:  # a free port, closed again: nothing answers there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    events = trained.root / "events.log"
+    before = events.read_text() if events.exists() else ""
+    code, _out, err = run_cli(["export", str(trained.root), "--to", "hub", "--repo", "me/offline"], capsys)
+    assert code != 0 and "Traceback" not in err, err
+    said = " ".join(err.split())
+    assert f"could not reach the Hugging Face Hub at http://127.0.0.1:{port}" in said and "nothing was uploaded" in said
+    assert "HF_ENDPOINT" in said  # the hint names what this user set
+    after = events.read_text() if events.exists() else ""
+    assert "export " not in after[len(before):] and "published" not in after[len(before):]
+
+
 def test_a_flux_dev_card_carries_the_non_commercial_licence_and_says_gated(tmp_path):
     spec = load_spec(raw={"model": {"id": "black-forest-labs/FLUX.1-dev", "family": "flux1", "variant": "dev"},
                           "data": {"path": str(tmp_path), "format": "images", "trigger": "zxq_mug"}})

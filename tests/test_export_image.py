@@ -244,7 +244,7 @@ def test_export_cli_writes_comfyui_diffusers_and_merged_files(models, sd15_run, 
         export_run(sd15_run, "gguf")
 
 
-def test_image_eval_grids_with_fixed_seeds_and_leakage_against_the_base(sd15_run, tmp_path):
+def test_image_eval_grids_with_fixed_seeds_and_leakage_against_the_base(sd15_run, tmp_path, monkeypatch):
     import shutil
 
     from lorapod.evaluate.images import evaluate_images
@@ -253,7 +253,22 @@ def test_image_eval_grids_with_fixed_seeds_and_leakage_against_the_base(sd15_run
     shutil.copytree(sd15_run, run)
     prompts = tmp_path / "p.txt"
     prompts.write_text("zxq in a park --s 2 --d 5\na red car --s 2 --d 5\n")
+    import numpy as np
+
+    import lorapod.engine.diffusion.samples as ev  # evaluate/images.py imports grid, labelled_grid from it
+
+    laid_out: list[tuple[list, list[str]]] = []  # what each grid is drawn from: its cells and row labels
+    real_grid, real_labelled = ev.grid, ev.labelled_grid
+    monkeypatch.setattr(ev, "grid", lambda images, cols=None: (laid_out.append((list(images), [])),
+                                                               real_grid(images, cols=cols))[1])
+    monkeypatch.setattr(ev, "labelled_grid", lambda img, rows, *a, **k: (laid_out[-1][1].extend(rows),
+                                                                        real_labelled(img, rows, *a, **k))[1])
     res = evaluate_images(run, prompts, strengths=(0.5, 1.0), device="cpu", log=lambda m: None)
+    # issue 48, F9: the base row is the base image under every strength (strength does not apply to
+    # it), labelled as the model without the LoRA, not one image under "0.5" and a blank under "1.0"
+    for images, rows in laid_out:
+        assert rows[0] == "base (no LoRA)"
+        assert all(np.array_equal(np.asarray(images[0]), np.asarray(im)) for im in images[:2])
     assert [g.leakage_prompt for g in res.grids] == [False, True]
     cells = res.grids[1].cells
     assert [(c.row, c.strength) for c in cells] == [("base", 0.0), ("step-1", 0.5), ("step-1", 1.0),
@@ -382,7 +397,7 @@ def wan_runs(tmp_path_factory):
 
 @pytest.mark.parametrize("family", ["wan21", "wan22"])
 def test_wan_engine_file_is_the_export_file_and_comfyui_maps_every_key(wan_runs, family):
-    """One key rule (export/kohya.py WAN_RULES): the file the engine writes at the end of training
+    """One key rule (engine/diffusion/families/wan.py WAN_RULES): the file the engine writes at the end of training
     equals `lorapod export --to comfyui`'s, one file per Wan 2.2 expert, and ComfyUI's Wan key map
     (tests/comfy_consumer.py) loads every key of each onto its expert's weights."""
     from diffusers import DiffusionPipeline

@@ -187,3 +187,50 @@ def test_a_diffusers_wan_file_is_wan_and_comfyui_is_said_to_drop_its_names(tmp_p
     flux = {f"transformer.transformer_blocks.0.attn.to_q.{k}": v for k, v in _pair().items()}
     save_file(flux, str(tmp_path / "flux.safetensors"))
     assert inspect_file(tmp_path / "flux.safetensors")["family"] == "flux1 or flux2"  # unchanged
+
+
+def _peft_folder(tmp_path, alpha=32, r=4):
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    t = {f"base_model.model.model.layers.0.self_attn.q_proj.{k}": v for k, v in _pair(r).items()}
+    save_file(t, str(folder / "adapter_model.safetensors"))
+    (folder / "adapter_config.json").write_text(json.dumps({"r": r, "lora_alpha": alpha, "peft_type": "LORA"}))
+    return folder
+
+
+def test_the_weights_file_of_a_peft_folder_reads_its_alpha_from_the_config_beside_it(tmp_path):
+    """Issue 48, F19: `inspect adapter/adapter_model.safetensors` said "alpha unknown" with
+    adapter_config.json right beside it."""
+    folder = _peft_folder(tmp_path)
+    r = inspect_file(folder / "adapter_model.safetensors")
+    assert r["alpha"] == [32.0] and r["alpha_from"] == str(folder / "adapter_config.json")
+    assert r["consumers"]["PEFT"]["scale"] == [8.0] and r["consumers"]["llama.cpp"]["scale"] == [8.0]
+    out = CliRunner().invoke(build_app(), ["inspect", str(folder / "adapter_model.safetensors")]).output
+    assert "alpha unknown" not in out and "32.0" in out
+
+
+def test_a_bfloat16_alpha_is_read_without_torch(tmp_path):
+    """sd-scripts saves a LoRA's alphas in its save dtype: bfloat16, which numpy cannot hold."""
+    t = kohya.to_kohya(_sd15_parts(), "sd15", 8.0, False)
+    t = {k: (v.to(torch.bfloat16) if k.endswith(".alpha") else v) for k, v in t.items()}
+    f = tmp_path / "bf16.safetensors"
+    save_file(t, str(f))
+    r = inspect_file(f)
+    assert r["alpha"] == [8.0] and r["consumers"]["ComfyUI"]["scale"] == [2.0]
+
+
+def test_inspect_imports_neither_torch_nor_transformers_nor_diffusers(tmp_path):
+    """Issue 48, F19: 6-14 s on a tiny file went to importing torch, transformers and diffusers,
+    none of which reads a header. Checked by the modules a fresh interpreter ends with, not by a clock."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    folder = _peft_folder(tmp_path)
+    code = ("import sys\nfrom lorapod.cli.main import main\n"
+            "try:\n    main(['inspect', sys.argv[1]])\nexcept SystemExit:\n    pass\n"
+            "print('LOADED', sorted(m for m in ('torch', 'transformers', 'diffusers') if m in sys.modules))")
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    got = subprocess.run([sys.executable, "-c", code, str(folder / "adapter_model.safetensors")], capture_output=True,
+                         text=True, timeout=300, env={**__import__("os").environ, "PYTHONPATH": src})
+    assert "alpha unknown" not in got.stdout and "LOADED []" in got.stdout, got.stdout + got.stderr

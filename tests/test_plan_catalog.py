@@ -103,8 +103,13 @@ def test_stale_prices_are_flagged():
     spec = load_spec(EXAMPLES / "sdxl-object-lora.yaml")
     fresh = plan_job(spec, images=25, today=dt.date(2026, 10, 1))
     old = plan_job(spec, images=25, today=dt.date(2027, 6, 1))
-    assert all(any("(16 days old)" in w for w in o.warnings) for o in fresh.options)
-    assert not any("stale" in w for o in fresh.options for w in o.warnings)
+    # a price with its own date (prices.yaml as_of) is aged from that date, the rest from the snapshot's
+    dated = {(p.provider, p.tier, p.gpu): p.as_of for p in load_prices()[1] if p.as_of and not p.interruptible}
+    plain = [o for o in fresh.options if (o.provider, o.tier, o.gpu) not in dated]
+    assert plain and all(any("(16 days old)" in w for w in o.warnings) for o in plain)
+    assert all(any(f"price as of {dated[(o.provider, o.tier, o.gpu)]}, its own source" in w for w in o.warnings)
+               for o in fresh.options if o not in plain)
+    assert not any("stale" in w for o in plain for w in o.warnings)
     assert all(any("days old): stale, check --live" in w for w in o.warnings) for o in old.options)
     assert fresh.snapshot_date == "2026-09-15"
 
@@ -152,3 +157,56 @@ def test_the_measurements_own_gpus_load_with_their_class_and_arch():
     for g in raw:
         got = gpu_by_name(g["name"])
         assert (got.gpu_class, got.arch, got.aliases) == (g["class"], g["arch"], ())
+
+
+def test_rtx_4080_rtx_a5000_and_l4_are_known_with_their_published_figures():
+    """Issue 48, F25: the three cards a newcomer met as unknown or unpriced."""
+    spec = {g: find_gpu(g) for g in ("RTX 4080", "RTX A5000", "L4")}
+    assert (spec["RTX 4080"].vram_gb, spec["RTX 4080"].bf16_tflops, spec["RTX 4080"].mem_bw_gbs) == (16, 97.5, 716.8)
+    assert (spec["RTX A5000"].vram_gb, spec["RTX A5000"].bf16_tflops, spec["RTX A5000"].mem_bw_gbs) == (24, 111.1, 768)
+    assert spec["L4"].vram_gb == 24
+    assert find_gpu("NVIDIA RTX A5000").name == "RTX A5000" and find_gpu("NVIDIA GeForce RTX 4080").name == "RTX 4080"
+    _, prices = load_prices()
+    by = {(p.provider, p.tier, p.gpu): p for p in prices}
+    assert by[("runpod", "cheapest_seen", "RTX A5000")].usd_per_hour == 0.16
+    assert by[("runpod", "price_page", "RTX A5000")].usd_per_hour == 0.27
+    assert by[("runpod", "price_page", "L4")].usd_per_hour == 0.78
+    # each added figure carries its own date (the plan says it instead of the snapshot's)
+    assert all(by[k].as_of for k in [("runpod", "cheapest_seen", "RTX A5000"), ("runpod", "price_page", "L4")])
+    raw = load_data("prices")[1]
+    added = [p for p in raw["prices"] if p["gpu"] in ("RTX A5000", "L4")]
+    assert added and all(p.get("as_of") and p.get("source") for p in added)
+
+
+def test_a_name_two_cards_share_is_never_read_as_one_of_them_silently():
+    """Issue 48, F25: "A100 PCIe" is made with 40 GB and 80 GB: the memory a provider lists picks
+    the card; without it the name is refused, naming both."""
+    from lorapod.errors import PlanError
+
+    for name in ("A100 PCIe", "A100", "A100 SXM4", "NVIDIA A100 PCIe"):
+        with pytest.raises(PlanError, match="made with 40 GB and 80 GB") as exc:
+            find_gpu(name)
+        assert "A100 40GB" in (exc.value.hint or "") and "A100 80GB" in (exc.value.hint or "")
+    assert find_gpu("A100 PCIe", 80).name == "A100 80GB"
+    assert find_gpu("A100 PCIe", 40).name == "A100 40GB"
+    assert find_gpu("A100 80GB").name == "A100 80GB"  # its own name stays exact
+
+
+def test_run_plans_a_shared_name_offer_as_the_card_its_memory_says():
+    from lorapod.compute.offers import choose_offers, planned_job
+    from lorapod.compute.provider import Offer
+    from lorapod.spec import load_spec
+
+    class Market:
+        name = "newcomer"
+
+        def offers(self, req):
+            return [Offer(self.name, "a80", "A100 PCIe", 1.19, 80), Offer(self.name, "a40", "A100 PCIe", 1.19, 40)]
+
+    spec = load_spec(Path(__file__).resolve().parents[1] / "examples" / "wan21-video-lora.yaml",
+                     ["model.dtype=bf16", "train.blocks_to_swap=0", "train.optimizer=adamw", "method.r=128",
+                      "data.resolution=1280"])
+    job = planned_job(spec)
+    ranked = choose_offers(spec, Market(), job=job)
+    assert 40 < job.estimate.peak_gb < 80
+    assert [r.offer.id for r in ranked] == ["a80"]  # the 40 GB card cannot hold it: not planned as an 80 GB one

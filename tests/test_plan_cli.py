@@ -59,8 +59,9 @@ def test_json_follows_the_schema():
         assert slo < o["speed"]["seconds_per_step"] < shi
         assert o["speed"]["basis"] == "model"
         assert o["vram_peak_gb_range"][0] <= o["vram_peak_gb"] <= o["vram_peak_gb_range"][1]
-    totals = [o["usd_total"] for o in out["options"]]
-    assert totals == sorted(totals)
+    # ranked by $ + compute.hour_worth_usd ($1) x hours (plan/choose.py rank_key)
+    worth = [o["usd_total"] + o["hours_total"] for o in out["options"]]
+    assert worth == sorted(worth)
 
 
 def test_table_names_phases_vram_and_snapshot():
@@ -99,10 +100,10 @@ def test_errors_are_one_clean_line_with_a_hint():
         "m.COMMANDS=[c for c in m.COMMANDS if importlib.util.find_spec('lorapod.cli.'+c)];"
         "m.main(sys.argv[1:])"
     )
-    r = subprocess.run([sys.executable, "-c", code, "plan", SDXL, "--gpu", "RTX 4080"],
+    r = subprocess.run([sys.executable, "-c", code, "plan", SDXL, "--gpu", "RTX 4099"],
                        capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 1
-    assert "unknown GPU 'RTX 4080'" in r.stderr and "RTX 4090" in r.stderr
+    assert "unknown GPU 'RTX 4099'" in r.stderr and "RTX 4090" in r.stderr
     assert "Traceback" not in r.stderr
     r = subprocess.run([sys.executable, "-c", code, "plan", "--storage", "--model-gb", "10"],
                        capture_output=True, text=True, env=env, timeout=60)

@@ -37,12 +37,16 @@ def test_sdxl_recipe_is_2000_steps():
 
 
 def test_steps_count_the_images_in_the_data_folder(tmp_path):
+    """Every image that decodes, subfolders included (the data check's own scan); a file named
+    .jpg that is not an image is not trained on, so it is not counted (issue 48, F14)."""
+    Image = pytest.importorskip("PIL.Image")
     data = tmp_path / "mug"
     (data / "sub").mkdir(parents=True)
     for i in range(7):
-        (data / f"p{i}.jpg").write_bytes(b"x" * 1000)
+        Image.new("RGB", (64, 64), (30 * i, 90, 120)).save(data / f"p{i}.jpg")
         (data / f"p{i}.txt").write_text("zxq_mug")
-    (data / "sub" / "q.png").write_bytes(b"y")
+    Image.new("RGB", (64, 64), (9, 9, 9)).save(data / "sub" / "q.png")
+    (data / "fake.jpg").write_bytes(b"x" * 1000)
     spec = load_spec(EXAMPLES / "sdxl-object-lora.yaml", [f"data.path={data}", "train.micro_batch_size=2"])
     plan = plan_job(spec)
     assert plan.job.images == 8
@@ -99,9 +103,13 @@ def test_storage_network_volume_wins_when_used_daily():
     assert adv.recommended == "network volume"
 
 
-def test_options_are_ranked_by_dollars_per_job():
+def test_options_are_ranked_by_dollars_per_job_and_hours():
+    """$ per job + compute.hour_worth_usd x hours (issue 48, F22); at 0, by dollars alone."""
     plan = plan_job(load_spec(EXAMPLES / "sdxl-object-lora.yaml"), images=25)
-    totals = [o.usd_total for o in plan.options]
+    worth = [o.usd_total + o.hours_total for o in plan.options]
+    assert worth == sorted(worth)
+    dollars = plan_job(load_spec(EXAMPLES / "sdxl-object-lora.yaml", ["compute.hour_worth_usd=0"]), images=25)
+    totals = [o.usd_total for o in dollars.options]
     assert totals == sorted(totals)
     assert {o.provider for o in plan.options} == {"runpod", "vast"}
     assert all(o.fits for o in plan.options)

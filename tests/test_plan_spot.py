@@ -156,7 +156,7 @@ def test_the_spot_job_is_the_options_own_phases():
     opt = next(o for o in plan.options if o.provider == "runpod" and o.gpu == "RTX 4090")
     sj = spot_job(plan.job, opt, 0.22, None)
     hours = {p.name: p.hours for p in opt.phases}
-    assert sj.work == pytest.approx(hours["train"] + hours["sampling"])
+    assert sj.work == pytest.approx(hours["train"] + hours["sampling"] + hours["scoring"])
     assert sj.setup + sj.work + sj.tail == pytest.approx(opt.hours_total)
     assert sj.usd_per_hour == 0.22 and sj.husk_usd_per_hour == 0.0  # RunPod's container disk: $0 stopped
     # the checkpoint: fp32 LoRA + AdamW state = 12 of the estimate's 16 bytes a parameter
@@ -214,8 +214,13 @@ def test_auto_takes_spot_only_when_its_worst_end_wins_within_the_caps():
     assert decide([od], "always", None, None).tier == "on-demand"  # nothing priced on spot
 
 
+# the guide's job as the guide ran it, without the quality autopilot's scoring: its ~20 minutes of
+# scoring images push spot's worst end past the example's compute.max_hours of 3 h
+GUIDE_AS_RUN = ["quality.score=off"]
+
+
 def test_plan_auto_picks_spot_on_the_example():
-    plan = plan_job(load_spec(SDXL, ["compute.spot=auto"]), images=25)
+    plan = plan_job(load_spec(SDXL, ["compute.spot=auto", *GUIDE_AS_RUN]), images=25)
     assert plan.tier.tier == "spot"
     chosen = plan.options[plan.tier.option]
     assert chosen.spot.high.usd < plan.best.usd_range[1]
@@ -240,7 +245,8 @@ def test_plan_prints_both_tiers_and_the_choice(monkeypatch):
     # once, in Console()), which under xdist is whatever an earlier test's process had: the wide
     # table (tier and preemption-rate columns) needs 120+, so give this test its own wide console.
     monkeypatch.setattr(plan_cli, "console", Console(width=160))
-    r = CliRunner().invoke(build_app(), ["plan", str(SDXL), "--images", "25", "--set", "compute.spot=auto"])
+    r = CliRunner().invoke(build_app(), ["plan", str(SDXL), "--images", "25", "--set", "compute.spot=auto",
+                                         "--set", GUIDE_AS_RUN[0]])
     assert r.exit_code == 0, r.output
     out = " ".join(r.stdout.split())
     assert "Spot (interruptible): expected per job, preemptions included" in out
@@ -272,7 +278,7 @@ def test_the_monte_carlo_agrees_with_the_closed_form():
 def test_the_choice_follows_the_options_as_printed():
     """--sort time reorders the options after planning: the choice still names the right one and
     still compares with the cheapest on-demand option, not the first."""
-    plan = plan_job(load_spec(SDXL, ["compute.spot=auto"]), images=25)
+    plan = plan_job(load_spec(SDXL, ["compute.spot=auto", *GUIDE_AS_RUN]), images=25)
     chosen = plan.options[plan.tier.option]
     cheapest = plan.best
     plan.options.sort(key=lambda o: (not o.fits, o.hours_total, o.usd_total))

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from lorapod.compute.provider import Instance, Offer
+from lorapod.compute.provider import Instance, Offer, Traits
 from lorapod.spec import load_spec
 from lorapod.store.ledger import Ledger
 
@@ -61,6 +61,7 @@ class RecordingProvider:
     """create() looks at the ledger while it runs: the row must already be there."""
 
     name = "rec"
+    traits = Traits()  # a rented machine (compute/provider.py: every provider declares its traits)
 
     def __init__(self, ledger):
         self.ledger = ledger

@@ -146,7 +146,7 @@ def test_inspect_loads_musubis_qwen_image_layout_in_comfyui(tmp_path):
     assert rep["family"] == "qwenimage"
     assert rep["consumers"]["ComfyUI"]["loads"] == 4 and rep["consumers"]["ComfyUI"]["drops"] == []
     rep = inspect_file(_kohya_file(tmp_path / "bad.safetensors", ["lora_unet_blocks_0_attn_qkv"], "qwen_image"))
-    assert rep["consumers"]["ComfyUI"]["drops"] == ["lora_unet_blocks_0_attn_qkv: not a module of the model"]
+    assert rep["consumers"]["ComfyUI"]["drops"] == ["lora_unet_blocks_0_attn_qkv: not a module of ComfyUI's model"]
 
 
 def test_qwen_image_refuses_a_precision_its_trainer_cannot_run(tmp_path):

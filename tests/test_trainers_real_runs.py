@@ -24,16 +24,37 @@ HOW = ("the trainers are not here: run `python tools/upstream/setup.py --archive
        "trainers' source archives at lorapod's pinned commits) and source the env.sh it writes; "
        "docs/trainers.md, 'Real runs'")
 
-# case -> (the trainer's checkout folder, its LORAPOD_UPSTREAM_PYTHON_* variable)
+# case -> (the trainer's checkout folder, its LORAPOD_UPSTREAM_PYTHON_* variable), in the order they run:
+# the two cases on SD 1.5's model next to each other, so it is built once
 CASES = {
     "sd15": ("sd-scripts", "SD_SCRIPTS"),
+    "aitk-sd15": ("ai-toolkit", "AI_TOOLKIT"),
     "sdxl": ("sd-scripts", "SD_SCRIPTS"),
     "wan": ("musubi-tuner", "MUSUBI_TUNER"),
-    "aitk-sd15": ("ai-toolkit", "AI_TOOLKIT"),
     # the families lorapod's own engine also trains, here through musubi-tuner (depth reduced: real_models.py)
     "zimage": ("musubi-tuner", "MUSUBI_TUNER"),
     "qwenimage": ("musubi-tuner", "MUSUBI_TUNER"),
 }
+
+
+def _real_run_models() -> dict[str, str]:
+    """real_run.py's MODEL (case -> the random-weight model it trains), read from the script itself."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lorapod_real_run", REPO / "tools" / "upstream" / "real_run.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return dict(module.MODEL)
+
+
+def last_use(case: str) -> bool:
+    """Whether no later case trains ``case``'s model: the stage deletes a model after its last case
+    (the built models together took 35 GB; each is built again in 0.5-3 minutes), unless
+    LORAPOD_UPSTREAM_KEEP_MODELS is set (iterating on one case)."""
+    model = _real_run_models()
+    order = list(CASES)
+    return all(model[c] != model[case] for c in order[order.index(case) + 1:])
 
 
 @pytest.mark.upstream
@@ -50,6 +71,8 @@ def test_real_run_through_lorapods_job(case, tmp_path):
            "--python", python, "--work", str(tmp_path)]
     if os.environ.get("LORAPOD_UPSTREAM_MODELS"):
         cmd += ["--models", os.environ["LORAPOD_UPSTREAM_MODELS"]]
+    if not os.environ.get("LORAPOD_UPSTREAM_KEEP_MODELS") and last_use(case):
+        cmd.append("--drop-model")
     if os.environ.get("LORAPOD_UPSTREAM_SUMMARY"):
         cmd += ["--summary", os.environ["LORAPOD_UPSTREAM_SUMMARY"]]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1700)

@@ -64,3 +64,32 @@ def write_metrics(root: Path, steps, t0: float | None = None, scale: float = 1.0
             loss = scale / s ** 0.5 + 0.05 * ((s * 7919) % 13) / 13  # a falling curve with some noise
             fh.write(json.dumps({"time": t0 + s, "step": s, "loss": loss, "lr": 1e-4 * min(1.0, s / 10),
                                  "step_time_s": 0.5}) + "\n")
+
+
+def write_quality(root: Path, scores: dict[int, float], pick: int, stopped: int | None = None) -> None:
+    """What the quality autopilot writes (quality/autopilot.py, through rundir/quality.py): a scores line
+    per checkpoint, its line in metrics.jsonl after that step's training line (steps up to the last
+    checkpoint are written here), the pick, and the early stop."""
+    from lorapod.quality.decide import pick as decide_pick
+    from lorapod.rundir import quality as files
+
+    recs = []
+    done = 0
+    for step, score in sorted(scores.items()):
+        write_metrics(root, range(done + 1, step + 1))
+        done = step
+        with open(root / "metrics.jsonl", "a") as fh:
+            rec = {"step": step, "checkpoint": f"step-{step}", "seconds": 1.0,
+                   "models": {"clip": "lorapod:tiny-clip", "dino": "lorapod:tiny-dinov2"},
+                   "strengths": {"0.8": {"score": score, "se": 0.01, "fidelity": score + 0.02},
+                                 "1": {"score": score - 0.01, "se": 0.01}}}
+            files.append_score(root, rec)
+            recs.append(rec)
+            fh.write(json.dumps({"step": step, "event": "quality", "quality_score": score,
+                                 "quality_fidelity": score + 0.02, "quality_strength": 0.8}) + "\n")
+    decision = decide_pick(recs)
+    assert decision["step"] == pick, decision
+    files.write_json(root, files.PICK, decision)
+    if stopped is not None:
+        files.write_json(root, files.STOPPED, {"step": stopped, "reason": f"plateau {HOSTILE}", "steps_saved": 40,
+                                               "seconds_saved": 1800.0, "planned_steps": 100})

@@ -99,6 +99,7 @@ class ImageDemoResult:
     cache_hits: int
     cache_misses: int
     progress: Path | None = None  # base and every sampled checkpoint side by side, labelled
+    quality: dict | None = None  # the quality autopilot's pick (rundir/quality.py pick_summary)
 
 
 # the trigger alone (the base knows no such word: it draws a muddle), the trigger in another bucket,
@@ -111,12 +112,22 @@ SIZES = [(96, 96), (128, 80), (80, 128), (112, 112), (96, 96), (128, 80), (80, 1
 BASE_BUILD = {"builder": "lorapod.builtin.sd.build_toy_sd15", "version": 4}
 
 
+# The quality autopilot in the demo: lorapod's tiny random scorers (builtin/scorers.py: the whole scoring
+# path, nothing downloaded; their numbers say nothing of quality), the demo's own prompts, and
+# references drawn beside the data (data/refs: discs the run never trains on), so the training data
+# stays what it was.
+DEMO_QUALITY = {"clip": "lorapod:tiny-clip", "dino": "lorapod:tiny-dinov2", "prompts": DEMO_PROMPTS,
+                "strengths": [0.5, 1.0]}
+REF_SIZES = [(96, 96), (112, 112)]
+
+
 def demo_spec_dict(out: Path, model_id: str, steps: int | None) -> dict:
     return {
         "model": {"id": model_id, "family": "sd15"},
         "method": {"type": "lora", "r": 8, "alpha": 8, "dropout": 0.0},
         "data": {"path": [str(out / "data" / "4_zxq"), str(out / "data" / "1_colours")], "format": "images", "resolution": 64, "flip": True,
-                 "trigger": "zxq"},
+                 "trigger": "zxq", "holdout_path": str(out / "data" / "refs")},
+        "quality": DEMO_QUALITY,
         "train": {"epochs": 8, "max_steps": steps, "micro_batch_size": 2, "learning_rate": 1.5e-2,
                   "scheduler": "cosine", "warmup_steps": 4, "precision": "auto", "seed": 42},
         "eval": {"max_batches": 2},
@@ -150,6 +161,7 @@ def run_image_demo(out: Path, steps: int | None = None, log=print, show_progress
     shutil.rmtree(out / "data", ignore_errors=True)
     write_concept(data, SIZES, seed=1)
     write_colours(out / "data" / "1_colours")
+    write_concept(out / "data" / "refs", REF_SIZES, seed=7)  # the autopilot's references, never trained on
     (out / "prompts.txt").write_text("# sd-scripts syntax: --w --h --d (seed) --s (steps) --l (guidance) --n\n"
                                      + "\n".join(DEMO_PROMPTS) + "\n", encoding="utf-8")
     raw = demo_spec_dict(out, str(model_dir), steps)
@@ -166,9 +178,11 @@ def run_image_demo(out: Path, steps: int | None = None, log=print, show_progress
     first = (trained.result.first_eval or {}).get("fixed_noise_loss")
     last = (trained.result.last_eval or {}).get("fixed_noise_loss")
     (out / "result.json").write_text(json.dumps({"fixed_noise_loss": [first, last], "run": str(run.root)}), encoding="utf-8")
+    from lorapod.rundir.quality import pick_summary
+
     return ImageDemoResult(out, run.root, first, last, sorted(run.samples.glob("*-[0-9][0-9].png")),
                            run.adapter / "pytorch_lora_weights.safetensors", run.adapter / "zxq-demo.safetensors",
-                           trained.cache_hits, trained.cache_misses, progress)
+                           trained.cache_hits, trained.cache_misses, progress, pick_summary(run.root))
 
 
 def base_samples(model_dir: Path, folder: Path) -> list[Path]:

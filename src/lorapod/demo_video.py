@@ -136,6 +136,7 @@ class VideoDemoResult:
     cache_hits: int
     cache_misses: int
     progress: Path | None = None  # base and every sampled checkpoint, frame by frame, labelled
+    quality: dict | None = None  # the quality autopilot's pick (rundir/quality.py pick_summary)
 
 
 # the trigger alone twice (the base knows no such word) and a prompt without it that the base draws
@@ -147,13 +148,22 @@ DEMO_PROMPTS = [f"zxq --w {SIDE} --h {SIDE} --f {FRAMES} --d 1 --s 20 --l 1",
 BASE_BUILD = {"builder": "lorapod.builtin.wan.build_toy_wan", "version": 1}
 
 
+# The quality autopilot in the demo, as in the image demo (demo_image.py DEMO_QUALITY): tiny random
+# scorers, two trigger prompts and the leakage prompt, short scoring clips, and references beside the
+# data (data/refs: stills of the squares the run never trains on).
+DEMO_QUALITY = {"clip": "lorapod:tiny-clip", "dino": "lorapod:tiny-dinov2", "steps": 10,
+                "prompts": [f"zxq --w {SIDE} --h {SIDE} --d 1 --l 1", f"zxq --w {SIDE} --h {SIDE} --d 2 --l 1",
+                            f"green --w {SIDE} --h {SIDE} --d 3 --l 1"]}
+
+
 def demo_spec_dict(out: Path, model_id: str, steps: int | None) -> dict:
     return {
         "model": {"id": model_id, "family": "wan21"},
         "method": {"type": "lora", "r": 4, "alpha": 4, "dropout": 0.0},
         "data": {"path": [str(out / "data" / "4_zxq"), str(out / "data" / "1_colours")], "format": "video",
                  "resolution": SIDE, "trigger": "zxq", "target_frames": [1, 5, 9], "frame_extraction": "head",
-                 "fps": 16},
+                 "fps": 16, "holdout_path": str(out / "data" / "refs")},
+        "quality": DEMO_QUALITY,
         "train": {"epochs": 6, "max_steps": steps, "micro_batch_size": 1, "learning_rate": 5e-3,
                   "scheduler": "constant_with_warmup", "warmup_steps": 4, "precision": "auto", "seed": 42,
                   "timestep_sampling": "shift", "timestep_shift": 3.0},
@@ -191,6 +201,12 @@ def run_video_demo(out: Path, steps: int | None = None, log=print, show_progress
         shutil.rmtree(data, ignore_errors=True)
         write_concept(data / "4_zxq")
         write_colour_clips(data / "1_colours")
+    if not (data / "refs" / "ref01.png").is_file():  # the autopilot's references, never trained on
+        from PIL import Image
+
+        (data / "refs").mkdir(parents=True, exist_ok=True)
+        for j in range(2):
+            Image.fromarray(concept_frame(20 + j)).save(data / "refs" / f"ref{j:02d}.png")
     (out / "prompts.txt").write_text("# sd-scripts syntax + --f FRAMES (4n+1)\n" + "\n".join(DEMO_PROMPTS) + "\n",
                                      encoding="utf-8")
     raw = demo_spec_dict(out, str(model_dir), steps)
@@ -209,9 +225,11 @@ def run_video_demo(out: Path, steps: int | None = None, log=print, show_progress
     (out / "result.json").write_text(json.dumps({"fixed_noise_loss": [first, last], "run": str(run.root)}),
                                      encoding="utf-8")
     clips = sorted(p for p in run.samples.glob("*.mp4") if not p.name.startswith("base-"))
+    from lorapod.rundir.quality import pick_summary
+
     return VideoDemoResult(out, run.root, first, last, clips, sorted(run.samples.glob("*-frames.png")),
                            run.adapter / "pytorch_lora_weights.safetensors", run.adapter / "zxq-video-demo.safetensors",
-                           trained.cache_hits, trained.cache_misses, progress)
+                           trained.cache_hits, trained.cache_misses, progress, pick_summary(run.root))
 
 
 def _prompts():

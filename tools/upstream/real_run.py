@@ -34,7 +34,9 @@ continues at the right step (its checkpoints are named by the run's steps: ``ste
 The data folder is made afresh for each run, so sd-scripts' latent cache (``.npz`` beside the
 images) never carries over from an earlier one and a rerun gives the same losses. ``--models``
 keeps the built models between runs (a folder per model and builder version); ``--summary``
-appends the case's wall time and peak memory per launch to a JSON-lines file.
+appends the case's wall time and peak memory per launch (and its model's size on disk) to a JSON-lines
+file; ``--drop-model`` deletes the model when the case ends (.ci/run's stage does, after each model's
+last case: the built models together took 35 GB, more than a CI machine spares).
 """
 
 from __future__ import annotations
@@ -237,6 +239,17 @@ def lora_check(adapter: Path) -> list[str]:
     return bad
 
 
+def disk_bytes(folder: Path) -> int:
+    """The bytes the files under ``folder`` take on disk (hard links and symlinks counted once / not at all)."""
+    seen, total = set(), 0
+    for p in folder.rglob("*"):
+        st = p.lstat()
+        if p.is_file() and not p.is_symlink() and (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_blocks * 512
+    return total
+
+
 def build_model(kind: str, python: str, models: Path, env: dict) -> tuple[Path, dict | None]:
     """The random-weight model ``kind``, built once per builder version into ``models`` (kept between
     runs), and the build's seconds and peak memory (None when it was built already)."""
@@ -267,6 +280,8 @@ def main() -> int:
     ap.add_argument("--models", default=None, help="where built models are kept between runs (default: WORK/models)")
     ap.add_argument("--summary", default=None, help="append the case's times and peak memory to this JSON-lines file")
     ap.add_argument("--record", action="store_true", help="write tests/recorded/<case>/")
+    ap.add_argument("--drop-model", action="store_true",
+                    help="delete the built model when the case ends (building it again costs less than its disk)")
     ns = ap.parse_args()
     trainer = TRAINER[ns.case]
     root = Path(ns.work or "/tmp/lorapod-real-run").resolve()
@@ -356,6 +371,7 @@ def main() -> int:
     if ns.summary:
         with open(ns.summary, "a", encoding="utf-8") as fh:
             fh.write(json.dumps({"case": ns.case, "trainer": trainer, "ok": not problems, "problems": problems,
+                                 "model": model.name, "model_gb": round(disk_bytes(model) / 1e9, 2),
                                  "phases": {**({f"build {MODEL[ns.case]}": built} if built else {}),
                                             **{n: {"seconds": r["seconds"], "peak_rss_mb": r["peak_rss_mb"]}
                                                for n, r in results.items()}}}) + "\n")
@@ -368,6 +384,9 @@ def main() -> int:
             "trainer_logged_tag": TB_LOSS.get(trainer), "lora": {"file": adapter[0].name if adapter else None,
                                                                  "keys": keys}, "runs": results}, indent=1) + "\n")
         print(f"recorded in {dest.relative_to(REPO)}")
+    if ns.drop_model:
+        shutil.rmtree(model, ignore_errors=True)
+        print(f"deleted {model} (--drop-model)")
     return 1 if problems else 0
 
 

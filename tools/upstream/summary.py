@@ -15,17 +15,19 @@ from pathlib import Path
 
 def main() -> int:
     rows = [json.loads(x) for x in Path(sys.argv[1]).read_text().splitlines() if x.strip()]
-    print(f"{'case':<12} {'trainer':<13} {'launch':<16} {'wall s':>7} {'peak GB':>8}  result")
+    print("| case | trainer | phase | wall s | peak RSS GB | model on disk GB | result |")
+    print("|---|---|---|---:|---:|---:|---|")
     total = built = 0
     for r in rows:
         for name, ph in r["phases"].items():
-            if name.startswith("build "):  # the random-weight model, built once (kept between runs)
+            if name.startswith("build "):  # the random-weight model (deleted after its last case in CI)
                 built += ph["seconds"]
             else:
                 total += ph["seconds"]
-            print(f"{r['case']:<12} {r['trainer']:<13} {name:<16} {ph['seconds']:>7} {ph['peak_rss_mb'] / 1024:>8.1f}  "
-                  + ("ok" if r["ok"] else "; ".join(r["problems"])))
-    print(f"{len(rows)} case(s): {total} s of training launches, {built} s building models "
+            result = "ok" if r["ok"] else "; ".join(r["problems"])
+            print(f"| {r['case']} | {r['trainer']} | {name} | {ph['seconds']} | {ph['peak_rss_mb'] / 1024:.1f} | "
+                  f"{r.get('model_gb', '')} | {result} |")
+    print(f"\n{len(rows)} case(s): {total} s of training launches, {built} s building models "
           "(virtualenvs and checkouts not counted)")
     return 0 if rows and all(r["ok"] for r in rows) else 1
 

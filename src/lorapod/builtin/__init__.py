@@ -34,6 +34,10 @@ from lorapod.home import lorapod_home
 
 MODELS: dict[str, str] = {
     "tiny-llama": "lorapod.builtin.llm:build",  # the demo's small random Llama and its BPE tokenizer
+    # the quality autopilot's scorers, random (builtin/scorers.py): plumbing for tests and demos
+    "tiny-clip": "lorapod.builtin.scorers:build_clip",
+    "tiny-siglip": "lorapod.builtin.scorers:build_siglip",
+    "tiny-dinov2": "lorapod.builtin.scorers:build_dinov2",
 }
 
 

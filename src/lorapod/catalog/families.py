@@ -36,6 +36,12 @@ class FamilyFacts:
     text_encoders: str = "clip"
     flow: bool = True  # flow matching; False: DDPM noise prediction (epsilon or v, lorapod.prediction_type)
     is_video: bool = False
+    # Which of the planner's accuracy groups (plan/fit.py, bench/plan_accuracy.py) the family's
+    # measurements fall in: families of one architecture share one speed and memory behaviour.
+    speed_group: str = ""
+    # lorapod's engine can keep this family's transformer blocks in CPU RAM (train.blocks_to_swap:
+    # engine/diffusion/memory.py); the U-Nets have no blocks. ``engine_supports`` reads it.
+    swaps_blocks: bool = True
 
 
 # Pipeline classes: diffusers' own (``src/diffusers/pipelines/*``). Guidance: each pipeline's own
@@ -43,17 +49,21 @@ class FamilyFacts:
 # 7.0, lorapod's choice since its first sample grids (StableDiffusionPipeline's default is 7.5).
 _ROWS = (
     FamilyFacts("sd15", "Stable Diffusion 1.5", ("StableDiffusionPipeline",), 512, 7.0,
-                "sd_v1", "stable-diffusion-v1/lora", flow=False),
+                "sd_v1", "stable-diffusion-v1/lora", flow=False, speed_group="SD/SDXL", swaps_blocks=False),
     FamilyFacts("sdxl", "SDXL", ("StableDiffusionXLPipeline",), 1024, 7.0,
-                "sdxl_base_v1-0", "stable-diffusion-xl-v1-base/lora", flow=False),
-    FamilyFacts("flux1", "FLUX.1", ("FluxPipeline",), 1024, 3.5, "flux1", "flux-1-dev/lora", text_encoders="clip+t5"),
+                "sdxl_base_v1-0", "stable-diffusion-xl-v1-base/lora", flow=False, speed_group="SD/SDXL",
+                swaps_blocks=False),
+    FamilyFacts("flux1", "FLUX.1", ("FluxPipeline",), 1024, 3.5, "flux1", "flux-1-dev/lora", text_encoders="clip+t5",
+                speed_group="FLUX"),
     FamilyFacts("flux2", "FLUX.2 klein", ("Flux2KleinPipeline",), 1024, 4.0, "flux2_klein", "flux-2-klein/lora",
-                text_encoders="qwen3"),
+                text_encoders="qwen3", speed_group="FLUX"),
     # Wan2.2 saves the same pipeline classes as 2.1: wan_family_of_index tells them apart
     FamilyFacts("wan21", "Wan2.1", ("WanPipeline", "WanImageToVideoPipeline"), 960, 5.0,
-                "wan2.1", "wan2.1-t2v/lora", text_encoders="umt5", is_video=True),
+                "wan2.1", "wan2.1-t2v/lora", text_encoders="umt5", is_video=True,
+                speed_group="Wan"),
     FamilyFacts("wan22", "Wan2.2", ("WanPipeline", "WanImageToVideoPipeline"), 960, 5.0,
-                "wan2.2", "wan2.2-t2v/lora", text_encoders="umt5", is_video=True),
+                "wan2.2", "wan2.2-t2v/lora", text_encoders="umt5", is_video=True,
+                speed_group="Wan"),
     # Z-Image and Qwen-Image: ss_base_model_version and modelspec.architecture as musubi-tuner writes them
     # (dataset/architectures.py ARCHITECTURE_Z_IMAGE_FULL "z_image" / ARCHITECTURE_QWEN_IMAGE_FULL "qwen_image";
     # utils/sai_model_spec.py ARCH_Z_IMAGE "Z-Image", ARCH_QWEN_IMAGE "Qwen-Image", + "/lora"). Guidance: the
@@ -61,15 +71,43 @@ _ROWS = (
     # the LoRA recipes' 1024 (musubi-tuner docs/qwen_image.md measures at 1024x1024; Qwen-Image's own 1328 px is not
     # a multiple of 64, so buckets are made from 1024).
     FamilyFacts("zimage", "Z-Image", ("ZImagePipeline",), 1024, 5.0, "z_image", "Z-Image/lora",
-                text_encoders="qwen3"),
+                text_encoders="qwen3", speed_group="Z-Image"),
+    # HunyuanVideo 1.5: musubi-tuner's names (dataset/architectures.py ARCHITECTURE_HUNYUAN_VIDEO_1_5_FULL
+    # "hunyuan_video_1_5"; utils/sai_model_spec.py ARCH_HUNYUAN_VIDEO_1_5 "hunyuan-video-1.5"); guidance 6.0, the
+    # CFG guider scale of tencent/HunyuanVideo-1.5's 480p/720p T2V recipes as the diffusers docs give it
+    FamilyFacts("hunyuanvideo15", "HunyuanVideo 1.5", ("HunyuanVideo15Pipeline",), 960, 6.0, "hunyuan_video_1_5",
+                "hunyuan-video-1.5/lora", text_encoders="qwen2.5-vl+byt5", is_video=True,
+                speed_group="HunyuanVideo"),
     FamilyFacts("qwenimage", "Qwen-Image", ("QwenImagePipeline",), 1024, 4.0, "qwen_image", "Qwen-Image/lora",
-                text_encoders="qwen2.5-vl"),
+                text_encoders="qwen2.5-vl", speed_group="Qwen-Image"),
 )
 
 FAMILIES: MappingProxyType[str, FamilyFacts] = MappingProxyType({f.name: f for f in _ROWS})
 NAMES: tuple[str, ...] = tuple(FAMILIES)
+#: The family whose data rules apply where a spec says ``family: auto`` and nothing names the model's
+#: family (a data check before any model is known, the dashboard's extra data folders): SDXL, the
+#: guides' first job (an object LoRA on SDXL at 1024 px).
+DEFAULT_IMAGE_FAMILY = "sdxl"
 IMAGE_ONLY: tuple[str, ...] = tuple(n for n, f in FAMILIES.items() if not f.is_video)
 VIDEO: tuple[str, ...] = tuple(n for n, f in FAMILIES.items() if f.is_video)
+SPEED_GROUPS: tuple[str, ...] = tuple(dict.fromkeys(f.speed_group for f in _ROWS))
+
+#: What lorapod's own engine can do per family, for the planner (``plan/vram.py`` make_fit asks before it
+#: suggests a change, so an OOM hint never names one the engine ignores): ``block_swap`` (train.blocks_to_swap)
+#: and ``fp8`` (model.dtype fp8: the blocks' frozen linears stored in float8; the GPU's own arch is the
+#: planner's to check, engine/device.py refuses below sm 8.9).
+ENGINE_FEATURES = ("block_swap", "fp8")
+
+
+def engine_supports(family: str, feature: str) -> bool:
+    """Whether lorapod's engine does ``feature`` (one of ENGINE_FEATURES) for ``family``; an LLM or an
+    unknown family: False (the LLM engine's features are the planner's framework profile)."""
+    if feature not in ENGINE_FEATURES:
+        raise ValueError(f"unknown engine feature {feature!r}: one of {ENGINE_FEATURES}")
+    row = FAMILIES.get(family)
+    if row is None:
+        return False
+    return row.swaps_blocks if feature == "block_swap" else True
 
 # Pipeline classes of models lorapod recognises but does not train, so planner and engine refuse
 # them by the same name. Flux2Pipeline is FLUX.2 [dev]: diffusers' pipeline_flux2.py loads it with
@@ -88,7 +126,9 @@ NOT_TRAINED: MappingProxyType[str, str] = MappingProxyType({
     "QwenImageEditPlusPipeline": "qwenimage-edit",
 })
 
-_BY_PIPELINE = {p: f.name for f in _ROWS if not f.is_video for p in f.pipelines}
+# a pipeline class that one row alone claims names that row; Wan's two rows share theirs (wan_family_of_index)
+_CLAIMS = [p for f in _ROWS for p in f.pipelines]
+_BY_PIPELINE = {p: f.name for f in _ROWS for p in f.pipelines if _CLAIMS.count(p) == 1}
 
 
 def facts(name: str) -> FamilyFacts:

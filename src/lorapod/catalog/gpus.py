@@ -43,10 +43,29 @@ def load_gpus() -> tuple[Snapshot, tuple[GPU, ...]]:
     return snap, tuple(gpus)
 
 
-def find_gpu(name: str) -> GPU:
-    """Look a GPU up by name or alias ('4090', 'RTX_4090', 'nvidia a40'); PlanError if unknown."""
+@cache
+def shared_names() -> dict[str, tuple[str, ...]]:
+    """Names several cards go by ('A100 PCIe': the 40 GB and the 80 GB card), normalised -> the
+    catalog names they may stand for (gpus.yaml ``shared_names``)."""
+    _, raw = load_data("gpus")
+    return {normalise(k): tuple(v) for k, v in (raw.get("shared_names") or {}).items()}
+
+
+def find_gpu(name: str, vram_gb: float | None = None) -> GPU:
+    """Look a GPU up by name or alias ('4090', 'RTX_4090', 'nvidia a40'); PlanError if unknown.
+
+    A name several cards share ('A100 PCIe') is read by ``vram_gb`` (what a provider's offer lists,
+    within 15%), and refused without it, naming the cards it could be: never one of them silently."""
     _, gpus = load_gpus()
     key = normalise(name)
+    shared = shared_names().get(key) or shared_names().get(normalise(key.removeprefix("nvidia ")))
+    if shared:
+        cards = [g for g in gpus if g.name in shared]
+        fits = [g for g in cards if vram_gb and abs(g.vram_gb - vram_gb) <= 0.15 * g.vram_gb]
+        if len(fits) == 1:
+            return fits[0]
+        raise PlanError(f"GPU {name!r} is made with {' and '.join(f'{g.vram_gb:g} GB' for g in cards)}: say which",
+                        hint="one of " + ", ".join(repr(g.name) for g in cards))
     for g in gpus:
         if key == normalise(g.name) or key in (normalise(a) for a in g.aliases):
             return g

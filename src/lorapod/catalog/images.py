@@ -6,7 +6,7 @@ whose driver is older never starts the container, so offers are filtered by it),
 interpreter with that torch lives (not always ``python3`` on an SSH session's PATH), and whether
 rsync and sshd are in it.
 
-The torch version matters before renting: transformers 5 and diffusers 0.42 need torch >= 2.6
+The torch version matters before renting: lorapod's engine needs torch >= 2.7
 (:data:`lorapod.compute.bootstrap.ENGINE_MIN_TORCH`). An image with an older torch still works
 (the bootstrap installs a matching torch on the instance), but that adds a ~2.5 GB download to
 every cold start, so ``lorapod plan`` says so. An image not listed here is a user's own: its

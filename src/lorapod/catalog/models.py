@@ -313,12 +313,14 @@ def _hub_config(model_id: str) -> Path | None:
                              "folder with a config.json") from exc
     except hf_errors.LocalEntryNotFoundError as exc:
         close = close_hub_ids(model_id)
-        spelled = f"check the spelling (did you mean {' or '.join(close)}?); " if close else ""
+        spelled = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
         if unreachable:
-            raise PlanError(f"the Hugging Face hub cannot be reached ({unreachable}) and {model_id}'s config.json is "
+            err = PlanError(f"the Hugging Face hub cannot be reached ({unreachable}) and {model_id}'s config.json is "
                             "not in its cache",
                             hint=f"{spelled}point model.id at a local folder with a config.json (--set "
-                                 "model.id=PATH), or plan where the hub can be reached") from exc
+                                 "model.id=PATH), or plan where the hub can be reached")
+            err.near = close  # type: ignore[attr-defined]  # find_model merges them with the catalog's into one list
+            raise err from exc
         if local_only:
             raise PlanError(f"offline, and {model_id}'s config.json is not in the Hugging Face cache",
                             hint=f"on a machine with internet run `huggingface-cli download {model_id} config.json`, "
@@ -462,9 +464,11 @@ def find_model(model_id: str, family: str = "auto", variant: str | None = None) 
     try:
         hub_cfg = _hub_config(model_id) if family in ("auto", "llm") else None
     except PlanError as exc:  # not on the hub, or not reachable: a typo of a catalog name is likelier
-        near = closest_canonical(model_id, every)
-        if near:
-            exc.hint = f"did you mean {', '.join(repr(n) for n in near)}? " + (exc.hint or "")
+        cached = list(getattr(exc, "near", []))  # ids in the Hugging Face cache close to it: the likeliest
+        near = list(dict.fromkeys([*cached, *closest_canonical(model_id, every)]))[:3]
+        if near:  # one list, however many places the names came from
+            rest = (exc.hint or "").removeprefix(f"did you mean {', '.join(repr(c) for c in cached)}? " if cached else "")
+            exc.hint = f"did you mean {', '.join(repr(n) for n in near)}? " + rest
         raise
     if hub_cfg is not None:
         try:

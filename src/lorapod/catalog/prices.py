@@ -30,7 +30,7 @@ class PriceEntry:
     #: an interruptible (spot) price: the planner quotes it beside the on-demand offer of the same GPU x
     #: provider, with the preemptions' expected cost (plan/spot.py), never as a plain offer
     interruptible: bool = False
-    as_of: str | None = None  # the date of an interruptible figure (it has its own source)
+    as_of: str | None = None  # the date of a figure with its own source (every interruptible one, some others)
 
 
 @cache
@@ -38,7 +38,8 @@ def load_prices() -> tuple[Snapshot, tuple[PriceEntry, ...]]:
     snap, raw = load_data("prices")
     out = []
     for p in raw["prices"]:
-        out.append(PriceEntry(p["provider"], p["tier"], find_gpu(p["gpu"]).name, float(p["usd_per_hour"])))
+        out.append(PriceEntry(p["provider"], p["tier"], find_gpu(p["gpu"]).name, float(p["usd_per_hour"]),
+                              as_of=str(p["as_of"]) if p.get("as_of") else None))
     for p in raw.get("interruptible") or []:
         out.append(PriceEntry(p["provider"], p["tier"], find_gpu(p["gpu"]).name, float(p["usd_per_hour"]),
                               interruptible=True, as_of=str(p["as_of"])))

@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
     @data_app.command("check")
     def check(
         path: Path = typer.Argument(..., help="An image folder or a chat .jsonl file."),
-        family: str = typer.Option("sdxl", "--family", help=f"Image model family: {FAMILIES}."),
+        family: str = typer.Option(families.DEFAULT_IMAGE_FAMILY, "--family", help=f"Image model family: {FAMILIES}."),
         trigger: str | None = typer.Option(None, "--trigger", help="Trigger word every caption must start with."),
         json_out: bool = typer.Option(False, "--json", help="Print findings as JSON on stdout."),
         model: str | None = typer.Option(None, "--model", help="Chat: the model (folder, hub id or catalog alias) whose "
@@ -71,7 +71,7 @@ def register(app: typer.Typer) -> None:
     def report_cmd(
         path: Path = typer.Argument(..., help="The image folder."),
         out: Path | None = typer.Option(None, "--out", help="HTML file to write (default: <folder>-report.html beside the folder)."),
-        family: str = typer.Option("sdxl", "--family", help=f"Image model family: {FAMILIES}."),
+        family: str = typer.Option(families.DEFAULT_IMAGE_FAMILY, "--family", help=f"Image model family: {FAMILIES}."),
         trigger: str | None = typer.Option(None, "--trigger", help="Trigger word every caption must start with."),
     ) -> None:
         """Write a self-contained HTML contact sheet: thumbnails, captions, flags, buckets, duplicates."""

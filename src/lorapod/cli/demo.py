@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from lorapod.cli.train import interrupt_says_how_to_resume
+from lorapod.cli.train import interrupt_says_how_to_resume, loss_text
 from lorapod.rundir.layout import METRICS
 
 console = Console()
@@ -38,7 +38,8 @@ def demo(
     console.print()
     if res.base_val_loss is not None and res.tuned_val_loss is not None:
         console.print(
-            f"validation loss  base [bold]{res.base_val_loss:.3f}[/]  ->  tuned [bold green]{res.tuned_val_loss:.3f}[/]"
+            f"validation loss  base [bold]{loss_text(res.base_val_loss)}[/]  ->  tuned "
+            f"[bold green]{loss_text(res.tuned_val_loss)}[/]"
         )
     table = Table(title="before / after (greedy generation, unseen phrasing)")
     table.add_column("question")
@@ -57,7 +58,8 @@ def _show(res, rows: list[tuple[str, object]]) -> None:
     """A diffusion demo's result: fixed-noise loss before/after, where each file is, cache reuse."""
     console.print()
     if res.first_loss is not None and res.last_loss is not None:
-        console.print(f"fixed-noise loss  base [bold]{res.first_loss:.4f}[/]  ->  tuned [bold green]{res.last_loss:.4f}[/]")
+        console.print(f"fixed-noise loss  base [bold]{loss_text(res.first_loss)}[/]  ->  tuned "
+                      f"[bold green]{loss_text(res.last_loss)}[/]")
     for what, where in rows:
         console.print(f"{what:<42} {where}", highlight=False, soft_wrap=True)
     console.print(f"caches: {res.cache_hits} reused, {res.cache_misses} encoded (run the demo again: all reused)")
@@ -99,8 +101,22 @@ def _image_demo(out: Path, steps: int | None) -> None:
         ("metrics", res.run / METRICS),
         ("spec (train it again with lorapod train)", res.out / "spec.yaml"),
     ]
+    rows.append(("quality scores per checkpoint, the pick", res.run / "quality"))
     _show(res, rows)
+    _quality(res.quality)
     console.print(IMAGE_PICTURES_NOTE, highlight=False)
+
+
+def _quality(q: dict | None) -> None:
+    """The quality autopilot's pick, said with what its demo scorers are: random, plumbing only."""
+    if not q:
+        return
+    if q.get("checkpoint"):
+        console.print(f"quality autopilot pick: {q['checkpoint']} at strength {q['strength']:g} (scored against the "
+                      "base by lorapod's tiny random scorers: the whole path runs, the pick means nothing here; give "
+                      "quality.clip / quality.dino real models, the defaults, for a real run)", highlight=False)
+    else:
+        console.print(f"quality autopilot: no pick ({q.get('reason')})", highlight=False)
 
 
 def _video_demo(out: Path, steps: int | None) -> None:
@@ -118,7 +134,9 @@ def _video_demo(out: Path, steps: int | None) -> None:
         ("cache sizes, predicted vs actual", res.run / "cache.json"),
         ("spec (train it again with lorapod train)", res.out / "spec.yaml"),
     ]
+    rows.append(("quality scores per checkpoint, the pick", res.run / "quality"))
     _show(res, rows)
+    _quality(res.quality)
     console.print(VIDEO_PICTURES_NOTE, highlight=False)
 
 

@@ -18,7 +18,9 @@ def register(app: typer.Typer) -> None:
         run: Path = typer.Argument(..., help="The run folder (runs/JOB), or a LoRA .safetensors to convert."),
         to: str = typer.Option(..., "--to", help="LLM: peft | merged | gguf | ollama.  Image: comfyui | diffusers | merged. "
                                "Both: hub (upload to the Hugging Face Hub with --repo)."),
-        checkpoint: int | None = typer.Option(None, "--checkpoint", help="Export checkpoints/step-N (default: the final adapter)."),
+        checkpoint: int | None = typer.Option(None, "--checkpoint", help="Export checkpoints/step-N (default: the quality "
+                                              "autopilot's pick, else the final adapter)."),
+        final: bool = typer.Option(False, "--final", help="Export the final adapter, not the quality autopilot's pick."),
         out: Path | None = typer.Option(None, "--out", help="Output folder (default: RUN/exports/TARGET-STEP); never overwritten."),
         base: str | None = typer.Option(None, "--base", help="The base model, when it moved since training."),
         adapter: bool = typer.Option(False, "--adapter", help="ollama: base GGUF + ADAPTER instead of the merged GGUF."),
@@ -46,7 +48,7 @@ def register(app: typer.Typer) -> None:
             if not repo:
                 raise ExportError("--to hub needs --repo user/name", hint="e.g. --to hub --repo me/mug-lora [--private]")
             done = publish(run, repo, private=private, merged=merged, gguf=gguf_, checkpoint=checkpoint, base=base,
-                           say=lambda m: console.print(escape(m)))
+                           say=lambda m: console.print(escape(m)), final=final)
             console.print(f"published [bold]{escape(done.url)}[/] (commit {escape(done.commit[:12])})")
             for f in done.files:
                 console.print(f"  {escape(f)}")
@@ -57,7 +59,9 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("--repo, --private, --merged and --gguf go with --to hub")
         if outtype not in ("f16", "f32"):
             raise typer.BadParameter("--outtype is f16 or f32")
-        done = export_run(run, to, checkpoint, out, base, adapter, outtype, family)
+        if final and checkpoint is not None:
+            raise typer.BadParameter("--final and --checkpoint name two different adapters: give one")
+        done = export_run(run, to, checkpoint, out, base, adapter, outtype, family, final=final)
         console.print(f"wrote [bold]{escape(str(done.out))}[/]")
         for f in done.files:
             console.print(f"  {escape(f)}")
@@ -70,10 +74,10 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     ) -> None:
         """What a LoRA file is, and which keys ComfyUI, diffusers and llama.cpp would load or drop."""
-        from lorapod.cli.quiet import quiet_libraries
         from lorapod.export.inspect import inspect_file, render
 
-        quiet_libraries()  # a checkpoint's run spec is read with lorapod's own code; nothing else should talk
+        # no quiet_libraries(): inspect loads neither transformers nor diffusers (importing them to
+        # quieten them cost seconds), and a checkpoint's run spec is read with lorapod's own code
         report = inspect_file(file)
         if as_json:
             print(json.dumps(report, indent=2, default=str))

@@ -52,8 +52,10 @@ def plan_command(
     hours_per_session: float | None = typer.Option(None, "--hours-per-session", help="--storage: hours per session."),
     explain: bool = typer.Option(False, "--explain", help="Show what the #1 estimate rests on: terms, fitted factors, "
                                  "nearest published points, your own runs."),
-    sort: str = typer.Option("usd", "--sort", help="Rank by usd ($ per job, cheapest first) or time (fastest "
-                             "first); either way the fastest option under compute.max_usd is marked."),
+    sort: str = typer.Option("rank", "--sort", help="rank: the plan's order ($ per job + compute.hour_worth_usd "
+                             "per hour, offers within the caps first: what `lorapod run` rents); usd: cheapest "
+                             "first; time: fastest first. Either way the fastest option under compute.max_usd is "
+                             "marked."),
 ) -> None:
     """Rank every GPU x provider x tier that fits the job by total dollars per job, with time and $ by phase."""
     if storage:
@@ -76,16 +78,18 @@ def plan_command(
 
         got = live_prices(job_spec.compute.disk_gb, [find_gpu(gpu)] if gpu else None)
         prices, notes = got.entries, got.notes
-    if sort not in ("usd", "time"):
-        raise PlanError(f"--sort {sort!r}: rank by usd or time", hint="lorapod plan SPEC --sort time")
+    if sort not in ("rank", "usd", "time"):
+        raise PlanError(f"--sort {sort!r}: rank by usd or time, or the plan's own rank", hint="lorapod plan SPEC --sort time")
     plan = plan_job(job_spec, gpu=gpu, provider=provider, prices=prices, images=images, examples=examples,
                     trainer=trainer)
     from lorapod.plan.volume import VAST_NOTE, volume_advice, with_volume
 
     plan = with_volume(plan)
     market = _whole_market(job_spec, plan, prices, images, examples, trainer) if plan.pinned else None
-    if sort == "time":  # plan_job ranks by $; fitting options first either way
+    if sort == "time":  # plan_job ranks by $ + hours; fitting options first either way
         plan.options.sort(key=lambda o: (not o.fits, o.hours_total, o.usd_total))
+    elif sort == "usd":
+        plan.options.sort(key=lambda o: (not o.fits, o.usd_total, o.hours_total))
     why = _explanation(plan, gpu) if explain else None
     vol = volume_advice(plan, sessions_per_month)
     if json_out:
@@ -162,8 +166,9 @@ def _print_plan(plan: Plan, notes: list[str], sort: str = "usd", spec_path: Path
     size = (f"{job.images} images -> {job.steps_label}" if job.is_image
             else f"{job.examples} examples, {job.tokens:,} tokens -> {job.steps_label}")
     console.print(f"[bold]{job.model_name}[/] · {size} · peak VRAM about [bold]{job.estimate.peak_gb:.1f} GB[/]")
-    if plan.best is not None:
-        console.print(_likely_line(plan.best), highlight=False)
+    chosen = plan.chosen
+    if chosen is not None:
+        console.print(_likely_line(*chosen, width=console.width), highlight=False, soft_wrap=True)
     else:  # never head the table with a GPU that does not fit
         o = plan.options[0]
         fix = plan.fixes.get(o.gpu)
@@ -188,16 +193,23 @@ def _print_plan(plan: Plan, notes: list[str], sort: str = "usd", spec_path: Path
         console.print(f"fastest{f' under the ${cap:.2f} cap' if cap else ''}: #{i} {fastest.gpu} on {fastest.provider} "
                       f"({fastest.tier}), {_fmt_min(fastest.hours_total)} for ${cents(fastest.usd_total)}"
                       + ("  (--sort time ranks by time)" if plan.options.index(fastest) else ""), highlight=False)
-    best = plan.best or plan.options[0]
-    head = "#1" if plan.best is not None else "does not fit"
-    phases = Table(title=f"Phases, {head}: {best.gpu} on {best.provider} ({best.tier})", title_justify="left",
-                   box=box.SIMPLE_HEAD)
+    best, spot = chosen if chosen is not None else (plan.options[0], False)
+    if spot and best.spot is not None:
+        q = best.spot
+        title = (f"Phases, the tier chosen: {best.gpu} on {best.provider}, spot ({q.tier} ${q.bid_per_gpu_hour:.2f}/h; "
+                 f"on-demand: row #{plan.options.index(best) + 1})")
+        rows, hours, usd = best.spot_phases(), q.expected.hours, q.expected.usd
+    else:
+        head = f"#{plan.options.index(best) + 1}" if best.fits else "does not fit"
+        title = f"Phases, {head}: {best.gpu} on {best.provider} ({best.tier})"
+        rows, hours, usd = best.phases, best.hours_total, best.usd_total
+    phases = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
     phases.add_column("phase")
     phases.add_column("time", justify="right")
     phases.add_column("$", justify="right")
-    for p in best.phases:
+    for p in rows:
         phases.add_row(p.name, _fmt_min(p.hours) if p.hours else "", f"{p.usd:.3f}")
-    phases.add_row("[bold]total[/]", _fmt_min(best.hours_total), f"[bold]{cents(best.usd_total)}[/]")
+    phases.add_row("[bold]total[/]", _fmt_min(hours), f"[bold]{cents(usd)}[/]")
     mem = Table(title="Peak VRAM breakdown (GB)", title_justify="left", box=box.SIMPLE_HEAD)
     mem.add_column("part")
     mem.add_column("GB", justify="right")
@@ -277,15 +289,26 @@ def _fmt_range(hours: list[float]) -> str:
     return f"{lo:.1f}-{hi:.1f}h"
 
 
-def _likely_line(o) -> str:
-    """One sentence with the #1 option's estimate and its likely range, and what it rests on."""
+def _likely_line(o, spot: bool = False, width: int = 0) -> str:
+    """One sentence with the estimate of the option a run would rent (the #1 offer, or its spot
+    tier when compute.spot picks it) and its likely range, and what it rests on. Wider than
+    ``width`` (a narrow terminal), the memory part goes on a line of its own."""
+    from lorapod.plan.cost import cents
+
     basis = "your runs" if o.speed.basis == "your runs" else "model"
-    lo, hi = o.hours_range
-    total = o.hours_total
+    q = o.spot if spot else None
+    lo, hi = q.hours_range if q is not None else o.hours_range
+    total = q.expected.hours if q is not None else o.hours_total
     fmt = (lambda h: f"{h * 60:.0f}") if hi < 1.5 else (lambda h: f"{h:.1f}")
     unit = "min" if hi < 1.5 else "h"
-    return (f"#1 {o.gpu}: {fmt(total)} {unit}, likely {fmt(lo)}-{fmt(hi)} ({basis}); "
-            f"VRAM likely {o.vram_range_gb[0]:.1f}-{o.vram_range_gb[1]:.1f} GB")
+    usd, (ulo, uhi) = (q.expected.usd, q.usd_range) if q is not None else (o.usd_total, o.usd_range)
+    head = f"spot {o.gpu} on {o.provider}" if q is not None else f"#1 {o.gpu}"
+    line = (f"{head}: {fmt(total)} {unit}, likely {fmt(lo)}-{fmt(hi)} ({basis}); ${cents(usd)}, likely "
+            f"${cents(ulo)}-{cents(uhi)}")
+    vram = f"VRAM likely {o.vram_range_gb[0]:.1f}-{o.vram_range_gb[1]:.1f} GB"
+    if width and len(line) + 2 + len(vram) > width:
+        return f"{line};\n  {vram}"
+    return f"{line}; {vram}"
 
 
 def _offers_table(plan: Plan, narrow: bool, ranges: bool = True, sort: str = "usd") -> Table:
@@ -305,7 +328,10 @@ def _offers_table(plan: Plan, narrow: bool, ranges: bool = True, sort: str = "us
     elif not ranges:
         cols = [c for c in cols if c[0] != "likely"]
     fastest = _fastest_under_cap(plan)
-    table = Table(title=f"Offers ranked by {'time' if sort == 'time' else '$ per job'}"
+    worth = job.spec.compute.hour_worth_usd
+    by = {"time": "time", "usd": "$ per job"}.get(sort, f"$ per job + ${worth:g} per hour (compute.hour_worth_usd)"
+                                                  if worth else "$ per job")
+    table = Table(title=f"Offers ranked by {by}"
                         + (" (bold: the fastest under the cap)" if fastest is not None and plan.job.spec.compute.max_usd
                            else ""), title_justify="left", box=box.SIMPLE_HEAD,
                   padding=(0, 1), pad_edge=not narrow)

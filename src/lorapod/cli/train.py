@@ -80,6 +80,7 @@ def train(
         if spec_file is None:
             raise LorapodError("no spec given", hint="lorapod train SPEC.yaml (or --resume RUN_DIR)")
         spec = apply_report_to(load_spec(spec_file, set_), report_to)
+        _data_is_here(spec)  # before a run folder, the model or the Hub (F11: a missing folder said first)
         if not world.active:
             nproc = _process_count(spec, processes, device)
             check_batch(World(0, nproc * nodes), spec.train.grad_accum)  # before anything is created
@@ -125,12 +126,46 @@ def train(
         first = (result.first_eval or {}).get(key)
         last = (result.last_eval or {}).get(key)
         if first is not None and last is not None:
-            console.print(f"{label}: base {first:.4f} -> tuned {last:.4f}")
+            console.print(f"{label}: base {loss_text(first)} -> tuned {loss_text(last)}")
     if result.stopped == "stop_file":
         console.print(f"stopped on request at step {result.state.step}; resume with: lorapod train --resume {run.root}")
     else:
         console.print(f"adapter: [bold]{run.adapter}[/]")
+    _say_quality(run)
     _say_tracking(run)
+
+
+def _say_quality(run) -> None:
+    """The quality autopilot's pick, which `lorapod export` takes by default (quality/pick.json)."""
+    from lorapod.rundir.quality import pick_summary
+
+    q = pick_summary(run.root)
+    if q and q.get("checkpoint"):
+        at = f" at strength {q['strength']:g}" if q.get("strength") is not None else ""
+        console.print(f"quality pick: [bold]{q['checkpoint']}{at}[/] (lorapod export takes it by default; "
+                      f"lorapod eval {run.root} shows the scores)", highlight=False)
+
+
+def loss_text(x: float) -> str:
+    """A loss as a person reads it: three decimals, or three significant figures below 0.1, so a
+    tuned loss of 0.0004 is not printed as 0.000 (issue 48, F24)."""
+    return f"{x:.3f}" if abs(x) >= 0.1 or x == 0 else f"{x:.3g}"
+
+
+def _data_is_here(spec) -> None:
+    """Refuse a spec whose data.path (or data.val_path) is not on this machine, naming it, before
+    anything slow: loading the base model may first wait on the Hugging Face Hub for a minute."""
+    from lorapod.errors import DataError
+
+    paths = [Path(p) for p in spec.data_paths()] + ([Path(spec.data.val_path)] if spec.data.val_path else [])
+    missing = [p for p in paths if not p.exists()]
+    if not missing:
+        return
+    what = "folder of images (photo01.jpg + photo01.txt ...)" if spec.is_image else "chat file (.jsonl)"
+    raise DataError(f"data path {missing[0]} does not exist" + (f" (and {len(missing) - 1} more)" if len(missing) > 1
+                                                               else ""),
+                    hint=f"put your {what} there, or point the spec at yours: --set data.path=PATH; "
+                         "`lorapod data check PATH` checks it first")
 
 
 def _one_thread_for_builtin(spec, device: str | None) -> None:

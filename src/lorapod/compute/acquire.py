@@ -124,7 +124,11 @@ def _create(ctx: JobContext, offer: Offer, identity: Path | None, pub: str) -> t
     spec = InstanceSpec(label=ctx.job_id, ssh_public_key=pub, disk_gb=ctx.spec.compute.disk_gb,
                         name=claim.label, image=ctx.spec.compute.image)
     tier = " (spot: interruptible, bid)" if offer.extra.get("interruptible") else ""
-    ctx.say(f"creating {offer.gpu_name} on {ctx.provider.name} at ${offer.usd_per_hour:.3f}/h{tier}")
+    if ctx.provider.traits.borrowed:  # a machine that exists: its GPU is whatever it has, read once it answers
+        planned = f" (planned as {offer.gpu_name}, compute.gpu)" if offer.gpu_name != "this host" else ""
+        ctx.say(f"using the {ctx.provider.name} host {offer.id}{planned} at ${offer.usd_per_hour:.3f}/h")
+    else:
+        ctx.say(f"creating {offer.gpu_name} on {ctx.provider.name} at ${offer.usd_per_hour:.3f}/h{tier}")
     claim.created_at_mono = time.monotonic()
     for attempt in range(1, o.create_attempts + 1):
         try:

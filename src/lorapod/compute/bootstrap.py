@@ -54,9 +54,45 @@ class Bootstrap:
     extra: str = "llm"
     #: the interpreter the image's build files put torch in (catalog/images.py), tried first by ``auto``
     image_python: str = ""
+    #: the newest CUDA the instance's NVIDIA driver runs ("12.8"; None: no GPU seen, or not probed):
+    #: a torch installed there is the build for it (:func:`torch_build_for`)
+    driver_cuda: str | None = None
 
-#: transformers 5 and diffusers 0.42 refuse an older torch (their dependency tables say torch>=2.6).
-ENGINE_MIN_TORCH = "2.6"
+#: The oldest torch the engine runs on, and CI tests it (tools/torch_versions.sh). 2.7 because it is
+#: the oldest torch in an image lorapod's users start from (Vast.ai's PyTorch template
+#: ``2.7.0-cuda-12.8.1``; RunPod's default image has 2.8), and the first release with CUDA 12.8 builds
+#: (Blackwell: RTX 5090, B200). transformers 5 and diffusers 0.42 would take 2.6; an image with 2.6
+#: gets a torch for its driver installed instead (docs/performance.md, "torch versions").
+ENGINE_MIN_TORCH = "2.7"
+#: Where torch's CUDA builds are published, one index per build (``<base>/cu128``);
+#: ``LORAPOD_TORCH_INDEX`` names a mirror of it.
+TORCH_INDEX = "https://download.pytorch.org/whl"
+#: The CUDA builds of each torch release (torch's RELEASE.md "Release Compatibility Matrix" and
+#: pytorch.org/get-started/previous-versions): 2.7 dropped 12.4 and added 12.8, 2.8 added 12.9,
+#: 2.9 replaced 12.9 with 13.0; later releases keep 12.6, 12.8 and 13.0 (:data:`LATER_BUILDS`).
+TORCH_CUDA_BUILDS: dict[tuple[int, int], tuple[str, ...]] = {
+    (2, 6): ("11.8", "12.4", "12.6"), (2, 7): ("11.8", "12.6", "12.8"), (2, 8): ("12.6", "12.8", "12.9"),
+    (2, 9): ("12.6", "12.8", "13.0"),
+}
+LATER_BUILDS = ("12.6", "12.8", "13.0")
+
+
+def _v(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text.split("+")[0])[:3])
+
+
+def torch_build_for(torch_version: str, driver_cuda: str) -> str | None:
+    """The CUDA build of ``torch_version`` a driver that runs CUDA ``driver_cuda`` can load
+    (``"cu128"``), or None when it has none. The newest build not newer than the driver; failing
+    that, the oldest build of the driver's CUDA major version, which NVIDIA's minor version
+    compatibility lets a 12.x driver (>= 525) run (CUDA Compatibility guide; the start probe's
+    matmul confirms it on the instance). A CUDA 13 build never runs on a 12.x driver."""
+    builds = TORCH_CUDA_BUILDS.get(_v(torch_version)[:2], LATER_BUILDS)  # type: ignore[arg-type]
+    have = _v(driver_cuda)
+    fits = [b for b in builds if _v(b) <= have]
+    same_major = [b for b in builds if _v(b)[0] == have[0]]
+    chosen = fits[-1] if fits else (same_major[0] if same_major else None)
+    return "cu" + chosen.replace(".", "") if chosen else None
 #: Never pinned from the controller: the instance's image decides its CUDA build.
 TORCH_FAMILY = re.compile(r"^(torch|triton|nvidia-.*|pytorch-triton.*)$")
 ENVS_DIR = ".envs"
@@ -68,9 +104,21 @@ def canonical(name: str) -> str:
 
 def extra_for(spec: JobSpec) -> str:
     """The install extras a job's engine needs: ``image`` for diffusion families, else ``llm``;
+    ``,cuda`` (bitsandbytes) for QLoRA's 4-bit base or the 8-bit AdamW optimizer, which load it
+    (engine/llm_model.py, engine/optim.py; review N2: without it a QLoRA job failed at model load
+    on the instance, an ``adamw_8bit`` image job after the download and the latent cache);
     ``,track`` (the W&B client) when the spec logs to W&B."""
-    extra = "image" if spec.is_image else "llm"
-    return f"{extra},track" if spec.tracking.wandb is not None else extra
+    extras = ["image" if spec.is_image else "llm"]
+    if needs_bitsandbytes(spec):
+        extras.append("cuda")
+    if spec.tracking.wandb is not None:
+        extras.append("track")
+    return ",".join(extras)
+
+
+def needs_bitsandbytes(spec: JobSpec) -> bool:
+    """Whether the job imports bitsandbytes: QLoRA (the 4-bit base) or ``train.optimizer: adamw_8bit``."""
+    return spec.method.type == "qlora" or spec.train.optimizer == "adamw_8bit"
 
 
 @dataclass(frozen=True)
@@ -148,6 +196,8 @@ class EnvResult:
     torch: str | None = None
     installer: str | None = None
     env: str | None = None
+    #: why the image's torch was not kept (it cannot use this GPU), when that was the case
+    torch_note: str | None = None
 
     def describe(self) -> str:
         return {
@@ -164,13 +214,31 @@ def envsetup_source() -> bytes:
     return Path(envsetup.__file__).read_bytes()
 
 
-def env_request(lock: Lock, python: str, root: str) -> dict[str, Any]:
+def env_request(lock: Lock, python: str, root: str, driver_cuda: str | None = None) -> dict[str, Any]:
+    """What envsetup gets. On an instance with an NVIDIA GPU (``driver_cuda``: the newest CUDA its
+    driver runs), the image's torch is kept only when it really uses the GPU (envsetup runs a matmul
+    there), and a torch it installs is the controller's version built for that driver, from torch's
+    own index (review N4: PyPI's Linux torch 2.13 is a CUDA 13 build, which a 12.x driver cannot load,
+    so the job trained on the CPU of a rented GPU)."""
+    import os
+
     if lock.missing:
         raise LorapodError(
             f"this machine lacks {', '.join(lock.missing[:4])}, so the versions to install on the instance "
             "are unknown", hint=f"pip install 'lorapod[{lock.extra}]' here first, so both ends run the same versions")
-    return {"python": python, "pins": list(lock.pins), "torch_floor": lock.torch_floor,
-            "torch_pin": lock.torch_pin, "digest": lock.digest, "envs": f"{root}/{ENVS_DIR}"}
+    request: dict[str, Any] = {"python": python, "pins": list(lock.pins), "torch_floor": lock.torch_floor,
+                               "torch_pin": lock.torch_pin, "digest": lock.digest, "envs": f"{root}/{ENVS_DIR}"}
+    if driver_cuda:
+        version = (lock.torch_pin or f"torch=={lock.torch_floor}.0").split("==", 1)[1]
+        build = torch_build_for(version, driver_cuda)
+        if build is None:
+            raise RemoteError(f"the instance's NVIDIA driver runs CUDA up to {driver_cuda}, and torch {version} "
+                              "has no build for it", hint="pick another offer (a newer driver), or an image "
+                                                          "whose torch matches its driver (--image)")
+        base = (os.environ.get("LORAPOD_TORCH_INDEX") or TORCH_INDEX).rstrip("/")
+        request.update({"cuda_driver": driver_cuda, "torch_pin": f"torch=={version}+{build}",
+                        "torch_index": f"{base}/{build}", "digest": f"{lock.digest}-{build}"})
+    return request
 
 
 def parse_result(stdout: str, stderr: str, python: str) -> EnvResult:
@@ -193,7 +261,8 @@ def parse_result(stdout: str, stderr: str, python: str) -> EnvResult:
                   "instance), or an image that already has lorapod's dependencies (--image)"))
     return EnvResult(python=out["python"], how=out["how"], installed=int(out.get("installed", 0)),
                      seconds=float(out.get("seconds", 0.0)), torch=out.get("torch"),
-                     installer=out.get("installer"), env=out.get("env"))
+                     installer=out.get("installer"), env=out.get("env"),
+                     torch_note=str(out["torch_note"])[:600] if out.get("torch_note") else None)
 
 
 def bootstrap_for(boot: Bootstrap, provider: Provider, spec: JobSpec) -> Bootstrap:

@@ -102,6 +102,31 @@ def torch_ok(have: dict[str, str], floor: str) -> bool:
     return v is not None and release(v) >= release(floor)
 
 
+#: Run under an interpreter on a GPU instance: does its torch really compute on the GPU? A real
+#: ``torch.cuda.is_available()`` (False when the driver is older than the build's CUDA) and a small
+#: matmul (a build without kernels for this GPU's architecture fails there, not at import).
+GPU_PROBE = (
+    "import json\ntry:\n import torch\n v = torch.__version__\n"
+    " if not torch.cuda.is_available():\n  print(json.dumps({'ok': False, 'torch': v, 'cuda': torch.version.cuda, "
+    "'why': 'torch.cuda.is_available() is False'}))\n"
+    " else:\n  x = torch.ones(64, 64, device='cuda')\n  s = float((x @ x).sum())\n"
+    "  print(json.dumps({'ok': s == 64.0 ** 3, 'torch': v, 'cuda': torch.version.cuda, "
+    "'gpu': torch.cuda.get_device_name(0), 'why': 'a 64x64 matmul on the GPU gave %s' % s}))\n"
+    "except Exception as exc:\n print(json.dumps({'ok': False, 'why': '%s: %s' % (type(exc).__name__, "
+    "str(exc).splitlines()[0][:300] if str(exc) else '')}))\n"
+)
+
+
+def gpu_probe(python: str) -> dict[str, Any]:
+    """:data:`GPU_PROBE` under ``python``: {"ok": bool, "torch", "cuda", "why"}."""
+    try:
+        out = subprocess.run([python, "-c", GPU_PROBE], capture_output=True, text=True, timeout=300,
+                             stdin=subprocess.DEVNULL)
+        return last_json(out.stdout)
+    except (ValueError, subprocess.TimeoutExpired) as exc:
+        return {"ok": False, "why": f"the probe did not answer ({type(exc).__name__})"}
+
+
 def fail(message: str, package: str | None, index: str | None = None, output: str = "",
          kind: str = "install") -> str:
     return json.dumps({"ok": False, "error": redact(message), "package": package,
@@ -194,12 +219,21 @@ def find_uv(env_python: str) -> str | None:
     return None
 
 
-def install(env_python: str, uv: str | None, requirements: list[str], no_deps: bool) -> subprocess.CompletedProcess:
+def install(env_python: str, uv: str | None, requirements: list[str], no_deps: bool,
+            extra_index: str | None = None) -> subprocess.CompletedProcess:
+    """``extra_index``: one more index (torch's, for a CUDA build) searched beside the instance's
+    own; the install then also replaces what the env sees of the image's packages."""
     extra = ["--no-deps"] if no_deps else []
     if uv:
-        return run([uv, "pip", "install", "--python", env_python, *uv_index_args(), *extra, *requirements],
+        more = ["--extra-index-url", extra_index, "--index-strategy", "unsafe-best-match"] if extra_index else []
+        args = uv_index_args()
+        if extra_index and "--index-strategy" in args:
+            more = more[:2]
+        return run([uv, "pip", "install", "--python", env_python, *args, *more, *extra, *requirements],
                    env=uv_env())
-    return run([env_python, "-m", "pip", "install", "-q", "--disable-pip-version-check", *extra, *requirements])
+    more = ["--extra-index-url", extra_index, "--ignore-installed"] if extra_index else []
+    return run([env_python, "-m", "pip", "install", "-q", "--disable-pip-version-check", *more, *extra,
+                *requirements])
 
 
 def culprit(output: str, requirements: list[str]) -> str | None:
@@ -251,7 +285,17 @@ def main() -> None:
     t0 = time.monotonic()
     have = installed(python)
     need = missing(have, pins)
-    if not need and torch_ok(have, floor):
+    gpu = bool(cfg.get("cuda_driver"))
+    usable = torch_ok(have, floor)
+    torch_note = None
+    if usable and gpu:  # the image's torch is kept only when it computes on this GPU
+        probe = gpu_probe(python)
+        if not probe.get("ok"):
+            usable = False
+            torch_note = (f"the image's torch {have.get('torch')} cannot use this GPU ({probe.get('why')}); "
+                          f"installing {cfg.get('torch_pin')} for the driver's CUDA {cfg['cuda_driver']}")
+            log(torch_note)
+    if not need and usable:
         print(json.dumps({"ok": True, "python": python, "how": "image", "installed": 0,
                           "torch": have.get("torch"), "seconds": round(time.monotonic() - t0, 2)}))
         return
@@ -267,33 +311,41 @@ def main() -> None:
             return
         shutil.rmtree(env, ignore_errors=True)  # a build that died half way
         try:
-            result = build(python, env, pins, floor, cfg.get("torch_pin"), have)
+            result = build(python, env, pins, floor, cfg.get("torch_pin"), have, usable, cfg.get("torch_index"))
         except BaseException:
             shutil.rmtree(env, ignore_errors=True)
             raise
         result["seconds"] = round(time.monotonic() - t0, 2)
+        if torch_note:
+            result["torch_note"] = torch_note
         print(json.dumps(result))
 
 
-def build(python: str, env: str, pins: list[str], floor: str, torch_pin: str | None, have: dict[str, str]) -> dict:
+def build(python: str, env: str, pins: list[str], floor: str, torch_pin: str | None, have: dict[str, str],
+          keep_torch: bool | None = None, torch_index: str | None = None) -> dict:
+    """``keep_torch``: the image's torch serves (None: when it is new enough). Otherwise torch is
+    installed into the env with its own dependencies (the CUDA libraries), from ``torch_index``
+    (torch's index for the driver's CUDA build) besides the instance's own, and over the image's
+    copy, which the env would otherwise see through ``--system-site-packages``."""
     log(f"making {env} from {python}")
     env_python = make_env(python, env)
     uv = find_uv(env_python)
-    steps: list[tuple[list[str], bool]] = []
-    if not torch_ok(have, floor):
-        steps.append(([torch_pin or f"torch>={floor}"], False))  # with its own deps (CUDA libraries)
+    steps: list[tuple[list[str], bool, str | None]] = []
+    if not (torch_ok(have, floor) if keep_torch is None else keep_torch):
+        steps.append(([torch_pin or f"torch>={floor}"], False, torch_index))
     todo = missing(installed(env_python), pins)
     if todo:
-        steps.append((todo, True))
+        steps.append((todo, True, None))
     count = 0
-    for reqs, no_deps in steps:
-        out = install(env_python, uv, reqs, no_deps)
+    for reqs, no_deps, extra_index in steps:
+        out = install(env_python, uv, reqs, no_deps, extra_index)
         if out.returncode != 0:
             shutil.rmtree(env, ignore_errors=True)
             text = out.stdout + out.stderr
             pkg = culprit(text, reqs)
-            raise SystemExit(fail(f"could not install {pkg or ', '.join(reqs[:3])} from {index_url()} "
-                                  f"with {'uv' if uv else 'pip'}", pkg, index_url(), text))
+            where = (extra_index + " + " if extra_index else "") + index_url()
+            raise SystemExit(fail(f"could not install {pkg or ', '.join(reqs[:3])} from {where} "
+                                  f"with {'uv' if uv else 'pip'}", pkg, where, text))
         count += len(reqs)
     after = installed(env_python)
     still = missing(after, pins)

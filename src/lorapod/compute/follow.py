@@ -133,8 +133,11 @@ class Follower:
         if st.exit and st.exit.strip() == "0":
             return "done", f"finished {at_step(p.last_step)}"
         ctx.say("job log (last lines):\n" + tail)
+        again = (f"fix, then `lorapod run --resume {job_id}`" if p.last_step is not None else
+                 f"nothing was trained, so nothing to resume: fix it and start the job again "
+                 f"(`lorapod run SPEC --on {ctx.target}`)")
         raise RemoteError(f"the job failed on the instance (exit {st.exit or 'unknown'}) {at_step(p.last_step)}",
-                          hint=f"see {root}/job.log; fix, then `lorapod run --resume {job_id}`")
+                          hint=f"see {root}/job.log; {again}")
 
     def _destroyed_elsewhere(self) -> bool:
         """The ledger says this instance is being or was destroyed: only another command does that

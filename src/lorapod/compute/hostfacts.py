@@ -81,7 +81,43 @@ def facts_script() -> str:
         'echo "LPFACT path=$(printf %s "$PATH" | head -c 2000)"\n'
         'echo "LPFACT pid1path=$p1"\n'
         f'for t in {tools}; do echo "LPTOOL $t=$(command -v "$t" 2>/dev/null | head -n 1 | head -c 500)"; done\n'
+        + gpu_script()
     )
+
+
+def gpu_script() -> str:
+    """The GPUs and the driver, as NVIDIA's ``nvidia-smi`` reports them (the container toolkit
+    mounts it into every GPU container): one ``LPGPU name, driver_version, memory.total`` line per
+    GPU, and the driver's CUDA version from its banner (``CUDA Version: 12.8``), the newest CUDA
+    runtime that driver runs. Bounded by ``timeout`` where the host has it; nothing on a CPU host."""
+    return (
+        'T=""; command -v timeout >/dev/null 2>&1 && T="timeout 30"\n'
+        "if command -v nvidia-smi >/dev/null 2>&1; then\n"
+        "  $T nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null "
+        "| head -n 64 | head -c 8000 | sed 's/^/LPGPU /'\n"
+        "  $T nvidia-smi 2>/dev/null | head -n 6 | grep -o 'CUDA Version: *[0-9][0-9.]*' | head -n 1 "
+        "| sed 's/^/LPCUDA /'\n"
+        "fi\n"
+    )
+
+
+#: NVIDIA's minimum Linux driver for each CUDA toolkit (CUDA Toolkit release notes, table "CUDA
+#: Toolkit and Corresponding Driver Versions"): a driver runs every runtime up to its banner's
+#: CUDA version. Used only when the banner is missing (an old nvidia-smi).
+DRIVER_CUDA: tuple[tuple[tuple[int, ...], str], ...] = (
+    ((580, 65, 6), "13.0"), ((575, 51, 3), "12.9"), ((570, 26), "12.8"), ((560, 28, 3), "12.6"),
+    ((555, 42, 2), "12.5"), ((550, 54, 14), "12.4"), ((545, 23, 6), "12.3"), ((535, 54, 3), "12.2"),
+    ((530, 30, 2), "12.1"), ((525, 60, 13), "12.0"), ((520, 61, 5), "11.8"),
+)
+
+
+def cuda_of_driver(driver: str) -> str | None:
+    """The newest CUDA runtime a driver version runs (``570.133.20`` -> ``12.8``)."""
+    try:
+        have = tuple(int(x) for x in driver.strip().split("."))
+    except ValueError:
+        return None
+    return next((cuda for need, cuda in DRIVER_CUDA if have >= need), None)
 
 
 #: Runs under each candidate: its version and whether it has torch (metadata only: no import).
@@ -130,8 +166,24 @@ class Python:
         return f"{self.path} (Python {v}{', torch ' + self.torch if self.torch else ''})"
 
 
+@dataclass(frozen=True)
+class Gpus:
+    """What ``nvidia-smi`` says: the GPUs' names and the driver, and the newest CUDA it runs."""
+
+    names: tuple[str, ...] = ()
+    driver: str | None = None
+    cuda: str | None = None  # the driver's CUDA version ("12.8")
+
+    def describe(self) -> str:
+        if not self.names:
+            return "no NVIDIA GPU (nvidia-smi lists none)"
+        return (f"{len(self.names)} x {self.names[0]}, NVIDIA driver {self.driver or '?'} "
+                f"(runs CUDA up to {self.cuda or '?'})")
+
+
 @dataclass
 class HostFacts:
+    gpus: Gpus = field(default_factory=Gpus)
     uid: int | None = None
     path: str = ""  # the SSH session's PATH
     pid1_path: str = ""  # PID 1's PATH: the image's ENV PATH
@@ -151,11 +203,12 @@ class HostFacts:
         pid1 = ("PID 1's PATH unreadable" if not self.pid1_path else
                 "PID 1's PATH differs from the session's" if self.pid1_path != self.path else
                 "PID 1's PATH is the session's")
-        return f"uid {self.uid if self.uid is not None else '?'}; {tools}; {pid1}"
+        return f"uid {self.uid if self.uid is not None else '?'}; {tools}; {pid1}; {self.gpus.describe()}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"uid": self.uid, "path": self.path, "pid1_path": self.pid1_path, "tools": self.tools,
-                "pythons": [p.describe() for p in self.pythons]}
+                "pythons": [p.describe() for p in self.pythons],
+                "gpus": list(self.gpus.names), "driver": self.gpus.driver, "driver_cuda": self.gpus.cuda}
 
 
 def parse_facts(stdout: bytes) -> HostFacts:
@@ -172,7 +225,31 @@ def parse_facts(stdout: bytes) -> HostFacts:
         name, _, where = line.partition("=")
         if name in TOOLS and where.startswith("/"):
             facts.tools[name] = where
+    facts.gpus = parse_gpus(stdout)
     return facts
+
+
+_DRIVER = re.compile(r"^\d{2,4}(\.\d{1,4}){1,3}$")
+_CUDA = re.compile(r"CUDA Version: *(\d{1,2})\.(\d{1,2})")
+
+
+def parse_gpus(stdout: bytes) -> Gpus:
+    """``LPGPU`` / ``LPCUDA`` lines (:func:`gpu_script`) -> :class:`Gpus`; anything malformed is dropped."""
+    names, drivers = [], []
+    for line in _marked(stdout, "LPGPU ")[:64]:
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 2 and parts[0] and _DRIVER.match(parts[1]):
+            names.append(parts[0][:100])
+            drivers.append(parts[1])
+    cuda = None
+    for line in _marked(stdout, "LPCUDA ")[:1]:
+        m = _CUDA.search(line)
+        if m:
+            cuda = f"{int(m.group(1))}.{int(m.group(2))}"
+    driver = drivers[0] if drivers else None
+    if cuda is None and driver:
+        cuda = cuda_of_driver(driver)
+    return Gpus(tuple(names), driver, cuda if names else None)
 
 
 def _path_dirs(path: str) -> list[str]:

@@ -25,6 +25,7 @@ from lorapod.compute.wait import deadline_in, retrying
 from lorapod.engine.trackers import wandb_url
 from lorapod.errors import LorapodError
 from lorapod.rundir import at_step
+from lorapod.rundir.quality import pick_summary
 from lorapod.store.identity import controller_alive, installation_id, instance_label, parse_label
 from lorapod.store.ledger import InstanceRow, JobRow, Ledger
 from lorapod.store.phases import job_phases
@@ -53,6 +54,8 @@ def ps_rows(ledger: Ledger, all_jobs: bool = True) -> list[dict[str, Any]]:
                             if i.state == "destroying" or job.state not in ("starting", "running", "stopping")],
             "run_dir": job.run_dir, "summary": job.summary, "setup_s": job_phases(ledger, job.id),
             "wandb_url": wandb_url(Path(job.run_dir)) if job.run_dir else None,  # from the pulled tracking.json
+            # the quality autopilot's pick (and its early stop), from the pulled quality/ (rundir/quality.py)
+            "quality": pick_summary(Path(job.run_dir)) if job.run_dir else None,
             "watchdog": _watchdog_state(ledger, job.id, controller_alive(job.controller))
             if live and job.state in ("starting", "running") else None,
             # on spot: preemptions, what they cost, what spot saved vs on-demand (store/preemptions.py)

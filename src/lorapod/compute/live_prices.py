@@ -43,7 +43,7 @@ class LivePrices:
 def match_gpu(name: str, vram_gb: float | None = None) -> GPU | None:
     """A provider's GPU name (+ memory) to a catalog GPU, or None when the catalog lacks it."""
     try:
-        g = find_gpu(name)
+        g = find_gpu(name, vram_gb)
     except PlanError:
         g = None
         low = name.lower()

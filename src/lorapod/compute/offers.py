@@ -117,19 +117,20 @@ def choose_offers(spec: JobSpec, provider: Provider, gpu: str | None = None, max
 def rank_by_job_cost(spec: JobSpec, job: Job, provider_name: str, offers: list[Offer], *,
                      gpu_pinned: bool = False, max_usd: float | None = None,
                      max_hours: float | None = None) -> list[RankedOffer]:
-    """Order ``offers`` by the planner's $ per job; drop GPUs it says do not fit; refuse a job
-    whose cheapest estimate crosses the caps. Offers whose GPU the catalog does not know keep
+    """Order ``offers`` as the planner ranks them (plan/choose.py ``rank_key``: within the caps
+    first, then $ per job + compute.hour_worth_usd x hours); drop GPUs it says do not fit; refuse a
+    job whose best estimate crosses the caps. Offers whose GPU the catalog does not know keep
     $/h order, after the priced ones, without an estimate."""
     if not offers:
         return []
     from lorapod.catalog.gpus import find_gpu
     from lorapod.catalog.prices import PriceEntry
-    from lorapod.plan.choose import NothingFits, plan_job
+    from lorapod.plan.choose import NothingFits, plan_job, rank_key
 
     known: dict[str, str] = {}
     for o in offers:
         try:
-            known[o.id] = find_gpu(o.gpu_name).name
+            known[o.id] = find_gpu(o.gpu_name, o.vram_gb or None).name  # the memory picks a shared name's card
         except LorapodError:
             continue
     # the planner prices one GPU and multiplies by compute.gpus; an offer's price is the whole instance's
@@ -154,7 +155,9 @@ def rank_by_job_cost(spec: JobSpec, job: Job, provider_name: str, offers: list[O
         log.info("planner cannot rank this job (%s): cheapest $/h first", exc.message)
         return [RankedOffer(o) for o in offers]
     by_offer = {opt.tier: opt for opt in plan.options}
-    priced: list[tuple[float, RankedOffer]] = []
+    capped = spec.model_copy(update={"compute": spec.compute.model_copy(update={"max_usd": max_usd,
+                                                                              "max_hours": max_hours})})
+    priced: list[tuple[tuple, RankedOffer]] = []
     unpriced: list[RankedOffer] = []
     for o in offers:
         opt = by_offer.get(o.id)
@@ -166,7 +169,7 @@ def rank_by_job_cost(spec: JobSpec, job: Job, provider_name: str, offers: list[O
             continue
         # The estimate travels with the offer: the default cap is twice it (provision.py).
         est = OfferEstimate(round(opt.usd_total, 4), round(opt.hours_total, 4), round(plan.job.pull_gb, 6))
-        priced.append((opt.usd_total, RankedOffer(o, est)))
+        priced.append((rank_key(opt, capped), RankedOffer(o, est)))
     priced.sort(key=lambda t: (t[0], t[1].offer.usd_per_hour))
     if priced:
         best = by_offer[priced[0][1].offer.id]

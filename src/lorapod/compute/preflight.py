@@ -35,7 +35,7 @@ class Preflight:
 
 
 def preflight(spec: JobSpec, provider: Provider, job: Job | None = None, force: bool = False,
-               env: dict[str, str] | None = None, deps: str = "auto") -> Preflight:
+               env: dict[str, str] | None = None, deps: str = "auto", trainer: str | None = None) -> Preflight:
     """Run every check for ``spec`` about to run on ``provider``; raise on the first refusal.
     What applies is decided by the provider's declared traits, never its name, and the disk it
     boots is its own default image's. ``job`` is the run's planned job (None: the planner cannot
@@ -48,10 +48,19 @@ def preflight(spec: JobSpec, provider: Provider, job: Job | None = None, force: 
 
         lock = derive_lock(extra_for(spec))
         if lock.missing:
+            why = ""
+            if any(m.startswith("bitsandbytes") for m in lock.missing):
+                why = (f" ({'QLoRA' if spec.method.type == 'qlora' else 'train.optimizer adamw_8bit'} needs "
+                       "bitsandbytes on the instance, at the version this machine pins; its wheel installs on a "
+                       "CPU machine too)")
             raise PreflightError(f"this machine lacks {', '.join(lock.missing[:4])}, so the versions to install "
-                                 "on the instance are unknown",
+                                 f"on the instance are unknown{why}",
                                  hint=f"pip install 'lorapod[{lock.extra}]' here first, so both ends run the same "
                                       "versions (or --deps none with an image that has everything)")
+    if not traits.runs_here:
+        _check_attention(spec, spec.compute.image or provider.image)
+    if trainer is None:
+        _check_block_swap(spec, job)
     paths = [Path(p) for p in spec.data_paths()]
     if spec.data.val_path:
         paths.append(Path(spec.data.val_path))
@@ -71,6 +80,42 @@ def preflight(spec: JobSpec, provider: Provider, job: Job | None = None, force: 
             out.notes.append(f"{provider.name}: {note}")
         _check_disk(spec, job, image, out)
     return out
+
+
+def _check_block_swap(spec: JobSpec, job: Job | None) -> None:
+    """``train.blocks_to_swap`` on a model whose blocks lorapod's engine does not swap would be
+    ignored, and the job would run out of memory the way it was meant not to (review N5): the
+    engine's own declaration (:data:`lorapod.plan.frameworks.LORAPOD_BLOCK_SWAP`) decides."""
+    from lorapod.plan.frameworks import framework
+    from lorapod.plan.vram import model_kind
+
+    if not spec.is_image or not spec.train.blocks_to_swap or job is None:
+        return
+    kind = model_kind(job.model)
+    family = getattr(job.model, "family", None)
+    if framework("lorapod").swaps_blocks(kind, family):
+        return
+    raise PreflightError(
+        f"train.blocks_to_swap: {spec.model.id} ({family or kind}) has no transformer blocks for lorapod's engine to "
+        "swap (a U-Net), so the setting would be refused on the instance after the model download",
+        hint="set train.blocks_to_swap: 0 (lorapod plan says what fits instead), or train with --trainer "
+             "sd-scripts or musubi-tuner, which swap its blocks")
+
+
+def _check_attention(spec: JobSpec, image: str | None) -> None:
+    """``train.attention: flash`` needs the flash_attn package on the instance. PyPI has no wheel of
+    it (only sources, a build of an hour or more) and no catalogued image ships it, so on those
+    images the job would fail after the model download: refused here. A user's own image (not in
+    the catalog) may have it: the engine's own check decides there."""
+    from lorapod.catalog.images import KNOWN
+
+    if spec.is_image or spec.train.attention != "flash" or (image and image not in KNOWN):
+        return
+    raise PreflightError(
+        f"train.attention flash needs the flash_attn package, which the image {image or '(the default)'} does not "
+        "ship and the instance cannot install (PyPI has no flash-attn wheel)",
+        hint="leave train.attention at auto: on CUDA it runs torch's own FlashAttention varlen kernel "
+             "(where its torch has one), or use an image of your own that has flash_attn (--image)")
 
 
 def _image_note(image: str | None) -> str | None:
@@ -95,17 +140,13 @@ def image_notes(spec: JobSpec, providers: list[str]) -> list[str]:
 
 
 def _check_data(spec: JobSpec, paths: list[Path], force: bool, out: Preflight) -> None:
-    from lorapod.data.check import check_path
+    from lorapod.data.check import check_path, spec_check_args
 
     val = Path(spec.data.val_path) if spec.data.val_path else None
-    model = Path(spec.model.id) if Path(spec.model.id).is_dir() else None
+    kwargs = spec_check_args(spec)  # the family, trigger, sequence length ... the spec gives its data
     for p in paths:
         if val is not None and p == val:
             continue
-        kwargs: dict[str, Any] = {"sequence_len": spec.data.sequence_len, "val": val, "model": model}
-        if spec.is_image:
-            kwargs = {"family": spec.model.family if spec.model.family != "auto" else "sdxl",
-                      "trigger": getattr(spec.data, "trigger", None)}
         report = check_path(p, **kwargs)
         if not report.has_errors:
             continue

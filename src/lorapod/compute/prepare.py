@@ -174,7 +174,8 @@ def prepare_run(spec: Path | JobSpec | None = None, on: str | None = None, flags
     on_spot, tier_note = run_tier(spec_obj, provider, job)  # compute.spot (after --spot): the plan's tier choice
     if tier_note:
         note(tier_note)
-    for text in preflight(spec_obj, provider, job, force=flags.force, deps=flags.deps).notes:
+    for text in preflight(spec_obj, provider, job, force=flags.force, deps=flags.deps,
+                          trainer=trainer).notes:
         note(text)
     if doc := doctor_note(ledger, provider.name):
         note(doc)

@@ -19,7 +19,7 @@ from lorapod.compute.acquire import Lease
 from lorapod.compute.bootstrap import bootstrap_for
 from lorapod.compute.context import JobContext
 from lorapod.compute.guards import guard_script
-from lorapod.compute.remote import PULL_EXCLUDES, Bootstrap, RemoteWork
+from lorapod.compute.remote import PULL_EXCLUDES, Bootstrap, RemoteWork, with_device
 from lorapod.compute.secrets import secrets_for
 from lorapod.errors import LorapodError
 from lorapod.home import lorapod_home
@@ -84,6 +84,8 @@ def provision(ctx: JobContext, lease: Lease, work: RemoteWork, watched: Watched)
     facts = ctx.remote(lambda: work.bootstrap(boot, lorapod_home() / "wheels"), "bootstrap")
     ctx.say(f"bootstrapped: Python {facts['python']}, lorapod {facts['lorapod']} ({boot.strategy}), "
             f"GPU: {', '.join(facts['gpus']) or 'none'}")
+    if facts["env"].torch_note:
+        ctx.say(facts["env"].torch_note)
     ctx.phase("environment", time.monotonic() - t, facts["env"].describe())
     t = time.monotonic()
     remote_spec = _sync_inputs(ctx, work)
@@ -103,7 +105,7 @@ def provision(ctx: JobContext, lease: Lease, work: RemoteWork, watched: Watched)
         sent = ctx.remote(lambda: work.push_path(ctx.run.root, "run", delete=False, excludes=PULL_EXCLUDES),
                           "upload checkpoints")
         ctx.say(f"uploaded the run folder to resume ({sent.literal_bytes} bytes sent)")
-    argv = o.job_command(facts["job_python"], "spec.yaml", "run", ctx.resume)
+    argv = with_device(o.job_command(facts["job_python"], "spec.yaml", "run", ctx.resume), facts["device"])
     ctx.remote(lambda: work.start_job(files, argv), "start the job")
     started = Started(argv, time.monotonic())
     ctx.say(f"job started on the instance: {' '.join(argv)}")

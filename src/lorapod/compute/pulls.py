@@ -100,9 +100,10 @@ class RemoteFiles:
 
     def beyond_newest(self) -> list[str]:
         """Top-level folders other than the newest checkpoint and the adapter (samples, tensorboard):
-        left for later when only the smallest set that resumes is pulled."""
+        left for later when only the smallest set that resumes is pulled. The quality autopilot's
+        folder always comes (small: its scores and decision are what a resumed run continues from)."""
         tops = {k.split("/", 1)[0] + "/" for k in self.files if "/" in k}
-        return sorted(tops - {"checkpoints/", "adapter/"})
+        return sorted(tops - {"checkpoints/", "adapter/", "quality/"})
 
 
 def remote_files(work: Any, python: str) -> RemoteFiles:

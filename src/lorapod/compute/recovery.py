@@ -427,8 +427,12 @@ class SpotRun:
             kept_at = p.seen_at.get(resume_step or -1)
             since = max(first, kept_at) if kept_at is not None else first
             redo_h = max(0.0, at - since) / 3600
+        # the step the job had reached: the last one the metrics poll saw, or the checkpoint that came
+        # home if that is later (a pull can land before the poll that reads its step)
+        reached = max(s for s in (p.last_step, resume_step) if s is not None) if (
+            p.last_step is not None or resume_step is not None) else None
         record_preemption(ctx.ledger, ctx.job_id, instance_id=lease.ledger_id, how=exc.instance.message or "exited",
-                          step=p.last_step, resume_step=resume_step, usd_per_hour=rate, redo_hours=redo_h,
+                          step=reached, resume_step=resume_step, usd_per_hour=rate, redo_hours=redo_h,
                           setup_hours=setup_h, husk_hours=max(0.0, husk_end - at) / 3600,
                           ondemand_usd_per_hour=self.ondemand_usd_per_hour)
 

@@ -72,6 +72,9 @@ export PYTHONPATH="$PWD/pkg${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 export LORAPOD_REMOTE_JOB=1  # the controller measures the run for the planner (plan/learned.py)
 if [ -f secrets.env ]; then set -a; . ./secrets.env; set +a; fi
+# the CUDA caching allocator grows expandable segments unless the user chose one (--forward-env) (engine/device.py ALLOC_CONF)
+if [ -z "${PYTORCH_ALLOC_CONF:-}" ] && [ -z "${PYTORCH_CUDA_ALLOC_CONF:-}" ]; then
+  export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; fi
 # the second guard (compute/guards.py), in this process group: it ends with the job
 if [ -f guard.sh ]; then bash guard.sh "$$" >> watchdog.log 2>&1 < /dev/null & fi
 # a SIGTERM to this wrapper alone (the container's init on a spot pod, compute/remote.py SPOT_INIT)
@@ -147,6 +150,44 @@ def job_command_from_env(python: str, spec: str, run_dir: str, resume: bool) -> 
     return [arg for arg in (part.format(**values) for part in shlex.split(template)) if arg]
 
 
+class NoGpuForTorch(RemoteError):
+    """The instance has an NVIDIA GPU and the job's torch cannot compute on it: the job would train
+    on the CPU of a rented GPU, billing for hours (review N4). Raised before the job starts; the
+    instance is destroyed."""
+
+
+def check_gpu_torch(gpus: Any, stdout: bytes, python: str) -> None:
+    """The start probe's verdict on a GPU instance (``LPCUDAOK`` line, envsetup's GPU probe run with
+    the job's interpreter), or :class:`NoGpuForTorch` in one line saying why."""
+    from lorapod.compute.hostfacts import _marked
+
+    said = (_marked(stdout, "LPCUDAOK ") or [""])[-1]
+    try:
+        result = json.loads(said) if said.startswith("{") else {"why": said or "the probe printed nothing"}
+    except ValueError:
+        result = {"why": said[:300]}
+    if result.get("ok") is True:
+        return
+    torch_v = result.get("torch") or "?"
+    built = f" (built for CUDA {result['cuda']})" if result.get("cuda") else ""
+    raise NoGpuForTorch(
+        f"the job's torch {torch_v}{built} cannot use the instance's GPU ({gpus.describe()}): "
+        f"{str(result.get('why', '?'))[:300]}; the job would train on its CPU, so it is not started and the "
+        "instance is destroyed",
+        hint=f"{python} must have a torch built for a CUDA the driver runs; pick another offer or an image "
+             "whose torch matches its driver (--image), or set LORAPOD_TORCH_INDEX to a mirror of torch's index")
+
+
+def with_device(argv: list[str], device: str) -> list[str]:
+    """``argv`` with ``--device DEVICE`` after ``-m lorapod train`` (torchrun's form included):
+    remote jobs run on the device the start probe confirmed, never on whatever torch finds. A
+    custom command (``LORAPOD_JOB_COMMAND``, an external trainer) is left as it is."""
+    for i in range(len(argv) - 2):
+        if argv[i:i + 3] == ["-m", "lorapod", "train"] and "--device" not in argv:
+            return [*argv, "--device", device]
+    return argv
+
+
 class WatchdogNotRunning(RemoteError):
     """The watchdog was launched but does not run: nothing would destroy the instance if we died."""
 
@@ -205,7 +246,7 @@ class RemoteWork:
                                                  check=False).stdout, cands)
         choice = hf.choose(facts.pythons, explicit)
         self.facts["host"] = facts.to_dict()
-        return replace(boot, python=choice.python), facts, choice
+        return replace(boot, python=choice.python, driver_cuda=facts.gpus.cuda), facts, choice
 
     def provide_rsync(self, facts: Any, deadline_s: float = RSYNC_INSTALL_S) -> str:
         """rsync on the instance, or files over the SSH connection with tar; says which, in words.
@@ -287,12 +328,19 @@ class RemoteWork:
             env = self.environment(boot)
         else:
             env = EnvResult(python=boot.python, how="as-is", installed=0, seconds=0.0)
+        from lorapod.compute import hostfacts
+        from lorapod.compute.envsetup import GPU_PROBE
+
         # Marked lines only: an interpreter (or a login script) that prints a banner first still works.
         probe = ("import json, sys, lorapod; print('LPSTART ' + json.dumps({'python': sys.version.split()[0], "
                  "'lorapod': lorapod.__version__, 'path': lorapod.__file__}))")
+        # On a GPU instance the job's torch must compute on the GPU (envsetup's probe: is_available and
+        # a matmul), checked here, before the job starts, so that it never trains on the CPU (review N4).
+        gpu = (f'if command -v nvidia-smi >/dev/null 2>&1 && [ -n "$(nvidia-smi -L 2>/dev/null | head -c 200)" ]; '
+               f"then PYTHONPATH=$PWD/pkg {shlex.quote(env.python)} -c {shlex.quote(GPU_PROBE)} 2>&1 "
+               "| tail -n 1 | head -c 2000 | sed 's/^/LPCUDAOK /'; fi")
         out = self.sh(f"cd {self.q()} && PYTHONPATH=$PWD/pkg {shlex.quote(env.python)} -c {shlex.quote(probe)};"
-                      " nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null"
-                      " | sed 's/^/LPGPU /' || true", check=False)
+                      f" {hostfacts.gpu_script()}{gpu}", check=False, timeout=420)
         lines = out.stdout.decode(errors="replace").strip().splitlines()
         start = [x[len("LPSTART "):] for x in lines if x.startswith("LPSTART {")][:1]
         if not start:
@@ -304,9 +352,14 @@ class RemoteWork:
         facts = json.loads(start[0])
         if facts["lorapod"] != lorapod.__version__:
             raise RemoteError(f"the instance runs lorapod {facts['lorapod']}, this machine {lorapod.__version__}")
-        facts["gpus"] = [g[len("LPGPU "):].strip()[:200] for g in lines if g.startswith("LPGPU ")][:64]
+        gpus = hostfacts.parse_gpus(out.stdout)
+        facts["gpus"] = [f"{n} (driver {gpus.driver}, CUDA {gpus.cuda})" for n in gpus.names]
         facts["job_python"] = env.python
         facts["env"] = env
+        facts["device"] = "cpu"
+        if gpus.names:
+            facts["device"] = "cuda"
+            check_gpu_torch(gpus, out.stdout, env.python)
         self.facts = facts
         return facts
 
@@ -315,7 +368,7 @@ class RemoteWork:
         lorapod needs to be importable there yet) and return its :class:`EnvResult`."""
         from lorapod.compute.bootstrap import derive_lock, env_request, envsetup_source, parse_result
 
-        request = env_request(derive_lock(boot.extra), boot.python, self.cache_root or self.root)
+        request = env_request(derive_lock(boot.extra), boot.python, self.cache_root or self.root, boot.driver_cuda)
         out = self.sh(f"cd {self.q()} && {shlex.quote(boot.python)} - {shlex.quote(json.dumps(request))}",
                       input=envsetup_source(), timeout=3600, check=False)
         if self.local_log is not None:

@@ -71,7 +71,14 @@ class Summary:
                 "last_step": self.last_step, "usd": round(self.usd, 4), "message": self.message,
                 "first_step_s": self.first_step_s, "billed_after_pull_s": self.billed_after_pull_s,
                 "unconfirmed": self.unconfirmed, "console": self.console, "wandb_url": self.wandb_url,
-                "spot": self.spot}
+                "spot": self.spot, "quality": self.quality}
+
+    @property
+    def quality(self) -> dict[str, Any] | None:
+        """The quality autopilot's pick and early stop, from the pulled quality/ (rundir/quality.py)."""
+        from lorapod.rundir.quality import pick_summary
+
+        return pick_summary(self.run_dir)
 
     @property
     def wandb_url(self) -> str | None:
@@ -79,6 +86,25 @@ class Summary:
         from lorapod.engine.trackers import wandb_url
 
         return wandb_url(self.run_dir)
+
+
+def _quality_line(root: Path, ledger: Ledger, job_id: str) -> str:
+    """"; quality pick: step-600 at strength 0.8; stopped by train.stop_when at step 600 (...): 900
+    planned steps not run, 41 min and $0.52 saved against the plan": the pulled decision, priced
+    at the instance's rate; "" when the run has none."""
+    from lorapod.rundir.quality import pick_summary, saved_line
+
+    q = pick_summary(root)
+    if q is None:
+        return ""
+    out = ""
+    if q.get("checkpoint"):
+        at = f" at strength {q['strength']:g}" if q.get("strength") is not None else ""
+        out += f"; quality pick: {q['checkpoint']}{at}"
+    if q.get("stopped"):
+        rates = [i.usd_per_hour for i in ledger.job_instances(job_id) if i.usd_per_hour]
+        out += "; " + saved_line(q["stopped"], rates[-1] if rates else None)
+    return out
 
 
 class Session:
@@ -286,6 +312,7 @@ class Session:
         fig = job_figures(ledger, self.job_id)
         if fig is not None:
             msg += f"; {fig.line()}"
+        msg += _quality_line(self.run.root, ledger, self.job_id)
         ledger.job_ended(self.job_id, state, msg)
         ledger.job_update(self.job_id, last_step=p.last_step)
         self._learn()

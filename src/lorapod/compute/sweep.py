@@ -67,10 +67,12 @@ def expand_grid(grid: Sequence[str]) -> list[dict[str, str]]:
 
 
 def job_specs(spec: JobSpec, grid: Sequence[str]) -> list[tuple[dict[str, str], JobSpec]]:
-    """Each job of the grid: its overrides and its spec, named ``<output.name>-<n>`` (n from 1)."""
+    """Each job of the grid: its overrides and its spec, named ``<output.name>-job<n>`` (n from 1). Not
+    ``-<n>``: ``demo-2`` would be a prefix of a dated id ``demo-20261205-...``, and ids are typed by
+    their prefix (``lorapod logs demo-2``)."""
     name = spec.output.name or "sweep"
     return [(ov, load_spec(raw=spec.model_dump(mode="json"),
-                           overrides=[*(f"{k}={v}" for k, v in ov.items()), f"output.name={name}-{i}"]))
+                           overrides=[*(f"{k}={v}" for k, v in ov.items()), f"output.name={name}-job{i}"]))
             for i, ov in enumerate(expand_grid(grid), 1)]
 
 

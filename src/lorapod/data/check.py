@@ -10,13 +10,39 @@ so none of them imports another to be reached.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from lorapod.catalog import families
 from lorapod.data.chat import check_chat
 from lorapod.data.findings import Report
 from lorapod.data.images import check_images
 from lorapod.data.video import check_video
-from lorapod.errors import DataError
+from lorapod.errors import DataError, LorapodError
+from lorapod.spec import JobSpec
+
+
+def spec_check_args(spec: JobSpec) -> dict[str, Any]:
+    """What a job spec says about how its data is judged: the family (the catalog's for ``auto``)
+    and trigger word for images and clips; the sequence length, validation file and a local
+    model's tokenizer for chat data. ``lorapod plan``, the pre-flight of ``lorapod run`` and the
+    dashboard pass these, so a spec's data is judged as ``lorapod data check --family F --trigger T``
+    judges it."""
+    if spec.is_image:
+        family = spec.model.family
+        if family not in families.FAMILIES:
+            from lorapod.catalog.models import find_model
+
+            try:
+                family = find_model(spec.model.id, spec.model.family, spec.model.variant).family
+            except LorapodError:
+                family = families.DEFAULT_IMAGE_FAMILY
+        if family not in families.FAMILIES:
+            family = families.DEFAULT_IMAGE_FAMILY
+        return {"family": family, "trigger": spec.data.trigger, "target_frames": tuple(spec.data.target_frames),
+                "fps": spec.data.fps}
+    val = Path(spec.data.val_path) if spec.data.val_path else None
+    model = Path(spec.model.id) if Path(spec.model.id).is_dir() else None
+    return {"sequence_len": spec.data.sequence_len, "val": val, "model": model}
 
 
 def check_path(path: Path, **kwargs) -> Report:

@@ -263,9 +263,13 @@ def fix_dataset(
         if any(ord(ch) < 32 and ch not in "\n\r\t" for ch in text):
             result.actions.append(f"{scan.rel(cap)}: left as is (binary data; rewrite it)")
             continue
+        plain = normalise_caption(text, None)
+        if not plain:  # nothing to keep: a trigger alone would hide the error, not fix it
+            result.actions.append(f"{scan.rel(cap)}: left empty: write a caption (what the image shows besides the "
+                                  "concept); `lorapod data check` still lists it")
+            continue
         new = normalise_caption(text, trigger)
         if new and new + "\n" != text:
-            plain = normalise_caption(text, None)
             what = []
             if plain + "\n" != text:
                 what.append("whitespace and lines normalised")

@@ -143,7 +143,7 @@ def find_duplicates(infos: list[ImageInfo]) -> tuple[list[list[str]], list[tuple
 def check_images(
     root: Path,
     *,
-    family: str = "sdxl",
+    family: str = families.DEFAULT_IMAGE_FAMILY,
     trigger: str | None = None,
     tokenizer: Path | None = None,
     workers: int | None = None,

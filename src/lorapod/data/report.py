@@ -224,7 +224,7 @@ def write_report(
     root: Path,
     out: Path | None = None,
     *,
-    family: str = "sdxl",
+    family: str = families.DEFAULT_IMAGE_FAMILY,
     trigger: str | None = None,
     tokenizer: Path | None = None,
 ) -> tuple[Path, Report]:

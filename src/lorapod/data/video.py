@@ -1,4 +1,4 @@
-"""``lorapod data check DIR --family wan21``: a folder of clips and images for a video LoRA.
+"""``lorapod data check DIR --family <a video family>``: a folder of clips and images for a video LoRA.
 
 Clips are probed with PyAV exactly as training reads them (``lorapod.data.clips``): the frame
 count after resampling to ``fps`` and the windows of ``target_frames`` decide whether a clip is
@@ -31,7 +31,7 @@ MIN_VIDEO_SIDE = 480  # Wan trains at 480p and up; smaller clips are upscaled in
 LONG_CLIP_S = 10.0
 
 
-def check_video(root: Path, *, family: str = "wan21", trigger: str | None = None,
+def check_video(root: Path, *, family: str = families.VIDEO[0], trigger: str | None = None,
                 target_frames: tuple[int, ...] = (1, 17, 33), fps: float | None = 16.0,
                 workers: int | None = None) -> Report:
     """Every check of a clips + images folder; ``summary.windows`` is the training window plan."""

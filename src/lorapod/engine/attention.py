@@ -84,13 +84,47 @@ class AttentionPath:
             return 1
         return 64 if self.explicit_mask else 8
 
-    def describe(self) -> str:
+    def describe(self, device: torch.device | None = None) -> str:
         mask = "explicit additive (B,1,L,L) mask" if self.explicit_mask else "padding-free (restarting position ids)"
-        return f"attention: {self.kernel}, {mask} ({self.why})"
+        how = ""
+        if self.kernel == "sdpa" and not self.explicit_mask and device is not None:
+            how = (" on torch's varlen_attn (one FlashAttention kernel per layer)"
+                   if device.type == "cuda" and varlen_available()
+                   else " as one SDPA call per example (this torch has no varlen_attn for this device)")
+        elif self.kernel == "flex" and device is not None and device.type == "cuda":
+            how = "; flex_attention is compiled on first use: the first steps (and the first at a new length) " \
+                  "include its compile, a minute or more"
+        return f"attention: {self.kernel}{how}, {mask} ({self.why})"
 
 
 def flash_available() -> bool:
-    return importlib.util.find_spec("flash_attn") is not None
+    """flash_attn imports and its CUDA extension loads (review N8): a wheel built for another torch
+    is found by ``find_spec`` but fails at import with an undefined symbol, and ``auto`` must then
+    take another path, not crash. transformers' own check (``is_flash_attn_2_available``) looks at
+    the version only, so the import is done here."""
+    if importlib.util.find_spec("flash_attn") is None:
+        return False
+    try:
+        import flash_attn  # noqa: F401
+        from flash_attn import flash_attn_varlen_func  # noqa: F401  (loads flash_attn_2_cuda)
+    except Exception:  # ImportError, OSError (undefined symbol), RuntimeError: not usable here
+        return False
+    return True
+
+
+def varlen_available() -> bool:
+    """torch's own FlashAttention varlen kernel with autograd (``torch.nn.attention.varlen``; torch
+    2.7 and 2.8 do not have it): CUDA only, fp16/bf16, head dims up to 256."""
+    return importlib.util.find_spec("torch.nn.attention.varlen") is not None
+
+
+def packed_kernel(query: torch.Tensor, dropout: float = 0.0) -> str:
+    """What :func:`varlen_sdpa` runs a packed micro-batch on: ``varlen_attn`` (one kernel for all the
+    examples) where torch has it and it takes these tensors, else ``split`` (one SDPA per example)."""
+    if (query.device.type == "cuda" and varlen_available() and query.dtype in (torch.float16, torch.bfloat16)
+            and query.shape[-1] <= 256 and not dropout):
+        return "varlen_attn"
+    return "split"
 
 
 def flex_available() -> bool:
@@ -177,17 +211,27 @@ def install(model: Any, path: AttentionPath) -> None:
 
 def prepare_batch(batch, path: AttentionPath):
     """The batch the decoder gets on ``path``: flash runs one flattened row without padding (see
-    the module doc)."""
-    if path.kernel == "flash" and (batch.input_ids.shape[0] > 1 or bool((batch.segment_ids < 0).any())):
+    the module doc). Called on the CPU batch (its padding is known there without a read-back)."""
+    if path.kernel == "flash" and (batch.input_ids.shape[0] > 1 or any(batch.pad_seqs)
+                                   or (not batch.seq_lens and bool((batch.segment_ids < 0).any()))):
         return batch.flattened()
     return batch
 
 
 def forward_kwargs(batch, path: AttentionPath, dtype: torch.dtype) -> dict:
     """``attention_mask`` and ``position_ids`` for the decoder: padding-free, None and the restarting
-    positions; with an explicit mask, the additive (B, 1, L, L) mask in ``dtype``."""
+    positions; with an explicit mask, the additive (B, 1, L, L) mask in ``dtype``. Padding-free sdpa
+    and flash also get the sequence boundaries collate computed on the CPU (``cu_seq_lens_q/k``,
+    ``max_length_q/k``, the names of transformers' ``FlashAttentionKwargs``): transformers' flash path
+    then does not derive them from the position ids in every layer, a device sync each time (its own
+    docstring, ``modeling_flash_attention_utils.py``; review N8), and lorapod's varlen path uses them."""
     mask = additive_mask(batch.segment_ids, dtype) if path.explicit_mask else None
-    return {"attention_mask": mask, "position_ids": batch.position_ids}
+    out = {"attention_mask": mask, "position_ids": batch.position_ids}
+    cu = getattr(batch, "cu_seqlens", None)
+    if path.padding_free and path.kernel in ("sdpa", "flash") and cu is not None:
+        out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=batch.max_seqlen, max_length_k=batch.max_seqlen)
+        _lengths[0] = (weakref.ref(cu), list(batch.seq_lens))
+    return out
 
 
 def additive_mask(segment_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -242,12 +286,21 @@ def _window_mask(n: int, window: int, device: torch.device) -> torch.Tensor:
 
 def varlen_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                 sliding_window: int | None = None, is_causal=None, **kwargs):
-    """transformers attention function: ``scaled_dot_product_attention`` per example of each row.
+    """transformers attention function for packed rows: every example attends to itself only.
 
     Runs only on the padding-free training call (no mask, no cache, one query per key, position
-    ids given); anything else (generation, a mask, cross-attention) is transformers' own sdpa.
-    Query (B, H, L, D), key/value (B, KV, L, D); returns (B, L, H, D) as transformers' functions do.
-    One-token spans (padding) attend to themselves only: their output is their value."""
+    ids given); anything else (generation, a mask, cross-attention, Gemma 2's soft-capping) is
+    transformers' own sdpa. Query (B, H, L, D), key/value (B, KV, L, D); returns (B, L, H, D) as
+    transformers' functions do. The B x L tokens are one flat list of sequences (``cu_seq_lens_q``
+    from collate, else found from the position ids), and run as (review N3):
+
+    - ``varlen_attn``: torch's FlashAttention varlen kernel (``torch.nn.attention.varlen``), one
+      call per layer with autograd, GQA and sliding windows, on CUDA where torch has it;
+    - ``split``: elsewhere (the CPU, torch 2.7/2.8, fp32, dropout), one ``scaled_dot_product_attention``
+      per example on pieces of ``torch.split``, whose backward is one ``cat``. The loop of slices it
+      replaces wrote a full-size zero tensor per example in its backward: 5.2 GB and 1,134 kernels for
+      one Qwen2.5-0.5B layer at 4 x 2,048 tokens (bench/attention_ops.py, docs/performance.md).
+    One-token sequences (padding of one) attend to themselves only: their output is their value."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     position_ids = kwargs.get("position_ids")
@@ -256,51 +309,72 @@ def varlen_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0,
             or query.shape[2] == 1 or kwargs.get("softcap") is not None):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
-    B, H = query.shape[:2]
-    rep = H // key.shape[1]
-    row_spans = spans(position_ids)
-    if len(row_spans) != B:  # position ids given once for the whole batch
-        row_spans = row_spans[:1] * B
+    B, H, L, D = query.shape
+    kv = key.shape[1]
     p = dropout if module.training else 0.0
-    rows = []
-    for b, row in enumerate(row_spans):
-        pieces = []
-        single = None  # a run of one-token spans, emitted as one slice of the values
-        for s, e in row:
-            if e - s == 1:
-                if single and single[1] == s:
-                    single = (single[0], e)
-                else:
-                    _flush(pieces, value, b, single, rep)
-                    single = (s, e)
-                continue
-            _flush(pieces, value, b, single, rep)
-            single = None
-            q, k, v = query[b:b + 1, :, s:e], key[b:b + 1, :, s:e], value[b:b + 1, :, s:e]
-            n = e - s
-            window = bool(sliding_window and n > sliding_window)
-            # CUDA's fused kernels take GQA only without a mask and with head dims <= 256; otherwise
-            # K/V are repeated, as transformers does (integrations/sdpa_attention.py:42-51)
-            gqa = rep > 1 and not window and k.shape[-1] == v.shape[-1] <= 256
-            if rep > 1 and not gqa:
-                k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-            if window:
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=_window_mask(n, sliding_window, q.device),
-                                                     dropout_p=p, scale=scaling)
-            else:
-                out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, scale=scaling,
-                                                     enable_gqa=gqa)
-            pieces.append(out)
-        _flush(pieces, value, b, single, rep)
-        rows.append(torch.cat(pieces, dim=2) if len(pieces) > 1 else pieces[0])
-    out = torch.cat(rows, dim=0) if B > 1 else rows[0]
-    return out.transpose(1, 2).contiguous(), None
+    cu = kwargs.get("cu_seq_lens_q")
+    lengths = _lengths_for(cu, position_ids, B)
+    # (T, heads, D): the layout of varlen kernels, B x L tokens end to end
+    q, k, v = (t.transpose(1, 2).reshape(B * L, t.shape[1], t.shape[-1]) for t in (query, key, value))
+    window = sliding_window if sliding_window and max(lengths) > sliding_window else None
+    if packed_kernel(query, p) == "varlen_attn":
+        from torch.nn.attention.varlen import varlen_attn
+
+        if cu is None or cu.device != query.device:
+            cu = _cumulative(lengths, query.device)
+        out = varlen_attn(q, k, v, cu, cu, max(lengths), max(lengths), scale=scaling,
+                          window_size=(window - 1, 0) if window else (-1, 0), enable_gqa=kv != H)
+        return out.reshape(B, L, H, D), None
+    pieces = []
+    rep = H // kv
+    for qs, ks, vs in zip(q.split(lengths), k.split(lengths), v.split(lengths), strict=True):
+        n = qs.shape[0]
+        if n == 1:  # attends to itself: its value
+            pieces.append(vs.repeat_interleave(rep, dim=1) if rep > 1 else vs)
+            continue
+        qh, kh, vh = qs.transpose(0, 1)[None], ks.transpose(0, 1)[None], vs.transpose(0, 1)[None]
+        banded = bool(window and n > window)
+        # CPU and CUDA fused kernels take GQA only without a mask and with head dims <= 256; otherwise
+        # K/V are repeated, as transformers does (integrations/sdpa_attention.py:42-51)
+        gqa = rep > 1 and not banded and kh.shape[-1] == vh.shape[-1] <= 256
+        if rep > 1 and not gqa:
+            kh, vh = kh.repeat_interleave(rep, dim=1), vh.repeat_interleave(rep, dim=1)
+        if banded:
+            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=_window_mask(n, window, qh.device),  # type: ignore[arg-type]
+                                               dropout_p=p, scale=scaling)
+        else:
+            o = F.scaled_dot_product_attention(qh, kh, vh, dropout_p=p, is_causal=True, scale=scaling,
+                                               enable_gqa=gqa)
+        pieces.append(o[0].transpose(0, 1))
+    out = torch.cat(pieces, dim=0) if len(pieces) > 1 else pieces[0]
+    return out.reshape(B, L, H, out.shape[-1]), None
 
 
-def _flush(pieces: list, value: torch.Tensor, b: int, single: tuple[int, int] | None, rep: int) -> None:
-    if single:
-        v = value[b:b + 1, :, single[0]:single[1]]
-        pieces.append(v.repeat_interleave(rep, dim=1) if rep > 1 else v)
+#: The CPU lengths of the last ``cu_seqlens`` forward_kwargs handed out, by a weak reference to
+#: that tensor: every layer of a forward gets it, and its lengths are known without a read-back.
+_lengths: list[tuple[Any, list[int]] | None] = [None]
+
+
+def _lengths_for(cu: torch.Tensor | None, position_ids: torch.Tensor, rows: int) -> list[int]:
+    """The flat sequence lengths of a forward: from collate's CPU copy when ``cu`` is the tensor it
+    built, else from ``cu`` (read once per forward), else from the position ids (:func:`spans`)."""
+    known = _lengths[0]
+    if cu is not None:
+        if known is not None and known[0]() is cu:
+            return known[1]
+        out = cu.diff().tolist()
+        _lengths[0] = (weakref.ref(cu), out)
+        return out
+    per_row = spans(position_ids)
+    if len(per_row) != rows:  # position ids given once for the whole batch
+        per_row = per_row[:1] * rows
+    return [e - s for row in per_row for s, e in row]
+
+
+def _cumulative(lengths: list[int], device: torch.device) -> torch.Tensor:
+    out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    out[1:] = torch.tensor(lengths).cumsum(0)
+    return out.to(device)
 
 
 _registered = False

@@ -159,11 +159,13 @@ def load_state(folder: Path, name: str) -> Any:
 
 
 class CheckpointManager:
-    """Writes ``step-N`` folders atomically, keeps the last K, finds the newest valid one."""
+    """Writes ``step-N`` folders atomically, keeps the last K (and the quality autopilot's pick:
+    ``protect`` names the folders kept beyond them), finds the newest valid one."""
 
-    def __init__(self, root: Path, keep_last: int = 3) -> None:
+    def __init__(self, root: Path, keep_last: int = 3, protect=None) -> None:
         self.root = Path(root)
         self.keep_last = keep_last
+        self.protect = protect  # () -> set of folder names never pruned, or None
 
     def save(
         self,
@@ -237,7 +239,8 @@ class CheckpointManager:
         return Checkpoint(path=path, state=TrainState(**raw))
 
     def _prune(self) -> None:
-        kept = self.list()
+        keep = set(self.protect()) if self.protect is not None else set()
+        kept = [p for p in self.list() if p.name not in keep]
         for old in kept[: max(0, len(kept) - self.keep_last)]:
             shutil.rmtree(old, ignore_errors=True)
 

@@ -6,6 +6,7 @@ and fp32 on CPU, where autocast buys little and costs accuracy in tests.
 
 from __future__ import annotations
 
+import os
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -36,8 +37,36 @@ class Precision:
         return self.compute == "fp16" and self.device.type == "cuda"
 
 
+#: The caching allocator's setting lorapod runs CUDA jobs with, unless the user set one. Bucketed
+#: image sizes, Wan windows and packed rows change tensor shapes from step to step, and block swap
+#: adds a side stream with its own pool: with fixed-size segments the allocator can hold memory it
+#: cannot reuse ("reserved but unallocated", which torch's own OOM text tells to fix this way).
+#: Expandable segments grow one mapping instead (torch >= 2.1; review N9).
+ALLOC_CONF = "expandable_segments:True"
+#: torch >= 2.9 reads PYTORCH_ALLOC_CONF first and PYTORCH_CUDA_ALLOC_CONF "for backward
+#: compatibility, with lower priority" (``c10/core/AllocatorConfig.h@2.13.0:158-160``); 2.7 and 2.8
+#: read only the second, which lorapod sets.
+ALLOC_CONF_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+
+
+def default_alloc_conf(env: dict[str, str] | None = None) -> str | None:
+    """Set ``PYTORCH_CUDA_ALLOC_CONF`` to :data:`ALLOC_CONF` unless either variable is set already.
+    Must run before the first CUDA allocation (the allocator reads it once). Returns what it set."""
+    env = os.environ if env is None else env  # type: ignore[assignment]
+    if any(env.get(v) for v in ALLOC_CONF_VARS):
+        return None
+    env["PYTORCH_CUDA_ALLOC_CONF"] = ALLOC_CONF
+    return ALLOC_CONF
+
+
 def pick_device(requested: str | None = None) -> torch.device:
+    default_alloc_conf()  # before anything touches CUDA's allocator
     if requested:
+        if requested.startswith("cuda") and not torch.cuda.is_available():
+            # never a silent fall back to the CPU (review N4): a remote job is started with --device cuda
+            raise HardwareError(f"--device {requested}: torch {torch.__version__} cannot use a GPU here "
+                                f"(torch.cuda.is_available() is False; built for CUDA {torch.version.cuda or 'none'})",
+                                hint="install a torch built for a CUDA this machine's driver runs, or use --device cpu")
         return torch.device(requested)
     if torch.cuda.is_available():
         return torch.device("cuda")
@@ -110,6 +139,12 @@ def peak_memory_gb(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / GiB if device.type == "cuda" else None
 
 
+def peak_reserved_gb(device: torch.device) -> float | None:
+    """What the caching allocator held at most (GiB) since the last reset; None off CUDA. Above the
+    allocated peak by memory reserved but not handed to any tensor (fragmentation)."""
+    return torch.cuda.max_memory_reserved(device) / GiB if device.type == "cuda" else None
+
+
 def device_memory_gb(device: torch.device) -> float | None:
     """What the GPU holds in all (GiB); None off CUDA."""
     return torch.cuda.get_device_properties(device).total_memory / GiB if device.type == "cuda" else None
@@ -119,9 +154,39 @@ def use_tf32() -> None:
     """fp32 matmuls and convolutions on TF32 tensor cores (Ampere and later): ``precision: fp32``,
     the fp32 VAE in fp16 mode, anything outside autocast. PyTorch leaves matmuls in full FP32 by
     default, several times slower; TF32 keeps fp32's range with a 10-bit mantissa, what every
-    trainer (sd-scripts, musubi-tuner, the HF Trainer's ``tf32``) turns on for training."""
-    torch.backends.cuda.matmul.fp32_precision = "tf32"
-    torch.backends.cudnn.conv.fp32_precision = "tf32"
+    trainer (sd-scripts, musubi-tuner, the HF Trainer's ``tf32``) turns on for training.
+
+    Two APIs, one per torch generation (review N1): torch >= 2.9 has ``fp32_precision`` and
+    refuses a read of the legacy flags once it is set ("mix of the legacy and new APIs"); torch
+    2.7 and 2.8 (RunPod's default image) have only ``allow_tf32``, and their ``cuBLASModule``
+    raises ``AttributeError('Unknown attribute fp32_precision')`` on the new name
+    (``torch/backends/cuda/__init__.py@2.8.0:140-149``). The API is chosen by what the module has."""
+    set_tf32(True)
+
+
+def new_tf32_api() -> bool:
+    """Whether this torch has the ``fp32_precision`` API (2.9 and later). ``hasattr`` is safe on
+    both: the 2.8 module's ``__getattr__`` raises AttributeError for a name it does not know."""
+    return hasattr(torch.backends.cuda.matmul, "fp32_precision") and hasattr(torch.backends.cudnn, "conv")
+
+
+def tf32_flags() -> tuple[bool, bool]:
+    """(matmuls, convolutions) on TF32, read through the API this torch has."""
+    if new_tf32_api():
+        return (torch.backends.cuda.matmul.fp32_precision == "tf32",
+                torch.backends.cudnn.conv.fp32_precision == "tf32")
+    return bool(torch.backends.cuda.matmul.allow_tf32), bool(torch.backends.cudnn.allow_tf32)
+
+
+def set_tf32(matmul: bool, conv: bool | None = None) -> None:
+    """Turn TF32 on or off for matmuls (and convolutions: ``conv``, default the same)."""
+    conv = matmul if conv is None else conv
+    if new_tf32_api():
+        torch.backends.cuda.matmul.fp32_precision = "tf32" if matmul else "ieee"
+        torch.backends.cudnn.conv.fp32_precision = "tf32" if conv else "ieee"
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = matmul
+        torch.backends.cudnn.allow_tf32 = conv
 
 
 def device_name(device: torch.device) -> str | None:

@@ -32,7 +32,7 @@ from lorapod.engine.loop import FitResult, LossOut, fit
 from lorapod.errors import DataError
 from lorapod.fsutil import atomic_dir, atomic_write_text
 from lorapod.rundir import RunDir
-from lorapod.rundir.layout import sample_tag
+from lorapod.rundir.layout import answers_file, sample_tag
 from lorapod.spec import JobSpec
 
 
@@ -99,7 +99,8 @@ class LLMRecipe:
 
     def token_losses(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-target NLL and the (row, position) index of each target, on the device."""
-        return self.losses(batch.to(self.precision.device))
+        # flattened for flash on the CPU (engine/attention.py), then moved: nothing is read back per layer
+        return self.losses(attention.prepare_batch(batch, self.attention).to(self.precision.device))
 
     def loss(self, batch: Batch) -> LossOut:
         nll, _ = self.token_losses(batch)
@@ -167,7 +168,7 @@ class LLMRecipe:
             return None
         rows = [{"prompt": p, "answer": generate(self.model, self.tokenizer, [{"role": "user", "content": p}],
                                                  self.spec.samples.max_new_tokens)} for p in prompts]
-        path = run.samples / f"{tag}-answers.jsonl"
+        path = run.samples / answers_file(tag)
         atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
         self.train()
         run.event(f"samples {tag}: {len(rows)} answer(s) in {path.name}")
@@ -192,6 +193,37 @@ def generate(model, tokenizer, messages: list[dict], max_new_tokens: int = 48, u
     if was_training:
         model.train()
     return tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+
+
+def generate_many(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int = 48, use_adapter: bool = True,
+                  batch: int = 16) -> list[str]:
+    """Greedy replies to many conversations, ``batch`` at a time (left-padded, so every reply starts
+    where its prompt ends): the quality autopilot's answers, one generate call per batch instead of
+    one per conversation."""
+    from contextlib import nullcontext
+
+    if not conversations:
+        return []
+    prompts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in conversations]
+    device = next(model.parameters()).device
+    stop = [t for t in {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")} if isinstance(t, int) and t >= 0]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stop[0] if stop else 0)
+    side, was_training = tokenizer.padding_side, model.training
+    tokenizer.padding_side = "left"
+    model.eval()
+    out: list[str] = []
+    try:
+        for i in range(0, len(prompts), batch):
+            enc = tokenizer(prompts[i:i + batch], add_special_tokens=False, return_tensors="pt", padding=True).to(device)
+            with (nullcontext() if use_adapter else model.disable_adapter()), torch.no_grad():
+                ids = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, use_cache=True,
+                                     pad_token_id=pad, eos_token_id=stop or None)
+            out += [tokenizer.decode(row[enc["input_ids"].shape[1]:], skip_special_tokens=True).strip() for row in ids]
+    finally:
+        tokenizer.padding_side = side
+        if was_training:
+            model.train()
+    return out
 
 
 class _TokenLosses(torch.nn.Module):
@@ -219,12 +251,18 @@ class _TokenLosses(torch.nn.Module):
         )
         hidden = out.last_hidden_state[:, :-1]
         targets = b.labels[:, 1:]
-        where = targets != IGNORE
-        logits = self.head(hidden[where])
+        if b.label_pos is not None:  # target positions from collate: indexing them reads nothing back
+            flat = b.label_pos[:, 0] * hidden.shape[1] + b.label_pos[:, 1]
+            picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, flat)
+            wanted, where_at = targets.reshape(-1).index_select(0, flat), b.label_pos
+        else:
+            where = targets != IGNORE
+            picked, wanted, where_at = hidden[where], targets[where], where.nonzero()
+        logits = self.head(picked)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
-        nll = F.cross_entropy(logits.float(), targets[where], reduction="none")
-        return nll, where.nonzero()
+        nll = F.cross_entropy(logits.float(), wanted, reduction="none")
+        return nll, where_at
 
 
 @dataclass
@@ -326,7 +364,7 @@ def train_llm(spec: JobSpec, run: RunDir, *, resume: bool = False, device: str |
         log("the tokenizer has no chat template: using lorapod's ChatML fallback (see docs/llm.md)")
     event(f"training {spec.model.id} on {recipe.precision.device} ({recipe.precision.compute})"
           + (f", {world.size} processes" if world.active else ""))
-    event(recipe.attention.describe())
+    event(recipe.attention.describe(recipe.precision.device))
     checkpoint = resume_point(run.checkpoints, event, log) if resume and world.is_main else None
     recipe.run = run
 
@@ -335,5 +373,18 @@ def train_llm(spec: JobSpec, run: RunDir, *, resume: bool = False, device: str |
         if on_step is not None:
             on_step(state, loss)
 
-    result = fit(recipe, spec, run, recipe.precision, resume=checkpoint, on_step=step_hook, show_progress=show_progress)
+    autopilot = None
+    if world.is_main and spec.quality.score != "off":
+        from lorapod.engine.autopilot import llm_autopilot
+        from lorapod.quality.autopilot import Autopilot
+
+        if world.active:  # the evaluation's all-reduce would wait for the other processes forever
+            autopilot = Autopilot(spec, run.root, None, f"a run of {world.size} processes is not scored while it "
+                                  "trains (score it afterwards with `lorapod eval`)", log, run.event)
+            autopilot.start()
+        else:
+            autopilot = llm_autopilot(spec, run, recipe, log, load_split(spec, log=lambda m: None)[0].val,
+                                      generate_many)
+    result = fit(recipe, spec, run, recipe.precision, resume=checkpoint, on_step=step_hook, show_progress=show_progress,
+                 judge=autopilot)
     return LLMRun(run, result, recipe, stats)

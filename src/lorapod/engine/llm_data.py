@@ -83,24 +83,45 @@ class Batch:
     n_labels: int
     n_tokens: int
     n_real: int
+    #: The B x L tokens laid end to end, cut into the sequences attention sees: every example, and
+    #: each row's padding as one run (it comes last in its row, so no real token sees it). Built on
+    #: the CPU by :func:`collate`, so no kernel reads them back from the GPU (reviews N3, N8, N10).
+    seq_lens: tuple[int, ...] = ()
+    pad_seqs: tuple[bool, ...] = ()  # which of ``seq_lens`` are padding runs
+    #: int32 (n + 1,): the cumulative ``seq_lens`` (FlashAttention's ``cu_seqlens``), on the batch's device
+    cu_seqlens: torch.Tensor | None = None
+    #: (N, 2) long: the (row, position) of each target after the shift (labels[:, 1:]), in row-major order
+    label_pos: torch.Tensor | None = None
+
+    @property
+    def max_seqlen(self) -> int:
+        return max(self.seq_lens, default=0)
 
     def to(self, device: torch.device) -> Batch:
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device, non_blocking=True)
+
         return Batch(
             self.input_ids.to(device), self.labels.to(device), self.position_ids.to(device),
             self.segment_ids.to(device), self.n_labels, self.n_tokens, self.n_real,
+            self.seq_lens, self.pad_seqs, move(self.cu_seqlens), move(self.label_pos),
         )
 
     def flattened(self) -> Batch:
         """The real tokens of every row laid end to end in one row, without padding: what
         FlashAttention's varlen path takes (engine/attention.py). The first token of every example
-        is never a target, so no target crosses from one row into the next."""
+        is never a target, so no target crosses from one row into the next. Done on the CPU,
+        before the batch moves to the GPU (engine/llm.py)."""
         keep = self.segment_ids >= 0
         # segment numbers restart per row: offset them so examples of different rows stay apart
         seg = self.segment_ids + (self.segment_ids.max() + 1) * torch.arange(self.segment_ids.shape[0])[:, None].to(
             self.segment_ids.device)
         n = int(keep.sum())
-        return Batch(self.input_ids[keep][None], self.labels[keep][None], self.position_ids[keep][None],
-                     seg[keep][None], self.n_labels, n, self.n_real)
+        lens = tuple(x for x, pad in zip(self.seq_lens, self.pad_seqs, strict=True) if not pad)
+        labels = self.labels[keep][None]
+        return Batch(self.input_ids[keep][None], labels, self.position_ids[keep][None],
+                     seg[keep][None], self.n_labels, n, self.n_real, lens, (False,) * len(lens),
+                     cumulative(lens) if lens else None, (labels[:, 1:] != IGNORE).nonzero())
 
     def attention_mask(self) -> torch.Tensor:
         """(B, 1, L, L) boolean: token i sees token j iff same example and j <= i.
@@ -140,5 +161,21 @@ def collate(rows: list[Row], examples: list[Example], pad_id: int, pad_to_multip
             at += n
         n_real += at
     # a label at position t is predicted from position t-1: count targets after the shift
-    n_labels = int((labels[:, 1:] != IGNORE).sum())
-    return Batch(input_ids, labels, position_ids, segment_ids, n_labels, B * L, n_real)
+    label_pos = (labels[:, 1:] != IGNORE).nonzero()
+    lens: list[int] = []
+    pads: list[bool] = []
+    for row in rows:
+        lens += [len(examples[i]) for i in row.examples]
+        pads += [False] * len(row.examples)
+        if row.length < L:
+            lens.append(L - row.length)
+            pads.append(True)
+    return Batch(input_ids, labels, position_ids, segment_ids, int(label_pos.shape[0]), B * L, n_real,
+                 tuple(lens), tuple(pads), cumulative(lens), label_pos)
+
+
+def cumulative(lengths) -> torch.Tensor:
+    """``cu_seqlens``: int32 (n + 1,), 0 then the running sum of ``lengths``."""
+    out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    out[1:] = torch.tensor(list(lengths), dtype=torch.int64).cumsum(0)
+    return out

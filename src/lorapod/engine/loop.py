@@ -40,6 +40,7 @@ from lorapod.engine.device import (
     device_memory_gb,
     memory_stats,
     peak_memory_gb,
+    peak_reserved_gb,
     reset_peak_memory,
 )
 from lorapod.engine.metrics import MetricsWriter
@@ -170,14 +171,26 @@ class Recipe(Protocol):
     def on_save(self, state: TrainState, path: Path | None) -> None: ...
 
 
+class CheckpointJudge(Protocol):
+    """What scores each checkpoint where it is made (the quality autopilot, quality/autopilot.py):
+    called after every save (and once after a resume) with the step, the planned total and the
+    metrics log; returns why training should stop now (``train.stop_when``), or None."""
+
+    def on_checkpoint(self, step: int, total_steps: int,
+                      metrics: Callable[[dict[str, Any]], None] | None = None) -> str | None: ...
+
+    def keep(self) -> set[str]: ...
+
+
 @dataclass
 class FitResult:
     state: TrainState
-    stopped: str  # "done" | "max_steps" | "stop_file" | "interrupted" | "out_of_memory"
+    stopped: str  # "done" | "max_steps" | "stop_file" | "stop_when" | "interrupted" | "out_of_memory"
     first_eval: dict[str, float] | None = None
     last_eval: dict[str, float] | None = None
     losses: list[float] = field(default_factory=list)
     checkpoint: Path | None = None
+    stop_reason: str | None = None  # train.stop_when's, when it ended the run
 
 
 def steps_per_epoch(n_micro_batches: int, grad_accum: int) -> int:
@@ -193,8 +206,11 @@ def fit(
     resume: Checkpoint | None = None,
     on_step: Callable[[TrainState, float], None] | None = None,
     show_progress: bool | None = None,
+    judge: CheckpointJudge | None = None,
 ) -> FitResult:
-    """Train ``recipe`` as ``spec`` says, writing checkpoints and metrics into ``run``."""
+    """Train ``recipe`` as ``spec`` says, writing checkpoints and metrics into ``run``. ``judge``
+    (rank 0's only) scores every checkpoint and may end training early (``train.stop_when``): the
+    run then finishes as if it had reached its last step, at that checkpoint."""
     train = spec.train
     device = precision.device
     world = distributed.current()
@@ -210,7 +226,9 @@ def fit(
     optimizer = build_optimizer(params, train, device)
     scheduler = build_scheduler(optimizer, train, total_steps)
     scaler = torch.amp.GradScaler("cuda") if precision.needs_grad_scaler else None
-    ckpts = CheckpointManager(run.checkpoints, keep_last=spec.save.keep_last)
+    # the autopilot's pick outlives keep_last: "the best LoRA is often not the last one"
+    ckpts = CheckpointManager(run.checkpoints, keep_last=spec.save.keep_last,
+                              protect=judge.keep if judge is not None else None)
 
     state = TrainState()
     result = FitResult(state=state, stopped="done")
@@ -254,7 +272,9 @@ def fit(
             progress.val_loss = ev.get("val_loss", progress.val_loss)  # shown from now on
         return ev
 
-    def save(rng: dict[str, Any] | None = None) -> Path | None:
+    def save(rng: dict[str, Any] | None = None, judged: bool = True) -> Path | None:
+        """``judged``: the judge scores this checkpoint (not one saved on the way out of an
+        interrupt or an out-of-memory error)."""
         if not world.is_main:  # the others hold the same weights and optimizer state
             return None
         opt_state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
@@ -265,10 +285,23 @@ def fit(
         metrics.log({"step": state.step, "epoch": state.epoch, "event": "checkpoint", "path": str(path.relative_to(run.root))})
         recipe.on_save(state, path)
         result.checkpoint = path
+        if judged:
+            judge_now()
         return path
+
+    def judge_now() -> None:
+        if judge is None or result.stop_reason is not None:
+            return
+        why = judge.on_checkpoint(state.step, total_steps, metrics.log)
+        recipe.train()  # scoring drew images or answers in eval mode
+        if why is not None:
+            result.stop_reason = why
+            run.event(f"train.stop_when: stopping at step {state.step}: {why}")
 
     progress = TrainProgress(total_steps, state.step, spec.compute.usd_per_hour, recipe.unit,
                              enabled=show_progress if world.is_main else False, usd_cap=spec.compute.max_usd)
+    if loaded is not None and world.is_main:  # the checkpoint resumed from: scored unless it was
+        judge_now()
     recipe.train()
     if loaded is None and spec.eval.at_start:
         try:
@@ -285,17 +318,34 @@ def fit(
             metrics.close()
             result.stopped = "out_of_memory"
             raise out_of_memory(spec, run.root, device, state.step, None, peak,
-                                when="evaluating the base model before training (eval.at_start)") from None
+                                when="evaluating the base model before training (eval.at_start)",
+                                reserved_gb=peak_reserved_gb(device)) from None
 
     stop_file = run.root / STOP_FILE
+    halted = [False]
+
+    def quality_stop() -> bool:
+        """train.stop_when said stop, as every process has agreed (:func:`agree_stop`)."""
+        return halted[0]
+
+    def agree_stop() -> None:
+        """Rank 0's judge decides; under torchrun the others learn it here (one all-reduce, where a
+        checkpoint was just saved), so every process leaves the loop at the same step."""
+        mine = result.stop_reason is not None
+        if world.active:
+            (mine,) = (v > 0 for v in world.all_sum([mine]))
+        halted[0] = halted[0] or bool(mine)
+
+    if loaded is not None:
+        agree_stop()
     reset_peak_memory(device)  # the peak of training, not of loading the model or caching latents
     oom: str | None = None
     window_rng: dict[str, Any] | None = None
     try:
         with _interrupts_as_ctrl_c() as pending, progress:
-            while state.step < total_steps and state.epoch < n_epochs:
+            while state.step < total_steps and state.epoch < n_epochs and not quality_stop():
                 batches = recipe.epoch_batches(state.epoch)
-                while state.batch_in_epoch < len(batches) and state.step < total_steps:
+                while state.batch_in_epoch < len(batches) and state.step < total_steps and not quality_stop():
                     if pending:  # a Ctrl-C whose KeyboardInterrupt was swallowed on its way here
                         raise KeyboardInterrupt
                     if pending.term and not world.active:
@@ -368,8 +418,10 @@ def fit(
                         save()
                     stop = world.is_main and stop_file.exists()
                     term = pending.term
+                    quality = result.stop_reason is not None
                     if world.active:  # rank 0's decision, so every process stops at the same step
-                        stop, term = (v > 0 for v in world.all_sum([stop, term]))
+                        stop, term, quality = (v > 0 for v in world.all_sum([stop, term, quality]))
+                    halted[0] = halted[0] or bool(quality)
                     if term:
                         raise _Preempted
                     if stop:
@@ -378,6 +430,8 @@ def fit(
                         result.stopped = "stop_file"
                         return result
 
+                if quality_stop():
+                    break
                 if state.batch_in_epoch >= len(batches):
                     state.epoch += 1
                     state.batch_in_epoch = 0
@@ -385,11 +439,14 @@ def fit(
                         result.last_eval = evaluate()
                     if spec.save.every_epochs and state.epoch % spec.save.every_epochs == 0:
                         save()
+                        agree_stop()
                     on_epoch_end = getattr(recipe, "on_epoch_end", None)  # optional hook (image samples)
                     if on_epoch_end is not None and world.is_main:
                         on_epoch_end(state)
                         metrics.samples(run.samples, state.step)
-        if train.max_steps and state.step >= train.max_steps:
+        if quality_stop():
+            result.stopped = "stop_when"
+        elif train.max_steps and state.step >= train.max_steps:
             result.stopped = "max_steps"
         if eval_step != state.step:
             result.last_eval = evaluate()
@@ -409,7 +466,7 @@ def fit(
         optimizer.zero_grad(set_to_none=True)  # a window left half done: its gradients are not kept
         with _signals_held():
             event(f"interrupted ({how}) at step {state.step}: saving a checkpoint")
-            path = save(window_rng) if state.step > 0 else None
+            path = save(window_rng, judged=False) if state.step > 0 else None
         result.stopped = "interrupted"
         raise Interrupted(how, state.step, path, run.root) from None
     finally:
@@ -422,9 +479,10 @@ def fit(
         if device.type == "cuda":
             torch.cuda.empty_cache()
         event(f"out of GPU memory in step {state.step + 1}: {oom}")
-        path = save(window_rng) if state.step > 0 else None  # with the RNG the failed step began with
+        path = save(window_rng, judged=False) if state.step > 0 else None  # with the RNG the failed step began with
         result.stopped = "out_of_memory"
-        raise out_of_memory(spec, run.root, device, state.step, path, peak) from None
+        raise out_of_memory(spec, run.root, device, state.step, path, peak,
+                            reserved_gb=peak_reserved_gb(device)) from None
     finally:
         metrics.close()
 
@@ -436,27 +494,39 @@ RESUMABLE = {"train.gradient_checkpointing", "train.blocks_to_swap", "model.dtyp
 
 
 def out_of_memory(spec: JobSpec, run_root: Path, device: torch.device, step: int, checkpoint: Path | None,
-                  peak_gb: float | None, when: str | None = None) -> OutOfMemory:
+                  peak_gb: float | None, when: str | None = None,
+                  reserved_gb: float | None = None) -> OutOfMemory:
     """What the user reads after an out-of-memory error: the measured peak beside the plan's
     estimate (both as ``max_memory_allocated`` reads them, GiB), what was saved, and the cheapest
     change (``--set``) the planner says fits. The planner's estimate was evidently short for this
     job, so the change must bring its estimate 10% under both the card and its own first estimate."""
+    from dataclasses import replace
+
     from lorapod.catalog.models import find_model
-    from lorapod.plan.vram import Settings, estimate, make_fit
+    from lorapod.plan.vram import Settings, arch_of, estimate, make_fit
 
     card = device_memory_gb(device)
     planned: float | None = None
     change = None
     try:
         model = find_model(spec.model.id, spec.model.family, spec.model.variant)
-        settings = Settings.from_spec(spec, model)
+        # this job ran on lorapod's engine: its own features decide what may be suggested (the planner's
+        # default for an image spec is the external trainer its recipe names)
+        settings = replace(Settings.from_spec(spec, model), framework="lorapod")
         est = estimate(model, settings)
         planned = est.read_as("allocated")
-        change = make_fit(model, settings, 0.9 * min(card or est.peak_gb, est.peak_gb))
+        arch = None  # the GPU's architecture: fp8 is offered only where it runs
+        if device.type == "cuda":
+            with contextlib.suppress(RuntimeError, AssertionError):  # a torch without CUDA (tests)
+                arch = arch_of(torch.cuda.get_device_capability(device))
+        change = make_fit(model, settings, 0.9 * min(card or est.peak_gb, est.peak_gb), arch)
     except LorapodError:  # a model the planner does not know: the generic advice below
         pass
     where = f"this GPU's {card:.1f} GiB were" if card is not None else "the device's memory was"
     measured = f"peak {peak_gb:.2f} GiB allocated" if peak_gb is not None else "peak not measured off CUDA"
+    if peak_gb is not None and reserved_gb is not None:
+        measured += (f", {reserved_gb:.2f} GiB reserved by the caching allocator "
+                     f"({max(0.0, reserved_gb - peak_gb):.2f} GiB of it held but unallocated)")
     plan = f"the plan estimated {planned:.2f} GiB" if planned is not None else "the planner does not know this model"
     saved = (f"checkpoint {checkpoint.name} saved" if checkpoint is not None
              else "nothing trained yet, no checkpoint")

@@ -58,6 +58,8 @@ class ImageEval:
     checkpoints_note: str = ""  # which checkpoints are on disk, and why not more
     best: str | None = None  # the recommended checkpoint ('step-N'), None when nothing says which
     reason: str = ""  # why that one, or why none
+    strength: float | None = None  # the recommended strength (the quality autopilot's pick)
+    quality: dict = field(default_factory=dict)  # the autopilot's decision (quality/pick.json)
 
 
 #: losses within this fraction of the lowest are the same loss: diffusion losses are noisy
@@ -148,9 +150,13 @@ def _prompts(path: Path | None, spec, steps: int, seed: int, scale: float):
     return got
 
 
+#: the base row's label in a grid: the model without the LoRA, repeated across the strength columns
+BASE_ROW = "base (no LoRA)"
+
+
 def evaluate_images(run_path: str | Path, prompts: Path | None = None, strengths: tuple[float, ...] = (0.6, 0.8, 1.0),
                     steps: int = 20, seed: int = 0, clip: Path | None = None, device: str | None = None,
-                    log=print) -> ImageEval:
+                    log=print, dino: str | None = None, score: bool = True) -> ImageEval:
     from lorapod.catalog import families
     from lorapod.engine.diffusion import quiet
     from lorapod.engine.diffusion.samples import grid, labelled_grid
@@ -209,10 +215,11 @@ def evaluate_images(run_path: str | Path, prompts: Path | None = None, strengths
                     scorer.score(cell, img, sp.prompt, base_img if row != "base" else None)
                 cells.append(cell)
                 images.append(img)
-            if row == "base":  # pad the base row to the grid's width
-                images += [_blank(base_img)] * (len(strengths) - 1)
+            if row == "base":  # strength does not apply: the same image in every column, as an XY plot's
+                images += [base_img] * (len(strengths) - 1)  # "no LoRA" row, not one image under "0.6"
         gname = f"images/{i:02d}-grid.png"
-        labelled_grid(grid(images, cols=len(strengths)), [r for r, _ in rows], [f"{s:g}" for s in strengths],
+        labelled_grid(grid(images, cols=len(strengths)), [BASE_ROW if r == "base" else r for r, _ in rows],
+                      [f"{s:g}" for s in strengths],
                       f"{sp.prompt}  |  seed {sp.seed}, {sp.steps} steps", corner="strength").save(run.root / "eval" / gname)
         grids.append(PromptGrid(sp.prompt, sp.seed, leak, gname, cells))
         log(f"prompt {i}: {sp.prompt!r}{' (leakage)' if leak else ''}: {len(cells)} images")
@@ -222,14 +229,35 @@ def evaluate_images(run_path: str | Path, prompts: Path | None = None, strengths
         for c in g.cells:
             if c.leakage is not None and c.strength == full:
                 leaks.setdefault(c.row, []).append(c.leakage)
-    best, reason = recommend(run.metrics_file, labels, {k: sum(v) / len(v) for k, v in leaks.items()})
-    log(f"recommended: {best} ({reason})" if best else f"no checkpoint recommended: {reason}")
+    decision: dict = {}
+    if score:  # the quality autopilot's scores: those made while training, the rest now
+        from lorapod.evaluate.quality import score_images
+
+        def activate(label: str | None, s: float) -> None:
+            if label is None:
+                pipe.disable_lora()
+            else:
+                pipe.enable_lora()
+                pipe.set_adapters([label.replace("-", "_")], adapter_weights=[s])
+
+        decision = score_images(spec, run, fam.name, labels, activate, lambda sp: _render(pipe, sp, fam, dev),
+                                str(clip) if clip else None, dino, log)
+    strength = None
+    if decision.get("checkpoint") in labels:
+        best, strength = decision["checkpoint"], decision.get("strength")
+        reason = f"quality autopilot: {decision.get('reason')}"
+    else:
+        best, reason = recommend(run.metrics_file, labels, {k: sum(v) / len(v) for k, v in leaks.items()})
+        if decision.get("reason"):  # the loss's recommendation first, then why the autopilot made none
+            reason += f"; the quality autopilot picks none: {decision['reason']}"
+    log(f"recommended: {best}{f' at strength {strength:g}' if strength else ''} ({reason})" if best
+        else f"no checkpoint recommended: {reason}")
     keep = spec.save.keep_last
     note = (f"checkpoints: {', '.join(labels)} (all that are on disk"
             + (f"; save.keep_last: {keep} keeps only the newest {keep}, older ones were removed while training)"
                if keep and len(labels) >= keep else ")"))
     result = ImageEval(grids, list(strengths), str(clip) if clip else None, checkpoints_note=note, best=best,
-                       reason=reason)
+                       reason=reason, strength=strength, quality=decision)
     atomic_write_text(run.root / "eval" / "images.json", json.dumps(asdict(result), indent=2))
     atomic_write_text(run.root / "eval" / "images.html", page(result, run.root.name))
     result.page = str(run.root / "eval" / "images.html")
@@ -251,12 +279,6 @@ def _pixel_diff(a, b) -> float:
     import numpy as np
 
     return float(np.abs(np.asarray(a, dtype=np.float32) - np.asarray(b, dtype=np.float32)).mean() / 255.0)
-
-
-def _blank(img):
-    from PIL import Image
-
-    return Image.new("RGB", img.size, (255, 255, 255))
 
 
 class _Clip:
@@ -310,6 +332,27 @@ def _training_images(spec, limit: int = 16):
     return out
 
 
+def _cell(v, fmt: str) -> str:
+    return fmt.format(v) if isinstance(v, int | float) else "-"
+
+
+def quality_table(decision: dict) -> str:
+    """The autopilot's score per checkpoint (its best strength), the pick in bold, as HTML."""
+    esc = html.escape
+    rows = decision.get("table") or []
+    if not rows:
+        return ""
+    out = ["<table><tr><th>checkpoint</th><th>score (vs base)</th><th>± se</th><th>strength</th><th>copies</th></tr>"]
+    for t in rows:
+        b = t.get("best") or {}
+        bold = t.get("checkpoint") == decision.get("checkpoint")
+        out.append(f"<tr{' style=font-weight:bold' if bold else ''}><td>{esc(str(t.get('checkpoint')))}</td>"
+                   f"<td>{_cell(b.get('score'), '{:+.4f}')}</td><td>{_cell(b.get('se'), '{:.4f}')}</td>"
+                   f"<td>{_cell(b.get('strength'), '{:g}')}</td><td>{esc(', '.join(t.get('memorised') or []))}</td></tr>")
+    out.append("</table>")
+    return "".join(out)
+
+
 def page(r: ImageEval, title: str) -> str:
     esc = html.escape
     parts = [f"<!doctype html><meta charset=utf-8><title>{esc(title)} eval</title>",
@@ -318,8 +361,9 @@ def page(r: ImageEval, title: str) -> str:
              "<p>Same seed in every cell: only the LoRA and its strength differ. The base row is the model "
              "without the LoRA (one image: strength does not apply).</p>",
              f"<p>{esc(r.checkpoints_note)}</p>" if r.checkpoints_note else "",
-             (f"<p><b>recommended: {esc(r.best)}</b> ({esc(r.reason)})</p>" if r.best
-              else f"<p>no checkpoint recommended: {esc(r.reason)}</p>"),
+             (f"<p><b>recommended: {esc(r.best)}{f' at strength {r.strength:g}' if r.strength else ''}</b> "
+              f"({esc(r.reason)})</p>" if r.best else f"<p>no checkpoint recommended: {esc(r.reason)}</p>"),
+             quality_table(r.quality),
              "<p>" + (f"CLIP scores from {esc(r.clip)}: text = prompt adherence, train = similarity to the training "
                       "images (high: over-fitting), base = similarity to the base image (leakage prompts)."
                       if r.clip else "No CLIP model given (--clip PATH): grids only, no scores.") + "</p>"]

@@ -36,6 +36,7 @@ class LLMEval:
     reason: str
     answers: list[dict[str, str]] = field(default_factory=list)  # prompt, base, tuned
     files: list[str] = field(default_factory=list)
+    quality: dict = field(default_factory=dict)  # the quality autopilot's decision (quality/pick.json)
 
 
 def recommend(rows: list[Row]) -> tuple[str, str]:
@@ -97,7 +98,7 @@ def read_prompts(path: Path | None, spec, n: int) -> list[list[dict]]:
 
 
 def evaluate_llm(run_path: str | Path, prompts: Path | None = None, n_prompts: int = 4, device: str | None = None,
-                 max_new_tokens: int = 48, log=print) -> LLMEval:
+                 max_new_tokens: int = 48, log=print, score: bool = True) -> LLMEval:
     import torch
 
     from lorapod.engine.llm import generate, prepare
@@ -106,7 +107,8 @@ def evaluate_llm(run_path: str | Path, prompts: Path | None = None, n_prompts: i
     run = RunDir.open(run_path)
     spec = load_spec(run.spec_file)
     mgr = CheckpointManager(run.checkpoints)
-    steps = [p for p in mgr.list() if mgr.verify(p)]
+    external = run.recorded_trainer()  # an external trainer's (axolotl's) PEFT checkpoints
+    steps = [p for p in mgr.list() if mgr.verify(p) or (external and _peft_file(p) is not None)]
     if not steps:
         raise ExportError(f"{run.root} has no complete checkpoint to evaluate",
                           hint="train first, or pull the remote run's checkpoints")
@@ -120,17 +122,20 @@ def evaluate_llm(run_path: str | Path, prompts: Path | None = None, n_prompts: i
         m = recipe.evaluate()
     rows = [Row("base", None, m["val_loss"], m["val_ppl"])]
     for path in steps:
-        recipe.load_adapter_state(mgr.load(path).adapter())
+        _load(recipe, mgr, path)
         m = recipe.evaluate()
         rows.append(Row(path.name, checkpoint_step(path.name), m["val_loss"], m["val_ppl"]))
         log(f"{path.name}: val loss {m['val_loss']:.4f}")
     best, reason = recommend(rows)
-    recipe.load_adapter_state(mgr.load(run.checkpoints / best).adapter())
+    decision = _quality(spec, run, recipe, steps, log) if score else {}
+    if decision.get("checkpoint") in {p.name for p in steps}:
+        best, reason = decision["checkpoint"], f"quality autopilot: {decision.get('reason')}; by validation loss: {reason}"
+    _load(recipe, mgr, run.checkpoints / best)
     answers = []
     for msgs in read_prompts(prompts, spec, n_prompts):
         answers.append({"prompt": msgs[-1]["content"], "base": generate(model, recipe.tokenizer, msgs, max_new_tokens, use_adapter=False),
                         "tuned": generate(model, recipe.tokenizer, msgs, max_new_tokens, use_adapter=True)})
-    result = LLMEval(rows, best, reason, answers)
+    result = LLMEval(rows, best, reason, answers, quality=decision)
     out = run.root / "eval"
     out.mkdir(exist_ok=True)
     atomic_write_text(out / "eval.json", json.dumps(asdict(result), indent=2))
@@ -144,11 +149,71 @@ def evaluate_llm(run_path: str | Path, prompts: Path | None = None, n_prompts: i
     return result
 
 
+def _peft_file(path: Path) -> Path | None:
+    f = path / "adapter_model.safetensors"
+    return f if f.is_file() and not f.is_symlink() else None
+
+
+def _load(recipe, mgr: CheckpointManager, path: Path) -> None:
+    """A checkpoint's adapter into the recipe's model: lorapod's own (verified against its manifest),
+    or an external trainer's PEFT adapter (engine/autopilot.py ``load_peft_adapter`` refuses one
+    that is not this run's LoRA)."""
+    if mgr.verify(path):
+        recipe.load_adapter_state(mgr.load(path).adapter())
+        return
+    from safetensors.torch import load_file
+
+    from lorapod.engine.autopilot import load_peft_adapter, peft_adapter_config
+
+    file = _peft_file(path)
+    if file is None:
+        raise ExportError(f"checkpoint {path} is incomplete or damaged", hint="pick another checkpoint")
+    try:
+        load_peft_adapter(recipe, load_file(str(file)), file, peft_adapter_config(path))
+    except ValueError as exc:
+        raise ExportError(str(exc), hint="this checkpoint is not the run's LoRA (its spec's method.r, alpha, "
+                                          "target modules)") from exc
+
+
+def _quality(spec, run: RunDir, recipe, steps: list[Path], log) -> dict:
+    """The autopilot's scores (quality/): those made while training, the checkpoints it missed now."""
+    from lorapod.engine.autopilot import llm_autopilot
+    from lorapod.engine.llm import generate_many, load_split
+    from lorapod.quality.autopilot import Autopilot
+    from lorapod.rundir import quality as files
+
+    mgr = CheckpointManager(run.checkpoints)
+    if run.recorded_trainer() and not spec.data.val_path:  # the rows lorapod would hold out, the trainer saw
+        pilot: Autopilot | None = Autopilot(
+            spec, run.root, None, f"{run.recorded_trainer()} drew its own validation split (data.val_split), so "
+            "lorapod cannot tell which conversations it never trained on: give them in data.val_path to score its "
+            "checkpoints", log, run.event)
+        pilot.start()
+        return files.read_json(run.root, files.PICK) or {}
+    pilot = llm_autopilot(spec, run, recipe, log, load_split(spec, log=lambda m: None)[0].val, generate_many)
+    if pilot is None:
+        return {}
+    for path in steps:
+        step = checkpoint_step(path.name)
+        if step is None or pilot.scored(step) or pilot.scoring is None:
+            continue
+        _load(recipe, mgr, path)
+        pilot.on_checkpoint(step, step)  # total = step: nothing left to stop
+    return files.read_json(run.root, files.PICK) or {}
+
+
 def render(r: LLMEval) -> str:
     lines = ["| checkpoint | val loss | perplexity |", "|---|---:|---:|"]
     lines += [f"| {row.label}{' (recommended)' if row.label == r.best else ''} | {row.val_loss:.4f} | "
               f"{row.val_ppl:.2f} |" for row in r.rows]
     lines += ["", f"Recommended: **{r.best}**: {r.reason}.", ""]
+    table = r.quality.get("table") or []
+    if table:
+        lines += ["| checkpoint | quality score (vs base) | ± se |", "|---|---:|---:|"]
+        lines += [f"| {t.get('checkpoint')}{' (pick)' if t.get('checkpoint') == r.quality.get('checkpoint') else ''} | "
+                  + (f"{t['best']['score']:+.4f} | {t['best']['se']:.4f} |" if t.get("best") else "- | - |")
+                  for t in table]
+        lines.append("")
     if r.answers:
         lines += ["## Answers (greedy decoding)", ""]
         for a in r.answers:

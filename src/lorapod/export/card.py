@@ -69,9 +69,41 @@ def eval_results(metrics: list[dict]) -> list[tuple[str, float, float, int]]:
     return out
 
 
+def quality_lines(decision: dict | None, label: str | None, is_image: bool) -> list[str]:
+    """The card's "Checkpoint and strength" section from the quality autopilot's decision
+    (quality/pick.json): which checkpoint this is, at what strength, the scores that decided it."""
+    from lorapod.rundir.metrics import number
+
+    if not decision:
+        return []
+    lines = ["## Checkpoint and strength", ""]
+    pick, strength = decision.get("checkpoint"), number(decision.get("strength"))
+    if isinstance(pick, str):
+        at = f" at strength **{strength:g}**" if is_image and strength is not None else ""
+        this = "This is that checkpoint." if pick == label else f"This upload is {label}, not the pick."
+        lines.append(f"lorapod's quality autopilot picked **{pick}**{at}: {str(decision.get('reason'))[:600]}. {this}")
+    else:
+        lines.append(f"No checkpoint was picked by lorapod's quality autopilot: {str(decision.get('reason'))[:600]}.")
+    table = [t for t in decision.get("table") or [] if isinstance(t, dict)]
+    if table:
+        lines += ["", "| checkpoint | score vs the base | ± | strength |", "|---|---|---|---|"]
+        for t in table[:50]:
+            b = t.get("best") if isinstance(t.get("best"), dict) else {}
+            sc, se, st = number(b.get("score")), number(b.get("se")), number(b.get("strength"))
+            lines.append(f"| {str(t.get('checkpoint'))[:40]} | {f'{sc:+.4f}' if sc is not None else '-'} | "
+                         f"{f'{se:.4f}' if se is not None else '-'} | {f'{st:g}' if st is not None else '-'} |")
+        lines += ["", "Scores are differences from the base model at the same seeds and prompts: "
+                  + ("likeness to held-out reference images (DINOv2, CLIP), prompt adherence and leakage; a "
+                     "checkpoint that copies a training image is never picked." if is_image else
+                     "held-out loss and answers to held-out conversations (token F1).")]
+    lines.append("")
+    return lines
+
+
 def render(spec, *, repo_id: str, what: str, files: list[CardFile], metrics: list[dict],
-           samples: list[str], lorapod_version: str) -> str:
-    """The README.md text: YAML metadata (huggingface_hub's ModelCardData) and the card."""
+           samples: list[str], lorapod_version: str, quality: dict | None = None, label: str | None = None) -> str:
+    """The README.md text: YAML metadata (huggingface_hub's ModelCardData) and the card. ``quality``:
+    the quality autopilot's decision (quality/pick.json); ``label``: which checkpoint is uploaded."""
     from huggingface_hub import ModelCardData
 
     info = base_info(spec)
@@ -135,6 +167,7 @@ def render(spec, *, repo_id: str, what: str, files: list[CardFile], metrics: lis
     else:
         lines.append("No evaluation was recorded for this run.")
     lines.append("")
+    lines += quality_lines(quality, label, spec.is_image)
     if samples:
         lines += ["## Samples", ""] + [f"![{Path(s).stem}]({s})" for s in samples] + [""]
     lines += ["## Files", "", "| file | loads with |", "|---|---|"]

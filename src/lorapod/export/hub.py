@@ -63,9 +63,10 @@ def loads_with(path: str, spec, repo_id: str) -> str:
 
 
 def publish(run: str | Path, repo_id: str, *, private: bool = False, merged: bool = False, gguf: bool = False,
-            checkpoint: int | None = None, base: str | None = None, say=print) -> Published:
-    from lorapod.export.source import open_source
+            checkpoint: int | None = None, base: str | None = None, say=print, final: bool = False) -> Published:
+    from lorapod.export.source import open_source, quality_pick
     from lorapod.export.targets import export_run
+    from lorapod.rundir import RunDir
 
     if not _REPO_ID.match(repo_id):
         raise ExportError(f"--repo {repo_id!r} is not a Hub repo id", hint="user/name or org/name, e.g. --repo me/mug-lora")
@@ -79,6 +80,9 @@ def publish(run: str | Path, repo_id: str, *, private: bool = False, merged: boo
         from lorapod.errors import DependencyError
 
         raise DependencyError("publishing needs huggingface_hub", hint="pip install 'lorapod[export]'") from exc
+    picked = quality_pick(RunDir.open(run)) if checkpoint is None and not final and not Path(run).is_file() else None
+    if picked is not None:  # the autopilot's pick by default, as `export --to X` takes it
+        checkpoint = picked.step
     src = open_source(run, checkpoint)
     spec = src.spec
     if gguf and src.is_image:
@@ -89,17 +93,17 @@ def publish(run: str | Path, repo_id: str, *, private: bool = False, merged: boo
                           "huggingface.co/settings/tokens), or run `hf auth login`")
     what = "merged" if merged else "gguf" if gguf else "adapter"
     targets = ["merged"] if merged else ["gguf"] if gguf else (["comfyui", "diffusers"] if src.is_image else ["peft"])
-    notes: list[str] = []
+    notes: list[str] = [picked.note(src.is_image)] if picked is not None else []
     with tempfile.TemporaryDirectory(prefix="lorapod-hub-") as work:
         stage = Path(work) / "repo"
         stage.mkdir()
         for target in targets:
-            done = export_run(run, target, checkpoint, Path(work) / target, base)
+            done = export_run(run, target, checkpoint, Path(work) / target, base, final=final, record=False)
             for f in done.files:
                 dest = stage / f
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(done.out / f, dest)
-            notes += done.notes
+            notes += [n for n in done.notes if n not in notes]
         for s in _samples(src.run.samples):
             (stage / "samples").mkdir(exist_ok=True)
             shutil.copy2(s, stage / "samples" / s.name)
@@ -107,8 +111,11 @@ def publish(run: str | Path, repo_id: str, *, private: bool = False, merged: boo
         files = [CardFile("README.md", "this card")] + [CardFile(r, loads_with(r, spec, repo_id)) for r in rel]
         from importlib.metadata import version
 
+        from lorapod.rundir import quality as qfiles
+
         card = render(spec, repo_id=repo_id, what=what, files=files, metrics=read_metrics_file(src.run.metrics_file),
-                      samples=[r for r in rel if r.startswith("samples/")], lorapod_version=version("lorapod"))
+                      samples=[r for r in rel if r.startswith("samples/")], lorapod_version=version("lorapod"),
+                      quality=qfiles.read_json(src.run.root, qfiles.PICK), label=src.label)
         (stage / "README.md").write_text(card, encoding="utf-8")
         try:
             url = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
@@ -127,6 +134,12 @@ def publish(run: str | Path, repo_id: str, *, private: bool = False, merged: boo
                               hint="unset HF_HUB_OFFLINE for the upload") from exc
         except ValueError as exc:  # huggingface_hub's own checks, e.g. the card's metadata (validate-yaml)
             raise ExportError(f"the upload to {repo_id} failed: {str(exc)[:300]}", hint="see the message above") from exc
+        except _transport_errors() as exc:  # no answer at all: DNS, refused, reset, timed out
+            where = api.endpoint
+            raise ExportError(f"could not reach the Hugging Face Hub at {where}: {type(exc).__name__}: "
+                              f"{str(exc)[:200] or 'no answer'}; nothing was uploaded",
+                              hint="check the network" + (" and HF_ENDPOINT" if os.environ.get("HF_ENDPOINT") else "")
+                              + ", then run the same export again (the files are rebuilt from the run)") from exc
     src.run.event(f"published {what} of {src.label} to {repo_id} ({info.oid})")
     from lorapod.store.published import remember
 
@@ -134,6 +147,20 @@ def publish(run: str | Path, repo_id: str, *, private: bool = False, merged: boo
     remember(src.run.root, {"repo": repo_id, "what": what, "label": src.label, "commit": info.oid,
                             "private": private, "job_id": src.run.job_id})
     return Published(str(url), info.oid, ["README.md", *rel], notes)
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """The errors of a request that got no HTTP answer, from the client huggingface_hub uses
+    (httpx2 in huggingface_hub 2.x, httpx in 1.x, requests before: its ConnectionError and Timeout
+    are OSErrors). Read from the modules huggingface_hub has imported, so no client is imported here."""
+    import sys
+
+    out: list[type[BaseException]] = [OSError]
+    for module, name in (("httpx2", "TransportError"), ("httpx", "TransportError"), ("requests", "RequestException")):
+        cls = getattr(sys.modules.get(module), name, None)
+        if isinstance(cls, type) and issubclass(cls, BaseException):
+            out.append(cls)
+    return tuple(out)
 
 
 def _samples(folder: Path) -> list[Path]:

@@ -47,12 +47,13 @@ def write_comfyui(src: Source, out: Path) -> Path:
     fam = family_of(src)
     m = src.spec.method
     sizes = None
-    if fam.name.startswith("flux"):  # a fused layer with an untrained part needs the part's size
+    # a fused layer (q, k, v -> qkv) with an untrained part needs the part's size
+    if any(parts > 1 for *_, parts in kohya.layout(fam.name).rules):
         from lorapod.export.convert import base_modules
 
         sizes = base_modules(fam.name, str(src.spec.model.id))[1]
     parts = parts_of(src.state())
-    two = fam.name == "wan22" and ("transformer_2" in parts or src.spec.train.experts != "both")
+    two = fam.separate_expert_files(set(parts), src.spec.train.experts)
     name = src.spec.output.name or "lora"
     paths = []
     for suffix, file_parts in kohya.files_of(parts, two).items():
@@ -94,7 +95,7 @@ def write_diffusers(src: Source, out: Path) -> Path:
     fam = family_of(src)
     parts = parts_of(src.state())
     configs = json.loads(json.dumps(peft_configs(src, parts), default=list))
-    save_diffusers(out, fam.pipeline_cls(), parts, configs)
+    save_diffusers(out, fam.lora_file_writer(), parts, configs)
     return out / "pytorch_lora_weights.safetensors"
 
 

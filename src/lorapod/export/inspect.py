@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from lorapod.errors import ExportError
-from lorapod.export.source import read_safetensors
 
 CLIP_LAYER = r"text_model_encoder_layers_\d+_(self_attn_(q|k|v|out)_proj|mlp_fc[12])"
 SD_UNET = r"(down_blocks|up_blocks|mid_block|input_blocks|middle_block|output_blocks|conv_in|conv_out|time_embed" \
@@ -38,17 +37,10 @@ FLUX_DIFFUSERS = (r"(single_)?transformer_blocks\.\d+\.(attn\.(to_q|to_k|to_v|to
 WAN = (r"_?blocks_\d+_(self_attn_[qkvo]|cross_attn_([qkvo]|k_img|v_img)|ffn_[02])|patch_embedding"
        r"|(text|time)_embedding_[02]|time_projection_1|head_head|img_emb_proj_[0134]")
 
-# Z-Image as ComfyUI loads it: Lumina2's NextDiT (comfy/ldm/lumina/model.py), q/k/v fused in
-# ``attention.qkv``, ``attention.out``, ``feed_forward.w1/w2/w3``; comfy/lora.py maps ``lora_unet_<its
-# path>`` onto it (the generic rule) and, for the Z-Image names with separate to_q/k/v, only the PEFT
-# spellings (``diffusion_model.`` / ``transformer.`` / bare, through comfy/utils.py z_image_to_diffusers).
-ZIMAGE = (r"(layers|noise_refiner|context_refiner)_\d+_(attention_(qkv|out)|feed_forward_w[123]|adaLN_modulation_0)"
-          r"|x_embedder|cap_embedder_1|t_embedder_mlp_[02]|final_layer_(linear|adaLN_modulation_1)")
+# musubi-tuner's Z-Image LoRA names the DiT's own separate to_q/k/v; ComfyUI's Lumina2 NextDiT
+# (comfy/ldm/lumina/model.py) fuses them in ``attention.qkv``, and comfy/lora.py maps those names only in
+# their PEFT spellings: the family's own rule (families/zimage comfy_unet) drops them, this says why.
 ZIMAGE_SPLIT = r"(layers|noise_refiner|context_refiner)_\d+_attention_(to_[qkv]|to_out_0)"
-# Qwen-Image as ComfyUI loads it (comfy/ldm/qwen_image/model.py): diffusers' module names, mapped from
-# ``lora_unet_<path>`` by the generic rule (and from ``<path>`` / ``transformer.<path>`` by its QwenImage branch)
-QWEN_IMAGE = (r"transformer_blocks_\d+_(attn_(to_[qkv]|to_out_0|add_[qkv]_proj|to_add_out)|(img|txt)_mlp_net_(0_proj|2)"
-              r"|(img|txt)_mod_1)|img_in|txt_in|proj_out|norm_out_linear|time_text_embed_timestep_embedder_linear_[12]")
 
 
 def _modules(keys: list[str]) -> dict[str, dict[str, str]]:
@@ -76,6 +68,13 @@ def _format(keys: list[str]) -> str:
     return "unknown"
 
 
+def _named_families() -> dict[str, Any]:
+    """The families that carry their inspect rules in their own folder (``Family.comfy_unet``)."""
+    from lorapod.engine.diffusion.families import FAMILIES
+
+    return {n: cls for n, cls in FAMILIES.items() if cls.comfy_unet is not None}
+
+
 def _family(fmt: str, keys: list[str], meta: dict[str, str]) -> str:
     version = meta.get("ss_base_model_version", "")
     if version:
@@ -85,6 +84,9 @@ def _family(fmt: str, keys: list[str], meta: dict[str, str]) -> str:
     joined = "\n".join(keys)
     if fmt == "peft":
         return "llm"
+    for name, cls in _named_families().items():
+        if cls.inspect_signature and re.search(cls.inspect_signature, joined, re.M):
+            return name
     if re.search(r"^lora_unet__?blocks_\d+_(self|cross)_attn_", joined, re.M):
         return "wan"
     # diffusers' WanTransformer3DModel (what the video engine's save_lora_weights writes): ``blocks.N``
@@ -101,14 +103,21 @@ def _family(fmt: str, keys: list[str], meta: dict[str, str]) -> str:
 
 
 def _comfy(module: str, family: str) -> tuple[bool, str]:
+    if family == "zimage" and module.startswith("lora_unet_") and re.fullmatch(ZIMAGE_SPLIT, module[len("lora_unet_"):]):
+        return False, ("musubi-tuner's Z-Image layout (separate to_q/k/v): ComfyUI's model fuses them in "
+                       "attention.qkv; convert with musubi's networks/convert_z_image_lora_to_comfy.py")
+    named = _named_families().get(family)
+    if named is not None:
+        if module.startswith("lora_unet_"):
+            ok = re.fullmatch(named.comfy_unet, module[len("lora_unet_"):]) is not None
+            return ok, "" if ok else "not a module of ComfyUI's model"
+        if module.startswith("transformer.") and named.comfy_takes_diffusers:
+            return True, ""
+        if module.startswith("transformer."):
+            return False, ("diffusers name: ComfyUI maps lora_unet_ + its own module names "
+                           "(`lorapod export RUN --to comfyui` writes them)")
+        return False, "unknown name"
     flux = family.startswith("flux")
-    if module.startswith("lora_unet_") and family in ("zimage", "qwenimage"):
-        rest = module[len("lora_unet_"):]
-        if family == "zimage" and re.fullmatch(ZIMAGE_SPLIT, rest):
-            return False, ("musubi-tuner's Z-Image layout (separate to_q/k/v): ComfyUI's model fuses them in "
-                           "attention.qkv; convert with musubi's networks/convert_z_image_lora_to_comfy.py")
-        ok = re.fullmatch(ZIMAGE if family == "zimage" else QWEN_IMAGE, rest) is not None
-        return ok, "" if ok else "not a module of the model"
     if module.startswith("lora_unet_"):
         rest = module[len("lora_unet_"):]
         ok = re.fullmatch(BFL if flux else WAN if family.startswith("wan") else SD_UNET, rest) is not None
@@ -154,9 +163,50 @@ def _diffusers(module: str, family: str) -> tuple[bool, str]:
     return False, "unknown name"
 
 
-def _scale(mod: dict[str, str], tensors) -> tuple[int, float | None, float]:
-    rank = int(tensors[mod["down"]].shape[0]) if "down" in mod else 0
-    alpha = float(tensors[mod["alpha"]]) if "alpha" in mod else None
+class _Lora:
+    """What inspect needs of a .safetensors LoRA, read without torch (issue 48, F19: importing torch,
+    transformers and diffusers took 6-14 s to inspect a tiny file): every tensor's shape, and the
+    values of the scalar ``.alpha`` tensors. safetensors' numpy reader gives shapes and float32 /
+    float16 scalars; a bfloat16 scalar (numpy has no bfloat16; sd-scripts saves alphas in the save
+    dtype) is read from the file's bytes at the offsets its header gives (the safetensors format:
+    an 8-byte little-endian header length, a JSON header, then the data)."""
+
+    def __init__(self, path: Path) -> None:
+        from safetensors import SafetensorError, safe_open
+
+        if not path.is_file():
+            raise ExportError(f"{path} does not exist", hint="check the path")
+        try:
+            with safe_open(str(path), "numpy") as fh:
+                self.meta: dict[str, str] = dict(fh.metadata() or {})
+                self.shapes = {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}  # noqa: SIM118
+                self.alphas: dict[str, float] = {}
+                for k in self.shapes:
+                    if k.endswith(".alpha"):
+                        self.alphas[k] = self._scalar(fh, path, k)
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise ExportError(f"{path} is not a readable safetensors file ({exc})",
+                              hint="it may be truncated or not a safetensors file: copy it again") from exc
+
+    @staticmethod
+    def _scalar(fh: Any, path: Path, key: str) -> float:
+        import numpy as np
+
+        try:
+            return float(np.asarray(fh.get_tensor(key)).reshape(-1)[0])
+        except (TypeError, ValueError):  # bfloat16: the upper half of a float32
+            with path.open("rb") as raw:
+                n = int.from_bytes(raw.read(8), "little")
+                entry = json.loads(raw.read(n))[key]
+                if entry.get("dtype") != "BF16":
+                    raise
+                raw.seek(8 + n + int(entry["data_offsets"][0]))
+                return float(np.frombuffer(b"\x00\x00" + raw.read(2), dtype="<f4")[0])
+
+
+def _scale(mod: dict[str, str], lora: _Lora) -> tuple[int, float | None, float]:
+    rank = int(lora.shapes[mod["down"]][0]) if "down" in mod else 0
+    alpha = lora.alphas.get(mod["alpha"]) if "alpha" in mod else None
     return rank, alpha, (alpha / rank if alpha is not None and rank else 1.0)
 
 
@@ -192,8 +242,9 @@ def inspect_file(path: str | Path) -> dict[str, Any]:
         return _peft_folder(path)
     if path.suffix == ".gguf":
         return _gguf(path)
-    tensors, meta = read_safetensors(path)
-    keys = sorted(tensors)
+    tensors = _Lora(path)
+    meta = tensors.meta
+    keys = sorted(tensors.shapes)
     fmt = _format(keys)
     mods = _modules(keys)
     if fmt == "unknown" or not any("down" in m for m in mods.values()):
@@ -215,13 +266,13 @@ def inspect_file(path: str | Path) -> dict[str, Any]:
     if fmt == "peft":
         consumers["llama.cpp"] = _llamacpp_peft(keys)
         consumers["PEFT"] = {"loads": len(mods), "drops": [], "scale": "from adapter_config.json"}
-        near = _trained_alpha_near(path) if path.name != "adapter_model.safetensors" else None
+        near = _trained_alpha_near(path)  # adapter_config.json beside it (a PEFT folder's file too), or the run's spec
         if near is not None:
             alpha, r, rslora, where = near
             report["alpha"], report["alpha_from"] = [alpha], where
             for c in consumers.values():
                 c["scale"] = [round(alpha / (r ** 0.5 if rslora else r), 6)]
-        elif path.name != "adapter_model.safetensors":
+        else:
             for c in consumers.values():
                 c["scale"] = "unknown"
             flags.append("PEFT keys carry no alpha and no adapter_config.json or run spec is beside this file: the "
@@ -263,14 +314,12 @@ def _meta_alpha(meta: dict[str, str]) -> float | None:
 
 def _llamacpp_peft(keys: list[str]) -> dict[str, Any]:
     """What convert_lora_to_gguf would take: lora_A/B of Llama-layout modules; full weights refused."""
-    from lorapod.export.kohya import split_peft_key
-
     drops, loads = [], 0
     for k in keys:
         if ".lora_A." not in k and ".lora_B." not in k:
             drops.append(f"{k}: a full weight in an adapter (llama.cpp refuses the whole file)")
             continue
-        module = split_peft_key(k)[0]
+        module = re.sub(r"\.lora_[AB]\.weight$", "", k)  # export/kohya.py split_peft_key, without its torch
         if k.endswith(".lora_A.weight"):
             if re.search(r"\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)$|lm_head$", module):
                 loads += 1

@@ -1,8 +1,9 @@
 """Kohya-format image LoRAs (ComfyUI, Forge, A1111) from PEFT weights, and back.
 
 One declarative ``Layout`` per family says how a diffusers module name becomes a kohya module
-name. Adding a family is adding a layout here (and its rules to ``LAYOUTS``); nothing else
-changes.
+name; its rules live with the family's code (``Family.kohya_rules`` in
+``engine/diffusion/families/``) and ``LAYOUTS`` is built from them, so adding a family changes
+nothing here.
 
 Names (what the consumers map; see docs/export.md):
 
@@ -27,7 +28,8 @@ trained effect. The file also carries sd-scripts' ``ss_*`` metadata (``kohya_met
 A1111 and model sites show.
 
 The engine writes this file at the end of training and export converts to and from it, so this
-module imports nothing of either (docs/architecture.md places it with the engine's layer).
+module imports nothing of either (docs/architecture.md places it with the engine's layer) but the
+families' own key rules (``engine/diffusion/families/<family>/``: ``Family.kohya_rules``).
 """
 
 from __future__ import annotations
@@ -70,75 +72,7 @@ class Target:
 
 
 # (regex on the diffusers module path, BFL module template with the regex groups, part, of parts)
-Rule = tuple[str, str, int, int]
-
-_FLUX_DOUBLE_ATTN: list[Rule] = [
-    (r"transformer_blocks\.(\d+)\.attn\.to_q", "double_blocks.{0}.img_attn.qkv", 0, 3),
-    (r"transformer_blocks\.(\d+)\.attn\.to_k", "double_blocks.{0}.img_attn.qkv", 1, 3),
-    (r"transformer_blocks\.(\d+)\.attn\.to_v", "double_blocks.{0}.img_attn.qkv", 2, 3),
-    (r"transformer_blocks\.(\d+)\.attn\.add_q_proj", "double_blocks.{0}.txt_attn.qkv", 0, 3),
-    (r"transformer_blocks\.(\d+)\.attn\.add_k_proj", "double_blocks.{0}.txt_attn.qkv", 1, 3),
-    (r"transformer_blocks\.(\d+)\.attn\.add_v_proj", "double_blocks.{0}.txt_attn.qkv", 2, 3),
-    (r"transformer_blocks\.(\d+)\.attn\.to_out\.0", "double_blocks.{0}.img_attn.proj", 0, 1),
-    (r"transformer_blocks\.(\d+)\.attn\.to_add_out", "double_blocks.{0}.txt_attn.proj", 0, 1),
-    (r"x_embedder", "img_in", 0, 1),
-    (r"context_embedder", "txt_in", 0, 1),
-    (r"proj_out", "final_layer.linear", 0, 1),
-]
-
-FLUX1_RULES: list[Rule] = [
-    *_FLUX_DOUBLE_ATTN,
-    (r"transformer_blocks\.(\d+)\.ff\.net\.0\.proj", "double_blocks.{0}.img_mlp.0", 0, 1),
-    (r"transformer_blocks\.(\d+)\.ff\.net\.2", "double_blocks.{0}.img_mlp.2", 0, 1),
-    (r"transformer_blocks\.(\d+)\.ff_context\.net\.0\.proj", "double_blocks.{0}.txt_mlp.0", 0, 1),
-    (r"transformer_blocks\.(\d+)\.ff_context\.net\.2", "double_blocks.{0}.txt_mlp.2", 0, 1),
-    (r"transformer_blocks\.(\d+)\.norm1\.linear", "double_blocks.{0}.img_mod.lin", 0, 1),
-    (r"transformer_blocks\.(\d+)\.norm1_context\.linear", "double_blocks.{0}.txt_mod.lin", 0, 1),
-    (r"single_transformer_blocks\.(\d+)\.attn\.to_q", "single_blocks.{0}.linear1", 0, 4),
-    (r"single_transformer_blocks\.(\d+)\.attn\.to_k", "single_blocks.{0}.linear1", 1, 4),
-    (r"single_transformer_blocks\.(\d+)\.attn\.to_v", "single_blocks.{0}.linear1", 2, 4),
-    (r"single_transformer_blocks\.(\d+)\.proj_mlp", "single_blocks.{0}.linear1", 3, 4),
-    (r"single_transformer_blocks\.(\d+)\.proj_out", "single_blocks.{0}.linear2", 0, 1),
-    (r"single_transformer_blocks\.(\d+)\.norm\.linear", "single_blocks.{0}.modulation.lin", 0, 1),
-    (r"time_text_embed\.timestep_embedder\.linear_1", "time_in.in_layer", 0, 1),
-    (r"time_text_embed\.timestep_embedder\.linear_2", "time_in.out_layer", 0, 1),
-    (r"time_text_embed\.guidance_embedder\.linear_1", "guidance_in.in_layer", 0, 1),
-    (r"time_text_embed\.guidance_embedder\.linear_2", "guidance_in.out_layer", 0, 1),
-    (r"time_text_embed\.text_embedder\.linear_1", "vector_in.in_layer", 0, 1),
-    (r"time_text_embed\.text_embedder\.linear_2", "vector_in.out_layer", 0, 1),
-]
-
-FLUX2_RULES: list[Rule] = [
-    *_FLUX_DOUBLE_ATTN,
-    (r"transformer_blocks\.(\d+)\.ff\.linear_in", "double_blocks.{0}.img_mlp.0", 0, 1),
-    (r"transformer_blocks\.(\d+)\.ff\.linear_out", "double_blocks.{0}.img_mlp.2", 0, 1),
-    (r"transformer_blocks\.(\d+)\.ff_context\.linear_in", "double_blocks.{0}.txt_mlp.0", 0, 1),
-    (r"transformer_blocks\.(\d+)\.ff_context\.linear_out", "double_blocks.{0}.txt_mlp.2", 0, 1),
-    (r"single_transformer_blocks\.(\d+)\.attn\.to_qkv_mlp_proj", "single_blocks.{0}.linear1", 0, 1),
-    (r"single_transformer_blocks\.(\d+)\.attn\.to_out", "single_blocks.{0}.linear2", 0, 1),
-    (r"time_guidance_embed\.timestep_embedder\.linear_1", "time_in.in_layer", 0, 1),
-    (r"time_guidance_embed\.timestep_embedder\.linear_2", "time_in.out_layer", 0, 1),
-]
-
-
-# Wan 2.1 / 2.2: diffusers' WanTransformer3DModel paths -> the original Wan module paths
-# (``blocks.N.self_attn.q``, ``cross_attn.k_img``, ``ffn.0``, ``head.head``) that ComfyUI's WanModel
-# maps under ``lora_unet_`` (comfy/lora.py model_lora_keys_unet) and diffusers' own loader reads
-# back (diffusers/loaders/lora_conversion_utils.py ``_convert_non_diffusers_wan_lora_to_diffusers``
-# at the installed version: self_attn/cross_attn q, k, v, o; k_img/v_img <- add_k_proj/add_v_proj;
-# ffn.0/ffn.2 <- ffn.net.0.proj/ffn.net.2; time_projection.1 <- condition_embedder.time_proj;
-# head.head <- proj_out). One rule for the engine's file and ``lorapod export --to comfyui``.
-WAN_RULES: list[Rule] = [
-    *((rf"blocks\.(\d+)\.{attn}\.{d}", f"blocks.{{0}}.{w}.{o}", 0, 1)
-      for attn, w in (("attn1", "self_attn"), ("attn2", "cross_attn"))
-      for d, o in (("to_q", "q"), ("to_k", "k"), ("to_v", "v"), (r"to_out\.0", "o"),
-                   ("add_k_proj", "k_img"), ("add_v_proj", "v_img"))),
-    (r"blocks\.(\d+)\.ffn\.net\.0\.proj", "blocks.{0}.ffn.0", 0, 1),
-    (r"blocks\.(\d+)\.ffn\.net\.2", "blocks.{0}.ffn.2", 0, 1),
-    (r"condition_embedder\.time_proj", "time_projection.1", 0, 1),
-    (r"proj_out", "head.head", 0, 1),
-]
-
+Rule = tuple[str, str, int, int]  # the same type as engine/diffusion/families/base.py's
 
 @dataclass(frozen=True)
 class Layout:
@@ -170,16 +104,16 @@ class Layout:
                           hint="train only the default target modules, or export with --to diffusers")
 
 
-LAYOUTS: dict[str, Layout] = {
-    "sd15": Layout("sd15", "unet", ("lora_te",)),
-    "sdxl": Layout("sdxl", "unet", ("lora_te1", "lora_te2")),
-    "flux1": Layout("flux1", "transformer", (), tuple(FLUX1_RULES)),
-    "flux2": Layout("flux2", "transformer", (), tuple(FLUX2_RULES)),
-    # Wan: both experts of Wan 2.2 (transformer, transformer_2) use the same layout, one file each
-    # (:data:`EXPERT_FILES`)
-    "wan21": Layout("wan21", "transformer", (), tuple(WAN_RULES)),
-    "wan22": Layout("wan22", "transformer", (), tuple(WAN_RULES)),
-}
+def _family_layouts() -> dict[str, Layout]:
+    """Every family's layout, from its own code (``Family.kohya_rules``, ``kohya_te_prefixes``,
+    ``denoiser_name`` in engine/diffusion/families/): a new family touches no line here."""
+    from lorapod.engine.diffusion.families import FAMILIES
+
+    return {name: Layout(name, cls.denoiser_name, tuple(cls.kohya_te_prefixes), tuple(cls.kohya_rules))
+            for name, cls in FAMILIES.items()}
+
+
+LAYOUTS: dict[str, Layout] = _family_layouts()
 
 
 #: Wan 2.2's two experts, each its own file: the component -> the file name's suffix (the

@@ -11,6 +11,12 @@ from lorapod.errors import ExportError
 LLM_TARGETS = ("peft", "merged", "gguf", "ollama")
 IMAGE_TARGETS = ("comfyui", "diffusers", "merged")
 FILE_TARGETS = ("comfyui", "diffusers")  # a LoRA .safetensors converted between kohya and diffusers
+HUB = "hub (upload to the Hugging Face Hub, with --repo user/name)"
+
+
+def choices(is_image: bool) -> str:
+    """Every --to a run of this kind takes, hub included: what a refusal lists."""
+    return ", ".join(IMAGE_TARGETS if is_image else LLM_TARGETS) + f", or {HUB}"
 
 
 def check_target(run: str | Path, to: str) -> None:
@@ -39,4 +45,4 @@ def check_target(run: str | Path, to: str) -> None:
     allowed = IMAGE_TARGETS if is_image else LLM_TARGETS
     if to not in allowed:
         kind = "an image" if is_image else "an LLM"
-        raise ExportError(f"--to {to} is not available for {kind} run", hint=f"choose one of: {', '.join(allowed)}")
+        raise ExportError(f"--to {to} is not available for {kind} run", hint=f"choose one of: {choices(is_image)}")

@@ -59,6 +59,40 @@ class Source:
         return tensors
 
 
+@dataclass(frozen=True)
+class Pick:
+    """The quality autopilot's decision, where its checkpoint is here and whole (quality/pick.json)."""
+
+    step: int
+    label: str
+    strength: float | None
+    score: float | None
+    reason: str
+
+    def note(self, is_image: bool) -> str:
+        at = f" at strength {self.strength:g}" if is_image and self.strength is not None else ""
+        load = (f"; load it{at} (ComfyUI's LoraLoader strength, diffusers' adapter weight)" if at else "")
+        return (f"{self.label}: the quality autopilot's pick{at} ({self.reason[:300]}){load}; --checkpoint N "
+                f"exports another, --final the final adapter")
+
+
+def quality_pick(run: RunDir) -> Pick | None:
+    """The autopilot's pick of ``run``, or None (no decision, or its checkpoint is not on this disk)."""
+    from lorapod.rundir import quality as files
+    from lorapod.rundir.metrics import number
+
+    decision = files.read_json(run.root, files.PICK) or {}
+    label = decision.get("checkpoint")
+    step = checkpoint_step(label) if isinstance(label, str) else None
+    if step is None:
+        return None
+    path = run.checkpoints / checkpoint_name(step)
+    if not CheckpointManager(run.checkpoints).verify(path):
+        return None
+    return Pick(step, path.name, number(decision.get("strength")), number(decision.get("score")),
+                str(decision.get("reason") or "")[:2000])
+
+
 def checkpoints(run: RunDir) -> list[Path]:
     return CheckpointManager(run.checkpoints).list()
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from lorapod.errors import ExportError
-from lorapod.export.names import IMAGE_TARGETS, LLM_TARGETS
+from lorapod.export.names import IMAGE_TARGETS, LLM_TARGETS, choices
 from lorapod.export.source import Source, open_source, output_dir
 
 
@@ -29,7 +29,12 @@ class Exported:
 
 def export_run(run: str | Path, to: str, checkpoint: int | None = None, out: Path | None = None,
                base: str | None = None, adapter_mode: bool = False, outtype: str = "f16",
-               family: str | None = None) -> Exported:
+               family: str | None = None, final: bool = False, record: bool = True) -> Exported:
+    """Export ``run`` as ``to`` into ``out`` (default: the run folder's exports/). ``checkpoint`` None:
+    the quality autopilot's pick when the run has one (quality/pick.json, its checkpoint here), else
+    the final adapter; ``final``: the final adapter whatever was picked. ``record``: say it in the
+    run's events log; ``--to hub`` stages its files with ``record=False`` and records only the upload
+    that succeeded (a failed upload is no export)."""
     if Path(run).is_file():  # a LoRA file: convert kohya <-> diffusers
         from lorapod.export.convert import convert_file
 
@@ -38,6 +43,13 @@ def export_run(run: str | Path, to: str, checkpoint: int | None = None, out: Pat
         dest = Path(out) if out else Path(run).with_name(f"{Path(run).stem}-{to}")
         written = convert_file(Path(run), to, family, base, dest)
         return Exported(dest, [written.name], [f"converted {Path(run).name} to {to}"])
+    picked = None
+    if checkpoint is None and not final:
+        from lorapod.export.source import quality_pick
+        from lorapod.rundir import RunDir
+
+        picked = quality_pick(RunDir.open(run))
+        checkpoint = picked.step if picked is not None else None
     trained_by = _image_trainer(run)
     if trained_by:
         return _trainer_run(Path(run), trained_by, to, checkpoint, out)
@@ -45,7 +57,7 @@ def export_run(run: str | Path, to: str, checkpoint: int | None = None, out: Pat
     allowed = IMAGE_TARGETS if src.is_image else LLM_TARGETS
     if to not in allowed:
         kind = "an image" if src.is_image else "an LLM"
-        raise ExportError(f"--to {to} is not available for {kind} run", hint=f"choose one of: {', '.join(allowed)}")
+        raise ExportError(f"--to {to} is not available for {kind} run", hint=f"choose one of: {choices(src.is_image)}")
     src.state()  # a damaged or foreign checkpoint fails here, before any folder exists
     out = Path(out) if out else src.run.root / "exports" / f"{to}-{src.label}"
     notes: list[str] = []
@@ -55,7 +67,10 @@ def export_run(run: str | Path, to: str, checkpoint: int | None = None, out: Pat
         else:
             notes = _llm(src, to, tmp, base, adapter_mode, outtype)
         files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
-    src.run.event(f"export {to} of {src.label} -> {out}")
+    if picked is not None:
+        notes.insert(0, picked.note(src.is_image))
+    if record:
+        src.run.event(f"export {to} of {src.label} -> {out}")
     return Exported(out, files, notes)
 
 

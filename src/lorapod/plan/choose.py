@@ -1,7 +1,19 @@
-"""Rank every GPU x provider x tier that fits by total dollars per job.
+"""Rank every GPU x provider x tier that fits by what the job costs you: dollars and hours.
 
 :func:`plan_job` is the library entry point: ``lorapod plan`` prints its result, ``lorapod
 train`` records it in the run folder's plan.json, and remote runs use it to pick an offer.
+
+The ranking (:func:`rank_key`): offers that fit first; then those whose estimate stays within
+``compute.max_usd`` and ``compute.max_hours`` (an offer over a cap would be stopped before the
+end); then by dollars per job plus ``compute.hour_worth_usd`` (default $1) per hour of the job.
+Why weigh hours: dollars alone rank a 22-hour RTX 3090 Wan job first at $2.45, ahead of a 4.8-hour
+L40S at $4.85, the card the guide recommends for it; what the user pays for the 3090 is 17 more
+hours of waiting (and of exposure to a host that fails or a cap that stops it). Transport
+appraisal calls this the generalised cost (fare + value of time x time). The default $1/h is
+what the guides' own picks imply: SDXL on an RTX 4090 rather than a 3090 (about $0.19 more to save
+0.4 h: >= $0.45/h), Wan on an L40S or H100 rather than the 3090 (>= $0.14/h), while a 30-minute
+chat job stays on the cheapest card, where the hours barely differ. Set it to 0 to rank by
+dollars alone, higher when your time is dearer; ``--sort usd|time`` re-sorts the table only.
 """
 
 from __future__ import annotations
@@ -12,7 +24,7 @@ from typing import Any
 
 from lorapod.catalog.gpus import GPU, find_gpu, load_gpus
 from lorapod.catalog.prices import PROVIDERS, PriceEntry, load_prices, tier_descriptions
-from lorapod.catalog.snapshot import closest
+from lorapod.catalog.snapshot import STALE_AFTER_DAYS, closest
 from lorapod.errors import PlanError
 from lorapod.plan.cost import Phase, cents, left_running_usd, price_job
 from lorapod.plan.estimate import Speed, step_speed
@@ -69,11 +81,27 @@ class Option:
 
     @property
     def train_hours(self) -> float:
-        return sum(p.hours for p in self.phases if p.name in ("train", "sampling"))
+        return sum(p.hours for p in self.phases if p.name in ("train", "sampling", "scoring"))
 
     def _scaled(self, total: float, part: float) -> list[float]:
         lo, hi = self.train_range
         return [round(total - part + part * lo, 4), round(total - part + part * hi, 4)]
+
+    def spot_phases(self) -> list[Phase]:
+        """The phases as this option's spot quote prices them: each phase at the bid instead of the
+        on-demand rate, then one line for what the spot model adds (checkpoints written, expected
+        preemptions: the work lost, the wait and the setup again), so the total is the quote's
+        expected hours and dollars. Empty without a spot quote."""
+        q = self.spot
+        if q is None:
+            return []
+        ratio = q.bid_per_gpu_hour / self.usd_per_hour if self.usd_per_hour else 0.0
+        out = [Phase(p.name, p.hours, p.usd * ratio if p.hours else p.usd) for p in self.phases]
+        hours, usd = sum(p.hours for p in out), sum(p.usd for p in out)
+        e = q.expected
+        out.append(Phase(f"checkpoints + {e.preemptions:.2f} preemptions expected", max(0.0, e.hours - hours),
+                         max(0.0, e.usd - usd)))
+        return out
 
     @property
     def hours_range(self) -> list[float]:
@@ -82,7 +110,7 @@ class Option:
 
     @property
     def usd_range(self) -> list[float]:
-        train_usd = sum(p.usd for p in self.phases if p.name in ("train", "sampling"))
+        train_usd = sum(p.usd for p in self.phases if p.name in ("train", "sampling", "scoring"))
         return self._scaled(self.usd_total, train_usd)
 
     def to_json(self) -> dict[str, Any]:
@@ -156,14 +184,48 @@ class Plan:
     @property
     def tier(self) -> TierChoice | None:
         """On-demand or spot, and why (``compute.spot``), over the options as they are now (a
-        re-sort or a filter after planning changes the indices); ``best`` stays the cheapest
-        on-demand option, what a run rents."""
+        re-sort or a filter after planning changes the indices); ``best`` stays the best on-demand
+        option, :attr:`chosen` what a run rents."""
         c = self.job.spec.compute
-        return decide(self.options, c.spot, c.max_usd, c.max_hours)
+        return decide(self.options, c.spot, c.max_usd, c.max_hours, c.hour_worth_usd)
+
+    @property
+    def chosen(self) -> tuple[Option, bool] | None:
+        """(the option a run would rent, whether on its spot tier): the tier choice's option, else
+        :attr:`best`. The plan's headline and phase table describe this one."""
+        tier = self.tier
+        if tier is not None and tier.option is not None:
+            return self.options[tier.option], tier.tier == "spot"
+        return (self.best, False) if self.best is not None else None
 
     @property
     def best(self) -> Option | None:
         return next((o for o in self.options if o.fits), None)
+
+
+def _dated(as_of: str | None) -> dt.date | None:
+    """A price's own date ("2026-10-02", or "2026-03": the first of the month), else None."""
+    if not as_of:
+        return None
+    try:
+        return dt.date.fromisoformat(as_of if len(as_of) > 7 else f"{as_of}-01")
+    except ValueError:
+        return None
+
+
+def over_cap(o: Option, spec: JobSpec) -> bool:
+    """Whether the estimate crosses ``compute.max_usd`` or ``compute.max_hours``: the run would be
+    stopped before the end."""
+    c = spec.compute
+    return bool((c.max_usd is not None and o.usd_total > c.max_usd)
+                or (c.max_hours is not None and o.hours_total > c.max_hours))
+
+
+def rank_key(o: Option, spec: JobSpec) -> tuple[bool, bool, float, float, float]:
+    """The plan's order (the module docstring): fits, within the caps, then $ per job +
+    ``compute.hour_worth_usd`` x hours; ties by dollars, then hours."""
+    return (not o.fits, over_cap(o, spec), o.usd_total + spec.compute.hour_worth_usd * o.hours_total,
+            o.usd_total, o.hours_total)
 
 
 def _check_provider(name: str, priced: set[str] | frozenset[str] = frozenset()) -> str:
@@ -254,21 +316,27 @@ def plan_job(
         if verdict == "does-not-fit" and not pinned:
             continue
         if g.name not in speeds:
-            speeds[g.name] = step_speed(job.model, job.settings, g, est)
+            speeds[g.name] = step_speed(job.model, job.step_settings, g, est, spec_settings=job.settings)
         speed = speeds[g.name]
         speed, e, scale_warns = multi_gpu(speed, e, spec.compute.gpus)
         scale_warns += [why] if mode == "fsdp" else []
         phases, warns = price_job(job, e, speed)
         warns = _gpu_warnings(g, verdict, est.headroom_gb(g), speed) + scale_warns + warns
         if verdict == "does-not-fit":
-            fix = plan.fixes.setdefault(g.name, make_fit(job.model, job.settings, g.vram_gb))
+            fix = plan.fixes.setdefault(g.name, make_fit(job.model, job.settings, g.vram_gb, g.arch))
             warns.append(f"needs {est.peak_gb:.1f} GB of {g.vram_gb:g}: " + (f"fits with {fix.describe()}" if fix else "no setting change makes it fit"))
         if e.source == "snapshot":
             desc = tiers.get(e.provider, {}).get(e.tier)
             if e.tier == "cheapest_seen" and desc:
                 warns.append(f"{e.tier}: {desc}")
-            age = f"price from the {snap.date.isoformat()} snapshot ({snap.age_days(today)} days old)"
-            warns.append(age + (": stale, check --live" if stale else ""))
+            dated = _dated(e.as_of)
+            if dated is not None:  # a figure with its own date and source (prices.yaml)
+                days = max(0, ((today or dt.date.today()) - dated).days)
+                warns.append(f"price as of {e.as_of}, its own source in prices.yaml ({days} days old)"
+                             + (": stale, check --live" if days > STALE_AFTER_DAYS else ""))
+            else:
+                age = f"price from the {snap.date.isoformat()} snapshot ({snap.age_days(today)} days old)"
+                warns.append(age + (": stale, check --live" if stale else ""))
         warns = [*job.warnings, *warns, *_budget_warnings(spec, phases)]
         if speed.basis == "your runs":
             warns.append(f"speed from your {len(speed.runs)} run(s) with these settings: "
@@ -281,7 +349,7 @@ def plan_job(
         plan.options.append(opt)
     if not plan.options:
         raise _nothing_fits(job, entries)
-    plan.options.sort(key=lambda o: (not o.fits, o.usd_total, o.hours_total))
+    plan.options.sort(key=lambda o: rank_key(o, spec))
 
     best = plan.best
     if best:
@@ -342,14 +410,14 @@ def _nothing_fits(job: Job, entries: list[PriceEntry]) -> PlanError:
     lines = []
     if priced:
         top = priced[-1]
-        fix = make_fit(job.model, job.settings, top.vram_gb)
+        fix = make_fit(job.model, job.settings, top.vram_gb, top.arch)
         if fix:
             lines.append(f"on {top.name} ({top.vram_gb:g} GB): {fix.describe()}")
     if bigger:
         lines.append(f"it fits as is on {', '.join(g.name for g in bigger)} (no snapshot price: try --live)")
     if not lines:
         largest = max(all_gpus, key=lambda g: g.vram_gb)
-        fix = make_fit(job.model, job.settings, largest.vram_gb)
+        fix = make_fit(job.model, job.settings, largest.vram_gb, largest.arch)
         lines.append(f"on {largest.name}: {fix.describe()}" if fix else "no single-GPU setting fits: use a smaller model")
     return NothingFits(
         f"{job.model_name} needs about {job.estimate.peak_gb:.1f} GB and fits on none of the priced GPUs",

@@ -16,6 +16,7 @@ from lorapod.catalog.gpus import GPU, find_gpu
 from lorapod.catalog.prices import PriceEntry, load_storage
 from lorapod.plan.estimate import Speed, matmul_rate, step_speed
 from lorapod.plan.job import DEFAULT_SAMPLE_STEPS, Job
+from lorapod.spec import JobSpec
 
 # Defaults, from the guides' SDXL walk-through unless said otherwise.
 BOOT_MIN = 10.0  # start from a template and install the trainer
@@ -28,6 +29,17 @@ DESTROY_MIN = 1.0
 HOME_DOWNLOAD_MB_S = 25.0  # pulling checkpoints home (assumption)
 # A sampling step (two forwards with CFG, no backward) costs about a third of a training step.
 SAMPLE_STEP_FRACTION = 1 / 3
+# The quality autopilot (docs/quality.md): its scorer models are downloaded once on the instance
+# (openai/clip-vit-base-patch32's model.safetensors, 0.61 GB, and facebook/dinov2-small's, 0.09 GB,
+# as the Hub lists them) and loaded in about a quarter of a minute (assumption); each scored image
+# is embedded by both in well under a tenth of a second on a GPU (assumption, bench/quality_scoring.py
+# measures the CPU).
+SCORER_GB = 0.70
+SCORER_LOAD_MIN = 0.25
+EMBED_S_PER_IMAGE = 0.05
+#: scoring prompts when quality.prompts is not given: the trigger in 4 scenes and 2 leakage prompts
+#: (quality/prompts.py), or the 2 leakage prompts alone without a trigger
+DEFAULT_SCORE_PROMPTS = 6
 HOURS_PER_MONTH = 730
 
 
@@ -64,7 +76,10 @@ def phase_minutes(job: Job, gpu: GPU, speed: Speed, boot_min: float = BOOT_MIN) 
         weights = job.estimate.parts.get(next(k for k in job.estimate.parts if k.startswith("base weights")), 0)
         per_token = weights * 1024**3 / (gpu.mem_bw_gbs * 1e9)
         sample = job.samples * job.spec.samples.max_new_tokens * per_token / 60
+    if job.is_image:
+        per_token = 0.0
     train = job.steps * speed.seconds_per_step / 60
+    scoring = scoring_minutes(job, speed, sample_s_per_token=None if job.is_image else per_token)
     review = REVIEW_MIN + job.pull_gb * 1e3 / HOME_DOWNLOAD_MB_S / 60 + DESTROY_MIN
 
     phases: list[tuple[str, float]] = [("boot + install", _pick(o.boot_min, boot_min))]
@@ -80,8 +95,41 @@ def phase_minutes(job: Job, gpu: GPU, speed: Speed, boot_min: float = BOOT_MIN) 
     # A given training time is taken to include its sampling, as in the guides' tables.
     sampling_default = 0.0 if o.train_min is not None else sample
     phases.append(("sampling", _pick(o.sampling_min, sampling_default)))
+    # likewise a given training time is taken to include the quality autopilot's scoring
+    scoring = _pick(o.scoring_min, 0.0 if o.train_min is not None else scoring)
+    if scoring:
+        phases.append(("scoring", scoring))
     phases.append(("review + pull + destroy", _pick(o.review_min, review)))
     return phases
+
+
+def score_prompts(spec: JobSpec) -> int:
+    q = spec.quality
+    if q.prompts:
+        return len(q.prompts)
+    return DEFAULT_SCORE_PROMPTS if spec.data.trigger else 2
+
+
+def scoring_minutes(job: Job, speed: Speed, sample_s_per_token: float | None = None) -> float:
+    """Minutes the quality autopilot adds (docs/quality.md), 0 with ``quality.score: off``. Images:
+    every checkpoint draws each scoring prompt at each strength (the base once), ``quality.steps``
+    sampling steps each at :data:`SAMPLE_STEP_FRACTION` of a training step, then embeds them; plus
+    the scorer models' download and load. LLMs: per checkpoint a pass over the held-out rows (as
+    long as a training step per row batch, no backward: a third) and ``quality.examples`` greedy
+    answers in batches of 16 (each new token reads the weights once per batch)."""
+    q = job.spec.quality
+    if q.score == "off":
+        return 0.0
+    ckpts = max(1, job.checkpoints)
+    if job.is_image:
+        images = score_prompts(job.spec) * (len(q.strengths) * ckpts + 1)
+        per_image = q.steps * speed.seconds_per_step * SAMPLE_STEP_FRACTION + EMBED_S_PER_IMAGE
+        download = SCORER_GB * 1e3 / load_storage()[1]["host_download_mb_s"] / 60
+        return images * per_image / 60 + download + SCORER_LOAD_MIN
+    batches = -(-q.examples // 16)
+    answers = (ckpts + 1) * batches * q.max_new_tokens * (sample_s_per_token or 0.0)
+    val = (ckpts + 1) * (job.spec.eval.max_batches or 4) * speed.seconds_per_step * SAMPLE_STEP_FRACTION
+    return (answers + val) / 60
 
 
 def _pick(override: float | None, default: float) -> float:
@@ -91,7 +139,7 @@ def _pick(override: float | None, default: float) -> float:
 def price_job(job: Job, price: PriceEntry, speed: Speed | None = None) -> tuple[list[Phase], list[str]]:
     """Phases with dollars for one offer, then storage and bandwidth lines; and warnings."""
     gpu = find_gpu(price.gpu)
-    speed = speed or step_speed(job.model, job.settings, gpu, job.estimate)
+    speed = speed or step_speed(job.model, job.step_settings, gpu, job.estimate, spec_settings=job.settings)
     warnings: list[str] = []
     from lorapod.store.phases import measured_boot_min
 

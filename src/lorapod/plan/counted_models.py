@@ -230,6 +230,18 @@ def _dit(key: str) -> Any:
     return model, (lambda: model(hidden_states=img, timestep=timestep, **kwargs)), tokens
 
 
+def count_dit(model_forward_tokens: tuple[Any, Any, int]) -> dict[str, float]:
+    """``dit_figures`` for a DiT a family's own folder builds (``engine/diffusion/families/<name>/arch.py``
+    ``dit()``: model, forward, tokens), so a new family adds no branch here."""
+    _model, forward, tokens = model_forward_tokens
+    count = count_forward(forward)
+    linear = (count.tflops - count.attention_tflops) * 1e12
+    fwd, bwd = memory_bound_traffic(forward)
+    return {"token_params_b": round(linear / (2 * tokens) / 1e9, 2), "kernels_per_fwd": count.kernels,
+            "traffic_mb_per_token.forward": round(fwd * 1e3 / tokens, 1),
+            "traffic_mb_per_token.backward": round(bwd * 1e3 / tokens, 1)}
+
+
 def dit_figures(key: str) -> dict[str, float]:
     """The catalog's DiT figures, counted: parameters each token's matmuls pass through (a
     double-stream block gives image and text tokens weights of their own, and adaLN modulation

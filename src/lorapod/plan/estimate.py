@@ -53,8 +53,12 @@ def matmul_rate(model: ImageModel | LLMArch, s: Settings, gpu: GPU) -> float:
 
 
 def step_speed(model: ImageModel | LLMArch, s: Settings, gpu: GPU, est: Estimate | None = None,
-               *, learn: bool = True) -> Speed:
-    """The planner's estimate of one micro-batch step, from the user's own runs when one matches."""
+               *, learn: bool = True, spec_settings: Settings | None = None) -> Speed:
+    """The planner's estimate of one micro-batch step, from the user's own runs when one matches.
+
+    ``s`` is what an average micro-batch computes (an unpacked LLM job's rows padded to their
+    batch's longest, plan/padding.py); ``spec_settings`` the spec's own settings, which the user's
+    runs are recorded and matched by (default: ``s``)."""
     params = fitted()
     seconds, parts, eff = predict(model, s, gpu, params)
     lo, hi = spread(family_of(model), "speed")
@@ -64,7 +68,7 @@ def step_speed(model: ImageModel | LLMArch, s: Settings, gpu: GPU, est: Estimate
     tokens = s.batch * s.seq_len if isinstance(model, LLMArch) else 0
     speed = Speed(seconds, tokens, False, eff, seconds * lo, seconds * hi, "model", parts)
     if learn:
-        got = measured_step(model, s, gpu, params, (speed.high - speed.low) / 2 / speed.seconds_per_step)
+        got = measured_step(model, spec_settings or s, gpu, params, (speed.high - speed.low) / 2 / speed.seconds_per_step)
         if got is not None:
             mine, half, runs = got
             speed = Speed(mine, tokens, False, eff, mine * (1 - half), mine * (1 + half), "your runs", parts, runs)

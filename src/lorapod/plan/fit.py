@@ -104,14 +104,12 @@ class Residual:
 
 
 def model_family(model: Any) -> str:
-    """SD/SDXL, FLUX (FLUX.1 and FLUX.2), Wan (2.1 and 2.2) or LLM: the families issue 26's
-    accuracy targets are set for (the printed ranges use family_of's llm / image / video)."""
-    fam = getattr(model, "family", "llm")
-    if fam.startswith("sd"):
-        return "SD/SDXL"
-    if fam.startswith("flux"):
-        return "FLUX"
-    return "Wan" if fam.startswith("wan") else "LLM"
+    """The accuracy group issue 26's targets are set for: a diffusion family's ``speed_group`` in the
+    catalog (SD/SDXL, FLUX, Wan, ...) or LLM (the printed ranges use family_of's llm / image / video)."""
+    from lorapod.catalog.families import FAMILIES
+
+    row = FAMILIES.get(getattr(model, "family", "llm"))
+    return row.speed_group if row is not None else "LLM"
 
 
 def speed_points(obs: Sequence[Observation] | None = None) -> list[Observation]:

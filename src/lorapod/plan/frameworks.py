@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lorapod.catalog.families import engine_supports
+
 
 @dataclass(frozen=True)
 class Framework:
@@ -30,7 +32,29 @@ class Framework:
     # buffers: none; lorapod's engine holds the computing block and the arriving one: two).
     prefetches_blocks: bool = True
     swap_in_flight: int = 0
+    # Which models' ``train.blocks_to_swap`` the trainer implements ("image", "video"): the planner
+    # and the OOM hint suggest block swap only there (review N5), and preflight refuses it elsewhere.
+    # lorapod's engine declares its own (lorapod.engine: video.py swaps Wan blocks); a trainer not
+    # listed with a kind ignores or refuses the setting for it.
+    block_swap: frozenset[str] = frozenset()
+    # lorapod's own engine answers per family, not per kind (catalog/families.py ``engine_supports``:
+    # its DiT families swap blocks, the U-Nets have none to swap)
+    swaps_per_family: bool = False
+    # fp8 base weights (``model.dtype: fp8``; an Ada/Hopper/Blackwell GPU is needed all the same)
+    fp8_base: bool = True
 
+    def swaps_blocks(self, kind: str, family: str | None = None) -> bool:
+        """Whether ``train.blocks_to_swap`` does something in this trainer for a model of ``kind``
+        ("image" / "video") and, where the trainer decides per family, of ``family``."""
+        if self.swaps_per_family:
+            return family is not None and engine_supports(family, "block_swap")
+        return kind in self.block_swap
+
+
+#: The model kinds lorapod's own engine swaps blocks for (engine/diffusion/memory.py ``swap_blocks``,
+#: used by the image and the video recipe); which families within them is the catalog's
+#: ``engine_supports(family, "block_swap")`` (every DiT family; the U-Nets have no blocks).
+LORAPOD_BLOCK_SWAP: frozenset[str] = frozenset({"image", "video"})
 
 FRAMEWORKS: dict[str, Framework] = {
     "hf": Framework(
@@ -46,9 +70,9 @@ FRAMEWORKS: dict[str, Framework] = {
     "lorapod": Framework(
         "lorapod", 12.0,
         why="lorapod's engine: bf16 logits (2) at label positions only, their fp32 upcast (4), log-softmax (4); the "
-        "backward's peak is log-softmax and two float32 gradients. Block swap (engine/diffusion/wan.py): the next "
+        "backward's peak is log-softmax and two float32 gradients. Block swap (engine/diffusion/memory.py): the next "
         "block is prefetched on a CUDA side stream, two swapped blocks on the GPU at a time",
-        prefetches_blocks=True, swap_in_flight=2,
+        prefetches_blocks=True, swap_in_flight=2, block_swap=LORAPOD_BLOCK_SWAP, swaps_per_family=True,
     ),
     "qwen-remote-code": Framework(
         "qwen-remote-code", 12.0,
@@ -68,8 +92,14 @@ FRAMEWORKS: dict[str, Framework] = {
     ),
 }
 # Image trainers: the loss is on latents, so no logits; the entries exist so their speed can be fitted.
+# Block swap: sd-scripts' flux_train_network.py / sd3_train_network.py (--blocks_to_swap; its SDXL
+# script has none, trainers/sd_scripts.py refuses it there), musubi-tuner's Wan, HunyuanVideo and
+# FLUX.1 Kontext / Qwen-Image networks (--blocks_to_swap), diffusion-pipe's blocks_to_swap; ai-toolkit,
+# SimpleTuner and the diffusers scripts have no such option.
+_SWAPS = {"sd-scripts": frozenset({"image"}), "musubi-tuner": frozenset({"image", "video"}),
+          "diffusion-pipe": frozenset({"image", "video"})}
 for _name in ("sd-scripts", "musubi-tuner", "simpletuner", "ai-toolkit", "diffusers", "diffusion-pipe"):
-    FRAMEWORKS[_name] = Framework(_name, 0.0)
+    FRAMEWORKS[_name] = Framework(_name, 0.0, block_swap=_SWAPS.get(_name, frozenset()))
 
 
 def framework(name: str) -> Framework:

@@ -6,17 +6,20 @@ when that folder exists, else takes ``images=`` (``--images N``), else assumes 2
 LLM jobs are sized in tokens: the training examples' tokens x epochs, counted from the JSONL files
 when they exist as training reads them (``data.chat_split``: lines over the 4 MiB limit and bad
 lines are not read, each example is cut at ``data.sequence_len``; about 4 characters per token),
-else ``examples=`` (``--examples``) x 500 tokens.
+else ``examples=`` (``--examples``) x 500 tokens. Without packing a micro-batch costs its rows
+padded to the longest of them (plan/padding.py), replayed on the data's own lengths when they are
+here, else assumed and said.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from lorapod.catalog.models import ImageModel, LLMArch, find_model
-from lorapod.errors import DataError, PlanError
+from lorapod.errors import DataError, LorapodError, PlanError
+from lorapod.plan.padding import ASSUMED_PAD, PAD_MULTIPLE, PAD_MULTIPLE_MASK, padded_tokens
 from lorapod.plan.vram import Estimate, Settings, estimate
 from lorapod.spec import JobSpec
 
@@ -29,6 +32,11 @@ IMAGE_MB = 3.0
 EXAMPLE_KB = 2.0
 DEFAULT_SAMPLE_PROMPTS = 2
 DEFAULT_SAMPLE_STEPS = 28
+#: Fewer optimizer steps than this and the plan says so: the guides' recipes train 90-2500 (SDXL
+#: 25 x 10 x 8 = 2000, Wan 2500, a chat LoRA of 500-2000 examples x 3 epochs / 16 per step =
+#: 90-375); a LoRA's B matrix starts at zero and moves once per optimizer step, so a few dozen
+#: updates at the recipes' learning rates leave it close to the base model.
+MIN_OPTIMIZER_STEPS = 50
 
 
 @dataclass
@@ -48,6 +56,18 @@ class Job:
     checkpoints: int = 0
     samples: int = 0  # images or generations written while training
     warnings: list[str] = field(default_factory=list)
+    #: LLM, unpacked: token positions per row of an average micro-batch, padding included
+    #: (plan/padding.py); 0: a packed row of data.sequence_len
+    row_tokens: float = 0.0
+
+    @property
+    def step_settings(self) -> Settings:
+        """The settings an average micro-batch runs at: the spec's, with an unpacked job's rows at
+        their padded length. The speed model prices a step with these; the VRAM peak keeps the
+        spec's sequence_len (the longest batch may reach it)."""
+        if not self.row_tokens:
+            return self.settings
+        return replace(self.settings, seq_len=max(1, round(self.row_tokens)))
 
     @property
     def steps_label(self) -> str:
@@ -67,6 +87,7 @@ class Job:
 
 
 def _count_images(paths: list[Path]) -> tuple[int, int] | None:
+    """(image files, bytes) under the folders that exist, by extension; None when none exists."""
     found = [p for p in paths if p.is_dir()]
     if not found:
         return None
@@ -79,6 +100,49 @@ def _count_images(paths: list[Path]) -> tuple[int, int] | None:
     return n, size
 
 
+_CHECKED: dict[tuple, tuple[int, int, list[str]]] = {}
+
+
+def _checked_images(spec: JobSpec, paths: list[Path]) -> tuple[int, int, list[str]] | None:
+    """(readable images, their bytes, what the data check says) for the folders that exist, as
+    ``lorapod data check`` judges them with the spec's family and trigger (data/check.py): an image
+    that does not decode is not trained on, so it is not counted, and the check's errors are said.
+    Without Pillow (the core install) the files are counted by extension, and the plan says so.
+    None when no folder exists. Cached per process by the folders' file names, sizes and times
+    (``lorapod plan`` plans a pinned job twice: its own offers and the whole market)."""
+    from lorapod.data.check import check_path, spec_check_args
+
+    found = [p for p in paths if p.is_dir()]
+    if not found:
+        return None
+    args = spec_check_args(spec)
+    key = (tuple(sorted((str(f), s.st_size, s.st_mtime_ns) for p in found for f in p.rglob("*")
+                        if (s := f.stat()) and f.is_file())), tuple(sorted((k, str(v)) for k, v in args.items())))
+    if key in _CHECKED:
+        return _CHECKED[key]
+    n, size, notes = 0, 0, []
+    for folder in found:
+        try:
+            report = check_path(folder, **args)
+        except LorapodError as exc:
+            files = _count_images([folder]) or (0, 0)
+            n, size = n + files[0], size + files[1]
+            notes.append(f"{folder}: images counted by name, not checked ({exc.message}; {exc.hint or ''})".rstrip("; "))
+            continue
+        infos = report.extra.get("infos", [])
+        ok = [i for i in infos if i.ok]
+        n += len(ok)
+        size += sum((folder / i.rel).stat().st_size for i in ok if (folder / i.rel).is_file())
+        errors = [f for f in report.findings if f.severity == "error"]
+        if errors:
+            unread = len(infos) - len(ok)
+            notes.append(f"`lorapod data check {folder}` finds {len(errors)} error(s), first: {errors[0].path}: "
+                         f"{errors[0].message.rstrip('.')}" + (f"; {unread} image(s) that do not decode are not counted"
+                                                   if unread else ""))
+    _CHECKED[key] = (n, size, notes)
+    return _CHECKED[key]
+
+
 @dataclass
 class _Counted:
     examples: int  # usable conversations, training and validation
@@ -86,6 +150,7 @@ class _Counted:
     train_tokens: int  # one epoch, each conversation cut at data.sequence_len
     data_bytes: int
     warnings: list[str]
+    lengths: list[int] = field(default_factory=list)  # each training conversation's tokens, cut
 
 
 def _count_examples(spec: JobSpec) -> _Counted | None:
@@ -109,11 +174,34 @@ def _count_examples(spec: JobSpec) -> _Counted | None:
         notes = [f"{n}; not counted: training stops on them unless data.skip_bad_examples "
                  f"(lorapod data check {files[0]} lists them)" for n in notes]
     seq = spec.data.sequence_len
-    tokens = sum(trained_tokens(c, seq) for c in split.train)
-    cut = sum(1 for c in split.train if trained_tokens(c, seq) == seq)
+    lengths = [trained_tokens(c, seq) for c in split.train]
+    cut = sum(1 for n in lengths if n == seq)
     if cut:
         notes.append(f"{cut} training example(s) reach data.sequence_len={seq} and are counted as cut there")
-    return _Counted(len(split.train) + len(split.val), len(split.train), tokens, size, notes)
+    return _Counted(len(split.train) + len(split.val), len(split.train), sum(lengths), size, notes, lengths)
+
+
+def _unpacked_rows(spec: JobSpec, settings: Settings, lengths: list[int] | None) -> tuple[float, str]:
+    """(token positions per row of an average micro-batch, the plan's note) for an unpacked job:
+    replayed on the data's lengths (plan/padding.py), else the assumed example padded by
+    :data:`ASSUMED_PAD`."""
+    t = spec.train
+    flash = t.attention == "flash"
+    multiple = PAD_MULTIPLE_MASK if settings.attention == "mask" else PAD_MULTIPLE
+    if lengths:
+        total, batches = padded_tokens(lengths, t.micro_batch_size, t.epochs, t.seed, multiple, flash)
+        row = total / (batches * t.micro_batch_size)
+        real = sum(lengths) * max(1, t.epochs)
+        pad = "" if flash else f", {max(0.0, 1 - real / total):.0%} of it padding"
+        return row, ("data.packing is off: each micro-batch is its rows padded to the longest"
+                     + (" (train.attention flash drops the padding)" if flash else "")
+                     + f", about {row:,.0f} tokens a row{pad}, from the data's own lengths; packing would fill "
+                     f"rows of {spec.data.sequence_len}")
+    row = min(spec.data.sequence_len, round(DEFAULT_TOKENS_PER_EXAMPLE * (1.0 if flash else ASSUMED_PAD)))
+    return float(row), (f"data.packing is off and the data is not here: each micro-batch assumed to be rows of "
+                        f"{row} tokens (the assumed {DEFAULT_TOKENS_PER_EXAMPLE}-token example"
+                        + ("" if flash else f", padded to its batch's longest: x{ASSUMED_PAD:g}")
+                        + "); the time follows your examples' real lengths")
 
 
 def _prompt_count(spec: JobSpec) -> int:
@@ -128,12 +216,60 @@ def _prompt_count(spec: JobSpec) -> int:
     return DEFAULT_SAMPLE_PROMPTS
 
 
+def _held_out(spec: JobSpec, images: int) -> int:
+    """Images the quality autopilot keeps out of training (quality/holdout.py; none with references in
+    data.holdout_path or scoring off). Counted on all images: the planner does not read the captions
+    that tell the subject from regularisation images."""
+    from lorapod.quality.holdout import count
+
+    if spec.quality.score == "off" or spec.data.holdout_path:
+        return 0
+    return count(spec.data.holdout, images)
+
+
 def _saves(spec: JobSpec, every_epochs: int | None, every_steps: int | None, steps: int, epochs: int) -> int:
     if every_steps:
         return max(1, steps // every_steps)
     if every_epochs:
         return max(1, epochs // every_epochs)
     return 0
+
+
+def _run_length_warnings(spec: JobSpec, job: Job, assumed: str) -> list[str]:
+    """Too few optimizer steps, and intervals (eval, save, samples, warmup) the run never reaches.
+    ``assumed`` names the guessed data size the counts rest on (empty when counted from the data)."""
+    t, n, epochs = spec.train, job.optimizer_steps, spec.train.epochs
+    run = f"{n} optimizer step{'s' if n != 1 else ''}" + (f" ({assumed})" if assumed else "")
+    out = []
+    if n < MIN_OPTIMIZER_STEPS:
+        per = (f"{job.steps} micro-batch{'es' if job.steps != 1 else ''}"
+               + (f" / train.grad_accum {t.grad_accum}" if t.grad_accum > 1 else ""))
+        out.append(f"only {n} optimizer step{'s' if n != 1 else ''} ({per}{'; ' + assumed if assumed else ''}): the adapter is updated {n} time{'s' if n != 1 else ''}, where the guides' "
+                   f"recipes train 90-2500 steps; more epochs or data, or a smaller train.grad_accum / "
+                   "train.micro_batch_size")
+    warm = t.warmup_steps or math.ceil(t.warmup_ratio * n)
+    if warm >= n and n:
+        out.append(f"the warmup ({warm} steps) covers the whole run of {run}: the learning rate never reaches "
+                   f"train.learning_rate")
+    end = "only the final adapter comes out"
+    for name, every, per_epoch, what in (
+        ("eval.every_steps", spec.eval.every_steps, False,
+         "validation runs only before and after training, no curve to stop on"),
+        ("save.every_steps", spec.save.every_steps, False, f"no checkpoint before the end: {end}, nothing to resume"),
+        ("save.every_epochs", spec.save.every_epochs if not spec.save.every_steps else None, True,
+         f"no checkpoint before the end: {end}, nothing to resume"),
+        ("samples.every_steps", spec.samples.every_steps if spec.samples.prompts else None, False,
+         "no samples while training"),
+        ("samples.every_epochs", spec.samples.every_epochs if spec.samples.prompts else None, True,
+         "no samples while training"),
+    ):
+        if every is None:
+            continue
+        if per_epoch and every > epochs:
+            out.append(f"{name}={every} is more than the run's {epochs} epoch{'s' if epochs != 1 else ''}: {what}")
+        elif not per_epoch and every > n:
+            out.append(f"{name}={every} is longer than the run's {run}: {what}")
+    return out
 
 
 def _prediction_warnings(spec: JobSpec, family: str) -> list[str]:
@@ -158,14 +294,21 @@ def build_job(spec: JobSpec, *, images: int | None = None, examples: int | None 
     warnings: list[str] = []
     job = Job(spec, model, settings, est, steps=0)
     if isinstance(model, ImageModel):
-        counted = _count_images(spec.data_paths())
-        if counted is not None and counted[0] > 0 and images is None:
-            job.images, data_bytes = counted
+        counted = _checked_images(spec, spec.data_paths()) if images is None else None
+        if counted is not None:
+            warnings.extend(counted[2])
+        if counted is not None and counted[0] > 0:
+            job.images, data_bytes = counted[0], counted[1]
         else:
             job.images = images if images is not None else DEFAULT_IMAGES
             data_bytes = int(job.images * IMAGE_MB * 1e6)
             if images is None:
-                warnings.append(f"image count assumed {DEFAULT_IMAGES}: {spec.data.path} not found; pass --images N")
+                where = "not found" if counted is None else "holds no readable image"
+                warnings.append(f"image count assumed {DEFAULT_IMAGES}: {spec.data.path} {where}; pass --images N")
+        held = _held_out(spec, job.images)
+        if held:  # counted as training images still: only the captions say which are the subject's
+            warnings.append(f"up to {held} of the {job.images} images are held out of training as the quality "
+                            f"autopilot's references (data.holdout: {spec.data.holdout}; docs/quality.md)")
         per_epoch = math.ceil(job.images * spec.data.repeats / t.micro_batch_size)
         job.steps = per_epoch * t.epochs
         job.download_gb = model.download_gb
@@ -174,7 +317,9 @@ def build_job(spec: JobSpec, *, images: int | None = None, examples: int | None 
         prompts = _prompt_count(spec)
     else:
         counted_ex = _count_examples(spec) if examples is None else None
+        lengths: list[int] | None = None
         if counted_ex is not None and counted_ex.train_examples:
+            lengths = counted_ex.lengths
             job.examples, train_examples = counted_ex.examples, counted_ex.train_examples
             job.tokens = counted_ex.train_tokens * t.epochs
             data_bytes = counted_ex.data_bytes
@@ -194,8 +339,10 @@ def build_job(spec: JobSpec, *, images: int | None = None, examples: int | None 
             job.tokens = int(train_tokens * t.epochs)
         per_step = t.micro_batch_size * spec.data.sequence_len
         job.steps = max(1, math.ceil(job.tokens / per_step)) if spec.data.packing else max(
-            1, math.ceil(train_examples * t.epochs / t.micro_batch_size)
-        )
+            1, math.ceil(train_examples / t.micro_batch_size)) * t.epochs
+        if not spec.data.packing:
+            job.row_tokens, note = _unpacked_rows(spec, settings, lengths)
+            warnings.append(note)
         job.download_gb = model.params * 2 / 1e9
         job.upload_gb = data_bytes / 1e9
         lora_bytes = model.lora_params(settings.r, settings.targets) * 2
@@ -212,6 +359,9 @@ def build_job(spec: JobSpec, *, images: int | None = None, examples: int | None 
                          t.epochs) * prompts
     job.checkpoints = _saves(spec, spec.save.every_epochs, spec.save.every_steps, job.optimizer_steps, t.epochs) or 1
     job.pull_gb = job.checkpoints * lora_bytes / 1e9
+    assumed = ("with the assumed " + (f"{job.images} images" if job.is_image else f"{job.examples} examples")
+               if any("assumed" in w for w in warnings) else "")
+    warnings.extend(_run_length_warnings(spec, job, assumed))
     job.warnings = warnings
     if isinstance(model, ImageModel):
         job.warnings.extend(_prediction_warnings(spec, model.family))

@@ -12,7 +12,7 @@ leave-one-source-out cross-validation and ``lorapod plan --explain``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
@@ -160,7 +160,10 @@ def load_measurements() -> tuple[Snapshot, tuple[Observation, ...]]:
         fw = p.get("framework") or src["framework"]
         model = _model(p["model"], archs)
         s = _settings(merged, fw, model)
-        what = f"{p['model']} {s.base_dtype}{' (fp8 matmuls)' if s.fp8_matmuls else ''} on {gpu_name}" + (
+        if p.get("url"):  # a source that gathers several texts: the point names its own
+            source = replace(source, url=str(p["url"]))
+        on = f" on {gpu_name}" if gpu_name else ""  # a card size ("fits in 24 GB") names no GPU
+        what = f"{p['model']} {s.base_dtype}{' (fp8 matmuls)' if s.fp8_matmuls else ''}{on}" + (
             f", {s.seq_len} tokens x {s.batch}" if isinstance(model, LLMArch) else f", {s.resolution} px x {s.batch}")
         for metric, value in p["measured"].items():
             if metric not in SPEED_METRICS | VRAM_METRICS | PUBLISHED_SPEED:

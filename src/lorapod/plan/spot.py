@@ -268,7 +268,7 @@ def quote(job: SpotJob, tier: str, bid: float, rate: Rate, train_range: tuple[fl
 
 SETUP_PHASES = ("boot + install", "download base model", "upload data", "cache", "load + tokenize",
                 "prep (download + upload + cache)")
-WORK_PHASES = ("train", "sampling")
+WORK_PHASES = ("train", "sampling", "scoring")
 STATE_KEY = "LoRA weights, grads, optimizer"
 #: what ``lorapod run`` does with the choice (compute/recovery.py)
 RUNTIME_NOTE = ("lorapod run rents the tier chosen here (--spot auto|always|never overrides compute.spot) and, "
@@ -366,17 +366,29 @@ class TierChoice:
                 "runtime": RUNTIME_NOTE}
 
 
-def decide(options: list[Any], policy: str, max_usd: float | None, max_hours: float | None) -> TierChoice | None:
-    """``never``: on-demand. ``always``: the cheapest expected spot quote. ``auto``: spot only when
-    its worst end (slow end of the speed range and high end of the preemption rate) still costs
-    less than the cheapest on-demand option at the same slow end, and stays within ``max_usd`` and
+def decide(options: list[Any], policy: str, max_usd: float | None, max_hours: float | None,
+           hour_usd: float = 0.0) -> TierChoice | None:
+    """``never``: on-demand. ``always``: the best expected spot quote. ``auto``: spot only when
+    its worst end (slow end of the speed range and high end of the preemption rate) still beats
+    the best on-demand option at the same slow end, and stays within ``max_usd`` and
     ``max_hours``. Why the same slow end: the speed's uncertainty hits both tiers alike; spot's own
-    risk is the rate, so that is the part held at its worst."""
+    risk is the rate, so that is the part held at its worst. "Best" and "beats" weigh dollars and
+    hours as the plan ranks offers: $ + ``hour_usd`` x hours (plan/choose.py ``rank_key``), so
+    a spot quote that saves cents by taking twice as long does not win."""
+
+    def worth(usd: float, hours: float) -> float:
+        return usd + hour_usd * hours
+
+    def crosses(o: Any) -> bool:
+        return bool((max_usd is not None and o.usd_total > max_usd) or (max_hours is not None and o.hours_total > max_hours))
+
     fitting = [o for o in options if o.fits]
     if not fitting:
         return None
-    best = min(fitting, key=lambda o: (o.usd_total, o.hours_total))  # whatever order the options are in
-    priced = sorted((o for o in fitting if o.spot is not None), key=lambda o: o.spot.expected.usd)
+    # whatever order the options are in (the CLI may sort by time): the plan's own rank
+    best = min(fitting, key=lambda o: (crosses(o), worth(o.usd_total, o.hours_total), o.usd_total, o.hours_total))
+    priced = sorted((o for o in fitting if o.spot is not None),
+                    key=lambda o: (worth(o.spot.expected.usd, o.spot.expected.hours), o.spot.expected.usd))
     # a spot option whose save on SIGTERM cannot fit the provider's window is not taken (item 2)
     spots = [o for o in priced if getattr(o.spot, "save_fits", True)]
     cut = [o for o in priced if o not in spots]
@@ -403,18 +415,22 @@ def decide(options: list[Any], policy: str, max_usd: float | None, max_hours: fl
         return TierChoice(policy, "on-demand", options.index(best), f"compute.spot is {policy}, but no GPU that fits "
                           "has an interruptible price within compute.max_bid_per_gpu_hour")
     if policy == "always":
-        s = spots[0]
+        s = spots[0]  # the best expected quote, dollars and hours weighed as the plan ranks
         over = [f"its worst end ${s.spot.high.usd:.2f} crosses compute.max_usd ${max_usd:g}"] if (
             max_usd is not None and s.spot.high.usd > max_usd) else []
-        return TierChoice(policy, "spot", options.index(s), f"compute.spot is always: the cheapest expected spot quote, "
+        return TierChoice(policy, "spot", options.index(s), f"compute.spot is always: the best expected spot quote, "
                           f"{where(s)} at ${s.spot.expected.usd:.2f}" + ("; " + over[0] if over else ""))
     od_worst = best.usd_range[1]
+    od_slow = getattr(best, "hours_range", (best.hours_total, best.hours_total))[1]
+    weighed = f", each hour counted at ${hour_usd:g} (compute.hour_worth_usd)" if hour_usd else ""
+    od = (f"on-demand's ${od_worst:.2f} ({where(best)}) in {_hours(od_slow)} at the same slow end of the speed range "
+          f"(its expected ${best.usd_total:.2f} in {_hours(best.hours_total)}){weighed}")
     why_not = ""
     for s in spots:
         q = s.spot
-        if q.high.usd >= od_worst:
+        if worth(q.high.usd, q.high.hours) >= worth(od_worst, od_slow):
             why_not = why_not or (f"spot's worst end ({where(s)}, {q.rate.high:.2g} preemptions/h) ${q.high.usd:.2f} "
-                                  f"does not beat on-demand's ${od_worst:.2f} ({where(best)}) at the same speed")
+                                  f"in {_hours(q.high.hours)} does not beat {od}")
             continue
         if max_usd is not None and q.high.usd > max_usd:
             why_not = why_not or f"spot's worst end ${q.high.usd:.2f} ({where(s)}) crosses compute.max_usd ${max_usd:g}"
@@ -424,9 +440,12 @@ def decide(options: list[Any], policy: str, max_usd: float | None, max_hours: fl
                                   f"{max_hours:g} h")
             continue
         return TierChoice(policy, "spot", options.index(s),
-                          f"spot on {where(s)}: expected ${q.expected.usd:.2f}, at worst ${q.high.usd:.2f} (slow end "
-                          f"of the speed range, {q.rate.high:.2g} preemptions/h), below on-demand's ${od_worst:.2f} "
-                          f"({where(best)}) at the same speed" + (", within the cap" if max_usd else "")
-                          + (" and the deadline" if max_hours else ""))
+                          f"spot on {where(s)}: expected ${q.expected.usd:.2f} in {_hours(q.expected.hours)}, at worst "
+                          f"${q.high.usd:.2f} in {_hours(q.high.hours)} (slow end of the speed range, "
+                          f"{q.rate.high:.2g} preemptions/h), which beats {od}"
+                          + (", within the cap" if max_usd else "") + (" and the deadline" if max_hours else ""))
     return TierChoice(policy, "on-demand", options.index(best), "on-demand: " + why_not)
 
+
+def _hours(h: float) -> str:
+    return f"{h * 60:.0f} min" if h < 1.5 else f"{h:.1f} h"

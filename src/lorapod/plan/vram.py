@@ -352,8 +352,39 @@ def check_fits(model: ImageModel, s: Settings, vram_gb: float, what: str = "this
     return need
 
 
-def suggestions(model: ImageModel | LLMArch, s: Settings) -> list[tuple[Suggestion, Settings]]:
-    """Single changes, cheapest first (by the time or quality they cost), each with its estimate."""
+#: GPU architectures with fp8 tensor cores (compute capability >= 8.9): what ``model.dtype: fp8``
+#: needs (engine/device.py refuses it below). Names as catalog/data/gpus.yaml's ``arch``.
+FP8_ARCHS = frozenset({"ada", "hopper", "blackwell"})
+
+
+def arch_of(capability: tuple[int, int]) -> str:
+    """The catalog's architecture name for a CUDA compute capability (NVIDIA's CUDA GPUs list):
+    7.0 volta, 7.5 turing, 8.0/8.6/8.7 ampere, 8.9 ada, 9.0 hopper, 10.x/12.x blackwell."""
+    major, minor = capability
+    if major >= 10:
+        return "blackwell"
+    if major == 9:
+        return "hopper"
+    if (major, minor) >= (8, 9):
+        return "ada"
+    if major == 8:
+        return "ampere"
+    return "turing" if (major, minor) >= (7, 5) else "volta"
+
+
+def model_kind(model: ImageModel | LLMArch) -> str:
+    """"video" (a video VAE folds frames), "image" (other diffusion models) or "llm"."""
+    if not isinstance(model, ImageModel):
+        return "llm"
+    return "video" if model.frames_per_latent else "image"
+
+
+def suggestions(model: ImageModel | LLMArch, s: Settings, arch: str | None = None) -> list[tuple[Suggestion, Settings]]:
+    """Single changes, cheapest first (by the time or quality they cost), each with its estimate.
+
+    Only changes the job's trainer (``s.framework``) implements and the GPU can run: fp8 base
+    weights on an fp8 architecture (``arch``; None: not known, as when planning for any GPU)."""
+    fw = framework(s.framework)
     out: list[tuple[str, tuple[str, ...], str, Settings]] = []
     if s.optimizer == "adamw":
         out.append(("8-bit AdamW", ("train.optimizer=adamw_8bit",), "no time cost", replace(s, optimizer="adamw_8bit")))
@@ -374,7 +405,7 @@ def suggestions(model: ImageModel | LLMArch, s: Settings) -> list[tuple[Suggesti
         if resident_experts(model, s) > 1:
             out.append(("one Wan2.2 expert per run", ("train.experts=low_noise",),
                         "a second run (train.experts=high_noise) trains the other", replace(s, experts="low_noise")))
-        if s.base_dtype in ("bf16", "fp16", "fp32"):
+        if s.base_dtype in ("bf16", "fp16", "fp32") and fw.fp8_base and (arch is None or arch in FP8_ARCHS):
             out.append(("fp8 base weights", ("model.dtype=fp8",), "slight quality cost", replace(s, base_dtype="fp8")))
     elif s.base_dtype != "nf4":
         out.append(("QLoRA (4-bit base)", ("method.type=qlora",), "about 30% more time, CUDA only",
@@ -389,13 +420,15 @@ def suggestions(model: ImageModel | LLMArch, s: Settings) -> list[tuple[Suggesti
     return result
 
 
-def make_fit(model: ImageModel | LLMArch, s: Settings, vram_gb: float) -> Suggestion | None:
+def make_fit(model: ImageModel | LLMArch, s: Settings, vram_gb: float, arch: str | None = None) -> Suggestion | None:
     """The cheapest change (or stack of changes) that brings the peak under ``vram_gb``.
 
     Single changes are tried cheapest first; then they are stacked in that order; block swap
-    (the slowest) comes last, with the fewest blocks that suffice.
+    (the slowest) comes last, with the fewest blocks that suffice, and only where the job's
+    trainer implements it for this kind of model (:attr:`Framework.block_swap`). ``arch``: the
+    GPU's architecture (catalog name, :func:`arch_of`); fp8 is suggested only where it runs.
     """
-    singles = suggestions(model, s)
+    singles = suggestions(model, s, arch)
     for sug, _ in singles:
         if sug.peak_gb <= vram_gb * (1 - TIGHT_FRACTION / 2):
             return sug
@@ -422,7 +455,9 @@ def make_fit(model: ImageModel | LLMArch, s: Settings, vram_gb: float) -> Sugges
             )
     changes = [c.change for c, _ in chosen]
     sets = [x for c, _ in chosen for x in c.sets]
-    if isinstance(model, ImageModel) and model.blocks:
+    if isinstance(model, ImageModel) and model.blocks and framework(s.framework).swaps_blocks(
+        model_kind(model), model.family
+    ):
         for n in range(max(1, stacked.blocks_to_swap + 1), model.blocks):
             trial = replace(stacked, blocks_to_swap=n)
             peak = estimate(model, trial).peak_gb

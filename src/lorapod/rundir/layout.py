@@ -64,6 +64,20 @@ def sample_step(name: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+#: an LLM run's samples: the adapter's answers to samples.prompts at one save (engine/llm.py)
+ANSWERS_SUFFIX = "-answers.jsonl"
+
+
+def answers_file(tag: str) -> str:
+    """``step000040-answers.jsonl``: the answers an LLM run wrote at ``tag``."""
+    return f"{tag}{ANSWERS_SUFFIX}"
+
+
+def answers_tag(name: str) -> str | None:
+    """The tag of an answers file's name, None for any other name."""
+    return name[: -len(ANSWERS_SUFFIX)] or None if name.endswith(ANSWERS_SUFFIX) else None
+
+
 def sample_parts(name: str) -> tuple[str, str] | None:
     """(tag, part) of a sample file of any trainer: ``step000040-01.png`` -> (step000040, 01),
     ``step000040-grid.png`` -> (step000040, grid); None for a name of another shape."""

@@ -91,6 +91,7 @@ class Mirror:
     run: Path
     keep_last: int
     step_offset: int = 0  # a resumed kohya job numbers its step saves from 0 again (TrainerJob.step_offset)
+    protect: Callable[[], set[str]] | None = None  # checkpoints kept beyond keep_last (the quality pick)
     _seen: dict[Path, tuple] = field(default_factory=dict)
     done: set[Path] = field(default_factory=set)
     final_state: bool = False  # the trainer's final state was placed in this launch
@@ -136,11 +137,49 @@ class Mirror:
         the kohya trainers' ``NAME-state``) is not one of them: counting it would delete a step
         the trainer itself kept (sd-scripts keeps ``--save_last_n_steps`` saves *and* the final
         state; tests/recorded/sd15)."""
+        kept = self.protect() if self.protect is not None else set()
         keys = sorted((p for p in (self.run / "checkpoints").iterdir()
-                       if p.is_dir() and not p.name.startswith(".") and p.name != FINAL_STATE),
+                       if p.is_dir() and not p.name.startswith(".") and p.name != FINAL_STATE and p.name not in kept),
                       key=lambda p: p.stat().st_mtime)
         for old in keys[: max(0, len(keys) - self.keep_last)]:
             shutil.rmtree(old, ignore_errors=True)
+
+
+class _Scorer:
+    """The quality autopilot's scoring of each mirrored checkpoint, one at a time in a thread of its
+    own: the runner's loop goes on polling, so a STOP or a SIGTERM is acted on at once, however long a
+    checkpoint takes to score. ``stop_reason`` is set once train.stop_when says stop. A scoring that
+    fails is said and ends the scoring, never the run."""
+
+    def __init__(self, judge, run_dir: Path, log: Callable[[dict], None], say: Callable[[str], None]) -> None:
+        import queue
+
+        self.judge, self.run_dir, self.log, self.say = judge, run_dir, log, say
+        self.stop_reason: str | None = None
+        self.jobs: queue.Queue = queue.Queue()
+        threading.Thread(target=self._work, daemon=True, name="lorapod-quality").start()
+
+    def submit(self, key: str, step: int, total: int | None) -> None:
+        self.jobs.put((key, step, total))
+
+    def drain(self) -> None:
+        self.jobs.join()
+
+    def _work(self) -> None:
+        failed = False
+        while True:
+            key, step, total = self.jobs.get()
+            try:
+                if not failed and self.stop_reason is None:
+                    why = self.judge.on_checkpoint(self.run_dir, key, step, total, self.log)
+                    if why is not None:
+                        self.stop_reason = why
+            except Exception as exc:  # a scorer's failure is the scoring's, not the training's
+                failed = True
+                self.say(f"lorapod trainer-run: quality scoring stopped at {key}: {type(exc).__name__}: "
+                         f"{str(exc)[:300]}")
+            finally:
+                self.jobs.task_done()
 
 
 def _signature(path: Path) -> tuple:
@@ -274,9 +313,10 @@ def _forwarded_trackers(spec, trainer: Trainer, run_dir: Path) -> list:
 
 def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: str = sys.executable,
                 src: str | None = None, stop_wait_s: float = 240.0, poll_s: float = 1.0,
-                say: Callable[[str], None] = print) -> str:
-    """Run the whole job; returns ``done``, ``stopped`` (run/STOP) or ``preempted`` (SIGTERM). Raises
-    with the reason on failure."""
+                say: Callable[[str], None] = print, judge=None) -> str:
+    """Run the whole job; returns ``done``, ``stopped`` (run/STOP, or train.stop_when) or ``preempted``
+    (SIGTERM). Raises with the reason on failure. ``judge``: the quality autopilot scoring each
+    mirrored checkpoint (default: engine/autopilot.py ``external_autopilot`` for the spec)."""
     term = [False]
     old_term = None
     # A job started in the background by a shell has SIGINT ignored, and an ignored signal stays
@@ -286,14 +326,14 @@ def run_trainer(spec, trainer_name: str, run_dir: Path, work: Path, *, python: s
         signal.signal(signal.SIGINT, signal.default_int_handler)
         old_term = signal.signal(signal.SIGTERM, lambda *_: term.__setitem__(0, True))
     try:
-        return _run(spec, trainer_name, run_dir, work, python, src, stop_wait_s, poll_s, say, term)
+        return _run(spec, trainer_name, run_dir, work, python, src, stop_wait_s, poll_s, say, term, judge)
     finally:
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
 
 
 def _run(spec, trainer_name: str, run_dir: Path, work: Path, python: str, src: str | None, stop_wait_s: float,
-         poll_s: float, say: Callable[[str], None], term: list[bool]) -> str:
+         poll_s: float, say: Callable[[str], None], term: list[bool], judge=None) -> str:
     from lorapod.engine.metrics import MetricsWriter
 
     run_dir = Path(run_dir)
@@ -336,15 +376,36 @@ def _run(spec, trainer_name: str, run_dir: Path, work: Path, python: str, src: s
     # on resume, lines logged after the checkpoint go: the trainer logs those steps again
     metrics = MetricsWriter(run_dir / METRICS, resume_step=resume_step,
                             trackers=_forwarded_trackers(spec, trainer, run_dir))
-    mirror = Mirror(trainer, layout, job.output_name, run_dir, spec.save.keep_last, job.step_offset)
+    if judge is None:
+        from lorapod.engine.autopilot import external_autopilot
+
+        judge = external_autopilot(spec, run_dir, say)
+    mirror = Mirror(trainer, layout, job.output_name, run_dir, spec.save.keep_last, job.step_offset,
+                    protect=judge.keep if judge is not None else None)
     bridge = trainer.metrics_parser(job)
     lock = threading.Lock()
     last_step = [0]
+    total = [spec.train.max_steps]
 
     def log(records: list[dict]) -> None:
         for rec in records:
             metrics.log(rec)
             last_step[0] = max(last_step[0], int(rec.get("step", 0)))
+            if isinstance(rec.get("total_steps"), int):
+                total[0] = rec["total_steps"]
+
+    def locked_log(rec: dict) -> None:
+        with lock:
+            metrics.log(rec)
+
+    scorer = _Scorer(judge, run_dir, locked_log, say) if judge is not None else None
+
+    def judged(added: list[tuple[str, str]]) -> None:
+        """Each checkpoint just mirrored goes to the quality autopilot, scored in its own thread."""
+        for kind, key in added:
+            if scorer is not None and kind == "checkpoint":
+                step = checkpoint_step(key)
+                scorer.submit(key, step if step is not None else last_step[0], total[0])
 
     def on_text(text: str) -> None:
         with lock:
@@ -364,7 +425,18 @@ def _run(spec, trainer_name: str, run_dir: Path, work: Path, python: str, src: s
                 time.sleep(min(poll_s, 0.25) if term[0] else poll_s)
                 with lock:
                     log(bridge.poll())
-                saved = [key for kind, key in mirror.sync() if kind == trainer.resume_kind]
+                added = mirror.sync()
+                saved = [key for kind, key in added if kind == trainer.resume_kind]
+                if cmd.phase == "train":
+                    judged(added)
+                why = scorer.stop_reason if scorer is not None else None
+                if why is not None:  # train.stop_when: the run ends at the checkpoint it judged
+                    p.end()
+                    with lock:
+                        log(bridge.flush() + bridge.poll())
+                    mirror.sync(settled=True)
+                    say(f"lorapod trainer-run: train.stop_when at step {last_step[0]}: {why}")
+                    return "stopped"
                 if term[0] and preempted_since is None:
                     preempted_since = time.monotonic()
                     before = {a.key for a in trainer.artifacts(layout, job.output_name) if a.kind == trainer.resume_kind}
@@ -416,10 +488,13 @@ def _run(spec, trainer_name: str, run_dir: Path, work: Path, python: str, src: s
                 raise TrainerFailed(f"{head}{trainer.title}: '{cmd.name}' exited with {rc}:\n{_tail(p.lines)}",
                                     hint=trainer.fix_for(reason) or "the trainer's own message is above (job.log); "
                                          "fix the spec or the data, then `lorapod run --resume JOB`")
-        mirror.sync(final=True)
+        judged(mirror.sync(final=True))
         if mirror.final_state and last_step[0]:  # every step's record is in: the state's step is the last
             atomic_write_text(run_dir / CHECKPOINTS / FINAL_STATE / FINAL_STATE_STEP,
                               json.dumps({"step": last_step[0]}) + "\n")
+        if scorer is not None:
+            scorer.drain()
+            judge.finish(run_dir, locked_log)  # what waited for the GPU while the trainer ran
     finally:
         metrics.close()
     if not any((run_dir / "adapter").glob("*")):

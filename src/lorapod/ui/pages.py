@@ -6,11 +6,14 @@ show, and renders a template; none decides anything about a run itself.
 
 from __future__ import annotations
 
+import re
 from typing import Any
+from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 
+from lorapod.catalog.families import NAMES as FAMILY_NAMES
 from lorapod.errors import LorapodError
 from lorapod.rundir import last_loss
 from lorapod.ui.runs import CHART_KEYS, read_metrics
@@ -64,19 +67,39 @@ def plan_page(request: Request) -> Response:
     return dash.page("plan.html", **ctx)
 
 
+def _check_args(request: Request, args: dict[str, Any]) -> dict[str, Any]:
+    """The data check's family and trigger: the page's fields when given, else the spec's
+    (:meth:`Dashboard.data_choices`). An empty field keeps the spec's; a family outside the table
+    or a trigger that is not one short word is ignored, never passed on."""
+    out = dict(args)
+    fam = request.query_params.get("family")
+    if fam in FAMILY_NAMES:
+        out["family"] = fam
+    trig = (request.query_params.get("trigger") or "").strip()
+    if re.fullmatch(r"[\w.-]{1,64}", trig):  # an empty field keeps the spec's
+        out["trigger"] = trig
+    return out
+
+
 def data_page(request: Request) -> Response:
     dash = dashboard(request)
-    folders = dash.data_folders()
+    choices = dash.data_choices()
+    folders = [f for f, _ in choices]
     pick = request.query_params.get("folder")
     chosen = None
+    ctx: dict[str, Any] = {"folders": folders, "families": FAMILY_NAMES, "nav": "data", "args": None}
     if pick is not None:
         try:
             chosen = int(pick)
             if not 0 <= chosen < len(folders):
                 raise IndexError(chosen)
         except (ValueError, IndexError):
-            return dash.page("data.html", 404, folders=folders, chosen=None, nav="data")
-    return dash.page("data.html", folders=folders, chosen=chosen, nav="data")
+            return dash.page("data.html", 404, **{**ctx, "chosen": None})
+        args = _check_args(request, choices[chosen][1])
+        ctx["args"] = args
+        ctx["query"] = urlencode({k: v for k, v in (("family", args["family"]), ("trigger", args.get("trigger")))
+                                  if v})
+    return dash.page("data.html", **{**ctx, "chosen": chosen})
 
 
 def data_report(request: Request) -> Response:
@@ -86,11 +109,11 @@ def data_report(request: Request) -> Response:
 
     dash = dashboard(request)
     try:
-        folder, family = dash.data_choices()[int(request.path_params["n"])]
+        folder, args = dash.data_choices()[int(request.path_params["n"])]
     except (ValueError, IndexError):
         return PlainTextResponse("no such folder", 404)
     try:
-        report = check_path(folder, family=family)
+        report = check_path(folder, **_check_args(request, args))
         return HTMLResponse(build_html(report))
     except LorapodError as exc:
         return dash.page("missing.html", 400, what=f"{folder}: {exc.message}", nav="data")

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from lorapod.rundir.layout import CHECKPOINTS, METRICS, SAMPLE_EXTS, sample_parts
+from lorapod.rundir.layout import CHECKPOINTS, METRICS, SAMPLE_EXTS, answers_tag, sample_parts
 from lorapod.rundir.metrics import parse_records
 from lorapod.ui.files import is_real_dir, list_files, read_text
 
@@ -45,6 +45,9 @@ CHART_KEYS = {
     "loss": ("loss", "val_loss", "fixed_noise_loss"),
     "lr": ("lr",),
     "speed": ("tokens_per_s", "it_per_s", "samples_per_s"),
+    # the quality autopilot's line at each scored checkpoint (quality/autopilot.py): score and parts vs the base
+    "quality": ("quality_score", "quality_fidelity", "quality_adherence", "quality_leakage", "quality_loss_gain",
+                "quality_f1_delta"),
 }
 
 
@@ -464,6 +467,38 @@ def samples(root: Path) -> list[dict[str, Any]]:
     return [{"tag": t, "files": groups[t]} for t in order]
 
 
+#: bounds on what the Samples section reads of an LLM run's answers (the host wrote them)
+ANSWERS_FILES = 20  # the newest saves
+ANSWERS_FILE_BYTES = 256 * 1024
+ANSWERS_PER_FILE = 50
+ANSWER_CHARS = 4000
+
+
+def answers(root: Path) -> list[dict[str, Any]]:
+    """An LLM run's samples: the adapter's answers to ``samples.prompts`` at each save
+    (``samples/<tag>-answers.jsonl``, engine/llm.py), newest first, each row {prompt, answer}.
+    Read bounded (:data:`ANSWERS_FILES` files of :data:`ANSWERS_FILE_BYTES`, :data:`ANSWERS_PER_FILE`
+    rows of :data:`ANSWER_CHARS` characters); a line that is not such an object is skipped."""
+    found = [(mtime, name, tag) for name, _size, mtime in list_files(root, "samples")
+             if (tag := answers_tag(name)) is not None]
+    out = []
+    for _mtime, name, tag in sorted(found, reverse=True)[:ANSWERS_FILES]:
+        text = read_text(root, f"samples/{name}", limit=ANSWERS_FILE_BYTES) or ""
+        rows = []
+        for line in text.splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("prompt"), str) and isinstance(row.get("answer"), str):
+                rows.append({"prompt": row["prompt"][:ANSWER_CHARS], "answer": row["answer"][:ANSWER_CHARS]})
+            if len(rows) >= ANSWERS_PER_FILE:
+                break
+        if rows:
+            out.append({"tag": tag, "rows": rows})
+    return out
+
+
 def sample_prompt(root: Path, rel: str) -> str | None:
     """The prompt the engine wrote into a sample PNG (engine/diffusion/samples.py ``png_info``:
     a ``prompt`` text chunk, which Pillow writes as tEXt, or iTXt when it is not Latin-1).
@@ -498,6 +533,35 @@ def evaluation(root: Path) -> dict[str, Any]:
     if isinstance(img, dict):
         out["images"] = img
     return out
+
+
+def quality(root: Path) -> dict[str, Any] | None:
+    """The quality autopilot's decision for the run page (quality/, read bounded: rundir/quality.py):
+    the pick and its reason, the early stop in words, and the score per checkpoint. None without one."""
+    from lorapod.rundir import quality as files
+    from lorapod.rundir.metrics import number
+
+    summary = files.pick_summary(root)
+    if summary is None:
+        return None
+    pick = files.read_json(root, files.PICK) or {}
+    rows = []
+    for t in (pick.get("table") or [])[:500]:
+        if not isinstance(t, dict):
+            continue
+        best = t.get("best") if isinstance(t.get("best"), dict) else {}
+        copies = t.get("memorised") if isinstance(t.get("memorised"), list) else []
+        rows.append({"checkpoint": str(t.get("checkpoint"))[:60], "score": number(best.get("score")),
+                     "se": number(best.get("se")), "strength": number(best.get("strength")),
+                     "copies": ", ".join(str(c)[:8] for c in copies[:8])})
+    models: dict[str, str] = {}
+    scores = files.read_scores(root)
+    if scores and isinstance(scores[-1].get("models"), dict):
+        models = {str(k)[:20]: str(v)[:200] for k, v in list(scores[-1]["models"].items())[:8]}
+    step = pick.get("step") if isinstance(pick.get("step"), int) and not isinstance(pick.get("step"), bool) else None
+    stopped = summary.get("stopped")
+    return {**summary, "step": step, "rows": rows, "models": models,
+            "stopped_line": files.saved_line(stopped, None) if stopped else None}
 
 
 def logs(root: Path) -> dict[str, str]:

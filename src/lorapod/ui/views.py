@@ -26,9 +26,11 @@ from lorapod.store.preemptions import job_figures
 from lorapod.ui.runs import (
     RunIndex,
     RunView,
+    answers,
     evaluation,
     logs,
     no_step_none,
+    quality,
     sample_prompt,
     samples,
     spec_dict,
@@ -101,10 +103,14 @@ class Dashboard:
     # -------------------------------------------------------------- choices for Plan and Data
 
     def specs(self, views: list[RunView] | None = None) -> list[Path]:
-        out = list(self.extra_specs)
-        for v in views if views is not None else self.index.views(progress=False):
-            p = v.spec_file
-            if p is not None and p.is_file() and p not in out:
+        """What the Plan page offers: ``--spec`` files, the runs' own specs, then the example specs
+        (``examples/*.yaml`` in the folder the dashboard runs in, and in lorapod's own checkout):
+        issue 48, F7, the page offered only a demo run's spec and named examples it did not list.
+        A spec on the built-in demo model (``lorapod:``) is left out: there is no GPU to plan it on."""
+        out: list[Path] = []
+        run_specs = [v.spec_file for v in (views if views is not None else self.index.views(progress=False))]
+        for p in [*self.extra_specs, *run_specs, *example_specs()]:
+            if p is not None and p.is_file() and p not in out and not _on_builtin_model(p):
                 out.append(p)
         return out
 
@@ -112,24 +118,54 @@ class Dashboard:
         """``--data`` folders and each run's ``data.path`` that is a folder here (images, clips)."""
         return [f for f, _ in self.data_choices(views)]
 
-    def data_choices(self, views: list[RunView] | None = None) -> list[tuple[Path, str]]:
-        """(folder, model family) for the Data page: ``--data`` folders (checked as SDXL), then the
-        image or clip folders the runs' specs name (relative names from the spec's own folder)."""
-        out: list[tuple[Path, str]] = [(p, "sdxl") for p in self.extra_data]
+    def data_choices(self, views: list[RunView] | None = None) -> list[tuple[Path, dict[str, Any]]]:
+        """(folder, how the data check judges it) for the Data page: ``--data`` folders (SDXL, no
+        trigger, until the page's fields say otherwise), then the image or clip folders the runs'
+        specs name (relative names from the spec's own folder), with the spec's family and trigger:
+        what ``lorapod data check --family F --trigger T`` and data/check.py ``spec_check_args`` pass
+        (issue 48, F8: the page found 5 errors where the CLI found 6, missing trigger)."""
+        out: list[tuple[Path, dict[str, Any]]] = [(p, {"family": families.DEFAULT_IMAGE_FAMILY, "trigger": None}) for p in self.extra_data]
         for v in views if views is not None else self.index.views(progress=False):
             spec = spec_dict(v.spec_file)
             data, model = spec.get("data"), spec.get("model")
-            paths = data.get("path") if isinstance(data, dict) else None
+            data = data if isinstance(data, dict) else {}
+            paths = data.get("path")
             family = model.get("family") if isinstance(model, dict) else None
-            family = family if family in FAMILIES else "sdxl"
+            args: dict[str, Any] = {"family": family if family in FAMILIES else families.DEFAULT_IMAGE_FAMILY,
+                                    "trigger": data["trigger"] if isinstance(data.get("trigger"), str) else None}
+            if isinstance(data.get("target_frames"), list) and all(isinstance(n, int) for n in data["target_frames"]):
+                args["target_frames"] = tuple(data["target_frames"])
+            if isinstance(data.get("fps"), int | float) and not isinstance(data.get("fps"), bool):
+                args["fps"] = float(data["fps"])
             for p in paths if isinstance(paths, list) else [paths]:
                 if not isinstance(p, str) or v.spec_file is None:
                     continue
                 path = Path(p).expanduser()
                 path = (path if path.is_absolute() else v.spec_file.parent / path).resolve()
                 if path.is_dir() and path not in [f for f, _ in out]:
-                    out.append((path, family))
+                    out.append((path, args))
         return out
+
+
+def example_specs() -> list[Path]:
+    """``examples/*.yaml`` of the current folder and of the lorapod checkout this runs from (an
+    editable install or a clone: ``src/lorapod`` -> the repository), each file once."""
+    import lorapod
+
+    roots = [Path.cwd() / "examples", Path(lorapod.__file__).resolve().parents[2] / "examples"]
+    found: list[Path] = []
+    for root in roots:
+        if root.is_dir():
+            found += [p.resolve() for p in sorted(root.glob("*.yaml")) if p.resolve() not in found]
+    return found
+
+
+def _on_builtin_model(spec_path: Path) -> bool:
+    from lorapod.catalog.models import is_builtin
+
+    model = spec_dict(spec_path).get("model")
+    mid = model.get("id") if isinstance(model, dict) else None
+    return isinstance(mid, str) and is_builtin(mid)
 
 
 def plan_json(spec_path: Path) -> dict[str, Any]:
@@ -197,8 +233,14 @@ def run_context(dash: Dashboard, view: RunView, page: int = 1) -> dict[str, Any]
     except (sqlite3.Error, LorapodError):  # locked, or damaged (LedgerDamaged)
         pass  # the Runs page says the ledger cannot be read; this page still shows the run folder
     phases = [{"name": k, "s": s, "usd": view.setup_usd.get(k, 0.0)} for k, s in view.setup_s.items()]
-    return {"view": view, "gallery": gallery, "page": page, "pages": pages, "n_samples": len(flat),
+    said = answers(view.root)  # an LLM run's samples are answers, not pictures (issue 48, F23)
+    spec = spec_dict(view.root / "spec.yaml")
+    sample_spec = spec.get("samples") if isinstance(spec.get("samples"), dict) else {}
+    no_prompts = not sample_spec.get("prompts")
+    return {"view": view, "gallery": gallery, "page": page, "pages": pages,
+            "n_samples": len(flat) + sum(len(a["rows"]) for a in said), "answers": said, "no_prompts": no_prompts,
             "evaluation": evaluation(view.root), "logs": logs(view.root), "ledger_events": ledger_events,
+            "quality": quality(view.root),
             "phases": phases, "last_ckpt": last_ckpt, "confirm": confirms(view, last_ckpt), "spot": spot}
 
 

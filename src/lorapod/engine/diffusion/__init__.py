@@ -16,10 +16,11 @@ import torch
 from lorapod.catalog.families import VIDEO, facts
 from lorapod.data.findings import Finding
 from lorapod.engine import distributed
+from lorapod.engine.autopilot import ImagePlan, hold_out, image_autopilot, image_prompts, plan_image
 from lorapod.engine.checkpoint import resume_point
 from lorapod.engine.device import Precision, pick_device, resolve_precision
 from lorapod.engine.diffusion import cache as dcache
-from lorapod.engine.diffusion import dataset
+from lorapod.engine.diffusion import dataset, memory
 from lorapod.engine.diffusion import samples as smp
 from lorapod.engine.diffusion.families import Components, resolve_family
 from lorapod.engine.diffusion.fp8 import store_fp8
@@ -71,8 +72,10 @@ def set_prediction_type(spec: JobSpec, comps: Components, run: RunDir, log=print
 
 
 def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
-            cache_root: Path | None = None) -> tuple[DiffusionRecipe, list[Finding], dcache.DiskCache | None]:
-    """Everything before the first step: checks, data, model, caches, LoRA. No training yet."""
+            cache_root: Path | None = None, quality: ImagePlan | None = None,
+            ) -> tuple[DiffusionRecipe, list[Finding], dcache.DiskCache | None]:
+    """Everything before the first step: checks, data, model, caches, LoRA. No training yet.
+    ``quality``: the autopilot's plan (images are held out only when something scores them)."""
     quiet()
     torch.manual_seed(spec.train.seed)
     random.seed(spec.train.seed)
@@ -82,6 +85,10 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
     if m.type != "lora":
         raise SpecError(f"method.type {m.type} is for LLMs; image LoRAs use method.type: lora")
     refuse_fp16(family, precision)
+    swap_n = spec.train.blocks_to_swap or 0
+    if swap_n and not family.block_lists:
+        raise SpecError(f"train.blocks_to_swap: {family.name}'s U-Net has no transformer blocks to swap",
+                        hint="remove train.blocks_to_swap (block swap is for the diffusion transformers)")
     if m.train_text_encoder and not family.kohya_te_prefixes:
         raise SpecError(f"method.train_text_encoder is not supported for {family.name} (its text encoder is an LLM)",
                         hint="set method.train_text_encoder: false")
@@ -90,6 +97,8 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
     for f in findings:
         log(f"[{f.severity}] {f.path}: {f.message}")
         run.event(f"data {f.severity} {f.code}: {f.path}")
+    # the quality autopilot's references never train
+    items, held = hold_out(spec, run, items, log, quality is not None and quality.holds_out)
 
     # model.dtype fp8 (resolve_precision has checked the GPU): load in the compute dtype, then
     # store the transformer blocks' linear weights in float8
@@ -98,8 +107,12 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
     _freeze(comps)
     set_prediction_type(spec, comps, run, log)
     if fp8:
-        n = store_fp8(comps.denoiser)
+        n = (memory.store_fp8(comps.denoiser, family.block_lists) if family.block_lists
+             else store_fp8(comps.denoiser))
         log(f"fp8: {n} linear layers of the {family.denoiser_name} stored in float8")
+    if swap_n and swap_n >= len(family.blocks(comps.denoiser)):
+        raise SpecError(f"train.blocks_to_swap {swap_n} >= the model's {len(family.blocks(comps.denoiser))} blocks",
+                        hint=f"at most {len(family.blocks(comps.denoiser)) - 1}")
     dev = precision.device
     if precision.weights == torch.float16:
         comps.vae.to(torch.float32)  # SD/SDXL VAEs overflow to NaN in fp16 (sd-scripts' --no_half_vae)
@@ -141,10 +154,12 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
     log(f"latents: {len(latents)} ({disk.hits} from the cache, {disk.misses} encoded)")
     run.event(f"latents: {len(latents)} ({disk.hits} from the cache in {disk.root}, {disk.misses} encoded)")
 
-    # FLUX.1 [schnell] (no guidance embedding) is distilled for 4 steps; the others sample in 28
-    schnell = family.name == "flux1" and not comps.denoiser.config.get("guidance_embeds", True)
     prompts = smp.load_prompts(spec.samples.prompts, d.resolution, d.resolution, spec.train.seed,
-                               4 if schnell else 28, facts(family.name).guidance)
+                               family.default_sample_steps(comps), facts(family.name).guidance)
+    # the quality autopilot draws at quality.steps, or fewer for a model distilled for fewer (schnell: 4)
+    distilled = family.default_sample_steps(comps)
+    scoring = image_prompts(spec, [it.caption for it in items], facts(family.name).guidance,
+                            distilled if distilled < family.sample_steps else None)
 
     @torch.no_grad()
     def encode_captions(caps: list[str]) -> list[dict[str, torch.Tensor]]:
@@ -156,14 +171,16 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
     sample_text: dict[str, dict[str, torch.Tensor]] = {}
     if cache_te:
         text = disk.texts((it.caption for it in items), encode_captions)
-        wanted = sorted({p.prompt for p in prompts} | {p.negative for p in prompts})
+        wanted = sorted({p.prompt for p in prompts} | {p.negative for p in prompts}
+                        | {p.prompt for p in scoring} | {p.negative for p in scoring})
         if wanted:
             sample_text = dict(zip(wanted, encode_captions(wanted), strict=True))
         for te in comps.text_encoders:  # not needed on the GPU any more
             te.to("cpu")
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-    comps.denoiser.to(dev)
+    if not swap_n:
+        comps.denoiser.to(dev)
 
     targets = family.default_targets if m.target_modules == "all-linear" else m.target_modules
     # The adapter's initial weights from the seed alone, whatever loading the model, the data and
@@ -175,8 +192,20 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
     if m.train_text_encoder:
         for te in comps.text_encoders:
             attach_lora(te, lora_config(spec, family.te_targets))
+    swap = None
+    if swap_n:  # block swap (N5): the last blocks' frozen weights stay in CPU RAM, with its own checkpointing
+        blocks = family.blocks(comps.denoiser)
+        if dev.type == "cuda":
+            memory.host_ram_check(memory.pinned_bytes(blocks, swap_n), f"block swap of {swap_n} blocks")
+        swap = memory.swap_blocks(comps.denoiser, swap_n, dev, blocks=blocks)
+        memory.place(comps.denoiser, dev, swap)
+        log(f"block swap: the frozen weights of {swap_n} of {len(blocks)} blocks stay in CPU RAM "
+            f"({swap.pinned / 1024**3:.2f} GiB{' pinned' if dev.type == 'cuda' else ', no effect on CPU'})")
+        run.event(f"block swap: {swap_n} of {len(blocks)} blocks in CPU RAM")
     recipe = DiffusionRecipe(spec, run, precision, comps, items, latents, text, prompts, sample_text, live)
-    if spec.train.gradient_checkpointing:
+    recipe.score_prompts, recipe.holdout = scoring, held
+    recipe.swap = swap
+    if swap is None and spec.train.gradient_checkpointing:
         comps.denoiser.enable_gradient_checkpointing()
         if m.train_text_encoder:
             for te in comps.text_encoders:
@@ -188,7 +217,7 @@ def prepare(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
 
 
 def is_video(spec: JobSpec) -> bool:
-    """A Wan job: by the spec's family or data format, or (family auto) by the model's own index."""
+    """A video job: by the spec's family or data format, or (family auto) by the model's own index."""
     if spec.is_video:
         return True
     if spec.model.family != "auto":
@@ -211,13 +240,15 @@ def train_diffusion(spec: JobSpec, run: RunDir, *, resume: bool = False, device:
     world, device = distributed.init(device)
     log = world.only_main(log)
     prep = prepare
-    if is_video(spec):  # Wan: clips and images as windows of frames (engine/diffusion/video.py)
+    if is_video(spec):  # a video family: clips and images as windows of frames (engine/diffusion/video.py)
         if world.active:
-            raise LorapodError("video (Wan) training runs in one process for now",
+            raise LorapodError("video training runs in one process for now",
                                hint="drop --processes / set compute.gpus: 1; block swap fits 14B on one card")
         from lorapod.engine.diffusion.video import prepare_video as prep
+    plan = plan_image(spec, world, log)  # before the data: images are held out only when scored
     with world.main_first():  # rank 0 fills the latent / text caches; the others then read them
-        recipe, findings, disk = prep(spec, run if world.is_main else _Quiet(run.root), device, log, cache_root)
+        recipe, findings, disk = prep(spec, run if world.is_main else _Quiet(run.root), device, log, cache_root,
+                                      quality=plan)
     trainable = sum(p.numel() for p in recipe.trainable_parameters())
     log(f"model {spec.model.id} ({recipe.family.name}, {recipe.prediction}): {trainable:,} LoRA parameters "
         f"on {recipe.precision.device} ({recipe.precision.compute})")
@@ -231,5 +262,9 @@ def train_diffusion(spec: JobSpec, run: RunDir, *, resume: bool = False, device:
         if on_step is not None:
             on_step(state, loss)
 
-    result = fit(recipe, spec, run, recipe.precision, resume=checkpoint, on_step=step_hook, show_progress=show_progress)
+    autopilot = image_autopilot(spec, run, recipe, plan, recipe.precision.device, log,
+                                getattr(recipe, "reference_frames", None))
+    result = fit(recipe, spec, run, recipe.precision, resume=checkpoint, on_step=step_hook, show_progress=show_progress,
+                 judge=autopilot)
     return DiffusionRun(run, result, recipe, findings, disk.hits if disk else 0, disk.misses if disk else 0)
+

@@ -80,6 +80,9 @@ class DiffusionRecipe:
         self._epoch_cache: dict[int, list[Batch]] = {}
         self.lora_modules = self._lora_modules()
         self._state: TrainState | None = None
+        self.score_prompts: list = []  # the quality autopilot's (engine/autopilot.py), set by prepare
+        self.holdout = None
+        self.swap = None  # engine/diffusion/memory.py BlockSwap when train.blocks_to_swap keeps blocks in CPU RAM
 
     def _lora_modules(self) -> dict[str, torch.nn.Module]:
         mods = {self.family.denoiser_name: self.c.denoiser}
@@ -130,7 +133,7 @@ class DiffusionRecipe:
         dev = self.precision.device
         if self.text is not None and not self.live_captions:
             per = [self.text[self.items[i].caption] for i in batch.items]
-            return {k: torch.stack([p[k] for p in per]).to(dev) for k in per[0]}
+            return {k: v.to(dev) for k, v in self.family.collate_text(per).items()}
         return self.family.encode_text(self.c, list(batch.captions), dev)
 
     def _meta(self, batch: Batch) -> dict[str, torch.Tensor]:
@@ -211,7 +214,7 @@ class DiffusionRecipe:
     def export(self, out_dir: Path, state: TrainState | None) -> None:
         parts = self.adapter_parts()
         configs = {name: m.peft_config["default"].to_dict() for name, m in self.lora_modules.items()}
-        save_diffusers(out_dir, self.family.pipeline_cls(), parts, configs)
+        save_diffusers(out_dir, self.family.lora_file_writer(), parts, configs)
         m = self.spec.method
         sizes = {n: mod.out_features for n, mod in self.c.denoiser.named_modules() if hasattr(mod, "out_features")}
         tensors = kohya.to_kohya(parts, self.family.name, m.alpha, m.rslora, out_features=sizes)
@@ -276,10 +279,36 @@ class DiffusionRecipe:
         self.run.event(f"samples {tag}: {len(paths)} image(s) in {out_dir}")
         return paths
 
+    @torch.no_grad()
+    def render(self, sp, strength: float) -> list:
+        """One image of a scoring prompt (quality/prompts.py ``ScorePrompt``) with the LoRA at
+        ``strength`` (0: disabled, the base model), at the prompt's own seed: what the quality
+        autopilot scores. The training's RNG streams are left as they were."""
+        from lorapod.engine.diffusion.lora import lora_strength
+
+        pipe = self.family.pipeline(self.c)
+        pipe.set_progress_bar_config(disable=True)
+        res = self.spec.data.resolution
+        with torch.random.fork_rng(devices=[self.precision.device] if self.precision.device.type == "cuda" else []):
+            for m in self.lora_modules.values():
+                m.eval()
+            # the text encoders' LoRA too (train_text_encoder): the prompt is encoded at that strength
+            with lora_strength(self.lora_modules.values(), strength):
+                pos = self._prompt_embeds(sp.prompt)
+                neg = self._prompt_embeds(sp.negative) if sp.scale > 1 else None
+                gen = torch.Generator(device="cpu").manual_seed(sp.seed)
+                with self.precision.autocast():
+                    img = pipe(**self.family.sample_kwargs(pos, neg, sp.scale), width=sp.width or res,
+                               height=sp.height or res, num_inference_steps=sp.steps, generator=gen,
+                               output_type="pil").images[0]
+        self.train()
+        return [img]
+
     def _prompt_embeds(self, text: str) -> dict[str, torch.Tensor]:
         dev = self.precision.device
         if text in self.sample_text:
-            return {k: v.unsqueeze(0).to(dev, self.c.denoiser.dtype) for k, v in self.sample_text[text].items()}
+            one = self.family.collate_text([self.sample_text[text]])
+            return {k: v.to(dev, self.c.denoiser.dtype if v.is_floating_point() else v.dtype) for k, v in one.items()}
         out = self.family.encode_text(self.c, [text], dev)
         return {k: v.to(self.c.denoiser.dtype) for k, v in out.items()}
 

@@ -1,4 +1,7 @@
-"""Video LoRAs (Wan2.1 / Wan2.2) through the image engine's loop, caches, checkpoints and exports.
+"""Video LoRAs through the image engine's loop, caches, checkpoints and exports, for any video family
+(``engine/diffusion/families/``: Wan2.1 / Wan2.2 today); what differs by family is asked of the family
+(its blocks, text length, experts, VAE factors, sample frame rate, pipeline), the memory savers are
+``engine/diffusion/memory.py``.
 
 ``prepare_video`` reads top to bottom like the image ``prepare``, in the order a 24 GB GPU needs:
 refuse a wrong model or a job that cannot fit (before any weight loads), cut the clips into
@@ -24,14 +27,14 @@ import torch.nn.functional as F
 
 from lorapod.catalog import families
 from lorapod.data.findings import Finding
+from lorapod.engine.autopilot import hold_out, image_prompts
 from lorapod.engine.checkpoint import TrainState
 from lorapod.engine.device import Precision, pick_device, resolve_precision
 from lorapod.engine.diffusion import cache as dcache
+from lorapod.engine.diffusion import memory
 from lorapod.engine.diffusion import samples as smp
 from lorapod.engine.diffusion import video_data as vd
-from lorapod.engine.diffusion import wan
 from lorapod.engine.diffusion.families import Components, resolve_family
-from lorapod.engine.diffusion.families import wan as wan_family
 from lorapod.engine.diffusion.lora import attach_lora, lora_config
 from lorapod.engine.diffusion.precision import outside_autocast, refuse_fp16
 from lorapod.engine.diffusion.quiet import quiet
@@ -44,6 +47,8 @@ from lorapod.spec import JobSpec
 
 DEFAULT_STEPS = 30
 DEFAULT_FRAMES = 33
+#: the longest clip the quality autopilot draws to score a checkpoint (first, middle, last frame)
+SCORE_FRAMES = 9
 _FRAMES_OPT = re.compile(r"\s--f\s+(\S+)")
 _IMAGE_OPT = re.compile(r"\s--i\s+(\S+)")
 
@@ -55,8 +60,11 @@ class VideoPrompt:
     image: str | None = None  # I2V: the start image (--i)
 
 
-def load_video_prompts(source, width: int, height: int, seed: int) -> list[VideoPrompt]:
-    """sd-scripts prompt lines plus musubi-tuner's ``--f FRAMES`` (4n+1) and ``--i IMAGE`` (I2V start frame)."""
+def load_video_prompts(source, width: int, height: int, seed: int, guidance: float | None = None) -> list[VideoPrompt]:
+    """sd-scripts prompt lines plus musubi-tuner's ``--f FRAMES`` (4n+1) and ``--i IMAGE`` (I2V start frame);
+    ``guidance``: the family's default (the catalog's first video family's when not given)."""
+    if guidance is None:
+        guidance = families.facts(families.VIDEO[0]).guidance
     if not source:
         return []
     lines = source if isinstance(source, list) else None
@@ -83,13 +91,13 @@ def load_video_prompts(source, width: int, height: int, seed: int) -> list[Video
         if image and not Path(image).expanduser().is_file():
             raise SpecError(f"sample prompt {line.strip()!r}: start image {image} does not exist", hint="fix the --i path")
         line = _IMAGE_OPT.sub("", " " + line).strip()
-        sp = smp.parse_line(line, width, height, seed, DEFAULT_STEPS, families.FAMILIES["wan21"].guidance)
+        sp = smp.parse_line(line, width, height, seed, DEFAULT_STEPS, guidance)
         out.append(VideoPrompt(sp, frames, image))
     return out
 
 
 def predicted_cache_bytes(items: list[vd.VideoItem], z_dim: int, text_dim: int, flips: int,
-                          text_tokens: int = wan_family.TEXT_LEN, spatial: int = 8) -> dict[str, int]:
+                          text_tokens: int = 512, spatial: int = 8) -> dict[str, int]:
     """What the caches will hold, from the windows' buckets and the model's sizes alone (fp32
     latents of z_dim x (1 + (F-1)/4) x H/s x W/s per window and flip, s the VAE's spatial factor;
     at most ``text_tokens`` umT5 states per distinct caption). Tensor bytes: each file adds a
@@ -103,8 +111,9 @@ def predicted_cache_bytes(items: list[vd.VideoItem], z_dim: int, text_dim: int, 
 def report_cache_size(run: RunDir, items: list[vd.VideoItem], comps: Components, latent_files: list[Path],
                       text_files: list[Path], flips: int, spatial: int, log=print) -> dict:
     """``cache.json`` in the run folder and one log line: predicted against written bytes."""
-    z_dim = int(comps.vae.config.z_dim)
-    text_dim = int(getattr(comps.text_encoders[0].config, "d_model", 4096))
+    z_dim = comps.family.latent_channels(comps)
+    cfg = comps.text_encoders[0].config
+    text_dim = int(getattr(cfg, "d_model", None) or getattr(cfg, "hidden_size", 4096))
     pred = predicted_cache_bytes(items, z_dim, text_dim, flips, comps.family.text_len(comps), spatial)
     if comps.extra.get("i2v"):  # + the mask and first-frame latents (z + 4 channels), + CLIP image states (2.1)
         pred["latents"] = pred["latents"] * (2 * z_dim + 4) // z_dim
@@ -124,33 +133,24 @@ def _bytes(paths) -> int:
     return sum(p.stat().st_size for p in paths if p.is_file())
 
 
-def _place(model: torch.nn.Module, device: torch.device, swap: wan.BlockSwap | None) -> None:
-    """Move ``model`` to ``device`` except the swapped blocks' frozen weights (never all at once on the GPU)."""
-    skip = {id(p) for b in (swap.blocks if swap else []) for p in b.parameters() if not p.requires_grad}
-    for p in model.parameters():
-        if id(p) not in skip:
-            p.data = p.data.to(device)
-    for b in model.buffers():
-        b.data = b.data.to(device)
-
-
-def idle_swap_count(tr: torch.nn.Module, device: torch.device) -> int:
+def idle_swap_count(blocks: list[torch.nn.Module], tr: torch.nn.Module, device: torch.device) -> int:
     """How many of an idle Wan2.2 expert's blocks to keep in CPU RAM while it samples: on CUDA as
     few as leave half of the free memory for sampling with the rest resident (the trained expert
     is on the card already: a whole 14B expert does not fit beside it on 24 GB); elsewhere all
     but one, which changes nothing there but runs the same path."""
-    n = len(tr.blocks)
+    n = len(blocks)
     if device.type != "cuda":
         return n - 1
     free, _ = torch.cuda.mem_get_info(device)
-    per_block = max(sum(p.numel() * p.element_size() for p in b.parameters()) for b in tr.blocks)
+    per_block = max(sum(p.numel() * p.element_size() for p in b.parameters()) for b in blocks)
     rest = sum(p.numel() * p.element_size() for p in tr.parameters()) - per_block * n
     fit = int((free / 2 - rest) // per_block) if per_block else n
     return min(n, max(0, n - fit))
 
 
 def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=print,
-                  cache_root: Path | None = None) -> tuple[VideoRecipe, list[Finding], dcache.DiskCache]:
+                  cache_root: Path | None = None, quality=None) -> tuple[VideoRecipe, list[Finding], dcache.DiskCache]:
+    """``quality``: the autopilot's plan (engine/autopilot.py: clips are held out only when scored)."""
     quiet()
     torch.manual_seed(spec.train.seed)
     random.seed(spec.train.seed)
@@ -158,14 +158,14 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
     precision: Precision = resolve_precision(spec.train.precision, spec.model.dtype, dev_req)
     family = resolve_family(spec.model.family, spec.model.id, spec.model.revision)
     if not getattr(family, "video", False):
-        raise SpecError(f"{spec.model.id} is a {family.name} model, not Wan",
-                        hint="use a Wan2.1/Wan2.2 model (diffusers layout) for video")
+        raise SpecError(f"{spec.model.id} is a {family.name} model, not a video model",
+                        hint=f"use a model of a video family ({', '.join(families.VIDEO)}; diffusers layout)")
     refuse_fp16(family, precision)
     m, d, t = spec.method, spec.data, spec.train
     if m.type != "lora":
         raise SpecError(f"method.type {m.type} is for LLMs; video LoRAs use method.type: lora")
     if m.train_text_encoder:
-        raise SpecError("method.train_text_encoder is not supported for Wan (its text encoder is umT5-XXL)",
+        raise SpecError(f"method.train_text_encoder is not supported for {family.name} video LoRAs",
                         hint="set method.train_text_encoder: false")
 
     rule = vd.FrameRule(tuple(d.target_frames), d.frame_extraction, d.frame_sample, d.frame_stride, d.fps)
@@ -173,17 +173,18 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
     for f in findings:
         log(f"[{f.severity}] {f.path}: {f.message}")
         run.event(f"data {f.severity} {f.code}: {f.path}")
+    items, held = hold_out(spec, run, items, log, quality is not None and quality.holds_out)
 
     dev = precision.device
     fp8 = precision.weights == torch.float8_e4m3fn
-    cfg = wan.component_config(spec.model.id, spec.model.revision)
-    spatial = int(wan.component_config(spec.model.id, spec.model.revision, "vae").get("scale_factor_spatial", 8))
+    cfg = memory.component_config(spec.model.id, spec.model.revision)
+    spatial = family.vae_spatial_factor(memory.component_config(spec.model.id, spec.model.revision, "vae"))
     if dev.type == "cuda":  # before any weight loads (and before the run is billed for loading them)
-        model = wan.memory_model(spec)
+        model = memory.memory_model(spec)
         tokens = max(model.window_tokens(f, w, h) for f, w, h in (it.bucket for it in items))
         gpu_gb = torch.cuda.get_device_properties(dev).total_memory / GiB
         dtype = "fp8" if fp8 else {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(precision.weights, "fp32")
-        wan.check_fits(spec, model, gpu_gb, dtype=dtype, tokens=tokens, what=f"{spec.model.id} at {tokens} latent tokens")
+        memory.check_fits(spec, model, gpu_gb, dtype=dtype, tokens=tokens, what=f"{spec.model.id} at {tokens} latent tokens")
     if t.blocks_to_swap and t.blocks_to_swap >= cfg.get("num_layers", 40):
         raise SpecError(f"train.blocks_to_swap {t.blocks_to_swap} >= the model's {cfg.get('num_layers')} blocks",
                         hint=f"at most {cfg.get('num_layers', 40) - 1}")
@@ -198,7 +199,7 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
             mod.requires_grad_(False)
             mod.eval()
     if fp8:
-        n = sum(wan.store_fp8(tr) for tr, _, _ in family.experts(comps, "both").values())
+        n = sum(memory.store_fp8(tr, family.block_lists) for tr, _, _ in family.experts(comps, "both").values())
         log(f"fp8: {n} linear layers of the transformer blocks stored in float8")
     outside_autocast(comps.vae, [*comps.text_encoders, comps.extra.get("image_encoder")])
     comps.vae.to(dev)
@@ -242,9 +243,11 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
     def encode_captions(caps: list[str]) -> list[dict[str, torch.Tensor]]:
         with precision.autocast():
             enc = family.encode_text(comps, caps, dev)
-        return [{"prompt_embeds": enc["prompt_embeds"][j, : int(enc["length"][j])].float()} for j in range(len(caps))]
+        return [{k: v.float() for k, v in family.cache_text(enc, j).items()} for j in range(len(caps))]
 
-    prompts = load_video_prompts(spec.samples.prompts, d.resolution, d.resolution, t.seed)
+    prompts = load_video_prompts(spec.samples.prompts, d.resolution, d.resolution, t.seed,
+                                 families.facts(family.name).guidance)
+    scoring = image_prompts(spec, [it.caption for it in items], families.facts(family.name).guidance)
     hits0, misses0 = disk.hits, disk.misses
     cache_te = d.cache_text_encoder_outputs
     text = None
@@ -252,11 +255,12 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
     if cache_te:
         text = disk.texts((it.caption for it in items), encode_captions)
         log(f"text: {len(text)} captions ({disk.hits - hits0} from the cache, {disk.misses - misses0} encoded)")
-    wanted = sorted({vp.prompt.prompt for vp in prompts} | {vp.prompt.negative for vp in prompts})
+    wanted = sorted({vp.prompt.prompt for vp in prompts} | {vp.prompt.negative for vp in prompts}
+                    | {p.prompt for p in scoring} | {p.negative for p in scoring})
     if wanted:
         sample_text = dict(zip(wanted, encode_captions(wanted), strict=True))
     if cache_te:
-        te.to("cpu")  # umT5-XXL is 11 GB in bf16: off the GPU before the transformer arrives
+        te.to("cpu")  # the encoder (Wan's umT5-XXL: 11 GB in bf16) off the GPU before the transformer arrives
         if dev.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -264,7 +268,7 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
         report_cache_size(run, items, comps, list(keys.values()), [disk.text_path(c) for c in {it.caption for it in items}],
                           len(flips), spatial, log)
 
-    swaps: list[wan.BlockSwap] = []
+    swaps: list[memory.BlockSwap] = []
     targets = family.default_targets if m.target_modules == "all-linear" else m.target_modules
     torch.manual_seed(spec.train.seed)  # the adapters' init from the seed alone, whatever loading did before
     random.seed(spec.train.seed)
@@ -272,18 +276,19 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
         attach_lora(tr, lora_config(spec, targets))
         swap = None
         if t.blocks_to_swap:  # with its own checkpointing: loads and drops around each block's backward
-            swap = wan.swap_blocks(tr, t.blocks_to_swap, dev)
+            swap = memory.swap_blocks(tr, t.blocks_to_swap, dev, blocks=family.blocks(tr))
             swaps.append(swap)
         elif t.gradient_checkpointing:
             tr.enable_gradient_checkpointing()
-        _place(tr, dev, swap)
+        memory.place(tr, dev, swap)
     if swaps and not t.gradient_checkpointing:
         log("block swap needs gradient checkpointing: turned on")
     if swaps:
-        log(f"block swap: the frozen weights of {t.blocks_to_swap} of {len(experts[next(iter(experts))][0].blocks)} "
+        log(f"block swap: the frozen weights of {t.blocks_to_swap} of {len(family.blocks(experts[next(iter(experts))][0]))} "
             f"blocks stay in CPU RAM{' (no effect on CPU)' if dev.type != 'cuda' else ''}")
     recipe = VideoRecipe(spec, run, precision, comps, items, latents, text, prompts, sample_text, not cache_te,
                          experts=experts, swaps=swaps, conditions=conditions)
+    recipe.score_prompts, recipe.holdout = scoring, held
     info = vd.describe(items)
     log(f"data: {info['files']} files -> {info['windows']} windows, {info['samples_per_epoch']} samples per epoch, "
         f"buckets (frames x w x h) {info['buckets']}")
@@ -293,7 +298,7 @@ def prepare_video(spec: JobSpec, run: RunDir, device: str | None = None, log=pri
 
 class VideoRecipe(DiffusionRecipe):
     def __init__(self, spec, run, precision, comps: Components, items, latents, text, prompts: list[VideoPrompt],
-                 sample_text, live_captions, *, experts: dict, swaps: list[wan.BlockSwap],
+                 sample_text, live_captions, *, experts: dict, swaps: list[memory.BlockSwap],
                  conditions: dict | None = None) -> None:
         self.experts = experts
         self.conditions = conditions  # I2V: per window, the mask + first-frame latents (+ CLIP image states)
@@ -304,22 +309,18 @@ class VideoRecipe(DiffusionRecipe):
         # an expert not being trained stays in CPU RAM (two 14B experts do not share a 24 GB card);
         # it visits the GPU only to sample, block by block (``idle_swap``)
         self.idle = {n: v[0] for n, v in comps.family.experts(comps, "both").items() if n not in experts}
-        self._idle_swaps: dict[str, wan.BlockSwap] = {}
-        self.text_len = comps.family.text_len(comps)
+        self._idle_swaps: dict[str, memory.BlockSwap] = {}
 
     def _lora_modules(self) -> dict[str, torch.nn.Module]:
         return {name: tr for name, (tr, _, _) in self.experts.items()}
 
-    def _pad(self, states: torch.Tensor) -> torch.Tensor:
-        return F.pad(states, (0, 0, 0, self.text_len - states.shape[0]))
-
     def _cond(self, batch: Batch) -> dict[str, torch.Tensor]:
         dev = self.precision.device
         if self.text is not None and not self.live_captions:
-            out = {"prompt_embeds": torch.stack([self._pad(self.text[self.items[i].caption]["prompt_embeds"])
-                                                 for i in batch.items]).to(dev)}
+            out = {k: v.to(dev) for k, v in self.family.collate_text([self.text[self.items[i].caption]
+                                                                      for i in batch.items]).items()}
         else:
-            out = {"prompt_embeds": self.family.encode_text(self.c, list(batch.captions), dev)["prompt_embeds"]}
+            out = dict(self.family.encode_text(self.c, list(batch.captions), dev))
         if self.conditions is not None:
             per = [self.conditions[(i, f)] for i, f in zip(batch.items, batch.flips, strict=True)]
             out.update({k: torch.stack([c[k] for c in per]).to(dev) for k in per[0]})
@@ -361,8 +362,7 @@ class VideoRecipe(DiffusionRecipe):
 
     # -- files
     def export(self, out_dir: Path, state: TrainState | None) -> None:
-        from diffusers import WanPipeline
-
+        pipeline_cls = self.family.lora_file_writer()
         parts = self.adapter_parts()
         m = self.spec.method
         steps, epochs = (state.step, state.epoch) if state else (0, 0)
@@ -373,11 +373,11 @@ class VideoRecipe(DiffusionRecipe):
                                      kohya.tag_frequency(by_folder))
         meta["ss_target_frames"] = json.dumps(self.spec.data.target_frames)
         name = self.spec.output.name or "lora"
-        two = self.family.name == "wan22" and self.c.extra.get("transformer_2") is not None
+        two = self.family.separate_expert_files(set(parts), self.spec.train.experts)
         for comp, sd in parts.items():
             config = json.loads(json.dumps(self.lora_modules[comp].peft_config["default"].to_dict(), default=list))
             suffix = kohya.EXPERT_FILES[comp] if two else ""
-            WanPipeline.save_lora_weights(str(out_dir), transformer_lora_layers=sd, safe_serialization=True,
+            pipeline_cls.save_lora_weights(str(out_dir), transformer_lora_layers=sd, safe_serialization=True,
                                           weight_name=f"pytorch_lora_weights{suffix}.safetensors",
                                           transformer_lora_adapter_metadata=config)
             tensors = kohya.to_kohya({"transformer": sd}, self.family.name, m.alpha, m.rslora)
@@ -397,11 +397,7 @@ class VideoRecipe(DiffusionRecipe):
         out_dir = self.run.samples
         out_dir.mkdir(parents=True, exist_ok=True)
         rows, paths = [], []
-        dev = self.precision.device
-        for name, tr in self.idle.items():
-            if name not in self._idle_swaps:
-                self._idle_swaps[name] = wan.BlockSwap(tr.blocks, idle_swap_count(tr, dev), dev)
-            _place(tr, dev, self._idle_swaps[name])
+        self._idle_in()
         with torch.random.fork_rng(devices=[self.precision.device] if self.precision.device.type == "cuda" else []):
             for mod in self.lora_modules.values():
                 mod.eval()
@@ -411,25 +407,92 @@ class VideoRecipe(DiffusionRecipe):
                 neg = self._prompt_embeds(sp.negative) if sp.scale > 1 else None
                 gen = torch.Generator(device="cpu").manual_seed(sp.seed)
                 extra = {"image": self._start_image(vp)} if self.conditions is not None else {}
+                self.family.prepare_sampling(pipe, sp.scale)
                 with self.precision.autocast():
                     frames = pipe(**self.family.sample_kwargs(pos, neg, sp.scale), **extra, width=sp.width, height=sp.height,
                                   num_frames=vp.frames, num_inference_steps=sp.steps, generator=gen,
                                   output_type="np").frames[0]
                 arr = (np.clip(frames, 0, 1) * 255).round().astype(np.uint8)
-                path = write_clip(out_dir / f"{tag}-{k:02d}.mp4", list(arr), fps=wan_family.SAMPLE_FPS)
+                path = write_clip(out_dir / f"{tag}-{k:02d}.mp4", list(arr), fps=self.family.sample_fps)
                 paths.append(path)
                 rows.append(arr)
             labels = [f"{smp.sample_label(vp.prompt)}, {vp.frames} frames" for vp in self.video_prompts]
             contact_sheet(rows, labels, f"{tag}: step {state.step}, epoch {state.epoch}, LoRA strength 1.0").save(
                 out_dir / f"{tag}-frames.png", pnginfo=smp.png_info(self.video_prompts[0].prompt, state.step, state.epoch))
-        for name, tr in self.idle.items():  # back to CPU RAM (its swapped blocks never left it)
-            self._idle_swaps[name].settle()
-            _place(tr, torch.device("cpu"), self._idle_swaps[name])
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
+        self._idle_out()
         self.train()
         self.run.event(f"samples {tag}: {len(paths)} clip(s) in {out_dir}")
         return paths
+
+    def _idle_in(self) -> None:
+        """An expert not being trained comes to the GPU to sample, block by block."""
+        dev = self.precision.device
+        for name, tr in self.idle.items():
+            if name not in self._idle_swaps:
+                blocks = self.family.blocks(tr)
+                self._idle_swaps[name] = memory.BlockSwap(torch.nn.ModuleList(blocks), idle_swap_count(blocks, tr, dev),
+                                                          dev)
+            memory.place(tr, dev, self._idle_swaps[name])
+
+    def _idle_out(self) -> None:
+        for name, tr in self.idle.items():  # back to CPU RAM (its swapped blocks never left it)
+            self._idle_swaps[name].settle()
+            memory.place(tr, torch.device("cpu"), self._idle_swaps[name])
+        if self.precision.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def score_frames(self) -> int:
+        """Frames of a scoring clip: the longest trained window up to :data:`SCORE_FRAMES` (4n+1)."""
+        fit = [f for f in self.spec.data.target_frames if f <= SCORE_FRAMES]
+        return max(fit) if fit else 1
+
+    @torch.no_grad()
+    def render(self, sp, strength: float) -> list:
+        """A short clip of a scoring prompt with the LoRA at ``strength`` (0: disabled), as frames:
+        what the quality autopilot scores (its first, middle and last frames)."""
+        import numpy as np
+        from PIL import Image
+
+        from lorapod.engine.diffusion.lora import lora_strength
+
+        pipe = self.family.pipeline(self.c)
+        pipe.set_progress_bar_config(disable=True)
+        res = self.spec.data.resolution
+        n = self.score_frames()
+        self._idle_in()
+        try:
+            with torch.random.fork_rng(devices=[self.precision.device] if self.precision.device.type == "cuda" else []):
+                for mod in self.lora_modules.values():
+                    mod.eval()
+                with lora_strength(self.lora_modules.values(), strength):
+                    pos = self._prompt_embeds(sp.prompt)
+                    neg = self._prompt_embeds(sp.negative) if sp.scale > 1 else None
+                    gen = torch.Generator(device="cpu").manual_seed(sp.seed)
+                    extra = ({"image": self._start_image(VideoPrompt(smp.SamplePrompt(sp.prompt, res, res, sp.seed,
+                                                                                      sp.steps, sp.scale), n))}
+                             if self.conditions is not None else {})
+                    self.family.prepare_sampling(pipe, sp.scale)
+                    with self.precision.autocast():
+                        frames = pipe(**self.family.sample_kwargs(pos, neg, sp.scale), **extra, width=sp.width or res,
+                                      height=sp.height or res, num_frames=n, num_inference_steps=sp.steps,
+                                      generator=gen, output_type="np").frames[0]
+        finally:
+            self._idle_out()
+        self.train()
+        arr = (np.clip(frames, 0, 1) * 255).round().astype(np.uint8)
+        return [Image.fromarray(f) for f in arr]
+
+    @staticmethod
+    def reference_frames(path: Path):
+        """A reference (or training file) as the image the scorers see: an image, or a clip's first frame."""
+        from PIL import Image
+
+        from lorapod.data.clips import VIDEO_EXTS, read_frames
+
+        if Path(path).suffix.lower() in VIDEO_EXTS:
+            return read_frames(Path(path), [0])[0].convert("RGB")
+        with Image.open(path) as im:
+            return im.convert("RGB")
 
     def _start_image(self, vp: VideoPrompt):
         """I2V samples start from ``--i IMAGE``, else from the first frame of the first training window."""
@@ -444,10 +507,9 @@ class VideoRecipe(DiffusionRecipe):
     def _prompt_embeds(self, text: str) -> dict[str, torch.Tensor]:
         dev = self.precision.device
         dtype = self.c.denoiser.dtype
-        if text in self.sample_text:
-            return {"prompt_embeds": self._pad(self.sample_text[text]["prompt_embeds"]).unsqueeze(0).to(dev, dtype)}
-        out = self.family.encode_text(self.c, [text], dev)
-        return {"prompt_embeds": out["prompt_embeds"].to(dtype)}
+        one = (self.family.collate_text([self.sample_text[text]]) if text in self.sample_text
+               else self.family.encode_text(self.c, [text], dev))
+        return {k: v.to(dev, dtype if v.is_floating_point() else v.dtype) for k, v in one.items()}
 
 
 def contact_sheet(clips, labels: list[str] | None = None, title: str = "", per_row: int = 8):

@@ -115,8 +115,12 @@
       if (!c.u) c.el.textContent = c.el.dataset.title + ": nothing logged yet";
       return;
     }
-    const data = uPlot.join(present.map((k) => c.raw[k]));
-    const sig = present.join(",");
+    let data = uPlot.join(present.map((k) => c.raw[k]));
+    // the quality chart marks the autopilot's pick: one large point on the score curve at its step
+    const pick = c.el.dataset.pick ? Number(c.el.dataset.pick) : null;
+    const at = pick !== null && c.raw.quality_score ? c.raw.quality_score[0].indexOf(pick) : -1;
+    if (at >= 0) data = [...data, data[0].map((x) => (x === pick ? c.raw.quality_score[1][at] : null))];
+    const sig = present.join(",") + (at >= 0 ? ",pick" : "");
     if (!c.u || c.sig !== sig) {
       if (c.u) c.u.destroy();
       c.el.textContent = "";
@@ -125,7 +129,8 @@
         title: c.el.dataset.title, width: Math.max(320, c.el.clientWidth - 12), height: 220,
         scales: { x: { time: false } },
         series: [{ label: "step" }, ...present.map((k, i) => ({ label: k, stroke: COLORS[i % 4], width: 1.5, spanGaps: true,
-                  points: { show: k.startsWith("val") || k.startsWith("fixed") } }))],
+                  points: { show: k.startsWith("val") || k.startsWith("fixed") || k.startsWith("quality") } })),
+                 ...(at >= 0 ? [{ label: "pick", stroke: "#c62828", width: 0, points: { show: true, size: 14, fill: "#c62828" } }] : [])],
         axes: [{ label: "step" }, yAxis],
       };
       c.u = new uPlot(opts, data, c.el);

@@ -9,15 +9,20 @@ from __future__ import annotations
 from lorapod.engine.diffusion.families.base import Components, Family
 from lorapod.engine.diffusion.families.detect import detect
 from lorapod.engine.diffusion.families.flux import Flux1, Flux2Klein, pack, unpack
+from lorapod.engine.diffusion.families.hunyuanvideo15 import HunyuanVideo15
+from lorapod.engine.diffusion.families.qwenimage import QwenImage
 from lorapod.engine.diffusion.families.sd import SD15, SDXL
 from lorapod.engine.diffusion.families.wan import Wan21, Wan22
+from lorapod.engine.diffusion.families.zimage import ZImage
 from lorapod.errors import ModelLoadError, SpecError
 
 __all__ = ["FAMILIES", "SD15", "SDXL", "Components", "Family", "Flux1", "Flux2Klein", "Wan21", "Wan22", "detect",
            "pack", "resolve_family", "unpack"]
 
-FAMILIES: dict[str, type[Family]] = {"sd15": SD15, "sdxl": SDXL, "flux1": Flux1, "flux2": Flux2Klein,
-                                     "wan21": Wan21, "wan22": Wan22}
+# The registration: one class per row of catalog/families.py, in the table's order; each class
+# carries its own name (tests/test_catalog_families.py holds the two equal).
+FAMILIES: dict[str, type[Family]] = {cls.name: cls for cls in (SD15, SDXL, Flux1, Flux2Klein, Wan21, Wan22, ZImage,
+                                                               HunyuanVideo15, QwenImage)}
 
 
 def resolve_family(spec_family: str, model_id: str, revision: str | None = None) -> Family:

@@ -51,6 +51,11 @@ class Components:
 
 
 
+# (regex on the diffusers module path, the consumer's module template with the regex groups, part, of parts):
+# one rule of a family's kohya (ComfyUI ``lora_unet_``) layout; export/kohya.py reads them
+Rule = tuple[str, str, int, int]
+
+
 class Family:
     name: ClassVar[str]
     pipeline_class: ClassVar[str]
@@ -59,11 +64,74 @@ class Family:
     default_targets: ClassVar[list[str] | str] = []
     te_targets: ClassVar[list[str]] = ["q_proj", "k_proj", "v_proj", "out_proj"]
     kohya_te_prefixes: ClassVar[list[str]] = []  # per text encoder; [] = no text-encoder LoRA
+    # The kohya file's key rule (export/kohya.py ``Layout``): None while the family's layout is still
+    # written in export/kohya.py; () = the diffusers module paths as they are; rules = renamed / fused.
+    kohya_rules: ClassVar[tuple[Rule, ...] | None] = None
+    # The denoiser's attribute(s) holding its transformer blocks, in order: what block swap keeps in
+    # CPU RAM (engine/diffusion/memory.py) and fp8 stores; () = no block swap (the U-Nets)
+    block_lists: ClassVar[tuple[str, ...]] = ()
+    sample_steps: ClassVar[int] = 28  # the sample grids' default step count
+    # ``lorapod inspect``'s name rules for files of this family (None: still written in export/inspect.py):
+    # a regex the file's module names match only for this family (no metadata to read), the modules
+    # ComfyUI maps under ``lora_unet_`` (its own model's module paths, dots as _), and whether it also
+    # maps diffusers' ``transformer.<path>`` names
+    inspect_signature: ClassVar[str | None] = None
+    comfy_unet: ClassVar[str | None] = None
+    comfy_takes_diffusers: ClassVar[bool] = False
+
+    # video families: the frame rate samples are written at
+    sample_fps: ClassVar[int] = 16
+
+    def text_len(self, c: Components) -> int:
+        """Most text-encoder states one caption caches (the video path's cache-size prediction)."""
+        return 512
+
+    def cache_text(self, enc: dict[str, torch.Tensor], j: int) -> dict[str, torch.Tensor]:
+        """Caption ``j``'s share of a batch ``encode_text`` made, as the cache keeps it (families whose
+        captions have their own lengths keep only the real tokens here)."""
+        return {k: v[j] for k, v in enc.items()}
+
+    def prepare_sampling(self, pipe, scale: float) -> None:
+        """Anything a pipeline takes other than from its call's arguments before it samples at ``scale``."""
+
+    def experts(self, c: Components, which: str) -> dict[str, tuple[torch.nn.Module, float, float]]:
+        """Module name -> (denoiser, lowest sigma, highest sigma) it is trained on: one, over all of them."""
+        return {self.denoiser_name: (c.denoiser, 0.0, 1.0)}
+
+    def vae_spatial_factor(self, vae_config: dict) -> int:
+        """Pixels per latent along a side, read from the VAE's config.json before anything loads."""
+        return 8
+
+    def latent_channels(self, c: Components) -> int:
+        cfg = c.vae.config
+        return int(cfg.get("z_dim") or cfg.get("latent_channels"))
+
+    def separate_expert_files(self, parts: set[str], experts: str) -> bool:
+        """Whether an adapter of these components (``transformer``, ``transformer_2``, ...) trained with
+        ``train.experts`` is written as one kohya file per expert (Wan2.2 A14B); one file otherwise.
+        The engine's export and ``lorapod export`` both ask here, so they cannot disagree."""
+        return False
+
+    def blocks(self, denoiser: torch.nn.Module) -> list[torch.nn.Module]:
+        """The denoiser's transformer blocks in the order they run (block swap's unit)."""
+        return [b for attr in self.block_lists for b in getattr(denoiser, attr)]
+
+    def default_sample_steps(self, c: Components) -> int:
+        return self.sample_steps
+
+    def collate_text(self, per: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """Cached text-encoder outputs of one batch's captions, stacked (families whose captions have
+        their own lengths pad them here)."""
+        return {k: torch.stack([p[k] for p in per]) for k in per[0]}
 
     def pipeline_cls(self):
         import diffusers
 
         return getattr(diffusers, self.pipeline_class)
+
+    def lora_file_writer(self):
+        """What writes the diffusers LoRA file (``save_lora_weights``): the pipeline class's own loader."""
+        return self.pipeline_cls()
 
     def load(self, model_id: str, revision: str | None, dtype: torch.dtype) -> Components:
         cls = self.pipeline_cls()

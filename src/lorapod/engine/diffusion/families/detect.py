@@ -48,11 +48,22 @@ def detect(model_id: str, revision: str | None = None) -> tuple[str, str]:
                                  hint="point model.id at a diffusers folder, a hub id or a .safetensors file")
         raw = json.loads(index.read_text(encoding="utf-8"))
     else:
+        from lorapod.home import hub_unreachable, offline
+
+        # one TCP connect first (lorapod.home): with no network huggingface_hub would retry five
+        # times (~30 s, a raw line each) before it tries the cache
+        unreachable = None if offline() else hub_unreachable()
         try:
             from huggingface_hub import hf_hub_download
 
-            raw = json.loads(Path(hf_hub_download(model_id, "model_index.json", revision=revision)).read_text())
+            raw = json.loads(Path(hf_hub_download(model_id, "model_index.json", revision=revision,
+                                                  local_files_only=offline() or bool(unreachable))).read_text())
         except Exception as exc:
+            if unreachable:
+                raise ModelLoadError(f"the Hugging Face hub cannot be reached ({unreachable}) and {model_id}'s "
+                                     "model_index.json is not in its cache",
+                                     hint="check the network (and HF_ENDPOINT if set), or point model.id at a local "
+                                          "diffusers folder or .safetensors file") from exc
             raise ModelLoadError(f"could not read model_index.json of {model_id} ({exc.__class__.__name__}: {exc})",
                                  hint="check the id, your network, and `huggingface-cli login` for gated models") from exc
     cls = raw.get("_class_name", "?")

@@ -4,7 +4,59 @@ from __future__ import annotations
 
 import torch
 
-from lorapod.engine.diffusion.families.base import Components, Family
+from lorapod.engine.diffusion.families.base import Components, Family, Rule
+
+# The kohya (ComfyUI / Forge ``lora_unet_``) layout: sd-scripts' names on the original (BFL) modules,
+# which ComfyUI and Forge map for every model and diffusers converts (``_convert_kohya_flux*``). Where
+# BFL fuses layers that diffusers keeps apart (q, k, v -> ``qkv``; FLUX.1's single-block q, k, v and
+# MLP -> ``linear1``) the parts are stacked (export/kohya.py).
+_FLUX_DOUBLE_ATTN: list[Rule] = [
+    (r"transformer_blocks\.(\d+)\.attn\.to_q", "double_blocks.{0}.img_attn.qkv", 0, 3),
+    (r"transformer_blocks\.(\d+)\.attn\.to_k", "double_blocks.{0}.img_attn.qkv", 1, 3),
+    (r"transformer_blocks\.(\d+)\.attn\.to_v", "double_blocks.{0}.img_attn.qkv", 2, 3),
+    (r"transformer_blocks\.(\d+)\.attn\.add_q_proj", "double_blocks.{0}.txt_attn.qkv", 0, 3),
+    (r"transformer_blocks\.(\d+)\.attn\.add_k_proj", "double_blocks.{0}.txt_attn.qkv", 1, 3),
+    (r"transformer_blocks\.(\d+)\.attn\.add_v_proj", "double_blocks.{0}.txt_attn.qkv", 2, 3),
+    (r"transformer_blocks\.(\d+)\.attn\.to_out\.0", "double_blocks.{0}.img_attn.proj", 0, 1),
+    (r"transformer_blocks\.(\d+)\.attn\.to_add_out", "double_blocks.{0}.txt_attn.proj", 0, 1),
+    (r"x_embedder", "img_in", 0, 1),
+    (r"context_embedder", "txt_in", 0, 1),
+    (r"proj_out", "final_layer.linear", 0, 1),
+]
+
+FLUX1_RULES: list[Rule] = [
+    *_FLUX_DOUBLE_ATTN,
+    (r"transformer_blocks\.(\d+)\.ff\.net\.0\.proj", "double_blocks.{0}.img_mlp.0", 0, 1),
+    (r"transformer_blocks\.(\d+)\.ff\.net\.2", "double_blocks.{0}.img_mlp.2", 0, 1),
+    (r"transformer_blocks\.(\d+)\.ff_context\.net\.0\.proj", "double_blocks.{0}.txt_mlp.0", 0, 1),
+    (r"transformer_blocks\.(\d+)\.ff_context\.net\.2", "double_blocks.{0}.txt_mlp.2", 0, 1),
+    (r"transformer_blocks\.(\d+)\.norm1\.linear", "double_blocks.{0}.img_mod.lin", 0, 1),
+    (r"transformer_blocks\.(\d+)\.norm1_context\.linear", "double_blocks.{0}.txt_mod.lin", 0, 1),
+    (r"single_transformer_blocks\.(\d+)\.attn\.to_q", "single_blocks.{0}.linear1", 0, 4),
+    (r"single_transformer_blocks\.(\d+)\.attn\.to_k", "single_blocks.{0}.linear1", 1, 4),
+    (r"single_transformer_blocks\.(\d+)\.attn\.to_v", "single_blocks.{0}.linear1", 2, 4),
+    (r"single_transformer_blocks\.(\d+)\.proj_mlp", "single_blocks.{0}.linear1", 3, 4),
+    (r"single_transformer_blocks\.(\d+)\.proj_out", "single_blocks.{0}.linear2", 0, 1),
+    (r"single_transformer_blocks\.(\d+)\.norm\.linear", "single_blocks.{0}.modulation.lin", 0, 1),
+    (r"time_text_embed\.timestep_embedder\.linear_1", "time_in.in_layer", 0, 1),
+    (r"time_text_embed\.timestep_embedder\.linear_2", "time_in.out_layer", 0, 1),
+    (r"time_text_embed\.guidance_embedder\.linear_1", "guidance_in.in_layer", 0, 1),
+    (r"time_text_embed\.guidance_embedder\.linear_2", "guidance_in.out_layer", 0, 1),
+    (r"time_text_embed\.text_embedder\.linear_1", "vector_in.in_layer", 0, 1),
+    (r"time_text_embed\.text_embedder\.linear_2", "vector_in.out_layer", 0, 1),
+]
+
+FLUX2_RULES: list[Rule] = [
+    *_FLUX_DOUBLE_ATTN,
+    (r"transformer_blocks\.(\d+)\.ff\.linear_in", "double_blocks.{0}.img_mlp.0", 0, 1),
+    (r"transformer_blocks\.(\d+)\.ff\.linear_out", "double_blocks.{0}.img_mlp.2", 0, 1),
+    (r"transformer_blocks\.(\d+)\.ff_context\.linear_in", "double_blocks.{0}.txt_mlp.0", 0, 1),
+    (r"transformer_blocks\.(\d+)\.ff_context\.linear_out", "double_blocks.{0}.txt_mlp.2", 0, 1),
+    (r"single_transformer_blocks\.(\d+)\.attn\.to_qkv_mlp_proj", "single_blocks.{0}.linear1", 0, 1),
+    (r"single_transformer_blocks\.(\d+)\.attn\.to_out", "single_blocks.{0}.linear2", 0, 1),
+    (r"time_guidance_embed\.timestep_embedder\.linear_1", "time_in.in_layer", 0, 1),
+    (r"time_guidance_embed\.timestep_embedder\.linear_2", "time_in.out_layer", 0, 1),
+]
 
 
 def pack(latents: torch.Tensor) -> torch.Tensor:
@@ -23,6 +75,7 @@ def unpack(tokens: torch.Tensor, h: int, w: int) -> torch.Tensor:
 
 class Flux1(Family):
     name = "flux1"
+    kohya_rules = tuple(FLUX1_RULES)
     pipeline_class = "FluxPipeline"
     denoiser_name = "transformer"
     flow = True
@@ -31,9 +84,15 @@ class Flux1(Family):
                        "attn.add_v_proj", "attn.to_add_out", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj",
                        "ff_context.net.2", "proj_mlp"]
 
+    block_lists = ("transformer_blocks", "single_transformer_blocks")
+
     def components(self, pipe, model_id):
         return Components(self, model_id, pipe.transformer, pipe.vae, [pipe.text_encoder, pipe.text_encoder_2],
                           [pipe.tokenizer, pipe.tokenizer_2], pipe.scheduler)
+
+    def default_sample_steps(self, c):
+        """FLUX.1 [schnell] (no guidance embedding) is distilled for 4 steps; [dev] samples in 28."""
+        return self.sample_steps if c.denoiser.config.get("guidance_embeds", True) else 4
 
     def encode_text(self, c, captions, device):
         tok, tok2 = c.tokenizers
@@ -72,11 +131,13 @@ class Flux1(Family):
 
 class Flux2Klein(Family):
     name = "flux2"
+    kohya_rules = tuple(FLUX2_RULES)
     pipeline_class = "Flux2KleinPipeline"
     denoiser_name = "transformer"
     flow = True
     default_targets = (r".*(\.to_q|\.to_k|\.to_v|\.to_out\.0|\.add_q_proj|\.add_k_proj|\.add_v_proj|\.to_add_out"
                        r"|\.to_qkv_mlp_proj|single_transformer_blocks\.\d+\.attn\.to_out)$")
+    block_lists = ("transformer_blocks", "single_transformer_blocks")
 
     def components(self, pipe, model_id):
         return Components(self, model_id, pipe.transformer, pipe.vae, [pipe.text_encoder], [pipe.tokenizer],

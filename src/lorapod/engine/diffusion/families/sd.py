@@ -13,6 +13,7 @@ class SD15(Family):
     # the attention and feed-forward layers of every transformer block (what kohya's LoRA trains)
     default_targets = ["to_q", "to_k", "to_v", "to_out.0", "proj_in", "proj_out", "ff.net.0.proj", "ff.net.2"]
     kohya_te_prefixes = ["lora_te"]
+    kohya_rules = ()  # lora_unet_<diffusers path>: ComfyUI's unet_to_diffusers, A1111/Forge and diffusers map them
 
     def components(self, pipe, model_id: str) -> Components:
         return Components(self, model_id, pipe.unet, pipe.vae, [pipe.text_encoder], [pipe.tokenizer], pipe.scheduler)

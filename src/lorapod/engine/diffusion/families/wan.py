@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import torch
 
-from lorapod.engine.diffusion.families.base import Components, Family
+from lorapod.engine.diffusion.families.base import Components, Family, Rule
 
 # every Linear of the attention blocks: self- and cross-attention q/k/v/out and the feed-forward
 # (musubi-tuner's Wan LoRA targets; diffusers names)
@@ -23,6 +23,24 @@ WAN_TARGETS = (r"^blocks\.\d+\.(attn1\.(to_q|to_k|to_v|to_out\.0)|attn2\.(to_q|t
                r"|ffn\.net\.(0\.proj|2))$")  # add_k/v_proj: the image keys/values of Wan2.1 I2V
 TEXT_LEN = 512  # WanPipeline's max_sequence_length: prompts are padded with zeros to it
 SAMPLE_FPS = 16
+
+# Wan 2.1 / 2.2: diffusers' WanTransformer3DModel paths -> the original Wan module paths
+# (``blocks.N.self_attn.q``, ``cross_attn.k_img``, ``ffn.0``, ``head.head``) that ComfyUI's WanModel
+# maps under ``lora_unet_`` (comfy/lora.py model_lora_keys_unet) and diffusers' own loader reads
+# back (diffusers/loaders/lora_conversion_utils.py ``_convert_non_diffusers_wan_lora_to_diffusers``
+# at the installed version: self_attn/cross_attn q, k, v, o; k_img/v_img <- add_k_proj/add_v_proj;
+# ffn.0/ffn.2 <- ffn.net.0.proj/ffn.net.2; time_projection.1 <- condition_embedder.time_proj;
+# head.head <- proj_out). One rule for the engine's file and ``lorapod export --to comfyui``.
+WAN_RULES: list[Rule] = [
+    *((rf"blocks\.(\d+)\.{attn}\.{d}", f"blocks.{{0}}.{w}.{o}", 0, 1)
+      for attn, w in (("attn1", "self_attn"), ("attn2", "cross_attn"))
+      for d, o in (("to_q", "q"), ("to_k", "k"), ("to_v", "v"), (r"to_out\.0", "o"),
+                   ("add_k_proj", "k_img"), ("add_v_proj", "v_img"))),
+    (r"blocks\.(\d+)\.ffn\.net\.0\.proj", "blocks.{0}.ffn.0", 0, 1),
+    (r"blocks\.(\d+)\.ffn\.net\.2", "blocks.{0}.ffn.2", 0, 1),
+    (r"condition_embedder\.time_proj", "time_projection.1", 0, 1),
+    (r"proj_out", "head.head", 0, 1),
+]
 
 
 class Wan21(Family):
@@ -32,6 +50,13 @@ class Wan21(Family):
     flow = True
     video: ClassVar[bool] = True
     default_targets = WAN_TARGETS
+    block_lists = ("blocks",)
+    kohya_rules = tuple(WAN_RULES)
+    sample_fps = SAMPLE_FPS
+
+    def vae_spatial_factor(self, vae_config):
+        """Wan2.1's VAE: 8; Wan2.2 TI2V's: 16 (``scale_factor_spatial``)."""
+        return int(vae_config.get("scale_factor_spatial", 8))
 
     def load(self, model_id, revision, dtype):
         """T2V (``WanPipeline``) or I2V (``WanImageToVideoPipeline``), as the model's index says."""
@@ -67,6 +92,17 @@ class Wan21(Family):
         mask = enc.attention_mask.to(device)
         states = te(enc.input_ids.to(device), mask).last_hidden_state
         return {"prompt_embeds": states * mask.unsqueeze(-1).to(states.dtype), "length": mask.sum(dim=1)}
+
+    def cache_text(self, enc, j):
+        """Only the real umT5 tokens are cached (``length``); ``collate_text`` pads them again."""
+        return {"prompt_embeds": enc["prompt_embeds"][j, : int(enc["length"][j])]}
+
+    def collate_text(self, per):
+        """Padded with zeros to the pipeline's 512 (``text_len``), as WanPipeline samples."""
+        import torch.nn.functional as F
+
+        return {"prompt_embeds": torch.stack([F.pad(p["prompt_embeds"], (0, 0, 0, TEXT_LEN - p["prompt_embeds"].shape[0]))
+                                              for p in per])}
 
     def encode_latents(self, c, pixels):
         """(B, 3, F, H, W) in [-1, 1] -> normalised latents (B, z, 1 + (F-1)/4, H/8, W/8)."""
@@ -130,6 +166,10 @@ class Wan22(Wan21):
     """Wan2.2 A14B: a high-noise and a low-noise expert, switched at ``boundary_ratio``."""
 
     name = "wan22"
+
+    def separate_expert_files(self, parts, experts):
+        """A14B's two experts: a file per expert trained (both, or the one ``train.experts`` names)."""
+        return "transformer_2" in parts or experts != "both"
 
     def experts(self, c, which):
         t2 = c.extra.get("transformer_2")

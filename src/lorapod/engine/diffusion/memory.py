@@ -1,15 +1,20 @@
-"""Wan's memory savers (the family itself is ``engine/diffusion/families/wan.py``).
+"""What lets a large denoiser train on a small card, for every family: fp8 storage, block swap and
+the fit check (Wan's memory savers until the video path took a family; N5/N6 of the 2026-12-05 GPU
+review brought them to the image engine and one pinned buffer per block).
 
-- ``store_fp8``: the blocks' frozen Linear weights in float8 (Ada/Hopper), as the image engine does.
-- ``BlockSwap``: the frozen weights of the last N blocks live in CPU RAM and visit the GPU only
-  for their own forward and, under its own gradient checkpointing, their own backward; on CUDA the
-  next block's copy runs on a side stream while the current block computes.
+- ``store_fp8``: the blocks' frozen Linear weights in float8 (Ada/Hopper), upcast per call.
+- ``BlockSwap``: the frozen weights of the last N blocks (``Family.blocks``: Wan's ``blocks``, FLUX's
+  double + single blocks, Qwen-Image's ``transformer_blocks``, Z-Image's ``layers``) live in CPU
+  RAM and visit the GPU only for their own forward and, under its own gradient checkpointing, their
+  own backward; on CUDA the next block's copy runs on a side stream while the current one computes.
+  Each swapped block's host copy is one flat pinned buffer with a view per weight: torch's host
+  allocator rounds every pinned allocation up to a power of two
+  (``ATen/core/CachingHostAllocator.h``, ``PowerOf2Ceil``), which pinned Wan2.1-14B's 30 swapped
+  blocks as 30.0 GiB instead of 19.6 when each weight was pinned on its own.
+- ``host_ram_check``: refuse, before anything is pinned, a swap the host's free RAM cannot hold.
 - ``check_fits``: refuse, before anything loads, a job that would not fit the GPU even with the
   most blocks swapped: the planner's memory model (``plan/vram.py``) on the planner's description
-  of the model (``memory_model``), with the engine's own settings; there is no second Wan model.
-
-The ComfyUI file's key rule (diffusers paths -> the original Wan module names) is
-``export/kohya.py: WAN_RULES``, shared with ``lorapod export --to comfyui``.
+  of the model (``memory_model``), with the engine's own settings.
 """
 
 from __future__ import annotations
@@ -33,12 +38,49 @@ if TYPE_CHECKING:
 # ----------------------------------------------------------------------------- memory
 
 
-def store_fp8(transformer: torch.nn.Module) -> int:
-    """float8 storage for the frozen Linear weights inside ``blocks.N`` (the image engine's rule,
-    engine/diffusion/fp8.py, with Wan's block names); upcast per call by ``Float8Linear``."""
+def store_fp8(transformer: torch.nn.Module, block_lists: tuple[str, ...] = ("blocks",)) -> int:
+    """float8 storage for the frozen Linear weights inside the blocks (``<list>.N.``: the family's
+    ``block_lists``; engine/diffusion/fp8.py's rule); upcast per call by ``Float8Linear``."""
     from lorapod.engine.diffusion.fp8 import store_fp8 as store
 
-    return store(transformer, lambda name: name.startswith("blocks."))
+    prefixes = tuple(f"{attr}." for attr in block_lists)
+    return store(transformer, lambda name: name.startswith(prefixes))
+
+
+#: alignment of each weight's view inside a block's flat host buffer (any dtype's element size divides it)
+ALIGN = 64
+
+
+def flat_bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of one flat buffer holding ``tensors``, each at an ``ALIGN``-byte offset."""
+    total = 0
+    for t in tensors:
+        total = -(-total // ALIGN) * ALIGN + t.numel() * t.element_size()
+    return total
+
+
+def pinned_bytes(blocks: list[torch.nn.Module], n: int) -> int:
+    """Host bytes block swap pins for the last ``n`` of ``blocks`` (their frozen weights, one flat
+    buffer each): what the host-RAM check counts, about 1.0 x the weights' own bytes."""
+    chosen = blocks[len(blocks) - n :] if n > 0 else []
+    return sum(flat_bytes([p for p in b.parameters() if not p.requires_grad]) for b in chosen)
+
+
+def host_ram_check(need: int, what: str, available: int | None = None) -> None:
+    """HardwareError when ``need`` bytes are more than the host's free RAM (psutil) less 2 GiB of
+    headroom for the process itself: a pinned allocation that does not fit takes the host down."""
+    from lorapod.errors import HardwareError
+
+    if available is None:
+        import psutil
+
+        available = int(psutil.virtual_memory().available)
+    headroom = 2 * 1024**3
+    if need > available - headroom:
+        raise HardwareError(
+            f"{what} pins {need / 1024**3:.1f} GiB of host RAM; {available / 1024**3:.1f} GiB is free",
+            hint="swap fewer blocks (train.blocks_to_swap), use model.dtype: fp8 (halves the swapped bytes), "
+                 "or rent a host with more RAM")
 
 
 class CudaStreams:
@@ -102,12 +144,20 @@ class BlockSwap:
         self._removed = False
         self._anchor = torch.zeros((), requires_grad=True)  # makes a swapped block's output need grad
         pin = self.device.type == "cuda"
+        self.pinned = 0  # bytes of host buffers made (pinned on CUDA)
         for b in self.blocks:
-            for prm in b.parameters():
-                if not prm.requires_grad:
-                    host = prm.data.to("cpu")
-                    self._cpu[id(prm)] = (prm, host.pin_memory() if pin else host)
-                    prm.data = self._cpu[id(prm)][1]
+            frozen = [prm for prm in b.parameters() if not prm.requires_grad]
+            flat = torch.empty(flat_bytes(frozen), dtype=torch.uint8, pin_memory=pin)
+            self.pinned += flat.numel()
+            offset = 0
+            for prm in frozen:  # one buffer per block, a view per weight (one pinned allocation, not one per weight)
+                offset = -(-offset // ALIGN) * ALIGN
+                size = prm.numel() * prm.element_size()
+                host = flat[offset : offset + size].view(prm.dtype).view(prm.shape)
+                host.copy_(prm.data)
+                offset += size
+                self._cpu[id(prm)] = (prm, host)
+                prm.data = host
             self._hooks.append(b.register_forward_pre_hook(lambda m, args: self._before(m)))
             self._hooks.append(b.register_forward_hook(lambda m, args, out: self._after(m)))
         self._after_backward = False
@@ -130,9 +180,9 @@ class BlockSwap:
         if self._replaying:  # inside ``_SwappedBlock.backward``: it loads and prefetches itself
             return
         if torch.is_grad_enabled():  # ``_SwappedBlock.forward`` runs without grad; anything else saves nothing
-            raise RuntimeError("a swapped Wan block ran with gradients outside BlockSwap's checkpointing, which would "
+            raise RuntimeError("a swapped block ran with gradients outside BlockSwap's checkpointing, which would "
                                "keep its weights on the GPU: install it with "
-                               "transformer.enable_gradient_checkpointing(swap.checkpoint) (wan.swap_blocks does)")
+                               "transformer.enable_gradient_checkpointing(swap.checkpoint) (memory.swap_blocks does)")
         self._load(block)
         self._prefetch(self._index[id(block)] + 1)
 
@@ -200,10 +250,21 @@ class BlockSwap:
         self._removed = True
 
 
-def swap_blocks(transformer: torch.nn.Module, n: int, device: torch.device, streams=None) -> BlockSwap:
-    """Block swap for the last ``n`` blocks of a Wan transformer, with the gradient checkpointing it
-    needs installed (``BlockSwap.checkpoint``)."""
-    swap = BlockSwap(transformer.blocks, n, device, streams)
+def place(model: torch.nn.Module, device: torch.device, swap: BlockSwap | None) -> None:
+    """Move ``model`` to ``device`` except the swapped blocks' frozen weights (never all at once on the GPU)."""
+    skip = {id(p) for b in (swap.blocks if swap else []) for p in b.parameters() if not p.requires_grad}
+    for p in model.parameters():
+        if id(p) not in skip:
+            p.data = p.data.to(device)
+    for b in model.buffers():
+        b.data = b.data.to(device)
+
+
+def swap_blocks(transformer: torch.nn.Module, n: int, device: torch.device, streams=None,
+                blocks: list[torch.nn.Module] | None = None) -> BlockSwap:
+    """Block swap for the last ``n`` of ``blocks`` (the family's ``Family.blocks``; Wan's ``blocks``
+    by default), with the gradient checkpointing it needs installed (``BlockSwap.checkpoint``)."""
+    swap = BlockSwap(torch.nn.ModuleList(blocks) if blocks is not None else transformer.blocks, n, device, streams)
     transformer.enable_gradient_checkpointing(swap.checkpoint)
     return swap
 
@@ -265,7 +326,7 @@ def component_config(model_id: str, revision: str | None = None, sub: str = "tra
     if p.is_dir():
         f = p / sub / "config.json"
         if not f.is_file():
-            raise ModelLoadError(f"{p} has no {sub}/config.json", hint="point model.id at a diffusers Wan folder")
+            raise ModelLoadError(f"{p} has no {sub}/config.json", hint="point model.id at a diffusers pipeline folder")
         return json.loads(f.read_text(encoding="utf-8"))
     try:
         from huggingface_hub import hf_hub_download
@@ -277,7 +338,7 @@ def component_config(model_id: str, revision: str | None = None, sub: str = "tra
 
 
 def memory_model(spec) -> ImageModel:
-    """The planner's description of this Wan job's model (``catalog.models.find_model``: a catalog row
+    """The planner's description of this job's model (``catalog.models.find_model``: a catalog row
     by name, a local folder sized by its own transformer config), so the engine's fit check and
     ``lorapod plan`` count the same model; a hub id the catalog does not name is sized from its
     transformer config here. ModelLoadError when the config cannot be read."""
@@ -291,7 +352,8 @@ def memory_model(spec) -> ImageModel:
     except PlanError as exc:
         raise ModelLoadError(exc.message, hint=exc.hint) from exc
     if not isinstance(model, ImageModel) or not model.is_video:
-        raise ModelLoadError(f"{spec.model.id} is not a Wan model the planner knows", hint="set model.family: wan21 or wan22")
+        raise ModelLoadError(f"{spec.model.id} is not a video model the planner knows",
+                             hint=f"set model.family to one of {', '.join(families.VIDEO)}")
     if Path(spec.model.id).expanduser().is_dir() or named_image_model(spec.model.id) is not None:
         return model
     spatial = int(component_config(spec.model.id, spec.model.revision, "vae").get("scale_factor_spatial", 8))
