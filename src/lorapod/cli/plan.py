@@ -384,4 +384,7 @@ def _storage(model_gb: float | None, sessions: float | None, hours: float | None
 
 
 def register(app: typer.Typer) -> None:
+    from lorapod.cli.helptext import renew_option_help
+
+    renew_option_help(plan_command, "trainer", f"Price the job as an external trainer runs it: {trainer_hint()} (setup time, VRAM).")  # a trainer registered since this module's import too
     app.command("plan")(plan_command)

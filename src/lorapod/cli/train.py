@@ -330,4 +330,7 @@ def _record_plan(spec, run) -> None:
 
 
 def register(app: typer.Typer) -> None:
+    from lorapod.cli.helptext import renew_option_help
+
+    renew_option_help(train, "trainer", f"Train with an external trainer instead of lorapod's engine: {trainer_hint()}.")  # a trainer registered since this module's import too
     app.command("train")(train)
