@@ -245,10 +245,13 @@ def wan_files(dest: Path) -> None:
             return torch.randn(shape) * 0.02
         return make
 
-    # bf16, as the file its name is (ComfyUI's repackaged wan2.1_t2v_1.3B_bf16, what lorapod's job downloads)
+    # fp32, not the bf16 of the file it stands in for: musubi runs Wan's DiT in its file's dtype
+    # (detect_wan_sd_dtype), and on a CPU the bf16 DiT fails in the time embedding, which musubi runs
+    # under autocast(float32), a dtype CPU autocast does not take (it disables itself): fp32 input,
+    # bf16 weight (measured 2026-12-05, with --mixed_precision no and bf16 alike)
     dit = dest / "split_files" / "diffusion_models" / "wan2.1_t2v_1.3B_bf16.safetensors"
     dit.parent.mkdir(parents=True, exist_ok=True)
-    write_safetensors(dit, [(n, tuple(t.shape), torch.bfloat16, _cast(init(n, tuple(t.shape)), torch.bfloat16))
+    write_safetensors(dit, [(n, tuple(t.shape), torch.float32, init(n, tuple(t.shape)))
                             for n, t in model.state_dict().items()])
     vae = WanVAE_(dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
                   temperal_downsample=[False, True, True], dropout=0.0)

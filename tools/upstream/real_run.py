@@ -129,8 +129,7 @@ def spec_for(case: str, root: Path, steps: int, model: Path) -> dict:
                 "data": {"path": str(make_clips(root / "clips")), "format": "video", "resolution": 128,
                          "target_frames": [1, 5], "frame_extraction": "head", "fps": 16, "trigger": "zxq",
                          "buckets": True},
-                # bf16: musubi runs Wan's DiT in its file's dtype (trainers/musubi.py ARCHS), autocast as on a GPU
-                "train": {**train, "timestep_sampling": "shift", "timestep_shift": 3.0, "precision": "bf16"}}
+                "train": {**train, "timestep_sampling": "shift", "timestep_shift": 3.0}}
     if case in ("zimage", "qwenimage"):  # examples/zimage-musubi-lora.yaml, qwenimage-musubi-lora.yaml, small
         model_id = {"zimage": "Tongyi-MAI/Z-Image", "qwenimage": "Qwen/Qwen-Image"}[case]
         return {**common, "model": {"id": model_id, "family": case, "dtype": "bf16"},

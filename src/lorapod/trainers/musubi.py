@@ -90,11 +90,7 @@ class Arch:
 
 
 ARCHS = {
-    # Wan's DiT runs in its file's dtype (wan_train_network.py: detect_wan_sd_dtype), bf16 in the files
-    # lorapod's job downloads; musubi lets --mixed_precision no through and its first conv then fails
-    # ("Input type (float) and bias type (c10::BFloat16) should be the same": the real run on the bf16
-    # file), and asserts bf16 or no, so bf16 it is
-    "wan21": Arch("wan21", "wan", "networks.lora_wan", "--t5", 16, True, 39, precisions=("auto", "bf16")),
+    "wan21": Arch("wan21", "wan", "networks.lora_wan", "--t5", 16, True, 39),
     # docs/zimage.md: "--blocks_to_swap ... The maximum number of blocks that can be offloaded is 28"
     "zimage": Arch("zimage", "zimage", "networks.lora_zimage", "--text_encoder", 16, False, 28,
                    convert="convert_z_image_lora_to_comfy.py", fp8_scaled=True),
