@@ -18,7 +18,8 @@ import sqlite3
 import time
 from pathlib import Path
 
-from lorapod.trainers import Layout, get
+from lorapod.trainers import get
+from lorapod.trainers.base import Layout
 from lorapod.trainers.bridge import AiToolkitSqlite, HFTrainerLogs, KohyaProgress
 from lorapod.trainers.runner import Mirror
 

@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from lorapod.spec import load_spec
-from lorapod.trainers import Layout, prepare
+from lorapod.trainers import prepare
+from lorapod.trainers.base import Layout
 from lorapod.trainers.contracts import check_ai_toolkit, check_argv, check_axolotl, check_dataset_toml, load
 from lorapod.trainers.on_instance import print_trainer_job
 
@@ -31,6 +32,8 @@ CASES = {
     "sdxl-object-lora": (25, ["sd-scripts", "ai-toolkit"]),
     "flux2-klein-lora": (20, ["ai-toolkit"]),
     "wan21-video-lora": (18, ["musubi-tuner"]),
+    "zimage-musubi-lora": (20, ["musubi-tuner"]),
+    "qwenimage-musubi-lora": (20, ["musubi-tuner"]),
     "llm-chat-lora": (None, ["axolotl"]),
 }
 PAIRS = [(ex, tr) for ex, (_, trs) in CASES.items() for tr in trs]

@@ -13,8 +13,12 @@ import yaml
 
 from lorapod.errors import SpecError
 from lorapod.spec import load_spec, validate
-from lorapod.trainers import Layout, prepare
-from lorapod.trainers.importer import from_ai_toolkit, from_axolotl, from_sd_scripts, import_file
+from lorapod.trainers import prepare
+from lorapod.trainers.ai_toolkit import from_ai_toolkit
+from lorapod.trainers.axolotl import from_axolotl
+from lorapod.trainers.base import Layout
+from lorapod.trainers.importer import import_file
+from lorapod.trainers.sd_scripts import from_sd_scripts
 
 from .remote_helpers import cli_argv, cli_env
 from .test_trainers_golden import DERIVED, example
@@ -69,7 +73,8 @@ def test_axolotl_settings_without_an_equivalent_are_reported():
     result = from_axolotl(cfg)
     assert result.unmapped == [("chat_template", "no lorapod equivalent"),  # lorapod uses the tokenizer's own
                                ("num_epochs", "1.5 epochs: lorapod counts whole epochs (2)"),
-                               ("optimizer", "optimizer 'lion_8bit': lorapod has adamw and adamw_8bit"),
+                               ("optimizer", "optimizer 'lion_8bit': lorapod has adamw (adamw_torch, adamw_torch_fused) "
+                                             "and adamw_8bit (adamw_bnb_8bit, adamw_8bit, paged_adamw_8bit)"),
                                ("flash_attention", "no lorapod equivalent"),
                                ("neftune_noise_alpha", "no lorapod equivalent")]
     spec = validate(result.spec)
@@ -112,6 +117,55 @@ def test_sd_scripts_import_reports_the_docs_trap(tmp_path):
 def test_import_refuses_what_it_cannot_read(tmp_path):
     bad = tmp_path / "x.yaml"
     bad.write_text("foo: 1\n")
-    with pytest.raises(SpecError, match="neither an axolotl config"):
+    with pytest.raises(SpecError, match="neither an sd-scripts dataset TOML") as err:
         import_file(bad)
+    # every trainer that reads its configs back is named, from the registry
+    assert "an ai-toolkit job (job:, config:)" in str(err.value) and "an axolotl config (base_model:)" in str(err.value)
     assert load_spec  # the spec loader is what validates an imported file later
+
+
+# The LLM guide's axolotl config (../shared/seeds/002_*.txt, "Paso 5"), key for key; its JSON
+# comments dropped. Issue 48 F6: the import dropped `optimizer: adamw_8bit` ("lorapod has adamw and
+# adamw_8bit") and flagged `load_in_8bit: false`.
+GUIDE_AXOLOTL = {
+    "base_model": "NousResearch/Llama-3.2-1B", "load_in_4bit": False, "load_in_8bit": False, "adapter": "lora",
+    "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.05,
+    "lora_target_modules": ["q_proj", "v_proj", "k_proj", "o_proj", "gate_proj", "down_proj", "up_proj"],
+    "datasets": [{"path": "teknium/GPT4-LLM-Cleaned", "type": "alpaca"}], "val_set_size": 0.1, "sequence_len": 2048,
+    "output_dir": "./outputs/lora-out", "num_epochs": 3, "micro_batch_size": 2, "gradient_accumulation_steps": 4,
+    "optimizer": "adamw_8bit", "lr_scheduler": "cosine", "learning_rate": 0.0002, "bf16": "auto",
+    "gradient_checkpointing": True, "logging_steps": 10,
+}
+
+
+def test_the_llm_guides_axolotl_config_imports_whole(tmp_path):
+    path = tmp_path / "guide.yaml"
+    path.write_text(yaml.safe_dump(GUIDE_AXOLOTL))
+    result = import_file(path)
+    spec = validate(result.spec)
+    assert spec.train.optimizer == "adamw_8bit" and spec.method.type == "lora" and spec.train.epochs == 3
+    assert result.unmapped == []  # nothing of it is lost: load_in_8bit false is what lorapod does anyway
+
+
+def test_an_8bit_base_is_reported_not_dropped():
+    result = from_axolotl({**GUIDE_AXOLOTL, "load_in_8bit": True})
+    assert [k for k, _ in result.unmapped] == ["load_in_8bit"]
+    assert "8-bit" in dict(result.unmapped)["load_in_8bit"]
+
+
+def test_every_adamw_transformers_runs_for_axolotl_imports_as_one_of_lorapods():
+    """axolotl hands ``optimizer`` to transformers' TrainingArguments (its recorded contract: "accepts
+    any string"), whose dispatch (transformers trainer_optimizer.py, the same at axolotl's pinned 5.16.1
+    and the 5.x here) gives torch's AdamW to ``_get_adamw_torch``'s names and bitsandbytes' 8-bit AdamW
+    to the 8-bit adam names of ``_BITSANDBYTES_OPTIMIZERS``. Each of those imports as lorapod's adamw /
+    adamw_8bit; every other name the importer maps is either one of them or a name transformers 4.x had."""
+    tro = pytest.importorskip("transformers.trainer_optimizer")
+    from lorapod.trainers.axolotl import IMPORTED_OPTIMIZERS, LEGACY_OPTIMIZERS
+
+    torch_adamw = {str(n.value) for n, h in tro._OPTIMIZER_HANDLERS.items() if h is tro._get_adamw_torch}
+    bnb_adamw8 = {str(n.value) for n in tro._BITSANDBYTES_OPTIMIZERS
+                  if "adam" in n.value and "ademamix" not in n.value and "8bit" in n.value}
+    assert {"adamw_torch", "adamw_torch_fused"} <= torch_adamw and {"adamw_8bit", "adamw_bnb_8bit"} <= bnb_adamw8
+    assert {n: IMPORTED_OPTIMIZERS.get(n) for n in torch_adamw} == dict.fromkeys(torch_adamw, "adamw")
+    assert {n: IMPORTED_OPTIMIZERS.get(n) for n in bnb_adamw8} == dict.fromkeys(bnb_adamw8, "adamw_8bit")
+    assert set(IMPORTED_OPTIMIZERS) - torch_adamw - bnb_adamw8 == set(LEGACY_OPTIMIZERS)

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from lorapod.trainers import Layout, get
+from lorapod.trainers import get
+from lorapod.trainers.base import Layout
 from lorapod.trainers.bridge import HFTrainerLogs
 from lorapod.trainers.runner import Mirror, trainer_reason
 

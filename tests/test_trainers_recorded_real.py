@@ -4,24 +4,23 @@ The fixtures under tests/recorded/<case>/ come from the trainers' own code at lo
 commits, trained for real on CPU from lorapod's job (``lorapod train SPEC --trainer X
 --trainer-src CHECKOUT``) by tools/upstream/real_run.py ``--record``: the trainer's output as it
 printed it (``\\r`` kept), the loss it logged itself (its TensorBoard events / loss_log.db), the
-files it wrote and the run folder lorapod made of them, the LoRA's key names and shapes. The
-``upstream``-marked test at the end reruns a case when the checkouts are here.
+files it wrote and the run folder lorapod made of them, the LoRA's key names and shapes. The runs
+themselves are tests/test_trainers_real_runs.py (``upstream``, in .ci/run's trainer stage).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from lorapod.trainers import Layout, get
+from lorapod.trainers import get
+from lorapod.trainers.base import Layout
 from lorapod.trainers.bridge import KohyaProgress
 from lorapod.trainers.runner import Mirror
 
@@ -53,9 +52,9 @@ def phase(case: str, name: str = "two-steps") -> dict:
     return files(case)["runs"][name]
 
 
-@pytest.mark.parametrize("case", ["sd15", "wan"])
+@pytest.mark.parametrize("case", ["sd15", "wan", "qwenimage"])
 def test_kohya_bridge_gives_each_step_the_loss_the_trainer_logged(case):
-    """The trainer (sd-scripts; musubi-tuner) redraws its bar on update(1) with the previous step's
+    """The trainer (sd-scripts; musubi-tuner, Wan and Qwen-Image) redraws its bar on update(1) with the previous step's
     avr_loss before it sets the new one: lorapod's record for every step, the last included, carries
     that step's own loss, the ``loss/average`` the trainer wrote to TensorBoard (to the bar's 3
     significant digits)."""
@@ -279,27 +278,7 @@ def test_sd_scripts_real_lora_loads_in_comfyui_and_inspect(tmp_path):
     assert report["consumers"]["ComfyUI"]["drops"] == [] and report["consumers"]["ComfyUI"]["loads"] == len(modules)
 
 
-# ---------------------------------------------------------------- the real runs themselves
-
-UPSTREAM = os.environ.get("LORAPOD_UPSTREAM_DIR")
-
-
-@pytest.mark.upstream
-@pytest.mark.slow
-@pytest.mark.parametrize("case,trainer,checkout", [("sd15", "SD_SCRIPTS", "sd-scripts"),
-                                                   ("wan", "MUSUBI_TUNER", "musubi-tuner"),
-                                                   ("aitk-sd15", "AI_TOOLKIT", "ai-toolkit")])
-def test_real_run_through_lorapods_job(case, trainer, checkout, tmp_path):
-    """Two real steps through ``lorapod train --trainer``: exits 0, lorapod's metrics equal the
-    trainer's logged loss at every step (tools/upstream/real_run.py checks it and exits 1 if not)."""
-    python = os.environ.get(f"LORAPOD_UPSTREAM_PYTHON_{trainer}")
-    src = Path(UPSTREAM or "/nonexistent") / checkout
-    if not (src.is_dir() and python):
-        pytest.skip(f"set LORAPOD_UPSTREAM_DIR (with {checkout}/ at the pinned commit) and "
-                    f"LORAPOD_UPSTREAM_PYTHON_{trainer}; docs/trainers.md 'Real runs' has the recipes")
-    r = subprocess.run([sys.executable, str(REPO / "tools" / "upstream" / "real_run.py"), case, "--src", str(src),
-                        "--python", python, "--work", str(tmp_path)], capture_output=True, text=True, timeout=1800)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+# The real runs themselves: tests/test_trainers_real_runs.py (`upstream`).
 
 
 def sd_scripts_bucket_check(resolution: int, min_reso: int, max_reso: int, steps: int = 64) -> None:

@@ -12,8 +12,10 @@ import yaml
 from lorapod.errors import SpecError
 from lorapod.spec import load_spec
 from lorapod.store.ledger import Ledger
-from lorapod.trainers import Layout, TrainerRefused, prepare
+from lorapod.trainers import prepare
+from lorapod.trainers.base import Layout
 from lorapod.trainers.contracts import ContractError
+from lorapod.trainers.job import TrainerRefused
 
 from .remote_helpers import cli_argv, cli_env
 

@@ -59,7 +59,9 @@ def test_sd_scripts_over_ssh_brings_metrics_samples_checkpoints_home(sshd, tmp_p
     recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs] == list(range(1, 19))  # 3 images x 2 repeats x 3 epochs
     assert recs[0]["loss"] == 0.2 and recs[-1]["epoch"] == 3 and recs[0]["total_steps"] == 18
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["epoch-1", "epoch-2"]
+    # the epoch saves kept, and the final state sd-scripts saves at the end (--save_state), stamped with its step
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["epoch-1", "epoch-2", "last"]
+    assert json.loads((run / "checkpoints/last/step.json").read_text()) == {"step": 18}
     assert (run / "checkpoints" / "epoch-2" / "mug-000002.safetensors").is_file()
     assert json.loads((run / "checkpoints/epoch-2/state/train_state.json").read_text())["current_step"] == 12
     assert sorted(p.name for p in (run / "samples").iterdir()) == [

@@ -70,7 +70,8 @@ def test_stop_waits_for_the_next_save_then_resume_continues(tmp_path, monkeypatc
     assert not (run / "adapter").exists()
     # lorapod run --resume: the newest checkpoint is put back where ai-toolkit resumes from
     (run / "STOP").unlink()
-    from lorapod.trainers import Layout, get
+    from lorapod.trainers import get
+    from lorapod.trainers.base import Layout
     from lorapod.trainers.runner import newest_checkpoint
 
     trainer = get("ai-toolkit")
@@ -241,3 +242,86 @@ def test_sigterm_asks_axolotl_for_a_checkpoint_within_the_window(tmp_path, monke
     assert state == "preempted" and time.monotonic() - t.fn.at < 5.0
     (ck,) = (run / "checkpoints").iterdir()  # the one it was asked for (the cadence would be step 1000)
     assert 20 <= int(ck.name.split("-")[1]) < 1000 and (ck / "trainer_state.json").is_file()
+
+
+def test_the_final_state_records_the_step_it_was_saved_at(tmp_path, monkeypatch):
+    """A kohya trainer's final state (``NAME-state``, the run folder's ``checkpoints/last``) has no
+    step in its name, and musubi-tuner's holds no train_state.json: the runner writes the run's
+    step beside it when the trainer ends, and a resume from it counts on from there (the real
+    musubi-tuner resume from ``last`` trained all 4 steps again and logged steps 1, 2 twice)."""
+    from lorapod.trainers import get
+    from lorapod.trainers.job import Command, TrainerJob
+    from lorapod.trainers.runner import FINAL_STATE_STEP
+
+    monkeypatch.setenv("LORAPOD_STANDIN_STEP_S", "0.01")
+    sd, _ = _sd_scripts_mug(tmp_path)
+    raw = yaml.safe_load((tmp_path / "s.yaml").read_text())
+    raw["data"]["repeats"] = 2
+    raw["train"] = {"max_steps": 6}
+    raw["save"] = {"every_steps": 2, "every_epochs": None, "keep_last": 2}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    run = tmp_path / "run"
+    assert run_trainer(load_spec(tmp_path / "s.yaml"), "sd-scripts", run, tmp_path / "work", src=str(sd),
+                       poll_s=0.1, say=print) == "done"
+    last = run / "checkpoints" / "last"
+    assert (last / "state" / "train_state.json").is_file()
+    assert json.loads((last / FINAL_STATE_STEP).read_text()) == {"step": 6}
+    # musubi-tuner's final state: no train_state.json, the runner's step.json says where it stood
+    (last / "state" / "train_state.json").unlink()
+    job = TrainerJob("musubi-tuner", {}, [], [Command("train", ["python", "wan_train_network.py",
+                                                                "--max_train_steps", "10"], "train")], "/o", "real")
+    get("musubi-tuner").resume(job, last)
+    assert job.step_offset == 6 and job.commands[-1].argv[2:4] == ["--max_train_steps", "4"]
+
+
+def test_a_mirrored_final_state_drops_the_step_an_earlier_launch_wrote(tmp_path):
+    """Until the runner writes the new step, a replaced final state has none (a crash in between
+    must not leave the older launch's step beside a newer state)."""
+    from lorapod.trainers import get
+    from lorapod.trainers.base import Layout
+    from lorapod.trainers.runner import FINAL_STATE_STEP, Mirror
+
+    layout = Layout(str(tmp_path / "work"))
+    (Path(layout.out) / "real-state").mkdir(parents=True)
+    (Path(layout.out) / "real-state" / "model.safetensors").write_bytes(b"x")
+    run = tmp_path / "run"
+    (run / "checkpoints" / "last").mkdir(parents=True)
+    (run / "checkpoints" / "last" / FINAL_STATE_STEP).write_text('{"step": 2}\n')
+    mirror = Mirror(get("musubi-tuner"), layout, "real", run, keep_last=2)
+    assert ("state", "last") in mirror.sync(settled=True)
+    assert mirror.final_state and not (run / "checkpoints" / "last" / FINAL_STATE_STEP).exists()
+
+
+def test_musubi_refuses_a_final_state_whose_step_it_cannot_tell(tmp_path):
+    from lorapod.trainers import get
+    from lorapod.trainers.job import Command, TrainerJob, TrainerRefused
+
+    last = tmp_path / "run" / "checkpoints" / "last"
+    (last / "state").mkdir(parents=True)
+    job = TrainerJob("musubi-tuner", {}, [], [Command("train", ["python", "zimage_train_network.py",
+                                                                "--max_train_steps", "10"], "train")], "/o", "real")
+    with pytest.raises(TrainerRefused, match="cannot tell the step") as info:
+        get("musubi-tuner").resume(job, last)
+    assert f"remove {last}" in (info.value.hint or "")
+
+
+def test_an_epoch_counted_musubi_job_resumes_as_the_steps_left(tmp_path):
+    """musubi-tuner restarts its epochs at 0 on --resume: the examples' Z-Image and Qwen-Image jobs
+    (10 epochs) would train all ten again. The run's metrics hold its bar's total; the resumed job
+    trains that less the steps done, by step count."""
+    from lorapod.trainers import get
+    from lorapod.trainers.job import Command, TrainerJob, TrainerRefused
+
+    run = tmp_path / "run"
+    ckpt = run / "checkpoints" / "step-20"
+    (ckpt / "state").mkdir(parents=True)
+    argv = ["python", "zimage_train_network.py", "--max_train_epochs", "10", "--seed", "42"]
+    job = TrainerJob("musubi-tuner", {}, [], [Command("train", list(argv), "train")], "/o", "real")
+    with pytest.raises(TrainerRefused, match="no total step count"):
+        get("musubi-tuner").resume(job, ckpt)
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "total_steps": 50, "loss": 0.1}) + "\n"
+                                               for s in range(1, 21)))
+    job = TrainerJob("musubi-tuner", {}, [], [Command("train", list(argv), "train")], "/o", "real")
+    get("musubi-tuner").resume(job, ckpt)
+    assert job.commands[-1].argv[2:6] == ["--max_train_steps", "30", "--seed", "42"]
+    assert job.step_offset == 20 and job.total_offset == 20

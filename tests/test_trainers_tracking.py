@@ -13,9 +13,9 @@ import tomllib
 import pytest
 import yaml
 
-from lorapod.trainers import Layout, prepare
+from lorapod.trainers import get, prepare
+from lorapod.trainers.base import Layout
 from lorapod.trainers.contracts import check_argv, load
-from lorapod.trainers.tracking import forwarded
 
 from .test_engine_trackers import wandb_offline, wandb_records  # noqa: F401  (the fixture is used by name)
 from .test_trainers_golden import example
@@ -85,5 +85,5 @@ def test_ai_toolkit_keeps_its_ui_logger_and_lorapod_forwards(tmp_path):
     spec, _t, job = _job("flux2-klein-lora", "ai-toolkit", tmp_path)
     logging = job.config["config"]["process"][0]["logging"]
     assert logging.get("use_ui_logger") is True and not logging.get("use_wandb")  # loss_log.db stays
-    assert forwarded(spec, "ai-toolkit") == ["wandb"]
-    assert forwarded(spec, "sd-scripts") == []
+    assert get("ai-toolkit").forwarded(spec) == ["wandb"]
+    assert get("sd-scripts").forwarded(spec) == []

@@ -16,7 +16,9 @@ import pytest
 import yaml
 
 from lorapod.spec import load_spec
-from lorapod.trainers import Layout, TrainerRefused, prepare
+from lorapod.trainers import prepare
+from lorapod.trainers.base import Layout
+from lorapod.trainers.job import TrainerRefused
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -199,7 +201,7 @@ def test_ai_toolkit_linear_decays_as_lorapods_linear(tmp_path):
 
 
 def test_ai_toolkit_linear_reads_back_only_when_it_decays():
-    from lorapod.trainers.importer import from_ai_toolkit
+    from lorapod.trainers.ai_toolkit import from_ai_toolkit
 
     def imported(train: dict):
         cfg = {"job": "extension", "config": {"name": "x", "process": [{"type": "sd_trainer", "train": train}]}}
@@ -263,7 +265,8 @@ def test_no_clipping_reaches_ai_toolkit_and_axolotl(tmp_path):
     defaults to 1.0, clipping only when it is > 0. Each gets the value that clips nothing in its code."""
     import torch
 
-    from lorapod.trainers.importer import from_ai_toolkit, from_axolotl
+    from lorapod.trainers.ai_toolkit import from_ai_toolkit
+    from lorapod.trainers.axolotl import from_axolotl
 
     klein = {"id": "black-forest-labs/FLUX.2-klein-base-4B", "family": "flux2", "variant": "4b"}
     _, aitk = prepare(load_spec(write_spec(tmp_path, {"model": klein, "train": {"max_grad_norm": None}})),

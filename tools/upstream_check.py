@@ -160,6 +160,11 @@ def cases(data: dict[str, Path]) -> list[Case]:
             "wan21-video-lora", data, train__max_steps=30, train__warmup_ratio=0.1, train__scheduler="cosine",
             save__every_steps=10, save__every_epochs=None, save__keep_last=2)),
         Case("wan-clips-all-frames", "musubi-tuner", ex("wan21-video-clips", data, data__fps=None)),
+        Case("zimage-musubi-lora", "musubi-tuner", ex("zimage-musubi-lora", data)),
+        Case("qwenimage-musubi-lora", "musubi-tuner", ex("qwenimage-musubi-lora", data)),
+        Case("zimage-turbo-steps-cosine-swap", "musubi-tuner", ex(
+            "zimage-musubi-lora", data, model__variant="turbo", model__id="Tongyi-MAI/Z-Image-Turbo", train__max_steps=30,
+            train__scheduler="cosine", train__blocks_to_swap=8, save__every_steps=10, save__keep_last=2)),
         Case("llm-lora-val-rslora-fp16-named", "axolotl", ex(
             "llm-chat-lora", data, method__type="lora", method__rslora=True, train__precision="fp16",
             method__target_modules=["q_proj", "v_proj"], data__val_path=str(data["val"]), train__optimizer="adamw")),
@@ -221,6 +226,10 @@ def build(case: Case, work: Path):
     except TrainerRefused as exc:
         trainer, refused = get(case.trainer), str(exc)
         job = trainer.build(spec, layout)
+    except KeyError as exc:  # a script the contract does not record yet: `record` is about to
+        print(f"   {case.name}: {exc.args[0]}; built without the contract check")
+        trainer, refused = get(case.trainer), None
+        job = trainer.build(spec, layout)
     write_files(job)
     for d in (layout.out, layout.logs, layout.models):
         Path(d).mkdir(parents=True, exist_ok=True)
@@ -236,7 +245,7 @@ def _stand_in_dit(job) -> None:
     import torch
     from safetensors.torch import save_file
 
-    argv = job.commands[-1].argv
+    argv = job.train_command().argv
     dit = Path(argv[argv.index("--dit") + 1])
     dit.parent.mkdir(parents=True, exist_ok=True)
     save_file({"blocks.0.cross_attn.k.weight": torch.zeros(2, 2, dtype=torch.bfloat16)}, str(dit))

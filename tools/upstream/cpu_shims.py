@@ -19,10 +19,24 @@ The same three stand-ins as tools/upstream/probes.py, each for a reason the trai
   wan_cache_text_encoder_outputs.py runs around it and writes its cache files.
 - ``torchaudio``: ai-toolkit's toolkit/config_modules.py imports it at the top; there is no
   torchaudio wheel for CPU torch 2.13, and no image-LoRA path calls it. An empty module.
+- ``bf16_cpu``: a CPU without bf16 instructions (AVX2, as this project's CI machines) runs torch's
+  bf16 convolutions and matrix products emulated: a Conv3d 77x and a Conv2d 150x slower than in
+  fp32, a Linear 7x (measured on torch 2.13). musubi-tuner runs its VAEs and text encoders in bf16
+  whatever the precision (``wan_cache_latents.py``: ``vae_dtype = torch.bfloat16``), so Wan's latent
+  cache alone took over 5 minutes for two clips. ``F.linear``, ``F.conv2d`` and ``F.conv3d`` on a
+  CPU, where bf16 is asked (bf16 operands, or a bf16 autocast on the CPU), round their inputs to bf16
+  as the op would, compute in fp32 and return bf16: what a GPU's bf16 kernels do (fp32
+  accumulation). Other calls are untouched.
+- ``depth``: Z-Image's and Qwen-Image's models are too large for a 24 GB CPU machine
+  (real_models.py says by how much), so they are built shallower, never narrower: :data:`DEPTH`
+  layers, set where musubi-tuner builds each one (its Z-Image DiT's layer count constant, the Qwen3 /
+  Qwen2.5-VL configs its loaders make, the Qwen-Image DiT's ``create_model``). real_models.py builds the
+  random-weight files under the same shim, so files and models agree.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
 import os
@@ -30,6 +44,9 @@ import sys
 import types
 
 _ON = set(filter(None, os.environ.get("LORAPOD_CPU_SHIMS", "").split(",")))
+# the layers the ``depth`` shim keeps (real models: 30, 36, 60, 28 and 32)
+DEPTH = {"zimage_dit_layers": 1, "qwen3_layers": 2, "qwenimage_dit_layers": 1, "qwen25vl_layers": 2,
+         "qwen25vl_vision_depth": 1}
 
 
 def _empty(name: str) -> types.ModuleType:
@@ -93,3 +110,83 @@ if "cuda_device" in _ON:
     sys.meta_path.insert(0, _AfterImport("torch.cuda", _cuda_device))
 if "umt5_random" in _ON:
     sys.meta_path.insert(0, _AfterImport("musubi_tuner.wan.modules.t5", _umt5_random))
+
+
+def _bf16_cpu() -> None:
+    import torch
+    import torch.nn.functional as F
+
+    def in_fp32(op):
+        @functools.wraps(op)
+        def run(input, weight, bias=None, *args, **kwargs):
+            if input.device.type != "cpu":
+                return op(input, weight, bias, *args, **kwargs)
+            auto = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+            plain = input.dtype == weight.dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16)
+            if not (auto or plain):  # fp32, or mixed dtypes the op refuses itself
+                return op(input, weight, bias, *args, **kwargs)
+
+            def up(t):
+                return None if t is None else t.to(torch.bfloat16).float()
+
+            with torch.autocast("cpu", enabled=False):
+                return op(up(input), up(weight), up(bias), *args, **kwargs).to(torch.bfloat16)
+        return run
+
+    F.linear, F.conv2d, F.conv3d = in_fp32(F.linear), in_fp32(F.conv2d), in_fp32(F.conv3d)
+
+
+if "bf16_cpu" in _ON:
+    _bf16_cpu()
+
+
+def _zimage_config(module) -> None:
+    module.DEFAULT_TRANSFORMER_N_LAYERS = DEPTH["zimage_dit_layers"]
+
+
+def _shallow_config(cls_name: str, reduce):
+    """Patch ``module.<cls_name>`` (a transformers config class a musubi loader calls with its JSON)."""
+    def patch(module) -> None:
+        real = getattr(module, cls_name)
+
+        @functools.wraps(real)
+        def build(*args, **kwargs):
+            return real(*args, **reduce(dict(kwargs)))
+
+        setattr(module, cls_name, build)
+    return patch
+
+
+def _qwen3(kwargs: dict) -> dict:
+    return {**kwargs, "num_hidden_layers": DEPTH["qwen3_layers"], "max_window_layers": DEPTH["qwen3_layers"]}
+
+
+def _qwen25vl(kwargs: dict) -> dict:
+    n = DEPTH["qwen25vl_layers"]
+    out = {**kwargs, "num_hidden_layers": n, "max_window_layers": n}
+    if isinstance(out.get("text_config"), dict):
+        text = {**out["text_config"], "num_hidden_layers": n, "max_window_layers": n}
+        if isinstance(text.get("layer_types"), list):  # one per layer (transformers validates the count)
+            text["layer_types"] = text["layer_types"][:n]
+        out["text_config"] = text
+    out["vision_config"] = {**(out.get("vision_config") or {}), "depth": DEPTH["qwen25vl_vision_depth"]}
+    return out
+
+
+def _qwenimage_model(module) -> None:
+    real = module.create_model
+
+    @functools.wraps(real)
+    def create_model(*args, **kwargs):
+        kwargs["num_layers"] = DEPTH["qwenimage_dit_layers"]
+        return real(*args, **kwargs)
+
+    module.create_model = create_model
+
+
+if "depth" in _ON:
+    sys.meta_path.insert(0, _AfterImport("musubi_tuner.zimage.zimage_config", _zimage_config))
+    sys.meta_path.insert(0, _AfterImport("musubi_tuner.zimage.zimage_utils", _shallow_config("Qwen3Config", _qwen3)))
+    sys.meta_path.insert(0, _AfterImport("musubi_tuner.qwen_image.qwen_image_utils",
+                                         _shallow_config("Qwen2_5_VLConfig", _qwen25vl)))
+    sys.meta_path.insert(0, _AfterImport("musubi_tuner.qwen_image.qwen_image_model", _qwenimage_model))

@@ -303,42 +303,77 @@ def musubi(src: Path, req: dict) -> dict:
     _torchvision_on_cpu_torch()
     torch.cuda.current_device = lambda: 0  # wan/modules/t5.py calls it at import (module docstring)
     from musubi_tuner import (
+        cache_latents,
+        cache_text_encoder_outputs,
         hv_train_network,
+        qwen_image_cache_latents,
+        qwen_image_cache_text_encoder_outputs,
+        qwen_image_train_network,
         wan_cache_latents,
         wan_cache_text_encoder_outputs,
         wan_train_network,
+        zimage_cache_text_encoder_outputs,
+        zimage_train_network,
     )
     from musubi_tuner.dataset import config_utils
+    from musubi_tuner.dataset.architectures import ARCHITECTURE_QWEN_IMAGE, ARCHITECTURE_Z_IMAGE
     from musubi_tuner.dataset.config_utils import BlueprintGenerator, ConfigSanitizer
     from musubi_tuner.dataset.image_video_dataset import ARCHITECTURE_WAN
+    from musubi_tuner.qwen_image import qwen_image_utils
     from musubi_tuner.utils import train_utils
 
-    def train_parser():
+    # each family's training script as its main() builds it: (parser, trainer class, dataset architecture)
+    def wan_parser():
         return wan_train_network.wan_setup_parser(hv_train_network.setup_parser_common())
 
-    def cache_parsers():
-        from musubi_tuner import cache_latents, cache_text_encoder_outputs
+    def zimage_parser():
+        return zimage_train_network.zimage_setup_parser(hv_train_network.setup_parser_common())
 
-        lat = wan_cache_latents.wan_setup_parser(cache_latents.setup_parser_common())
-        te = wan_cache_text_encoder_outputs.wan_setup_parser(cache_text_encoder_outputs.setup_parser_common())
-        return {"wan_cache_latents.py": lat, "wan_cache_text_encoder_outputs.py": te}
+    def qwen_parser():
+        return qwen_image_train_network.qwen_image_setup_parser(hv_train_network.setup_parser_common())
+
+    trains = {"wan_train_network.py": (wan_parser, wan_train_network.WanNetworkTrainer, ARCHITECTURE_WAN),
+              "zimage_train_network.py": (zimage_parser, zimage_train_network.ZImageNetworkTrainer, ARCHITECTURE_Z_IMAGE),
+              "qwen_image_train_network.py": (qwen_parser, qwen_image_train_network.QwenImageNetworkTrainer,
+                                              ARCHITECTURE_QWEN_IMAGE)}
+
+    def cache_parsers():
+        """Each cache script's parser as its main() builds it."""
+        common_lat, common_te = cache_latents.setup_parser_common, cache_text_encoder_outputs.setup_parser_common
+        return {
+            "wan_cache_latents.py": wan_cache_latents.wan_setup_parser(common_lat()),
+            "wan_cache_text_encoder_outputs.py": wan_cache_text_encoder_outputs.wan_setup_parser(common_te()),
+            "zimage_cache_latents.py": common_lat(),  # its main() adds nothing to the common parser
+            "zimage_cache_text_encoder_outputs.py": zimage_cache_text_encoder_outputs.zimage_setup_parser(common_te()),
+            "qwen_image_cache_latents.py": qwen_image_cache_latents.qwen_image_setup_parser(
+                cache_latents.hv_setup_parser(common_lat())),
+            "qwen_image_cache_text_encoder_outputs.py":
+                qwen_image_cache_text_encoder_outputs.qwen_image_setup_parser(common_te()),
+        }
 
     result: dict = {"cases": {}}
     for case in req["cases"]:
         out: dict = {}
+        make_parser, trainer_cls, architecture = trains[case.get("script", "wan_train_network.py")]
         for script, argv in case.get("prepare", {}).items():
             step(out, f"parse {script}", lambda script=script, argv=argv: bool(cache_parsers()[script].parse_args(argv)))
-        args = step(out, "parse", lambda: hv_train_network.read_config_from_file(train_parser().parse_args(case["argv"]),
-                                                                                  train_parser()))
+
+        def parse(make_parser=make_parser):
+            args = hv_train_network.read_config_from_file(make_parser().parse_args(case["argv"]), make_parser())
+            if make_parser is qwen_parser:
+                qwen_image_utils.resolve_model_version_args(args)  # as its main() does before training
+            return args
+
+        args = step(out, "parse", parse)
         if args is None:
             result["cases"][case["name"]] = out
             continue
         out["args"] = {k: _json(v) for k, v in vars(args).items() if k in case.get("read", ())}
-        step(out, "model_args", lambda: wan_train_network.WanNetworkTrainer().handle_model_specific_args(args))
+        step(out, "model_args", lambda: trainer_cls().handle_model_specific_args(args))
 
-        def dataset(args=args):
+        def dataset(args=args, architecture=architecture):
             user = config_utils.load_user_config(args.dataset_config)
-            bp = BlueprintGenerator(ConfigSanitizer()).generate(user, args, architecture=ARCHITECTURE_WAN)
+            bp = BlueprintGenerator(ConfigSanitizer()).generate(user, args, architecture=architecture)
             group = config_utils.generate_dataset_group_by_blueprint(bp.dataset_group)
             found = []
             for ds in group.datasets:  # what wan_cache_latents.py encodes: every item of every dataset
@@ -376,7 +411,7 @@ def musubi(src: Path, req: dict) -> dict:
         step(out, "names", names)
         result["cases"][case["name"]] = out
     if req.get("record"):
-        result["parsers"] = {"src/musubi_tuner/wan_train_network.py": dump_parser(train_parser()),
+        result["parsers"] = {**{f"src/musubi_tuner/{k}": dump_parser(v[0]()) for k, v in trains.items()},
                              **{f"src/musubi_tuner/{k}": dump_parser(v) for k, v in cache_parsers().items()}}
         san = ConfigSanitizer()
         result["dataset_schema"] = {"general": dump_voluptuous(san.general_schema),

@@ -78,3 +78,11 @@ class LorapodGroup(TyperGroup):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _command(self)
+
+
+def renew_option_help(command: Any, param: str, text: str) -> None:
+    """Set the help of ``command``'s option ``param`` when the command is registered (``build_app``),
+    not when its module was first imported: help that names the registered trainers then names one
+    a plugin registered in between too (typer reads each option's help from its ``OptionInfo``, the
+    parameter's default)."""
+    inspect.signature(command).parameters[param].default.help = text

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from lorapod.catalog.prices import snapshot_providers
 from lorapod.errors import PlanError
+from lorapod.trainers import hint as trainer_hint
 
 if TYPE_CHECKING:
     from lorapod.plan.choose import Plan
@@ -46,7 +47,7 @@ def plan_command(
     images: int | None = typer.Option(None, "--images", help="Image count when data.path is not on this machine."),
     examples: int | None = typer.Option(None, "--examples", help="Chat example count when the data file is not here."),
     trainer: str | None = typer.Option(None, "--trainer", help="Price the job as an external trainer runs it: "
-                                       "sd-scripts | ai-toolkit | musubi-tuner | axolotl (setup time, VRAM)."),
+                                       f"{trainer_hint()} (setup time, VRAM)."),
     storage: bool = typer.Option(False, "--storage", help="Advise which disk to pay for instead of planning a job."),
     model_gb: float | None = typer.Option(None, "--model-gb", help="--storage: size of the models you keep."),
     sessions_per_month: float | None = typer.Option(None, "--sessions-per-month", help="--storage, and the network "
@@ -397,4 +398,7 @@ def _storage(model_gb: float | None, sessions: float | None, hours: float | None
 
 
 def register(app: typer.Typer) -> None:
+    from lorapod.cli.helptext import renew_option_help
+
+    renew_option_help(plan_command, "trainer", f"Price the job as an external trainer runs it: {trainer_hint()} (setup time, VRAM).")  # a trainer registered since this module's import too
     app.command("plan")(plan_command)

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from lorapod.compute.provider import on_hint  # the registry's names (built-ins and plugins), for the help
+from lorapod.trainers import hint as trainer_hint
 
 console = Console(stderr=True, highlight=False)
 
@@ -63,7 +64,7 @@ def register(app: typer.Typer) -> None:
                                               "instance (repeatable; to any host). Default: only HF_TOKEN for a "
                                               "gated model, and only to verified/secure hosts."),
         trainer: str | None = typer.Option(None, "--trainer", help="Run an external trainer on the instance: "
-                                           "sd-scripts | ai-toolkit | musubi-tuner | axolotl."),
+                                           f"{trainer_hint()}."),
         trainer_src: str | None = typer.Option(None, "--trainer-src", help="With --trainer: a checkout already on "
                                                "the instance (used as is), or a git mirror URL."),
         gpus: int | None = typer.Option(None, "--gpus", min=1, help="GPUs per instance (compute.gpus); above 1 "

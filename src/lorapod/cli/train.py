@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 
 from lorapod.errors import LorapodError
+from lorapod.trainers import hint as trainer_hint
 
 # Piped or in a job.log (a remote or `run --on local` job), a line stays one line: rich would wrap
 # it at 80 columns, cutting paths and the resume command a user copies.
@@ -35,7 +36,7 @@ def train(
     v_pred: bool = typer.Option(False, "--v-pred", help="SD 1.5/SDXL: train on the v-prediction objective "
                                 "(kohya's --v_parameterization; same as --set model.prediction_type=v_prediction)."),
     trainer: str | None = typer.Option(None, "--trainer", help="Train with an external trainer instead of "
-                                       "lorapod's engine: sd-scripts | ai-toolkit | musubi-tuner | axolotl."),
+                                       f"lorapod's engine: {trainer_hint()}."),
     print_: bool = typer.Option(False, "--print", help="With --trainer: show its files and commands, run nothing."),
     trainer_src: str | None = typer.Option(None, "--trainer-src", help="With --trainer: a checkout of it here "
                                            "(used as is), or a git URL to clone at the pinned commit."),
@@ -65,8 +66,7 @@ def train(
         _external(spec_file, set_, run_dir, trainer, print_, trainer_src, report_to)
         return
     if print_:
-        raise LorapodError("--print shows an external trainer's job", hint="add --trainer sd-scripts | ai-toolkit | "
-                           "musubi-tuner | axolotl")
+        raise LorapodError("--print shows an external trainer's job", hint=f"add --trainer {trainer_hint()}")
 
     world = env_world()  # set by torchrun when this is one of N training processes
     nproc: int | None = None
@@ -334,4 +334,7 @@ def _record_plan(spec, run) -> None:
 
 
 def register(app: typer.Typer) -> None:
+    from lorapod.cli.helptext import renew_option_help
+
+    renew_option_help(train, "trainer", f"Train with an external trainer instead of lorapod's engine: {trainer_hint()}.")  # a trainer registered since this module's import too
     app.command("train")(train)

@@ -9,13 +9,15 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from lorapod.trainers import hint as trainer_hint
+
 console = Console(stderr=True, highlight=False)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("trainer-run", hidden=True)
     def trainer_run(
-        trainer: str = typer.Argument(..., help="sd-scripts | ai-toolkit | musubi-tuner | axolotl"),
+        trainer: str = typer.Argument(..., help=trainer_hint()),
         spec: Path = typer.Argument(..., help="The job spec (its paths point at this machine's copies)."),
         run_dir: Path = typer.Option(..., "--run-dir", help="The run folder to fill."),
         src: str | None = typer.Option(None, "--src", help="A checkout of the trainer on this machine (used as "
@@ -42,8 +44,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command("import")
     def import_(
-        file: Path = typer.Argument(..., help="An axolotl YAML, an ai-toolkit job YAML, or an sd-scripts dataset TOML."),
-        flags: str = typer.Option("", "--flags", help="sd-scripts: the training command's options, quoted: "
+        file: Path = typer.Argument(..., help="A trainer's config: its job YAML, or a dataset TOML with "
+                                 "--flags (a file none of them reads gets the list of kinds)."),
+        flags: str = typer.Option("", "--flags", help="With a dataset TOML: the training command's options, quoted: "
                                   "--flags \"--network_dim 16 --learning_rate 1e-4 ...\""),
         out: Path | None = typer.Option(None, "--out", "-o", help="Write the spec here (default: stdout)."),
     ) -> None:

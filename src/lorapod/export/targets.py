@@ -8,6 +8,7 @@ existing output folder is never overwritten.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,9 @@ def export_run(run: str | Path, to: str, checkpoint: int | None = None, out: Pat
 
         picked = quality_pick(RunDir.open(run))
         checkpoint = picked.step if picked is not None else None
+    trained_by = _image_trainer(run)
+    if trained_by:
+        return _trainer_run(Path(run), trained_by, to, checkpoint, out)
     src = open_source(run, checkpoint)
     allowed = IMAGE_TARGETS if src.is_image else LLM_TARGETS
     if to not in allowed:
@@ -68,6 +72,67 @@ def export_run(run: str | Path, to: str, checkpoint: int | None = None, out: Pat
     if record:
         src.run.event(f"export {to} of {src.label} -> {out}")
     return Exported(out, files, notes)
+
+
+def _image_trainer(run: str | Path) -> str | None:
+    """The external trainer that made an image run (its ``trainer.json``); None for lorapod's own
+    engine and for axolotl's LLM runs, whose adapter is PEFT's and exports as lorapod's does."""
+    from lorapod.rundir import RunDir
+    from lorapod.spec import load_spec
+
+    if not (Path(run) / "spec.yaml").is_file():
+        return None  # not a run folder: open_source says why
+    folder = RunDir.open(run)
+    trainer = folder.recorded_trainer()
+    if trainer is None or not load_spec(folder.spec_file).is_image:
+        return None
+    return trainer
+
+
+def _trainer_run(root: Path, trainer: str, to: str, checkpoint: int | None, out: Path | None) -> Exported:
+    """An image run trained by sd-scripts, ai-toolkit or musubi-tuner: its LoRA files are the
+    trainer's own, already in the kohya layout ComfyUI loads (the mirror put the final one in
+    ``adapter/``, each saved one in ``checkpoints/step-N/``). ``--to comfyui`` copies the file meant
+    for ComfyUI (a converting family's ``NAME-comfyui.safetensors``, which musubi-tuner writes for
+    Z-Image's final LoRA), once ``lorapod inspect``'s ComfyUI rule loads every module of it."""
+    from lorapod.export.inspect import inspect_file
+    from lorapod.rundir import RunDir
+    from lorapod.rundir.layout import checkpoint_name
+
+    if to != "comfyui":
+        raise ExportError(f"{root} was trained by {trainer}: its LoRA is the trainer's own kohya-layout file, "
+                          f"which lorapod exports --to comfyui (not --to {to})",
+                          hint="lorapod export RUN --to comfyui; then, for SD 1.5 / SDXL / FLUX, "
+                               "`lorapod export FILE --to diffusers --family F` converts that file")
+    run = RunDir.open(root)
+    folder = run.adapter if checkpoint is None else run.checkpoints / checkpoint_name(checkpoint)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        have = sorted(p.name for p in run.checkpoints.glob("step-*") if any(p.glob("*.safetensors")))
+        raise ExportError(f"{root} has no {'final LoRA' if checkpoint is None else folder.name} from {trainer}",
+                          hint=f"checkpoints with a LoRA there: {', '.join(have) or 'none'}"
+                          + ("" if checkpoint is not None else " (export one with --checkpoint N)"))
+    comfy = [f for f in files if f.name.endswith("-comfyui.safetensors")] or files
+    notes = []
+    for f in comfy:
+        report = inspect_file(f)
+        loads = report["consumers"].get("ComfyUI", {})
+        if report["format"] != "kohya" or loads.get("drops") or not loads.get("loads"):
+            drops = loads.get("drops") or []
+            raise ExportError(f"ComfyUI would not load {f.name} whole ({report['format']} layout, "
+                              f"{len(drops)} module(s) not in its model, e.g. {drops[:2]})",
+                              hint="musubi-tuner converts only its final Z-Image LoRA for ComfyUI: convert a "
+                                   "checkpoint with its networks/convert_z_image_lora_to_comfy.py IN OUT"
+                              if report["family"] == "zimage" else "lorapod inspect FILE says which modules")
+        notes.append(f"{f.name}: {report['family']}, rank {report['rank']}; ComfyUI loads all "
+                     f"{loads['loads']} module(s) (LoraLoader, strength 1.0)")
+    label = "final" if checkpoint is None else checkpoint_name(checkpoint)
+    out = Path(out) if out else root / "exports" / f"{to}-{label}"
+    with output_dir(out) as tmp:
+        for f in comfy:
+            shutil.copyfile(f, tmp / f.name)
+    run.event(f"export {to} of {label} ({trainer}) -> {out}")
+    return Exported(out, sorted(f.name for f in comfy), notes)
 
 
 def _image(src: Source, to: str, tmp: Path, base: str | None) -> list[str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from lorapod.rundir.layout import checkpoint_name
 from lorapod.trainers.base import (
@@ -27,6 +28,7 @@ from lorapod.trainers.base import (
     total_steps,
 )
 from lorapod.trainers.bridge import AiToolkitSqlite
+from lorapod.trainers.import_result import SCHEDULERS, ImportResult
 from lorapod.trainers.job import Command, TrainerJob, TrainerRefused, dump_yaml
 
 ARCH = {"flux1": "flux", "sdxl": "sdxl", "sd15": "sd1"}
@@ -57,6 +59,12 @@ class AiToolkit(Trainer):
     commit = "27a03a91f23eb1b757d5ec2e80ee3e129cfcc350"
     install = ("-r", "requirements.txt")
     torch = "torch>=2.7"
+    # ai-toolkit (toolkit/logging_aitk.py ``create_logger``) keeps one logger: with
+    # ``logging.use_wandb`` it returns the WandbLogger *instead of* the UI logger, so loss_log.db,
+    # which lorapod reads for the metrics, the stall watch and the dollars, would no longer be
+    # written. Its logging is left as it is and the wrapper sends the bridged metrics to W&B itself,
+    # under the engine's names.
+    forwarded_trackers = ("wandb",)
 
     def refuse(self, spec) -> list[str]:
         r = super().refuse(spec)
@@ -183,6 +191,17 @@ class AiToolkit(Trainer):
         return TrainerJob(self.name, {path: dump_yaml(cfg)}, self.setup_commands(layout, layout.python), [cmd],
                           f"{layout.out}/{name}", name, notes, config=cfg)
 
+    # ---------------------------------------------------------------- lorapod import
+
+    config_kind = "an ai-toolkit job (job:, config:)"
+
+    @classmethod
+    def reads_config(cls, path: Path, cfg: Any) -> bool:
+        return isinstance(cfg, dict) and "job" in cfg and "config" in cfg
+
+    def import_config(self, cfg: Any, flags: str = "") -> ImportResult:
+        return from_ai_toolkit(cfg)
+
     def metrics_parser(self, job: TrainerJob) -> AiToolkitSqlite:
         return AiToolkitSqlite(Path(job.output_dir) / "loss_log.db")
 
@@ -220,3 +239,162 @@ def _epoch_steps(spec, images: int | None, every_epochs: int | None) -> int | No
 
     per_epoch = math.ceil(images * spec.data.repeats / spec.train.micro_batch_size / spec.train.grad_accum)
     return max(1, per_epoch * every_epochs)
+
+
+# ------------------------------------------------------------------ lorapod import (ai-toolkit job -> spec)
+
+# what the writer's vocabulary (ARCH, KLEIN, OPTIMIZERS, TIMESTEPS) reads back as, plus flex1 (a FLUX.1 arch)
+_AITK_FAMILY = {**{arch: fam for fam, arch in ARCH.items()}, **dict.fromkeys(KLEIN.values(), "flux2"), "flex1": "flux1"}
+_AITK_TIMESTEPS = {theirs: mine for mine, theirs in TIMESTEPS.items()}
+_AITK_OPTIMIZERS = {theirs: mine for mine, theirs in OPTIMIZERS.items()}
+
+
+def from_ai_toolkit(cfg: dict[str, Any]) -> ImportResult:
+    r = ImportResult("ai-toolkit")
+    conf = cfg.get("config", {})
+    if conf.get("name"):
+        r.put("output.name", conf["name"])
+    procs = conf.get("process") or [{}]
+    if len(procs) > 1:
+        r.skip("config.process[1:]", "lorapod runs one training process per spec")
+    p = procs[0]
+    blocks = {"model": _aitk_model, "network": _aitk_network, "train": _aitk_train, "save": _aitk_save}
+    for key, value in p.items():
+        if key in ("type", "training_folder", "logging", "device", "sqlite_db_path", "performance_log_every"):
+            continue
+        if key == "trigger_word":
+            r.put("data.trigger", value)
+        elif key == "datasets":
+            _aitk_datasets(r, value)
+        elif key == "sample":
+            _aitk_sample(r, value, klein=str((p.get("model") or {}).get("arch", "")).startswith("flux2_klein_"))
+        elif key in blocks:
+            blocks[key](r, value)
+        else:
+            r.skip(f"process.{key}")
+    r.put("data.format", "images")
+    return r
+
+
+def _aitk_model(r: ImportResult, m: dict) -> None:
+    r.put("model.id", m.get("name_or_path"))
+    arch = m.get("arch")
+    if arch in _AITK_FAMILY:
+        r.put("model.family", _AITK_FAMILY[arch])
+        if arch.startswith("flux2_klein_"):
+            r.put("model.variant", arch.rsplit("_", 1)[1])
+    elif arch is not None:
+        r.skip("model.arch", f"arch {arch!r}: lorapod trains sd15, sdxl, flux1, flux2 (klein), wan21")
+    for k, v in m.items():
+        if k in ("name_or_path", "arch", "low_vram", "qtype", "qtype_te", "quantize_te", "model_kwargs"):
+            continue
+        if k == "quantize":
+            if v:
+                r.put("model.dtype", "fp8")
+        else:
+            r.skip(f"model.{k}")
+
+
+def _aitk_network(r: ImportResult, n: dict) -> None:
+    r.put("method.dropout", 0.0)  # NetworkConfig.dropout defaults to None: no dropout
+    for k, v in n.items():
+        if k == "type":
+            if v != "lora":
+                r.skip("network.type", f"network {v!r}: lorapod trains LoRA")
+        elif k in ("linear", "rank"):
+            r.put("method.r", v)
+        elif k in ("linear_alpha", "alpha"):
+            r.put("method.alpha", v)
+        elif k == "dropout":
+            r.put("method.dropout", v)
+        else:
+            r.skip(f"network.{k}")
+
+
+def _aitk_datasets(r: ImportResult, dss: list[dict]) -> None:
+    paths = [str(ds.get("folder_path")) for ds in dss]
+    r.put("data.path", paths[0] if len(paths) == 1 else paths)
+    ds = dss[0]
+    direct = {"caption_dropout_rate": "data.caption_dropout", "shuffle_tokens": "data.shuffle_captions",
+              "cache_latents_to_disk": "data.cache_latents", "buckets": "data.buckets", "num_repeats": "data.repeats",
+              "flip_x": "data.flip"}
+    for k, v in ds.items():
+        if k in direct:
+            r.put(direct[k], v)
+        elif k == "caption_ext":
+            r.put("data.caption_extension", "." + str(v).lstrip("."))
+        elif k == "resolution":
+            res = v if isinstance(v, list) else [v]
+            r.put("data.resolution", max(res))
+            if len(res) > 1:
+                r.skip("datasets[].resolution", f"{res}: lorapod trains at one resolution ({max(res)}) with buckets")
+        elif k not in ("folder_path", "keep_tokens", "cache_latents"):
+            r.skip(f"datasets[].{k}")
+
+
+def _aitk_train(r: ImportResult, t: dict) -> None:
+    direct = {"batch_size": "train.micro_batch_size", "steps": "train.max_steps", "gradient_accumulation": "train.grad_accum",
+              "train_text_encoder": "method.train_text_encoder", "gradient_checkpointing": "train.gradient_checkpointing",
+              "lr": "train.learning_rate", "max_grad_norm": "train.max_grad_norm", "noise_offset": "train.noise_offset",
+              "min_snr_gamma": "train.min_snr_gamma", "cache_text_embeddings": "data.cache_text_encoder_outputs"}
+    for k, v in t.items():
+        if k in direct:
+            r.put(direct[k], v)
+        elif k == "optimizer":
+            if v in _AITK_OPTIMIZERS:
+                r.put("train.optimizer", _AITK_OPTIMIZERS[v])
+            else:
+                r.skip("train.optimizer", f"optimizer {v!r}: lorapod has adamw and adamw_8bit")
+        elif k == "lr_scheduler":
+            decay = (t.get("lr_scheduler_params") or {}) == _AITK_LINEAR_DECAY
+            if v == "linear" and not decay:
+                r.skip("train.lr_scheduler", "linear with torch LinearLR's default factors warms up (1/3 to the "
+                       "full rate, toolkit/scheduler.py); lorapod's linear decays")
+            elif v in SCHEDULERS:
+                r.put("train.scheduler", v)
+            else:
+                r.skip("train.lr_scheduler", f"scheduler {v!r}")
+        elif k == "lr_scheduler_params" and t.get("lr_scheduler") == "linear" and v == _AITK_LINEAR_DECAY:
+            continue
+        elif k == "timestep_type":
+            if v in _AITK_TIMESTEPS:
+                r.put("train.timestep_sampling", _AITK_TIMESTEPS[v])
+            else:
+                r.skip("train.timestep_type", f"timestep type {v!r}")
+        elif k == "dtype":
+            r.put("train.precision", {"bf16": "bf16", "fp16": "fp16", "float32": "fp32"}.get(v, "auto"))
+        elif k == "lr_scheduler_params" and set(v) <= {"num_warmup_steps"}:
+            r.put("train.warmup_steps", v["num_warmup_steps"])
+        elif k == "optimizer_params" and set(v) <= {"weight_decay"}:
+            r.put("train.weight_decay", v["weight_decay"])
+        elif k not in ("train_unet", "noise_scheduler", "disable_sampling"):
+            r.skip(f"train.{k}")
+    if "lr_scheduler" not in t:
+        r.put("train.scheduler", "constant")  # ai-toolkit's default
+
+
+_AITK_LINEAR_DECAY = {"start_factor": 1.0, "end_factor": 0.0}  # what lorapod writes for its linear
+
+
+def _aitk_save(r: ImportResult, s: dict) -> None:
+    for k, v in s.items():
+        if k == "save_every":
+            r.put("save.every_steps", v)
+            r.put("save.every_epochs", None)
+        elif k == "max_step_saves_to_keep":
+            r.put("save.keep_last", v)
+        elif k != "dtype":
+            r.skip(f"save.{k}")
+
+
+def _aitk_sample(r: ImportResult, s: dict, *, klein: bool) -> None:
+    prompts = [x["prompt"] for x in s.get("samples") or []] or list(s.get("prompts") or [])
+    if prompts:
+        r.put("samples.prompts", prompts)
+    for k, v in s.items():
+        if k == "sample_every":
+            r.put("samples.every_steps", v)
+        elif klein and k in KLEIN_SAMPLE and v == KLEIN_SAMPLE[k]:
+            continue  # what lorapod writes for FLUX.2 klein (ai-toolkit's UI settings)
+        elif k not in ("samples", "prompts", "sampler", "width", "height", "seed", "walk_seed"):
+            r.skip(f"sample.{k}")

@@ -16,10 +16,13 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from lorapod.spec import prompts_of  # noqa: F401  (the trainers read it from here)
 from lorapod.trainers.job import Command, TrainerJob, TrainerRefused, shell_quote
+
+if TYPE_CHECKING:
+    from lorapod.trainers.import_result import ImportResult
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,10 @@ class Trainer:
     torch_index: ClassVar[str] = "https://download.pytorch.org/whl/cu128"
     # what a stop waits for: the next checkpoint, or (kohya) the next state folder it resumes from
     resume_kind: ClassVar[Literal["checkpoint", "state"]] = "checkpoint"
+
+    # the spec's trackers (``tracking``) the trainer cannot log to itself without losing what lorapod
+    # reads: the trainer wrapper feeds them from the bridged metrics instead (trainers/runner.py)
+    forwarded_trackers: ClassVar[tuple[str, ...]] = ()
 
     # ---------------------------------------------------------------- building
 
@@ -108,6 +115,21 @@ class Trainer:
 
         check_job(self, job)
 
+    # ---------------------------------------------------------------- lorapod import
+
+    #: how this trainer's config files look, for ``lorapod import``'s message when a file is none of
+    #: them; None: ``lorapod import`` does not read its configs
+    config_kind: ClassVar[str | None] = None
+
+    @classmethod
+    def reads_config(cls, path: Path, cfg: Any) -> bool:
+        """Whether ``cfg`` (the file at ``path``, parsed as TOML or YAML by its suffix) is one of its configs."""
+        return False
+
+    def import_config(self, cfg: Any, flags: str = "") -> ImportResult:
+        """The spec its config means, with every setting lorapod has no word for listed, not dropped."""
+        raise NotImplementedError
+
     # ---------------------------------------------------------------- on the instance
 
     def metrics_parser(self, job: TrainerJob):
@@ -128,6 +150,11 @@ class Trainer:
     def fix_for(self, reason: str | None) -> str | None:
         """The spec change for a refusal the trainer printed on the instance, when lorapod knows it."""
         return next((fix for text, fix in self.refusals.items() if reason and text in reason), None)
+
+    def forwarded(self, spec) -> list[str]:
+        """The spec's trackers the wrapper opens for this trainer's bridged metrics."""
+        wanted = ["wandb"] if spec.tracking.wandb is not None else []
+        return [n for n in wanted if n in self.forwarded_trackers]
 
     def stop_trigger(self, layout: Layout) -> Path | None:
         """A file that asks the trainer to save now (None: wait for its next save)."""

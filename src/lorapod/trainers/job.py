@@ -71,6 +71,10 @@ class TrainerJob:
     step_offset: int = 0
     total_offset: int = 0
 
+    def train_command(self) -> Command:
+        """The command that trains (the last of phase ``train``: a ``post`` step may follow it)."""
+        return next(c for c in reversed(self.commands) if c.phase == "train")
+
     def relocate(self, paths: dict[str, str]) -> None:
         """Rewrite local paths (the data folders the job was built from) to where they will be on
         the instance, in files, command lines and the config, and nothing else: the job keeps the

@@ -26,7 +26,8 @@ def print_trainer_job(spec, trainer: str) -> str:
 
     The job is built from the data where it is now (so clips, stills and the image count shape
     it, and the same refusals apply, as on the instance), then its data paths are rewritten."""
-    from lorapod.trainers import Layout, prepare
+    from lorapod.trainers import prepare
+    from lorapod.trainers.base import Layout
 
     paths = spec.data_paths()
     moved = {str(p): f"$WORK/data/{i}-{p.name}" for i, p in enumerate(paths)}

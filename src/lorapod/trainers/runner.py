@@ -26,6 +26,7 @@ newest through the trainer's own resume mechanism.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from lorapod.errors import LorapodError, RemoteError
+from lorapod.fsutil import atomic_write_text
 from lorapod.rundir.layout import CHECKPOINTS, METRICS, SAMPLES, STOP, checkpoint_name, checkpoint_step
 from lorapod.trainers import prepare
 from lorapod.trainers.base import Artifact, Layout, Trainer
@@ -55,6 +57,10 @@ _EXC_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?(?P<cls>[A-Z]\w*(?:Error|Excepti
 _LAUNCHER_ERRORS = ("CalledProcessError",)
 # the checkpoint key of the state a kohya trainer saves when it ends (KohyaOutputs.artifacts)
 FINAL_STATE = "last"
+# beside that state: the run's step it was saved at, as lorapod counted it ({"step": N}). Its name says
+# no step, and musubi-tuner's state folder holds none (sd-scripts' has train_state.json): a resume
+# from it would not know where the run stood (sd_scripts.resumed_step reads this)
+FINAL_STATE_STEP = "step.json"
 
 
 def trainer_reason(lines: list[str]) -> str | None:
@@ -88,6 +94,7 @@ class Mirror:
     protect: Callable[[], set[str]] | None = None  # checkpoints kept beyond keep_last (the quality pick)
     _seen: dict[Path, tuple] = field(default_factory=dict)
     done: set[Path] = field(default_factory=set)
+    final_state: bool = False  # the trainer's final state was placed in this launch
 
     def sync(self, final: bool = False, settled: bool = False) -> list[tuple[str, str]]:
         """Mirror every artifact whose size and mtime held still since the last call (all of
@@ -120,6 +127,9 @@ class Mirror:
             _link_file(art.path, self.run / CHECKPOINTS / art.key / art.path.name)
         else:  # a folder (a state folder, an HF checkpoint): copied whole, then renamed into place
             key_dir = self.run / CHECKPOINTS / art.key
+            if art.kind == "state" and art.key == FINAL_STATE:  # an earlier launch's step is not this state's
+                (key_dir / FINAL_STATE_STEP).unlink(missing_ok=True)
+                self.final_state = True
             _link_tree(art.path, key_dir / "state" if art.kind == "state" else key_dir)
 
     def _rotate(self) -> None:
@@ -287,12 +297,10 @@ class TrainerProcess:
         return self.proc.wait()
 
 
-def _forwarded_trackers(spec, trainer_name: str, run_dir: Path) -> list:
+def _forwarded_trackers(spec, trainer: Trainer, run_dir: Path) -> list:
     """Trackers fed from the bridged metrics, for a trainer that cannot log to them itself
-    (ai-toolkit and W&B: trainers/tracking.py says why)."""
-    from lorapod.trainers.tracking import forwarded
-
-    if not forwarded(spec, trainer_name):
+    (its ``forwarded_trackers``: ai-toolkit and W&B, trainers/ai_toolkit.py says why)."""
+    if not trainer.forwarded(spec):
         return []
     from lorapod.engine.trackers import WandbTracker
     from lorapod.rundir import RunDir
@@ -367,7 +375,7 @@ def _run(spec, trainer_name: str, run_dir: Path, work: Path, python: str, src: s
 
     # on resume, lines logged after the checkpoint go: the trainer logs those steps again
     metrics = MetricsWriter(run_dir / METRICS, resume_step=resume_step,
-                            trackers=_forwarded_trackers(spec, trainer.name, run_dir))
+                            trackers=_forwarded_trackers(spec, trainer, run_dir))
     if judge is None:
         from lorapod.engine.external_judge import external_autopilot
 
@@ -481,6 +489,9 @@ def _run(spec, trainer_name: str, run_dir: Path, work: Path, python: str, src: s
                                     hint=trainer.fix_for(reason) or "the trainer's own message is above (job.log); "
                                          "fix the spec or the data, then `lorapod run --resume JOB`")
         judged(mirror.sync(final=True))
+        if mirror.final_state and last_step[0]:  # every step's record is in: the state's step is the last
+            atomic_write_text(run_dir / CHECKPOINTS / FINAL_STATE / FINAL_STATE_STEP,
+                              json.dumps({"step": last_step[0]}) + "\n")
         if scorer is not None:
             scorer.drain()
             judge.finish(run_dir, locked_log)  # what waited for the GPU while the trainer ran

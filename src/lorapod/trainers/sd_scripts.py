@@ -12,14 +12,18 @@ Output naming (recorded in the contract, library/train_util.py): ``NAME.safetens
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
+from lorapod.errors import SpecError
 from lorapod.rundir.layout import checkpoint_step
-from lorapod.trainers import tomlw, tracking
+from lorapod.trainers import tomlw
 from lorapod.trainers.base import Artifact, Layout, Trainer, precision, prompts_of, safe_name
 from lorapod.trainers.bridge import KohyaProgress
+from lorapod.trainers.import_result import SCHEDULERS, ImportResult
 from lorapod.trainers.job import Command, TrainerJob, TrainerRefused
+from lorapod.trainers.tracking import run_name
 
 SCRIPTS = {"sd15": "train_network.py", "sdxl": "sdxl_train_network.py", "flux1": "flux_train_network.py"}
 OPTIMIZERS = {"adamw": "AdamW", "adamw_8bit": "AdamW8bit"}
@@ -31,6 +35,29 @@ VIDEO_EXTS = (".mp4", ".webm", ".mov", ".mkv", ".avi", ".gif")
 # encoders (flux_train_network.py --clip_l --t5xxl --ae).
 FLUX_TEXT_ENCODERS = ("comfyanonymous/flux_text_encoders", "clip_l.safetensors", "t5xxl_fp16.safetensors")
 
+
+def kohya_tracker_args(spec, layout: Layout, files: dict[str, str]) -> list[str]:
+    """The spec's trackers as sd-scripts / musubi-tuner options (and the tracker TOML, added to ``files``).
+
+    ``--log_with`` (tensorboard | wandb | all), ``--log_tracker_name`` as the W&B project and
+    ``--log_tracker_config`` for the rest: their ``init_trackers`` (sd-scripts
+    library/train_util.py:6589, musubi-tuner hv_train_network.py) pass the TOML's ``[wandb]`` table
+    to accelerate's ``WandBTracker``, whose ``wandb.init(project=..., **kwargs)`` takes ``entity``,
+    ``name`` and ``mode``; the file *replaces* ``--wandb_run_name``, so the name goes in it too.
+    accelerate's ``all`` is every tracker it finds installed (tensorboard and wandb here)."""
+    t = spec.tracking
+    w = t.wandb
+    if w is None:
+        return ["--log_with", "tensorboard"] if t.tensorboard else []
+    args = ["--log_with", "all" if t.tensorboard else "wandb", "--log_tracker_name", w.project]
+    table = {"name": run_name(spec)}
+    if w.entity:
+        table["entity"] = w.entity
+    if w.mode:
+        table["mode"] = w.mode
+    path = f"{layout.job}/trackers.toml"
+    files[path] = tomlw.dumps({"wandb": table})
+    return [*args, "--log_tracker_config", path]
 
 def video_files(spec) -> list[Path]:
     """Video files at the top of the data folders: sd-scripts (library/train_util.py glob_images) and
@@ -86,20 +113,30 @@ class KohyaOutputs:
         if not state.is_dir():
             raise TrainerRefused(f"{checkpoint} holds no trainer state to resume from",
                                  hint="it was saved without --save_state; start a new run")
-        job.commands[-1].argv += ["--resume", str(state)]
+        job.train_command().argv += ["--resume", str(state)]
         job.step_offset = resumed_step(checkpoint)
 
 
 def resumed_step(checkpoint: Path) -> int:
     """The optimizer step a kohya state was saved at: its ``train_state.json`` ``current_step``
     (sd-scripts saves one with every state), else the checkpoint's key (``step-N``; musubi-tuner's
-    states hold no train_state.json, tests/recorded/wan)."""
+    states hold no train_state.json, tests/recorded/wan), else, for the final state (``last``), the
+    run's step the runner wrote beside it when the trainer ended (runner.FINAL_STATE_STEP)."""
     import json
+
+    from lorapod.trainers.runner import FINAL_STATE_STEP
 
     try:
         return int(json.loads((checkpoint / "state" / "train_state.json").read_text())["current_step"])
     except (OSError, ValueError, KeyError, TypeError):
-        return checkpoint_step(checkpoint.name) or 0
+        pass
+    step = checkpoint_step(checkpoint.name)
+    if step is not None:
+        return step
+    try:
+        return int(json.loads((checkpoint / FINAL_STATE_STEP).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
 
 
 class SdScripts(KohyaOutputs, Trainer):
@@ -115,6 +152,17 @@ class SdScripts(KohyaOutputs, Trainer):
         TE_CACHE_REFUSAL: "--set data.cache_text_encoder_outputs=false, or data.shuffle_captions=false and "
                           "data.caption_dropout=0, then `lorapod run --resume JOB`"}
 
+    # ---------------------------------------------------------------- lorapod import
+
+    config_kind = "an sd-scripts dataset TOML (.toml, with --flags)"
+
+    @classmethod
+    def reads_config(cls, path: Path, cfg: Any) -> bool:
+        return path.suffix == ".toml"
+
+    def import_config(self, cfg: Any, flags: str = "") -> ImportResult:
+        return from_sd_scripts(cfg, flags)
+
     def resume(self, job: TrainerJob, checkpoint: Path) -> None:
         """``--resume STATE --skip_until_initial_step``: without the skip, train_network.py skips
         only whole epochs (``initial_step = 0  # do not skip``) and trains the resumed epoch's
@@ -122,7 +170,7 @@ class SdScripts(KohyaOutputs, Trainer):
         initial_step`` after the skipped epochs were subtracted), and its bar runs to
         ``max_train_steps`` (tests/recorded/sd15/resume.log): lorapod adds the state's step."""
         super().resume(job, checkpoint)
-        job.commands[-1].argv.append("--skip_until_initial_step")
+        job.train_command().argv.append("--skip_until_initial_step")
 
     def refuse(self, spec) -> list[str]:
         r = super().refuse(spec)
@@ -245,7 +293,7 @@ class SdScripts(KohyaOutputs, Trainer):
         if s.every_epochs:
             a += ["--save_every_n_epochs", str(s.every_epochs), "--save_last_n_epochs", str(s.keep_last),
                   "--save_last_n_epochs_state", str(s.keep_last)]
-        a += ["--save_state", "--logging_dir", layout.logs, *tracking.kohya_args(spec, layout, files),
+        a += ["--save_state", "--logging_dir", layout.logs, *kohya_tracker_args(spec, layout, files),
               "--max_data_loader_n_workers", "2", "--persistent_data_loader_workers"]
         prompts = prompts_of(spec)
         if prompts:
@@ -298,3 +346,138 @@ def _num(x: float) -> str:
     if float(x).is_integer() and abs(x) >= 1:
         return str(int(x))
     return f"{x:g}"
+
+
+# ------------------------------------------------------------------ lorapod import (dataset TOML + flags -> spec)
+
+_KOHYA_FAMILY = {script: fam for fam, script in SCRIPTS.items()}
+_KOHYA_OPTIMIZERS = {theirs.lower(): mine for mine, theirs in OPTIMIZERS.items()}  # its parser's names, any case
+_KOHYA_TAKEN = {"output_dir", "save_model_as", "network_module", "sdpa", "xformers", "save_precision", "save_state",
+                "logging_dir", "log_with", "max_data_loader_n_workers", "persistent_data_loader_workers",
+                "dataset_config", "cache_latents_to_disk", "cache_text_encoder_outputs_to_disk",
+                "model_prediction_type", "guidance_scale", "save_last_n_epochs_state", "save_last_n_steps_state",
+                "save_last_n_steps", "clip_l", "t5xxl", "ae", "num_cpu_threads_per_process"}
+_KOHYA_DIRECT = {"pretrained_model_name_or_path": ("model.id", str), "network_dim": ("method.r", int),
+                 "network_alpha": ("method.alpha", float), "network_dropout": ("method.dropout", float),
+                 "learning_rate": ("train.learning_rate", float), "max_train_epochs": ("train.epochs", int),
+                 "max_train_steps": ("train.max_steps", int), "gradient_accumulation_steps": ("train.grad_accum", int),
+                 "seed": ("train.seed", int), "noise_offset": ("train.noise_offset", float),
+                 "min_snr_gamma": ("train.min_snr_gamma", float), "discrete_flow_shift": ("train.timestep_shift", float),
+                 "blocks_to_swap": ("train.blocks_to_swap", int), "save_every_n_epochs": ("save.every_epochs", int),
+                 "save_every_n_steps": ("save.every_steps", int), "save_last_n_epochs": ("save.keep_last", int),
+                 "sample_prompts": ("samples.prompts", str), "sample_every_n_epochs": ("samples.every_epochs", int),
+                 "sample_every_n_steps": ("samples.every_steps", int), "output_name": ("output.name", str),
+                 "train_batch_size": ("train.micro_batch_size", int)}
+_KOHYA_FLAGS_ON = {"gradient_checkpointing": "train.gradient_checkpointing",
+                   "cache_latents": "data.cache_latents", "cache_text_encoder_outputs": "data.cache_text_encoder_outputs"}
+
+
+def _parse_flags(flags: str) -> tuple[str | None, list[tuple[str, list[str]]]]:
+    """(the script named in the command, [(option, values)]) from a command line or bare options."""
+    words = shlex.split(flags)
+    script = next((w.rsplit("/", 1)[-1] for w in words if w.endswith(".py")), None)
+    if script is not None:
+        words = words[next(i for i, w in enumerate(words) if w.endswith(".py")) + 1:]
+    opts: list[tuple[str, list[str]]] = []
+    for w in words:
+        if w.startswith("--"):
+            name, eq, val = w[2:].partition("=")
+            opts.append((name, [val] if eq else []))
+        elif opts:
+            opts[-1][1].append(w)
+    return script, opts
+
+
+def from_sd_scripts(toml: dict[str, Any], flags: str) -> ImportResult:
+    from lorapod.trainers.contracts import script_options
+
+    r = ImportResult("sd-scripts")
+    r.put("data.format", "images")
+    _kohya_dataset(r, toml)
+    script, opts = _parse_flags(flags)
+    if script in _KOHYA_FAMILY:
+        r.put("model.family", _KOHYA_FAMILY[script])
+    elif script is not None:
+        r.skip(script, "lorapod imports train_network.py, sdxl_train_network.py and flux_train_network.py")
+    known = {o.lstrip("-") for o in script_options("kohya_sd_scripts.json", script if script in _KOHYA_FAMILY
+                                                   else "sdxl_train_network.py")}
+    r.put("method.train_text_encoder", True)
+    r.put("data.cache_latents", False)
+    r.put("data.cache_text_encoder_outputs", False)
+    r.put("train.max_grad_norm", 1.0)
+    r.put("method.dropout", 0.0)  # sd-scripts' networks.lora has no dropout unless --network_dropout
+    for name, vals in opts:
+        v = vals[0] if vals else None
+        if name not in known:
+            hint = " (the SDXL docs' --text_encoder_lr1/2; the parser takes --text_encoder_lr LR1 LR2)" \
+                if name.startswith("text_encoder_lr") else ""
+            r.skip(f"--{name}", f"not an option of the pinned sd-scripts{hint}")
+        elif name in _KOHYA_TAKEN:
+            continue
+        elif name in _KOHYA_DIRECT:
+            dotted, typ = _KOHYA_DIRECT[name]
+            r.put(dotted, typ(v))
+        elif name in _KOHYA_FLAGS_ON:
+            r.put(_KOHYA_FLAGS_ON[name], True)
+        elif name == "network_train_unet_only":
+            r.put("method.train_text_encoder", False)
+        elif name == "optimizer_type":
+            low = (v or "").lower()
+            if low in _KOHYA_OPTIMIZERS:
+                r.put("train.optimizer", _KOHYA_OPTIMIZERS[low])
+            else:
+                r.skip("--optimizer_type", f"optimizer {v!r}: lorapod has AdamW and AdamW8bit")
+        elif name == "optimizer_args" and all(a.startswith("weight_decay=") for a in vals):
+            r.put("train.weight_decay", float(vals[0].split("=", 1)[1]))
+        elif name == "lr_scheduler":
+            if v in SCHEDULERS:
+                r.put("train.scheduler", v)
+            else:
+                r.skip("--lr_scheduler", f"scheduler {v!r}")
+        elif name == "lr_warmup_steps":
+            x = float(v)
+            r.put("train.warmup_ratio" if x < 1 else "train.warmup_steps", x if x < 1 else int(x))
+        elif name == "max_grad_norm":
+            r.put("train.max_grad_norm", float(v) or None)
+        elif name == "mixed_precision":
+            r.put("train.precision", {"no": "fp32"}.get(v, v))
+        elif name == "fp8_base":
+            r.put("model.dtype", "fp8")
+        elif name == "timestep_sampling":
+            mapped = {"uniform": "uniform", "sigmoid": "logit_normal", "shift": "shift"}.get(v)
+            if mapped:
+                r.put("train.timestep_sampling", mapped)
+            else:
+                r.skip("--timestep_sampling", f"{v!r}")
+        else:
+            r.skip(f"--{name}")
+    return r
+
+
+def _kohya_dataset(r: ImportResult, toml: dict[str, Any]) -> None:
+    general = toml.get("general", {})
+    datasets = toml.get("datasets", [])
+    subsets = [(ds, sub) for ds in datasets for sub in ds.get("subsets", [])]
+    if not subsets:
+        raise SpecError("the dataset TOML has no [[datasets.subsets]] with an image_dir",
+                        hint="lorapod imports DreamBooth-style datasets (image_dir + captions)")
+    paths = [str(sub.get("image_dir")) for _, sub in subsets]
+    r.put("data.path", paths[0] if len(paths) == 1 else paths)
+    merged: dict[str, Any] = {}
+    for ds, sub in subsets[:1]:
+        merged = {**general, **{k: v for k, v in ds.items() if k != "subsets"}, **sub}
+    direct = {"num_repeats": "data.repeats", "batch_size": "train.micro_batch_size", "enable_bucket": "data.buckets",
+              "caption_extension": "data.caption_extension", "shuffle_caption": "data.shuffle_captions",
+              "flip_aug": "data.flip", "caption_dropout_rate": "data.caption_dropout"}
+    for k, v in merged.items():
+        if k in direct:
+            r.put(direct[k], v)
+        elif k == "resolution":
+            res = v if isinstance(v, list) else [v, v]
+            r.put("data.resolution", max(res))
+            if res[0] != res[1]:
+                r.skip("resolution", f"{res}: lorapod trains at one square size ({max(res)}) with buckets")
+        elif k not in ("image_dir", "keep_tokens", "bucket_no_upscale"):
+            r.skip(f"dataset.{k}")
+    if len({sub.get("num_repeats", 1) for _, sub in subsets}) > 1:
+        r.skip("subsets[].num_repeats", "different repeats per folder: lorapod has one data.repeats")

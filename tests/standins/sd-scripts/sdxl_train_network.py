@@ -7,7 +7,8 @@ with fake weights, at a few steps per second:
   OUT/NAME-000001.safetensors, OUT/NAME-000001-state/ (train_state.json) every N epochs
   OUT/NAME-step00000004.safetensors (+ -state) every N steps
   OUT/sample/NAME_e000001_00_<stamp>.png when sample prompts are given
-  OUT/NAME.safetensors at the end
+  OUT/NAME.safetensors at the end, and with ``--save_state`` the final state OUT/NAME-state/
+  (train_util.save_state_on_train_end, LAST_STATE_NAME "{}-state"; train_state.json as every state)
 ``--resume DIR`` continues after the epoch/step in DIR/train_state.json, counting its steps as sd-scripts does (from the step within that epoch). With
 ``--cache_text_encoder_outputs`` and caption shuffle or dropout in the dataset it fails as
 SdxlNetworkTrainer.assert_extra_args does (sdxl_train_network.py at 48d368fa, its message verbatim). The pace comes from
@@ -118,6 +119,8 @@ def main() -> int:
                 for i, _ in enumerate(Path(a["sample_prompts"]).read_text().splitlines()):
                     (out / "sample" / f"{name}_e{epoch + 1:06d}_{i:02d}_20261201000000.png").write_bytes(b"\x89PNG fake")
     weights(out / f"{name}.safetensors", "final")
+    if a.get("save_state"):
+        state(out / f"{name}-state", epochs, step)
     print("\nmodel saved.", flush=True)
     return 0
 
