@@ -40,9 +40,6 @@ WAN = (r"_?blocks_\d+_(self_attn_[qkvo]|cross_attn_([qkvo]|k_img|v_img)|ffn_[02]
 # musubi-tuner's Z-Image LoRA names the DiT's own separate to_q/k/v; ComfyUI's Lumina2 NextDiT
 # (comfy/ldm/lumina/model.py) fuses them in ``attention.qkv``, and comfy/lora.py maps those names only in
 # their PEFT spellings: the family's own rule (families/zimage comfy_unet) drops them, this says why.
-ZIMAGE_SPLIT = r"(layers|noise_refiner|context_refiner)_\d+_attention_(to_[qkv]|to_out_0)"
-
-
 def _modules(keys: list[str]) -> dict[str, dict[str, str]]:
     """module -> {'down': key, 'up': key, 'alpha': key} for kohya and PEFT spellings."""
     tags = ((".lora_down.weight", "down"), (".lora_up.weight", "up"), (".lora_A.weight", "down"),
@@ -103,12 +100,12 @@ def _family(fmt: str, keys: list[str], meta: dict[str, str]) -> str:
 
 
 def _comfy(module: str, family: str) -> tuple[bool, str]:
-    if family == "zimage" and module.startswith("lora_unet_") and re.fullmatch(ZIMAGE_SPLIT, module[len("lora_unet_"):]):
-        return False, ("musubi-tuner's Z-Image layout (separate to_q/k/v): ComfyUI's model fuses them in "
-                       "attention.qkv; convert with musubi's networks/convert_z_image_lora_to_comfy.py")
     named = _named_families().get(family)
     if named is not None:
         if module.startswith("lora_unet_"):
+            for pattern, why in named.comfy_refused:
+                if re.fullmatch(pattern, module[len("lora_unet_"):]):
+                    return False, why
             ok = re.fullmatch(named.comfy_unet, module[len("lora_unet_"):]) is not None
             return ok, "" if ok else "not a module of ComfyUI's model"
         if module.startswith("transformer.") and named.comfy_takes_diffusers:

@@ -97,7 +97,8 @@ def _trainer_run(root: Path, trainer: str, to: str, checkpoint: int | None, out:
     Z-Image's final LoRA), once ``lorapod inspect``'s ComfyUI rule loads every module of it."""
     from lorapod.export.inspect import inspect_file
     from lorapod.rundir import RunDir
-    from lorapod.rundir.layout import checkpoint_name
+    from lorapod.rundir.layout import CHECKPOINT_GLOB, checkpoint_name
+    from lorapod.trainers import get as get_trainer
 
     if to != "comfyui":
         raise ExportError(f"{root} was trained by {trainer}: its LoRA is the trainer's own kohya-layout file, "
@@ -108,7 +109,7 @@ def _trainer_run(root: Path, trainer: str, to: str, checkpoint: int | None, out:
     folder = run.adapter if checkpoint is None else run.checkpoints / checkpoint_name(checkpoint)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        have = sorted(p.name for p in run.checkpoints.glob("step-*") if any(p.glob("*.safetensors")))
+        have = sorted(p.name for p in run.checkpoints.glob(CHECKPOINT_GLOB) if any(p.glob("*.safetensors")))
         raise ExportError(f"{root} has no {'final LoRA' if checkpoint is None else folder.name} from {trainer}",
                           hint=f"checkpoints with a LoRA there: {', '.join(have) or 'none'}"
                           + ("" if checkpoint is not None else " (export one with --checkpoint N)"))
@@ -121,9 +122,8 @@ def _trainer_run(root: Path, trainer: str, to: str, checkpoint: int | None, out:
             drops = loads.get("drops") or []
             raise ExportError(f"ComfyUI would not load {f.name} whole ({report['format']} layout, "
                               f"{len(drops)} module(s) not in its model, e.g. {drops[:2]})",
-                              hint="musubi-tuner converts only its final Z-Image LoRA for ComfyUI: convert a "
-                                   "checkpoint with its networks/convert_z_image_lora_to_comfy.py IN OUT"
-                              if report["family"] == "zimage" else "lorapod inspect FILE says which modules")
+                              hint=get_trainer(trainer).comfyui_hint(str(report["family"]))
+                              or "lorapod inspect FILE says which modules")
         notes.append(f"{f.name}: {report['family']}, rank {report['rank']}; ComfyUI loads all "
                      f"{loads['loads']} module(s) (LoraLoader, strength 1.0)")
     label = "final" if checkpoint is None else checkpoint_name(checkpoint)

@@ -100,6 +100,11 @@ class Trainer:
 
     # ---------------------------------------------------------------- checks
 
+    def comfyui_hint(self, family: str) -> str | None:
+        """How a checkpoint of ``family`` this trainer saved becomes a file ComfyUI loads whole, where
+        the trainer ships a converter for it (``lorapod export --to comfyui`` says it on a refusal)."""
+        return None
+
     def refuse(self, spec) -> list[str]:
         """Reasons this trainer cannot run the spec as written (empty: it can)."""
         fam = spec.model.family

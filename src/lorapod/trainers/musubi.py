@@ -210,6 +210,13 @@ class MusubiTuner(KohyaOutputs, Trainer):
             argv[i] = str(max(1, int(argv[i]) - job.step_offset))
             job.total_offset = job.step_offset
 
+    def comfyui_hint(self, family: str) -> str | None:
+        arch = ARCHS.get(family)
+        if arch is None or not arch.convert:
+            return None
+        return (f"musubi-tuner converts only its final LoRA for ComfyUI: convert a checkpoint with its "
+                f"networks/{arch.convert} IN OUT")
+
     def refuse(self, spec) -> list[str]:
         r = super().refuse(spec)
         if r:

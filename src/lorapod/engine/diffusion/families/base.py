@@ -78,6 +78,9 @@ class Family:
     inspect_signature: ClassVar[str | None] = None
     comfy_unet: ClassVar[str | None] = None
     comfy_takes_diffusers: ClassVar[bool] = False
+    # ``lora_unet_`` module names a trainer writes for this family that ComfyUI's model does not hold,
+    # each with why and what converts them (regex, reason): inspect names the reason for each
+    comfy_refused: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     # video families: the frame rate samples are written at
     sample_fps: ClassVar[int] = 16

@@ -52,6 +52,10 @@ class ZImage(Family):
     comfy_unet = (r"(layers|noise_refiner|context_refiner)_\d+_(attention_(qkv|out)|feed_forward_w[123]"
                   r"|adaLN_modulation_[01])|x_embedder|cap_embedder_1|t_embedder_mlp_[02]"
                   r"|final_layer_(linear|adaLN_modulation_1)")
+    # musubi-tuner's own Z-Image LoRA (networks/lora_zimage.py) keeps to_q/k/v apart; ComfyUI fuses them
+    comfy_refused = ((r"(layers|noise_refiner|context_refiner)_\d+_attention_(to_[qkv]|to_out_0)",
+                      "musubi-tuner's Z-Image layout (separate to_q/k/v): ComfyUI's model fuses them in "
+                      "attention.qkv; convert with musubi's networks/convert_z_image_lora_to_comfy.py"),)
 
     def components(self, pipe, model_id: str) -> Components:
         return Components(self, model_id, pipe.transformer, pipe.vae, [pipe.text_encoder], [pipe.tokenizer],
