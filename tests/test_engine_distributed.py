@@ -296,3 +296,94 @@ def test_fsdp_two_processes_follow_one_process_and_resume_exactly(assets, tmp_pa
     _finish(_lorapod("train", "--resume", str(resumed), "--processes", "2", "--device", "cpu"))
     assert _losses(resumed) == pytest.approx(reference, **TOL)
     assert "resumed from step-3" in (resumed / "events.log").read_text()
+
+
+_RANK_SCRIPT = """
+import json, os, sys
+
+import safetensors
+import safetensors.torch
+import torch
+
+opened = []  # every weight file this process opens (transformers reads them with safetensors.safe_open)
+_real = safetensors.safe_open
+
+
+def _spy(path, *args, **kwargs):
+    opened.append(str(path))
+    return _real(path, *args, **kwargs)
+
+
+safetensors.safe_open = safetensors.torch.safe_open = _spy  # before transformers imports it
+
+from lorapod.engine import llm
+from lorapod.cli.main import main
+
+seen = {}
+_shard = llm.LLMRecipe.shard
+
+
+def shard(self, world):
+    seen["devices_before"] = sorted({t.device.type for t in [*self.model.parameters(), *self.model.buffers()]})
+    _shard(self, world)
+    base = self.model.get_base_model()
+    seen["tied"] = base.lm_head.weight is base.model.embed_tokens.weight
+    saved = self.model.state_dict().keys()  # persistent=False buffers (rotary inv_freq) are not in it
+    seen["buffers"] = {n: b.double().sum().item() for n, b in self.model.named_buffers() if n not in saved}
+    # full_tensor gathers every shard: rank 1's base (and its adapter) must be rank 0's, bit for bit
+    seen["sums"] = {n: (t.full_tensor() if hasattr(t, "full_tensor") else t).double().sum().item()
+                    for n, t in self.model.state_dict().items()}
+
+
+llm.LLMRecipe.shard = shard
+try:
+    main(sys.argv[1:])
+finally:
+    seen["opened"] = opened
+    with open(os.path.join(os.environ["SPY_OUT"], f"rank{os.environ['RANK']}.json"), "w") as f:
+        json.dump(seen, f)
+"""
+
+
+@pytest.mark.slow
+def test_fsdp_only_rank_0_reads_the_base_and_broadcasts_it_into_the_shards(assets, tmp_path):
+    """Review G14: with FSDP2 the processes other than rank 0 build the base on ``meta`` and never
+    open a weight file (host RAM for one base, not one per process); rank 0 broadcasts the base,
+    the adapter and the non-persistent buffers (rotary ``inv_freq``) into their shards. A base with
+    tied embeddings stays tied on every process, and the 2-process losses equal one process's."""
+    import torch
+    from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
+
+    _root, model_dir, tr, va = assets
+    tied = tmp_path / "tied"
+    config = AutoConfig.from_pretrained(model_dir)
+    config.tie_word_embeddings = True
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        LlamaForCausalLM(config).save_pretrained(tied)
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(tied)
+    d = spec_dict(tied, tr, va, tmp_path / "runs", epochs=1, grad_accum=2, max_steps=3)
+    d["method"]["dropout"] = 0.0
+    d["train"]["parallel"] = "fsdp"
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(d))
+    reference = _one_process(spec_file, tmp_path / "single")
+
+    script, out, run = tmp_path / "rank.py", tmp_path / "spy", tmp_path / "fsdp"
+    script.write_text(_RANK_SCRIPT)
+    out.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
+                             str(script), "train", str(spec_file), "--run-dir", str(run), "--device", "cpu"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "SPY_OUT": str(out)})
+    _finish(proc)
+    main, other = (json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1))
+    weights = [p for p in main["opened"] if p.endswith(".safetensors")]
+    assert weights and all(Path(p).parent == tied for p in weights)  # rank 0 read the base
+    assert [p for p in other["opened"] if p.endswith(".safetensors")] == []  # rank 1 never did
+    assert main["devices_before"] == ["cpu"] and other["devices_before"] == ["meta"]
+    assert main["tied"] and other["tied"]
+    assert main["buffers"] and other["buffers"] == main["buffers"]
+    assert all(v != 0 for v in other["buffers"].values())
+    assert other["sums"] == main["sums"] and any("lora_A" in k for k in main["sums"])
+    assert len(reference) == 3 and _losses(run) == pytest.approx(reference, **TOL)

@@ -100,6 +100,31 @@ def test_planner_shards_the_base_with_fsdp_when_it_does_not_fit_one_gpu():
     assert not any("FSDP2" in w for o in qlora.options for w in o.warnings)  # a 4-bit base is not sharded
 
 
+def test_an_fsdp_job_asks_for_a_shards_vram_and_host_ram_for_one_base():
+    """train.parallel fsdp on 4 GPUs: the offers are filtered by the per-GPU (sharded) peak, and by
+    host RAM for the base once (rank 0 reads it, engine/fsdp.py broadcasts it), not once per GPU
+    (review G14: every rank used to load the whole base into its own RAM). The plan says it."""
+    from lorapod.compute.offers import host_ram_needed_gb, planned_job
+    from lorapod.plan.scale import sharded
+
+    sets = ["model.id=meta-llama/Llama-3.1-8B", "method.type=lora", "compute.gpus=4", "compute.gpu=null"]
+    spec = load_spec(EXAMPLES / "llm-chat-lora.yaml", [*sets, "train.parallel=fsdp"])
+    job = planned_job(spec)
+    assert job is not None
+    whole, base = job.estimate, job.estimate.parts["base weights (bf16)"]
+    split = sharded(whole, 4)
+    req = requirements(spec, job=job)
+    assert req.min_vram_gb == round(split.peak_gb, 1) < whole.peak_gb
+    total = req.host_ram_gb * 4  # providers ask per GPU (Vast multiplies by gpu_count)
+    assert total == pytest.approx(base + 4 * 0.25 * split.peak_gb, abs=0.2)
+    assert base < total < 4 * base  # one base (the old code read one per rank: at least 4 x base)
+    ddp = requirements(load_spec(EXAMPLES / "llm-chat-lora.yaml", [*sets, "train.parallel=ddp"]), job=job)
+    assert ddp.min_vram_gb == round(whole.peak_gb, 1) and ddp.host_ram_gb == host_ram_needed_gb(ddp.min_vram_gb)
+    plan = plan_job(spec, examples=2000, gpu="RTX 4090")
+    assert plan.options and all(any(w == f"host RAM ~{total:.0f} GB: rank 0 reads the base once and broadcasts it "
+                                         "into the shards" for w in o.warnings) for o in plan.options)
+
+
 def test_training_processes_pick_fsdp_when_the_planner_says_one_gpu_is_too_small(monkeypatch):
     """The run-time choice (engine/fsdp.py) reads this GPU's memory and the planner's estimate."""
     import torch

@@ -72,11 +72,27 @@ def requirements(spec: JobSpec, gpu: str | None = None, max_usd: float | None = 
         max_rate = usd / hours  # anything pricier cannot run the allowed hours within the budget
     pinned = gpu or c.gpu
     need = round(float(job.estimate.peak_gb), 1) if job is not None else 0.0
+    ram = host_ram_needed_gb(need)
+    if job is not None and _fsdp(spec, job):
+        # train.parallel fsdp: each GPU holds 1/N of the base, and the host RAM holds one base
+        # (rank 0 reads it and broadcasts it into the shards), not one per GPU
+        from lorapod.plan.scale import fsdp_host_ram_gb, sharded
+
+        need = round(float(sharded(job.estimate, c.gpus).peak_gb), 1)
+        ram = fsdp_host_ram_gb(job.estimate, c.gpus)
     # The planner's peak VRAM, so providers drop cards that cannot hold the job before ranking.
     # A pinned GPU is the user's call (the planner then says what would make it fit).
     return Requirements(gpu=pinned, max_usd_per_hour=max_rate, disk_gb=c.disk_gb,
                         min_vram_gb=0.0 if pinned else need, gpu_count=c.gpus,
-                        image=getattr(c, "image", None), host_ram_gb=host_ram_needed_gb(need))
+                        image=getattr(c, "image", None), host_ram_gb=ram)
+
+
+def _fsdp(spec: JobSpec, job: Job) -> bool:
+    """The engine will shard this job's base (``train.parallel: fsdp`` on several GPUs). Under
+    ``auto`` the offers keep the whole-model VRAM floor, so auto picks DDP on every offer kept."""
+    from lorapod.plan.scale import shardable
+
+    return spec.train.parallel == "fsdp" and spec.compute.gpus > 1 and shardable(spec, job.model)
 
 
 def host_ram_needed_gb(vram_gb: float) -> float:

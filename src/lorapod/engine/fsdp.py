@@ -3,9 +3,11 @@
 With ``train.parallel: fsdp`` (or ``auto`` when the planner says the base does not fit one GPU
 but fits in N shards) each transformer block, and the root (embeddings, final norm, LM head),
 becomes a ``torch.distributed.fsdp.fully_shard`` unit: a process keeps 1/N of the frozen base
-and gathers one block at a time for its forward and backward. The base is loaded into CPU
-memory first and each block moves to the GPU as it is sharded, so the whole base is never on
-one GPU (the point of sharding it).
+and gathers one block at a time for its forward and backward. Rank 0 loads the base into CPU
+memory and each block moves to the GPU as it is sharded, so the whole base is never on one GPU
+(the point of sharding it); the other processes build it on ``meta`` without reading a weight
+file, and rank 0 broadcasts each tensor into their shards (:func:`load_from_main`), so the job's
+host RAM holds one base, not one per process.
 
 The LoRA parameters are left out of the shards (``ignored_params``): they are megabytes, so every
 process keeps them whole and the same ``DistributedDataParallel`` as without FSDP averages their
@@ -24,7 +26,7 @@ from collections.abc import Iterable
 import torch
 
 from lorapod.engine.distributed import World
-from lorapod.errors import LorapodError, SpecError
+from lorapod.errors import LorapodError, ModelLoadError, SpecError
 from lorapod.spec import JobSpec
 
 GiB = 1024**3
@@ -68,12 +70,63 @@ def shard(blocks: Iterable[torch.nn.Module], root: torch.nn.Module, trainable: l
 
 def move_unsharded(module: torch.nn.Module, device: torch.device) -> None:
     """Move what ``fully_shard`` left where it was loaded (the LoRA parameters it ignores, any
-    buffer outside the units) to ``device``; the shards are already there."""
+    buffer outside the units) to ``device``; the shards are already there. ``meta`` tensors (a
+    process that did not read the base) are left for :func:`load_from_main`."""
     from torch.distributed.tensor import DTensor
 
     for t in [*module.parameters(), *module.buffers()]:
-        if not isinstance(t, DTensor) and t.device != device:
+        if not isinstance(t, DTensor) and t.device != device and not t.is_meta:
             t.data = t.data.to(device)
+
+
+def load_from_main(model: torch.nn.Module, root: torch.nn.Module, whole: dict[str, torch.Tensor] | None,
+                   device: torch.device, world: World) -> None:
+    """Fill every process's shards, LoRA parameters and buffers from rank 0's ``whole`` model.
+
+    Only rank 0 reads the base (into CPU RAM); the others built it on ``meta`` and sharded it
+    there, so a node needs host RAM for one base, not one per process (review G14; accelerate's
+    ``fsdp_cpu_ram_efficient_loading``). The others allocate their shards on ``device``
+    (``to_empty`` through ``root``, the outermost ``fully_shard`` unit, so FSDP2 re-registers
+    them), then torch's ``set_model_state_dict(full_state_dict, broadcast_from_rank0)`` sends rank
+    0's tensors one at a time and each process keeps its slice. The LoRA parameters travel the
+    same way (every process starts from rank 0's seeded adapter). Buffers that no state dict
+    holds (rotary ``inv_freq``: ``persistent=False``) are broadcast separately. Tied embeddings
+    stay tied: ``from_config`` ties them on ``meta`` and ``fully_shard`` shards one parameter.
+    """
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if not world.is_main:
+        root.to_empty(device=device)
+        for t in [*model.parameters(), *model.buffers()]:  # anything outside the units
+            if t.is_meta:
+                t.data = torch.empty_like(t, device=device)
+    _check_layout(model, world)
+    set_model_state_dict(model, whole if whole is not None else {},
+                         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    for _name, buf in _unsaved_buffers(model):
+        dist.broadcast(buf, src=0)
+
+
+def _unsaved_buffers(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The buffers ``state_dict`` leaves out (``persistent=False``), by name."""
+    saved = set(model.state_dict().keys())
+    return [(name, buf) for name, buf in model.named_buffers() if name not in saved]
+
+
+def _check_layout(model: torch.nn.Module, world: World) -> None:
+    """Refuse, on every process at once, a model whose names, shapes or dtypes differ from rank
+    0's: the broadcast would copy (and silently cast) into the wrong tensors."""
+    mine = {name: (tuple(t.shape), str(t.dtype)) for name, t in model.state_dict().items()}
+    mine.update({name: (tuple(b.shape), str(b.dtype)) for name, b in _unsaved_buffers(model)})
+    main = world.broadcast(mine)
+    differ = sorted(k for k in main.keys() | mine.keys() if main.get(k) != mine.get(k))
+    if world.all_sum([len(differ)])[0]:
+        raise ModelLoadError(
+            "FSDP2: the model built from config.json on this process differs from rank 0's loaded weights"
+            + (f" ({differ[0]}: {mine.get(differ[0])} here, {main.get(differ[0])} on rank 0)" if differ else ""),
+            hint="set train.parallel ddp for this model (every process then loads the weights itself)",
+        )
 
 
 def local_share(module: torch.nn.Module) -> tuple[int, int]:

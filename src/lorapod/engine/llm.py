@@ -75,8 +75,11 @@ class LLMRecipe:
         if not isinstance(blocks, torch.nn.ModuleList):
             raise SpecError(f"{self.spec.model.id}: no decoder.layers to shard with FSDP2",
                             hint="set train.parallel ddp for this architecture")
+        # rank 0's whole model (the CPU-staged base and the seeded adapter), kept until it is broadcast
+        whole = self.model.state_dict() if world.is_main else None
         fsdp.shard(blocks, self.losses, self.trainable_parameters(), self.precision.device, world)
         fsdp.move_unsharded(self.model, self.precision.device)
+        fsdp.load_from_main(self.model, self.losses, whole, self.precision.device, world)
         self.sharded = True
 
     # -- data
@@ -285,11 +288,13 @@ def quiet_hf() -> None:
 
 
 def prepare(spec: JobSpec, device: str | None = None, log=print, *,
-            stage_on_cpu: bool = False) -> tuple[LLMRecipe, TokenizeStats, bool]:
+            stage_on_cpu: bool = False, weights: bool = True) -> tuple[LLMRecipe, TokenizeStats, bool]:
     """Load data, tokenizer and model; attach LoRA; build the recipe. No training yet.
 
     ``stage_on_cpu`` (FSDP2) loads the base into CPU memory: :meth:`LLMRecipe.shard` then moves
     one block at a time to the GPU as it shards it, so the whole base is never on one GPU.
+    ``weights=False`` (FSDP2's ranks other than 0) builds base and adapter on the ``meta`` device
+    without reading a weight file: :meth:`LLMRecipe.shard` fills their shards from rank 0's copy.
     """
     quiet_hf()
     if spec.model.dtype == "fp8":
@@ -331,7 +336,7 @@ def prepare(spec: JobSpec, device: str | None = None, log=print, *,
     torch.manual_seed(spec.train.seed)
     random.seed(spec.train.seed)
     model = load_model(spec, replace(precision, device=torch.device("cpu")) if stage_on_cpu else precision,
-                       precision.device)
+                       precision.device, empty=not weights)
     model = add_lora(model, spec, precision.weights)
     # peft keeps adapter weights in fp32 while the base may be bf16; the seed fixes their init
     recipe = LLMRecipe(spec, precision, model, tokenizer, train_ex, val_ex)
@@ -348,7 +353,10 @@ def train_llm(spec: JobSpec, run: RunDir, *, resume: bool = False, device: str |
 
         mode, why = parallel_mode(spec, world, pick_device(device))
         event(why)
-    recipe, stats, fallback = prepare(spec, device, log, stage_on_cpu=mode == "fsdp")
+    # FSDP2: only rank 0 reads the base (into CPU RAM); the others build it on `meta` and get their
+    # shards from rank 0 in recipe.shard: host RAM for one base, not one per process (review G14)
+    recipe, stats, fallback = prepare(spec, device, log, stage_on_cpu=mode == "fsdp",
+                                      weights=mode != "fsdp" or world.is_main)
     if mode == "fsdp":
         from lorapod.engine.fsdp import local_share
 

@@ -69,13 +69,17 @@ def load_tokenizer(spec: JobSpec):
     return _load_tokenizer(m.id, m.revision, m.trust_remote_code)
 
 
-def load_model(spec: JobSpec, precision: Precision, train_device: torch.device | None = None):
+def load_model(spec: JobSpec, precision: Precision, train_device: torch.device | None = None, *,
+               empty: bool = False):
     """The base model, on ``precision.device``, with the attention path of ``train.attention``
     installed (engine/attention.py); the path is ``model.lorapod_attention``. ``train_device`` is
     where it will train when that is not where it loads (FSDP2 stages the base on the CPU): the
-    attention path is chosen for it."""
-    from transformers import AutoModelForCausalLM
+    attention path is chosen for it.
 
+    ``empty`` builds the same model from its ``config.json`` alone on the ``meta`` device: no weight
+    file is read and no memory is allocated. FSDP2's processes other than rank 0 start so, and
+    rank 0 broadcasts its weights into their shards (engine/fsdp.py): host RAM for one base,
+    not one per process (review G14)."""
     train_device = train_device or precision.device
 
     m = spec.model
@@ -102,6 +106,43 @@ def load_model(spec: JobSpec, precision: Precision, train_device: torch.device |
             bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=precision.autocast_dtype if precision.compute != "fp32" else torch.bfloat16,
         )
+    if empty:
+        model = _empty_model(spec, kwargs)
+    else:
+        model = _load_weights(spec, precision, kwargs)
+    model.config.use_cache = False
+    path = attention.choose(spec.train.attention, type(model), train_device)
+    attention.install(model, path)
+    model.lorapod_attention = path
+    return model
+
+
+def _empty_model(spec: JobSpec, kwargs: dict):
+    """The architecture of ``spec.model`` with its parameters and buffers on ``meta``: transformers'
+    ``from_config`` (the dtype and attention implementation ``from_pretrained`` would apply; tied
+    embeddings tied by ``post_init`` as there) inside torch's ``meta`` device context."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    m = spec.model
+    try:
+        config = AutoConfig.from_pretrained(resolve_model_id(m.id), revision=kwargs["revision"],
+                                            trust_remote_code=kwargs["trust_remote_code"],
+                                            local_files_only=kwargs["local_files_only"])
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, dtype=kwargs["dtype"],
+                                                    attn_implementation=kwargs["attn_implementation"],
+                                                    trust_remote_code=kwargs["trust_remote_code"])
+    except OSError as exc:
+        raise _load_error(m.id, exc) from exc
+    except ValueError as exc:
+        raise _value_error(m.id, exc, spec.train.attention) from exc
+
+
+def _load_weights(spec: JobSpec, precision: Precision, kwargs: dict):
+    """``from_pretrained``: the base with its weights, on ``precision.device``."""
+    from transformers import AutoModelForCausalLM
+
+    m = spec.model
     if precision.device.type == "cuda":
         # straight onto the GPU: not first into CPU RAM (host memory the size of the model, and a
         # slower start), as the 4-bit base must be anyway
@@ -114,10 +155,6 @@ def load_model(spec: JobSpec, precision: Precision, train_device: torch.device |
         raise _value_error(m.id, exc, spec.train.attention) from exc
     if "device_map" not in kwargs:
         model.to(precision.device)
-    model.config.use_cache = False
-    path = attention.choose(spec.train.attention, type(model), train_device)
-    attention.install(model, path)
-    model.lorapod_attention = path
     return model
 
 

@@ -30,7 +30,7 @@ from lorapod.plan.cost import Phase, cents, left_running_usd, price_job
 from lorapod.plan.estimate import Speed, step_speed
 from lorapod.plan.fit import spread
 from lorapod.plan.job import Job, build_job
-from lorapod.plan.scale import choose_parallel, multi_gpu, shardable, sharded
+from lorapod.plan.scale import choose_parallel, fsdp_host_ram_gb, multi_gpu, shardable, sharded
 from lorapod.plan.speed import family_of
 from lorapod.plan.spot import SpotQuote, TierChoice, decide, quote_option
 from lorapod.plan.vram import Suggestion, make_fit
@@ -320,7 +320,9 @@ def plan_job(
             speeds[g.name] = step_speed(job.model, job.step_settings, g, est, spec_settings=job.settings)
         speed = speeds[g.name]
         speed, e, scale_warns = multi_gpu(speed, e, spec.compute.gpus)
-        scale_warns += [why] if mode == "fsdp" else []
+        if mode == "fsdp":
+            ram = fsdp_host_ram_gb(job.estimate, spec.compute.gpus) * spec.compute.gpus
+            scale_warns += [why, f"host RAM ~{ram:.0f} GB: rank 0 reads the base once and broadcasts it into the shards"]
         phases, warns = price_job(job, e, speed)
         warns = _gpu_warnings(g, verdict, est.headroom_gb(g), speed) + scale_warns + warns
         if verdict == "does-not-fit":

@@ -53,6 +53,21 @@ def sharded(est: Estimate, gpus: int) -> Estimate:
     return replace(est, peak_gb=round(est.peak_gb - saved, 2), parts=parts)
 
 
+def fsdp_host_ram_gb(whole: Estimate, gpus: int) -> float:
+    """Host RAM per GPU for an FSDP2 job on ``gpus`` GPUs (what providers filter by, per GPU).
+
+    Only rank 0 reads the base, into CPU RAM, and broadcasts it into the others' shards
+    (engine/fsdp.py ``load_from_main``), so the instance holds one base in RAM, not one per
+    process: the base weights once, plus for each process a quarter of its own GPU peak (data,
+    the trainer's process), as :func:`lorapod.compute.offers.host_ram_needed_gb` counts one
+    GPU's. A 70B base in bf16 on 8 GPUs: ~130 GB once, where every rank loading its own copy
+    (review G14) needed 8 x 130 GB.
+    """
+    base = next((v for k, v in whole.parts.items() if k.startswith("base weights")), whole.peak_gb)
+    per_gpu = sharded(whole, gpus).peak_gb
+    return round((base + gpus * 0.25 * per_gpu) / max(1, gpus), 1)
+
+
 def choose_parallel(requested: str, whole: Estimate, gpus: int, vram_gb: float | None,
                     *, shardable: bool = True) -> tuple[str, str]:
     """``ddp`` or ``fsdp`` for ``train.parallel`` = ``requested``, and the sentence that says why.
